@@ -1,0 +1,1 @@
+"""Execution-time models: how long one batch iteration takes on one replica."""

@@ -1,0 +1,100 @@
+"""Batch composition -> execution time of one pipeline stage, from operator time grids.
+
+The composition rules follow Vidur so that both simulators agree on the same tables: token
+counts are rounded up to a multiple of 8 for the linear operators; decode attention is looked
+up at the decode batch size and the mean KV length rounded up to the KV granularity; the
+prefills of a batch are folded into one lookup at the summed (rounded) cached prefixes and the
+root of the summed squared chunk sizes; GQA models pay a batching overhead on attention.
+"""
+
+from __future__ import annotations
+
+from math import sqrt
+
+from rollflow.perf.optimes import OperatorTimes
+from rollflow.perf.specs import ModelSpec, ParallelLayout, params_per_device
+
+
+class ExecutionTimePredictor:
+    """Seconds per stage iteration for one replica shape. Lookups only; no model evaluation."""
+
+    def __init__(
+        self,
+        times: OperatorTimes,
+        model: ModelSpec,
+        layout: ParallelLayout,
+        attention_decode_overhead_fraction: float = 0.1,
+        attention_prefill_overhead_fraction: float = 0.1,
+    ) -> None:
+        self.times = times
+        self.num_layers = model.num_layers // layout.pipeline_stages
+        self.num_stages = layout.pipeline_stages
+        self._linear = times.linear_ms.tolist()
+        self._kv_save = times.kv_save_ms.tolist()
+        self._send_recv = times.send_recv_ms.tolist()
+        self._decode = times.decode_ms.tolist()
+        self._max_batch = len(self._decode) - 1
+        self._max_bucket = len(self._decode[0]) - 1
+        self._granularity = times.kv_granularity
+        # The batching overheads apply to grouped-query attention only (Vidur's measurement).
+        self._decode_overhead = attention_decode_overhead_fraction if model.is_gqa else 0.0
+        self._prefill_overhead = attention_prefill_overhead_fraction if model.is_gqa else 0.0
+        # FLOPs per token through the weights, and per (query, key) pair in attention, for MFU.
+        self.flops_per_token = 2 * params_per_device(model, layout)
+        self.attention_flops_per_pair = (
+            4 * self.num_layers * (model.num_q_heads // layout.tensor_parallel) * model.head_dim
+        )
+
+    def _token_ms(self, num_tokens: int) -> float:
+        last = len(self._linear) - 1
+        rounded = min((num_tokens + 7) // 8 * 8, last)
+        return self._linear[rounded] + self._kv_save[min(num_tokens, last)]
+
+    def _decode_ms(self, batch_size: int, mean_kv: int) -> float:
+        bucket = min(-(-mean_kv // self._granularity), self._max_bucket)
+        value = self._decode[min(batch_size, self._max_batch)][bucket]
+        return value * (1.0 + self._decode_overhead) if batch_size > 1 else value
+
+    def stage_seconds(
+        self,
+        num_tokens: int,
+        decode_batch_size: int,
+        decode_kv_sum: int,
+        prefills: list[tuple[int, int]],
+        is_last_stage: bool = True,
+    ) -> float:
+        """Time of one stage: `prefills` holds (tokens already cached, chunk size) per prefill."""
+        layer_ms = self._token_ms(num_tokens)
+        if decode_batch_size:
+            layer_ms += self._decode_ms(decode_batch_size, decode_kv_sum // decode_batch_size)
+        if prefills:
+            granularity = self._granularity
+            kv_sum = sum(-(-cached // granularity) * granularity for cached, _ in prefills)
+            chunk = round(sqrt(sum(c * c for _, c in prefills)))
+            value = self.times.prefill.lookup(kv_sum, chunk)
+            layer_ms += value * (1.0 + self._prefill_overhead) if len(prefills) > 1 else value
+        stage_ms = self.num_layers * layer_ms
+        if not is_last_stage:
+            stage_ms += self._send_recv[min((num_tokens + 7) // 8 * 8, len(self._send_recv) - 1)]
+        return stage_ms * 1e-3
+
+    def decode_run(self, batch_size: int, decode_kv_sum: int, num_iterations: int) -> list[tuple[int, float]]:
+        """Times of `num_iterations` consecutive decode-only iterations of an unchanged batch.
+
+        Every sequence gains one token per iteration, so the mean KV length rises by exactly one
+        and its bucket changes once per `kv_granularity` iterations: the run is a few pieces of
+        (iterations, seconds per iteration), whose sum equals the per-iteration sum.
+        """
+        base_ms = self._token_ms(batch_size)
+        granularity = self._granularity
+        mean_kv = decode_kv_sum // batch_size
+        pieces: list[tuple[int, float]] = []
+        remaining = num_iterations
+        while remaining > 0:
+            bucket = -(-mean_kv // granularity)
+            count = min(bucket * granularity - mean_kv + 1, remaining)
+            seconds = self.num_layers * (base_ms + self._decode_ms(batch_size, mean_kv)) * 1e-3
+            pieces.append((count, seconds))
+            mean_kv += count
+            remaining -= count
+        return pieces

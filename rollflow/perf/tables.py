@@ -1,0 +1,236 @@
+"""Vidur-format GPU profile tables -> operator time grids, by interpolation.
+
+Vidur fits a random forest per operator (about 25 minutes cold) and then evaluates it on a
+dense grid. The tables are already dense along the axes the simulator queries, so rollflow
+interpolates them directly: the same inputs, in well under a second.
+
+Files (any path; `{DEVICE}`, `{MODEL}`, `{NETWORK_DEVICE}` are substituted):
+- `mlp.csv`: per-layer token-parallel operators by `num_tokens` and tensor-parallel size.
+- `attention.csv`: prefill by (`kv_cache_size`, `prefill_chunk_size`) and decode by
+  (`batch_size`, `kv_cache_size`).
+- `all_reduce.csv`, `send_recv.csv`: collectives by message `size` in bytes.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from rollflow.perf.optimes import OperatorTimes, PrefillGrid, interp_grid
+from rollflow.perf.specs import ModelSpec, NodeSpec, ParallelLayout
+
+# Operators of one layer whose time depends only on the number of tokens in the batch.
+LINEAR_OPS = (
+    "attn_pre_proj",
+    "attn_post_proj",
+    "attn_rope",
+    "mlp_up_proj",
+    "mlp_down_proj",
+    "mlp_act",
+    "input_layernorm",
+    "add",
+)
+
+
+class ProfileTableError(ValueError):
+    """A table is missing, malformed, or has no rows for the configured model and sharding."""
+
+
+@dataclass(frozen=True)
+class TablePaths:
+    compute: str
+    attention: str
+    all_reduce: str
+    send_recv: str
+
+    def resolve(self, model: str, device: str, network_device: str) -> TablePaths:
+        def sub(path: str) -> str:
+            return (
+                path.replace("{DEVICE}", device)
+                .replace("{MODEL}", model)
+                .replace("{NETWORK_DEVICE}", network_device)
+            )
+
+        return TablePaths(sub(self.compute), sub(self.attention), sub(self.all_reduce), sub(self.send_recv))
+
+
+@dataclass(frozen=True)
+class CommOverheads:
+    """CPU-side costs Vidur adds to each tensor-parallel all-reduce (ms)."""
+
+    nccl_cpu_launch_ms: float = 0.02
+    nccl_cpu_skew_per_device_ms: float = 0.0
+
+
+def _read_rows(path: str, where: Callable[[dict[str, str]], bool]) -> list[dict[str, str]]:
+    file = Path(path)
+    if not file.is_file():
+        raise ProfileTableError(f"profile table not found: {path}")
+    with file.open(newline="") as handle:
+        return [row for row in csv.DictReader(handle) if where(row)]
+
+
+def _column(rows: Iterable[dict[str, str]], name: str, path: str) -> np.ndarray:
+    try:
+        return np.array([float(row[name]) if row[name] != "" else np.nan for row in rows])
+    except KeyError:
+        raise ProfileTableError(f"{path} has no column {name!r}") from None
+
+
+def _truthy(value: str) -> bool:
+    return value.strip().lower() in {"true", "1"}
+
+
+def load_operator_times(
+    paths: TablePaths,
+    model: ModelSpec,
+    layout: ParallelLayout,
+    node: NodeSpec,
+    block_size: int,
+    max_tokens: int,
+    max_batch_size: int,
+    kv_granularity: int = 64,
+    overheads: CommOverheads = CommOverheads(),
+) -> OperatorTimes:
+    """Build the grids for one replica shape from Vidur-format tables."""
+    tp = layout.tensor_parallel
+    size = max_tokens + 9  # token counts are rounded up to a multiple of 8
+
+    def same_model(row: dict[str, str]) -> bool:
+        return (
+            int(row["n_head"]) == model.num_q_heads
+            and int(row["n_kv_head"]) == model.num_kv_heads
+            and int(row["n_embd"]) == model.embedding_dim
+            and int(row["n_expanded_embd"]) == model.mlp_hidden_dim
+            and _truthy(row["use_gated_mlp"]) == model.use_gated_mlp
+            and int(row["vocab_size"]) == model.vocab_size
+            and int(float(row["num_tensor_parallel_workers"])) == tp
+        )
+
+    mlp_rows = _read_rows(paths.compute, same_model)
+    if not mlp_rows:
+        raise ProfileTableError(f"{paths.compute} has no rows for {model.name} at tensor_parallel={tp}")
+    tokens = _column(mlp_rows, "num_tokens", paths.compute)
+    ops = [*LINEAR_OPS, "post_attention_layernorm"] if model.post_attn_norm else list(LINEAR_OPS)
+    linear = np.zeros(size)
+    for op in ops:
+        values = np.nan_to_num(_column(mlp_rows, f"time_stats.{op}.median", paths.compute))
+        linear += interp_grid(tokens, values, size)
+
+    if tp > 1:
+        linear += 2 * _all_reduce_ms(paths.all_reduce, model, tp, size, overheads)
+
+    attention = _attention_times(paths.attention, model, tp, block_size, size, max_batch_size, kv_granularity)
+    send_recv = (
+        _send_recv_ms(paths.send_recv, model, layout, node, size)
+        if layout.pipeline_stages > 1
+        else np.zeros(size)
+    )
+    return OperatorTimes(
+        linear_ms=linear,
+        kv_save_ms=attention[0],
+        send_recv_ms=send_recv,
+        decode_ms=attention[1],
+        prefill=attention[2],
+        kv_granularity=kv_granularity,
+        source=f"tables: {paths.compute}, {paths.attention}",
+    )
+
+
+def _all_reduce_ms(path: str, model: ModelSpec, tp: int, size: int, overheads: CommOverheads) -> np.ndarray:
+    rows = _read_rows(
+        path,
+        lambda r: (
+            int(r["num_workers"]) == tp
+            and int(r["devices_per_node"]) == tp
+            and r["collective"] == "all_reduce"
+        ),
+    )
+    if not rows:
+        raise ProfileTableError(f"{path} has no all_reduce rows for {tp} workers on one node")
+    tokens = _column(rows, "size", path) / model.embedding_dim / 2
+    grid = interp_grid(tokens, _column(rows, "time_stats.all_reduce.median", path), size)
+    return grid + overheads.nccl_cpu_launch_ms + overheads.nccl_cpu_skew_per_device_ms * tp**1.25
+
+
+def _send_recv_ms(
+    path: str, model: ModelSpec, layout: ParallelLayout, node: NodeSpec, size: int
+) -> np.ndarray:
+    # A hop between stages crosses machines once the replica outgrows one node.
+    devices_per_node = 1 if layout.world_size > node.num_devices_per_node else 2
+    rows = _read_rows(
+        path, lambda r: r["collective"] == "send_recv" and int(r["devices_per_node"]) == devices_per_node
+    )
+    if not rows:
+        raise ProfileTableError(f"{path} has no send_recv rows with devices_per_node={devices_per_node}")
+    tokens = _column(rows, "size", path) / model.embedding_dim / 2
+    return interp_grid(tokens, _column(rows, "time_stats.send_recv.median", path), size)
+
+
+def _attention_times(
+    path: str,
+    model: ModelSpec,
+    tp: int,
+    block_size: int,
+    size: int,
+    max_batch_size: int,
+    kv_granularity: int,
+) -> tuple[np.ndarray, np.ndarray, PrefillGrid]:
+    rows = _read_rows(
+        path,
+        lambda r: (
+            int(r["n_embd"]) == model.embedding_dim
+            and int(r["n_q_head"]) == model.num_q_heads
+            and int(r["n_kv_head"]) == model.num_kv_heads
+            and int(r["block_size"]) == block_size
+            and int(float(r["num_tensor_parallel_workers"])) == tp
+        ),
+    )
+    if not rows:
+        raise ProfileTableError(
+            f"{path} has no rows for {model.name} at tensor_parallel={tp}, block_size={block_size}"
+        )
+    chunk = _column(rows, "prefill_chunk_size", path)
+    batch = _column(rows, "batch_size", path)
+    kv = _column(rows, "kv_cache_size", path)
+    is_decode = chunk == 0
+
+    if "time_stats.attn_kv_cache_save.median" in rows[0]:
+        num_tokens = np.maximum(chunk, batch)
+        save = np.nan_to_num(_column(rows, "time_stats.attn_kv_cache_save.median", path))
+        kv_save = interp_grid(num_tokens, save, size)
+    else:
+        kv_save = np.zeros(size)
+
+    decode_time = _column(rows, "time_stats.attn_decode.median", path)
+    num_buckets = (size - 1) // kv_granularity + 2
+    kv_axis = np.arange(num_buckets) * kv_granularity
+    decode = np.zeros((max_batch_size + 1, num_buckets))
+    sampled_batches = np.unique(batch[is_decode])
+    if len(sampled_batches) == 0:
+        raise ProfileTableError(f"{path} has no decode rows (prefill_chunk_size == 0)")
+    per_batch = []
+    for b in sampled_batches:
+        mask = is_decode & (batch == b)
+        per_batch.append(interp_grid(kv[mask], decode_time[mask], int(kv_axis[-1]) + 1)[kv_axis])
+    per_batch_arr = np.array(per_batch)
+    batch_axis = np.arange(1, max_batch_size + 1)
+    for k in range(num_buckets):
+        decode[1:, k] = np.interp(batch_axis, sampled_batches, per_batch_arr[:, k])
+    decode[0] = decode[1]
+
+    prefill_time = _column(rows, "time_stats.attn_prefill.median", path)
+    sizes = np.unique(chunk[~is_decode])
+    if len(sizes) == 0:
+        raise ProfileTableError(f"{path} has no prefill rows (prefill_chunk_size > 0)")
+    kv_points, times = [], []
+    for c in sizes:
+        mask = ~is_decode & (chunk == c)
+        order = np.argsort(kv[mask], kind="stable")
+        kv_points.append(kv[mask][order])
+        times.append(prefill_time[mask][order])
+    return kv_save, decode, PrefillGrid(sizes, tuple(kv_points), tuple(times))

@@ -1,0 +1,116 @@
+"""Request routers: pick the instance for one arriving request from a cluster snapshot.
+
+Routers may keep their own decision state (a round-robin cursor, a seeded RNG) but read the
+world only through the `ClusterView`, so the same object routes in the simulator and live.
+Ties go to the lowest instance id, which keeps runs deterministic.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Protocol
+
+from rollflow.policy.view import ClusterView, InstanceView, RouteRequest
+
+
+class Router(Protocol):
+    name: str
+
+    def pick(self, request: RouteRequest, view: ClusterView) -> int:
+        """Return the `instance_id` that should serve `request`."""
+        ...
+
+
+class RoundRobinRouter:
+    name = "round_robin"
+
+    def __init__(self, seed: int = 0) -> None:
+        self._counter = 0
+
+    def pick(self, request: RouteRequest, view: ClusterView) -> int:
+        instance = view.instances[self._counter % len(view.instances)]
+        self._counter += 1
+        return instance.instance_id
+
+
+class RandomRouter:
+    name = "random"
+
+    def __init__(self, seed: int = 0) -> None:
+        self._rng = random.Random(seed)
+
+    def pick(self, request: RouteRequest, view: ClusterView) -> int:
+        return view.instances[self._rng.randrange(len(view.instances))].instance_id
+
+
+class _ArgminRouter:
+    """Picks the instance with the smallest `load`; subclasses name the load."""
+
+    name = ""
+
+    def __init__(self, seed: int = 0) -> None:
+        pass
+
+    @staticmethod
+    def load(instance: InstanceView) -> float:
+        raise NotImplementedError
+
+    def pick(self, request: RouteRequest, view: ClusterView) -> int:
+        return min(view.instances, key=lambda inst: (self.load(inst), inst.instance_id)).instance_id
+
+
+class LeastOutstandingRequestsRouter(_ArgminRouter):
+    """Vidur's `lor`: fewest requests waiting in the instance's queue (running ones not counted)."""
+
+    name = "lor"
+
+    @staticmethod
+    def load(instance: InstanceView) -> float:
+        return instance.num_queued
+
+
+class LeastOutstandingRouter(_ArgminRouter):
+    """Fewest requests on the instance, waiting or running."""
+
+    name = "least_outstanding"
+
+    @staticmethod
+    def load(instance: InstanceView) -> float:
+        return instance.num_outstanding
+
+
+class LeastTokensRouter(_ArgminRouter):
+    """Least token work left: queued requests' tokens plus running requests' remaining tokens."""
+
+    name = "least_tokens"
+
+    @staticmethod
+    def load(instance: InstanceView) -> float:
+        return instance.token_load
+
+
+ROUTERS: dict[str, Callable[[int], Router]] = {}
+
+
+def register_router(name: str, factory: Callable[[int], Router]) -> None:
+    if name in ROUTERS:
+        raise ValueError(f"router {name!r} is already registered")
+    ROUTERS[name] = factory
+
+
+for _cls in (
+    RoundRobinRouter,
+    RandomRouter,
+    LeastOutstandingRequestsRouter,
+    LeastOutstandingRouter,
+    LeastTokensRouter,
+):
+    register_router(_cls.name, _cls)
+
+
+def make_router(name: str, seed: int = 0) -> Router:
+    try:
+        return ROUTERS[name](seed)
+    except KeyError:
+        raise ValueError(f"unknown router {name!r}; choose one of: {', '.join(ROUTERS)}") from None

@@ -1,0 +1,48 @@
+"""The cluster snapshot every policy decides from, identical in simulation and at run time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+InstanceKind = Literal["local", "remote", "spot"]
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceView:
+    """One serving instance (a replica in the simulator, an engine in the manager)."""
+
+    instance_id: int
+    num_running: int  # requests holding KV on the instance (prefilling or decoding)
+    num_queued: int  # requests routed to it and waiting to be admitted
+    queued_tokens: int  # prompt + expected output tokens of the queued requests
+    running_tokens: int  # tokens the running requests still have to process
+    kv_usage: float  # fraction of KV blocks in use, 0..1
+    tokens_per_s: float = 0.0  # recent measured generation throughput
+    kind: InstanceKind = "local"
+    weight_version: int = 0
+
+    @property
+    def num_outstanding(self) -> int:
+        return self.num_running + self.num_queued
+
+    @property
+    def token_load(self) -> int:
+        return self.queued_tokens + self.running_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """All instances at one moment; `now` is the only clock a policy may read."""
+
+    now: float
+    instances: tuple[InstanceView, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """What a router knows about a request when it arrives."""
+
+    request_id: int
+    prompt_tokens: int
+    expected_output_tokens: int  # the true length in simulation if so configured, else a prediction

@@ -1,0 +1,311 @@
+"""Replica batch schedulers: which requests run in the next iteration, and paged-KV accounting.
+
+Each call to `next_batch` decides one iteration, with the semantics of Vidur's replica
+schedulers so that the two simulators agree:
+
+- `vllm`: new requests are prefilled whole, in batches of their own, while their blocks fit
+  above the watermark and `batch size x longest prompt <= max_tokens_in_batch`; otherwise all
+  running requests decode together. A running request that cannot get a block preempts the
+  latest-arrived running request (restart by recompute), or itself if none is left.
+- `sarathi`: every iteration carries all decodes, then running prefill chunks, then new
+  requests, within a `chunk_size` token budget (chunked prefill); same preemption rule.
+- `orca`: iteration-level batching that reserves blocks for the full request length at
+  admission, so it never preempts.
+
+Requests in flight (in a batch not yet finished) are in neither queue.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from math import ceil
+
+from rollflow.sim.request import Batch, SimRequest
+
+
+class ReplicaScheduler:
+    """Waiting queue, running set and KV blocks of one replica; subclasses pick batches."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        batch_size_cap: int,
+        num_stages: int,
+        watermark_blocks_fraction: float,
+    ) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.batch_size_cap = batch_size_cap
+        self.max_micro_batch_size = max(1, batch_size_cap // num_stages)
+        self.watermark_blocks = int(watermark_blocks_fraction * num_blocks)
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []  # resident, not in flight; Vidur calls these "preempted"
+        self.num_allocated_blocks = 0
+        self.num_resident = 0  # requests holding blocks (running or in flight)
+        self.waiting_tokens = 0  # prompt + output tokens of the waiting requests
+        self.resident_remaining_tokens = 0  # tokens the resident requests still have to process
+        self.num_preemptions = 0
+
+    # -- KV blocks ---------------------------------------------------------------------------
+    @property
+    def free_blocks(self) -> int:
+        return self.num_blocks - self.num_allocated_blocks
+
+    def _allocate(self, request: SimRequest, num_blocks: int) -> None:
+        if request.blocks == 0:
+            self.num_resident += 1
+            self.resident_remaining_tokens += request.total_tokens - request.processed
+        request.blocks += num_blocks
+        self.num_allocated_blocks += num_blocks
+
+    def free(self, request: SimRequest) -> None:
+        self.num_allocated_blocks -= request.blocks
+        self.resident_remaining_tokens -= request.total_tokens - request.processed
+        request.blocks = 0
+        self.num_resident -= 1
+
+    def _can_admit_or_grow(self, request: SimRequest) -> bool:
+        if request.blocks == 0:
+            needed = ceil(request.num_prefill / self.block_size)
+            return self.num_blocks - self.num_allocated_blocks - needed >= self.watermark_blocks
+        return self.num_blocks - self.num_allocated_blocks >= 1
+
+    def _admit_or_grow(self, request: SimRequest) -> None:
+        if request.blocks == 0:
+            self._allocate(request, ceil(request.num_prefill / self.block_size))
+        elif request.processed > request.blocks * self.block_size:
+            self._allocate(request, 1)
+
+    def _preempt_for(self, request: SimRequest) -> bool:
+        """Free blocks for a running request by restarting the latest arrivals; False if it lost."""
+        running = self.running
+        while not self._can_admit_or_grow(request):
+            if running:
+                victim = running.pop()
+                self._restart(victim)
+            else:
+                self._restart(request)
+                return False
+        self._admit_or_grow(request)
+        return True
+
+    def _restart(self, request: SimRequest) -> None:
+        self.num_preemptions += 1
+        self.free(request)
+        request.restart()
+        self.waiting.appendleft(request)
+        self.waiting_tokens += request.total_tokens
+
+    def _pop_waiting(self) -> SimRequest:
+        request = self.waiting.popleft()
+        self.waiting_tokens -= request.total_tokens
+        return request
+
+    # -- queue ---------------------------------------------------------------------------------
+    def add_request(self, request: SimRequest) -> None:
+        self.waiting.append(request)
+        self.waiting_tokens += request.total_tokens
+
+    def on_batch_end(self, batch: Batch) -> None:
+        for request in batch.requests:
+            if request.completed_at is not None:
+                self.free(request)
+            else:
+                self.running.append(request)
+
+    def next_batch(self) -> Batch | None:
+        raise NotImplementedError
+
+    # -- decode runs -------------------------------------------------------------------------
+    def max_decode_run(self, batch: Batch, limit: int) -> int:
+        """Iterations (<= limit) the decode-only `batch` can repeat with no scheduling change.
+
+        The batch was just formed (its first iteration's blocks are allocated). Repeating it is
+        exact while no request finishes (the caller's limit), no block request can fail (every
+        block check passes while one block stays free), and no waiting request could be admitted:
+        when a decode-only batch is formed the waiting queue is empty or blocked, and a blocked
+        queue stays blocked while blocks are only taken, never freed.
+        """
+        if self.waiting and not self._waiting_blocked(batch):
+            return 1  # a request preempted while forming this batch may be admitted next
+        block = self.block_size
+        free = self.num_blocks - self.num_allocated_blocks - 1
+        requests = batch.requests
+
+        def extra_blocks(n: int) -> int:
+            total = 0
+            for r in requests:
+                need = -(-(r.processed + n - 1) // block) - r.blocks
+                if need > 0:
+                    total += need
+            return total
+
+        if extra_blocks(limit) <= free:
+            return limit
+        lo, hi = 1, limit  # extra_blocks(1) == 0: the first iteration is already allocated
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if extra_blocks(mid) <= free:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _waiting_blocked(self, batch: Batch) -> bool:
+        """Whether the head of the waiting queue cannot join the next iteration of `batch`."""
+        return (
+            self.num_resident == self.batch_size_cap
+            or batch.size >= self.max_micro_batch_size
+            or not self._can_admit_or_grow(self.waiting[0])
+        )
+
+    def grow_for_run(self, batch: Batch, num_iterations: int) -> None:
+        """Take the blocks the iterations after the first of a decode run allocated."""
+        block = self.block_size
+        for r in batch.requests:
+            need = -(-(r.processed + num_iterations - 1) // block) - r.blocks
+            if need > 0:
+                r.blocks += need
+                self.num_allocated_blocks += need
+
+
+class VllmScheduler(ReplicaScheduler):
+    def __init__(self, *args: object, max_tokens_in_batch: int, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.max_tokens_in_batch = max_tokens_in_batch
+
+    def next_batch(self) -> Batch | None:
+        requests: list[SimRequest] = []
+        num_tokens: list[int] = []
+        longest = 0
+        waiting = self.waiting
+        while waiting:
+            request = waiting[0]
+            tokens = 1 if request.prefill_done else request.num_prefill
+            if not self._can_admit_or_grow(request):
+                break
+            if (len(requests) + 1) * max(longest, tokens) > self.max_tokens_in_batch:
+                break
+            if self.num_resident == self.batch_size_cap or len(requests) == self.max_micro_batch_size:
+                break
+            self._pop_waiting()
+            self._admit_or_grow(request)
+            requests.append(request)
+            num_tokens.append(tokens)
+            longest = max(longest, tokens)
+        if requests:
+            return Batch(requests, num_tokens)
+
+        running = self.running
+        running.sort(key=_arrival)
+        while running and len(requests) < self.max_micro_batch_size:
+            request = running.pop(0)
+            if self._preempt_for(request):
+                requests.append(request)
+                num_tokens.append(1 if request.prefill_done else request.num_prefill)
+        return Batch(requests, num_tokens) if requests else None
+
+    def _waiting_blocked(self, batch: Batch) -> bool:
+        head = self.waiting[0]
+        return super()._waiting_blocked(batch) or head.num_prefill > self.max_tokens_in_batch
+
+
+class SarathiScheduler(ReplicaScheduler):
+    def __init__(self, *args: object, chunk_size: int, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.chunk_size = chunk_size
+
+    def _chunk(self, request: SimRequest, batch_tokens: int) -> int:
+        if request.prefill_done:
+            return 1
+        return max(0, min(request.num_prefill - request.processed, self.chunk_size - batch_tokens))
+
+    def next_batch(self) -> Batch | None:
+        requests: list[SimRequest] = []
+        num_tokens: list[int] = []
+        prefilling: list[SimRequest] = []
+        skipped: list[SimRequest] = []
+        batch_tokens = 0
+        running = self.running
+        while running and len(requests) < self.max_micro_batch_size:
+            request = running.pop(0)
+            if not request.prefill_done:
+                prefilling.append(request)
+                continue
+            if self._preempt_for(request):
+                batch_tokens += 1
+                requests.append(request)
+                num_tokens.append(1)
+        for request in prefilling:
+            tokens = self._chunk(request, batch_tokens)
+            if tokens == 0:
+                skipped.append(request)
+                continue
+            batch_tokens += tokens
+            requests.append(request)
+            num_tokens.append(tokens)
+        if skipped:
+            running[:0] = skipped
+        running.sort(key=_arrival)
+
+        waiting = self.waiting
+        while waiting:
+            if self.num_resident == self.batch_size_cap or len(requests) == self.max_micro_batch_size:
+                break
+            request = waiting[0]
+            if not self._can_admit_or_grow(request):
+                break
+            tokens = self._chunk(request, batch_tokens)
+            if tokens == 0:
+                break
+            self._pop_waiting()
+            self._admit_or_grow(request)
+            batch_tokens += tokens
+            requests.append(request)
+            num_tokens.append(tokens)
+        return Batch(requests, num_tokens) if requests else None
+
+    def _waiting_blocked(self, batch: Batch) -> bool:
+        return super()._waiting_blocked(batch) or batch.size >= self.chunk_size
+
+
+class OrcaScheduler(ReplicaScheduler):
+    def __init__(self, *args: object, max_batch_size: int, max_tokens: int, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.max_batch_size = max_batch_size
+        self.blocks_per_request = max_tokens // self.block_size
+
+    def next_batch(self) -> Batch | None:
+        requests: list[SimRequest] = []
+        num_tokens: list[int] = []
+        running = self.running
+        while running and len(requests) < self.max_batch_size:
+            request = running.pop(0)
+            requests.append(request)
+            num_tokens.append(1 if request.prefill_done else request.num_prefill)
+        waiting = self.waiting
+        while waiting and len(requests) < self.max_batch_size:
+            if self.free_blocks < self.blocks_per_request:
+                break
+            request = self._pop_waiting()
+            self._allocate(request, self.blocks_per_request)
+            requests.append(request)
+            num_tokens.append(1 if request.prefill_done else request.num_prefill)
+        return Batch(requests, num_tokens) if requests else None
+
+    def max_decode_run(self, batch: Batch, limit: int) -> int:
+        # Blocks were reserved for the whole request at admission; only admissions can change.
+        if self.waiting and not self._waiting_blocked(batch):
+            return 1
+        return limit
+
+    def _waiting_blocked(self, batch: Batch) -> bool:
+        return batch.size >= self.max_batch_size or self.free_blocks < self.blocks_per_request
+
+    def grow_for_run(self, batch: Batch, num_iterations: int) -> None:
+        return None
+
+
+def _arrival(request: SimRequest) -> float:
+    return request.arrived_at

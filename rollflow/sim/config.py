@@ -1,0 +1,248 @@
+"""Configuration of a serving simulation (`rollflow sim serve`), validated at load time."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from rollflow.config import StrictModel
+from rollflow.perf.specs import GPUS, MODELS, NODES
+from rollflow.policy.routing import ROUTERS
+
+
+class Section(StrictModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class ModelShape(Section):
+    """A model outside the built-in catalog, described by its shape."""
+
+    num_layers: int = Field(ge=1)
+    num_q_heads: int = Field(ge=1)
+    num_kv_heads: int = Field(ge=1)
+    embedding_dim: int = Field(ge=1)
+    mlp_hidden_dim: int = Field(ge=1)
+    vocab_size: int = Field(ge=1)
+    use_gated_mlp: bool = True
+    post_attn_norm: bool = True
+
+
+class ClusterConfig(Section):
+    replicas: int = Field(1, ge=1)
+    """Number of identical model replicas behind the router."""
+    model: str = "meta-llama/Llama-2-7b-hf"
+    """Model name: one of the catalog (rollflow.perf.specs.MODELS) or any name with `model_shape` set."""
+    model_shape: ModelShape | None = None
+    """Shape of a model that is not in the catalog."""
+    device: Literal[tuple(GPUS)] = "a100"  # type: ignore[valid-type]
+    """GPU type of every replica."""
+    network_device: Literal[tuple(NODES)] = "a100_pairwise_nvlink"  # type: ignore[valid-type]
+    """Node type: decides GPUs per node and which network tables apply."""
+    tensor_parallel: int = Field(1, ge=1)
+    """GPUs per pipeline stage, splitting every layer."""
+    pipeline_stages: int = Field(1, ge=1)
+    """Pipeline stages per replica, splitting the layers."""
+    memory_margin_fraction: float = Field(0.1, ge=0.0, lt=1.0)
+    """GPU memory kept free of weights and KV cache."""
+    router: Literal[tuple(ROUTERS)] = "round_robin"  # type: ignore[valid-type]
+    """Global routing policy (rollflow.policy.routing)."""
+
+    @model_validator(mode="after")
+    def _known_model(self) -> ClusterConfig:
+        if self.model_shape is None and self.model not in MODELS:
+            raise ValueError(
+                f"unknown model {self.model!r}; set cluster.model_shape or pick one of: {', '.join(MODELS)}"
+            )
+        return self
+
+
+class SchedulerConfig(Section):
+    kind: Literal["vllm", "sarathi", "orca"] = "sarathi"
+    """Replica batching: vllm (whole-prompt prefill batches), sarathi (chunked prefill mixed with
+    decodes), orca (iteration-level batching with KV reserved for the full request up front)."""
+    batch_size_cap: int = Field(128, ge=1)
+    """Most requests resident on one replica at once."""
+    block_size: int = Field(16, ge=1)
+    """Tokens per paged KV block."""
+    watermark_blocks_fraction: float = Field(0.01, ge=0.0, lt=1.0)
+    """Blocks a new request must leave free when admitted (vllm, sarathi)."""
+    num_blocks: int | None = Field(None, ge=1)
+    """KV blocks per replica; default: what fits in GPU memory after the weights."""
+    max_tokens_in_batch: int = Field(4096, ge=1)
+    """vllm: cap on batch size x longest prompt in a prefill batch."""
+    chunk_size: int = Field(512, ge=1)
+    """sarathi: token budget of one iteration (decodes plus prefill chunks)."""
+
+
+class ExecutionConfig(Section):
+    kind: Literal["tables", "roofline"] = "roofline"
+    """Where operator times come from: Vidur-format profile tables, or the roofline model."""
+    compute_table: str = "./data/profiling/compute/{DEVICE}/{MODEL}/mlp.csv"
+    """tables: per-layer MLP/projection times; {DEVICE}, {MODEL}, {NETWORK_DEVICE} are substituted."""
+    attention_table: str = "./data/profiling/compute/{DEVICE}/{MODEL}/attention.csv"
+    """tables: attention prefill/decode times."""
+    all_reduce_table: str = "./data/profiling/network/{NETWORK_DEVICE}/all_reduce.csv"
+    """tables: all-reduce times (used when tensor_parallel > 1)."""
+    send_recv_table: str = "./data/profiling/network/{NETWORK_DEVICE}/send_recv.csv"
+    """tables: send/recv times (used when pipeline_stages > 1)."""
+    kv_cache_granularity: int = Field(64, ge=1)
+    """KV lengths are rounded up to a multiple of this before attention lookups."""
+    attention_decode_overhead_fraction: float = Field(0.1, ge=0.0)
+    """Extra decode-attention time for batched GQA models."""
+    attention_prefill_overhead_fraction: float = Field(0.1, ge=0.0)
+    """Extra prefill-attention time for batched GQA models."""
+    nccl_cpu_launch_overhead_ms: float = Field(0.02, ge=0.0)
+    """Added to every tensor-parallel all-reduce."""
+    nccl_cpu_skew_overhead_per_device_ms: float = Field(0.0, ge=0.0)
+    """Added per all-reduce, times tensor_parallel**1.25."""
+    max_batch_size: int = Field(128, ge=1)
+    """Largest decode batch the attention grid covers (larger ones are clamped)."""
+    compute_efficiency: float = Field(0.6, gt=0.0, le=1.0)
+    """roofline: achieved fraction of peak FLOP/s."""
+    memory_efficiency: float = Field(0.7, gt=0.0, le=1.0)
+    """roofline: achieved fraction of peak HBM bandwidth."""
+
+
+class TraceLengths(Section):
+    kind: Literal["trace"] = "trace"
+    file: str
+    """CSV with num_prefill_tokens,num_decode_tokens columns; rows are shuffled by the seed."""
+    prefill_scale: float = Field(1.0, gt=0.0)
+    decode_scale: float = Field(1.0, gt=0.0)
+
+
+class UniformLengths(Section):
+    kind: Literal["uniform"] = "uniform"
+    min_tokens: int = Field(1024, ge=2)
+    """Smallest total (prompt + output) length."""
+    prefill_to_decode_ratio: float = Field(20.0, gt=0.0)
+
+
+class ZipfLengths(Section):
+    kind: Literal["zipf"] = "zipf"
+    min_tokens: int = Field(1024, ge=2)
+    theta: float = Field(0.6, gt=0.0, lt=1.0)
+    """Skew: larger theta puts more mass on short requests."""
+    prefill_to_decode_ratio: float = Field(20.0, gt=0.0)
+
+
+class FixedLengths(Section):
+    kind: Literal["fixed"] = "fixed"
+    prefill_tokens: int = Field(2048, ge=1)
+    decode_tokens: int = Field(512, ge=1)
+
+
+LengthConfig = Annotated[
+    TraceLengths | UniformLengths | ZipfLengths | FixedLengths, Field(discriminator="kind")
+]
+
+
+class PoissonIntervals(Section):
+    kind: Literal["poisson"] = "poisson"
+    qps: float = Field(1.0, gt=0.0)
+
+
+class GammaIntervals(Section):
+    kind: Literal["gamma"] = "gamma"
+    qps: float = Field(1.0, gt=0.0)
+    cv: float = Field(0.5, gt=0.0)
+    """Coefficient of variation of the gaps: above 1 is burstier than Poisson."""
+
+
+class StaticIntervals(Section):
+    kind: Literal["static"] = "static"
+    """Every request arrives at time 0."""
+
+
+IntervalConfig = Annotated[PoissonIntervals | GammaIntervals | StaticIntervals, Field(discriminator="kind")]
+
+
+class TraceWorkload(Section):
+    kind: Literal["trace"] = "trace"
+    file: str
+    """CSV in Vidur's format: arrived_at,num_prefill_tokens,num_decode_tokens."""
+    time_scale: float = Field(1.0, gt=0.0)
+    """Multiplies arrival times (below 1 raises the load)."""
+    prefill_scale: float = Field(1.0, gt=0.0)
+    decode_scale: float = Field(1.0, gt=0.0)
+    max_tokens: int = Field(4096, ge=2)
+    """Prompt + output cap; longer requests lose prompt tokens (as Vidur does)."""
+    num_requests: int | None = Field(None, ge=1)
+    """Replay only the first N rows."""
+
+
+class SyntheticWorkload(Section):
+    kind: Literal["synthetic"] = "synthetic"
+    num_requests: int | None = Field(128, ge=1)
+    duration_s: float | None = Field(None, gt=0.0)
+    """If set, generate arrivals until this time instead of num_requests."""
+    max_tokens: int = Field(4096, ge=2)
+    lengths: LengthConfig = Field(default_factory=FixedLengths)
+    intervals: IntervalConfig = Field(default_factory=PoissonIntervals)
+
+
+class RolloutBurstWorkload(Section):
+    """One RL rollout: B prompts x G samples submitted together, long-tailed output lengths."""
+
+    kind: Literal["rl_burst"] = "rl_burst"
+    num_prompts: int = Field(64, ge=1)
+    samples_per_prompt: int = Field(8, ge=1)
+    prompt_tokens: int = Field(512, ge=1)
+    """Mean prompt length (prompts vary uniformly by +-prompt_jitter)."""
+    prompt_jitter: float = Field(0.25, ge=0.0, lt=1.0)
+    output: Literal["lognormal", "trace"] = "lognormal"
+    """Output length source: a lognormal long tail, or the decode column of `output_trace`."""
+    output_median_tokens: int = Field(1024, ge=1)
+    output_sigma: float = Field(1.0, ge=0.0)
+    """Lognormal sigma: 1.0 gives a p99/median ratio of about 10."""
+    output_trace: str | None = None
+    max_new_tokens: int = Field(8192, ge=1)
+    """Outputs are clipped here, as a rollout's max_new_tokens would."""
+    arrival_s: float = Field(0.0, ge=0.0)
+
+    @model_validator(mode="after")
+    def _trace_needs_file(self) -> RolloutBurstWorkload:
+        if self.output == "trace" and not self.output_trace:
+            raise ValueError("output: trace needs output_trace set to a CSV with num_decode_tokens")
+        return self
+
+
+WorkloadConfig = Annotated[
+    TraceWorkload | SyntheticWorkload | RolloutBurstWorkload, Field(discriminator="kind")
+]
+
+
+class OutputConfig(Section):
+    dir: str = "outputs/sim"
+    """Folder for summary.json, requests.csv, chrome_trace.json and plots/."""
+    plots: bool = True
+    chrome_trace: bool = True
+    requests_csv: bool = True
+    progress: bool = True
+    """Show a progress bar on long runs (off when not a terminal)."""
+
+
+class SimulatorConfig(Section):
+    fast_forward: bool = True
+    """Advance an unchanged decode batch many iterations per event (exact; off = one event per iteration)."""
+    time_limit_s: float | None = Field(None, gt=0.0)
+    """Stop simulating at this simulated time."""
+
+
+class SimConfig(Section):
+    seed: int = 42
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
+    workload: WorkloadConfig = Field(default_factory=SyntheticWorkload)
+    simulator: SimulatorConfig = Field(default_factory=SimulatorConfig)
+    output: OutputConfig = Field(default_factory=OutputConfig)
+
+    @property
+    def max_tokens(self) -> int:
+        """Longest request (prompt + output) the workload can produce; sizes KV slots and grids."""
+        workload = self.workload
+        if isinstance(workload, RolloutBurstWorkload):
+            return int(workload.prompt_tokens * (1 + workload.prompt_jitter)) + 1 + workload.max_new_tokens
+        return workload.max_tokens

@@ -1,0 +1,119 @@
+"""Simulated requests and batches: small slotted records, no object per token."""
+
+from __future__ import annotations
+
+
+class SimRequest:
+    """One inference request as a replica sees it.
+
+    `num_prefill`/`num_decode` are what is left to do from the current (re)start: a request
+    preempted by recompute restarts with everything it has produced folded into its prompt,
+    which is how vLLM recomputes (and how Vidur models it). `prompt_tokens`/`output_tokens`
+    keep the original sizes for metrics.
+    """
+
+    __slots__ = (
+        "arrived_at",
+        "blocks",
+        "completed_at",
+        "id",
+        "num_decode",
+        "num_prefill",
+        "num_restarts",
+        "output_tokens",
+        "prefill_completed_at",
+        "prefill_done",
+        "processed",
+        "prompt_tokens",
+        "replica_id",
+        "scheduled_at",
+    )
+
+    def __init__(self, request_id: int, arrived_at: float, prompt_tokens: int, output_tokens: int) -> None:
+        self.id = request_id
+        self.arrived_at = arrived_at
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.num_prefill = prompt_tokens
+        self.num_decode = output_tokens
+        self.processed = 0  # tokens whose KV exists, plus the one token sampled at prefill end
+        self.prefill_done = False
+        self.blocks = 0  # KV blocks held on its replica
+        self.num_restarts = 0
+        self.replica_id = -1
+        self.scheduled_at: float | None = None
+        self.prefill_completed_at: float | None = None
+        self.completed_at: float | None = None
+
+    @property
+    def total_tokens(self) -> int:
+        return self.num_prefill + self.num_decode
+
+    @property
+    def completed(self) -> bool:
+        return self.completed_at is not None
+
+    def on_iteration_end(self, time: float, num_tokens: int) -> None:
+        """Account `num_tokens` processed in one iteration that ended at `time`."""
+        self.processed += num_tokens
+        if not self.prefill_done and self.processed == self.num_prefill:
+            self.prefill_done = True
+            self.processed += 1  # the prefill pass samples the first output token
+            if self.prefill_completed_at is None:
+                self.prefill_completed_at = time
+        if self.processed == self.num_prefill + self.num_decode:
+            self.completed_at = time
+
+    def restart(self) -> None:
+        """Preempted by recompute: drop the KV; what was generated becomes prompt to re-prefill."""
+        total = self.num_prefill + self.num_decode
+        self.num_prefill = self.processed
+        self.num_decode = total - self.processed
+        self.processed = 0
+        self.prefill_done = False
+        self.num_restarts += 1
+
+
+class Batch:
+    """Requests run together for `num_iterations` identical-shape iterations on one replica.
+
+    A batch with more than one iteration is a decode run: every request gains one token per
+    iteration and nothing else changes; `pieces` holds (iterations, seconds each).
+    """
+
+    __slots__ = (
+        "attention_pairs",
+        "end_time",
+        "num_iterations",
+        "num_prefill_tokens",
+        "num_tokens",
+        "pieces",
+        "requests",
+        "scheduled_at",
+        "stage_seconds",
+        "version",
+    )
+
+    def __init__(self, requests: list[SimRequest], num_tokens: list[int]) -> None:
+        self.requests = requests
+        self.num_tokens = num_tokens
+        self.num_prefill_tokens = sum(t for r, t in zip(requests, num_tokens) if not r.prefill_done)
+        self.num_iterations = 1
+        self.pieces: list[tuple[int, float]] = []
+        self.scheduled_at = 0.0
+        self.end_time = 0.0  # when the last stage finishes (set when the batch starts)
+        self.stage_seconds: tuple[float, float] = (0.0, 0.0)  # (non-last stage, last stage)
+        self.attention_pairs = 0  # (query, key) pairs of one iteration, for MFU
+        self.version = 0  # bumped when a decode run is cut short, to void its old end event
+
+    @property
+    def size(self) -> int:
+        return len(self.requests)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.num_tokens)
+
+    @property
+    def duration(self) -> float:
+        return sum(count * seconds for count, seconds in self.pieces)
