@@ -74,7 +74,8 @@ def roofline_operator_times(
     chunks = np.array([16, 32, *range(64, max_tokens + 1, 64)], dtype=float)
     kv_points = tuple(np.array([0.0, float(max_tokens * max_batch_size)]) for _ in chunks)
     prefill_times = tuple(
-        4 * c * (kv + c / 2) * q_local * d / flops * 1e3 + launch for c, kv in zip(chunks, kv_points)
+        4 * c * (kv + c / 2) * q_local * d / flops * 1e3 + launch
+        for c, kv in zip(chunks, kv_points, strict=True)
     )
 
     if layout.pipeline_stages > 1:

@@ -95,7 +95,7 @@ class Replica:
         kv_sum = 0
         prefills = []
         pairs = 0
-        for request, tokens in zip(requests, num_tokens):
+        for request, tokens in zip(requests, num_tokens, strict=True):
             pairs += tokens * (tokens + request.processed)
             if request.prefill_done:
                 decode_size += 1
@@ -135,7 +135,7 @@ class Replica:
                     completed.append(request)
             after = iterations * batch.size
         else:
-            for request, tokens in zip(batch.requests, batch.num_tokens):
+            for request, tokens in zip(batch.requests, batch.num_tokens, strict=True):
                 before += request.processed
                 request.on_iteration_end(now, tokens)
                 after += request.processed

@@ -97,7 +97,9 @@ class Batch:
     def __init__(self, requests: list[SimRequest], num_tokens: list[int]) -> None:
         self.requests = requests
         self.num_tokens = num_tokens
-        self.num_prefill_tokens = sum(t for r, t in zip(requests, num_tokens) if not r.prefill_done)
+        self.num_prefill_tokens = sum(
+            t for r, t in zip(requests, num_tokens, strict=True) if not r.prefill_done
+        )
         self.num_iterations = 1
         self.pieces: list[tuple[int, float]] = []
         self.scheduled_at = 0.0
