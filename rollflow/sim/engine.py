@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rollflow.config import ConfigError
 from rollflow.perf.memory import default_num_blocks, max_resident_requests
 from rollflow.perf.optimes import OperatorTimes
 from rollflow.perf.predictor import ExecutionTimePredictor
@@ -34,6 +35,7 @@ class SimResult:
     simulated_time_s: float
     num_events: int
     operator_source: str
+    peak_flops_per_gpu: float
 
 
 def resolve_model(config: SimConfig) -> ModelSpec:
@@ -112,7 +114,11 @@ class ServingSimulator:
         self.config = config
         model = resolve_model(config)
         layout = ParallelLayout(config.cluster.tensor_parallel, config.cluster.pipeline_stages)
-        validate_layout(model, layout)
+        try:
+            validate_layout(model, layout)
+            schedulers = [build_scheduler(config, model, layout) for _ in range(config.cluster.replicas)]
+        except ValueError as exc:
+            raise ConfigError(f"config error: cluster: {exc}") from None
         times = build_operator_times(config, model, layout)
         execution = config.execution
         predictor = ExecutionTimePredictor(
@@ -124,8 +130,8 @@ class ServingSimulator:
         )
         self.operator_source = times.source
         self.replicas = [
-            Replica(i, build_scheduler(config, model, layout), predictor, config.simulator.fast_forward)
-            for i in range(config.cluster.replicas)
+            Replica(i, scheduler, predictor, config.simulator.fast_forward)
+            for i, scheduler in enumerate(schedulers)
         ]
         self.router = router or make_router(config.cluster.router, seed=config.seed)
         self.requests = sorted(requests, key=lambda r: r.arrived_at)
@@ -166,7 +172,8 @@ class ServingSimulator:
             self.num_events += 1
         if on_progress is not None:
             on_progress(sum(1 for r in requests if r.completed_at is not None))
-        return SimResult(requests, self.replicas, self.now, self.num_events, self.operator_source)
+        peak = GPUS[self.config.cluster.device].fp16_tflops * 1e12
+        return SimResult(requests, self.replicas, self.now, self.num_events, self.operator_source, peak)
 
     # -- handlers ---------------------------------------------------------------------------
     def _on_arrival(self, request: SimRequest) -> None:

@@ -1,0 +1,125 @@
+"""Per-request, per-batch and per-replica metrics of a finished simulation.
+
+Latency definitions are Vidur's, so the two simulators' summaries compare directly:
+- `ttft`: first token (prefill end) minus arrival (Vidur's `prefill_e2e_time`);
+- `tpot`: (completion - first token) / output tokens (Vidur's
+  `decode_time_execution_plus_preemption_normalized`; rollflow divides by the request's
+  original output length, where Vidur divides by what was left at its last restart);
+- `e2e`: completion minus arrival (`request_e2e_time`);
+- `scheduling_delay`: first admission into a batch minus arrival (`request_scheduling_delay`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rollflow.sim.engine import SimResult
+
+LATENCY_METRICS = ("ttft", "tpot", "e2e", "scheduling_delay")
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True)
+class RequestTable:
+    """Columns over completed requests, in request-id order."""
+
+    columns: dict[str, np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.columns["id"])
+
+
+def request_table(result: SimResult) -> RequestTable:
+    done = [r for r in result.requests if r.completed_at is not None]
+    arrived = np.array([r.arrived_at for r in done])
+    first_token = np.array([r.prefill_completed_at for r in done])
+    completed = np.array([r.completed_at for r in done])
+    scheduled = np.array([r.scheduled_at for r in done])
+    outputs = np.array([r.output_tokens for r in done])
+    return RequestTable(
+        {
+            "id": np.array([r.id for r in done], dtype=np.int64),
+            "replica": np.array([r.replica_id for r in done], dtype=np.int64),
+            "arrived_at": arrived,
+            "scheduled_at": scheduled,
+            "first_token_at": first_token,
+            "completed_at": completed,
+            "prompt_tokens": np.array([r.prompt_tokens for r in done], dtype=np.int64),
+            "output_tokens": outputs,
+            "preemptions": np.array([r.num_restarts for r in done], dtype=np.int64),
+            "ttft": first_token - arrived,
+            "tpot": (completed - first_token) / np.maximum(outputs, 1),
+            "e2e": completed - arrived,
+            "scheduling_delay": scheduled - arrived,
+        }
+    )
+
+
+def distribution(values: np.ndarray) -> dict[str, float]:
+    if len(values) == 0:
+        return {f"p{p}": float("nan") for p in PERCENTILES} | {"mean": float("nan")}
+    points = np.percentile(values, PERCENTILES)
+    return {f"p{p}": float(v) for p, v in zip(PERCENTILES, points, strict=True)} | {
+        "mean": float(values.mean())
+    }
+
+
+def summarize(result: SimResult, table: RequestTable, wall_time_s: float, sim_loop_s: float) -> dict:
+    """The summary.json document."""
+    simulated = result.simulated_time_s
+    cols = table.columns
+    generated = int(cols["output_tokens"].sum())
+    replicas = []
+    all_batches = []
+    for replica in result.replicas:
+        stats = replica.stats
+        kv = np.array([s[1] for s in stats.kv_samples]) if stats.kv_samples else np.zeros(1)
+        busy = stats.busy_s / replica.num_stages
+        replicas.append(
+            {
+                "replica": replica.id,
+                "busy_pct": 100.0 * busy / simulated if simulated else 0.0,
+                "mfu_pct": 100.0 * stats.flops / (stats.busy_s * result.peak_flops_per_gpu)
+                if stats.busy_s
+                else 0.0,
+                "kv_use_mean_pct": 100.0 * float(kv.mean()),
+                "kv_use_max_pct": 100.0 * float(kv.max()),
+                "iterations": stats.num_iterations,
+                "preemptions": replica.scheduler.num_preemptions,
+                "num_requests": int((cols["replica"] == replica.id).sum()),
+            }
+        )
+        all_batches.extend(stats.batches)
+    batch_arr = np.array(all_batches) if all_batches else np.zeros((0, 6))
+    weights = batch_arr[:, 5] if len(batch_arr) else np.zeros(0)
+    return {
+        **{name: distribution(cols[name]) for name in LATENCY_METRICS},
+        "num_requests": len(result.requests),
+        "num_completed": len(table),
+        "simulated_time_s": simulated,
+        "wall_time_s": wall_time_s,
+        "sim_loop_s": sim_loop_s,
+        "requests_per_cpu_second": len(result.requests) / sim_loop_s if sim_loop_s else float("inf"),
+        "num_events": result.num_events,
+        "output_tokens_per_s": generated / simulated if simulated else 0.0,
+        "preempted_requests": int((cols["preemptions"] > 0).sum()),
+        "batch_size": _weighted_distribution(batch_arr[:, 2], weights),
+        "batch_tokens": _weighted_distribution(batch_arr[:, 3], weights),
+        "replicas": replicas,
+        "execution_model": result.operator_source,
+    }
+
+
+def _weighted_distribution(values: np.ndarray, weights: np.ndarray) -> dict[str, float]:
+    """Per-iteration distribution of per-batch values, a decode run counting once per iteration."""
+    if len(values) == 0:
+        return distribution(values)
+    order = np.argsort(values, kind="stable")
+    sorted_values, cumulative = values[order], np.cumsum(weights[order])
+    total = cumulative[-1]
+    result = {
+        f"p{p}": float(sorted_values[np.searchsorted(cumulative, total * p / 100.0)]) for p in PERCENTILES
+    }
+    return result | {"mean": float((values * weights).sum() / total)}

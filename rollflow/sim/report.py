@@ -1,0 +1,161 @@
+"""Writes a simulation's output folder and prints its summary table.
+
+DIR/summary.json       latency percentiles, throughput, per-replica utilization
+DIR/requests.csv       one row per completed request
+DIR/chrome_trace.json  one slice per batch (a decode run is one slice), opens in Perfetto
+DIR/plots/*.png        latency CDFs; queue depth and KV use over time
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from rollflow.sim.engine import SimResult
+from rollflow.sim.metrics import LATENCY_METRICS, PERCENTILES, RequestTable
+
+REQUEST_COLUMNS = (
+    "id",
+    "replica",
+    "arrived_at",
+    "scheduled_at",
+    "first_token_at",
+    "completed_at",
+    "prompt_tokens",
+    "output_tokens",
+    "preemptions",
+    "ttft",
+    "tpot",
+    "e2e",
+    "scheduling_delay",
+)
+
+
+def write_summary(out_dir: Path, summary: dict) -> Path:
+    path = out_dir / "summary.json"
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    return path
+
+
+def write_outputs(
+    out_dir: Path,
+    table: RequestTable,
+    result: SimResult,
+    *,
+    requests_csv: bool = True,
+    chrome_trace: bool = True,
+    plots: bool = True,
+) -> list[Path]:
+    """Everything but summary.json, which is written last so that it can carry the wall time."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    if requests_csv:
+        written.append(_write_requests(out_dir / "requests.csv", table))
+    if chrome_trace:
+        written.append(_write_chrome_trace(out_dir / "chrome_trace.json", result))
+    if plots:
+        from rollflow.sim.plots import plot_latency_cdfs, plot_replica_timelines
+
+        plot_dir = out_dir / "plots"
+        plot_dir.mkdir(exist_ok=True)
+        written.append(plot_latency_cdfs(plot_dir / "latency_cdf.png", table))
+        written.append(plot_replica_timelines(plot_dir / "queue_and_kv.png", result))
+    return written
+
+
+def _write_requests(path: Path, table: RequestTable) -> Path:
+    columns = [table.columns[name] for name in REQUEST_COLUMNS]
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(REQUEST_COLUMNS)
+        writer.writerows(zip(*(col.tolist() for col in columns), strict=True))
+    return path
+
+
+def _write_chrome_trace(path: Path, result: SimResult) -> Path:
+    events: list[dict] = []
+    for replica in result.replicas:
+        events.append(
+            {"name": "process_name", "ph": "M", "pid": replica.id, "args": {"name": f"replica {replica.id}"}}
+        )
+        for start, duration, size, tokens, prefill_tokens, iterations in replica.stats.batches:
+            kind = "prefill" if prefill_tokens == tokens else "decode" if prefill_tokens == 0 else "mixed"
+            name = f"{kind} x{iterations}" if iterations > 1 else kind
+            events.append(
+                {
+                    "name": name,
+                    "ph": "X",
+                    "pid": replica.id,
+                    "tid": 0,
+                    "ts": start * 1e6,
+                    "dur": duration * 1e6,
+                    "args": {
+                        "batch_size": size,
+                        "tokens_per_iteration": tokens,
+                        "prefill_tokens": prefill_tokens,
+                        "iterations": iterations,
+                    },
+                }
+            )
+        for time, kv_use, waiting, resident in replica.stats.kv_samples:
+            events.append(
+                {
+                    "name": "load",
+                    "ph": "C",
+                    "pid": replica.id,
+                    "ts": time * 1e6,
+                    "args": {"kv_use_pct": round(100 * kv_use, 2), "waiting": waiting, "resident": resident},
+                }
+            )
+    path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    return path
+
+
+def print_summary(summary: dict, console: Console | None = None) -> None:
+    console = console or Console()
+    table = Table(title="Latency (seconds)", title_justify="left")
+    table.add_column("metric")
+    for p in PERCENTILES:
+        table.add_column(f"p{p}", justify="right")
+    table.add_column("mean", justify="right")
+    for name in LATENCY_METRICS:
+        dist = summary[name]
+        table.add_row(name, *(f"{dist[f'p{p}']:.4f}" for p in PERCENTILES), f"{dist['mean']:.4f}")
+    console.print(table)
+
+    replicas = Table(title="Replicas", title_justify="left")
+    for column in (
+        "replica",
+        "requests",
+        "busy %",
+        "MFU %",
+        "KV mean %",
+        "KV max %",
+        "iterations",
+        "preemptions",
+    ):
+        replicas.add_column(column, justify="right")
+    for rep in summary["replicas"]:
+        replicas.add_row(
+            str(rep["replica"]),
+            str(rep["num_requests"]),
+            f"{rep['busy_pct']:.1f}",
+            f"{rep['mfu_pct']:.1f}",
+            f"{rep['kv_use_mean_pct']:.1f}",
+            f"{rep['kv_use_max_pct']:.1f}",
+            str(rep["iterations"]),
+            str(rep["preemptions"]),
+        )
+    console.print(replicas)
+    batch = summary["batch_size"]
+    console.print(
+        f"{summary['num_completed']}/{summary['num_requests']} requests completed in "
+        f"{summary['simulated_time_s']:.1f} s simulated; {summary['output_tokens_per_s']:.0f} output tokens/s; "
+        f"batch size p50 {batch['p50']:.0f}, mean {batch['mean']:.1f}; "
+        f"simulation loop {summary['sim_loop_s']:.2f} s "
+        f"({summary['requests_per_cpu_second']:.0f} requests per CPU-second), wall {summary['wall_time_s']:.2f} s"
+    )
