@@ -11,6 +11,16 @@ from rollflow.perf.specs import GPUS, MODELS, NODES
 from rollflow.policy.routing import ROUTERS
 
 
+def fill_default_kinds(data: object, defaults: dict[str, str]) -> object:
+    """Lets a user leave out `kind` in a union section (e.g. `workload`); the documented default applies."""
+    if isinstance(data, dict):
+        for key, kind in defaults.items():
+            section = data.get(key)
+            if isinstance(section, dict) and "kind" not in section:
+                data = {**data, key: {"kind": kind, **section}}
+    return data
+
+
 class Section(StrictModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
@@ -181,6 +191,11 @@ class SyntheticWorkload(Section):
     lengths: LengthConfig = Field(default_factory=FixedLengths)
     intervals: IntervalConfig = Field(default_factory=PoissonIntervals)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_kinds(cls, data: object) -> object:
+        return fill_default_kinds(data, {"lengths": "fixed", "intervals": "poisson"})
+
 
 class RolloutBurstWorkload(Section):
     """One RL rollout: B prompts x G samples submitted together, long-tailed output lengths."""
@@ -238,6 +253,11 @@ class SimConfig(Section):
     workload: WorkloadConfig = Field(default_factory=SyntheticWorkload)
     simulator: SimulatorConfig = Field(default_factory=SimulatorConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_kinds(cls, data: object) -> object:
+        return fill_default_kinds(data, {"workload": "synthetic"})
 
     @property
     def max_tokens(self) -> int:

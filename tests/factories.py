@@ -1,0 +1,29 @@
+"""Shared factories: small configs that simulate in milliseconds, and paths to Vidur's public data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rollflow.config import apply_override, validate_config
+from rollflow.sim.config import SimConfig
+from rollflow.sim.engine import ServingSimulator, SimResult
+from rollflow.sim.workload import build_requests
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+VIDUR_DATA = SHARED / "data" / "vidur"
+CONV_TRACE = VIDUR_DATA / "processed_traces" / "splitwise_conv.csv"
+LLAMA7B_MLP = VIDUR_DATA / "profiling" / "compute" / "a100" / "meta-llama" / "Llama-2-7b-hf" / "mlp.csv"
+
+
+def make_config(*overrides: str, **sections: Any) -> SimConfig:
+    """A SimConfig from keyword sections plus dotted overrides, validated like a user's file."""
+    raw: dict[str, Any] = {"output": {"progress": False}, **sections}
+    for override in overrides:
+        apply_override(raw, override)
+    return validate_config(SimConfig, raw)
+
+
+def simulate(config: SimConfig) -> SimResult:
+    return ServingSimulator(config, build_requests(config.workload, config.seed)).run()

@@ -1,0 +1,53 @@
+"""The CLI as a user runs it: a real process, real files."""
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.factories import REPO
+
+
+def _rollflow(*args, cwd=REPO):
+    env = {**os.environ, "COLUMNS": "120"}
+    return subprocess.run(
+        [sys.executable, "-m", "rollflow.cli", *args], cwd=cwd, env=env, capture_output=True, text=True
+    )
+
+
+def test_sim_serve_on_the_demo_config_writes_every_output(tmp_path):
+    out = tmp_path / "demo"
+    proc = _rollflow(
+        "sim",
+        "serve",
+        "--config",
+        "examples/sim/demo.yaml",
+        "--output-dir",
+        str(out),
+        "workload.num_requests=300",
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    for metric in ("ttft", "tpot", "e2e", "scheduling_delay"):
+        assert set(summary[metric]) == {"p50", "p90", "p99", "mean"}
+        assert summary[metric]["p50"] <= summary[metric]["p90"] <= summary[metric]["p99"]
+    assert summary["num_requests"] == summary["num_completed"] == 300
+    assert summary["simulated_time_s"] > 0 and summary["wall_time_s"] > 0
+    assert len((out / "requests.csv").read_text().splitlines()) == 301
+    trace = json.loads((out / "chrome_trace.json").read_text())
+    assert any(event["ph"] == "X" for event in trace["traceEvents"])
+    for png in ("latency_cdf.png", "queue_and_kv.png"):
+        assert (out / "plots" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "Latency (seconds)" in proc.stdout
+
+
+def test_a_config_typo_is_a_one_line_error_and_exit_code_2(tmp_path):
+    proc = _rollflow("sim", "serve", "--config", "examples/sim/demo.yaml", "schedular.kind=vllm")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0
+    assert "schedular: unknown key; did you mean 'scheduler'?" in proc.stderr
+
+
+def test_help_explains_the_commands():
+    proc = _rollflow("sim", "serve", "--help")
+    assert proc.returncode == 0 and "dotted overrides" in proc.stdout
