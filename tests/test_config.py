@@ -52,12 +52,12 @@ def test_bounds_are_enforced_with_the_value_shown():
 
 
 def test_unknown_model_lists_the_catalog():
-    with pytest.raises(ConfigError, match="unknown model 'gpt-9'.*meta-llama/Llama-2-7b-hf"):
+    with pytest.raises(ConfigError, match=r"unknown model 'gpt-9'.*meta-llama/Llama-2-7b-hf"):
         load_config(SimConfig, None, ["cluster.model=gpt-9"])
 
 
 def test_malformed_override_and_missing_file_are_clear(tmp_path):
-    with pytest.raises(ConfigError, match="not of the form key.path=value"):
+    with pytest.raises(ConfigError, match=r"not of the form key.path=value"):
         load_config(SimConfig, None, ["cluster.replicas"])
     with pytest.raises(ConfigError, match="file not found"):
         load_config(SimConfig, tmp_path / "nope.yaml")

@@ -1,4 +1,5 @@
 import csv
+import itertools
 
 import numpy as np
 import pytest
@@ -55,7 +56,7 @@ def test_linear_ops_reproduce_the_table_at_sampled_token_counts(vidur_data, atte
     for tokens in (1, 64, 512, 4096):
         assert times.linear_ms[tokens] == pytest.approx(np.mean(by_tokens[tokens]), rel=1e-9)
     sampled = sorted(by_tokens)
-    lo, hi = next((a, b) for a, b in zip(sampled, sampled[1:]) if b - a > 1)
+    lo, hi = next((a, b) for a, b in itertools.pairwise(sampled) if b - a > 1)
     mid = (lo + hi) // 2
     expected = np.interp(mid, [lo, hi], [np.mean(by_tokens[lo]), np.mean(by_tokens[hi])])
     assert times.linear_ms[mid] == pytest.approx(expected, rel=1e-9)
