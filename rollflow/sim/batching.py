@@ -12,7 +12,9 @@ schedulers so that the two simulators agree:
 - `orca`: iteration-level batching that reserves blocks for the full request length at
   admission, so it never preempts.
 
-Requests in flight (in a batch not yet finished) are in neither queue.
+Requests in flight (in a batch not yet finished) are in neither queue. With one pipeline
+stage, vllm and sarathi keep decoding requests in a `DecodeCohort` and schedule them in
+aggregate while no block request can fail; otherwise they go request by request.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 from collections import deque
 from math import ceil
 
+from rollflow.sim.cohort import DecodeCohort
 from rollflow.sim.request import Batch, SimRequest
 
 
@@ -33,6 +36,7 @@ class ReplicaScheduler:
         batch_size_cap: int,
         num_stages: int,
         watermark_blocks_fraction: float,
+        aggregate_decodes: bool = False,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -41,8 +45,9 @@ class ReplicaScheduler:
         self.watermark_blocks = int(watermark_blocks_fraction * num_blocks)
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []  # resident, not in flight; Vidur calls these "preempted"
+        self.cohort = DecodeCohort(block_size) if aggregate_decodes and num_stages == 1 else None
         self.num_allocated_blocks = 0
-        self.num_resident = 0  # requests holding blocks (running or in flight)
+        self.num_resident = 0  # requests holding blocks (running, in the cohort, or in flight)
         self.waiting_tokens = 0  # prompt + output tokens of the waiting requests
         self.resident_remaining_tokens = 0  # tokens the resident requests still have to process
         self.num_preemptions = 0
@@ -82,8 +87,7 @@ class ReplicaScheduler:
         running = self.running
         while not self._can_admit_or_grow(request):
             if running:
-                victim = running.pop()
-                self._restart(victim)
+                self._restart(running.pop())
             else:
                 self._restart(request)
                 return False
@@ -102,51 +106,69 @@ class ReplicaScheduler:
         self.waiting_tokens -= request.total_tokens
         return request
 
-    # -- queue ---------------------------------------------------------------------------------
+    # -- scheduling ----------------------------------------------------------------------------
     def add_request(self, request: SimRequest) -> None:
         self.waiting.append(request)
         self.waiting_tokens += request.total_tokens
 
-    def on_batch_end(self, batch: Batch) -> None:
-        for request in batch.requests:
-            if request.completed_at is not None:
-                self.free(request)
-            else:
-                self.running.append(request)
-
     def next_batch(self) -> Batch | None:
         raise NotImplementedError
 
-    # -- decode runs -------------------------------------------------------------------------
-    def max_decode_run(self, batch: Batch, limit: int) -> int:
-        """Iterations (<= limit) the decode-only `batch` can repeat with no scheduling change.
+    def _schedule_cohort(self) -> int:
+        """Schedule every decoding request for the next iteration in aggregate, if safe.
 
-        The batch was just formed (its first iteration's blocks are allocated). Repeating it is
-        exact while no request finishes (the caller's limit), no block request can fail (every
-        block check passes while one block stays free), and no waiting request could be admitted:
-        when a decode-only batch is formed the waiting queue is empty or blocked, and a blocked
-        queue stays blocked while blocks are only taken, never freed.
+        Safe means no block request can fail (one block stays free after the cohort's new
+        blocks) and the batch cap is not reached. Returns how many were scheduled; on 0 with a
+        non-empty cohort its members are back in `running` for the per-request path.
         """
+        cohort = self.cohort
+        if cohort is None:
+            return 0
+        running = self.running
+        if any(r.prefill_done for r in running):
+            for request in running:
+                if request.prefill_done:
+                    cohort.join(request)
+            running[:] = [r for r in running if not r.prefill_done]
+        size = len(cohort)
+        if not size:
+            return 0
+        needed = cohort.blocks_needed()
+        if size < self.max_micro_batch_size and self.num_blocks - self.num_allocated_blocks - needed >= 1:
+            self.num_allocated_blocks += needed
+            return size
+        running.extend(cohort.release_all())
+        return 0
+
+    def _batch(self, requests: list[SimRequest], num_tokens: list[int], cohort_size: int) -> Batch | None:
+        if not requests and not cohort_size:
+            return None
+        kv_sum = self.cohort.kv_sum if cohort_size else 0
+        return Batch(requests, num_tokens, cohort_size, kv_sum)
+
+    # -- decode runs ---------------------------------------------------------------------------
+    def plan_run(self, batch: Batch) -> int:
+        """Iterations the just-formed decode-only `batch` can repeat with no scheduling change.
+
+        Repeating is exact while no request finishes, no block request can fail (every check
+        passes while one block stays free), and no waiting request could be admitted: when a
+        decode-only batch is formed the waiting queue is empty or blocked, and a blocked queue
+        stays blocked while blocks are only taken, never freed.
+        """
+        cohort = self.cohort
+        if batch.requests or cohort is None or not batch.cohort_size:
+            return 1
         if self.waiting and not self._waiting_blocked(batch):
             return 1  # a request preempted while forming this batch may be admitted next
-        block = self.block_size
+        limit = cohort.iterations_to_next_finish()
+        first = cohort.blocks_needed(1)  # already allocated
         free = self.num_blocks - self.num_allocated_blocks - 1
-        requests = batch.requests
-
-        def extra_blocks(n: int) -> int:
-            total = 0
-            for r in requests:
-                need = -(-(r.processed + n - 1) // block) - r.blocks
-                if need > 0:
-                    total += need
-            return total
-
-        if extra_blocks(limit) <= free:
+        if cohort.blocks_needed(limit) - first <= free:
             return limit
-        lo, hi = 1, limit  # extra_blocks(1) == 0: the first iteration is already allocated
+        lo, hi = 1, limit
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if extra_blocks(mid) <= free:
+            if cohort.blocks_needed(mid) - first <= free:
                 lo = mid
             else:
                 hi = mid - 1
@@ -160,14 +182,42 @@ class ReplicaScheduler:
             or not self._can_admit_or_grow(self.waiting[0])
         )
 
-    def grow_for_run(self, batch: Batch, num_iterations: int) -> None:
-        """Take the blocks the iterations after the first of a decode run allocated."""
-        block = self.block_size
-        for r in batch.requests:
-            need = -(-(r.processed + num_iterations - 1) // block) - r.blocks
-            if need > 0:
-                r.blocks += need
-                self.num_allocated_blocks += need
+    # -- finishing -----------------------------------------------------------------------------
+    def finish(self, batch: Batch, now: float) -> list[SimRequest]:
+        """Apply a finished batch to its requests; return those that completed."""
+        iterations = batch.num_iterations
+        completed: list[SimRequest] = []
+        processed = 0
+        if batch.cohort_size:
+            cohort = self.cohort
+            if iterations > 1:  # the first iteration's blocks were taken when the batch formed
+                self.num_allocated_blocks += cohort.blocks_needed(iterations) - cohort.blocks_needed(1)
+            for request in cohort.advance(iterations, now):
+                self.free(request)
+                completed.append(request)
+            processed += iterations * batch.cohort_size
+        if iterations > 1:
+            for request in batch.requests:
+                request.processed += iterations
+                if request.processed == request.num_prefill + request.num_decode:
+                    request.completed_at = now
+            processed += iterations * len(batch.requests)
+        else:
+            for request, tokens in zip(batch.requests, batch.num_tokens, strict=True):
+                before = request.processed
+                request.on_iteration_end(now, tokens)
+                processed += request.processed - before
+        self.resident_remaining_tokens -= processed
+        cohort = self.cohort
+        for request in batch.requests:
+            if request.completed_at is not None:
+                self.free(request)
+                completed.append(request)
+            elif cohort is not None and request.prefill_done:
+                cohort.join(request)
+            else:
+                self.running.append(request)
+        return completed
 
 
 class VllmScheduler(ReplicaScheduler):
@@ -197,14 +247,15 @@ class VllmScheduler(ReplicaScheduler):
         if requests:
             return Batch(requests, num_tokens)
 
+        cohort_size = self._schedule_cohort()
         running = self.running
         running.sort(key=_arrival)
-        while running and len(requests) < self.max_micro_batch_size:
+        while running and len(requests) + cohort_size < self.max_micro_batch_size:
             request = running.pop(0)
             if self._preempt_for(request):
                 requests.append(request)
                 num_tokens.append(1 if request.prefill_done else request.num_prefill)
-        return Batch(requests, num_tokens) if requests else None
+        return self._batch(requests, num_tokens, cohort_size)
 
     def _waiting_blocked(self, batch: Batch) -> bool:
         head = self.waiting[0]
@@ -226,9 +277,12 @@ class SarathiScheduler(ReplicaScheduler):
         num_tokens: list[int] = []
         prefilling: list[SimRequest] = []
         skipped: list[SimRequest] = []
-        batch_tokens = 0
+        cohort_size = self._schedule_cohort()
+        batch_tokens = cohort_size
         running = self.running
-        while running and len(requests) < self.max_micro_batch_size:
+        # Arrival order, so that preemption always takes the latest arrivals (see docs/vidur.md).
+        running.sort(key=_arrival)
+        while running and len(requests) + cohort_size < self.max_micro_batch_size:
             request = running.pop(0)
             if not request.prefill_done:
                 prefilling.append(request)
@@ -247,11 +301,13 @@ class SarathiScheduler(ReplicaScheduler):
             num_tokens.append(tokens)
         if skipped:
             running[:0] = skipped
-        running.sort(key=_arrival)
 
         waiting = self.waiting
         while waiting:
-            if self.num_resident == self.batch_size_cap or len(requests) == self.max_micro_batch_size:
+            if (
+                self.num_resident == self.batch_size_cap
+                or len(requests) + cohort_size == self.max_micro_batch_size
+            ):
                 break
             request = waiting[0]
             if not self._can_admit_or_grow(request):
@@ -264,7 +320,7 @@ class SarathiScheduler(ReplicaScheduler):
             batch_tokens += tokens
             requests.append(request)
             num_tokens.append(tokens)
-        return Batch(requests, num_tokens) if requests else None
+        return self._batch(requests, num_tokens, cohort_size)
 
     def _waiting_blocked(self, batch: Batch) -> bool:
         return super()._waiting_blocked(batch) or batch.size >= self.chunk_size
@@ -272,6 +328,7 @@ class SarathiScheduler(ReplicaScheduler):
 
 class OrcaScheduler(ReplicaScheduler):
     def __init__(self, *args: object, max_batch_size: int, max_tokens: int, **kwargs: object) -> None:
+        kwargs["aggregate_decodes"] = False  # blocks are reserved per request up front
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.max_batch_size = max_batch_size
         self.blocks_per_request = max_tokens // self.block_size
@@ -292,19 +349,16 @@ class OrcaScheduler(ReplicaScheduler):
             self._allocate(request, self.blocks_per_request)
             requests.append(request)
             num_tokens.append(1 if request.prefill_done else request.num_prefill)
-        return Batch(requests, num_tokens) if requests else None
+        return self._batch(requests, num_tokens, 0)
 
-    def max_decode_run(self, batch: Batch, limit: int) -> int:
+    def plan_run(self, batch: Batch) -> int:
         # Blocks were reserved for the whole request at admission; only admissions can change.
         if self.waiting and not self._waiting_blocked(batch):
             return 1
-        return limit
+        return min(r.num_prefill + r.num_decode - r.processed for r in batch.requests)
 
     def _waiting_blocked(self, batch: Batch) -> bool:
         return batch.size >= self.max_batch_size or self.free_blocks < self.blocks_per_request
-
-    def grow_for_run(self, batch: Batch, num_iterations: int) -> None:
-        return None
 
 
 def _arrival(request: SimRequest) -> float:

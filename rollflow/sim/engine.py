@@ -84,6 +84,7 @@ def build_operator_times(config: SimConfig, model: ModelSpec, layout: ParallelLa
 
 
 def build_scheduler(config: SimConfig, model: ModelSpec, layout: ParallelLayout) -> ReplicaScheduler:
+    """The replica's batch scheduler; decode runs also aggregate decoding requests (same results)."""
     sched, cluster = config.scheduler, config.cluster
     gpu = GPUS[cluster.device]
     num_blocks = sched.num_blocks or default_num_blocks(
@@ -95,6 +96,7 @@ def build_scheduler(config: SimConfig, model: ModelSpec, layout: ParallelLayout)
         batch_size_cap=sched.batch_size_cap,
         num_stages=layout.pipeline_stages,
         watermark_blocks_fraction=sched.watermark_blocks_fraction,
+        aggregate_decodes=config.simulator.fast_forward,
     )
     if sched.kind == "vllm":
         return VllmScheduler(**common, max_tokens_in_batch=sched.max_tokens_in_batch)
@@ -201,7 +203,12 @@ class ServingSimulator:
             self._start_stage(replica, stage + 1)
         else:
             finished = len(replica.finish_batch(batch, self.now))
-            self._request_schedule(replica)
+            if replica.num_stages == 1:
+                # Every arrival and stage end at this time is already in (they sort earlier), and a
+                # one-stage replica has no other batch in flight: schedule now, without an event.
+                self._on_schedule(replica_id)
+            else:
+                self._request_schedule(replica)
         self._start_stage(replica, stage)
         return finished
 

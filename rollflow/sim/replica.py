@@ -81,28 +81,27 @@ class Replica:
 
     def _time_batch(self, batch: Batch) -> None:
         predictor = self.predictor
-        requests, num_tokens = batch.requests, batch.num_tokens
-        decode_only = batch.num_prefill_tokens == 0
-        if decode_only and self.fast_forward:
-            limit = min(r.num_prefill + r.num_decode - r.processed for r in requests)
-            iterations = self.scheduler.max_decode_run(batch, min(limit, self.max_run_iterations))
-            if iterations > 1:
-                kv_sum = sum(r.processed for r in requests)
-                batch.num_iterations = iterations
-                batch.pieces = predictor.decode_run(len(requests), kv_sum, iterations)
-                return
-        decode_size = 0
-        kv_sum = 0
+        decode_size = batch.cohort_size
+        kv_sum = batch.cohort_kv_sum
         prefills = []
         pairs = 0
-        for request, tokens in zip(requests, num_tokens, strict=True):
-            pairs += tokens * (tokens + request.processed)
+        for request, tokens in zip(batch.requests, batch.num_tokens, strict=True):
             if request.prefill_done:
                 decode_size += 1
                 kv_sum += request.processed
             else:
                 prefills.append((request.processed, tokens))
-        total = sum(num_tokens)
+                pairs += tokens * (tokens + request.processed)
+        batch.decode_size = decode_size
+        batch.decode_kv_sum = kv_sum
+        batch.attention_pairs = pairs
+        if not prefills and self.fast_forward:
+            iterations = min(self.scheduler.plan_run(batch), self.max_run_iterations)
+            if iterations > 1:
+                batch.num_iterations = iterations
+                batch.pieces = predictor.decode_run(decode_size, kv_sum, iterations)
+                return
+        total = batch.tokens_per_iteration
         last = predictor.stage_seconds(total, decode_size, kv_sum, prefills, is_last_stage=True)
         middle = (
             predictor.stage_seconds(total, decode_size, kv_sum, prefills, is_last_stage=False)
@@ -111,7 +110,6 @@ class Replica:
         )
         batch.stage_seconds = (middle, last)
         batch.pieces = [(1, last)]
-        batch.attention_pairs = pairs
 
     def stage_time(self, batch: Batch, stage: int) -> float:
         if batch.num_iterations > 1:
@@ -121,41 +119,19 @@ class Replica:
     # -- finishing batches --------------------------------------------------------------------
     def finish_batch(self, batch: Batch, now: float) -> list[SimRequest]:
         """Apply a finished batch to its requests; return those that completed."""
-        scheduler = self.scheduler
-        completed = []
-        iterations = batch.num_iterations
-        before = 0
-        after = 0
-        if iterations > 1:
-            scheduler.grow_for_run(batch, iterations)
-            for request in batch.requests:
-                request.processed += iterations
-                if request.processed == request.num_prefill + request.num_decode:
-                    request.completed_at = now
-                    completed.append(request)
-            after = iterations * batch.size
-        else:
-            for request, tokens in zip(batch.requests, batch.num_tokens, strict=True):
-                before += request.processed
-                request.on_iteration_end(now, tokens)
-                after += request.processed
-                if request.completed_at is not None:
-                    completed.append(request)
-            after -= before
-        scheduler.resident_remaining_tokens -= after
-        scheduler.on_batch_end(batch)
+        completed = self.scheduler.finish(batch, now)
         self.num_running_batches -= 1
+        iterations = batch.num_iterations
         stats = self.stats
         stats.busy_s += sum(count * seconds for count, seconds in batch.pieces)
         stats.busy_s += (self.num_stages - 1) * batch.stage_seconds[0]
         stats.num_iterations += iterations
-        duration = now - batch.scheduled_at
         stats.batches.append(
             (
                 batch.scheduled_at,
-                duration,
+                now - batch.scheduled_at,
                 batch.size,
-                sum(batch.num_tokens),
+                batch.tokens_per_iteration,
                 batch.num_prefill_tokens,
                 iterations,
             )
@@ -166,16 +142,17 @@ class Replica:
         return completed
 
     def _flops(self, batch: Batch) -> float:
-        """Useful FLOPs of a finished batch, as Vidur's MFU counts them (weights + attention pairs)."""
+        """Useful FLOPs of a finished batch, as Vidur's MFU counts them (weights + attention pairs).
+
+        A decode token with P cached tokens attends to P + 1 keys; over a run of n iterations
+        the decoders' KV sum grows by the batch size each iteration.
+        """
         predictor = self.predictor
         n = batch.num_iterations
-        tokens = sum(batch.num_tokens) * n
-        if n > 1:
-            # each request had processed - n + j cached tokens at iteration j (it has been updated)
-            start_kv = sum(r.processed for r in batch.requests) - n * batch.size
-            pairs = batch.size * n + n * start_kv + batch.size * n * (n - 1) // 2
-        else:
-            pairs = batch.attention_pairs
+        size = batch.decode_size
+        decode_pairs = size * n + n * batch.decode_kv_sum + size * n * (n - 1) // 2
+        pairs = batch.attention_pairs * n + decode_pairs
+        tokens = batch.tokens_per_iteration * n
         return predictor.flops_per_token * tokens + predictor.attention_flops_per_pair * pairs
 
     # -- decode runs ----------------------------------------------------------------------------

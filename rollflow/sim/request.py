@@ -16,6 +16,7 @@ class SimRequest:
         "arrived_at",
         "blocks",
         "completed_at",
+        "decode_base",
         "id",
         "num_decode",
         "num_prefill",
@@ -38,7 +39,8 @@ class SimRequest:
         self.num_decode = output_tokens
         self.processed = 0  # tokens whose KV exists, plus the one token sampled at prefill end
         self.prefill_done = False
-        self.blocks = 0  # KV blocks held on its replica
+        self.blocks = 0  # KV blocks held on its replica (stale while in a DecodeCohort)
+        self.decode_base = 0  # processed minus the cohort clock, while in a DecodeCohort
         self.num_restarts = 0
         self.replica_id = -1
         self.scheduled_at: float | None = None
@@ -78,11 +80,16 @@ class Batch:
     """Requests run together for `num_iterations` identical-shape iterations on one replica.
 
     A batch with more than one iteration is a decode run: every request gains one token per
-    iteration and nothing else changes; `pieces` holds (iterations, seconds each).
+    iteration and nothing else changes; `pieces` holds (iterations, seconds each). Decoding
+    requests in a replica's DecodeCohort are carried as a count, not a list.
     """
 
     __slots__ = (
         "attention_pairs",
+        "cohort_kv_sum",
+        "cohort_size",
+        "decode_kv_sum",
+        "decode_size",
         "end_time",
         "num_iterations",
         "num_prefill_tokens",
@@ -94,8 +101,12 @@ class Batch:
         "version",
     )
 
-    def __init__(self, requests: list[SimRequest], num_tokens: list[int]) -> None:
-        self.requests = requests
+    def __init__(
+        self, requests: list[SimRequest], num_tokens: list[int], cohort_size: int = 0, cohort_kv_sum: int = 0
+    ) -> None:
+        self.requests = requests  # requests scheduled one by one (prefills; decodes outside a cohort)
+        self.cohort_size = cohort_size  # decoding requests scheduled in aggregate (one token each)
+        self.cohort_kv_sum = cohort_kv_sum  # their summed KV lengths at the first iteration
         self.num_tokens = num_tokens
         self.num_prefill_tokens = sum(
             t for r, t in zip(requests, num_tokens, strict=True) if not r.prefill_done
@@ -105,17 +116,15 @@ class Batch:
         self.scheduled_at = 0.0
         self.end_time = 0.0  # when the last stage finishes (set when the batch starts)
         self.stage_seconds: tuple[float, float] = (0.0, 0.0)  # (non-last stage, last stage)
-        self.attention_pairs = 0  # (query, key) pairs of one iteration, for MFU
+        self.attention_pairs = 0  # prefill (query, key) pairs of one iteration, for MFU
+        self.decode_size = 0  # decoding requests, cohort and explicit (set when timed)
+        self.decode_kv_sum = 0  # their summed KV lengths at the first iteration
         self.version = 0  # bumped when a decode run is cut short, to void its old end event
 
     @property
     def size(self) -> int:
-        return len(self.requests)
+        return len(self.requests) + self.cohort_size
 
     @property
-    def total_tokens(self) -> int:
-        return sum(self.num_tokens)
-
-    @property
-    def duration(self) -> float:
-        return sum(count * seconds for count, seconds in self.pieces)
+    def tokens_per_iteration(self) -> int:
+        return sum(self.num_tokens) + self.cohort_size

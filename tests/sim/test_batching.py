@@ -17,9 +17,7 @@ def _scheduler(cls, num_blocks=1000, **kwargs):
 
 
 def _finish(scheduler, batch, now=1.0):
-    for request, tokens in zip(batch.requests, batch.num_tokens, strict=True):
-        request.on_iteration_end(now, tokens)
-    scheduler.on_batch_end(batch)
+    return scheduler.finish(batch, now)
 
 
 def test_vllm_prefills_new_requests_whole_and_alone_then_decodes_together():
