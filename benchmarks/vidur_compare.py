@@ -1,0 +1,246 @@
+"""rollflow versus Vidur on the same requests, tables and scheduler settings: fidelity and speed.
+
+    python benchmarks/vidur_compare.py --vidur ~/src/vidur --vidur-python ~/vidur-venv/bin/python
+
+Both simulators get the same `python -m vidur.main` flags (rollflow through `rollflow sim
+from-vidur`), run from one work folder whose `data/profiling/...` holds Vidur's public MLP
+and network tables (from ../shared/data/vidur) and an attention table written by
+../shared/tools/attention_table.py, since Vidur's data has none. Prints, per config, p50/p90
+of TTFT, TPOT and E2E from both and their relative difference; then, on the speed config,
+the ratios of whole-process wall time, of simulation-loop time (Vidur's `Simulator.run()`
+versus rollflow's event loop, both without start-up or predictor loading) and of peak memory.
+Vidur's random-forest training is cached in the work folder after the first run; `--cold`
+measures it once with an empty cache. No Vidur code is copied: it runs from the checkout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+MODEL = "meta-llama/Llama-2-7b-hf"
+COMMON = [
+    "--replica_config_model_name", MODEL,
+    "--replica_config_device", "a100",
+    "--replica_config_network_device", "a100_pairwise_nvlink",
+    "--global_scheduler_config_type", "round_robin",
+    "--request_generator_config_type", "trace_replay",
+    "--trace_request_generator_config_max_tokens", "4096",
+    "--no-metrics_config_store_plots",
+]  # fmt: skip
+METRICS = {  # summary.json key -> Vidur request_metrics.csv column
+    "ttft": "prefill_e2e_time",
+    "tpot": "decode_time_execution_plus_preemption_normalized",
+    "e2e": "request_e2e_time",
+    "scheduling_delay": "request_scheduling_delay",
+}
+
+# Runs Vidur's own entry point, timing construction (predictor loading) and Simulator.run() apart.
+VIDUR_TIMER = """
+import json, sys, time
+t0 = time.perf_counter()
+from vidur.config import SimulationConfig
+from vidur.simulator import Simulator
+from vidur.utils.random import set_seeds
+config = SimulationConfig.create_from_cli_args()
+set_seeds(config.seed)
+simulator = Simulator(config)
+t1 = time.perf_counter()
+simulator.run()
+t2 = time.perf_counter()
+json.dump({"setup_s": t1 - t0, "sim_loop_s": t2 - t1, "output_dir": config.metrics_config.output_dir},
+          open(sys.argv.pop(1), "w"))
+"""
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    scheduler: str
+    replicas: int
+    trace_rows: int | None  # None: the whole trace
+    time_scale: float
+
+    def flags(self, trace: Path) -> list[str]:
+        flags = [
+            *COMMON,
+            "--replica_scheduler_config_type", self.scheduler,
+            "--cluster_config_num_replicas", str(self.replicas),
+            "--trace_request_generator_config_trace_file", str(trace),
+            "--trace_request_generator_config_time_scale_factor", str(self.time_scale),
+        ]  # fmt: skip
+        if self.scheduler == "sarathi":
+            flags += ["--sarathi_scheduler_config_chunk_size", "512"]
+        return flags
+
+
+FIDELITY_CASES = [
+    Case("vllm, 1 replica", "vllm", 1, 2000, 1.0),
+    Case("sarathi, 1 replica", "sarathi", 1, 2000, 1.0),
+    Case("vllm, 4 replicas", "vllm", 4, 4000, 0.3),
+    Case("sarathi, 4 replicas", "sarathi", 4, 4000, 0.3),
+]
+SPEED_CASE = Case("speed: splitwise_conv, sarathi x4", "sarathi", 4, None, 0.3)
+
+
+@dataclass
+class Run:
+    summary: dict  # metric -> {p50, p90, ...}
+    wall_s: float
+    sim_loop_s: float
+    setup_s: float
+    peak_rss_mb: float
+
+
+def measure(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MiB) of one child process."""
+    start = time.perf_counter()
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"command failed ({log}): {' '.join(cmd)}")
+    return wall, usage.ru_maxrss / 1024
+
+
+def prepare_workdir(workdir: Path, data: Path) -> None:
+    """data/profiling/... as Vidur's default paths expect, with a generated attention table."""
+    compute = workdir / "data" / "profiling" / "compute" / "a100" / MODEL
+    compute.mkdir(parents=True, exist_ok=True)
+    mlp = compute / "mlp.csv"
+    if not mlp.exists():
+        mlp.symlink_to(data / "profiling" / "compute" / "a100" / MODEL / "mlp.csv")
+    network = workdir / "data" / "profiling" / "network"
+    if not network.exists():
+        network.symlink_to(data / "profiling" / "network")
+    attention = compute / "attention.csv"
+    if not attention.exists():
+        subprocess.run(
+            [sys.executable, str(SHARED / "tools" / "attention_table.py"), "--embd", "4096", "--q-heads", "32",
+             "--kv-heads", "32", "--device", "a100", "--tp", "1,2,4", str(attention)],
+            check=True,
+        )  # fmt: skip
+
+
+def trace_for(case: Case, workdir: Path, data: Path) -> Path:
+    source = data / "processed_traces" / "splitwise_conv.csv"
+    if case.trace_rows is None:
+        return source
+    subset = workdir / "traces" / f"conv{case.trace_rows}.csv"
+    subset.parent.mkdir(exist_ok=True)
+    lines = source.read_text().splitlines()[: case.trace_rows + 1]
+    subset.write_text("\n".join(lines) + "\n")
+    return subset
+
+
+def distribution(values: np.ndarray) -> dict[str, float]:
+    return {"p50": float(np.percentile(values, 50)), "p90": float(np.percentile(values, 90)),
+            "p99": float(np.percentile(values, 99)), "mean": float(values.mean())}  # fmt: skip
+
+
+def run_vidur(case: Case, args: argparse.Namespace, workdir: Path, trace: Path, tag: str, env: dict) -> Run:
+    out = workdir / "out" / f"vidur-{tag}"
+    timings = workdir / f"vidur-{tag}-timings.json"
+    cmd = [args.vidur_python, "-c", VIDUR_TIMER, str(timings), *case.flags(trace),
+           "--metrics_config_output_dir", str(out)]  # fmt: skip
+    wall, rss = measure(cmd, workdir, env, workdir / f"vidur-{tag}.log")
+    info = json.loads(timings.read_text())
+    with open(Path(info["output_dir"]) / "request_metrics.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    summary = {key: distribution(np.array([float(r[col]) for r in rows])) for key, col in METRICS.items()}
+    summary["num_requests"] = len(rows)
+    return Run(summary, wall, info["sim_loop_s"], info["setup_s"], rss)
+
+
+def run_rollflow(case: Case, workdir: Path, trace: Path, tag: str, env: dict) -> Run:
+    out = workdir / "out" / f"rollflow-{tag}"
+    cmd = [sys.executable, "-m", "rollflow.cli", "sim", "from-vidur", "--output-dir", str(out), "--",
+           *case.flags(trace)]  # fmt: skip
+    wall, rss = measure(cmd, workdir, env, workdir / f"rollflow-{tag}.log")
+    summary = json.loads((out / "summary.json").read_text())
+    return Run(summary, wall, summary["sim_loop_s"], summary["wall_time_s"] - summary["sim_loop_s"], rss)
+
+
+def fidelity_table(rows: list[tuple[str, Run, Run]]) -> str:
+    lines = ["| config | metric | Vidur p50 | rollflow p50 | diff | Vidur p90 | rollflow p90 | diff |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for name, vidur, ours in rows:
+        for metric in ("ttft", "tpot", "e2e"):
+            cells = []
+            for p in ("p50", "p90"):
+                v, o = vidur.summary[metric][p], ours.summary[metric][p]
+                cells += [f"{v:.4f}", f"{o:.4f}", f"{100 * (o - v) / v:+.1f}%"]
+            lines.append(f"| {name} | {metric} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--vidur", required=True, type=Path, help="checkout of microsoft/vidur")
+    parser.add_argument("--vidur-python", default=sys.executable, help="python with Vidur's requirements")
+    parser.add_argument(
+        "--data", type=Path, default=SHARED / "data" / "vidur", help="Vidur's public data folder"
+    )
+    parser.add_argument("--workdir", type=Path, default=REPO / "outputs" / "bench" / "vidur")
+    parser.add_argument("--skip-fidelity", action="store_true")
+    parser.add_argument("--skip-speed", action="store_true")
+    parser.add_argument(
+        "--cold", action="store_true", help="also time Vidur's cold start (random-forest training)"
+    )
+    args = parser.parse_args()
+
+    workdir = args.workdir.resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    prepare_workdir(workdir, args.data.resolve())
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(args.vidur.resolve()), "COLUMNS": "120"}
+
+    if not args.skip_fidelity:
+        rows = []
+        for i, case in enumerate(FIDELITY_CASES):
+            trace = trace_for(case, workdir, args.data.resolve())
+            print(f"[{i + 1}/{len(FIDELITY_CASES)}] {case.name} ...", flush=True)
+            rows.append((case.name, run_vidur(case, args, workdir, trace, f"f{i}", env),
+                         run_rollflow(case, workdir, trace, f"f{i}", env)))  # fmt: skip
+        print("\nFidelity (seconds; diff = rollflow vs Vidur)\n" + fidelity_table(rows))
+
+    if not args.skip_speed:
+        case = SPEED_CASE
+        trace = trace_for(case, workdir, args.data.resolve())
+        print(f"\n{case.name} ...", flush=True)
+        vidur = run_vidur(case, args, workdir, trace, "speed", env)
+        ours = run_rollflow(case, workdir, trace, "speed", env)
+        n = ours.summary["num_requests"]
+        print(
+            "\n| measure | Vidur | rollflow | ratio |\n|---|---:|---:|---:|\n"
+            f"| whole-process wall time (s) | {vidur.wall_s:.2f} | {ours.wall_s:.2f} | {vidur.wall_s / ours.wall_s:.1f}x |\n"
+            f"| simulation loop (s) | {vidur.sim_loop_s:.2f} | {ours.sim_loop_s:.2f} | {vidur.sim_loop_s / ours.sim_loop_s:.1f}x |\n"
+            f"| set-up: predictor load / config+tables (s) | {vidur.setup_s:.2f} | {ours.setup_s:.2f} | |\n"
+            f"| simulated requests per CPU-second | {n / vidur.sim_loop_s:,.0f} | {n / ours.sim_loop_s:,.0f} | |\n"
+            f"| peak memory (MiB) | {vidur.peak_rss_mb:.0f} | {ours.peak_rss_mb:.0f} | {vidur.peak_rss_mb / ours.peak_rss_mb:.1f}x |"
+        )  # fmt: skip
+        if args.cold:
+            with tempfile.TemporaryDirectory() as cache:
+                cold_case_flags = ["--metrics_config_cache_dir", cache]
+                cmd = [args.vidur_python, "-c", VIDUR_TIMER, str(workdir / "cold.json"), *case.flags(trace),
+                       *cold_case_flags, "--metrics_config_output_dir", str(workdir / "out" / "vidur-cold")]  # fmt: skip
+                wall, _ = measure(cmd, workdir, env, workdir / "vidur-cold.log")
+            print(f"| Vidur cold start incl. random-forest training (s) | {wall:.0f} | | |")
+
+
+if __name__ == "__main__":
+    main()
