@@ -93,7 +93,12 @@ def _write_chrome_trace(path: Path, result: SimResult) -> Path:
 
 def _chrome_events(result: SimResult) -> Iterator[dict]:
     for replica in result.replicas:
-        yield {"name": "process_name", "ph": "M", "pid": replica.id, "args": {"name": f"replica {replica.id}"}}
+        yield {
+            "name": "process_name",
+            "ph": "M",
+            "pid": replica.id,
+            "args": {"name": f"replica {replica.id}"},
+        }
         for start, duration, size, tokens, prefill_tokens, iterations in replica.stats.batches:
             kind = "prefill" if prefill_tokens == tokens else "decode" if prefill_tokens == 0 else "mixed"
             yield {
