@@ -33,6 +33,7 @@ class ExecutionTimePredictor:
         self._kv_save = times.kv_save_ms.tolist()
         self._send_recv = times.send_recv_ms.tolist()
         self._decode = times.decode_ms.tolist()
+        self._last_token = len(self._linear) - 1
         self._max_batch = len(self._decode) - 1
         self._max_bucket = len(self._decode[0]) - 1
         self._granularity = times.kv_granularity
@@ -46,9 +47,11 @@ class ExecutionTimePredictor:
         )
 
     def _token_ms(self, num_tokens: int) -> float:
-        last = len(self._linear) - 1
-        rounded = min((num_tokens + 7) // 8 * 8, last)
-        return self._linear[rounded] + self._kv_save[min(num_tokens, last)]
+        last = self._last_token
+        rounded = (num_tokens + 7) // 8 * 8
+        if rounded > last:
+            return self._linear[last] + self._kv_save[min(num_tokens, last)]
+        return self._linear[rounded] + self._kv_save[num_tokens]
 
     def _decode_ms(self, batch_size: int, mean_kv: int) -> float:
         bucket = min(-(-mean_kv // self._granularity), self._max_bucket)

@@ -112,9 +112,10 @@ class Replica:
         batch.pieces = [(1, last)]
 
     def stage_time(self, batch: Batch, stage: int) -> float:
-        if batch.num_iterations > 1:
-            return sum(count * seconds for count, seconds in batch.pieces)
-        return batch.stage_seconds[1] if stage == self.num_stages - 1 else batch.stage_seconds[0]
+        if stage == self.num_stages - 1:
+            pieces = batch.pieces
+            return pieces[0][1] if len(pieces) == 1 and batch.num_iterations == 1 else _run_seconds(pieces)
+        return batch.stage_seconds[0]
 
     # -- finishing batches --------------------------------------------------------------------
     def finish_batch(self, batch: Batch, now: float) -> list[SimRequest]:
@@ -123,8 +124,9 @@ class Replica:
         self.num_running_batches -= 1
         iterations = batch.num_iterations
         stats = self.stats
-        stats.busy_s += sum(count * seconds for count, seconds in batch.pieces)
-        stats.busy_s += (self.num_stages - 1) * batch.stage_seconds[0]
+        stats.busy_s += self.stage_time(batch, self.num_stages - 1)
+        if self.num_stages > 1:
+            stats.busy_s += (self.num_stages - 1) * batch.stage_seconds[0]
         stats.num_iterations += iterations
         stats.batches.append(
             (
@@ -207,3 +209,7 @@ class Replica:
             running_tokens=running_tokens,
             kv_usage=scheduler.num_allocated_blocks / scheduler.num_blocks,
         )
+
+
+def _run_seconds(pieces: list[tuple[int, float]]) -> float:
+    return sum(count * seconds for count, seconds in pieces)

@@ -97,7 +97,9 @@ class Batch:
         "pieces",
         "requests",
         "scheduled_at",
+        "size",
         "stage_seconds",
+        "tokens_per_iteration",
         "version",
     )
 
@@ -108,9 +110,13 @@ class Batch:
         self.cohort_size = cohort_size  # decoding requests scheduled in aggregate (one token each)
         self.cohort_kv_sum = cohort_kv_sum  # their summed KV lengths at the first iteration
         self.num_tokens = num_tokens
-        self.num_prefill_tokens = sum(
-            t for r, t in zip(requests, num_tokens, strict=True) if not r.prefill_done
-        )
+        prefill_tokens = 0
+        for request, tokens in zip(requests, num_tokens, strict=True):
+            if not request.prefill_done:
+                prefill_tokens += tokens
+        self.num_prefill_tokens = prefill_tokens
+        self.size = len(requests) + cohort_size
+        self.tokens_per_iteration = sum(num_tokens) + cohort_size
         self.num_iterations = 1
         self.pieces: list[tuple[int, float]] = []
         self.scheduled_at = 0.0
@@ -120,11 +126,3 @@ class Batch:
         self.decode_size = 0  # decoding requests, cohort and explicit (set when timed)
         self.decode_kv_sum = 0  # their summed KV lengths at the first iteration
         self.version = 0  # bumped when a decode run is cut short, to void its old end event
-
-    @property
-    def size(self) -> int:
-        return len(self.requests) + self.cohort_size
-
-    @property
-    def tokens_per_iteration(self) -> int:
-        return sum(self.num_tokens) + self.cohort_size
