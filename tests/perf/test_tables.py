@@ -6,7 +6,7 @@ import pytest
 
 from rollflow.perf.predictor import ExecutionTimePredictor
 from rollflow.perf.specs import MODELS, NODES, ParallelLayout
-from rollflow.perf.tables import ProfileTableError, TablePaths, load_operator_times
+from rollflow.perf.tables import LINEAR_OPS, ProfileTableError, TablePaths, load_operator_times
 
 LLAMA = MODELS["meta-llama/Llama-2-7b-hf"]
 
@@ -35,17 +35,7 @@ def _load(vidur_data, attention_table, tp=1, pp=1):
 
 def test_linear_ops_reproduce_the_table_at_sampled_token_counts(vidur_data, attention_table):
     times = _load(vidur_data, attention_table)
-    ops = (
-        "attn_pre_proj",
-        "attn_post_proj",
-        "attn_rope",
-        "mlp_up_proj",
-        "mlp_down_proj",
-        "mlp_act",
-        "input_layernorm",
-        "add",
-        "post_attention_layernorm",
-    )
+    ops = (*LINEAR_OPS, "post_attention_layernorm")
     with open(_paths(vidur_data, attention_table).compute) as handle:
         rows = [r for r in csv.DictReader(handle) if r["num_tensor_parallel_workers"] == "1"]
     by_tokens = {}
