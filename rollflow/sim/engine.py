@@ -109,6 +109,33 @@ def build_scheduler(config: SimConfig, model: ModelSpec, layout: ParallelLayout)
     return OrcaScheduler(**common, max_batch_size=max_batch, max_tokens=config.max_tokens)
 
 
+def check_servable(requests: list[SimRequest], scheduler: ReplicaScheduler, config: SimConfig) -> None:
+    """Refuse a workload with a request no replica could ever finish (it would wait or thrash forever)."""
+    if not requests:
+        return
+    longest = max(requests, key=lambda r: r.prompt_tokens + r.output_tokens)
+    capacity = (scheduler.num_blocks - scheduler.watermark_blocks) * scheduler.block_size
+    total = longest.prompt_tokens + longest.output_tokens
+    if total > capacity:
+        raise ConfigError(
+            f"config error: request {longest.id} needs {total} tokens of KV cache but a replica holds "
+            f"{capacity} (scheduler.num_blocks={scheduler.num_blocks} x block_size={scheduler.block_size}, "
+            f"less the watermark); raise scheduler.num_blocks or lower workload.max_tokens"
+        )
+    if config.scheduler.kind == "vllm":
+        widest = max(requests, key=lambda r: r.prompt_tokens)
+        if widest.prompt_tokens > config.scheduler.max_tokens_in_batch:
+            raise ConfigError(
+                f"config error: request {widest.id} has a {widest.prompt_tokens}-token prompt, more than "
+                f"scheduler.max_tokens_in_batch={config.scheduler.max_tokens_in_batch}: vllm could never prefill it"
+            )
+    if config.scheduler.kind == "orca" and total > config.max_tokens:
+        raise ConfigError(
+            f"config error: request {longest.id} has {total} tokens, more than the {config.max_tokens} "
+            "that orca reserves per request (workload.max_tokens)"
+        )
+
+
 class ServingSimulator:
     """Deterministic for a given config and request list."""
 
@@ -137,6 +164,7 @@ class ServingSimulator:
         ]
         self.router = router or make_router(config.cluster.router, seed=config.seed)
         self.requests = sorted(requests, key=lambda r: r.arrived_at)
+        check_servable(self.requests, schedulers[0], config)
         self.events = EventQueue()
         self.now = 0.0
         self.num_events = 0

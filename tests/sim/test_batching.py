@@ -99,3 +99,28 @@ def test_every_request_completes_with_all_its_tokens(kind):
         )
     for replica in result.replicas:
         assert replica.scheduler.num_allocated_blocks == 0 and replica.scheduler.num_resident == 0
+
+
+def test_a_request_that_can_never_fit_is_refused_up_front():
+    from rollflow.config import ConfigError
+
+    config = make_config(
+        scheduler={"kind": "sarathi", "num_blocks": 10},
+        workload={
+            "kind": "synthetic",
+            "num_requests": 3,
+            "lengths": {"kind": "fixed", "prefill_tokens": 150, "decode_tokens": 50},
+        },
+    )
+    with pytest.raises(ConfigError, match=r"needs 200 tokens of KV cache but a replica holds 160"):
+        simulate(config)
+    vllm = make_config(
+        scheduler={"kind": "vllm", "max_tokens_in_batch": 100},
+        workload={
+            "kind": "synthetic",
+            "num_requests": 3,
+            "lengths": {"kind": "fixed", "prefill_tokens": 150},
+        },
+    )
+    with pytest.raises(ConfigError, match=r"150-token prompt, more than scheduler.max_tokens_in_batch=100"):
+        simulate(vllm)
