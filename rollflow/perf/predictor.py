@@ -101,3 +101,20 @@ class ExecutionTimePredictor:
             mean_kv += count
             remaining -= count
         return pieces
+
+    def chunk_run(
+        self, decode_batch_size: int, decode_kv_sum: int, cached: int, chunk: int, num_iterations: int
+    ) -> list[tuple[int, float]]:
+        """Times of consecutive iterations in which one prefill takes the same chunk beside the decodes."""
+        return [
+            (
+                1,
+                self.stage_seconds(
+                    decode_batch_size + chunk,
+                    decode_batch_size,
+                    decode_kv_sum + j * decode_batch_size,
+                    [(cached + j * chunk, chunk)],
+                ),
+            )
+            for j in range(num_iterations)
+        ]

@@ -148,19 +148,26 @@ class ReplicaScheduler:
 
     # -- decode runs ---------------------------------------------------------------------------
     def plan_run(self, batch: Batch) -> int:
-        """Iterations the just-formed decode-only `batch` can repeat with no scheduling change.
+        """Iterations the just-formed `batch` can repeat with no scheduling change.
 
-        Repeating is exact while no request finishes, no block request can fail (every check
-        passes while one block stays free), and no waiting request could be admitted: when a
-        decode-only batch is formed the waiting queue is empty or blocked, and a blocked queue
-        stays blocked while blocks are only taken, never freed.
+        A cohort-only batch repeats while no request finishes, no block request can fail (every
+        check passes while one block stays free), and no waiting request could be admitted: when
+        a decode-only batch is formed the waiting queue is empty or blocked, and a blocked queue
+        stays blocked while blocks are only taken, never freed. Schedulers with chunked prefill
+        also repeat a batch whose one prefill takes the whole token budget (`_chunk_run_limit`).
         """
         cohort = self.cohort
-        if batch.requests or cohort is None or not batch.cohort_size:
+        if cohort is None or not batch.cohort_size:
             return 1
-        if self.waiting and not self._waiting_blocked(batch):
+        if batch.requests:
+            limit = self._chunk_run_limit(batch)
+        elif self.waiting and not self._waiting_blocked(batch):
             return 1  # a request preempted while forming this batch may be admitted next
-        limit = cohort.iterations_to_next_finish()
+        else:
+            limit = cohort.iterations_to_next_finish()
+        limit = min(limit, cohort.iterations_to_next_finish())
+        if limit <= 1:
+            return 1
         first = cohort.blocks_needed(1)  # already allocated
         free = self.num_blocks - self.num_allocated_blocks - 1
         if cohort.blocks_needed(limit) - first <= free:
@@ -173,6 +180,10 @@ class ReplicaScheduler:
             else:
                 hi = mid - 1
         return lo
+
+    def _chunk_run_limit(self, batch: Batch) -> int:
+        """Iterations a batch with explicit requests can repeat unchanged; 1 unless chunking."""
+        return 1
 
     def _waiting_blocked(self, batch: Batch) -> bool:
         """Whether the head of the waiting queue cannot join the next iteration of `batch`."""
@@ -197,11 +208,11 @@ class ReplicaScheduler:
                 completed.append(request)
             processed += iterations * batch.cohort_size
         if iterations > 1:
-            for request in batch.requests:
-                request.processed += iterations
+            for request, tokens in zip(batch.requests, batch.num_tokens, strict=True):
+                request.processed += iterations * tokens
                 if request.processed == request.num_prefill + request.num_decode:
                     request.completed_at = now
-            processed += iterations * len(batch.requests)
+                processed += iterations * tokens
         else:
             for request, tokens in zip(batch.requests, batch.num_tokens, strict=True):
                 before = request.processed
@@ -325,6 +336,20 @@ class SarathiScheduler(ReplicaScheduler):
     def _waiting_blocked(self, batch: Batch) -> bool:
         return super()._waiting_blocked(batch) or batch.size >= self.chunk_size
 
+    def _chunk_run_limit(self, batch: Batch) -> int:
+        """A lone prefill that takes the whole budget gets the same chunk until its last one.
+
+        Decodes come first and each takes one token, then prefills in arrival order: the lone
+        prefill is the earliest, later prefills and new requests get no budget, and that holds
+        until its remaining prompt no longer exceeds the budget.
+        """
+        if len(batch.requests) != 1:
+            return 1
+        request, tokens = batch.requests[0], batch.num_tokens[0]
+        if request.prefill_done or tokens + batch.cohort_size != self.chunk_size:
+            return 1
+        return (request.num_prefill - request.processed - 1) // tokens
+
 
 class OrcaScheduler(ReplicaScheduler):
     def __init__(self, *args: object, max_batch_size: int, max_tokens: int, **kwargs: object) -> None:
@@ -353,7 +378,7 @@ class OrcaScheduler(ReplicaScheduler):
 
     def plan_run(self, batch: Batch) -> int:
         # Blocks were reserved for the whole request at admission; only admissions can change.
-        if self.waiting and not self._waiting_blocked(batch):
+        if batch.num_prefill_tokens or (self.waiting and not self._waiting_blocked(batch)):
             return 1
         return min(r.num_prefill + r.num_decode - r.processed for r in batch.requests)
 

@@ -95,11 +95,16 @@ class Replica:
         batch.decode_size = decode_size
         batch.decode_kv_sum = kv_sum
         batch.attention_pairs = pairs
-        if not prefills and self.fast_forward:
+        if self.fast_forward:
             iterations = min(self.scheduler.plan_run(batch), self.max_run_iterations)
             if iterations > 1:
                 batch.num_iterations = iterations
-                batch.pieces = predictor.decode_run(decode_size, kv_sum, iterations)
+                if prefills:
+                    ((cached, chunk),) = prefills
+                    batch.prefill_pair_growth = chunk * chunk
+                    batch.pieces = predictor.chunk_run(decode_size, kv_sum, cached, chunk, iterations)
+                else:
+                    batch.pieces = predictor.decode_run(decode_size, kv_sum, iterations)
                 return
         total = batch.tokens_per_iteration
         last = predictor.stage_seconds(total, decode_size, kv_sum, prefills, is_last_stage=True)
@@ -153,7 +158,7 @@ class Replica:
         n = batch.num_iterations
         size = batch.decode_size
         decode_pairs = size * n + n * batch.decode_kv_sum + size * n * (n - 1) // 2
-        pairs = batch.attention_pairs * n + decode_pairs
+        pairs = batch.attention_pairs * n + batch.prefill_pair_growth * n * (n - 1) // 2 + decode_pairs
         tokens = batch.tokens_per_iteration * n
         return predictor.flops_per_token * tokens + predictor.attention_flops_per_pair * pairs
 
@@ -200,7 +205,7 @@ class Replica:
         running_tokens = scheduler.resident_remaining_tokens
         run = self.run_in_flight
         if run is not None:
-            running_tokens -= self.iterations_done(run, now) * run.size
+            running_tokens -= self.iterations_done(run, now) * run.tokens_per_iteration
         return InstanceView(
             instance_id=self.id,
             num_running=scheduler.num_resident,

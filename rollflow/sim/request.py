@@ -79,9 +79,10 @@ class SimRequest:
 class Batch:
     """Requests run together for `num_iterations` identical-shape iterations on one replica.
 
-    A batch with more than one iteration is a decode run: every request gains one token per
-    iteration and nothing else changes; `pieces` holds (iterations, seconds each). Decoding
-    requests in a replica's DecodeCohort are carried as a count, not a list.
+    A batch with more than one iteration is a run: every decoding request gains one token per
+    iteration, a chunked prefill (at most one) the same chunk, and nothing else changes;
+    `pieces` holds (iterations, seconds each). Decoding requests in a replica's DecodeCohort
+    are carried as a count, not a list.
     """
 
     __slots__ = (
@@ -95,6 +96,7 @@ class Batch:
         "num_prefill_tokens",
         "num_tokens",
         "pieces",
+        "prefill_pair_growth",
         "requests",
         "scheduled_at",
         "size",
@@ -122,7 +124,8 @@ class Batch:
         self.scheduled_at = 0.0
         self.end_time = 0.0  # when the last stage finishes (set when the batch starts)
         self.stage_seconds: tuple[float, float] = (0.0, 0.0)  # (non-last stage, last stage)
-        self.attention_pairs = 0  # prefill (query, key) pairs of one iteration, for MFU
+        self.attention_pairs = 0  # prefill (query, key) pairs of the first iteration, for MFU
+        self.prefill_pair_growth = 0  # how much those pairs grow per iteration of a chunk run
         self.decode_size = 0  # decoding requests, cohort and explicit (set when timed)
         self.decode_kv_sum = 0  # their summed KV lengths at the first iteration
         self.version = 0  # bumped when a decode run is cut short, to void its old end event
