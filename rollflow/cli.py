@@ -11,6 +11,8 @@ import argparse
 import sys
 import time
 
+from rollflow import __version__
+
 EXAMPLES = """examples:
   rollflow sim serve --config examples/sim/demo.yaml
   rollflow sim serve --config examples/sim/vidur_sarathi_4r.yaml cluster.replicas=8 scheduler.chunk_size=1024
@@ -26,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"rollflow {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sim = commands.add_parser(
         "sim",

@@ -141,12 +141,12 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
     for column in (
         "replica",
         "requests",
-        "busy %",
-        "MFU %",
-        "KV mean %",
-        "KV max %",
-        "iterations",
-        "preemptions",
+        "busy%",
+        "MFU%",
+        "KV avg%",
+        "KV max%",
+        "iters",
+        "preempted",
     ):
         replicas.add_column(column, justify="right")
     for rep in summary["replicas"]:
