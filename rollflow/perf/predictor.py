@@ -72,10 +72,17 @@ class ExecutionTimePredictor:
             layer_ms += self._decode_ms(decode_batch_size, decode_kv_sum // decode_batch_size)
         if prefills:
             granularity = self._granularity
-            kv_sum = sum(-(-cached // granularity) * granularity for cached, _ in prefills)
-            chunk = round(sqrt(sum(c * c for _, c in prefills)))
-            value = self.times.prefill.lookup(kv_sum, chunk)
-            layer_ms += value * (1.0 + self._prefill_overhead) if len(prefills) > 1 else value
+            if len(prefills) == 1:
+                cached, chunk = prefills[0]
+                layer_ms += self.times.prefill.lookup(-(-cached // granularity) * granularity, chunk)
+            else:
+                kv_sum = 0
+                squares = 0
+                for cached, chunk in prefills:
+                    kv_sum += -(-cached // granularity) * granularity
+                    squares += chunk * chunk
+                value = self.times.prefill.lookup(kv_sum, round(sqrt(squares)))
+                layer_ms += value * (1.0 + self._prefill_overhead)
         stage_ms = self.num_layers * layer_ms
         if not is_last_stage:
             stage_ms += self._send_recv[min((num_tokens + 7) // 8 * 8, len(self._send_recv) - 1)]
