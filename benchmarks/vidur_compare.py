@@ -50,6 +50,7 @@ METRICS = {  # summary.json key -> Vidur request_metrics.csv column
 # Runs Vidur's own entry point, timing construction (predictor loading) and Simulator.run() apart.
 VIDUR_TIMER = """
 import json, sys, time
+timings_path = sys.argv.pop(1)
 t0 = time.perf_counter()
 from vidur.config import SimulationConfig
 from vidur.simulator import Simulator
@@ -61,7 +62,7 @@ t1 = time.perf_counter()
 simulator.run()
 t2 = time.perf_counter()
 json.dump({"setup_s": t1 - t0, "sim_loop_s": t2 - t1, "output_dir": config.metrics_config.output_dir},
-          open(sys.argv.pop(1), "w"))
+          open(timings_path, "w"))
 """
 
 
