@@ -71,7 +71,14 @@ def _read_rows(path: str, where: Callable[[dict[str, str]], bool]) -> list[dict[
     if not file.is_file():
         raise ProfileTableError(f"profile table not found: {path}")
     with file.open(newline="") as handle:
-        return [row for row in csv.DictReader(handle) if where(row)]
+        reader = csv.reader(handle)
+        header = next(reader, [])
+        try:
+            return [
+                row for row in (dict(zip(header, values, strict=True)) for values in reader) if where(row)
+            ]
+        except (KeyError, ValueError) as exc:
+            raise ProfileTableError(f"{path} is not a Vidur-format table: {exc}") from None
 
 
 def _column(rows: Iterable[dict[str, str]], name: str, path: str) -> np.ndarray:
