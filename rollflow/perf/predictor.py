@@ -25,6 +25,7 @@ class ExecutionTimePredictor:
         layout: ParallelLayout,
         attention_decode_overhead_fraction: float = 0.1,
         attention_prefill_overhead_fraction: float = 0.1,
+        max_batch_size: int = 0,
     ) -> None:
         self.times = times
         self.num_layers = model.num_layers // layout.pipeline_stages
@@ -32,10 +33,11 @@ class ExecutionTimePredictor:
         self._linear = times.linear_ms.tolist()
         self._kv_save = times.kv_save_ms.tolist()
         self._send_recv = times.send_recv_ms.tolist()
+        # Rows up to the largest batch the replica can form (the grid's last row repeats beyond its
+        # range, as a tree model would), so a lookup never needs a bounds check.
         self._decode = times.decode_ms.tolist()
+        self._decode += [self._decode[-1]] * max(0, max_batch_size + 1 - len(self._decode))
         self._last_token = len(self._linear) - 1
-        self._max_batch = len(self._decode) - 1
-        self._max_bucket = len(self._decode[0]) - 1
         self._granularity = times.kv_granularity
         # The batching overheads apply to grouped-query attention only (Vidur's measurement).
         self._decode_overhead = attention_decode_overhead_fraction if model.is_gqa else 0.0
@@ -54,8 +56,9 @@ class ExecutionTimePredictor:
         return self._linear[rounded] + self._kv_save[num_tokens]
 
     def _decode_ms(self, batch_size: int, mean_kv: int) -> float:
-        bucket = min(-(-mean_kv // self._granularity), self._max_bucket)
-        value = self._decode[min(batch_size, self._max_batch)][bucket]
+        row = self._decode[batch_size]
+        bucket = -(-mean_kv // self._granularity)
+        value = row[bucket] if bucket < len(row) else row[-1]
         return value * (1.0 + self._decode_overhead) if batch_size > 1 else value
 
     def stage_seconds(

@@ -46,6 +46,7 @@ class ReplicaScheduler:
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []  # resident, not in flight; Vidur calls these "preempted"
         self.cohort = DecodeCohort(block_size) if aggregate_decodes and num_stages == 1 else None
+        self._cohort_first_blocks = 0  # blocks the cohort took for the batch just formed
         self.num_allocated_blocks = 0
         self.num_resident = 0  # requests holding blocks (running, in the cohort, or in flight)
         self.waiting_tokens = 0  # prompt + output tokens of the waiting requests
@@ -136,6 +137,7 @@ class ReplicaScheduler:
         needed = cohort.blocks_needed()
         if size < self.max_micro_batch_size and self.num_blocks - self.num_allocated_blocks - needed >= 1:
             self.num_allocated_blocks += needed
+            self._cohort_first_blocks = needed
             return size
         running.extend(cohort.release_all())
         return 0
@@ -168,7 +170,7 @@ class ReplicaScheduler:
         limit = min(limit, cohort.iterations_to_next_finish())
         if limit <= 1:
             return 1
-        first = cohort.blocks_needed(1)  # already allocated
+        first = self._cohort_first_blocks  # taken when the batch formed
         free = self.num_blocks - self.num_allocated_blocks - 1
         if cohort.blocks_needed(limit) - first <= free:
             return limit

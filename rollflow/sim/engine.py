@@ -156,6 +156,7 @@ class ServingSimulator:
             layout,
             execution.attention_decode_overhead_fraction,
             execution.attention_prefill_overhead_fraction,
+            max_batch_size=config.scheduler.batch_size_cap,
         )
         self.operator_source = times.source
         self.replicas = [
