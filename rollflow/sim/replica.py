@@ -1,10 +1,10 @@
 """One model replica: a batch scheduler feeding a pipeline of stages, timed by the predictor.
 
 Up to `num_stages` batches are in flight at once (pipeline parallelism); each stage runs one
-batch at a time and queues the rest in order. With one stage, a decode-only batch is planned
-as a run of many iterations (see `ReplicaScheduler.max_decode_run`); an arrival routed to the
-replica mid-run cuts the run at the first iteration boundary at or after the arrival, which is
-where a per-iteration simulator would have admitted it.
+batch at a time and queues the rest in order. With one stage, a batch that cannot change is
+planned as a run of many iterations (see `ReplicaScheduler.plan_run`); an arrival routed to
+the replica mid-run cuts the run at the first iteration boundary at or after the arrival,
+which is where a per-iteration simulator would have admitted it.
 """
 
 from __future__ import annotations
@@ -38,14 +38,12 @@ class Replica:
         scheduler: ReplicaScheduler,
         predictor: ExecutionTimePredictor,
         fast_forward: bool,
-        max_run_iterations: int = 1 << 20,
     ) -> None:
         self.id = replica_id
         self.scheduler = scheduler
         self.predictor = predictor
         self.num_stages = predictor.num_stages
         self.fast_forward = fast_forward and self.num_stages == 1
-        self.max_run_iterations = max_run_iterations
         self.stage_busy = [False] * self.num_stages
         self.stage_queues: list[deque[Batch]] = [deque() for _ in range(self.num_stages)]
         self.num_running_batches = 0
@@ -96,7 +94,7 @@ class Replica:
         batch.decode_kv_sum = kv_sum
         batch.attention_pairs = pairs
         if self.fast_forward:
-            iterations = min(self.scheduler.plan_run(batch), self.max_run_iterations)
+            iterations = self.scheduler.plan_run(batch)
             if iterations > 1:
                 batch.num_iterations = iterations
                 if prefills:
