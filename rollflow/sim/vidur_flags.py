@@ -320,7 +320,7 @@ class _Taker:
         return self._convert(name, None, float)
 
     def as_bool(self, name: str, default: bool) -> bool:
-        return self._convert(name, default, lambda v: v.lower() in {"true", "1", "yes"})
+        return self._convert(name, default, boolean)
 
     def choice(self, name: str, options: dict[str, str], default: str) -> str:
         value = self.as_str(name, default)
@@ -337,6 +337,16 @@ class _Taker:
                 "vidur flags not supported by rollflow (or not applicable to the chosen types): "
                 + ", ".join(f"--{name}" for name in unknown)
             )
+
+
+def boolean(value: str) -> bool:
+    """true/false as Vidur's BooleanOptionalAction flags and YAML users write them."""
+    lowered = value.strip().lower()
+    if lowered in {"true", "1", "yes"}:
+        return True
+    if lowered in {"false", "0", "no"}:
+        return False
+    raise ValueError(value)
 
 
 def _drop_none(raw: dict[str, Any]) -> dict[str, Any]:

@@ -102,3 +102,10 @@ def test_vidurs_defaults_apply_when_no_flag_is_given():
 def test_unsupported_flags_are_errors_that_name_them(flags, named):
     with pytest.raises(ConfigError, match=named):
         vidur_flags_to_config(flags.split())
+
+
+def test_a_malformed_value_names_the_flag():
+    with pytest.raises(ConfigError, match=r"--cluster_config_num_replicas: cannot read 'four' as int"):
+        vidur_flags_to_config(["--cluster_config_num_replicas", "four"])
+    with pytest.raises(ConfigError, match=r"--metrics_config_store_plots: cannot read 'maybe' as boolean"):
+        vidur_flags_to_config(["--metrics_config_store_plots=maybe"])
