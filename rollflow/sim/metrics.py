@@ -66,8 +66,8 @@ def distribution(values: np.ndarray) -> dict[str, float]:
     }
 
 
-def summarize(result: SimResult, table: RequestTable, wall_time_s: float, sim_loop_s: float) -> dict:
-    """The summary.json document."""
+def summarize(result: SimResult, table: RequestTable, sim_loop_s: float) -> dict:
+    """The summary.json document; the caller adds `setup_s` and `wall_time_s`, known only at the end."""
     simulated = result.simulated_time_s
     cols = table.columns
     generated = int(cols["output_tokens"].sum())
@@ -99,7 +99,6 @@ def summarize(result: SimResult, table: RequestTable, wall_time_s: float, sim_lo
         "num_requests": len(result.requests),
         "num_completed": len(table),
         "simulated_time_s": simulated,
-        "wall_time_s": wall_time_s,
         "sim_loop_s": sim_loop_s,
         "requests_per_cpu_second": len(result.requests) / sim_loop_s if sim_loop_s else float("inf"),
         "num_events": result.num_events,
