@@ -98,3 +98,13 @@ def test_decode_run_sums_to_per_iteration_times(vidur_data, attention_table):
 def test_missing_rows_name_the_model_and_sharding(vidur_data, attention_table):
     with pytest.raises(ProfileTableError, match="no rows for meta-llama/Llama-2-7b-hf at tensor_parallel=3"):
         _load(vidur_data, attention_table, tp=3)
+
+
+def test_pipeline_stages_pay_a_send_recv_per_stage(vidur_data, attention_table):
+    times = _load(vidur_data, attention_table, pp=2)
+    assert times.send_recv_ms[512] > times.send_recv_ms[8] > 0
+    predictor = ExecutionTimePredictor(times, LLAMA, ParallelLayout(1, 2))
+    middle = predictor.stage_seconds(512, 0, 0, [(0, 512)], is_last_stage=False)
+    last = predictor.stage_seconds(512, 0, 0, [(0, 512)], is_last_stage=True)
+    assert middle - last == pytest.approx(times.send_recv_ms[512] * 1e-3)
+    assert predictor.num_layers == 16
