@@ -50,6 +50,8 @@ class DecodeCohort:
     def blocks_needed(self, iterations: int = 1) -> int:
         """New blocks the next `iterations` iterations allocate in total."""
         counts, block = self.phase_counts, self.block_size
+        if iterations == 1:
+            return counts[(1 - self.clock) % block]
         cycles, rest = divmod(iterations, block)
         total = cycles * len(self.members)
         start = 1 - self.clock

@@ -20,7 +20,7 @@ from rollflow.perf.roofline import RooflineEfficiency, roofline_operator_times
 from rollflow.perf.specs import GPUS, MODELS, NODES, ModelSpec, ParallelLayout, validate_layout
 from rollflow.perf.tables import CommOverheads, TablePaths, load_operator_times
 from rollflow.policy.routing import Router, make_router
-from rollflow.policy.view import ClusterView, RouteRequest
+from rollflow.policy.view import ClusterView, RouteRequest, SnapshotInstances
 from rollflow.sim.batching import OrcaScheduler, ReplicaScheduler, SarathiScheduler, VllmScheduler
 from rollflow.sim.config import SimConfig
 from rollflow.sim.events import EventQueue, Phase
@@ -209,7 +209,8 @@ class ServingSimulator:
     # -- handlers ---------------------------------------------------------------------------
     def _on_arrival(self, request: SimRequest) -> None:
         now = self.now
-        view = ClusterView(now, tuple(replica.view(now) for replica in self.replicas))
+        replicas = self.replicas
+        view = ClusterView(now, SnapshotInstances(len(replicas), lambda i: replicas[i].view(now)))
         target = self.router.pick(
             RouteRequest(request.id, request.prompt_tokens, request.output_tokens), view
         )

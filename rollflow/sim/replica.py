@@ -93,7 +93,7 @@ class Replica:
         batch.decode_size = decode_size
         batch.decode_kv_sum = kv_sum
         batch.attention_pairs = pairs
-        if self.fast_forward:
+        if self.fast_forward and len(prefills) <= 1:  # a run carries at most one prefill
             iterations = self.scheduler.plan_run(batch)
             if iterations > 1:
                 batch.num_iterations = iterations
