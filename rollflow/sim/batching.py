@@ -161,13 +161,11 @@ class ReplicaScheduler:
         cohort = self.cohort
         if cohort is None or not batch.cohort_size:
             return 1
+        limit = cohort.iterations_to_next_finish()
         if batch.requests:
-            limit = self._chunk_run_limit(batch)
+            limit = min(limit, self._chunk_run_limit(batch))
         elif self.waiting and not self._waiting_blocked(batch):
             return 1  # a request preempted while forming this batch may be admitted next
-        else:
-            limit = cohort.iterations_to_next_finish()
-        limit = min(limit, cohort.iterations_to_next_finish())
         if limit <= 1:
             return 1
         first = self._cohort_first_blocks  # taken when the batch formed
@@ -204,7 +202,7 @@ class ReplicaScheduler:
         if batch.cohort_size:
             cohort = self.cohort
             if iterations > 1:  # the first iteration's blocks were taken when the batch formed
-                self.num_allocated_blocks += cohort.blocks_needed(iterations) - cohort.blocks_needed(1)
+                self.num_allocated_blocks += cohort.blocks_needed(iterations) - self._cohort_first_blocks
             for request in cohort.advance(iterations, now):
                 self.free(request)
                 completed.append(request)
