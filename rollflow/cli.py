@@ -1,129 +1,56 @@
 """The `rollflow` command.
 
-rollflow sim serve --config FILE [--output-dir DIR] [key=value ...]
-rollflow sim from-vidur [--output-dir DIR] -- <python -m vidur.main flags>
-rollflow sim config --config FILE [key=value ...]
+Each command group lives beside the code it drives (`rollflow/sim/cli.py`, ...) and adds
+itself to the parser through a `register(commands)` function listed in `COMMAND_GROUPS`;
+imports of heavy modules happen inside the handlers, so `rollflow --help` stays instant.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 
 from rollflow import __version__
 
+COMMAND_GROUPS = ("rollflow.sim.cli",)
+
 EXAMPLES = """examples:
   rollflow sim serve --config examples/sim/demo.yaml
-  rollflow sim serve --config examples/sim/vidur_sarathi_4r.yaml cluster.replicas=8 scheduler.chunk_size=1024
-  rollflow sim from-vidur --output-dir out/ -- --replica_scheduler_config_type vllm --cluster_config_num_replicas 2
-  rollflow sim config --config examples/sim/demo.yaml workload.intervals.qps=20
+  rollflow sim from-vidur --output-dir out/ -- --replica_scheduler_config_type vllm
+Run `rollflow COMMAND --help` for each command's options and examples.
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rollflow",
-        description="Scheduling for LLM RL post-training: simulate serving clusters before spending GPU hours.",
+        description="Scheduling for LLM RL post-training: simulate serving clusters and RL steps, "
+        "learn routers, and run a rollout manager over engines that come and go.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"rollflow {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sim = commands.add_parser(
-        "sim",
-        help="simulate an LLM inference cluster",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sim_commands = sim.add_subparsers(dest="sim_command", required=True, metavar="SUBCOMMAND")
-
-    serve = sim_commands.add_parser(
-        "serve",
-        help="run a serving simulation from a YAML config",
-        description="Run a serving simulation. Config keys can be overridden as dotted key=value pairs; "
-        "outputs (summary.json, requests.csv, chrome_trace.json, plots/) go to --output-dir or output.dir.",
-    )
-    serve.add_argument("--config", required=True, help="YAML config file (see examples/sim/)")
-    serve.add_argument("--output-dir", help="output folder (overrides output.dir)")
-    serve.add_argument(
-        "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. cluster.replicas=4"
-    )
-    serve.set_defaults(handler=_sim_serve)
-
-    vidur = sim_commands.add_parser(
-        "from-vidur",
-        help="run the simulation a `python -m vidur.main` command line describes",
-        description="Translate Vidur's command-line flags (put them after --) into a rollflow config and run it. "
-        "Profile-table paths keep Vidur's {DEVICE}/{MODEL}/{NETWORK_DEVICE} placeholders and defaults "
-        "(./data/profiling/... under the current directory). Unsupported flags are errors.",
-    )
-    vidur.add_argument(
-        "--output-dir", help="output folder (default: --metrics_config_output_dir or simulator_output)"
-    )
-    vidur.add_argument(
-        "--print-config", action="store_true", help="print the translated config as YAML and exit"
-    )
-    vidur.add_argument("vidur_flags", nargs=argparse.REMAINDER, help="Vidur flags, after --")
-    vidur.set_defaults(handler=_sim_from_vidur)
-
-    show = sim_commands.add_parser("config", help="print a config with every default filled in, as YAML")
-    show.add_argument("--config", help="YAML config file (omit for the defaults)")
-    show.add_argument("overrides", nargs="*", metavar="key=value")
-    show.set_defaults(handler=_sim_config)
+    for module in COMMAND_GROUPS:
+        importlib.import_module(module).register(commands)
     return parser
-
-
-def _load_sim_config(path: str | None, overrides: list[str], output_dir: str | None = None):
-    from rollflow.config import load_config
-    from rollflow.sim.config import SimConfig
-
-    if output_dir:
-        overrides = [*overrides, f"output.dir={output_dir}"]
-    return load_config(SimConfig, path, overrides)
-
-
-def _sim_serve(args: argparse.Namespace, started_at: float) -> None:
-    from rollflow.sim.runner import run_simulation
-
-    run_simulation(_load_sim_config(args.config, args.overrides, args.output_dir), started_at=started_at)
-
-
-def _sim_from_vidur(args: argparse.Namespace, started_at: float) -> None:
-    from rollflow.sim.vidur_flags import vidur_flags_to_config
-
-    flags = args.vidur_flags[1:] if args.vidur_flags[:1] == ["--"] else args.vidur_flags
-    config = vidur_flags_to_config(flags, args.output_dir)
-    if args.print_config:
-        _print_yaml(config)
-        return
-    from rollflow.sim.runner import run_simulation
-
-    run_simulation(config, started_at=started_at)
-
-
-def _sim_config(args: argparse.Namespace, started_at: float) -> None:
-    _print_yaml(_load_sim_config(args.config, args.overrides))
-
-
-def _print_yaml(config) -> None:
-    import yaml
-
-    print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), end="")
 
 
 def main(argv: list[str] | None = None) -> int:
     started_at = time.perf_counter()
     args = build_parser().parse_args(argv)
-    from rollflow.config import ConfigError
-    from rollflow.perf.tables import ProfileTableError
-    from rollflow.sim.workload import WorkloadError
+    from rollflow.errors import UserError
 
     try:
         args.handler(args, started_at)
-    except (ConfigError, ProfileTableError, WorkloadError) as exc:
+    except UserError as exc:
         print(f"rollflow: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("rollflow: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from rollflow.errors import UserError
+
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
@@ -26,7 +28,7 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A config file or override that cannot be used; the message is meant for the user as is."""
 
 

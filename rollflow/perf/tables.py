@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rollflow.errors import UserError
 from rollflow.perf.optimes import OperatorTimes, PrefillGrid, interp_grid
 from rollflow.perf.specs import ModelSpec, NodeSpec, ParallelLayout
 
@@ -36,7 +37,7 @@ LINEAR_OPS = (
 )
 
 
-class ProfileTableError(ValueError):
+class ProfileTableError(UserError):
     """A table is missing, malformed, or has no rows for the configured model and sharding."""
 
 

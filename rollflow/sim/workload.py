@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rollflow.errors import UserError
 from rollflow.sim.config import (
     FixedLengths,
     GammaIntervals,
@@ -27,7 +28,7 @@ from rollflow.sim.config import (
 from rollflow.sim.request import SimRequest
 
 
-class WorkloadError(ValueError):
+class WorkloadError(UserError):
     """A trace file that cannot be replayed; the message names the file and the problem."""
 
 

@@ -1,0 +1,90 @@
+"""`rollflow sim ...`: simulate an LLM inference cluster."""
+
+from __future__ import annotations
+
+import argparse
+
+from rollflow.cli_util import print_yaml
+
+EXAMPLES = """examples:
+  rollflow sim serve --config examples/sim/demo.yaml
+  rollflow sim serve --config examples/sim/vidur_sarathi_4r.yaml cluster.replicas=8 scheduler.chunk_size=1024
+  rollflow sim from-vidur --output-dir out/ -- --replica_scheduler_config_type vllm --cluster_config_num_replicas 2
+  rollflow sim config --config examples/sim/demo.yaml workload.intervals.qps=20
+"""
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    sim = commands.add_parser(
+        "sim",
+        help="simulate an LLM inference cluster",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sim_commands = sim.add_subparsers(dest="sim_command", required=True, metavar="SUBCOMMAND")
+
+    serve = sim_commands.add_parser(
+        "serve",
+        help="run a serving simulation from a YAML config",
+        description="Run a serving simulation. Config keys can be overridden as dotted key=value pairs; "
+        "outputs (summary.json, requests.csv, chrome_trace.json, plots/) go to --output-dir or output.dir.",
+    )
+    serve.add_argument("--config", required=True, help="YAML config file (see examples/sim/)")
+    serve.add_argument("--output-dir", help="output folder (overrides output.dir)")
+    serve.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. cluster.replicas=4"
+    )
+    serve.set_defaults(handler=_serve)
+
+    vidur = sim_commands.add_parser(
+        "from-vidur",
+        help="run the simulation a `python -m vidur.main` command line describes",
+        description="Translate Vidur's command-line flags (put them after --) into a rollflow config and run it. "
+        "Profile-table paths keep Vidur's {DEVICE}/{MODEL}/{NETWORK_DEVICE} placeholders and defaults "
+        "(./data/profiling/... under the current directory). Unsupported flags are errors.",
+    )
+    vidur.add_argument(
+        "--output-dir", help="output folder (default: --metrics_config_output_dir or simulator_output)"
+    )
+    vidur.add_argument(
+        "--print-config", action="store_true", help="print the translated config as YAML and exit"
+    )
+    vidur.add_argument("vidur_flags", nargs=argparse.REMAINDER, help="Vidur flags, after --")
+    vidur.set_defaults(handler=_from_vidur)
+
+    show = sim_commands.add_parser("config", help="print a config with every default filled in, as YAML")
+    show.add_argument("--config", help="YAML config file (omit for the defaults)")
+    show.add_argument("overrides", nargs="*", metavar="key=value")
+    show.set_defaults(handler=_config)
+
+
+def _load_sim_config(path: str | None, overrides: list[str], output_dir: str | None = None):
+    from rollflow.config import load_config
+    from rollflow.sim.config import SimConfig
+
+    if output_dir:
+        overrides = [*overrides, f"output.dir={output_dir}"]
+    return load_config(SimConfig, path, overrides)
+
+
+def _serve(args: argparse.Namespace, started_at: float) -> None:
+    from rollflow.sim.runner import run_simulation
+
+    run_simulation(_load_sim_config(args.config, args.overrides, args.output_dir), started_at=started_at)
+
+
+def _from_vidur(args: argparse.Namespace, started_at: float) -> None:
+    from rollflow.sim.vidur_flags import vidur_flags_to_config
+
+    flags = args.vidur_flags[1:] if args.vidur_flags[:1] == ["--"] else args.vidur_flags
+    config = vidur_flags_to_config(flags, args.output_dir)
+    if args.print_config:
+        print_yaml(config)
+        return
+    from rollflow.sim.runner import run_simulation
+
+    run_simulation(config, started_at=started_at)
+
+
+def _config(args: argparse.Namespace, started_at: float) -> None:
+    print_yaml(_load_sim_config(args.config, args.overrides))
