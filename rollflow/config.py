@@ -76,7 +76,10 @@ def apply_override(raw: dict[str, Any], override: str) -> None:
         node[parts[-1]] = text
 
 
-def describe_validation_error(model_cls: type[BaseModel], exc: ValidationError) -> str:
+def describe_validation_error(
+    model_cls: type[BaseModel], exc: ValidationError, prefix: str = "config error: "
+) -> str:
+    """Every problem in one message, each naming its dotted key (shared by configs and HTTP bodies)."""
     lines = []
     for error in exc.errors():
         dotted, fields = _walk_location(model_cls, error["loc"])
@@ -90,7 +93,7 @@ def describe_validation_error(model_cls: type[BaseModel], exc: ValidationError) 
         got = error.get("input")
         shown = "" if isinstance(got, dict) or got is None else f" (got {got!r})"
         lines.append(f"{dotted}: {message}{shown}")
-    return "config error: " + "\n  ".join(lines)
+    return prefix + "\n  ".join(lines)
 
 
 def _walk_location(model_cls: type[BaseModel], loc: tuple[Any, ...]) -> tuple[str, list[str]]:

@@ -1,0 +1,1 @@
+"""The live half of rollflow: rollout manager, engine clients, weights, trainer, launchers."""

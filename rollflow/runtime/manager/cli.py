@@ -1,0 +1,66 @@
+"""`rollflow manager serve`: run the rollout manager."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+EXAMPLES = """examples:
+  rollflow manager serve --port 30100
+  rollflow manager serve --config examples/manager/local.yaml --token "$ROLLFLOW_MANAGER_TOKEN"
+  rollflow manager serve --config examples/manager/local.yaml router=least_tokens offload.enabled=true
+
+then, from anywhere on the machine:
+  curl -X POST localhost:30100/workers -H 'Authorization: Bearer T' -d '{"url": "http://127.0.0.1:30000", "kind": "spot"}'
+  curl localhost:30100/generate -d '{"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 16}}'
+"""
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    manager = commands.add_parser(
+        "manager",
+        help="run the rollout manager between a trainer and rollout engines",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = manager.add_subparsers(dest="manager_command", required=True, metavar="SUBCOMMAND")
+    serve = sub.add_parser(
+        "serve",
+        help="serve the manager's HTTP API",
+        description="Serve the rollout manager. Engines register with POST /workers (or are listed under "
+        "`engines:` in the config); trainers submit batches and read micro-batches; SGLang clients may "
+        "call POST /generate as on one engine. Binds 127.0.0.1 unless --host says otherwise.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument("--config", help="YAML config (see examples/manager/); defaults work without one")
+    serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 30100)")
+    serve.add_argument(
+        "--token",
+        default=os.environ.get("ROLLFLOW_MANAGER_TOKEN"),
+        help="bearer token for registration and admin endpoints (default: $ROLLFLOW_MANAGER_TOKEN)",
+    )
+    serve.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format")
+    serve.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    serve.set_defaults(handler=_serve)
+
+
+def _serve(args: argparse.Namespace, started_at: float) -> None:
+    import asyncio
+
+    from rollflow.config import load_config
+    from rollflow.runtime.logs import setup_logging
+    from rollflow.runtime.manager.config import ManagerConfig
+    from rollflow.runtime.manager.server import serve
+
+    overrides = list(args.overrides)
+    for key in ("host", "port"):
+        value = getattr(args, key)
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    config = load_config(ManagerConfig, args.config, overrides)
+    if args.token:
+        config = config.model_copy(update={"token": args.token})
+    setup_logging(args.log_format)
+    asyncio.run(serve(config))

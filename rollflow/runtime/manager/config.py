@@ -1,0 +1,57 @@
+"""`rollflow manager serve --config FILE`: every knob of the manager, validated up front."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from rollflow.config import StrictModel
+from rollflow.policy.routing import ROUTERS
+
+
+class EngineEntry(StrictModel):
+    """An engine registered at start-up (more can join at run time via `POST /workers`)."""
+
+    url: str
+    kind: Literal["local", "remote", "spot"] = "local"
+    engine_type: Literal["sglang", "vllm"] = "sglang"
+    capacity: int = Field(64, ge=1)
+    """Most samples in flight on this engine at once; more wait in the manager's queue."""
+
+
+class OffloadSection(StrictModel):
+    """Local (reserved) engines generate for a budget per batch, then their leftovers move to remote ones."""
+
+    enabled: bool = False
+    initial_budget_s: float = Field(30.0, gt=0)
+    min_budget_s: float = Field(1.0, gt=0)
+    max_budget_s: float = Field(3600.0, gt=0)
+    target_bubble_fraction: float = Field(0.05, ge=0, lt=1)
+    gain: float = Field(2.0, ge=0)
+    smoothing: float = Field(0.5, gt=0, le=1)
+
+
+class ManagerConfig(StrictModel):
+    host: str = "127.0.0.1"
+    port: int = Field(30100, ge=0, le=65535)
+    token: str | None = None
+    """Bearer token required by registration and admin endpoints when set."""
+    router: Literal[tuple(ROUTERS)] = "least_outstanding"  # type: ignore[valid-type]
+    seed: int = 0
+    resume: Literal["continue", "restart"] = "continue"
+    """continue: resume from prompt + generated tokens; restart: regenerate from the prompt (for comparison)."""
+    max_attempts: int = Field(8, ge=1)
+    """Attempts per sample before it is reported failed (each engine failure or move is one)."""
+    stall_timeout_s: float = Field(30.0, gt=0)
+    """An engine that sends no token for this long on a running sample is treated as hung."""
+    connect_timeout_s: float = Field(5.0, gt=0)
+    health_interval_s: float = Field(2.0, gt=0)
+    health_failures_to_remove: int = Field(2, ge=1)
+    max_new_tokens_limit: int = Field(32768, ge=1)
+    """Requests asking for more new tokens than this are rejected with a 400."""
+    max_prompt_tokens: int = Field(131072, ge=1)
+    tokenizer: str | None = None
+    """Optional tokenizer folder: lets `/generate` accept `text` and answer with text."""
+    offload: OffloadSection = OffloadSection()
+    engines: list[EngineEntry] = Field(default_factory=list)

@@ -1,0 +1,49 @@
+"""Prometheus metrics of one manager (its own registry, so several managers can live in one process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+RESUME_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 5.0, 30.0)
+
+
+class ManagerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.queue_depth = Gauge("rollflow_queue_depth", "Samples waiting for an engine", registry=r)
+        self.running_samples = Gauge("rollflow_running_samples", "Samples streaming from engines", registry=r)
+        self.engines = Gauge("rollflow_engines", "Engines in the pool by state", ["state"], registry=r)
+        self.engine_tokens_per_s = Gauge(
+            "rollflow_engine_tokens_per_s", "Recent generation throughput", ["engine_id", "kind"], registry=r
+        )
+        self.generated_tokens = Counter(
+            "rollflow_generated_tokens_total", "Tokens received from engines", ["engine_id"], registry=r
+        )
+        self.resumed_samples = Counter(
+            "rollflow_resumed_samples_total", "Samples moved to another attempt", ["reason"], registry=r
+        )
+        self.regenerated_tokens = Counter(
+            "rollflow_regenerated_tokens_total", "Generated tokens thrown away and made again", registry=r
+        )
+        self.engine_failures = Counter(
+            "rollflow_engine_failures_total", "Engines taken out of the pool", ["reason"], registry=r
+        )
+        self.finished_samples = Counter(
+            "rollflow_finished_samples_total", "Samples finished", ["state"], registry=r
+        )
+        self.requests_rejected = Counter(
+            "rollflow_requests_rejected_total", "Requests answered with a 4xx", ["endpoint"], registry=r
+        )
+        self.resume_delay = Histogram(
+            "rollflow_resume_delay_seconds",
+            "From an attempt's end (failure detected, move decided) to the sample's first token elsewhere",
+            buckets=RESUME_BUCKETS,
+            registry=r,
+        )
+        for reason in ("engine_failed", "engine_hung", "engine_aborted", "engine_removed", "offloaded"):
+            self.resumed_samples.labels(reason)
+        self.regenerated_tokens.inc(0)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,91 @@
+"""Bodies of the manager's HTTP API, validated strictly: an unknown field is a 400 that names it.
+
+`GenerateBody` is SGLang's `/generate` request (the subset rollout needs), so an SGLang
+client can talk to the manager as if it were one engine.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rollflow.config import StrictModel
+
+
+class SamplingBody(StrictModel):
+    max_new_tokens: int = Field(128, ge=1)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    ignore_eos: bool = False
+    stop_token_ids: list[int] = Field(default_factory=list)
+    sampling_seed: int | None = None
+
+
+class GenerateBody(StrictModel):
+    input_ids: list[int] | None = None
+    text: str | None = None
+    sampling_params: SamplingBody = SamplingBody()
+    stream: bool = False
+    return_logprob: bool = False
+    rid: str | None = Field(None, min_length=1, max_length=256)
+    allow_off_policy: bool = False
+    """rollflow extension: the sample may continue on an engine with other weights."""
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> GenerateBody:
+        if (self.input_ids is None) == (self.text is None):
+            raise ValueError("give exactly one of input_ids or text")
+        if self.input_ids is not None and not self.input_ids:
+            raise ValueError("input_ids is empty")
+        if self.input_ids is not None and min(self.input_ids) < 0:
+            raise ValueError("input_ids holds a negative token id")
+        if self.text is not None and not self.text:
+            raise ValueError("text is empty")
+        return self
+
+
+class BatchBody(StrictModel):
+    prompts: list[list[int]] = Field(min_length=1)
+    """Prompts as token ids; each becomes a group of `n` samples."""
+    n: int = Field(1, ge=1, le=4096)
+    sampling_params: SamplingBody = SamplingBody()
+    allow_off_policy: bool = False
+
+    @model_validator(mode="after")
+    def _non_empty_prompts(self) -> BatchBody:
+        for index, prompt in enumerate(self.prompts):
+            if not prompt:
+                raise ValueError(f"prompts[{index}] is empty")
+            if min(prompt) < 0:
+                raise ValueError(f"prompts[{index}] holds a negative token id")
+        return self
+
+
+class NextMicroBatchBody(StrictModel):
+    min_groups: int = Field(1, ge=1)
+    max_groups: int = Field(1 << 30, ge=1)
+    timeout_s: float | None = Field(None, ge=0, le=3600)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> NextMicroBatchBody:
+        if self.max_groups < self.min_groups:
+            raise ValueError(f"max_groups ({self.max_groups}) is below min_groups ({self.min_groups})")
+        return self
+
+
+class WorkerBody(StrictModel):
+    url: str = Field(pattern=r"^https?://[^\s/]+(/.*)?$")
+    kind: Literal["local", "remote", "spot"] = "local"
+    engine_type: Literal["sglang", "vllm"] = "sglang"
+    capacity: int = Field(64, ge=1, le=100_000)
+
+
+class StepReportBody(StrictModel):
+    step_time_s: float = Field(gt=0)
+    bubble_s: float = Field(ge=0)
+
+
+class UpdateWeightsBody(StrictModel):
+    model_path: str = Field(min_length=1)
+    weight_version: int = Field(ge=0)

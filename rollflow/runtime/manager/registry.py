@@ -1,0 +1,89 @@
+"""The engines the manager may route to, and the snapshot of them a router decides from."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rollflow.policy.view import InstanceKind, InstanceView
+from rollflow.runtime.engines import EngineClient
+
+EngineState = Literal["healthy", "updating", "failed", "removed"]
+
+
+@dataclass
+class EngineRecord:
+    engine_id: int
+    url: str
+    kind: InstanceKind
+    engine_type: str
+    capacity: int
+    client: EngineClient
+    weight_version: int | None
+    state: EngineState = "healthy"
+    running: dict[str, int] = field(default_factory=dict)  # sample id -> tokens it still may generate
+    health_failures: int = 0
+    tokens_generated: int = 0
+    tokens_per_s: float = 0.0
+    window_tokens: int = 0  # tokens since the last throughput tick
+
+    @property
+    def routable(self) -> bool:
+        return self.state == "healthy" and len(self.running) < self.capacity
+
+    def view(self) -> InstanceView:
+        return InstanceView(
+            instance_id=self.engine_id,
+            num_running=len(self.running),
+            num_queued=0,
+            queued_tokens=0,
+            running_tokens=sum(self.running.values()),
+            kv_usage=len(self.running) / self.capacity,
+            tokens_per_s=self.tokens_per_s,
+            kind=self.kind,
+            weight_version=self.weight_version or 0,
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "id": self.engine_id,
+            "url": self.url,
+            "kind": self.kind,
+            "engine_type": self.engine_type,
+            "capacity": self.capacity,
+            "state": self.state,
+            "weight_version": self.weight_version,
+            "running": len(self.running),
+            "tokens_generated": self.tokens_generated,
+            "tokens_per_s": round(self.tokens_per_s, 3),
+        }
+
+
+class Registry:
+    """Engines by id; ids are never reused, so a log line or span names one engine forever."""
+
+    def __init__(self) -> None:
+        self._engines: dict[int, EngineRecord] = {}
+        self._ids = itertools.count()
+
+    def add(self, **fields) -> EngineRecord:
+        record = EngineRecord(engine_id=next(self._ids), **fields)
+        self._engines[record.engine_id] = record
+        return record
+
+    def get(self, engine_id: int) -> EngineRecord | None:
+        return self._engines.get(engine_id)
+
+    def by_url(self, url: str) -> EngineRecord | None:
+        return next((e for e in self._engines.values() if e.url == url and e.state != "removed"), None)
+
+    def live(self) -> list[EngineRecord]:
+        """Engines not yet failed or removed (healthy or taking new weights)."""
+        return [e for e in self._engines.values() if e.state in ("healthy", "updating")]
+
+    def all(self) -> list[EngineRecord]:
+        return list(self._engines.values())
+
+    def forget(self, engine_id: int) -> None:
+        self._engines.pop(engine_id, None)

@@ -1,0 +1,137 @@
+"""What the manager knows about each sample: every token, and who made it.
+
+A sample's output is a list of spans; each span is the tokens one engine generated on one
+weight version in one attempt. Resuming appends a new span: the generated tokens never get
+rewritten, which is what makes "nothing regenerated" checkable rather than a promise.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class SampleState(enum.IntEnum):
+    """Ordered so that `state >= FINISHED` means the sample will not change again."""
+
+    WAITING = 0  # queued in the manager, no engine yet
+    RUNNING = 1  # streaming from an engine
+    FINISHED = 2
+    FAILED = 3  # gave up (attempts exhausted); carries `error`
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+
+@dataclass
+class Span:
+    """Tokens `[start, end)` of the output, made by one engine on one weight version."""
+
+    engine_id: int
+    engine_url: str
+    weight_version: int | None
+    attempt: int  # 1-based attempt of the sample that made these tokens
+    start: int
+    end: int
+
+    def to_json(self) -> dict:
+        return {
+            "attempt": self.attempt,
+            "engine_id": self.engine_id,
+            "engine_url": self.engine_url,
+            "weight_version": self.weight_version,
+            "start": self.start,
+            "end": self.end,
+        }
+
+
+@dataclass
+class Sample:
+    seq: int  # manager-wide arrival number; the router's request id
+    sample_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    allow_off_policy: bool = False
+    batch_id: str | None = None
+    group_index: int = 0  # index of the prompt in its batch; samples of one prompt form a group
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    spans: list[Span] = field(default_factory=list)
+    state: SampleState = SampleState.WAITING
+    finish_reason: str | None = None
+    error: str | None = None
+    attempts: int = 0
+    resumes: int = 0
+    regenerated_tokens: int = 0  # tokens dropped by a restart-from-prompt policy; 0 when resuming
+    engine_id: int | None = None  # engine of the running attempt
+
+    @property
+    def remaining_tokens(self) -> int:
+        return self.sampling.max_new_tokens - len(self.output_ids)
+
+    @property
+    def weight_version(self) -> int | None:
+        """The version the sample is pinned to: that of its first span (None before any token)."""
+        for span in self.spans:
+            if span.weight_version is not None:
+                return span.weight_version
+        return None
+
+    def begin_attempt(self, engine_id: int) -> None:
+        self.attempts += 1
+        self.engine_id = engine_id
+        self.state = SampleState.RUNNING
+
+    def record(
+        self,
+        engine_id: int,
+        engine_url: str,
+        version: int | None,
+        token_ids: list[int],
+        logprobs: list[float],
+    ) -> None:
+        """Append tokens from the running attempt, extending its span or opening a new one."""
+        if not token_ids:
+            return
+        start = len(self.output_ids)
+        self.output_ids.extend(token_ids)
+        self.output_logprobs.extend(logprobs)
+        last = self.spans[-1] if self.spans else None
+        if last is not None and last.attempt == self.attempts and last.weight_version == version:
+            last.end = len(self.output_ids)
+        else:
+            self.spans.append(
+                Span(engine_id, engine_url, version, self.attempts, start, len(self.output_ids))
+            )
+
+    def discard_output(self) -> None:
+        """Restart-from-prompt: drop what was generated (counted as regenerated work)."""
+        self.regenerated_tokens += len(self.output_ids)
+        self.output_ids.clear()
+        self.output_logprobs.clear()
+        self.spans.clear()
+
+    def to_json(self) -> dict:
+        return {
+            "sample_id": self.sample_id,
+            "batch_id": self.batch_id,
+            "group_index": self.group_index,
+            "prompt_ids": self.prompt_ids,
+            "output_ids": self.output_ids,
+            "output_logprobs": self.output_logprobs,
+            "finish_reason": self.finish_reason,
+            "state": self.state.name.lower(),
+            "error": self.error,
+            "spans": [span.to_json() for span in self.spans],
+            "weight_version": self.weight_version,
+            "attempts": self.attempts,
+            "resumes": self.resumes,
+            "regenerated_tokens": self.regenerated_tokens,
+        }

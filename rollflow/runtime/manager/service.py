@@ -1,0 +1,540 @@
+"""The manager's core: queue, dispatch, stream, record, resume. No HTTP here (see server.py).
+
+Life of a sample:
+
+    WAITING in the queue -> dispatched: a router picks among eligible engines
+    -> RUNNING: tokens stream in and are recorded as they arrive
+    -> the engine finishes it (FINISHED), or the attempt ends early (engine died, hung,
+       aborted, was removed, or the local budget ran out) and the sample goes back to the
+       front of the queue with prompt + generated tokens as its next input and
+       `max_new_tokens` reduced by what it already has.
+
+Eligible engines for a sample: healthy, below capacity, on the sample's weight version
+(unless it allows off-policy tokens), and after its batch's local budget expired, remote or
+spot only (when any exist). Everything the router sees is a `ClusterView` built from the
+registry, so the routers are the simulator's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from rollflow.errors import UserError
+from rollflow.policy.offload import OffloadBalancer, OffloadSettings, StepReport
+from rollflow.policy.routing import Router, make_router
+from rollflow.policy.view import ClusterView, InstanceKind, RouteRequest
+from rollflow.runtime.engines import EngineError, make_client
+from rollflow.runtime.engines import SamplingParams as EngineSampling
+from rollflow.runtime.manager.config import ManagerConfig
+from rollflow.runtime.manager.metrics import ManagerMetrics
+from rollflow.runtime.manager.packing import GroupPacker
+from rollflow.runtime.manager.registry import EngineRecord, Registry
+from rollflow.runtime.manager.samples import Sample, SampleState, SamplingParams
+
+log = logging.getLogger("rollflow.manager")
+
+ENGINE_ERRORS = (EngineError, aiohttp.ClientError, OSError, ValueError)
+
+
+class EngineUnavailable(UserError):
+    """An engine that cannot join: unreachable or unhealthy at registration."""
+
+
+@dataclass
+class Batch:
+    batch_id: str
+    groups: list[list[Sample]]
+    packer: GroupPacker
+    started_at: float
+    budget_s: float | None  # local time budget; None when offloading is off
+    offloaded: bool = False
+    completed: list[Sample] = field(default_factory=list)  # samples in completion order
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def samples(self) -> list[Sample]:
+        return [sample for group in self.groups for sample in group]
+
+    @property
+    def done(self) -> bool:
+        return len(self.completed) == sum(len(group) for group in self.groups)
+
+    def status(self) -> dict:
+        states = {state.name.lower(): 0 for state in SampleState}
+        for sample in self.samples:
+            states[sample.state.name.lower()] += 1
+        return {
+            "batch_id": self.batch_id,
+            "num_groups": len(self.groups),
+            "num_samples": sum(len(group) for group in self.groups),
+            "states": states,
+            "offloaded": self.offloaded,
+            "budget_s": self.budget_s,
+        }
+
+
+class RolloutManager:
+    def __init__(self, config: ManagerConfig, router: Router | None = None) -> None:
+        self.config = config
+        self.router = router or make_router(config.router, seed=config.seed)
+        self.registry = Registry()
+        self.metrics = ManagerMetrics()
+        o = config.offload
+        self.balancer = (
+            OffloadBalancer(
+                OffloadSettings(
+                    initial_budget_s=o.initial_budget_s,
+                    min_budget_s=o.min_budget_s,
+                    max_budget_s=o.max_budget_s,
+                    target_bubble_fraction=o.target_bubble_fraction,
+                    gain=o.gain,
+                    smoothing=o.smoothing,
+                )
+            )
+            if o.enabled
+            else None
+        )
+        self.batches: dict[str, Batch] = {}
+        self._queue: deque[Sample] = deque()
+        self._attempts: dict[str, asyncio.Task] = {}
+        self._move_reasons: dict[str, str] = {}
+        self._watchers: dict[str, asyncio.Event] = {}
+        self._resumed_at: dict[str, float] = {}  # sample id -> when its last attempt ended early
+        self._sample_batch: dict[str, Batch] = {}
+        self._seq = itertools.count()
+        self._wake = asyncio.Event()
+        self._background: set[asyncio.Task] = set()
+        self._session: aiohttp.ClientSession | None = None
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s)
+        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout)
+        self._spawn(self._dispatch_loop())
+        self._spawn(self._health_loop())
+        for entry in self.config.engines:
+            await self.add_engine(entry.url, entry.kind, entry.engine_type, entry.capacity)
+
+    async def close(self) -> None:
+        tasks = [*self._background, *self._attempts.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    # ------------------------------------------------------------------ engines
+
+    async def add_engine(
+        self, url: str, kind: InstanceKind = "local", engine_type: str = "sglang", capacity: int = 64
+    ) -> EngineRecord:
+        """Health-check an engine, read its weight version, and put it in the pool at once."""
+        url = url.rstrip("/")
+        if self.registry.by_url(url) is not None:
+            raise EngineUnavailable(f"an engine with url {url} is already registered")
+        client = make_client(engine_type, url, self._session)
+        try:
+            healthy = await asyncio.wait_for(client.health(), self.config.connect_timeout_s)
+            version = await asyncio.wait_for(client.weight_version(), self.config.connect_timeout_s)
+        except (*ENGINE_ERRORS, TimeoutError) as exc:
+            raise EngineUnavailable(f"engine at {url} is unreachable: {exc or type(exc).__name__}") from None
+        if not healthy:
+            raise EngineUnavailable(f"engine at {url} is not healthy")
+        engine = self.registry.add(
+            url=url,
+            kind=kind,
+            engine_type=engine_type,
+            capacity=capacity,
+            client=client,
+            weight_version=version,
+        )
+        log.info("engine %d joined: %s kind=%s version=%s", engine.engine_id, url, kind, version)
+        if kind != "local":
+            for batch in self.batches.values():
+                if batch.offloaded:
+                    self._move_local_samples(batch)
+        self._wake.set()
+        return engine
+
+    async def remove_engine(self, engine_id: int) -> EngineRecord:
+        """Deregister: the engine's running samples resume elsewhere with their tokens."""
+        engine = self.registry.get(engine_id)
+        if engine is None or engine.state == "removed":
+            raise KeyError(engine_id)
+        self._retire(engine, "removed", reason="engine_removed")
+        return engine
+
+    async def update_engine_weights(self, engine_id: int, model_path: str, version: int) -> EngineRecord:
+        """Hold the engine out of the pool while it loads new weights; it rejoins on `version` only."""
+        engine = self.registry.get(engine_id)
+        if engine is None or engine.state not in ("healthy", "updating"):
+            raise KeyError(engine_id)
+        engine.state = "updating"
+        for sample_id in list(engine.running):
+            self._move(sample_id, "weight_update")
+        try:
+            await engine.client.update_weights_from_disk(model_path, version)
+            loaded = await engine.client.weight_version()
+        except ENGINE_ERRORS as exc:
+            self._retire(engine, "failed", reason="weight_update_failed")
+            raise EngineUnavailable(f"engine {engine_id} failed to load weights: {exc}") from None
+        if loaded != version:
+            self._retire(engine, "failed", reason="weight_update_failed")
+            raise EngineUnavailable(f"engine {engine_id} reports version {loaded} after loading {version}")
+        engine.weight_version = version
+        engine.state = "healthy"
+        self._wake.set()
+        return engine
+
+    def _retire(self, engine: EngineRecord, state: str, reason: str) -> None:
+        if engine.state in ("failed", "removed"):
+            return
+        engine.state = state
+        if state == "failed":
+            self.metrics.engine_failures.labels(reason).inc()
+            log.warning("engine %d (%s) left the pool: %s", engine.engine_id, engine.url, reason)
+        for sample_id in list(engine.running):
+            self._move(sample_id, reason if state == "failed" else "engine_removed")
+        self._spawn(engine.client.close())
+        self._wake.set()
+
+    async def _health_loop(self) -> None:
+        interval = self.config.health_interval_s
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        while True:
+            await asyncio.sleep(interval)
+            now = loop.time()
+            for engine in self.registry.live():
+                engine.tokens_per_s = engine.window_tokens / max(now - last, 1e-9)
+                engine.window_tokens = 0
+                self.metrics.engine_tokens_per_s.labels(str(engine.engine_id), engine.kind).set(
+                    engine.tokens_per_s
+                )
+            last = now
+            engines = self.registry.live()
+            results = await asyncio.gather(
+                *(asyncio.wait_for(e.client.health(), interval) for e in engines), return_exceptions=True
+            )
+            for engine, healthy in zip(engines, results, strict=True):
+                if healthy is True:
+                    engine.health_failures = 0
+                    continue
+                engine.health_failures += 1
+                if engine.health_failures >= self.config.health_failures_to_remove:
+                    self._retire(engine, "failed", reason="health_check")
+            self._update_gauges()
+
+    def _update_gauges(self) -> None:
+        counts = {"healthy": 0, "updating": 0, "failed": 0, "removed": 0}
+        for engine in self.registry.all():
+            counts[engine.state] += 1
+        for state, count in counts.items():
+            self.metrics.engines.labels(state).set(count)
+        self.metrics.queue_depth.set(len(self._queue))
+        self.metrics.running_samples.set(len(self._attempts))
+
+    # ------------------------------------------------------------------ samples
+
+    def submit_sample(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        allow_off_policy: bool = False,
+        sample_id: str | None = None,
+    ) -> Sample:
+        sample = Sample(
+            seq=next(self._seq),
+            sample_id=sample_id or uuid.uuid4().hex,
+            prompt_ids=list(prompt_ids),
+            sampling=sampling,
+            allow_off_policy=allow_off_policy,
+        )
+        self._watchers[sample.sample_id] = asyncio.Event()
+        self._enqueue(sample)
+        return sample
+
+    def submit_batch(
+        self, prompts: list[list[int]], n: int, sampling: SamplingParams, allow_off_policy: bool = False
+    ) -> Batch:
+        batch_id = uuid.uuid4().hex[:12]
+        groups = [
+            [
+                Sample(
+                    seq=next(self._seq),
+                    sample_id=f"{batch_id}-{g}-{i}",
+                    prompt_ids=list(prompt),
+                    sampling=sampling,
+                    allow_off_policy=allow_off_policy,
+                    batch_id=batch_id,
+                    group_index=g,
+                )
+                for i in range(n)
+            ]
+            for g, prompt in enumerate(prompts)
+        ]
+        loop = asyncio.get_running_loop()
+        budget = self.balancer.budget_s if self.balancer is not None else None
+        batch = Batch(batch_id, groups, GroupPacker(groups), loop.time(), budget)
+        self.batches[batch_id] = batch
+        for sample in batch.samples:
+            self._sample_batch[sample.sample_id] = batch
+            self._queue.append(sample)
+        if budget is not None:
+            loop.call_later(budget, self._expire_budget, batch)
+        self._wake.set()
+        return batch
+
+    def forget_batch(self, batch_id: str) -> None:
+        """Drop a batch the trainer no longer wants; its unfinished samples stop."""
+        batch = self.batches.pop(batch_id)
+        for sample in batch.samples:
+            self._sample_batch.pop(sample.sample_id, None)
+            if sample.state < SampleState.FINISHED:
+                self._move(sample.sample_id, "cancelled")
+                sample.state = SampleState.FAILED
+                sample.error = "batch cancelled"
+        self._queue = deque(s for s in self._queue if s.batch_id != batch_id)
+
+    def report_step(self, step_time_s: float, bubble_s: float) -> float | None:
+        """The trainer's measurement of one step; returns the next local budget (None if offload is off)."""
+        if self.balancer is None:
+            return None
+        return self.balancer.update(StepReport(step_time_s, bubble_s))
+
+    async def wait_for_update(self, sample: Sample) -> None:
+        """Return once the sample has new tokens or a final state."""
+        event = self._watchers[sample.sample_id]
+        await event.wait()
+        event.clear()
+
+    def release(self, sample: Sample) -> None:
+        """A single request's caller is done with it (finished or disconnected)."""
+        if sample.state < SampleState.FINISHED:
+            self._move(sample.sample_id, "cancelled")
+            sample.state = SampleState.FAILED
+            sample.error = "client went away"
+            self._queue = deque(s for s in self._queue if s is not sample)
+        self._watchers.pop(sample.sample_id, None)
+
+    def _enqueue(self, sample: Sample, front: bool = False) -> None:
+        sample.state = SampleState.WAITING
+        sample.engine_id = None
+        if front:
+            self._queue.appendleft(sample)
+        else:
+            self._queue.append(sample)
+        self._wake.set()
+
+    def _notify(self, sample: Sample) -> None:
+        event = self._watchers.get(sample.sample_id)
+        if event is not None:
+            event.set()
+
+    # ----------------------------------------------------------------- dispatch
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            self._dispatch()
+            self._update_gauges()
+
+    def _dispatch(self) -> None:
+        """Route every queued sample that has an eligible engine, in queue order."""
+        if not self._queue or not any(e.routable for e in self.registry.live()):
+            return
+        now = asyncio.get_running_loop().time()
+        blocked: deque[Sample] = deque()
+        while self._queue:
+            sample = self._queue.popleft()
+            candidates = self._eligible(sample)
+            if not candidates:
+                blocked.append(sample)
+                continue
+            request = RouteRequest(
+                sample.seq, len(sample.prompt_ids) + len(sample.output_ids), sample.remaining_tokens
+            )
+            chosen = self.router.pick(request, ClusterView(now, [e.view() for e in candidates]))
+            engine = self.registry.get(chosen)
+            if engine is None or engine not in candidates:
+                raise RuntimeError(
+                    f"router {self.router.name} picked engine {chosen}, not among the candidates"
+                )
+            self._start_attempt(sample, engine)
+            if not any(e.routable for e in self.registry.live()):
+                break
+        blocked.extend(self._queue)
+        self._queue = blocked
+
+    def _eligible(self, sample: Sample) -> list[EngineRecord]:
+        engines = [e for e in self.registry.live() if e.routable]
+        version = sample.weight_version
+        if version is not None and not sample.allow_off_policy:
+            engines = [e for e in engines if e.weight_version == version]
+        batch = self._sample_batch.get(sample.sample_id)
+        if batch is not None and batch.offloaded and any(e.kind != "local" for e in self.registry.live()):
+            engines = [e for e in engines if e.kind != "local"]
+        return engines
+
+    def _start_attempt(self, sample: Sample, engine: EngineRecord) -> None:
+        sample.begin_attempt(engine.engine_id)
+        engine.running[sample.sample_id] = sample.remaining_tokens
+        task = asyncio.get_running_loop().create_task(self._run_attempt(sample, engine))
+        self._attempts[sample.sample_id] = task
+
+    def _move(self, sample_id: str, reason: str) -> None:
+        """End a running attempt early; `_run_attempt` puts the sample back in the queue."""
+        task = self._attempts.get(sample_id)
+        if task is asyncio.current_task():
+            return  # the attempt that noticed the failure resumes its own sample
+        if task is not None and not task.done() and sample_id not in self._move_reasons:
+            self._move_reasons[sample_id] = reason
+            task.cancel()
+
+    def _expire_budget(self, batch: Batch) -> None:
+        if self.batches.get(batch.batch_id) is not batch or batch.done:
+            return
+        batch.offloaded = True
+        log.info("batch %s: local budget of %.2fs expired", batch.batch_id, batch.budget_s)
+        self._move_local_samples(batch)
+        self._wake.set()
+
+    def _move_local_samples(self, batch: Batch) -> None:
+        if not any(e.kind != "local" for e in self.registry.live()):
+            return  # nowhere to offload to; local engines keep going
+        for sample in batch.samples:
+            engine = self.registry.get(sample.engine_id) if sample.state == SampleState.RUNNING else None
+            if engine is not None and engine.kind == "local":
+                self._move(sample.sample_id, "offloaded")
+
+    # ------------------------------------------------------------------ streaming
+
+    async def _run_attempt(self, sample: Sample, engine: EngineRecord) -> None:
+        rid = f"{sample.sample_id}.{sample.attempts}"
+        try:
+            outcome = await self._stream(sample, engine, rid)
+        except asyncio.CancelledError:
+            outcome = self._move_reasons.pop(sample.sample_id, None)
+            if outcome is None:
+                raise  # the manager is shutting down
+            asyncio.current_task().uncancel()
+            self._spawn(self._abort_quietly(engine, rid))
+        finally:
+            engine.running.pop(sample.sample_id, None)
+            self._attempts.pop(sample.sample_id, None)
+            self._wake.set()
+        if outcome == "cancelled":
+            return
+        if outcome is None:
+            self._finish(sample)
+        else:
+            self._resume(sample, outcome)
+
+    async def _stream(self, sample: Sample, engine: EngineRecord, rid: str) -> str | None:
+        """Stream one attempt; return None when the sample finished, else why it must resume."""
+        s = sample.sampling
+        params = EngineSampling(
+            max_new_tokens=sample.remaining_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            ignore_eos=s.ignore_eos,
+            stop_token_ids=list(s.stop_token_ids),
+            seed=s.seed,
+        )
+        stream = engine.client.generate(rid, sample.prompt_ids + sample.output_ids, params)
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(self.config.stall_timeout_s):
+                        chunk = await anext(stream)
+                except StopAsyncIteration:
+                    self._retire(engine, "failed", reason="stream_ended")
+                    return "engine_failed"
+                except TimeoutError:
+                    self._retire(engine, "failed", reason="hung")
+                    return "engine_hung"
+                except ENGINE_ERRORS as exc:
+                    log.warning("engine %d failed on %s: %s", engine.engine_id, rid, exc)
+                    self._retire(engine, "failed", reason="stream_error")
+                    return "engine_failed"
+                if chunk.weight_version is not None:
+                    engine.weight_version = chunk.weight_version
+                tokens = chunk.token_ids[: sample.remaining_tokens]
+                if tokens:
+                    resumed_at = self._resumed_at.pop(sample.sample_id, None)
+                    if resumed_at is not None:
+                        self.metrics.resume_delay.observe(asyncio.get_running_loop().time() - resumed_at)
+                    sample.record(
+                        engine.engine_id,
+                        engine.url,
+                        engine.weight_version,
+                        tokens,
+                        chunk.logprobs[: len(tokens)],
+                    )
+                    engine.running[sample.sample_id] = sample.remaining_tokens
+                    engine.tokens_generated += len(tokens)
+                    engine.window_tokens += len(tokens)
+                    self.metrics.generated_tokens.labels(str(engine.engine_id)).inc(len(tokens))
+                    self._notify(sample)
+                if chunk.finish_reason == "abort":
+                    return "engine_aborted"
+                if chunk.finish_reason is not None or sample.remaining_tokens <= 0:
+                    sample.finish_reason = chunk.finish_reason or "length"
+                    return None
+        finally:
+            await stream.aclose()
+
+    async def _abort_quietly(self, engine: EngineRecord, rid: str) -> None:
+        if engine.state in ("healthy", "updating"):
+            try:
+                await asyncio.wait_for(engine.client.abort(rid), self.config.connect_timeout_s)
+            except (*ENGINE_ERRORS, TimeoutError) as exc:
+                log.debug("abort of %s on engine %d failed: %s", rid, engine.engine_id, exc)
+
+    def _resume(self, sample: Sample, reason: str) -> None:
+        sample.resumes += 1
+        self.metrics.resumed_samples.labels(reason).inc()
+        if self.config.resume == "restart" and sample.output_ids:
+            self.metrics.regenerated_tokens.inc(len(sample.output_ids))
+            sample.discard_output()
+        if sample.attempts >= self.config.max_attempts:
+            sample.state = SampleState.FAILED
+            sample.error = f"gave up after {sample.attempts} attempts (last: {reason})"
+            log.error("sample %s: %s", sample.sample_id, sample.error)
+            self._complete(sample)
+            return
+        log.info(
+            "sample %s resumes (%s) with %d tokens kept", sample.sample_id, reason, len(sample.output_ids)
+        )
+        self._resumed_at[sample.sample_id] = asyncio.get_running_loop().time()
+        self._enqueue(sample, front=True)
+
+    def _finish(self, sample: Sample) -> None:
+        sample.state = SampleState.FINISHED
+        self._complete(sample)
+
+    def _complete(self, sample: Sample) -> None:
+        sample.engine_id = None
+        self.metrics.finished_samples.labels(sample.state.name.lower()).inc()
+        batch = self._sample_batch.get(sample.sample_id)
+        if batch is not None:
+            batch.completed.append(sample)
+            batch.packer.sample_done(sample)
+            batch.changed.set()
+        self._notify(sample)

@@ -1,0 +1,88 @@
+"""Engines die mid-stream, again and again: every sample completes with exactly the tokens an
+uninterrupted greedy run produces, and no generated token is thrown away."""
+
+from __future__ import annotations
+
+import threading
+
+from rollflow.runtime.manager.client import ManagerClient
+from tests.runtime.manager.helpers import (
+    assert_spans_tile_the_output,
+    greedy_reference,
+    metric,
+    wait_until,
+    workers,
+)
+
+PROMPTS = [[5 + i, 40 + 3 * i, 7, 90 + i] for i in range(6)]
+MAX_NEW_TOKENS = 160
+
+
+def _kill_when_busy(engine, manager, min_tokens: int = 8) -> None:
+    """kill -9 the engine once it is streaming samples and has sent some tokens."""
+    wait_until(
+        lambda: (
+            (w := workers(manager).get(engine.url))
+            and w["running"] > 0
+            and w["tokens_generated"] >= min_tokens
+        ),
+        what=f"{engine.url} to stream tokens",
+    )
+    engine.kill()
+
+
+def test_kill_9_engines_mid_stream_loses_and_regenerates_nothing(processes):
+    engines = [processes.engine() for _ in range(3)]
+    manager = processes.manager(
+        router="least_outstanding",
+        engines=[{"url": e.url, "capacity": 4} for e in engines],
+        health_interval_s=0.5,
+    )
+    client = ManagerClient(manager.url)
+    batch = client.submit(PROMPTS, n=2, max_new_tokens=MAX_NEW_TOKENS, temperature=0, ignore_eos=True)
+
+    collected: list[list[dict]] = []
+    reader = threading.Thread(target=lambda: collected.extend(g for mb in batch.micro_batches() for g in mb))
+    reader.start()
+    _kill_when_busy(engines[0], manager)
+    joiner = processes.engine()
+    client.add_worker(joiner.url, kind="spot", capacity=4)
+    _kill_when_busy(joiner, manager)
+    _kill_when_busy(engines[1], manager)
+    reader.join(timeout=300)
+    assert not reader.is_alive()
+
+    survivor = engines[2]
+    samples = [sample for group in collected for sample in group]
+    assert len(samples) == len(PROMPTS) * 2
+    for sample in samples:
+        assert sample["state"] == "finished", sample
+        assert sample["output_ids"] == greedy_reference(survivor, sample["prompt_ids"], MAX_NEW_TOKENS)
+        assert_spans_tile_the_output(sample)
+        assert sample["regenerated_tokens"] == 0
+    resumed = [s for s in samples if s["resumes"] > 0]
+    assert resumed, "no sample was running on a killed engine"
+    assert all(len({span["engine_url"] for span in s["spans"]}) >= 2 for s in resumed)
+    assert {span["engine_url"] for s in samples for span in s["spans"]} >= {engines[0].url, joiner.url}
+    assert metric(manager, "rollflow_regenerated_tokens_total") == 0
+    assert metric(manager, "rollflow_resumed_samples_total") == sum(s["resumes"] for s in samples)
+    states = {w["url"]: w["state"] for w in workers(manager).values()}
+    assert states[engines[0].url] == states[joiner.url] == states[engines[1].url] == "failed"
+
+
+def test_restart_mode_counts_the_tokens_it_throws_away(processes):
+    engines = [processes.engine() for _ in range(2)]
+    manager = processes.manager(resume="restart", engines=[{"url": e.url, "capacity": 8} for e in engines])
+    client = ManagerClient(manager.url)
+    batch = client.submit(PROMPTS[:4], n=1, max_new_tokens=MAX_NEW_TOKENS, temperature=0, ignore_eos=True)
+    collected: list[list[dict]] = []
+    reader = threading.Thread(target=lambda: collected.extend(g for mb in batch.micro_batches() for g in mb))
+    reader.start()
+    _kill_when_busy(engines[0], manager, min_tokens=20)
+    reader.join(timeout=300)
+    samples = [sample for group in collected for sample in group]
+    regenerated = sum(s["regenerated_tokens"] for s in samples)
+    assert regenerated >= 1
+    assert metric(manager, "rollflow_regenerated_tokens_total") == regenerated
+    for sample in samples:
+        assert sample["output_ids"] == greedy_reference(engines[1], sample["prompt_ids"], MAX_NEW_TOKENS)

@@ -1,0 +1,124 @@
+"""Real rollflow processes on 127.0.0.1 for the runtime tests: engines and managers.
+
+Each process runs the `rollflow` CLI exactly as a user would, on a free port, and is killed
+at the end of the test that started it (kill -9 included, which is the point of some tests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def http(method: str, url: str, body=None, token: str | None = None, timeout: float = 60.0):
+    """(status, parsed JSON or text) without raising on 4xx/5xx."""
+    data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            status, raw = response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
+def rollflow(*args: str) -> list[str]:
+    """The command line of `rollflow ARGS` in this interpreter."""
+    return [sys.executable, "-m", "rollflow.cli", *args]
+
+
+class Process:
+    """A server process on 127.0.0.1; `url` is where it listens, ready once `ready_path` answers 200."""
+
+    def __init__(self, argv: list[str], port: int, log_path: Path, ready_path: str = "/health") -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=REPO,
+            env=ENV,
+            stdout=self._log,
+            stderr=self._log,
+        )
+        self._wait_ready(ready_path)
+
+    def _wait_ready(self, path: str, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"process exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(self.url + path, timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.url} not ready after {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def kill(self) -> None:
+        """kill -9: no goodbye, open streams break mid-token."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def pause(self) -> None:
+        """SIGSTOP: the process keeps its sockets open and answers nothing, as a hung engine does."""
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._log.close()
+
+
+def start_engine(model_dir: Path, tmp_path: Path, weight_version: int = 0, name: str = "engine") -> Process:
+    port = free_port()
+    args = ["engine", "serve", "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
+    args += ["--weight-version", str(weight_version)]
+    return Process(rollflow(*args), port, tmp_path / f"{name}-{port}.log")
+
+
+def start_manager(tmp_path: Path, config: dict, token: str | None = None) -> Process:
+    port = free_port()
+    config_path = tmp_path / f"manager-{port}.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    args = ["manager", "serve", "--config", str(config_path), "--port", str(port), "--log-format", "json"]
+    if token:
+        args += ["--token", token]
+    return Process(rollflow(*args), port, tmp_path / f"manager-{port}.log")
