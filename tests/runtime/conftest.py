@@ -24,25 +24,40 @@ def tiny_model(tmp_path_factory):
     return folder
 
 
+class ProcessFactory:
+    """Starts engines and managers with logs in one folder; `stop_all` ends every one of them."""
+
+    def __init__(self, folder, model) -> None:
+        self.folder = folder
+        self.model = model
+        self.started: list[Process] = []
+
+    def engine(self, weight_version: int = 0) -> Process:
+        process = start_engine(self.model, self.folder, weight_version)
+        self.started.append(process)
+        return process
+
+    def manager(self, token: str | None = None, **config) -> Process:
+        process = start_manager(self.folder, config, token)
+        self.started.append(process)
+        return process
+
+    def stop_all(self) -> None:
+        for process in self.started:
+            process.stop()
+
+
 @pytest.fixture
 def processes(tmp_path, tiny_model):
-    """Start engines and managers; everything started is stopped after the test."""
-
-    class Factory:
-        def __init__(self) -> None:
-            self.started: list[Process] = []
-
-        def engine(self, weight_version: int = 0) -> Process:
-            process = start_engine(tiny_model, tmp_path, weight_version)
-            self.started.append(process)
-            return process
-
-        def manager(self, token: str | None = None, **config) -> Process:
-            process = start_manager(tmp_path, config, token)
-            self.started.append(process)
-            return process
-
-    factory = Factory()
+    """Processes that live for one test (the ones a test kills or pauses)."""
+    factory = ProcessFactory(tmp_path, tiny_model)
     yield factory
-    for process in factory.started:
-        process.stop()
+    factory.stop_all()
+
+
+@pytest.fixture(scope="module")
+def module_processes(tmp_path_factory, tiny_model):
+    """Processes shared by the tests of one module (none of which harms them)."""
+    factory = ProcessFactory(tmp_path_factory.mktemp("processes"), tiny_model)
+    yield factory
+    factory.stop_all()

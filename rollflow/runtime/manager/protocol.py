@@ -17,6 +17,7 @@ class SamplingBody(StrictModel):
     max_new_tokens: int = Field(128, ge=1)
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1)
     ignore_eos: bool = False
     stop_token_ids: list[int] = Field(default_factory=list)
     sampling_seed: int | None = None

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rollflow.policy.view import InstanceKind, InstanceView
-from rollflow.runtime.engines import EngineClient
+from rollflow.runtime.engines.base import EngineClient
 
 EngineState = Literal["healthy", "updating", "failed", "removed"]
 

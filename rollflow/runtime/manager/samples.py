@@ -10,6 +10,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from rollflow.runtime.engines.base import SamplingParams
+
 
 class SampleState(enum.IntEnum):
     """Ordered so that `state >= FINISHED` means the sample will not change again."""
@@ -18,16 +20,6 @@ class SampleState(enum.IntEnum):
     RUNNING = 1  # streaming from an engine
     FINISHED = 2
     FAILED = 3  # gave up (attempts exhausted); carries `error`
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    ignore_eos: bool = False
-    stop_token_ids: tuple[int, ...] = ()
-    seed: int | None = None
 
 
 @dataclass

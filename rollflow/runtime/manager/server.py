@@ -40,7 +40,8 @@ from rollflow.runtime.manager.protocol import (
     UpdateWeightsBody,
     WorkerBody,
 )
-from rollflow.runtime.manager.samples import Sample, SampleState, SamplingParams
+from rollflow.runtime.engines.base import SamplingParams
+from rollflow.runtime.manager.samples import Sample, SampleState
 from rollflow.runtime.manager.service import EngineUnavailable, RolloutManager
 
 log = logging.getLogger("rollflow.manager")
@@ -84,6 +85,7 @@ def _sampling(body: SamplingBody, config: ManagerConfig) -> SamplingParams:
         max_new_tokens=body.max_new_tokens,
         temperature=body.temperature,
         top_p=body.top_p,
+        top_k=body.top_k,
         ignore_eos=body.ignore_eos,
         stop_token_ids=tuple(body.stop_token_ids),
         seed=body.sampling_seed,

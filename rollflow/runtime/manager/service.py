@@ -18,6 +18,7 @@ registry, so the routers are the simulator's.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import uuid
@@ -30,13 +31,13 @@ from rollflow.errors import UserError
 from rollflow.policy.offload import OffloadBalancer, OffloadSettings, StepReport
 from rollflow.policy.routing import Router, make_router
 from rollflow.policy.view import ClusterView, InstanceKind, RouteRequest
-from rollflow.runtime.engines import EngineError, make_client
-from rollflow.runtime.engines import SamplingParams as EngineSampling
+from rollflow.runtime.engines import make_client
+from rollflow.runtime.engines.base import EngineError, EngineRejectedError, SamplingParams
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.metrics import ManagerMetrics
 from rollflow.runtime.manager.packing import GroupPacker
 from rollflow.runtime.manager.registry import EngineRecord, Registry
-from rollflow.runtime.manager.samples import Sample, SampleState, SamplingParams
+from rollflow.runtime.manager.samples import Sample, SampleState
 
 log = logging.getLogger("rollflow.manager")
 
@@ -441,6 +442,10 @@ class RolloutManager:
             self._wake.set()
         if outcome == "cancelled":
             return
+        if outcome == "rejected":  # the request itself is bad: another engine would refuse it too
+            sample.state = SampleState.FAILED
+            self._complete(sample)
+            return
         if outcome is None:
             self._finish(sample)
         else:
@@ -448,15 +453,7 @@ class RolloutManager:
 
     async def _stream(self, sample: Sample, engine: EngineRecord, rid: str) -> str | None:
         """Stream one attempt; return None when the sample finished, else why it must resume."""
-        s = sample.sampling
-        params = EngineSampling(
-            max_new_tokens=sample.remaining_tokens,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            ignore_eos=s.ignore_eos,
-            stop_token_ids=list(s.stop_token_ids),
-            seed=s.seed,
-        )
+        params = dataclasses.replace(sample.sampling, max_new_tokens=sample.remaining_tokens)
         stream = engine.client.generate(rid, sample.prompt_ids + sample.output_ids, params)
         try:
             while True:
@@ -469,6 +466,9 @@ class RolloutManager:
                 except TimeoutError:
                     self._retire(engine, "failed", reason="hung")
                     return "engine_hung"
+                except EngineRejectedError as exc:
+                    sample.error = f"engine {engine.engine_id} refused the request: {exc}"
+                    return "rejected"
                 except ENGINE_ERRORS as exc:
                     log.warning("engine %d failed on %s: %s", engine.engine_id, rid, exc)
                     self._retire(engine, "failed", reason="stream_error")

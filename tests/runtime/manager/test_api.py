@@ -13,10 +13,10 @@ from tests.runtime.manager.helpers import greedy_reference, metric
 from tests.runtime.processes import http
 
 
-@pytest.fixture
-def fleet(processes):
-    engines = [processes.engine() for _ in range(2)]
-    manager = processes.manager(max_new_tokens_limit=4096, engines=[{"url": e.url} for e in engines])
+@pytest.fixture(scope="module")
+def fleet(module_processes):
+    engines = [module_processes.engine() for _ in range(2)]
+    manager = module_processes.manager(max_new_tokens_limit=4096, engines=[{"url": e.url} for e in engines])
     return manager, engines
 
 

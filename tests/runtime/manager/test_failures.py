@@ -117,13 +117,14 @@ def test_an_engine_that_answers_garbage_leaves_the_pool_and_nothing_is_lost(proc
 
 def test_an_engine_that_joins_mid_batch_is_used_at_once(processes):
     first = processes.engine()
+    joiner = processes.engine()  # running, but registered only once the batch is under way
     manager = processes.manager(engines=[{"url": first.url, "capacity": 2}])
     client = ManagerClient(manager.url)
     batch = client.submit(
         [[i + 1, 9] for i in range(8)], n=1, max_new_tokens=60, temperature=0, ignore_eos=True
     )
     wait_until(lambda: workers(manager)[first.url]["tokens_generated"] > 0, what="the first engine to start")
-    joiner = processes.engine()
+    assert batch.status()["states"]["waiting"] > 0
     client.add_worker(joiner.url, kind="remote", capacity=2)
     samples = _drain(batch)
     assert all(s["state"] == "finished" for s in samples)

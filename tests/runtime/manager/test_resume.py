@@ -14,8 +14,8 @@ from tests.runtime.manager.helpers import (
     workers,
 )
 
-PROMPTS = [[5 + i, 40 + 3 * i, 7, 90 + i] for i in range(6)]
-MAX_NEW_TOKENS = 160
+PROMPTS = [[5 + i, 40 + 3 * i, 7, 90 + i] for i in range(8)]
+MAX_NEW_TOKENS = 200
 
 
 def _kill_when_busy(engine, manager, min_tokens: int = 8) -> None:
@@ -33,9 +33,10 @@ def _kill_when_busy(engine, manager, min_tokens: int = 8) -> None:
 
 def test_kill_9_engines_mid_stream_loses_and_regenerates_nothing(processes):
     engines = [processes.engine() for _ in range(3)]
+    joiner = processes.engine()  # started now, registered mid-batch
     manager = processes.manager(
         router="least_outstanding",
-        engines=[{"url": e.url, "capacity": 4} for e in engines],
+        engines=[{"url": e.url, "capacity": 2} for e in engines],
         health_interval_s=0.5,
     )
     client = ManagerClient(manager.url)
@@ -45,8 +46,7 @@ def test_kill_9_engines_mid_stream_loses_and_regenerates_nothing(processes):
     reader = threading.Thread(target=lambda: collected.extend(g for mb in batch.micro_batches() for g in mb))
     reader.start()
     _kill_when_busy(engines[0], manager)
-    joiner = processes.engine()
-    client.add_worker(joiner.url, kind="spot", capacity=4)
+    client.add_worker(joiner.url, kind="spot", capacity=2)
     _kill_when_busy(joiner, manager)
     _kill_when_busy(engines[1], manager)
     reader.join(timeout=300)

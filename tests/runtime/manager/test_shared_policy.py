@@ -6,7 +6,7 @@ import asyncio
 
 from rollflow.policy.routing import make_router
 from rollflow.runtime.manager.config import ManagerConfig
-from rollflow.runtime.manager.samples import SamplingParams
+from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.service import RolloutManager
 from rollflow.sim.engine import ServingSimulator
 from rollflow.sim.workload import build_requests

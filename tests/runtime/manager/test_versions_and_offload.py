@@ -34,13 +34,13 @@ def test_an_on_policy_sample_waits_for_an_engine_on_its_version(processes):
 
 def test_an_off_policy_sample_continues_on_newer_weights_and_says_so(processes):
     old = processes.engine(weight_version=0)
+    new = processes.engine(weight_version=1)
     manager = processes.manager(engines=[{"url": old.url}])
     client = ManagerClient(manager.url)
     batch = client.submit(
         [[5, 5, 5]], n=1, max_new_tokens=150, temperature=0, ignore_eos=True, allow_off_policy=True
     )
     wait_until(lambda: workers(manager)[old.url]["tokens_generated"] > 3, what="tokens on version 0")
-    new = processes.engine(weight_version=1)
     client.add_worker(new.url)
     old.kill()
     (sample,) = _drain(batch)
