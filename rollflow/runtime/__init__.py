@@ -1,0 +1,1 @@
+"""The live system: rollout manager, engines, weight transfer and trainer."""
