@@ -1,12 +1,12 @@
 """Versioned weights that engines pull: store, codecs, HTTP server and resumable puller.
 
-    store = WeightStore("ckpt/weights")                  # trainer side
-    store.publish(7, model.state_dict())
-    server = WeightServer(store); await server.start()   # 127.0.0.1, a free port
+store = WeightStore("ckpt/weights")                  # trainer side
+store.publish(7, model.state_dict())
+server = WeightServer(store); await server.start()   # 127.0.0.1, a free port
 
-    async with WeightPuller(server.url, "cache/") as puller:   # engine side
-        result = await puller.pull(codec="delta+zstd", base=current)
-        model.load_state_dict(result.weights.state_dict); current = result.weights
+async with WeightPuller(server.url, "cache/") as puller:   # engine side
+    result = await puller.pull(codec="delta+zstd", base=current)
+    model.load_state_dict(result.weights.state_dict); current = result.weights
 """
 
 from rollflow.runtime.weights.codecs import CodecSpec

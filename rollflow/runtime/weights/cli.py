@@ -42,7 +42,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--dir", required=True, help="weight store folder")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8650, help="port (0 picks a free one; default: 8650)")
-    serve.add_argument("--keep-versions", type=int, default=4, help="newest versions kept for deltas (default: 4)")
+    serve.add_argument(
+        "--keep-versions", type=int, default=4, help="newest versions kept for deltas (default: 4)"
+    )
     serve.add_argument("--chunk-mb", type=float, default=4.0, help="payload chunk size in MiB (default: 4)")
     serve.set_defaults(handler=_serve)
 
@@ -54,8 +56,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         epilog="example: rollflow weights publish --url http://127.0.0.1:8650 --version 3 --from ckpt/",
     )
     publish.add_argument("--url", required=True, help="weight server URL")
-    publish.add_argument("--version", type=int, required=True, help="version number (greater than the latest)")
-    publish.add_argument("--from", dest="source", required=True, help=".safetensors file or checkpoint folder")
+    publish.add_argument(
+        "--version", type=int, required=True, help="version number (greater than the latest)"
+    )
+    publish.add_argument(
+        "--from", dest="source", required=True, help=".safetensors file or checkpoint folder"
+    )
     publish.set_defaults(handler=_publish)
 
     versions = sub.add_parser(
@@ -93,12 +99,17 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
     from rollflow.runtime.weights.server import WeightServer
     from rollflow.runtime.weights.store import WeightStore
 
-    store = WeightStore(args.dir, keep_versions=args.keep_versions, chunk_bytes=int(args.chunk_mb * (1 << 20)))
+    store = WeightStore(
+        args.dir, keep_versions=args.keep_versions, chunk_bytes=int(args.chunk_mb * (1 << 20))
+    )
     server = WeightServer(store, host=args.host, port=args.port, token=os.environ.get(TOKEN_ENV) or None)
 
     async def run() -> None:
         url = await server.start()
-        print(f"serving weight store {args.dir} on {url} (latest version: {store.versions().latest})", flush=True)
+        print(
+            f"serving weight store {args.dir} on {url} (latest version: {store.versions().latest})",
+            flush=True,
+        )
         try:
             await asyncio.Event().wait()
         finally:
@@ -121,7 +132,9 @@ def _publish(args: argparse.Namespace, started_at: float) -> None:
                 return await puller.publish(args.version, state, files=files)
 
     manifest = asyncio.run(run())
-    print(f"published version {manifest.version}: {len(manifest.tensors)} tensors, {manifest.model_nbytes:,} bytes")
+    print(
+        f"published version {manifest.version}: {len(manifest.tensors)} tensors, {manifest.model_nbytes:,} bytes"
+    )
 
 
 def _versions(args: argparse.Namespace, started_at: float) -> None:
@@ -201,7 +214,9 @@ def _read_checkpoint(source: str):
         state.update(safetensors.torch.load_file(str(file)))
     files = {}
     if folder is not None:
-        files = {name: (folder / name).read_text() for name in CHECKPOINT_TEXT_FILES if (folder / name).is_file()}
+        files = {
+            name: (folder / name).read_text() for name in CHECKPOINT_TEXT_FILES if (folder / name).is_file()
+        }
     return state, files
 
 

@@ -67,11 +67,19 @@ def encode_payload(
         base_tensor = base.get(name) if base is not None else None
         offset = writer.position
         entry = dict(name=name, dtype=dtype_name(tensor.dtype), shape=tuple(tensor.shape), offset=offset)
-        if base_tensor is not None and base_tensor.dtype == tensor.dtype and base_tensor.shape == tensor.shape:
+        if (
+            base_tensor is not None
+            and base_tensor.dtype == tensor.dtype
+            and base_tensor.shape == tensor.shape
+        ):
             delta = xor_delta(tensor, base_tensor, block_bytes)
             writer.write(delta.data)
             encoding = "xor" if delta.changed_blocks else "same"
-            extra = dict(block_bytes=block_bytes, changed_blocks=delta.changed_blocks) if delta.changed_blocks else {}
+            extra = (
+                dict(block_bytes=block_bytes, changed_blocks=delta.changed_blocks)
+                if delta.changed_blocks
+                else {}
+            )
             entries.append(TensorEntry(**entry, encoding=encoding, nbytes=delta.data.size, **extra))
             continue
         quantized = quantize_int8(tensor) if codec.int8 and can_quantize(tensor) else None
@@ -80,7 +88,9 @@ def encode_payload(
             entries.append(TensorEntry(**entry, encoding="int8", nbytes=len(quantized)))
         else:
             writer.write(flat_bytes(tensor))
-            entries.append(TensorEntry(**entry, encoding="raw", nbytes=tensor.numel() * tensor.element_size()))
+            entries.append(
+                TensorEntry(**entry, encoding="raw", nbytes=tensor.numel() * tensor.element_size())
+            )
     chunks, digest = writer.close()
     return EncodedPayload(tuple(entries), tuple(chunks), digest)
 
@@ -136,7 +146,9 @@ def _decoded_chunks(manifest: Manifest, read_wire: Callable[[ChunkEntry], bytes]
         except zstandard.ZstdError as exc:
             raise WeightIntegrityError(f"chunk {entry.index} does not decompress: {exc}") from None
         if len(raw) != entry.raw_nbytes:
-            raise WeightIntegrityError(f"chunk {entry.index} decodes to {len(raw)} bytes, not {entry.raw_nbytes}")
+            raise WeightIntegrityError(
+                f"chunk {entry.index} decodes to {len(raw)} bytes, not {entry.raw_nbytes}"
+            )
         yield raw
 
 

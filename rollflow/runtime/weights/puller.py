@@ -50,10 +50,11 @@ class LoadedWeights:
 
 @dataclass(frozen=True)
 class PullStats:
-    # chunk bytes downloaded by this pull (chunks reused from disk excluded)
+    # chunk bytes downloaded over all attempts (chunks reused from disk excluded)
     wire_nbytes: int
+    # chunks downloaded over all attempts; equals the chunk count when none was fetched twice
     chunks_downloaded: int
-    # verified chunks found on disk from an earlier, interrupted pull
+    # verified chunks found on disk, left by an earlier attempt or an interrupted pull
     chunks_reused: int
     # 1 when nothing failed
     attempts: int
@@ -161,7 +162,9 @@ class WeightPuller:
             logger.warning("weight pull attempt %d/%d failed: %s", attempt, self.max_attempts, last_error)
             if attempt < self.max_attempts and not isinstance(last_error, _BaseMismatchError):
                 await asyncio.sleep(self.retry_delay_s * 2 ** (attempt - 1))
-        error_type = WeightIntegrityError if isinstance(last_error, WeightIntegrityError) else WeightTransferError
+        error_type = (
+            WeightIntegrityError if isinstance(last_error, WeightIntegrityError) else WeightTransferError
+        )
         raise error_type(
             f"pulling weights from {self.url} failed after {self.max_attempts} attempts: {last_error}"
         ) from None
@@ -178,7 +181,9 @@ class WeightPuller:
             async with session.put(f"{self.url}/v1/versions/{version}", data=body, headers=headers) as resp:
                 text = await resp.text()
                 if resp.status != 200:
-                    raise WeightsError(f"publishing version {version} failed ({resp.status}): {_reason(text)}")
+                    raise WeightsError(
+                        f"publishing version {version} failed ({resp.status}): {_reason(text)}"
+                    )
         except aiohttp.ClientError as exc:
             raise WeightTransferError(f"weight server {self.url} did not answer: {exc}") from None
         return Manifest.from_json(text)
@@ -236,7 +241,9 @@ class WeightPuller:
         if manifest.base_version is not None and (base is None or base.version != manifest.base_version):
             raise WeightIntegrityError(f"server sent a delta from version {manifest.base_version}, not ours")
         try:
-            state = decode_payload(manifest, lambda entry: chunk_file(folder, entry.index).read_bytes(), base_state)
+            state = decode_payload(
+                manifest, lambda entry: chunk_file(folder, entry.index).read_bytes(), base_state
+            )
         except (WeightIntegrityError, OSError) as exc:
             shutil.rmtree(folder, ignore_errors=True)  # whatever is on disk is suspect now
             raise WeightIntegrityError(str(exc)) from None

@@ -187,5 +187,3 @@ async def _errors_as_json(request: web.Request, handler):
         return web.json_response({"error": str(exc)}, status=404)
     except WeightsError as exc:
         return web.json_response({"error": str(exc)}, status=400)
-
-

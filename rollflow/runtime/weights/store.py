@@ -74,7 +74,9 @@ class WeightStore:
         found = (_VERSION_DIR.match(p.name) for p in (self.root / "versions").iterdir())
         return VersionList(tuple(sorted(int(m.group(1)) for m in found if m)))
 
-    def publish(self, version: int, state_dict: StateDict, *, files: Mapping[str, str] | None = None) -> Manifest:
+    def publish(
+        self, version: int, state_dict: StateDict, *, files: Mapping[str, str] | None = None
+    ) -> Manifest:
         """Store `state_dict` as `version` (greater than every version held) and return the
         manifest of its full payload in the default codec, built now so the first engine that
         asks does not wait. `files` are small text files (config.json, ...) pullers get too."""
@@ -119,7 +121,9 @@ class WeightStore:
             if version is None:
                 raise UnknownVersionError("the weight store holds no version yet")
         if version not in held.versions:
-            raise UnknownVersionError(f"weight version {version} is not in the store (holds {list(held.versions)})")
+            raise UnknownVersionError(
+                f"weight version {version} is not in the store (holds {list(held.versions)})"
+            )
         if not codec.delta:
             return self._build(version, codec, None, None, None)
         if base_version is None:

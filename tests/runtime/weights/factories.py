@@ -79,15 +79,30 @@ async def serving(store: WeightStore, **kwargs) -> AsyncIterator[WeightServer]:
 
 
 def rollflow(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rollflow.cli", *args], cwd=cwd, capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "rollflow.cli", *args], cwd=cwd, capture_output=True, text=True
+    )
 
 
-def start_server_process(store_dir: Path, *extra: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+def start_server_process(
+    store_dir: Path, *extra: str, env: dict | None = None
+) -> tuple[subprocess.Popen, str]:
     """`rollflow weights serve` on a free port; returns the process and its URL once it listens."""
     log = store_dir.parent / f"serve-{time.monotonic_ns()}.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "rollflow.cli", "weights", "serve", "--dir", str(store_dir), "--port", "0", *extra],
+            [
+                sys.executable,
+                "-m",
+                "rollflow.cli",
+                "weights",
+                "serve",
+                "--dir",
+                str(store_dir),
+                "--port",
+                "0",
+                *extra,
+            ],
             cwd=REPO,
             stdout=out,
             stderr=subprocess.STDOUT,

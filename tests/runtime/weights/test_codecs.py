@@ -48,7 +48,11 @@ def test_int8_error_stays_within_the_stated_bound(tmp_path, dtype):
     weight = torch.randn(48, 40, generator=gen)
     weight[7] *= 300.0  # an outlier row must not widen the other rows' error
     weight[9] = 0.0
-    state = {"w": weight.to(dtype), "conv": torch.randn(6, 3, 2, 2, generator=gen).to(dtype), "norm": torch.rand(40)}
+    state = {
+        "w": weight.to(dtype),
+        "conv": torch.randn(6, 3, 2, 2, generator=gen).to(dtype),
+        "norm": torch.rand(40),
+    }
     store = WeightStore(tmp_path)
     store.publish(1, state)
     manifest = store.manifest(1, "int8+zstd")
@@ -107,19 +111,28 @@ def test_delta_needs_the_right_base(tmp_path):
     store.publish(2, second)
     manifest = store.manifest(2, "delta+zstd", base_version=1)
     without_norm = {name: tensor for name, tensor in first.items() if name != "model.norm.weight"}
-    with pytest.raises(WeightIntegrityError, match="lack model.norm.weight"):
+    with pytest.raises(WeightIntegrityError, match=r"lack model\.norm\.weight"):
         _decode(store, manifest, without_norm)
 
 
 @pytest.mark.parametrize(
     ("text", "name"),
-    [("raw", "raw"), ("ZSTD", "zstd"), ("zstd+int8", "int8+zstd"), ("delta,zstd", "delta+zstd"), ("delta zstd", "delta+zstd")],
+    [
+        ("raw", "raw"),
+        ("ZSTD", "zstd"),
+        ("zstd+int8", "int8+zstd"),
+        ("delta,zstd", "delta+zstd"),
+        ("delta zstd", "delta+zstd"),
+    ],
 )
 def test_codec_names_parse_to_one_canonical_spelling(text, name):
     assert CodecSpec.parse(text).name == name
 
 
-@pytest.mark.parametrize(("text", "message"), [("gzip", "unknown codec"), ("raw+zstd", "unknown codec"), ("int8+delta", "cannot combine")])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("gzip", "unknown codec"), ("raw+zstd", "unknown codec"), ("int8+delta", "cannot combine")],
+)
 def test_bad_codecs_are_clear_errors(text, message):
     with pytest.raises(CodecError, match=message):
         CodecSpec.parse(text)
