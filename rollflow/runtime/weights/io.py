@@ -29,7 +29,7 @@ class ChunkEntry:
     raw_nbytes: int
     # bytes on the wire (after zstd, when the codec has it)
     wire_nbytes: int
-    # blake2b-128 of the wire bytes, hex
+    # xxh3-128 of the wire bytes, hex
     checksum: str
 
 
@@ -67,13 +67,13 @@ class Manifest:
     base_version: int | None
     # why a delta request was answered with a full payload (None when it was not)
     fallback_reason: str | None
-    # blake2b-128 over the exact published tensors (names, dtypes, shapes, bytes)
+    # xxh3-128 over the exact published tensors (names, dtypes, shapes, bytes)
     state_digest: str
     # True when decoding gives back the published tensors bit for bit (no int8)
     lossless: bool
     # total bytes of the published tensors, what a raw transfer would send
     model_nbytes: int
-    # blake2b-128 over the whole decoded payload stream
+    # xxh3-128 over the whole decoded payload stream
     payload_digest: str
     tensors: tuple[TensorEntry, ...]
     chunks: tuple[ChunkEntry, ...]

@@ -168,20 +168,23 @@ class _ChunkWriter:
         view = memoryview(data).cast("B")
         self.position += view.nbytes
         while view.nbytes:
+            if not self.buffer and view.nbytes >= self.chunk_bytes:  # a whole chunk: no copy
+                self._flush(view[: self.chunk_bytes])
+                view = view[self.chunk_bytes :]
+                continue
             take = min(self.chunk_bytes - len(self.buffer), view.nbytes)
             self.buffer += view[:take]
             view = view[take:]
             if len(self.buffer) == self.chunk_bytes:
-                self._flush()
+                self._flush(self.buffer)
+                self.buffer = bytearray()
 
     def close(self) -> tuple[list[ChunkEntry], str]:
         if self.buffer or not self.chunks:
-            self._flush()
+            self._flush(self.buffer)
         return self.chunks, self.digest.hexdigest()
 
-    def _flush(self) -> None:
-        raw = bytes(self.buffer)
-        self.buffer = bytearray()
+    def _flush(self, raw: bytearray | memoryview) -> None:
         self.digest.update(raw)
         wire = self.compressor.compress(raw) if self.compressor else raw
         index = len(self.chunks)
@@ -199,20 +202,21 @@ class _StreamReader:
         self.position = 0
         self.digest = new_digest()
 
-    def read(self, nbytes: int) -> memoryview:
+    def read(self, nbytes: int) -> memoryview | np.ndarray:
         self.position += nbytes
         if nbytes <= self.current.nbytes:
             record, self.current = self.current[:nbytes], self.current[nbytes:]
             return record
-        parts = [self.current]
-        missing = nbytes - self.current.nbytes
-        while missing > 0:
+        record = np.empty(nbytes, dtype=np.uint8)  # writable: the tensor takes it over, no copy
+        filled = self.current.nbytes
+        record[:filled] = self.current
+        while filled < nbytes:
             chunk = self._next_chunk()
-            take = min(missing, chunk.nbytes)
-            parts.append(chunk[:take])
+            take = min(nbytes - filled, chunk.nbytes)
+            record[filled : filled + take] = chunk[:take]
             self.current = chunk[take:]
-            missing -= take
-        return memoryview(b"".join(parts))
+            filled += take
+        return record
 
     def finish(self, expected_digest: str) -> None:
         if self.current.nbytes or next(self.chunks, None) not in (None, b""):

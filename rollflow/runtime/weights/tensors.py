@@ -6,11 +6,11 @@ need no per-dtype code and a lossless round trip is bit-exact by construction.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 
 import numpy as np
 import torch
+import xxhash
 
 from rollflow.runtime.weights.errors import WeightIntegrityError, WeightsError
 
@@ -74,15 +74,20 @@ def flat_bytes(tensor: torch.Tensor) -> np.ndarray:
 
 
 def tensor_from_bytes(data: np.ndarray | bytes | memoryview, dtype: torch.dtype, shape: tuple[int, ...]):
-    """A tensor that owns a copy of `data`, reinterpreted as `dtype` and `shape`."""
-    array = np.array(np.frombuffer(data, dtype=np.uint8), copy=True)
+    """`data` reinterpreted as `dtype` and `shape`; copied unless it is a writable numpy array,
+    which the tensor then takes over."""
+    array = np.frombuffer(data, dtype=np.uint8)
+    if not (isinstance(data, np.ndarray) and data.flags.writeable):
+        array = array.copy()
     if array.size == 0:  # an empty array's stride cannot be reinterpreted
         return torch.empty(shape, dtype=dtype)
     return torch.from_numpy(array).view(dtype).reshape(shape)
 
 
-def new_digest():
-    return hashlib.blake2b(digest_size=16)
+def new_digest() -> xxhash.xxh3_128:
+    """xxh3-128: checksums guard against torn or corrupted bytes at 10 GB/s, where blake2b's
+    0.5 GB/s would cost more than zstd; who may publish is settled by the server's token."""
+    return xxhash.xxh3_128()
 
 
 def state_digest(state: StateDict) -> str:
@@ -96,4 +101,4 @@ def state_digest(state: StateDict) -> str:
 
 
 def checksum(data: bytes | memoryview) -> str:
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
+    return xxhash.xxh3_128_hexdigest(data)
