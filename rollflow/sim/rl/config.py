@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from rollflow.perf.specs import GPUS, MODELS, NODES
+from rollflow.policy.resources import valid_actor_sizes
 from rollflow.policy.routing import ROUTERS
 from rollflow.sim.config import (
     ExecutionConfig,
@@ -240,6 +241,16 @@ class RLSimConfig(Section):
                 )
             if scheduling.kind == "dynamic" and not placement.pipelining:
                 raise ValueError("scheduling.kind=dynamic needs placement.pipelining=true")
+        actor_gpus = self.gpu_ranges()["actor"][1]
+        minibatch = samples // self.training.num_minibatches
+        valid = valid_actor_sizes(self.num_gpus, self.training.model_parallel, minibatch)
+        if actor_gpus not in valid:
+            key = "num_gpus" if placement.kind == "collocated" else "placement.actor"
+            raise ValueError(
+                f"{key}: the actor's {actor_gpus} GPUs is not a valid size: its data-parallel size "
+                f"(GPUs / training.model_parallel={self.training.model_parallel}) must divide the "
+                f"{minibatch}-sample mini-batch; valid sizes: {valid}"
+            )
         names = [v.name for v in self.compare]
         if len(set(names)) != len(names):
             raise ValueError(f"compare: variant names must be unique, got {names}")

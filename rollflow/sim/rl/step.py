@@ -133,12 +133,6 @@ class StepSimulator:
         self.valid_actor_sizes = valid_actor_sizes(
             config.num_gpus, config.training.model_parallel, self.minibatch_samples
         )
-        if self.actor.num_gpus not in self.valid_actor_sizes:
-            raise UserError(
-                f"config error: placement.actor: {self.actor.num_gpus} GPUs is not a valid actor size "
-                f"(data-parallel size must divide the {self.minibatch_samples}-sample mini-batch, "
-                f"times training.model_parallel={config.training.model_parallel}); valid: {self.valid_actor_sizes}"
-            )
         inference = ranges.get("inference")
         self.inference = Lane("inference", *inference) if inference else None
         self.actor_target = self.actor.num_gpus
