@@ -20,7 +20,7 @@ from typing import Literal
 
 from rollflow.policy.offload import remote_only
 from rollflow.policy.routing import Router
-from rollflow.policy.view import ClusterView, InstanceKind, RouteRequest
+from rollflow.policy.view import ClusterView, InstanceKind, InstanceView, RouteRequest, SnapshotInstances
 from rollflow.sim.config import SimConfig
 from rollflow.sim.engine import ServingSimulator, build_scheduler, check_servable, resolve_model
 from rollflow.sim.events import Phase
@@ -65,10 +65,17 @@ class _RoutableInstances:
         self.pool = pool
 
     def pick(self, request: RouteRequest, view: ClusterView) -> int:
-        infos = self.pool.instances
-        chosen = [view.instances[i]._replace(kind=infos[i].kind) for i in self.pool.accepting_ids()]
-        sub = ClusterView(view.now, chosen)
-        if self.pool.remote_only:
+        pool = self.pool
+        infos, instances = pool.instances, view.instances
+        ids = pool.accepting_ids()
+
+        def build(j: int) -> InstanceView:
+            kind = infos[ids[j]].kind
+            instance = instances[ids[j]]
+            return instance if kind == "local" else instance._replace(kind=kind)
+
+        sub = ClusterView(view.now, SnapshotInstances(len(ids), build))
+        if pool.remote_only:
             sub = remote_only(sub)
         return self.inner.pick(request, sub)
 
@@ -91,6 +98,7 @@ class RolloutPool(ServingSimulator):
         self.on_complete = on_complete
         self.remote_only = False
         self.now = start_time
+        self._accepting: list[int] | None = None
 
     # -- instances ----------------------------------------------------------------------------
     def add_instance(self, gpu_start: int, kind: InstanceKind = "local", borrowed: bool = False) -> int:
@@ -104,13 +112,19 @@ class RolloutPool(ServingSimulator):
         self.replicas.append(replica)
         gpus = self._layout_args[0] * self._layout_args[1]
         self.instances.append(InstanceInfo(gpu_start, gpus, kind, borrowed, self.now))
+        self._accepting = None
         return replica.id
 
     def check_servable(self, requests: list[SimRequest]) -> None:
         check_servable(requests, self.replicas[0].scheduler, self.config)
 
     def accepting_ids(self) -> list[int]:
-        return [i for i, info in enumerate(self.instances) if info.accepting and info.retired_at is None]
+        """Instances that take new work (cached: routing asks once per sequence)."""
+        if self._accepting is None:
+            self._accepting = [
+                i for i, info in enumerate(self.instances) if info.accepting and info.retired_at is None
+            ]
+        return self._accepting
 
     def live_ids(self) -> list[int]:
         return [
@@ -127,18 +141,28 @@ class RolloutPool(ServingSimulator):
 
     def stop_accepting(self, instance_id: int) -> None:
         self.instances[instance_id].accepting = False
+        self._accepting = None
 
     def retire(self, instance_id: int, on_stopped: Callable[[list[SimRequest]], None]) -> None:
         """Stop an instance at its next iteration boundary; `on_stopped` gets its unfinished sequences."""
         info = self.instances[instance_id]
         info.accepting = False
         info.retiring = on_stopped
+        self._accepting = None
         replica = self.replicas[instance_id]
         run = replica.run_in_flight
         if run is not None and replica.cut_run(run, self.now):
             self.events.push(run.end_time, Phase.STAGE_END, instance_id, 0, run, run.version)
         if replica.num_running_batches == 0:
             self._stop(instance_id)
+
+    def close(self) -> None:
+        """The step is over: every instance still up is let go now (the rollout is finished)."""
+        for info in self.instances:
+            if info.retired_at is None:
+                info.accepting = False
+                info.retired_at = self.now
+        self._accepting = None
 
     # -- event loop ---------------------------------------------------------------------------
     def step(self) -> None:

@@ -65,6 +65,7 @@ class StepResult:
     reprefill_tokens: int  # prompt + generated tokens re-prefilled by migrated sequences
     num_migrated: int  # sequences moved between instances (release, offload, preemption)
     num_preemptions: int
+    preempted_sequences: int  # sequences running or queued on preempted instances
     bubble_s: float  # actor lane idle, waiting for samples, from when it could first run
     reserved_gpu_s: float
     spot_gpu_s: float
@@ -161,6 +162,7 @@ class StepSimulator:
         self.reprefill = 0
         self.migrated = 0
         self.preemptions = 0
+        self.preempted_sequences = 0
 
     # -- main loop --------------------------------------------------------------------------------
     def run(self) -> StepResult:
@@ -263,13 +265,15 @@ class StepSimulator:
             ids = [i for i in ids if self.pool.instances[i].kind != "local"]
         return ids
 
-    def _retire(self, instance_id: int, mode: ResumeMode) -> None:
+    def _retire(self, instance_id: int, mode: ResumeMode, preempted: bool = False) -> None:
         self.pool.retire(
-            instance_id, lambda requests: self._push(self.now, self._on_stopped, (requests, mode))
+            instance_id, lambda requests: self._push(self.now, self._on_stopped, (requests, mode, preempted))
         )
 
-    def _on_stopped(self, arg: tuple[list[SimRequest], ResumeMode]) -> None:
-        requests, mode = arg
+    def _on_stopped(self, arg: tuple[list[SimRequest], ResumeMode, bool]) -> None:
+        requests, mode, preempted = arg
+        if preempted:
+            self.preempted_sequences += len(requests)
         if requests:
             self._resume_all(requests, mode)
         self._dispatch()
@@ -440,7 +444,7 @@ class StepSimulator:
         instance_id = self.spot_instance.pop(slot)
         if self.pool.instances[instance_id].retired_at is None:
             self.preemptions += 1
-            self._retire(instance_id, self.config.spot.on_preemption)
+            self._retire(instance_id, self.config.spot.on_preemption, preempted=True)
         self._schedule_slot(slot, life[1])
 
     def _on_budget(self, _: object) -> None:
@@ -481,9 +485,7 @@ class StepSimulator:
     # -- step end -----------------------------------------------------------------------------------
     def _on_step_end(self, _: object) -> None:
         self.end = self.now
-        for info in self.pool.instances:
-            if info.retired_at is None:
-                info.retired_at = self.now
+        self.pool.close()
 
     def _result(self) -> StepResult:
         from rollflow.sim.rl.accounting import summarize_step

@@ -88,7 +88,7 @@ def test_preemption_regenerates_nothing_with_migration_and_the_lost_tokens_with_
         "workload.output_median_tokens=1024",
     )
     (step,) = simulate_steps(config)
-    assert step.num_preemptions == 1 and step.num_migrated > 0
+    assert step.num_preemptions == 1 and step.preempted_sequences > 0
     if mode == "migrate":
         assert step.regenerated_tokens == 0 and step.reprefill_tokens > 0
     else:
