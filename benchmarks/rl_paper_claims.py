@@ -93,20 +93,52 @@ def rlinf_rows() -> list[dict]:
 
 def rlboost_rows() -> list[dict]:
     rows = []
-    for sigma, spot in ((1.0, 8), (1.0, 16), (1.0, 24), (0.5, 16), (1.5, 16)):
-        common = [f"workload.output_sigma={sigma}"]
+    shapes = {
+        "median 1k, max 8k": ["workload.output_median_tokens=1024", "workload.max_new_tokens=8192"],
+        "median 2k, max 16k": ["workload.output_median_tokens=2048", "workload.max_new_tokens=16384"],
+    }
+    budgets = {
+        "adaptive": ["spot.offload.initial_budget_s=20"],
+        "fixed 15 s": ["spot.offload.initial_budget_s=15", "spot.offload.gain=0"],
+    }
+    for shape, lengths in shapes.items():
+        common = [*lengths, "steps=4", "spot.availability.mean_lifetime_s=3600"]
         alone = run(RLBOOST, [*common, "spot.instances=0"])
-        boosted = run(RLBOOST, [*common, f"spot.instances={spot}", "spot.availability.mean_lifetime_s=3600"])
-        speedup = boosted["throughput_tokens_per_s"] / alone["throughput_tokens_per_s"]
-        cost_gain = alone["cost_usd_per_mtok"] / boosted["cost_usd_per_mtok"] - 1
-        rows.append({"sigma": sigma, "spot_instances": spot, "on_demand": alone, "with_spot": boosted})
-        print(
-            f"| sigma {sigma}, 8 reserved + {spot} preemptible H100 | {alone['throughput_tokens_per_s']:.0f} "
-            f"| {boosted['throughput_tokens_per_s']:.0f} | {speedup:.2f}x | {alone['cost_usd_per_mtok']:.3f} "
-            f"| {boosted['cost_usd_per_mtok']:.3f} | {cost_gain:+.0%} |",
-            flush=True,
-        )
+        for spot in (8, 16, 24):
+            for budget, settings in budgets.items():
+                boosted = run(RLBOOST, [*common, *settings, f"spot.instances={spot}"])
+                speedup = boosted["throughput_tokens_per_s"] / alone["throughput_tokens_per_s"]
+                cost_gain = alone["cost_usd_per_mtok"] / boosted["cost_usd_per_mtok"] - 1
+                rows.append(
+                    {
+                        "shape": shape,
+                        "spot_instances": spot,
+                        "budget": budget,
+                        "on_demand": alone,
+                        "with_spot": boosted,
+                    }
+                )
+                print(
+                    f"| {shape}, 8 reserved + {spot} preemptible | {budget} | {alone['step_time_s']:.0f} "
+                    f"| {boosted['step_time_s']:.0f} | {speedup:.2f}x | {cost_gain:+.0%} "
+                    f"| {break_even_spot_price(alone, boosted, 1.28):.2f} |",
+                    flush=True,
+                )
     return rows
+
+
+def break_even_spot_price(alone: dict, boosted: dict, gain: float) -> float:
+    """Spot $/GPU-hour at which adding preemptible rollout improves tokens per dollar by `gain`."""
+    tokens = sum(s["trained_tokens"] for s in boosted["steps"])
+    reserved = sum(s["reserved_gpu_s"] for s in boosted["steps"]) / 3600
+    spot = sum(s["spot_gpu_s"] for s in boosted["steps"]) / 3600
+    on_demand_price = (
+        alone["cost_usd_per_step"]
+        * alone["num_steps"]
+        / (sum(s["reserved_gpu_s"] for s in alone["steps"]) / 3600)
+    )
+    target_cost = tokens * alone["cost_usd_per_mtok"] / 1e6 / gain
+    return max(0.0, (target_cost - reserved * on_demand_price) / spot)
 
 
 def preemption_rows() -> list[dict]:
@@ -162,9 +194,9 @@ SECTIONS = {
         rlinf_rows,
     ),
     "rlboost": (
-        "RLBoost: adding preemptible rollout (migrate, mean life 1 h)",
-        "| cluster | on-demand tokens/s | with spot tokens/s | throughput | on-demand $/1M tok "
-        "| with spot $/1M tok | cost efficiency |\n|---|---:|---:|---:|---:|---:|---:|",
+        "RLBoost: adding preemptible rollout (migrate, mean life 1 h, $2.5 on-demand, $1.0 spot per GPU-hour)",
+        "| response lengths, cluster | local budget | on-demand step (s) | with spot step (s) | throughput "
+        "| tokens per $ | spot $/GPU-h for +28% tokens per $ |\n|---|---|---:|---:|---:|---:|---:|",
         rlboost_rows,
     ),
     "preemption": (

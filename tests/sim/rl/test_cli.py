@@ -86,3 +86,11 @@ def test_compare_without_variants_says_so():
 def test_help_shows_examples():
     proc = _rollflow("rl-sim", "run", "--help")
     assert proc.returncode == 0 and "rl-sim compare --config" in proc.stdout
+
+
+def test_config_prints_every_default():
+    proc = _rollflow(
+        "rl-sim", "config", "--config", "examples/rl/rlboost_spot.yaml", "spot.on_preemption=restart"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "on_preemption: restart" in proc.stdout and "reshard_gb_per_s: 50.0" in proc.stdout
