@@ -172,9 +172,14 @@ class StepSimulator:
             pool_time = pool.events.next_time()
             own_time = self._events[0].time if self._events else math.inf
             if pool_time == own_time == math.inf:
-                raise UserError(
-                    f"step {self.index} cannot finish: {len(self.parked)} sequences wait for a rollout "
-                    "instance and none will come (extend the spot availability trace)"
+                if self.parked:
+                    raise UserError(
+                        f"step {self.index} cannot finish: {len(self.parked)} sequences wait for a rollout "
+                        "instance and none will come (extend the spot availability trace)"
+                    )
+                raise RuntimeError(
+                    f"step {self.index} stalled: {self.num_done}/{self.num_samples} generated, "
+                    f"{len(self.inferred)} inferred, {len(self.minibatches)} mini-batches trained"
                 )
             if pool_time <= own_time:
                 pool.step()
