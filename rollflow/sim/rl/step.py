@@ -362,7 +362,9 @@ class StepSimulator:
     def _try_inference(self, lane: Lane) -> bool:
         if not self.ready or not (self.pipelined or self.rollout_done):
             return False
-        batch, self.ready = self.ready, []
+        # At most a mini-batch per pass, so that the actor's next mini-batch is never held
+        # behind a long pass over samples it does not need yet.
+        batch, self.ready = self.ready[: self.minibatch_samples], self.ready[self.minibatch_samples :]
         tokens = sum(self.requests[i].prompt_tokens + self.requests[i].output_tokens for i in batch)
         self._run(
             lane, "inference", self.costs.inference_s(tokens, lane.num_gpus), lambda: self._inferred(batch)

@@ -136,3 +136,17 @@ def test_an_availability_trace_naming_an_unknown_instance_is_a_user_error(tmp_pa
     config = rl_config("spot.instances=2", f"spot.availability={{kind: trace, file: {path}}}")
     with pytest.raises(UserError, match=r"instance 5 is outside 0\.\.1"):
         simulate_steps(config)
+
+
+def test_sequences_stranded_when_the_availability_trace_ends_are_a_user_error(tmp_path):
+    path = tmp_path / "short.csv"
+    path.write_text("instance,start_s,end_s\n0,0,6\n")
+    config = rl_config(
+        "spot.instances=1",
+        "spot.startup_s=0",
+        f"spot.availability={{kind: trace, file: {path}, notice_s: 0}}",
+        "spot.offload.initial_budget_s=2",
+        "workload.output_median_tokens=1024",
+    )
+    with pytest.raises(UserError, match="sequences wait for a rollout instance and none will come"):
+        simulate_steps(config)
