@@ -9,8 +9,9 @@ step the scheduler moves GPUs one way, towards the actor:
   that stay, re-prefilling prompt plus generated tokens), always the instances nearest the
   actor, so the actor's range stays a prefix, and only as many as the actor can use;
 - inference releases its GPUs once it has processed every sample;
-- the actor grows to the largest valid data-parallel size that fits the free prefix (the
-  mini-batch divides evenly over the data-parallel ranks); it never shrinks within a step.
+- between its mini-batches the actor grows to the largest valid data-parallel size that fits
+  the free prefix (the mini-batch divides evenly over the data-parallel ranks); it never
+  shrinks within a step.
 
 Two policies refine this: `pre_process` (at step start rollout also runs on the actor's
 GPUs, `borrowed`, and hands them back when the unfinished fraction falls under a threshold)
@@ -126,11 +127,17 @@ class DynamicScheduler:
         free_end = min((i.gpu_start for i in kept), default=snapshot.num_gpus)
         if snapshot.inference_range is not None and not release_inference:
             free_end = min(free_end, snapshot.inference_range[0])
+        # The actor resizes between its own mini-batches; with wait_before_last_iter it also takes
+        # everything the moment rollout and inference are done before its last one.
+        everything_done = snapshot.unfinished_fraction == 0 and snapshot.inference_done
+        grow = snapshot.trigger == "minibatch_end" or (
+            self.wait_before_last_iter and last_next and everything_done
+        )
         sizes = valid_actor_sizes(free_end, snapshot.actor_model_parallel, snapshot.minibatch_samples)
         return ResourcePlan(
             release_instances=tuple(sorted(release)),
             release_inference=release_inference,
-            actor_gpus=max([snapshot.actor_gpus, *sizes]),
+            actor_gpus=max([snapshot.actor_gpus, *sizes]) if grow else snapshot.actor_gpus,
             hold_last_minibatch=self.wait_before_last_iter,
         )
 

@@ -85,6 +85,18 @@ def test_pre_process_hands_borrowed_gpus_back_under_the_threshold():
     assert late.release_instances == (0, 1, 2, 3)
 
 
+def test_wait_before_last_iter_gives_the_last_minibatch_every_gpu_once_all_else_is_done():
+    done = dict(
+        trigger="inference_done",
+        rollout_instances=(),
+        unfinished_fraction=0.0,
+        inference_done=True,
+        minibatches_done=3,
+    )
+    assert DynamicScheduler().decide(snapshot(**done)).actor_gpus == 4  # waits for its next boundary
+    assert DynamicScheduler(wait_before_last_iter=True).decide(snapshot(**done)).actor_gpus == 16
+
+
 def test_wait_before_last_iter_is_part_of_the_plan_and_the_snapshot_is_untouched():
     snap = snapshot()
     plan = DynamicScheduler(wait_before_last_iter=True).decide(snap)
