@@ -64,7 +64,7 @@ def rlinf_rows() -> list[dict]:
     shapes += [base | {"sigma": s} for s in (0.5, 1.5)]
     shapes += [base | {"group": g} for g in (8, 32)]
     shapes += [base | {"minibatches": m} for m in (2, 8)]
-    shapes += [base | {"gpus": 32}]
+    shapes += [base | {"gpus": g} for g in (32, 64)]
     rows = []
     for shape in shapes:
         prompts = 2048 // shape["group"] * shape["gpus"] // 16

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from rollflow.perf.specs import ParallelLayout
 from rollflow.policy.offload import remote_only
 from rollflow.policy.routing import Router
 from rollflow.policy.view import ClusterView, InstanceKind, InstanceView, RouteRequest, SnapshotInstances
@@ -102,8 +103,6 @@ class RolloutPool(ServingSimulator):
 
     # -- instances ----------------------------------------------------------------------------
     def add_instance(self, gpu_start: int, kind: InstanceKind = "local", borrowed: bool = False) -> int:
-        from rollflow.perf.specs import ParallelLayout
-
         scheduler = build_scheduler(self.config, self._model, ParallelLayout(*self._layout_args))
         replica = TrackedReplica(
             len(self.replicas), scheduler, self._predictor, self.config.simulator.fast_forward

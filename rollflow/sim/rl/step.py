@@ -85,6 +85,8 @@ class StepResult:
 
 @dataclass
 class Lane:
+    """GPUs that run inference passes, mini-batches and reshards, one at a time."""
+
     name: str
     gpu_start: int
     num_gpus: int
@@ -92,8 +94,10 @@ class Lane:
     released: bool = False
 
 
-@dataclass(order=True)
+@dataclass(frozen=True, order=True)
 class _Event:
+    """The step's own events sort by (time, seq); seq is the step's counter (creation order)."""
+
     time: float
     seq: int
     handler: Callable[[Any], None] = field(compare=False)
