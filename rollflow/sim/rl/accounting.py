@@ -102,6 +102,9 @@ def summarize_run(config: RLSimConfig, steps: list[StepResult], wall_s: float) -
         "step_time_s": total_time / len(steps),
         "throughput_tokens_per_s": tokens / total_time,
         "gpu_utilization": busy / paid,
+        "spot_gpu_utilization": _ratio(
+            sum(s.busy_gpu_s["rollout_spot"] for s in steps), sum(s.spot_gpu_s for s in steps)
+        ),
         "idle_gpu_s_per_step": (paid - busy) / len(steps),
         "trainer_bubble_s_per_step": sum(s.bubble_s for s in steps) / len(steps),
         "cost_usd_per_step": cost / len(steps),
@@ -137,6 +140,7 @@ def step_summary(step: StepResult) -> dict:
         "reserved_gpu_s": step.reserved_gpu_s,
         "spot_gpu_s": step.spot_gpu_s,
         "gpu_utilization": sum(step.busy_gpu_s.values()) / (step.reserved_gpu_s + step.spot_gpu_s),
+        "spot_gpu_utilization": _ratio(step.busy_gpu_s["rollout_spot"], step.spot_gpu_s),
         "trained_tokens": step.trained_tokens,
         "generated_tokens": step.generated_tokens,
         "regenerated_tokens": step.regenerated_tokens,
@@ -148,3 +152,8 @@ def step_summary(step: StepResult) -> dict:
         "offload_budget_s": step.offload_budget_s,
         "actor_gpus_per_minibatch": step.actor_sizes,
     }
+
+
+def _ratio(part: float, whole: float) -> float | None:
+    """part / whole, or None (null in JSON) when there is no whole, e.g. no preemptible GPUs."""
+    return part / whole if whole else None

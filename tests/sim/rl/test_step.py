@@ -126,6 +126,7 @@ def test_spot_instances_raise_throughput_and_are_paid_only_while_alive():
     assert sum(s.step_time_s for s in spot) < sum(s.step_time_s for s in on_demand)
     for step in spot:
         assert 0 < step.spot_gpu_s <= 8 * step.step_time_s + 1e-6
+        assert 0 < step.busy_gpu_s["rollout_spot"] <= step.spot_gpu_s
         assert step.cost_usd > step.reserved_gpu_s * 2.5 / 3600
     assert [s.spot_gpu_s for s in on_demand] == [0.0, 0.0]
 
