@@ -14,11 +14,18 @@ import time
 
 from rollflow import __version__
 
-COMMAND_GROUPS = ("rollflow.sim.cli", "rollflow.runtime.manager.cli")
+COMMAND_GROUPS = (
+    "rollflow.sim.cli",
+    "rollflow.sim.rl.cli",
+    "rollflow.runtime.manager.cli",
+    "rollflow.runtime.weights.cli",
+)
 
 EXAMPLES = """examples:
   rollflow sim serve --config examples/sim/demo.yaml
   rollflow sim from-vidur --output-dir out/ -- --replica_scheduler_config_type vllm
+  rollflow rl-sim compare --config examples/rl/rlinf_dynamic.yaml --output-dir out/rlinf
+  rollflow weights serve --dir outputs/weights
 Run `rollflow COMMAND --help` for each command's options and examples.
 """
 

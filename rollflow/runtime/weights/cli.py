@@ -1,0 +1,247 @@
+"""`rollflow weights ...`: serve a weight store, publish to it, pull from it.
+
+The publish token is read from the environment (ROLLFLOW_WEIGHTS_TOKEN by default), never
+from a flag, so it does not show in `ps`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+EXAMPLES = """examples:
+  rollflow weights serve --dir outputs/weights --port 8650
+  rollflow weights publish --url http://127.0.0.1:8650 --version 1 --from path/to/hf_checkpoint/
+  rollflow weights versions --url http://127.0.0.1:8650
+  rollflow weights pull --url http://127.0.0.1:8650 --out outputs/engine0 --codec int8+zstd
+  rollflow weights pull --url http://127.0.0.1:8650 --out outputs/engine0 --codec delta+zstd
+"""
+
+TOKEN_ENV = "ROLLFLOW_WEIGHTS_TOKEN"
+# small text files of a checkpoint folder that travel with its tensors
+CHECKPOINT_TEXT_FILES = ("config.json", "generation_config.json")
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    weights = commands.add_parser(
+        "weights",
+        help="serve, publish and pull versioned model weights",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = weights.add_subparsers(dest="weights_command", required=True, metavar="SUBCOMMAND")
+
+    serve = sub.add_parser(
+        "serve",
+        help="serve a weight store folder over HTTP",
+        description="Serve the versions in --dir to pullers (creating the folder if needed). Publishing "
+        f"over HTTP needs the bearer token in ${TOKEN_ENV} when that is set.",
+        epilog="example: rollflow weights serve --dir outputs/weights --port 8650",
+    )
+    serve.add_argument("--dir", required=True, help="weight store folder")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8650, help="port (0 picks a free one; default: 8650)")
+    serve.add_argument(
+        "--keep-versions", type=int, default=4, help="newest versions kept for deltas (default: 4)"
+    )
+    serve.add_argument("--chunk-mb", type=float, default=4.0, help="payload chunk size in MiB (default: 4)")
+    serve.set_defaults(handler=_serve)
+
+    publish = sub.add_parser(
+        "publish",
+        help="upload a version to a weight server",
+        description="Upload the tensors of a .safetensors file, or of every .safetensors file in a "
+        f"checkpoint folder (with its {' and '.join(CHECKPOINT_TEXT_FILES)}), as --version.",
+        epilog="example: rollflow weights publish --url http://127.0.0.1:8650 --version 3 --from ckpt/",
+    )
+    publish.add_argument("--url", required=True, help="weight server URL")
+    publish.add_argument(
+        "--version", type=int, required=True, help="version number (greater than the latest)"
+    )
+    publish.add_argument(
+        "--from", dest="source", required=True, help=".safetensors file or checkpoint folder"
+    )
+    publish.set_defaults(handler=_publish)
+
+    versions = sub.add_parser(
+        "versions",
+        help="list the versions a weight server holds",
+        epilog="example: rollflow weights versions --url http://127.0.0.1:8650",
+    )
+    versions.add_argument("--url", required=True, help="weight server URL")
+    versions.set_defaults(handler=_versions)
+
+    pull = sub.add_parser(
+        "pull",
+        help="pull a version into a checkpoint folder",
+        description="Fetch, verify and decode a version; writes model.safetensors, the published text "
+        "files and rollflow_weights.json to --out. An interrupted pull resumes from the chunks kept "
+        "in --cache-dir.",
+        epilog="example: rollflow weights pull --url http://127.0.0.1:8650 --out outputs/engine0 --codec zstd",
+    )
+    pull.add_argument("--url", required=True, help="weight server URL")
+    pull.add_argument("--out", required=True, help="output folder")
+    pull.add_argument("--version", type=int, help="version to pull (default: the latest)")
+    pull.add_argument(
+        "--codec",
+        default="zstd",
+        help="raw, zstd, int8, int8+zstd (lossy, per-channel int8), delta, delta+zstd (only what changed "
+        "since the version already in --out); default: zstd",
+    )
+    pull.add_argument("--cache-dir", help="where partial pulls are kept (default: OUT/.partial)")
+    pull.set_defaults(handler=_pull)
+
+
+def _serve(args: argparse.Namespace, started_at: float) -> None:
+    import asyncio
+
+    from rollflow.runtime.weights.server import WeightServer
+    from rollflow.runtime.weights.store import WeightStore
+
+    store = WeightStore(
+        args.dir, keep_versions=args.keep_versions, chunk_bytes=int(args.chunk_mb * (1 << 20))
+    )
+    server = WeightServer(store, host=args.host, port=args.port, token=os.environ.get(TOKEN_ENV) or None)
+
+    async def run() -> None:
+        url = await server.start()
+        print(
+            f"serving weight store {args.dir} on {url} (latest version: {store.versions().latest})",
+            flush=True,
+        )
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await server.stop()
+
+    asyncio.run(run())
+
+
+def _publish(args: argparse.Namespace, started_at: float) -> None:
+    import asyncio
+    import tempfile
+
+    from rollflow.runtime.weights.puller import WeightPuller
+
+    state, files = _read_checkpoint(args.source)
+
+    async def run():
+        with tempfile.TemporaryDirectory() as cache:
+            async with WeightPuller(args.url, cache, token=os.environ.get(TOKEN_ENV) or None) as puller:
+                return await puller.publish(args.version, state, files=files)
+
+    manifest = asyncio.run(run())
+    print(
+        f"published version {manifest.version}: {len(manifest.tensors)} tensors, {manifest.model_nbytes:,} bytes"
+    )
+
+
+def _versions(args: argparse.Namespace, started_at: float) -> None:
+    import asyncio
+    import tempfile
+
+    from rollflow.runtime.weights.puller import WeightPuller
+
+    async def run():
+        with tempfile.TemporaryDirectory() as cache:
+            async with WeightPuller(args.url, cache) as puller:
+                return await puller.versions()
+
+    held = asyncio.run(run())
+    print(f"versions: {', '.join(map(str, held.versions)) or 'none'} (latest: {held.latest})")
+
+
+def _pull(args: argparse.Namespace, started_at: float) -> None:
+    import asyncio
+    from pathlib import Path
+
+    from rollflow.runtime.weights.puller import WeightPuller, save_weights
+
+    cache = Path(args.cache_dir) if args.cache_dir else Path(args.out) / ".partial"
+    base = _pulled_before(Path(args.out)) if "delta" in args.codec else None
+    with _ChunkProgress() as progress:
+
+        async def run():
+            async with WeightPuller(args.url, cache, on_chunk=progress.update) as puller:
+                return await puller.pull(args.version, args.codec, base=base)
+
+        result = asyncio.run(run())
+    save_weights(result.weights, args.out)
+    if not args.cache_dir and not any(cache.iterdir()):
+        cache.rmdir()
+    stats = result.stats
+    print(
+        f"pulled version {result.weights.version} ({result.manifest.codec}) into {args.out}: "
+        f"{stats.wire_nbytes:,} bytes downloaded for {result.manifest.model_nbytes:,} bytes of weights, "
+        f"{stats.chunks_reused} chunks resumed, {stats.seconds:.2f} s"
+    )
+
+
+def _pulled_before(out):
+    """The version an earlier pull left in `out`, as the base of a delta (None if there is none)."""
+    import json
+
+    import safetensors.torch
+
+    from rollflow.runtime.weights.puller import LoadedWeights
+
+    marker, tensors = out / "rollflow_weights.json", out / "model.safetensors"
+    if not (marker.is_file() and tensors.is_file()):
+        return None
+    version = json.loads(marker.read_text())["version"]
+    return LoadedWeights(version, safetensors.torch.load_file(str(tensors)))
+
+
+def _read_checkpoint(source: str):
+    from pathlib import Path
+
+    import safetensors.torch
+
+    from rollflow.runtime.weights.errors import WeightsError
+
+    path = Path(source)
+    if path.is_file():
+        tensor_files, folder = [path], None
+    elif path.is_dir():
+        tensor_files, folder = sorted(path.glob("*.safetensors")), path
+    else:
+        raise WeightsError(f"--from {source}: no such file or folder")
+    if not tensor_files:
+        raise WeightsError(f"--from {source}: no .safetensors file there")
+    state = {}
+    for file in tensor_files:
+        state.update(safetensors.torch.load_file(str(file)))
+    files = {}
+    if folder is not None:
+        files = {
+            name: (folder / name).read_text() for name in CHECKPOINT_TEXT_FILES if (folder / name).is_file()
+        }
+    return state, files
+
+
+class _ChunkProgress:
+    """A rich progress bar over chunks when stdout is a terminal; silent otherwise."""
+
+    def __init__(self) -> None:
+        self.progress = None
+        self.task = None
+
+    def __enter__(self) -> _ChunkProgress:
+        if sys.stdout.isatty():
+            from rich.progress import Progress
+
+            self.progress = Progress(transient=True)
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def update(self, done: int, total: int) -> None:
+        if self.progress is None:
+            return
+        if self.task is None:
+            self.task = self.progress.add_task("pulling weights", total=total)
+        self.progress.update(self.task, completed=done, total=total)

@@ -1,0 +1,189 @@
+"""HTTP front of a WeightStore (aiohttp), bound to 127.0.0.1 unless told otherwise.
+
+    GET  /v1/versions[?newer_than=N&wait_s=S]   {"versions": [...], "latest": N}; waits up to S
+                                                seconds for a version newer than N (how an
+                                                engine is "told" without the trainer knowing it)
+    GET  /v1/manifest?version=N|latest&codec=C[&base=B]   the payload's manifest (builds it)
+    GET  /v1/payloads/{payload_id}/chunks/{index}         one chunk's wire bytes
+    PUT  /v1/versions/{version}   body: a safetensors file (small text files as JSON in its
+                                  metadata under "rollflow.files"); bearer token if set
+    GET  /healthz
+
+Payload builds and publishes run in a worker thread, so chunk downloads keep flowing while a
+new payload is encoded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+import safetensors.torch
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rollflow.runtime.weights.errors import UnknownVersionError, WeightsError
+from rollflow.runtime.weights.store import WeightStore
+
+logger = logging.getLogger(__name__)
+
+MAX_WAIT_S = 300.0
+FILES_METADATA_KEY = "rollflow.files"
+_POLL_S = 0.1
+
+
+class VersionsQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    newer_than: int | None = None
+    """Wait for a version greater than this one."""
+    wait_s: float = Field(default=0.0, ge=0.0, le=MAX_WAIT_S)
+    """How long to wait for it before answering with what is held."""
+
+
+class ManifestQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: int | None = None
+    """Version to fetch; absent or "latest" for the newest."""
+    codec: str = "zstd"
+    """Codec name, e.g. raw, zstd, int8+zstd, delta+zstd."""
+    base: int | None = None
+    """Version the puller holds, for delta codecs."""
+
+
+class WeightServer:
+    """Serves one store over HTTP; `await start()`, then pullers use `url`, then `await stop()`."""
+
+    def __init__(
+        self, store: WeightStore, *, host: str = "127.0.0.1", port: int = 0, token: str | None = None
+    ) -> None:
+        """`port=0` picks a free port. With `token`, publishing needs `Authorization: Bearer
+        <token>`; without, publishing is open to whoever can reach `host`."""
+        self.store = store
+        self.host = host
+        self.port = port
+        self.token = token
+        self._runner: web.AppRunner | None = None
+        self._new_version = asyncio.Event()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def build_app(self) -> web.Application:
+        app = web.Application(client_max_size=1 << 40, middlewares=[_errors_as_json])
+        app.add_routes(
+            [
+                web.get("/healthz", self._healthz),
+                web.get("/v1/versions", self._versions),
+                web.put("/v1/versions/{version}", self._publish),
+                web.get("/v1/manifest", self._manifest),
+                web.get("/v1/payloads/{payload_id}/chunks/{index}", self._chunk),
+            ]
+        )
+        return app
+
+    async def start(self) -> str:
+        self._runner = web.AppRunner(self.build_app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+        logger.info("weight server on %s serving %s", self.url, self.store.root)
+        return self.url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def _versions(self, request: web.Request) -> web.Response:
+        query = _parse(VersionsQuery, request)
+        deadline = time.monotonic() + query.wait_s
+        held = self.store.versions()
+        while query.newer_than is not None and (held.latest or -1) <= query.newer_than:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self._new_version.clear()
+            # a publish through this server wakes us at once; one from another process is polled
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._new_version.wait(), min(remaining, _POLL_S))
+            held = self.store.versions()
+        return web.json_response({"versions": list(held.versions), "latest": held.latest})
+
+    async def _manifest(self, request: web.Request) -> web.Response:
+        query = _parse(ManifestQuery, request)
+        manifest = await asyncio.to_thread(self.store.manifest, query.version, query.codec, query.base)
+        return web.Response(body=manifest.to_json().encode(), content_type="application/json")
+
+    async def _chunk(self, request: web.Request) -> web.StreamResponse:
+        try:
+            index = int(request.match_info["index"])
+        except ValueError:
+            raise web.HTTPBadRequest(text="chunk index must be an integer") from None
+        return web.FileResponse(self.store.chunk_path(request.match_info["payload_id"], index))
+
+    async def _publish(self, request: web.Request) -> web.Response:
+        self._check_token(request)
+        try:
+            version = int(request.match_info["version"])
+        except ValueError:
+            raise web.HTTPBadRequest(text="version must be an integer") from None
+        with tempfile.NamedTemporaryFile(dir=self.store.root / "tmp", suffix=".safetensors") as upload:
+            async for block in request.content.iter_chunked(1 << 20):
+                upload.write(block)
+            upload.flush()
+            manifest = await asyncio.to_thread(_publish_file, self.store, version, Path(upload.name))
+        self._new_version.set()
+        return web.Response(body=manifest.to_json().encode(), content_type="application/json")
+
+    def _check_token(self, request: web.Request) -> None:
+        if self.token is None:
+            return
+        sent = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(sent.encode(), f"Bearer {self.token}".encode()):
+            raise web.HTTPUnauthorized(text="publishing needs the server's bearer token")
+
+
+def _publish_file(store: WeightStore, version: int, path: Path):
+    """Publish an uploaded safetensors file; its metadata may carry the small text files."""
+    try:
+        state = safetensors.torch.load_file(str(path))
+        with safetensors.safe_open(str(path), framework="pt") as file:
+            metadata = file.metadata() or {}
+        files = json.loads(metadata.get(FILES_METADATA_KEY, "{}"))
+    except Exception as exc:  # safetensors raises its own error types for a bad header
+        raise WeightsError(f"upload is not a safetensors file: {exc}") from None
+    return store.publish(version, state, files=files)
+
+
+def _parse(model: type[BaseModel], request: web.Request):
+    raw = {k: v for k, v in request.query.items() if not (k == "version" and v == "latest")}
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"])
+        raise web.HTTPBadRequest(text=f"{where}: {error['msg']}") from None
+
+
+@web.middleware
+async def _errors_as_json(request: web.Request, handler):
+    """Store errors become 404 (unknown version) or 400 (anything else the caller got wrong)."""
+    try:
+        return await handler(request)
+    except UnknownVersionError as exc:
+        return web.json_response({"error": str(exc)}, status=404)
+    except WeightsError as exc:
+        return web.json_response({"error": str(exc)}, status=400)

@@ -1,0 +1,159 @@
+"""What a finished step cost: GPU-seconds by component, utilization, money, and a run's summary."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rollflow.sim.rl.config import RLSimConfig
+
+if TYPE_CHECKING:
+    from rollflow.sim.rl.step import Span, StepResult, StepSimulator
+
+COMPONENTS = ("rollout", "rollout_spot", "inference", "training", "reshard", "sync")
+
+
+def rollout_spans(sim: StepSimulator) -> list[Span]:
+    """Each rollout instance's batches, merged into busy intervals on its GPUs."""
+    from rollflow.sim.rl.step import Span
+
+    spans = []
+    for replica, info in zip(sim.pool.replicas, sim.pool.instances, strict=True):
+        component = "rollout" if info.kind == "local" else "rollout_spot"
+        current: list[float] | None = None
+        for start, duration, *_ in sorted(replica.stats.batches):
+            if current is not None and start <= current[1] + 1e-9:
+                current[1] = max(current[1], start + duration)
+                continue
+            if current is not None:
+                spans.append(Span(component, info.gpu_start, info.num_gpus, current[0], current[1]))
+            current = [start, start + duration]
+        if current is not None:
+            spans.append(Span(component, info.gpu_start, info.num_gpus, current[0], current[1]))
+    return spans
+
+
+def summarize_step(sim: StepSimulator) -> StepResult:
+    from rollflow.sim.rl.step import StepResult
+
+    config = sim.config
+    start, end = sim.start, sim.end
+    spans = rollout_spans(sim) + sim.spans
+    busy = dict.fromkeys(COMPONENTS, 0.0)
+    windows: dict[str, tuple[float, float]] = {}
+    for span in spans:
+        busy[span.component] += span.num_gpus * (span.end - span.start)
+        first, last = windows.get(span.component, (span.start, span.end))
+        windows[span.component] = (min(first, span.start), max(last, span.end))
+    actor_free = sim.actor_free_at if sim.actor_free_at is not None else start
+    last_train = max((s.end for s in sim.spans if s.component == "training"), default=end)
+    actor_work = sum(
+        min(s.end, last_train) - max(s.start, actor_free)
+        for s in sim.spans
+        if s.gpu_start == 0 and s.component in ("inference", "training", "reshard") and s.end > actor_free
+    )
+    bubble = max(0.0, (last_train - actor_free) - actor_work)
+    reserved_gpu_s = config.num_gpus * (end - start)
+    spot_gpu_s = 0.0
+    if sim.spot:
+        tp = config.rollout.tensor_parallel
+        spot_gpu_s = tp * sum(sim.market.alive_seconds(s, start, end) for s in range(sim.market.num_slots))
+    price = config.cost
+    cost = (
+        reserved_gpu_s * price.on_demand_usd_per_gpu_hour + spot_gpu_s * price.spot_usd_per_gpu_hour
+    ) / 3600
+    requests = sim.requests
+    return StepResult(
+        index=sim.index,
+        start=start,
+        end=end,
+        num_samples=sim.num_samples,
+        trained_tokens=sum(r.prompt_tokens + r.output_tokens for r in requests),
+        generated_tokens=sum(r.output_tokens for r in requests),
+        regenerated_tokens=sim.regenerated,
+        reprefill_tokens=sim.reprefill,
+        num_migrated=sim.migrated,
+        num_preemptions=sim.preemptions,
+        preempted_sequences=sim.preempted_sequences,
+        bubble_s=min(bubble, end - start),
+        reserved_gpu_s=reserved_gpu_s,
+        spot_gpu_s=spot_gpu_s,
+        busy_gpu_s=busy,
+        windows=windows,
+        cost_usd=cost,
+        offload_budget_s=sim.balancer.budget_s if sim.balancer is not None else None,
+        spans=spans,
+        instance_windows=[
+            (info.gpu_start, info.num_gpus, info.kind, info.started_at, info.retired_at or end)
+            for info in sim.pool.instances
+        ],
+        minibatches=sim.minibatches,
+        actor_sizes=sim.actor_sizes,
+    )
+
+
+def summarize_run(config: RLSimConfig, steps: list[StepResult], wall_s: float) -> dict:
+    """summary.json: totals over the steps (ratios of sums), and each step's breakdown."""
+    total_time = sum(s.step_time_s for s in steps)
+    tokens = sum(s.trained_tokens for s in steps)
+    paid = sum(s.reserved_gpu_s + s.spot_gpu_s for s in steps)
+    busy = sum(sum(s.busy_gpu_s.values()) for s in steps)
+    cost = sum(s.cost_usd for s in steps)
+    return {
+        "step_time_s": total_time / len(steps),
+        "throughput_tokens_per_s": tokens / total_time,
+        "gpu_utilization": busy / paid,
+        "spot_gpu_utilization": _ratio(
+            sum(s.busy_gpu_s["rollout_spot"] for s in steps), sum(s.spot_gpu_s for s in steps)
+        ),
+        "idle_gpu_s_per_step": (paid - busy) / len(steps),
+        "trainer_bubble_s_per_step": sum(s.bubble_s for s in steps) / len(steps),
+        "cost_usd_per_step": cost / len(steps),
+        "cost_usd_per_mtok": cost / tokens * 1e6,
+        "regenerated_tokens": sum(s.regenerated_tokens for s in steps),
+        "reprefill_tokens": sum(s.reprefill_tokens for s in steps),
+        "migrated_sequences": sum(s.num_migrated for s in steps),
+        "preemptions": sum(s.num_preemptions for s in steps),
+        "preempted_sequences": sum(s.preempted_sequences for s in steps),
+        "num_steps": len(steps),
+        "num_gpus": config.num_gpus,
+        "samples_per_step": steps[0].num_samples,
+        "wall_time_s": wall_s,
+        "steps": [step_summary(s) for s in steps],
+    }
+
+
+def step_summary(step: StepResult) -> dict:
+    return {
+        "step": step.index,
+        "start_s": step.start,
+        "step_time_s": step.step_time_s,
+        "components": {
+            name: {
+                "start_s": step.windows[name][0] - step.start,
+                "end_s": step.windows[name][1] - step.start,
+                "gpu_s": step.busy_gpu_s[name],
+            }
+            for name in COMPONENTS
+            if name in step.windows
+        },
+        "trainer_bubble_s": step.bubble_s,
+        "reserved_gpu_s": step.reserved_gpu_s,
+        "spot_gpu_s": step.spot_gpu_s,
+        "gpu_utilization": sum(step.busy_gpu_s.values()) / (step.reserved_gpu_s + step.spot_gpu_s),
+        "spot_gpu_utilization": _ratio(step.busy_gpu_s["rollout_spot"], step.spot_gpu_s),
+        "trained_tokens": step.trained_tokens,
+        "generated_tokens": step.generated_tokens,
+        "regenerated_tokens": step.regenerated_tokens,
+        "reprefill_tokens": step.reprefill_tokens,
+        "migrated_sequences": step.num_migrated,
+        "preemptions": step.num_preemptions,
+        "preempted_sequences": step.preempted_sequences,
+        "cost_usd": step.cost_usd,
+        "offload_budget_s": step.offload_budget_s,
+        "actor_gpus_per_minibatch": step.actor_sizes,
+    }
+
+
+def _ratio(part: float, whole: float) -> float | None:
+    """part / whole, or None (null in JSON) when there is no whole, e.g. no preemptible GPUs."""
+    return part / whole if whole else None

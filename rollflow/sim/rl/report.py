@@ -1,0 +1,176 @@
+"""Outputs of an RL run: summary.json, a Gantt chart of every GPU, a chrome trace, and printed tables.
+
+DIR/summary.json       step time, tokens/s, GPU utilization, idle GPU-seconds, cost; per step a
+                       breakdown per component (window in the step, GPU-seconds)
+DIR/gantt.png          which GPU did what when (light: a rollout instance holds the GPU, idle)
+DIR/chrome_trace.json  one track per GPU group; open in https://ui.perfetto.dev
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from rollflow.sim.rl.config import RLSimConfig
+from rollflow.sim.rl.step import StepResult
+
+COLORS = {
+    "rollout": "#4C72B0",
+    "rollout_spot": "#8172B2",
+    "inference": "#55A868",
+    "training": "#C44E52",
+    "reshard": "#DD8452",
+    "sync": "#937860",
+}
+
+
+def write_run(out_dir: Path, config: RLSimConfig, steps: list[StepResult], summary: dict) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    if config.output.gantt:
+        written.append(plot_gantt(out_dir / "gantt.png", config, steps))
+    if config.output.chrome_trace:
+        written.append(write_chrome_trace(out_dir / "chrome_trace.json", steps))
+    path = out_dir / "summary.json"
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    written.insert(0, path)
+    return written
+
+
+def plot_gantt(path: Path, config: RLSimConfig, steps: list[StepResult]) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    num_rows = config.num_gpus + config.spot.instances * config.rollout.tensor_parallel
+    fig, ax = plt.subplots(figsize=(13, max(3.0, min(12.0, 0.12 * num_rows + 2))))
+    for step in steps:
+        for gpu_start, gpus, _, start, end in step.instance_windows:
+            ax.broken_barh([(start, end - start)], (gpu_start, gpus), color="#DDDDDD", lw=0)
+        for span in step.spans:
+            ax.broken_barh(
+                [(span.start, span.end - span.start)],
+                (span.gpu_start, span.num_gpus),
+                color=COLORS[span.component],
+                lw=0,
+            )
+        ax.axvline(step.end, color="black", lw=0.6, ls=":")
+    if config.spot.instances:
+        ax.axhline(config.num_gpus, color="black", lw=0.8)
+    ax.set_ylim(num_rows, 0)
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel("GPU" + (" (below the line: preemptible)" if config.spot.instances else ""))
+    handles = [Patch(color=c, label=n) for n, c in COLORS.items()]
+    handles.append(Patch(color="#DDDDDD", label="rollout instance idle"))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=7, fontsize=8)
+    ax.set_title(f"GPU timeline, {len(steps)} steps (dotted: step ends)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_chrome_trace(path: Path, steps: list[StepResult]) -> Path:
+    events: list[dict] = []
+    tracks: dict[tuple[int, int], int] = {}
+    for step in steps:
+        for span in step.spans:
+            key = (span.gpu_start, span.num_gpus)
+            pid = tracks.setdefault(key, len(tracks))
+            events.append(
+                {
+                    "name": span.label or span.component,
+                    "cat": span.component,
+                    "ph": "X",
+                    "pid": pid,
+                    "tid": 0,
+                    "ts": span.start * 1e6,
+                    "dur": (span.end - span.start) * 1e6,
+                    "args": {
+                        "step": step.index,
+                        "gpus": f"{span.gpu_start}-{span.gpu_start + span.num_gpus - 1}",
+                    },
+                }
+            )
+    for (gpu_start, gpus), pid in tracks.items():
+        name = f"GPUs {gpu_start}-{gpu_start + gpus - 1}"
+        events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}})
+        events.append(
+            {"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": gpu_start}}
+        )
+    path.write_text(json.dumps({"displayTimeUnit": "ms", "traceEvents": events}) + "\n")
+    return path
+
+
+def print_run(summary: dict, console: Console) -> None:
+    table = Table(title="Step-time breakdown (s from step start; GPU-s busy)", title_justify="left")
+    for column in ("step", "time", "component", "start", "end", "GPU-s"):
+        table.add_column(column, justify="right")
+    for step in summary["steps"]:
+        first = True
+        for name, part in step["components"].items():
+            table.add_row(
+                str(step["step"]) if first else "",
+                f"{step['step_time_s']:.1f}" if first else "",
+                name,
+                f"{part['start_s']:.1f}",
+                f"{part['end_s']:.1f}",
+                f"{part['gpu_s']:.0f}",
+            )
+            first = False
+    console.print(table)
+    console.print(
+        f"{summary['num_steps']} steps of {summary['samples_per_step']} samples on {summary['num_gpus']} GPUs: "
+        f"step {summary['step_time_s']:.1f} s, {summary['throughput_tokens_per_s']:.0f} tokens/s, "
+        f"GPU utilization {100 * summary['gpu_utilization']:.1f}%, idle {summary['idle_gpu_s_per_step']:.0f} GPU-s/step, "
+        f"trainer bubble {summary['trainer_bubble_s_per_step']:.1f} s/step, "
+        f"${summary['cost_usd_per_step']:.2f}/step (${summary['cost_usd_per_mtok']:.3f}/1M tokens), "
+        f"{summary['regenerated_tokens']} tokens regenerated; simulated in {summary['wall_time_s']:.2f} s"
+    )
+
+
+COMPARE_METRICS = (
+    ("step_time_s", "step time (s)", "{:.1f}"),
+    ("throughput_tokens_per_s", "tokens/s", "{:.0f}"),
+    ("gpu_utilization", "GPU util.", "{:.1%}"),
+    ("cost_usd_per_mtok", "$/1M tokens", "{:.3f}"),
+    ("regenerated_tokens", "regen. tokens", "{:d}"),
+)
+
+
+def print_compare(results: dict[str, dict], console: Console) -> None:
+    table = Table(title="Policies on one workload", title_justify="left")
+    table.add_column("policy", no_wrap=True)
+    for _, label, _ in COMPARE_METRICS:
+        table.add_column(label, justify="right")
+    table.add_column("step vs first", justify="right", no_wrap=True)
+    base = next(iter(results.values()))["step_time_s"]
+    for name, row in results.items():
+        cells = [fmt.format(row[key]) for key, _, fmt in COMPARE_METRICS]
+        table.add_row(name, *cells, f"{row['step_time_s'] / base - 1:+.1%}")
+    console.print(table)
+
+
+def plot_compare(path: Path, results: dict[str, dict]) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 4, figsize=(15, 3.8))
+    names = list(results)
+    for ax, (key, label, _) in zip(axes, COMPARE_METRICS[:4], strict=True):
+        values = [results[n][key] for n in names]
+        ax.bar(range(len(names)), values, color="#4C72B0")
+        ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+        ax.set_title(label)
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,76 @@
+"""An RL run end to end: steps back to back (the offload budget adapting between them), then outputs."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+
+from rollflow.config import ConfigError
+from rollflow.policy.offload import OffloadBalancer, OffloadSettings, StepReport
+from rollflow.policy.resources import DynamicScheduler, ResourceScheduler, StaticScheduler
+from rollflow.sim.rl.accounting import summarize_run
+from rollflow.sim.rl.config import RLSimConfig, SchedulingConfig
+from rollflow.sim.rl.costs import StepCosts
+from rollflow.sim.rl.spot import SpotMarket
+from rollflow.sim.rl.step import StepResult, StepSimulator
+
+
+def make_resource_scheduler(scheduling: SchedulingConfig) -> ResourceScheduler:
+    if scheduling.kind == "static":
+        return StaticScheduler()
+    return DynamicScheduler(
+        pre_process=scheduling.pre_process,
+        pre_process_threshold=scheduling.pre_process_threshold,
+        wait_before_last_iter=scheduling.wait_before_last_iter,
+    )
+
+
+def simulate_steps(
+    config: RLSimConfig, on_step: Callable[[StepResult], None] | None = None
+) -> list[StepResult]:
+    costs = StepCosts.from_config(config)
+    scheduler = make_resource_scheduler(config.scheduling)
+    balancer = market = None
+    if config.spot.instances:
+        try:
+            balancer = OffloadBalancer(OffloadSettings(**config.spot.offload.model_dump()))
+        except ValueError as exc:
+            raise ConfigError(f"config error: spot.offload: {exc}") from None
+        market = SpotMarket(config.spot, config.seed)
+    steps: list[StepResult] = []
+    clock = 0.0
+    for index in range(config.steps):
+        step = StepSimulator(config, index, clock, costs, scheduler, balancer, market).run()
+        if balancer is not None:
+            balancer.update(StepReport(step.step_time_s, step.bubble_s))
+        steps.append(step)
+        clock = step.end
+        if on_step is not None:
+            on_step(step)
+    return steps
+
+
+def run_rl(config: RLSimConfig, console: Console | None = None, print_tables: bool = True) -> dict:
+    """Simulate `config`, write its output folder, print its summary; return the summary."""
+    started = time.perf_counter()
+    console = console or Console(stderr=True)
+    if config.output.progress and sys.stderr.isatty():
+        from rich.progress import Progress
+
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task("simulating steps", total=config.steps)
+            steps = simulate_steps(config, on_step=lambda _: progress.advance(task))
+    else:
+        steps = simulate_steps(config)
+    summary = summarize_run(config, steps, time.perf_counter() - started)
+    from rollflow.sim.rl.report import print_run, write_run
+
+    written = write_run(Path(config.output.dir), config, steps, summary)
+    if print_tables:
+        print_run(summary, Console())
+    console.print(f"wrote {', '.join(str(p) for p in written)}")
+    return summary
