@@ -14,7 +14,7 @@ import time
 
 from rollflow import __version__
 
-COMMAND_GROUPS = ("rollflow.sim.cli",)
+COMMAND_GROUPS = ("rollflow.sim.cli", "rollflow.runtime.engines.cli")
 
 EXAMPLES = """examples:
   rollflow sim serve --config examples/sim/demo.yaml
