@@ -9,6 +9,7 @@ decode, another kernel) still agree on every argmax.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,7 @@ def write_tiny_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec())
         model_max_length=spec.max_position_embeddings,
     )
     tokenizer.save_pretrained(out)
+    _name_tokenizer_class_portably(out / "tokenizer_config.json")
 
     hidden = 64 * spec.num_heads
     config = LlamaConfig(
@@ -73,12 +75,19 @@ def write_tiny_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec())
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
         initializer_range=spec.init_std,
+        dtype="float32",
     )
-    config.torch_dtype = torch.float32
     torch.manual_seed(spec.seed)
     model = LlamaForCausalLM(config).to(torch.float32)
     model.save_pretrained(out, safe_serialization=True)
     return out
+
+
+def _name_tokenizer_class_portably(path: Path) -> None:
+    """transformers 5 writes its own class name; PreTrainedTokenizerFast loads in 4.x and 5.x alike."""
+    config = json.loads(path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    path.write_text(json.dumps(config, indent=2) + "\n")
 
 
 def _train_tokenizer(vocab_size: int):

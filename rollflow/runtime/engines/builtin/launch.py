@@ -29,11 +29,13 @@ def serve_engine(
         )
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
 
     from rollflow.runtime.engines.builtin.server import EngineServer, ServedModel
     from rollflow.runtime.engines.builtin.weights import WeightChecker
     from rollflow.runtime.engines.builtin.worker import GenerationWorker
 
+    transformers_logging.disable_progress_bar()
     if num_threads:
         torch.set_num_threads(num_threads)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

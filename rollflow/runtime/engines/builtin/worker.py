@@ -16,7 +16,7 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -56,22 +56,16 @@ class Sequence:
     num_cached: int = 0
 
 
-@dataclass
-class _Control:
-    """Pause state and the engine's weight version, changed only by the generation thread."""
-
-    paused: bool = False
-    weight_version: int = 0
-    running: dict[str, Sequence] = field(default_factory=dict)
-
-
 class GenerationWorker:
     """Owns the model and runs every request on one thread; the other threads send it commands."""
 
     def __init__(self, model: Any, eos_token_ids: set[int], weight_version: int, seed: int) -> None:
         self._model = model
         self._eos_token_ids = eos_token_ids
-        self._state = _Control(weight_version=weight_version)
+        # all three are changed only by the generation thread
+        self._running: dict[str, Sequence] = {}
+        self._paused = False
+        self._weight_version = weight_version
         self._seeds = torch.Generator().manual_seed(seed)
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._stopped = False
@@ -86,11 +80,11 @@ class GenerationWorker:
 
     @property
     def weight_version(self) -> int:
-        return self._state.weight_version
+        return self._weight_version
 
     @property
     def num_running(self) -> int:
-        return len(self._state.running)
+        return len(self._running)
 
     def submit(self, seq: Sequence) -> None:
         self._commands.put(lambda: self._add(seq))
@@ -99,7 +93,7 @@ class GenerationWorker:
         self._commands.put(lambda: self._finish_aborted([rid], message))
 
     def abort_all(self, message: str = "aborted by request") -> None:
-        self._commands.put(lambda: self._finish_aborted(list(self._state.running), message))
+        self._commands.put(lambda: self._finish_aborted(list(self._running), message))
 
     def pause(self, mode: str) -> Future[None]:
         return self._call(lambda: self._pause(mode))
@@ -133,11 +127,11 @@ class GenerationWorker:
     def _run(self) -> None:
         with torch.inference_mode():
             while not self._stopped:
-                self._run_commands(block=self._state.paused or not self._state.running)
-                for seq in list(self._state.running.values()):
-                    if self._stopped or self._state.paused:
+                self._run_commands(block=self._paused or not self._running)
+                for seq in list(self._running.values()):
+                    if self._stopped or self._paused:
                         break
-                    if seq.rid in self._state.running:
+                    if seq.rid in self._running:
                         self._step(seq)
                     self._run_commands(block=False)
 
@@ -154,7 +148,7 @@ class GenerationWorker:
                 return
 
     def _add(self, seq: Sequence) -> None:
-        if seq.rid in self._state.running:
+        if seq.rid in self._running:
             seq.emit(self._abort_event(f"request id {seq.rid!r} is already running"))
             return
         if seq.sampling.temperature > 0:
@@ -163,9 +157,9 @@ class GenerationWorker:
                 seed = int(torch.randint(0, 2**62, (1,), generator=self._seeds))
             seq.generator = torch.Generator().manual_seed(seed)
         if seq.sampling.max_new_tokens == 0:
-            seq.emit(TokenEvent(None, None, self._state.weight_version, {"type": "length", "length": 0}))
+            seq.emit(TokenEvent(None, None, self._weight_version, {"type": "length", "length": 0}))
             return
-        self._state.running[seq.rid] = seq
+        self._running[seq.rid] = seq
 
     def _step(self, seq: Sequence) -> None:
         """Run the model on the tokens not yet in the cache and append one sampled token."""
@@ -178,8 +172,8 @@ class GenerationWorker:
         seq.num_generated += 1
         finish = self._finish_reason(seq, token_id)
         if finish is not None:
-            del self._state.running[seq.rid]
-        seq.emit(TokenEvent(token_id, logprob, self._state.weight_version, finish))
+            del self._running[seq.rid]
+        seq.emit(TokenEvent(token_id, logprob, self._weight_version, finish))
 
     def _finish_reason(self, seq: Sequence, token_id: int) -> dict[str, Any] | None:
         if token_id in seq.sampling.stop_token_ids or (
@@ -191,38 +185,38 @@ class GenerationWorker:
         return None
 
     def _abort_event(self, message: str) -> TokenEvent:
-        return TokenEvent(None, None, self._state.weight_version, {"type": "abort", "message": message})
+        return TokenEvent(None, None, self._weight_version, {"type": "abort", "message": message})
 
     def _finish_aborted(self, rids: list[str], message: str) -> None:
         for rid in rids:
-            seq = self._state.running.pop(rid, None)
+            seq = self._running.pop(rid, None)
             if seq is not None:
                 seq.emit(self._abort_event(message))
 
     def _pause(self, mode: str) -> None:
         if mode == "abort":
-            self._finish_aborted(list(self._state.running), "aborted by pause_generation")
+            self._finish_aborted(list(self._running), "aborted by pause_generation")
         elif mode == "retract":
             self._drop_caches()
-        self._state.paused = True
+        self._paused = True
 
     def _resume(self) -> None:
-        self._state.paused = False
+        self._paused = False
 
     def _load(self, tensors: dict[str, torch.Tensor], weight_version: int) -> None:
         params = self._model.state_dict()
         for name, tensor in tensors.items():
             params[name].copy_(tensor)
-        self._state.weight_version = weight_version
+        self._weight_version = weight_version
         # The caches hold keys and values of the old weights: recompute them with the new ones.
         self._drop_caches()
         logger.info("loaded %d tensors, weight version %d", len(tensors), weight_version)
 
     def _drop_caches(self) -> None:
-        for seq in self._state.running.values():
+        for seq in self._running.values():
             seq.past_key_values = None
             seq.num_cached = 0
 
     def _stop(self) -> None:
-        self._finish_aborted(list(self._state.running), "engine is shutting down")
+        self._finish_aborted(list(self._running), "engine is shutting down")
         self._stopped = True
