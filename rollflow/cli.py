@@ -17,6 +17,7 @@ from rollflow import __version__
 COMMAND_GROUPS = (
     "rollflow.sim.cli",
     "rollflow.sim.rl.cli",
+    "rollflow.runtime.engines.cli",
     "rollflow.runtime.manager.cli",
     "rollflow.runtime.weights.cli",
 )
@@ -25,6 +26,8 @@ EXAMPLES = """examples:
   rollflow sim serve --config examples/sim/demo.yaml
   rollflow sim from-vidur --output-dir out/ -- --replica_scheduler_config_type vllm
   rollflow rl-sim compare --config examples/rl/rlinf_dynamic.yaml --output-dir out/rlinf
+  rollflow engine init-model outputs/tiny && rollflow engine serve --model outputs/tiny --port 30001
+  rollflow manager serve --config examples/manager/local.yaml
   rollflow weights serve --dir outputs/weights
 Run `rollflow COMMAND --help` for each command's options and examples.
 """

@@ -15,7 +15,7 @@ class EngineEntry(StrictModel):
 
     url: str
     kind: Literal["local", "remote", "spot"] = "local"
-    engine_type: Literal["sglang", "vllm"] = "sglang"
+    engine_type: Literal["sglang", "vllm", "builtin"] = "sglang"
     capacity: int = Field(64, ge=1)
     """Most samples in flight on this engine at once; more wait in the manager's queue."""
 

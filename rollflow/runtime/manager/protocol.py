@@ -78,7 +78,7 @@ class NextMicroBatchBody(StrictModel):
 class WorkerBody(StrictModel):
     url: str = Field(pattern=r"^https?://[^\s/]+(/.*)?$")
     kind: Literal["local", "remote", "spot"] = "local"
-    engine_type: Literal["sglang", "vllm"] = "sglang"
+    engine_type: Literal["sglang", "vllm", "builtin"] = "sglang"
     capacity: int = Field(64, ge=1, le=100_000)
 
 

@@ -30,6 +30,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from rollflow.config import describe_validation_error
+from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.protocol import (
     BatchBody,
@@ -40,7 +41,6 @@ from rollflow.runtime.manager.protocol import (
     UpdateWeightsBody,
     WorkerBody,
 )
-from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.samples import Sample, SampleState
 from rollflow.runtime.manager.service import EngineUnavailable, RolloutManager
 

@@ -31,7 +31,7 @@ from rollflow.errors import UserError
 from rollflow.policy.offload import OffloadBalancer, OffloadSettings, StepReport
 from rollflow.policy.routing import Router, make_router
 from rollflow.policy.view import ClusterView, InstanceKind, RouteRequest
-from rollflow.runtime.engines import make_client
+from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.engines.base import EngineError, EngineRejectedError, SamplingParams
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.metrics import ManagerMetrics

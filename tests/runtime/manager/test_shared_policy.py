@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from rollflow.policy.routing import make_router
-from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.engines.base import SamplingParams
+from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.service import RolloutManager
 from rollflow.sim.engine import ServingSimulator
 from rollflow.sim.workload import build_requests

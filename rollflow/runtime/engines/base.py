@@ -1,0 +1,103 @@
+"""The one interface the rollout manager codes against, whatever engine serves the tokens.
+
+A client streams one sample's new tokens as `GenerateChunk`s (only tokens not yet reported, even
+when the server repeats the whole output in every event), each with the logprobs and the weight
+version that made them; the last chunk carries the finish reason. Errors are typed so the manager
+can tell a dead or misbehaving engine (resume elsewhere) from a request the engine refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to generate one sample; the same fields map onto SGLang's and vLLM's requests."""
+
+    # tokens to generate at most
+    max_new_tokens: int
+    # 0 is greedy
+    temperature: float = 1.0
+    top_p: float = 1.0
+    # -1 keeps every token
+    top_k: int = -1
+    # keep generating past end-of-sequence
+    ignore_eos: bool = False
+    # more token ids that end the sample with "stop"
+    stop_token_ids: tuple[int, ...] = ()
+    # seed of this sample's sampler; None lets the engine choose
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class GenerateChunk:
+    """Tokens an engine produced since the previous chunk of the same request."""
+
+    # new token ids only, in order
+    token_ids: list[int]
+    # logprob of each new token, same length as token_ids
+    logprobs: list[float]
+    # set on the last chunk of a request; None while it runs
+    finish_reason: FinishReason | None
+    # weight version that produced these tokens, when the engine reports one
+    weight_version: int | None
+
+
+class EngineError(Exception):
+    """The engine could not be reached, or broke off a request (connection lost, timeout)."""
+
+
+class EngineResponseError(EngineError):
+    """The engine answered with something that is not a valid response (bad status or body)."""
+
+
+class EngineRejectedError(EngineError):
+    """The engine refused the request itself (HTTP 4xx): resending it elsewhere will not help."""
+
+
+class NotSupportedError(EngineError):
+    """The engine kind has no such operation (e.g. a weight update vLLM does not expose)."""
+
+
+@runtime_checkable
+class EngineClient(Protocol):
+    """What the manager needs from an engine; one aiohttp session per client, reused by every call."""
+
+    url: str
+
+    def generate(
+        self, rid: str, input_ids: list[int], sampling: SamplingParams
+    ) -> AsyncIterator[GenerateChunk]:
+        """Stream one sample; the last chunk has a finish_reason. Closing the iterator early aborts it."""
+        ...
+
+    async def abort(self, rid: str) -> None:
+        """End a running request; its stream then finishes with "abort" (or just ends)."""
+        ...
+
+    async def health(self) -> bool:
+        """True when the engine answers its health check."""
+        ...
+
+    async def weight_version(self) -> int | None:
+        """The version of the weights the engine serves now, None when it does not say."""
+        ...
+
+    async def update_weights_from_disk(self, path: str, version: int) -> None:
+        """Load a checkpoint folder the engine can read and report `version` from then on."""
+        ...
+
+    async def pause(self) -> None:
+        """Stop producing tokens, keeping running requests in place, until `resume`."""
+        ...
+
+    async def resume(self) -> None: ...
+
+    async def close(self) -> None:
+        """Release the HTTP session (when the client owns it)."""
+        ...

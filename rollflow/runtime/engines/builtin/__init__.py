@@ -1,0 +1,1 @@
+"""The built-in engine: transformers on CPU behind a subset of SGLang's HTTP API."""

@@ -1,0 +1,79 @@
+"""Load a model folder and serve it: what `rollflow engine serve` runs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+
+from rollflow.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+
+def serve_engine(
+    model_dir: str,
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    weight_version: int = 0,
+    seed: int = 0,
+    num_threads: int | None = None,
+    incremental_streaming_output: bool = False,
+) -> None:
+    """Serve until interrupted; prints `serving on http://HOST:PORT` once requests are accepted."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if not (Path(model_dir) / "config.json").is_file():
+        raise UserError(
+            f"--model {model_dir}: no config.json there (make one with `rollflow engine init-model`)"
+        )
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
+
+    from rollflow.runtime.engines.builtin.server import EngineServer, ServedModel
+    from rollflow.runtime.engines.builtin.weights import WeightChecker
+    from rollflow.runtime.engines.builtin.worker import GenerationWorker
+
+    transformers_logging.disable_progress_bar()
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    config = model.config
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    served = ServedModel(
+        path=str(Path(model_dir).resolve()),
+        tokenizer=tokenizer,
+        vocab_size=config.vocab_size,
+        max_context_length=config.max_position_embeddings,
+    )
+    worker = GenerationWorker(model, eos_ids, weight_version=weight_version, seed=seed)
+    server = EngineServer(served, worker, WeightChecker(model), incremental_streaming_output)
+    worker.start()
+    try:
+        asyncio.run(_serve(server, host, port))
+    finally:
+        worker.stop()
+
+
+async def _serve(server, host: str, port: int) -> None:
+    from aiohttp import web
+
+    runner = web.AppRunner(server.build_app(), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    bound_host, bound_port = runner.addresses[0][:2]
+    print(f"serving on http://{bound_host}:{bound_port}", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,222 @@
+"""The built-in engine's generation thread: one decode step per running request, round robin.
+
+Every request keeps its own transformers KV cache, so requests of any length interleave without
+padding, and a request's tokens depend only on its own sequence: a request resumed from prompt +
+generated prefix produces, greedily, exactly the tokens the uninterrupted one would have. All engine
+state is owned by this thread; the HTTP side talks to it only through `submit`, `abort`, `pause`,
+`resume` and `load_weights`, which queue a command that the thread runs between two decode steps
+(so an abort lands within one step of one request). Each produced token is handed back through the
+request's `emit` callback, with the weight version that produced it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rollflow.runtime.engines.builtin.sampling import SamplingOptions, sample_next_token
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """What the generation thread reports for a request: one new token, its end, or both."""
+
+    # the new token and its logprob; None when the request ends without a new token (abort)
+    token_id: int | None
+    logprob: float | None
+    # weight version of the model that produced the token
+    weight_version: int
+    # SGLang's finish_reason dict ({"type": "stop"|"length"|"abort", ...}); None while running
+    finish_reason: dict[str, Any] | None = None
+
+
+@dataclass
+class Sequence:
+    """One request's state inside the generation thread."""
+
+    rid: str
+    # prompt followed by every generated token
+    token_ids: list[int]
+    sampling: SamplingOptions
+    # called from the generation thread with each event; must be thread-safe and non-blocking
+    emit: Callable[[TokenEvent], None]
+    generator: torch.Generator | None = None
+    num_generated: int = 0
+    # KV cache of token_ids[:num_cached]; None means the next step prefills the whole sequence
+    past_key_values: Any = None
+    num_cached: int = 0
+
+
+class GenerationWorker:
+    """Owns the model and runs every request on one thread; the other threads send it commands."""
+
+    def __init__(self, model: Any, eos_token_ids: set[int], weight_version: int, seed: int) -> None:
+        self._model = model
+        self._eos_token_ids = eos_token_ids
+        # all three are changed only by the generation thread
+        self._running: dict[str, Sequence] = {}
+        self._paused = False
+        self._weight_version = weight_version
+        self._seeds = torch.Generator().manual_seed(seed)
+        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="rollflow-engine-worker", daemon=True)
+
+    # ---- API for other threads -------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def weight_version(self) -> int:
+        return self._weight_version
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    def submit(self, seq: Sequence) -> None:
+        self._commands.put(lambda: self._add(seq))
+
+    def abort(self, rid: str, message: str = "aborted by request") -> None:
+        self._commands.put(lambda: self._finish_aborted([rid], message))
+
+    def abort_all(self, message: str = "aborted by request") -> None:
+        self._commands.put(lambda: self._finish_aborted(list(self._running), message))
+
+    def pause(self, mode: str) -> Future[None]:
+        return self._call(lambda: self._pause(mode))
+
+    def resume(self) -> Future[None]:
+        return self._call(self._resume)
+
+    def load_weights(self, tensors: dict[str, torch.Tensor], weight_version: int) -> Future[None]:
+        """Copy `tensors` (already checked against the model) into the model between two steps."""
+        return self._call(lambda: self._load(tensors, weight_version))
+
+    def stop(self) -> None:
+        self._commands.put(self._stop)
+        self._thread.join(timeout=10)
+
+    # ---- generation thread ----------------------------------------------------------------
+    def _call(self, fn: Callable[[], None]) -> Future[None]:
+        done: Future[None] = Future()
+
+        def run() -> None:
+            try:
+                fn()
+            except Exception as exc:
+                done.set_exception(exc)
+            else:
+                done.set_result(None)
+
+        self._commands.put(run)
+        return done
+
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while not self._stopped:
+                self._run_commands(block=self._paused or not self._running)
+                for seq in list(self._running.values()):
+                    if self._stopped or self._paused:
+                        break
+                    if seq.rid in self._running:
+                        self._step(seq)
+                    self._run_commands(block=False)
+
+    def _run_commands(self, block: bool) -> None:
+        try:
+            command = self._commands.get(block=block)
+        except queue.Empty:
+            return
+        while True:
+            command()
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _add(self, seq: Sequence) -> None:
+        if seq.rid in self._running:
+            seq.emit(self._abort_event(f"request id {seq.rid!r} is already running"))
+            return
+        if seq.sampling.temperature > 0:
+            seed = seq.sampling.seed
+            if seed is None:
+                seed = int(torch.randint(0, 2**62, (1,), generator=self._seeds))
+            seq.generator = torch.Generator().manual_seed(seed)
+        if seq.sampling.max_new_tokens == 0:
+            seq.emit(TokenEvent(None, None, self._weight_version, {"type": "length", "length": 0}))
+            return
+        self._running[seq.rid] = seq
+
+    def _step(self, seq: Sequence) -> None:
+        """Run the model on the tokens not yet in the cache and append one sampled token."""
+        new_ids = torch.tensor([seq.token_ids[seq.num_cached :]], dtype=torch.long)
+        out = self._model(input_ids=new_ids, past_key_values=seq.past_key_values, use_cache=True)
+        seq.past_key_values = out.past_key_values
+        seq.num_cached = len(seq.token_ids)
+        token_id, logprob = sample_next_token(out.logits[0, -1], seq.sampling, seq.generator)
+        seq.token_ids.append(token_id)
+        seq.num_generated += 1
+        finish = self._finish_reason(seq, token_id)
+        if finish is not None:
+            del self._running[seq.rid]
+        seq.emit(TokenEvent(token_id, logprob, self._weight_version, finish))
+
+    def _finish_reason(self, seq: Sequence, token_id: int) -> dict[str, Any] | None:
+        if token_id in seq.sampling.stop_token_ids or (
+            token_id in self._eos_token_ids and not seq.sampling.ignore_eos
+        ):
+            return {"type": "stop", "matched": token_id}
+        if seq.num_generated >= seq.sampling.max_new_tokens:
+            return {"type": "length", "length": seq.num_generated}
+        return None
+
+    def _abort_event(self, message: str) -> TokenEvent:
+        return TokenEvent(None, None, self._weight_version, {"type": "abort", "message": message})
+
+    def _finish_aborted(self, rids: list[str], message: str) -> None:
+        for rid in rids:
+            seq = self._running.pop(rid, None)
+            if seq is not None:
+                seq.emit(self._abort_event(message))
+
+    def _pause(self, mode: str) -> None:
+        if mode == "abort":
+            self._finish_aborted(list(self._running), "aborted by pause_generation")
+        elif mode == "retract":
+            self._drop_caches()
+        self._paused = True
+
+    def _resume(self) -> None:
+        self._paused = False
+
+    def _load(self, tensors: dict[str, torch.Tensor], weight_version: int) -> None:
+        params = self._model.state_dict()
+        for name, tensor in tensors.items():
+            params[name].copy_(tensor)
+        self._weight_version = weight_version
+        # The caches hold keys and values of the old weights: recompute them with the new ones.
+        self._drop_caches()
+        logger.info("loaded %d tensors, weight version %d", len(tensors), weight_version)
+
+    def _drop_caches(self) -> None:
+        for seq in self._running.values():
+            seq.past_key_values = None
+            seq.num_cached = 0
+
+    def _stop(self) -> None:
+        self._finish_aborted(list(self._running), "engine is shutting down")
+        self._stopped = True

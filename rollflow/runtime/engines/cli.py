@@ -1,0 +1,101 @@
+"""`rollflow engine ...`: make a tiny model and serve it with the built-in engine."""
+
+from __future__ import annotations
+
+import argparse
+
+EXAMPLES = """examples:
+  rollflow engine init-model models/tiny
+  rollflow engine init-model models/tiny-4l --layers 4 --heads 4 --vocab 1024 --seed 1
+  rollflow engine serve --model models/tiny --port 30000
+  rollflow engine serve --model models/tiny --port 0 --weight-version 3 --threads 1
+"""
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    engine = commands.add_parser(
+        "engine",
+        help="make a tiny model; serve it with the built-in CPU engine",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    engine_commands = engine.add_subparsers(dest="engine_command", required=True, metavar="SUBCOMMAND")
+
+    init = engine_commands.add_parser(
+        "init-model",
+        help="write a tiny random Llama model and its tokenizer (no download)",
+        description="Write a tiny random causal LM (Llama, head_dim 64, float32 safetensors) with a byte-level "
+        "BPE tokenizer trained here, to a folder that transformers, vLLM and `rollflow engine serve` load.",
+        epilog="example: rollflow engine init-model models/tiny --layers 2 --heads 2 --vocab 512",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    init.add_argument("dir", help="output folder (created if missing)")
+    init.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    init.add_argument("--layers", type=int, default=2, help="decoder layers (default 2)")
+    init.add_argument(
+        "--heads", type=int, default=2, help="attention heads of size 64; hidden = 64 * heads (default 2)"
+    )
+    init.add_argument("--vocab", type=int, default=512, help="tokenizer vocabulary size (default 512)")
+    init.add_argument("--max-len", type=int, default=2048, help="context length (default 2048)")
+    init.set_defaults(handler=_init_model)
+
+    serve = engine_commands.add_parser(
+        "serve",
+        help="serve a model folder with the built-in engine (SGLang's /generate API subset)",
+        description="Serve a model on CPU with transformers behind the part of SGLang's HTTP API that the "
+        "rollout manager uses: /generate (streaming, logprobs), /abort_request, /health, /health_generate, "
+        "/get_model_info, /get_weight_version, /update_weights_from_disk, /update_weights_from_safetensors, "
+        "/pause_generation, /continue_generation. Prints `serving on http://HOST:PORT` when ready.",
+        epilog="example: rollflow engine serve --model models/tiny --port 30000",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument("--model", required=True, help="model folder (e.g. from `rollflow engine init-model`)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=30000, help="port; 0 picks a free one (default 30000)")
+    serve.add_argument(
+        "--weight-version", type=int, default=0, help="weight version reported at start (default 0)"
+    )
+    serve.add_argument(
+        "--seed", type=int, default=0, help="seeds the samplers of requests without a sampling_seed"
+    )
+    serve.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    serve.add_argument(
+        "--incremental-streaming-output",
+        action="store_true",
+        help="stream only new tokens in each event (SGLang's flag; default: cumulative output, like SGLang)",
+    )
+    serve.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    serve.set_defaults(handler=_serve)
+
+
+def _init_model(args: argparse.Namespace, started_at: float) -> None:
+    from rollflow.runtime.engines.tiny_model import TinyModelSpec, write_tiny_model
+
+    spec = TinyModelSpec(
+        num_layers=args.layers,
+        num_heads=args.heads,
+        vocab_size=args.vocab,
+        max_position_embeddings=args.max_len,
+        seed=args.seed,
+    )
+    out = write_tiny_model(args.dir, spec)
+    print(f"wrote a {args.layers}-layer model with a {args.vocab}-token tokenizer to {out}")
+
+
+def _serve(args: argparse.Namespace, started_at: float) -> None:
+    import logging
+
+    from rollflow.runtime.engines.builtin.launch import serve_engine
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    serve_engine(
+        args.model,
+        host=args.host,
+        port=args.port,
+        weight_version=args.weight_version,
+        seed=args.seed,
+        num_threads=args.threads,
+        incremental_streaming_output=args.incremental_streaming_output,
+    )

