@@ -31,8 +31,8 @@ from rollflow.errors import UserError
 from rollflow.policy.offload import OffloadBalancer, OffloadSettings, StepReport
 from rollflow.policy.routing import Router, make_router
 from rollflow.policy.view import ClusterView, InstanceKind, RouteRequest
-from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.engines.base import EngineError, EngineRejectedError, SamplingParams
+from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.metrics import ManagerMetrics
 from rollflow.runtime.manager.packing import GroupPacker
