@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import signal
 import statistics
@@ -238,6 +239,9 @@ def preemption(args: argparse.Namespace, tmp: Path) -> None:
 
 
 def main() -> None:
+    # sglang-router probes workers with an HTTP/2 preface before falling back to HTTP/1.1; the
+    # instant engine's aiohttp server logs each probe as a bad request. They are not errors here.
+    logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
