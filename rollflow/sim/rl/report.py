@@ -67,7 +67,7 @@ def plot_gantt(path: Path, config: RLSimConfig, steps: list[StepResult]) -> Path
     ax.set_ylabel("GPU" + (" (below the line: preemptible)" if config.spot.instances else ""))
     handles = [Patch(color=c, label=n) for n, c in COLORS.items()]
     handles.append(Patch(color="#DDDDDD", label="rollout instance idle"))
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=7, fontsize=8)
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=7, fontsize=8)
     ax.set_title(f"GPU timeline, {len(steps)} steps (dotted: step ends)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
