@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from pydantic import BaseModel
 
 
@@ -10,3 +12,11 @@ def print_yaml(config: BaseModel) -> None:
     import yaml
 
     print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), end="")
+
+
+def add_command_group(commands: argparse._SubParsersAction, name: str, help: str, examples: str):
+    """A top-level command whose sub-commands the caller adds; `--help` ends with its examples."""
+    group = commands.add_parser(
+        name, help=help, epilog=examples, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    return group.add_subparsers(dest=f"{name}_command", required=True, metavar="SUBCOMMAND")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rollflow.cli_util import print_yaml
+from rollflow.cli_util import add_command_group, print_yaml
 
 EXAMPLES = """examples:
   rollflow sim serve --config examples/sim/demo.yaml
@@ -15,13 +15,7 @@ EXAMPLES = """examples:
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    sim = commands.add_parser(
-        "sim",
-        help="simulate an LLM inference cluster",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sim_commands = sim.add_subparsers(dest="sim_command", required=True, metavar="SUBCOMMAND")
+    sim_commands = add_command_group(commands, "sim", "simulate an LLM inference cluster", EXAMPLES)
 
     serve = sim_commands.add_parser(
         "serve",

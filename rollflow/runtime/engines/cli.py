@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from rollflow.cli_util import add_command_group
+
 EXAMPLES = """examples:
   rollflow engine init-model models/tiny
   rollflow engine init-model models/tiny-4l --layers 4 --heads 4 --vocab 1024 --seed 1
@@ -13,13 +15,9 @@ EXAMPLES = """examples:
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    engine = commands.add_parser(
-        "engine",
-        help="make a tiny model; serve it with the built-in CPU engine",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    engine_commands = add_command_group(
+        commands, "engine", "make a tiny model; serve it with the built-in CPU engine", EXAMPLES
     )
-    engine_commands = engine.add_subparsers(dest="engine_command", required=True, metavar="SUBCOMMAND")
 
     init = engine_commands.add_parser(
         "init-model",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from rollflow.cli_util import add_command_group
+
 EXAMPLES = """examples:
   rollflow manager serve --port 30100
   rollflow manager serve --config examples/manager/local.yaml --token "$ROLLFLOW_MANAGER_TOKEN"
@@ -17,13 +19,9 @@ then, from anywhere on the machine:
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    manager = commands.add_parser(
-        "manager",
-        help="run the rollout manager between a trainer and rollout engines",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    sub = add_command_group(
+        commands, "manager", "run the rollout manager between a trainer and rollout engines", EXAMPLES
     )
-    sub = manager.add_subparsers(dest="manager_command", required=True, metavar="SUBCOMMAND")
     serve = sub.add_parser(
         "serve",
         help="serve the manager's HTTP API",

@@ -10,6 +10,8 @@ import argparse
 import os
 import sys
 
+from rollflow.cli_util import add_command_group
+
 EXAMPLES = """examples:
   rollflow weights serve --dir outputs/weights --port 8650
   rollflow weights publish --url http://127.0.0.1:8650 --version 1 --from path/to/hf_checkpoint/
@@ -24,13 +26,7 @@ CHECKPOINT_TEXT_FILES = ("config.json", "generation_config.json")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    weights = commands.add_parser(
-        "weights",
-        help="serve, publish and pull versioned model weights",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = weights.add_subparsers(dest="weights_command", required=True, metavar="SUBCOMMAND")
+    sub = add_command_group(commands, "weights", "serve, publish and pull versioned model weights", EXAMPLES)
 
     serve = sub.add_parser(
         "serve",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rollflow.cli_util import print_yaml
+from rollflow.cli_util import add_command_group, print_yaml
 
 EXAMPLES = """examples:
   rollflow rl-sim run --config examples/rl/rlinf_dynamic.yaml --output-dir out/rl
@@ -15,13 +15,12 @@ EXAMPLES = """examples:
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    rl = commands.add_parser(
+    rl_commands = add_command_group(
+        commands,
         "rl-sim",
-        help="simulate RL training steps (rollout, inference, training, weight sync) on a GPU cluster",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "simulate RL training steps (rollout, inference, training, weight sync) on a GPU cluster",
+        EXAMPLES,
     )
-    rl_commands = rl.add_subparsers(dest="rl_command", required=True, metavar="SUBCOMMAND")
 
     run = rl_commands.add_parser(
         "run",
