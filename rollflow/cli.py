@@ -14,11 +14,12 @@ import time
 
 from rollflow import __version__
 
-COMMAND_GROUPS = ("rollflow.sim.cli",)
+COMMAND_GROUPS = ("rollflow.sim.cli", "rollflow.learn.cli")
 
 EXAMPLES = """examples:
   rollflow sim serve --config examples/sim/demo.yaml
   rollflow sim from-vidur --output-dir out/ -- --replica_scheduler_config_type vllm
+  rollflow router compare --config examples/router/heterogeneous.yaml
 Run `rollflow COMMAND --help` for each command's options and examples.
 """
 

@@ -1,0 +1,163 @@
+"""A router trained by `rollflow router train`, run with numpy alone (no torch at decision time).
+
+The policy scores every instance with one small MLP shared across instances and picks the
+highest score. An instance's input is its own load (from the `ClusterView`), its position in
+the view (so a policy trained for one cluster learns which slots are fast GPUs), the cluster's
+mean load, and the arriving request's lengths. The same `encode_observation` feeds the
+Gymnasium environment during training and this router at run time, so what the policy saw in
+the simulator is what it sees in the live manager.
+
+    router = load_learned_router("examples/router/heterogeneous.policy.npz")
+    router = make_router("learned", path="examples/router/heterogeneous.policy.npz")  # same thing
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from rollflow.errors import UserError
+from rollflow.policy.view import ClusterView, RouteRequest
+
+NUM_INSTANCE_FEATURES = 8
+NUM_REQUEST_FEATURES = 2
+FORMAT_VERSION = 1
+MAX_FEATURE = 50.0  # features are log-scaled; the clip only guards against absurd inputs
+
+
+@dataclass(frozen=True)
+class ObservationSpec:
+    """How a snapshot becomes numbers; stored in the policy file so training and serving agree."""
+
+    num_instances: int
+    token_scale: float = 1024.0  # tokens are fed as log1p(tokens / token_scale)
+    request_scale: float = 16.0  # request counts as log1p(count / request_scale)
+    throughput_scale: float = 1000.0  # tokens/s as log1p(tokens_per_s / throughput_scale)
+    use_predicted_output: bool = True  # feed the request's expected output length (else 0)
+
+    @property
+    def size(self) -> int:
+        return self.num_instances * NUM_INSTANCE_FEATURES + NUM_REQUEST_FEATURES
+
+
+def encode_observation(request: RouteRequest, view: ClusterView, spec: ObservationSpec) -> np.ndarray:
+    """Flat float32 vector: per instance (in view order) its load features, then the request's."""
+    instances = view.instances
+    if len(instances) != spec.num_instances:
+        raise UserError(
+            f"learned router was trained for {spec.num_instances} instances, the cluster has {len(instances)}"
+        )
+    raw = np.array(
+        [
+            (
+                inst.num_queued,
+                inst.num_running,
+                inst.queued_tokens,
+                inst.running_tokens,
+                inst.kv_usage,
+                inst.tokens_per_s,
+                inst.token_load,
+                inst.token_load / inst.tokens_per_s if inst.tokens_per_s > 0 else 0.0,
+            )
+            for inst in instances
+        ],
+        dtype=np.float64,
+    )
+    scale = np.array(
+        [
+            spec.request_scale,
+            spec.request_scale,
+            spec.token_scale,
+            spec.token_scale,
+            1.0,
+            spec.throughput_scale,
+            spec.token_scale,
+            1.0,  # seconds to drain the token load at the measured rate
+        ]
+    )
+    features = np.log1p(np.maximum(raw, 0.0) / scale)
+    output = request.expected_output_tokens if spec.use_predicted_output else 0
+    tail = np.log1p(np.array([request.prompt_tokens, output], dtype=np.float64) / spec.token_scale)
+    return np.minimum(np.concatenate([features.ravel(), tail]), MAX_FEATURE).astype(np.float32)
+
+
+def scorer_inputs(obs: np.ndarray, num_instances: int) -> np.ndarray:
+    """Per-instance rows [own features, slot one-hot, mean features, request features] of a batch.
+
+    `obs` is (batch, size); the result is (batch, instances, inputs). Written with numpy calls
+    that torch mirrors one for one (see rollflow.learn.policy_net), so both compute the same.
+    """
+    batch = obs.shape[0]
+    per = obs[:, : num_instances * NUM_INSTANCE_FEATURES].reshape(batch, num_instances, NUM_INSTANCE_FEATURES)
+    req = obs[:, num_instances * NUM_INSTANCE_FEATURES :]
+    slots = np.broadcast_to(np.eye(num_instances, dtype=obs.dtype), (batch, num_instances, num_instances))
+    mean = np.broadcast_to(per.mean(axis=1, keepdims=True), per.shape)
+    req_rows = np.broadcast_to(req[:, None, :], (batch, num_instances, req.shape[1]))
+    return np.concatenate([per, slots, mean, req_rows], axis=2)
+
+
+class LearnedRouter:
+    """Greedy routing by an exported scorer MLP: tanh hidden layers, one score per instance."""
+
+    name = "learned"
+
+    def __init__(self, spec: ObservationSpec, weights: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        self.spec = spec
+        self._layers = [(w.astype(np.float32), b.astype(np.float32)) for w, b in weights]
+        eye = np.eye(spec.num_instances, dtype=np.float32)
+        # The slot one-hot times the first layer is a per-slot bias: fold it in once.
+        w0, b0 = self._layers[0]
+        f = NUM_INSTANCE_FEATURES
+        self._w_own = w0[:f]
+        self._slot_bias = eye @ w0[f : f + spec.num_instances] + b0
+        self._w_mean = w0[f + spec.num_instances : 2 * f + spec.num_instances]
+        self._w_req = w0[2 * f + spec.num_instances :]
+
+    def scores(self, obs: np.ndarray) -> np.ndarray:
+        """Scores of each instance for one flat observation (the argmax is the pick)."""
+        n, f = self.spec.num_instances, NUM_INSTANCE_FEATURES
+        per = obs[: n * f].reshape(n, f)
+        shared = per.mean(axis=0) @ self._w_mean + obs[n * f :] @ self._w_req
+        hidden = np.tanh(per @ self._w_own + self._slot_bias + shared)
+        for w, b in self._layers[1:-1]:
+            hidden = np.tanh(hidden @ w + b)
+        w, b = self._layers[-1]
+        return (hidden @ w + b)[:, 0]
+
+    def pick(self, request: RouteRequest, view: ClusterView) -> int:
+        scores = self.scores(encode_observation(request, view, self.spec))
+        return view.instances[int(np.argmax(scores))].instance_id
+
+
+def save_learned_router(
+    path: str | Path, spec: ObservationSpec, weights: list[tuple[np.ndarray, np.ndarray]], info: dict
+) -> Path:
+    """Write the policy as one .npz: layer weights plus a JSON header (spec and training facts)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = {"format": FORMAT_VERSION, "spec": asdict(spec), "num_layers": len(weights), "info": info}
+    arrays = {"header": np.array(json.dumps(header))}
+    for k, (w, b) in enumerate(weights):
+        arrays[f"w{k}"], arrays[f"b{k}"] = w, b
+    with path.open("wb") as handle:
+        np.savez(handle, **arrays)
+    return path
+
+
+def load_learned_router(path: str | Path) -> LearnedRouter:
+    """Load a policy file written by `save_learned_router`; errors name the file and the problem."""
+    file = Path(path)
+    if not file.is_file():
+        raise UserError(f"learned router file not found: {path}")
+    try:
+        with np.load(file, allow_pickle=False) as data:
+            header = json.loads(str(data["header"]))
+            weights = [(data[f"w{k}"], data[f"b{k}"]) for k in range(header["num_layers"])]
+    except (ValueError, KeyError, OSError) as exc:
+        raise UserError(f"{path} is not a rollflow policy file: {exc}") from None
+    if header.get("format") != FORMAT_VERSION:
+        raise UserError(f"{path}: policy format {header.get('format')} is not {FORMAT_VERSION}")
+    return LearnedRouter(ObservationSpec(**header["spec"]), weights)
