@@ -136,7 +136,7 @@ class LearnConfig(Section):
     output_dir: str = "outputs/router"
     """Checkpoints, metrics.csv, TensorBoard events, policy.npz, compare.json and plots."""
     policy_file: str | None = None
-    """Exported policy that `evaluate` and `compare` load (default: <output_dir>/policy.npz)."""
+    """Where `train` exports the policy and `evaluate`/`compare` load it (default: <output_dir>/policy.npz)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -5,7 +5,7 @@ Phases, each logged under its name in metrics.csv (and TensorBoard when installe
     bc         the scorer clones the best demonstrators; a frozen copy becomes the KL reference
     ppo        rollouts + updates; every `validate_every` iterations the greedy policy routes the
                validation seeds, and the one with the lowest p99 E2E so far is kept
-    export     the kept policy is written to <output_dir>/policy.npz (numpy inference)
+    export     the kept policy is written to policy_file, default <output_dir>/policy.npz (numpy inference)
 
 A checkpoint is written after every PPO iteration; `--resume auto` continues from it (the
 episode in progress restarts), `--resume never` starts over.
@@ -127,7 +127,7 @@ def train(
         metrics.close()
     policy.load_state_dict(best["weights"])
     info = {"best_step": best["step"], "validation_e2e_p99": best["e2e_p99"], "preset": config.preset}
-    path = save_learned_router(out / POLICY, spec, policy.export_weights(), info)
+    path = save_learned_router(config.policy_file or out / POLICY, spec, policy.export_weights(), info)
     console.print(f"exported {path} (from step {best['step']}, validation p99 E2E {best['e2e_p99']:.2f} s)")
     return path
 
