@@ -41,11 +41,11 @@ def collect_demonstrations(config: LearnConfig, seed: int = 0) -> Demonstrations
     obs, actions, owners = [], [], []
     mean_return = {}
     for k, name in enumerate(names):
-        env = RoutingEnv(config)
+        env = RoutingEnv(config)  # fresh, so every demonstrator replays the same episode seeds
         returns = []
         for episode in range(config.bc.episodes_per_demonstrator):
             router = make_router(name, seed=seed + episode)
-            ob, _ = env.reset(seed=seed + 1000 * k + episode)
+            ob, _ = env.reset(seed=seed + episode)  # same workloads and floods for every demonstrator
             total, done = 0.0, False
             while not done:
                 action = env.heuristic_action(router)
