@@ -83,9 +83,7 @@ def sb3_curve(task: str, steps: int, seed: int) -> list[tuple[int, float]]:
 
         def _on_rollout_end(self) -> None:
             returns = [info["r"] for info in self.model.ep_info_buffer]
-            self.curve.append(
-                (self.num_timesteps, float(np.mean(returns)) if returns else float("nan"))
-            )
+            self.curve.append((self.num_timesteps, float(np.mean(returns)) if returns else float("nan")))
             self.model.ep_info_buffer.clear()
 
     env = Monitor(make_env(task))

@@ -14,6 +14,7 @@ the simulator is what it sees in the live manager.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -43,11 +44,13 @@ class ObservationSpec:
         return self.num_instances * NUM_INSTANCE_FEATURES + NUM_REQUEST_FEATURES
 
 
-def encode_observation(request: RouteRequest, view: ClusterView, spec: ObservationSpec) -> np.ndarray:
-    """Flat float32 vector: per instance (in view order) its log-scaled load features, then the request's.
+def encode_features(
+    request: RouteRequest, view: ClusterView, spec: ObservationSpec
+) -> tuple[list[list[float]], list[float]]:
+    """Log-scaled features of each instance (in view order) and of the request, as Python floats.
 
-    Plain Python arithmetic and one array: at four to sixteen instances that beats vectorised
-    numpy, whose per-call overhead dominates arrays this small (the router's latency budget is tens of us).
+    Plain Python arithmetic: at four to sixteen instances it beats numpy, whose per-call overhead
+    dominates arrays this small (the router's latency budget is tens of microseconds).
     """
     instances = view.instances
     if len(instances) != spec.num_instances:
@@ -55,11 +58,11 @@ def encode_observation(request: RouteRequest, view: ClusterView, spec: Observati
             f"learned router was trained for {spec.num_instances} instances, the cluster has {len(instances)}"
         )
     tokens, count, rate_scale = 1.0 / spec.token_scale, 1.0 / spec.request_scale, 1.0 / spec.throughput_scale
-    values: list[float] = []
+    rows = []
     for inst in instances:
         load = inst.queued_tokens + inst.running_tokens
         rate = inst.tokens_per_s
-        values += (
+        raw = (
             inst.num_queued * count,
             inst.num_running * count,
             inst.queued_tokens * tokens,
@@ -69,24 +72,19 @@ def encode_observation(request: RouteRequest, view: ClusterView, spec: Observati
             load * tokens,
             load / rate if rate > 0 else 0.0,  # seconds to drain the load at the measured rate
         )
+        rows.append([_squash(v) for v in raw])
     output = request.expected_output_tokens if spec.use_predicted_output else 0
-    values += (request.prompt_tokens * tokens, output * tokens)
-    return np.minimum(np.log1p(np.maximum(np.array(values, dtype=np.float32), 0.0)), MAX_FEATURE)
+    return rows, [_squash(request.prompt_tokens * tokens), _squash(output * tokens)]
 
 
-def scorer_inputs(obs: np.ndarray, num_instances: int) -> np.ndarray:
-    """Per-instance rows [own features, slot one-hot, mean features, request features] of a batch.
+def _squash(value: float) -> float:
+    return min(math.log1p(value), MAX_FEATURE) if value > 0 else 0.0
 
-    `obs` is (batch, size); the result is (batch, instances, inputs). Written with numpy calls
-    that torch mirrors one for one (see rollflow.learn.policy_net), so both compute the same.
-    """
-    batch = obs.shape[0]
-    per = obs[:, : num_instances * NUM_INSTANCE_FEATURES].reshape(batch, num_instances, NUM_INSTANCE_FEATURES)
-    req = obs[:, num_instances * NUM_INSTANCE_FEATURES :]
-    slots = np.broadcast_to(np.eye(num_instances, dtype=obs.dtype), (batch, num_instances, num_instances))
-    mean = np.broadcast_to(per.mean(axis=1, keepdims=True), per.shape)
-    req_rows = np.broadcast_to(req[:, None, :], (batch, num_instances, req.shape[1]))
-    return np.concatenate([per, slots, mean, req_rows], axis=2)
+
+def encode_observation(request: RouteRequest, view: ClusterView, spec: ObservationSpec) -> np.ndarray:
+    """The flat float32 observation of the routing env: every instance's features, then the request's."""
+    rows, req = encode_features(request, view, spec)
+    return np.array([v for row in rows for v in row] + req, dtype=np.float32)
 
 
 class LearnedRouter:
@@ -99,29 +97,36 @@ class LearnedRouter:
         layers = [(w.astype(np.float32), b.astype(np.float32)) for w, b in weights]
         n, f = spec.num_instances, NUM_INSTANCE_FEATURES
         w0, b0 = layers[0]
-        # First layer, split by input block: [own | slots | mean | request]. The slot one-hot
-        # becomes a per-slot bias; the mean and the request, shared by every row, go through
-        # one small matmul of their own (the mean as ones/n @ own features).
-        self._w_own = w0[:f]
+        # The first layer's inputs are [own | slot one-hot | mean | request]: the one-hot rows
+        # become a per-slot bias, the rest one matrix over rows [own | mean | request].
+        self._w_first = np.concatenate([w0[:f], w0[f + n :]], axis=0)
         self._slot_bias = w0[f : f + n] + b0
-        self._w_shared = np.concatenate([w0[f + n : 2 * f + n], w0[2 * f + n :]], axis=0)
-        self._mean_row = np.full(n, 1.0 / n, dtype=np.float32)
         self._layers = layers[1:]
 
-    def scores(self, obs: np.ndarray) -> np.ndarray:
-        """Scores of each instance for one flat observation (the argmax is the pick)."""
-        split = self.spec.num_instances * NUM_INSTANCE_FEATURES
-        per = obs[:split].reshape(self.spec.num_instances, NUM_INSTANCE_FEATURES)
-        shared = np.concatenate((self._mean_row @ per, obs[split:])) @ self._w_shared
-        hidden = np.tanh(per @ self._w_own + shared + self._slot_bias)
+    def _last_hidden(self, x: np.ndarray) -> np.ndarray:
+        hidden = np.tanh(x @ self._w_first + self._slot_bias)
         for w, b in self._layers[:-1]:
             hidden = np.tanh(hidden @ w + b)
+        return hidden
+
+    def scores(self, obs: np.ndarray) -> np.ndarray:
+        """Score of each instance for one flat observation (the env's); the argmax is the pick."""
+        n, f = self.spec.num_instances, NUM_INSTANCE_FEATURES
+        per = obs[: n * f].reshape(n, f)
+        tail = np.concatenate([per.mean(axis=0), obs[n * f :]])
         w, b = self._layers[-1]
-        return (hidden @ w + b)[:, 0]
+        rows = np.concatenate([per, np.broadcast_to(tail, (n, len(tail)))], axis=1)
+        return (self._last_hidden(rows) @ w + b)[:, 0]
 
     def pick(self, request: RouteRequest, view: ClusterView) -> int:
-        scores = self.scores(encode_observation(request, view, self.spec))
-        return view.instances[int(np.argmax(scores))].instance_id
+        rows, req = encode_features(request, view, self.spec)
+        n = len(rows)
+        tail = [sum(column) / n for column in zip(*rows, strict=True)] + req
+        hidden = self._last_hidden(np.array([row + tail for row in rows], dtype=np.float32))
+        scores = (
+            hidden @ self._layers[-1][0]
+        )  # the output bias is shared by all instances: no effect on argmax
+        return view.instances[int(scores.argmax())].instance_id
 
 
 def save_learned_router(
