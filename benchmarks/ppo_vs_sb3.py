@@ -5,10 +5,12 @@
 
 rollflow's PPO runs with its anchor knobs off (no KL reference, no entropy bonus, temperature 1),
 so both implement the same algorithm (clipped surrogate, GAE, per-minibatch advantage
-normalisation, gradient clipping, SB3's default hyperparameters). Prints the mean episode
-return per window of steps for each, and the ratio of the final windows. On `routing` both
-start from scratch (no behaviour cloning) on examples/router/heterogeneous.yaml; rollflow uses
-its instance-scorer policy, SB3 its MlpPolicy.
+normalisation, gradient clipping, SB3's default hyperparameters) with the same network (two
+64-unit tanh layers for actor and critic). Prints the mean episode return per window of steps
+for each, and the ratio of the final windows. On `routing` both start from scratch (no
+behaviour cloning) on examples/router/heterogeneous.yaml, with the latency reward accrued per
+step (`reward.credit=time`, SLO term off), so no reward moves between steps and the two see
+exactly the same rewards.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ import torch
 
 from rollflow.config import load_config
 from rollflow.learn.config import LearnConfig, PPOConfig
-from rollflow.learn.env import RoutingEnv, observation_spec
-from rollflow.learn.policy_net import MlpPolicy, ScorerPolicy
+from rollflow.learn.env import RoutingEnv
+from rollflow.learn.policy_net import MlpPolicy
 from rollflow.learn.ppo import PPO
 
 SB3_DEFAULTS = dict(
@@ -48,18 +50,15 @@ SB3_DEFAULTS = dict(
 def make_env(task: str) -> gym.Env:
     if task == "cartpole":
         return gym.make("CartPole-v1")
-    config = load_config(LearnConfig, "examples/router/heterogeneous.yaml", ["scenario.episode_requests=200"])
-    return RoutingEnv(config)
+    overrides = ["scenario.episode_requests=200", "reward.credit=time", "reward.slo_weight=0"]
+    return RoutingEnv(load_config(LearnConfig, "examples/router/heterogeneous.yaml", overrides))
 
 
 def rollflow_curve(task: str, steps: int, seed: int) -> list[tuple[int, float]]:
     env = make_env(task)
     settings = PPOConfig(total_steps=steps, **SB3_DEFAULTS)
     torch.manual_seed(seed)
-    if task == "cartpole":
-        policy = MlpPolicy(env.observation_space.shape[0], env.action_space.n)
-    else:
-        policy = ScorerPolicy(observation_spec(env.config))
+    policy = MlpPolicy(env.observation_space.shape[0], env.action_space.n)
     ppo = PPO(policy, env, settings, seed=seed)
     curve = []
     while ppo.step < steps:

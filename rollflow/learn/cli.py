@@ -108,7 +108,8 @@ def _evaluate(args: argparse.Namespace, started_at: float) -> None:
     Console().print(
         f"learned on seeds {scenario.eval_seeds}: E2E p99 {scores['e2e_p99']:.2f} s, mean {scores['e2e_mean']:.2f} s; "
         f"TTFT p99 {scores['ttft_p99']:.2f} s; SLO attainment {100 * scores['slo_attainment']:.1f}%; "
-        f"decision latency mean {latency['mean_us']:.1f} us, p99 {latency['p99_us']:.1f} us"
+        f"decision latency median {latency['median_us']:.1f} us, mean {latency['mean_us']:.1f} us, "
+        f"p99 {latency['p99_us']:.1f} us"
     )
 
 

@@ -45,7 +45,7 @@ def compare(
     _print_table(results, console)
     console.print(
         f"learned vs best of {'/'.join(BASELINES)} ({best}): p99 E2E {100 * gain:+.1f}% "
-        f"({'better' if gain > 0 else 'worse'}); decision latency mean {decision['mean_us']:.1f} us, "
+        f"({'better' if gain > 0 else 'worse'}); decision latency median {decision['median_us']:.1f} us, mean {decision['mean_us']:.1f} us, "
         f"p99 {decision['p99_us']:.1f} us over {len(learned.decision_ns)} decisions"
     )
     written = [out_dir / "compare.json", _plot(results, out_dir)]

@@ -69,4 +69,8 @@ def summarize_latencies(config: LearnConfig, latencies: dict[str, np.ndarray]) -
 
 def decision_latency_us(router: TimedRouter) -> dict[str, float]:
     ns = np.array(router.decision_ns[1:] or router.decision_ns, dtype=np.float64)  # first call warms caches
-    return {"mean_us": float(ns.mean() / 1e3), "p99_us": float(np.percentile(ns, 99) / 1e3)}
+    return {
+        "median_us": float(np.median(ns) / 1e3),
+        "mean_us": float(ns.mean() / 1e3),
+        "p99_us": float(np.percentile(ns, 99) / 1e3),
+    }

@@ -65,12 +65,22 @@ class ScorerPolicy(nn.Module):
 
 
 class MlpPolicy(nn.Module):
-    """Separate actor and critic MLPs over a flat observation (SB3's MlpPolicy shape: 64x64 tanh)."""
+    """Separate actor and critic MLPs over a flat observation: SB3's MlpPolicy, initialisation included.
+
+    SB3 initialises orthogonally (gain sqrt 2 in hidden layers, 0.01 on the action logits so the
+    first policy is near uniform, 1 on the value); matching it makes the comparison in
+    benchmarks/ppo_vs_sb3.py one of algorithms, not of starting points.
+    """
 
     def __init__(self, obs_size: int, num_actions: int, hidden: int = 64) -> None:
         super().__init__()
         self.actor = _mlp([obs_size, hidden, hidden, num_actions])
         self.critic = _mlp([obs_size, hidden, hidden, 1])
+        for net, out_gain in ((self.actor, 0.01), (self.critic, 1.0)):
+            linears = [m for m in net if isinstance(m, nn.Linear)]
+            for k, layer in enumerate(linears):
+                nn.init.orthogonal_(layer.weight, gain=out_gain if k == len(linears) - 1 else 2**0.5)
+                nn.init.zeros_(layer.bias)
 
     def logits(self, obs: torch.Tensor) -> torch.Tensor:
         return self.actor(obs)

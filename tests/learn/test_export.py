@@ -81,3 +81,13 @@ def test_learned_router_errors_name_the_problem(config, tmp_path):
     three = ClusterView(0.0, [InstanceView(i, 0, 0, 0, 0, 0.0) for i in range(3)])
     with pytest.raises(UserError, match="trained for 2 instances"):
         load_learned_router(path).pick(RouteRequest(0, 10, 10), three)
+
+
+def test_sim_config_names_the_missing_or_misplaced_policy_path():
+    from rollflow.config import ConfigError
+    from tests.factories import make_config
+
+    with pytest.raises(ConfigError, match=r"learned needs cluster\.router_path"):
+        make_config(cluster={"router": "learned"})
+    with pytest.raises(ConfigError, match="router_path is only read by router: learned"):
+        make_config(cluster={"router": "lor", "router_path": "p.npz"})
