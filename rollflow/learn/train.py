@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import csv
-import logging
 import sys
 import time
 from collections.abc import Iterator
@@ -35,8 +34,6 @@ from rollflow.learn.evaluate import run_router, summarize_latencies
 from rollflow.learn.policy_net import ScorerPolicy
 from rollflow.learn.ppo import PPO
 from rollflow.policy.learned import save_learned_router
-
-logger = logging.getLogger(__name__)
 
 CHECKPOINT = "checkpoint.pt"
 POLICY = "policy.npz"
@@ -164,9 +161,9 @@ def _timed() -> Iterator:
 
 @contextmanager
 def _progress(console: Console, total: int, done: int) -> Iterator:
-    """A progress bar on a terminal; elsewhere, a log line per update."""
+    """A progress bar on a terminal; elsewhere, a line per PPO iteration."""
     if not sys.stderr.isatty():
-        yield lambda step, ret: logger.info("step %d/%d, episode return %.3f", step, total, ret)
+        yield lambda step, ret: console.print(f"PPO step {step}/{total}, episode return {ret:.3f}")
         return
     with Progress(
         TextColumn("PPO"),
