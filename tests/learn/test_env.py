@@ -56,3 +56,24 @@ def test_step_rejects_an_action_outside_the_cluster(config):
     env.reset(seed=0)
     with pytest.raises(ValueError, match="not in Discrete"):
         env.step(np.int64(5))
+
+
+def test_stepped_simulator_reproduces_the_simulators_own_run():
+    from rollflow.learn.stepper import SteppedSimulator, request_of, sim_config
+    from rollflow.sim.engine import ServingSimulator
+    from rollflow.sim.workload import build_requests
+
+    config = tiny_config()
+    sim = sim_config(config, config.workload, seed=4, num_requests=60)
+    reference = ServingSimulator(
+        sim, build_requests(sim.workload, 4), router=make_router("least_tokens")
+    ).run()
+    stepped = SteppedSimulator(sim, build_requests(sim.workload, 4))
+    router = make_router("least_tokens")
+    stepped.advance()
+    while not stepped.done:
+        stepped.route(router.pick(request_of(stepped.pending), stepped.view()))
+    assert [(r.replica_id, r.completed_at) for r in stepped.requests] == [
+        (r.replica_id, r.completed_at) for r in reference.requests
+    ]
+    assert len({r.replica_id for r in reference.requests}) == 2
