@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from rollflow.errors import UserError
-from rollflow.policy.view import ClusterView, RouteRequest
+from rollflow.policy.view import ClusterView, InstanceView, RouteRequest
 
 NUM_INSTANCE_FEATURES = 8
 NUM_REQUEST_FEATURES = 2
@@ -52,11 +53,14 @@ def encode_features(
     Plain Python arithmetic: at four to sixteen instances it beats numpy, whose per-call overhead
     dominates arrays this small (the router's latency budget is tens of microseconds).
     """
-    instances = view.instances
-    if len(instances) != spec.num_instances:
+    if len(view.instances) != spec.num_instances:
         raise UserError(
-            f"learned router was trained for {spec.num_instances} instances, the cluster has {len(instances)}"
+            f"learned router was trained for {spec.num_instances} instances, the view has {len(view.instances)}"
         )
+    return _instance_rows(view.instances, spec), _request_row(request, spec)
+
+
+def _instance_rows(instances: Sequence[InstanceView], spec: ObservationSpec) -> list[list[float]]:
     tokens, count, rate_scale = 1.0 / spec.token_scale, 1.0 / spec.request_scale, 1.0 / spec.throughput_scale
     rows = []
     for inst in instances:
@@ -73,8 +77,12 @@ def encode_features(
             load / rate if rate > 0 else 0.0,  # seconds to drain the load at the measured rate
         )
         rows.append([_squash(v) for v in raw])
+    return rows
+
+
+def _request_row(request: RouteRequest, spec: ObservationSpec) -> list[float]:
     output = request.expected_output_tokens if spec.use_predicted_output else 0
-    return rows, [_squash(request.prompt_tokens * tokens), _squash(output * tokens)]
+    return [_squash(request.prompt_tokens / spec.token_scale), _squash(output / spec.token_scale)]
 
 
 def _squash(value: float) -> float:
@@ -119,14 +127,31 @@ class LearnedRouter:
         return (self._last_hidden(rows) @ w + b)[:, 0]
 
     def pick(self, request: RouteRequest, view: ClusterView) -> int:
-        rows, req = encode_features(request, view, self.spec)
-        n = len(rows)
-        tail = [sum(column) / n for column in zip(*rows, strict=True)] + req
-        hidden = self._last_hidden(np.array([row + tail for row in rows], dtype=np.float32))
-        scores = (
-            hidden @ self._layers[-1][0]
-        )  # the output bias is shared by all instances: no effect on argmax
-        return view.instances[int(scores.argmax())].instance_id
+        """The best-scoring instance. A view of every trained instance is read by position (as in
+        training); a smaller one (a manager routing among eligible engines) by `instance_id` as
+        the slot, with the mean load taken over the instances present."""
+        instances = view.instances
+        n = len(instances)
+        slot_bias = (
+            self._slot_bias if n == self.spec.num_instances else self._slot_bias[self._slots(instances)]
+        )
+        rows = _instance_rows(instances, self.spec)
+        tail = [sum(column) / n for column in zip(*rows, strict=True)] + _request_row(request, self.spec)
+        hidden = np.tanh(np.array([row + tail for row in rows], dtype=np.float32) @ self._w_first + slot_bias)
+        for w, b in self._layers[:-1]:
+            hidden = np.tanh(hidden @ w + b)
+        scores = hidden @ self._layers[-1][0]  # the output bias is the same for every instance
+        return instances[int(scores.argmax())].instance_id
+
+    def _slots(self, instances: Sequence[InstanceView]) -> list[int]:
+        ids = [inst.instance_id for inst in instances]
+        n = self.spec.num_instances
+        if not ids or len(set(ids)) != len(ids) or not all(0 <= i < n for i in ids):
+            raise UserError(
+                f"learned router was trained for {n} instances; a smaller view must use instance ids "
+                f"0..{n - 1} (the trained slots), got {ids}"
+            )
+        return ids
 
 
 def save_learned_router(

@@ -91,3 +91,18 @@ def test_sim_config_names_the_missing_or_misplaced_policy_path():
         make_config(cluster={"router": "learned"})
     with pytest.raises(ConfigError, match="router_path is only read by router: learned"):
         make_config(cluster={"router": "lor", "router_path": "p.npz"})
+
+
+def test_a_smaller_view_is_read_by_instance_id(config, tmp_path):
+    from rollflow.policy.view import ClusterView, InstanceView, RouteRequest
+
+    policy = _trained_looking_policy(config)
+    path = save_learned_router(tmp_path / "p.npz", policy.spec, policy.export_weights(), {})
+    router = load_learned_router(path)
+    request = RouteRequest(0, 300, 100)
+    busy, idle = InstanceView(0, 9, 4, 3000, 9000, 0.8, 900.0), InstanceView(1, 0, 0, 0, 0, 0.0, 900.0)
+    assert router.pick(request, ClusterView(0.0, [busy])) == 0  # the only eligible engine
+    assert router.pick(request, ClusterView(0.0, [idle])) == 1
+    assert router.pick(request, ClusterView(0.0, [busy, idle])) == 1  # full view: least_tokens-like
+    with pytest.raises(UserError, match=r"instance ids 0\.\.1"):
+        router.pick(request, ClusterView(0.0, [InstanceView(7, 0, 0, 0, 0, 0.0)]))
