@@ -11,6 +11,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0  # before the extras, so pip keeps this build of torch
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 

@@ -17,6 +17,7 @@ from rollflow import __version__
 COMMAND_GROUPS = (
     "rollflow.sim.cli",
     "rollflow.sim.rl.cli",
+    "rollflow.learn.cli",
     "rollflow.runtime.engines.cli",
     "rollflow.runtime.manager.cli",
     "rollflow.runtime.weights.cli",
@@ -29,6 +30,7 @@ EXAMPLES = """examples:
   rollflow engine init-model outputs/tiny && rollflow engine serve --model outputs/tiny --port 30001
   rollflow manager serve --config examples/manager/local.yaml
   rollflow weights serve --dir outputs/weights
+  rollflow router compare --config examples/router/heterogeneous.yaml
 Run `rollflow COMMAND --help` for each command's options and examples.
 """
 

@@ -11,6 +11,7 @@ import random
 from collections.abc import Callable
 from typing import Protocol
 
+from rollflow.errors import UserError
 from rollflow.policy.view import ClusterView, InstanceView, RouteRequest
 
 
@@ -90,10 +91,19 @@ class LeastTokensRouter(_ArgminRouter):
         return instance.token_load
 
 
-ROUTERS: dict[str, Callable[[int], Router]] = {}
+def _learned_router(seed: int = 0, path: str | None = None) -> Router:
+    """A policy trained by `rollflow router train`, loaded from its exported file (numpy only)."""
+    from rollflow.policy.learned import load_learned_router
+
+    if path is None:
+        raise UserError("router 'learned' needs the path of an exported policy (policy.npz)")
+    return load_learned_router(path)
 
 
-def register_router(name: str, factory: Callable[[int], Router]) -> None:
+ROUTERS: dict[str, Callable[..., Router]] = {}
+
+
+def register_router(name: str, factory: Callable[..., Router]) -> None:
     if name in ROUTERS:
         raise ValueError(f"router {name!r} is already registered")
     ROUTERS[name] = factory
@@ -107,10 +117,12 @@ for _cls in (
     LeastTokensRouter,
 ):
     register_router(_cls.name, _cls)
+register_router("learned", _learned_router)
 
 
-def make_router(name: str, seed: int = 0) -> Router:
-    try:
-        return ROUTERS[name](seed)
-    except KeyError:
-        raise ValueError(f"unknown router {name!r}; choose one of: {', '.join(ROUTERS)}") from None
+def make_router(name: str, seed: int = 0, path: str | None = None) -> Router:
+    """Build a registered router; `path` is the policy file of a router that loads one (learned)."""
+    factory = ROUTERS.get(name)
+    if factory is None:
+        raise ValueError(f"unknown router {name!r}; choose one of: {', '.join(ROUTERS)}")
+    return factory(seed) if path is None else factory(seed, path=path)

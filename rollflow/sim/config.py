@@ -38,9 +38,25 @@ class ModelShape(Section):
     post_attn_norm: bool = True
 
 
+class ReplicaGroup(Section):
+    """Replicas that share a GPU type and sharding; a cluster may mix several groups."""
+
+    replicas: int = Field(1, ge=1)
+    """Number of replicas in this group."""
+    device: Literal[tuple(GPUS)] = "a100"  # type: ignore[valid-type]
+    """GPU type of this group's replicas."""
+    network_device: Literal[tuple(NODES)] | None = None  # type: ignore[valid-type]
+    """Node type of this group; default: `<device>_pairwise_nvlink`."""
+    tensor_parallel: int = Field(1, ge=1)
+    pipeline_stages: int = Field(1, ge=1)
+
+
 class ClusterConfig(Section):
     replicas: int = Field(1, ge=1)
-    """Number of identical model replicas behind the router."""
+    """Number of identical model replicas behind the router (with `groups`: their total)."""
+    groups: list[ReplicaGroup] | None = Field(None, min_length=1)
+    """Heterogeneous cluster: replica groups of different GPU types or sharding, numbered in order.
+    When set, it replaces replicas, device, network_device, tensor_parallel and pipeline_stages."""
     model: str = "meta-llama/Llama-2-7b-hf"
     """Model name: one of the catalog (rollflow.perf.specs.MODELS) or any name with `model_shape` set."""
     model_shape: ModelShape | None = None
@@ -57,6 +73,8 @@ class ClusterConfig(Section):
     """GPU memory kept free of weights and KV cache."""
     router: Literal[tuple(ROUTERS)] = "round_robin"  # type: ignore[valid-type]
     """Global routing policy (rollflow.policy.routing)."""
+    router_path: str | None = None
+    """learned router: the exported policy file (`rollflow router train` writes policy.npz)."""
 
     @model_validator(mode="after")
     def _known_model(self) -> ClusterConfig:
@@ -64,7 +82,50 @@ class ClusterConfig(Section):
             raise ValueError(
                 f"unknown model {self.model!r}; set cluster.model_shape or pick one of: {', '.join(MODELS)}"
             )
+        if self.router == "learned" and not self.router_path:
+            raise ValueError("router: learned needs cluster.router_path set to an exported policy.npz")
+        if self.router != "learned" and self.router_path:
+            raise ValueError("router_path is only read by router: learned")
+        if self.groups is not None and self.replicas != sum(g.replicas for g in self.groups):
+            raise ValueError(
+                f"replicas={self.replicas} disagrees with the groups' {sum(g.replicas for g in self.groups)}; "
+                "set either replicas or groups"
+            )
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _replicas_from_groups(cls, data: object) -> object:
+        """With groups, `replicas` defaults to their total (so a dumped config loads back)."""
+        if isinstance(data, dict) and isinstance(data.get("groups"), list) and "replicas" not in data:
+            counts = [g.get("replicas", 1) if isinstance(g, dict) else 1 for g in data["groups"]]
+            if all(isinstance(c, int) for c in counts):
+                data = {**data, "replicas": sum(counts)}
+        return data
+
+    def replica_groups(self) -> list[ReplicaGroup]:
+        """The cluster as groups: `groups`, or one group made of the homogeneous fields."""
+        groups = self.groups or [
+            ReplicaGroup(
+                replicas=self.replicas,
+                device=self.device,
+                network_device=self.network_device,
+                tensor_parallel=self.tensor_parallel,
+                pipeline_stages=self.pipeline_stages,
+            )
+        ]
+        return [
+            g if g.network_device else g.model_copy(update={"network_device": _default_node(g.device)})
+            for g in groups
+        ]
+
+    @property
+    def num_replicas(self) -> int:
+        return sum(g.replicas for g in self.replica_groups())
+
+
+def _default_node(device: str) -> str:
+    return f"{device}_pairwise_nvlink"
 
 
 class SchedulerConfig(Section):

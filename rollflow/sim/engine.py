@@ -22,7 +22,7 @@ from rollflow.perf.tables import CommOverheads, TablePaths, load_operator_times
 from rollflow.policy.routing import Router, make_router
 from rollflow.policy.view import ClusterView, RouteRequest, SnapshotInstances
 from rollflow.sim.batching import OrcaScheduler, ReplicaScheduler, SarathiScheduler, VllmScheduler
-from rollflow.sim.config import SimConfig
+from rollflow.sim.config import ReplicaGroup, SimConfig
 from rollflow.sim.events import EventQueue, Phase
 from rollflow.sim.replica import Replica
 from rollflow.sim.request import Batch, SimRequest
@@ -35,7 +35,8 @@ class SimResult:
     simulated_time_s: float
     num_events: int
     operator_source: str
-    peak_flops_per_gpu: float
+    peak_flops_per_gpu: float  # of the first replica's GPU
+    peak_flops_by_replica: list[float]
 
 
 def resolve_model(config: SimConfig) -> ModelSpec:
@@ -142,30 +143,16 @@ class ServingSimulator:
     def __init__(self, config: SimConfig, requests: list[SimRequest], router: Router | None = None) -> None:
         self.config = config
         model = resolve_model(config)
-        layout = ParallelLayout(config.cluster.tensor_parallel, config.cluster.pipeline_stages)
-        try:
-            validate_layout(model, layout)
-            schedulers = [build_scheduler(config, model, layout) for _ in range(config.cluster.replicas)]
-        except ValueError as exc:
-            raise ConfigError(f"config error: cluster: {exc}") from None
-        times = build_operator_times(config, model, layout)
-        execution = config.execution
-        predictor = ExecutionTimePredictor(
-            times,
-            model,
-            layout,
-            execution.attention_decode_overhead_fraction,
-            execution.attention_prefill_overhead_fraction,
-            max_batch_size=config.scheduler.batch_size_cap,
-        )
-        self.operator_source = times.source
-        self.replicas = [
-            Replica(i, scheduler, predictor, config.simulator.fast_forward)
-            for i, scheduler in enumerate(schedulers)
-        ]
-        self.router = router or make_router(config.cluster.router, seed=config.seed)
+        self.replicas: list[Replica] = []
+        self.peak_flops_by_replica: list[float] = []
+        for group in config.cluster.replica_groups():
+            self._add_group(config, model, group)
+        self.operator_source = self._operator_source
+        cluster = config.cluster
+        self.router = router or make_router(cluster.router, seed=config.seed, path=cluster.router_path)
         self.requests = sorted(requests, key=lambda r: r.arrived_at)
-        check_servable(self.requests, schedulers[0], config)
+        for replica in {r.predictor: r for r in self.replicas}.values():
+            check_servable(self.requests, replica.scheduler, config)
         self.events = EventQueue()
         self.now = 0.0
         self.num_events = 0
@@ -203,8 +190,37 @@ class ServingSimulator:
             self.num_events += 1
         if on_progress is not None:
             on_progress(sum(1 for r in requests if r.completed_at is not None))
-        peak = GPUS[self.config.cluster.device].fp16_tflops * 1e12
-        return SimResult(requests, self.replicas, self.now, self.num_events, self.operator_source, peak)
+        peaks = self.peak_flops_by_replica
+        return SimResult(
+            requests, self.replicas, self.now, self.num_events, self.operator_source, peaks[0], peaks
+        )
+
+    def _add_group(self, config: SimConfig, model: ModelSpec, group: ReplicaGroup) -> None:
+        """Build one group's replicas; each group has its own layout, timings and KV capacity."""
+        update = group.model_dump(exclude={"replicas"})
+        group_config = config.model_copy(update={"cluster": config.cluster.model_copy(update=update)})
+        layout = ParallelLayout(group.tensor_parallel, group.pipeline_stages)
+        try:
+            validate_layout(model, layout)
+            schedulers = [build_scheduler(group_config, model, layout) for _ in range(group.replicas)]
+        except ValueError as exc:
+            raise ConfigError(f"config error: cluster: {exc}") from None
+        times = build_operator_times(group_config, model, layout)
+        execution = config.execution
+        predictor = ExecutionTimePredictor(
+            times,
+            model,
+            layout,
+            execution.attention_decode_overhead_fraction,
+            execution.attention_prefill_overhead_fraction,
+            max_batch_size=config.scheduler.batch_size_cap,
+        )
+        self._operator_source = times.source
+        for scheduler in schedulers:
+            self.replicas.append(
+                Replica(len(self.replicas), scheduler, predictor, config.simulator.fast_forward)
+            )
+            self.peak_flops_by_replica.append(GPUS[group.device].fp16_tflops * 1e12)
 
     # -- handlers ---------------------------------------------------------------------------
     def _on_arrival(self, request: SimRequest) -> None:

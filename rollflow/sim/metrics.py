@@ -81,7 +81,7 @@ def summarize(result: SimResult, table: RequestTable, sim_loop_s: float) -> dict
             {
                 "replica": replica.id,
                 "busy_pct": 100.0 * busy / simulated if simulated else 0.0,
-                "mfu_pct": 100.0 * stats.flops / (stats.busy_s * result.peak_flops_per_gpu)
+                "mfu_pct": 100.0 * stats.flops / (stats.busy_s * result.peak_flops_by_replica[replica.id])
                 if stats.busy_s
                 else 0.0,
                 "kv_use_mean_pct": 100.0 * float(kv.mean()),

@@ -17,6 +17,8 @@ from rollflow.policy.view import InstanceView
 from rollflow.sim.batching import ReplicaScheduler
 from rollflow.sim.request import Batch, SimRequest
 
+THROUGHPUT_SMOOTHING = 0.2  # weight of the newest batch in `Replica.tokens_per_s`
+
 
 @dataclass
 class ReplicaStats:
@@ -50,6 +52,7 @@ class Replica:
         self.run_in_flight: Batch | None = None
         self.schedule_pending = False
         self.stats = ReplicaStats()
+        self.tokens_per_s = 0.0  # moving average over finished batches of tokens processed per second
 
     # -- forming batches --------------------------------------------------------------------
     def form_batches(self, now: float) -> list[Batch]:
@@ -142,6 +145,10 @@ class Replica:
             )
         )
         stats.flops += self._flops(batch)
+        elapsed = now - batch.scheduled_at
+        if elapsed > 0:
+            rate = batch.tokens_per_iteration * iterations / elapsed
+            self.tokens_per_s += THROUGHPUT_SMOOTHING * (rate - self.tokens_per_s)
         if self.run_in_flight is batch:
             self.run_in_flight = None
         return completed
@@ -211,6 +218,7 @@ class Replica:
             queued_tokens=scheduler.waiting_tokens,
             running_tokens=running_tokens,
             kv_usage=scheduler.num_allocated_blocks / scheduler.num_blocks,
+            tokens_per_s=self.tokens_per_s,
         )
 
 

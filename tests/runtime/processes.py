@@ -55,7 +55,9 @@ def rollflow(*args: str) -> list[str]:
 class Process:
     """A server process on 127.0.0.1; `url` is where it listens, ready once `ready_path` answers 200."""
 
-    def __init__(self, argv: list[str], port: int, log_path: Path, ready_path: str = "/health") -> None:
+    def __init__(
+        self, argv: list[str], port: int, log_path: Path, ready_path: str = "/health", wait: bool = True
+    ) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = log_path
@@ -67,9 +69,12 @@ class Process:
             stdout=self._log,
             stderr=self._log,
         )
-        self._wait_ready(ready_path)
+        self.ready_path = ready_path
+        if wait:
+            self.wait_ready()
 
-    def _wait_ready(self, path: str, timeout: float = 120.0) -> None:
+    def wait_ready(self, timeout: float = 180.0) -> None:
+        path = self.ready_path
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -107,11 +112,13 @@ class Process:
         self._log.close()
 
 
-def start_engine(model_dir: Path, tmp_path: Path, weight_version: int = 0, name: str = "engine") -> Process:
+def start_engine(
+    model_dir: Path, tmp_path: Path, weight_version: int = 0, name: str = "engine", wait: bool = True
+) -> Process:
     port = free_port()
     args = ["engine", "serve", "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
     args += ["--weight-version", str(weight_version)]
-    return Process(rollflow(*args), port, tmp_path / f"{name}-{port}.log")
+    return Process(rollflow(*args), port, tmp_path / f"{name}-{port}.log", wait=wait)
 
 
 def start_manager(tmp_path: Path, config: dict, token: str | None = None) -> Process:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rollflow.config import StrictModel
 from rollflow.policy.routing import ROUTERS
@@ -38,6 +38,8 @@ class ManagerConfig(StrictModel):
     token: str | None = None
     """Bearer token required by registration and admin endpoints when set."""
     router: Literal[tuple(ROUTERS)] = "least_outstanding"  # type: ignore[valid-type]
+    router_path: str | None = None
+    """Policy file of `router: learned` (an exported policy.npz; engine ids 0..N-1 are its slots)."""
     seed: int = 0
     resume: Literal["continue", "restart"] = "continue"
     """continue: resume from prompt + generated tokens; restart: regenerate from the prompt (for comparison)."""
@@ -55,3 +57,11 @@ class ManagerConfig(StrictModel):
     """Optional tokenizer folder: lets `/generate` accept `text` and answer with text."""
     offload: OffloadSection = OffloadSection()
     engines: list[EngineEntry] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _router_file(self) -> ManagerConfig:
+        if self.router == "learned" and not self.router_path:
+            raise ValueError("router: learned needs router_path set to an exported policy.npz")
+        if self.router != "learned" and self.router_path:
+            raise ValueError("router_path is only read by router: learned")
+        return self

@@ -84,7 +84,7 @@ class Batch:
 class RolloutManager:
     def __init__(self, config: ManagerConfig, router: Router | None = None) -> None:
         self.config = config
-        self.router = router or make_router(config.router, seed=config.seed)
+        self.router = router or make_router(config.router, seed=config.seed, path=config.router_path)
         self.registry = Registry()
         self.metrics = ManagerMetrics()
         o = config.offload

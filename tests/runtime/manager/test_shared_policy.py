@@ -11,7 +11,7 @@ from rollflow.runtime.manager.service import RolloutManager
 from rollflow.sim.engine import ServingSimulator
 from rollflow.sim.workload import build_requests
 from tests.factories import make_config
-from tests.runtime.processes import start_engine
+from tests.runtime.processes import REPO, start_engine
 
 
 def test_the_same_router_object_routes_a_simulated_and_a_live_cluster(tmp_path, tiny_model):
@@ -46,3 +46,65 @@ def test_the_same_router_object_routes_a_simulated_and_a_live_cluster(tmp_path, 
             engine.stop()
     # The simulator routed 7 requests, so the shared cursor continues at 7 % 3 == 1.
     assert picks == [1, 2, 0, 1, 2, 0]
+
+
+class RecordingRouter:
+    """Passes decisions through and keeps what the router saw, to replay them elsewhere."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.decisions: list[tuple] = []
+
+    def pick(self, request, view):
+        choice = self.inner.pick(request, view)
+        self.decisions.append((request, view, choice))
+        return choice
+
+
+def test_one_learned_policy_file_routes_the_simulator_and_the_live_manager(tmp_path, tiny_model):
+    policy = str(REPO / "examples/router/homogeneous.policy.npz")
+    config = make_config(
+        "cluster.replicas=4",
+        "cluster.router=learned",
+        f"cluster.router_path={policy}",
+        "workload.kind=synthetic",
+        "workload.num_requests=60",
+    )
+    simulated = ServingSimulator(config, build_requests(config.workload, config.seed))
+    simulated.router = RecordingRouter(simulated.router)
+    simulated.run()
+    assert len({choice for _, _, choice in simulated.router.decisions}) >= 2
+
+    engines = [start_engine(tiny_model, tmp_path, name=f"e{i}", wait=False) for i in range(4)]
+    try:
+        for engine in engines:
+            engine.wait_ready()
+
+        async def live() -> RecordingRouter:
+            manager = RolloutManager(ManagerConfig(router="learned", router_path=policy))
+            manager.router = RecordingRouter(manager.router)
+            await manager.start()
+            try:
+                for engine in engines:
+                    await manager.add_engine(engine.url)
+                batch = manager.submit_batch(
+                    [[3, 4, 5]] * 12, 1, SamplingParams(max_new_tokens=3, temperature=0)
+                )
+                while not batch.done:
+                    await batch.changed.wait()
+                    batch.changed.clear()
+                assert all(sample.state.name == "FINISHED" for sample in batch.samples)
+                return manager.router
+            finally:
+                await manager.close()
+
+        recorded = asyncio.run(live())
+    finally:
+        for engine in engines:
+            engine.stop()
+    fresh = make_router("learned", path=policy)
+    assert len(recorded.decisions) == 12
+    assert [fresh.pick(request, view) for request, view, _ in recorded.decisions] == [
+        choice for _, _, choice in recorded.decisions
+    ]

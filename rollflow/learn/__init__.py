@@ -1,0 +1,1 @@
+"""Learning routers in the serving simulator: Gymnasium env, demonstrations, BC, PPO, export."""

@@ -1,0 +1,131 @@
+"""`rollflow router ...`: train, evaluate and compare a learned request router."""
+
+from __future__ import annotations
+
+import argparse
+
+from rollflow.cli_util import print_yaml
+
+EXAMPLES = """examples:
+  rollflow router train    --config examples/router/heterogeneous.yaml
+  rollflow router train    --config examples/router/homogeneous.yaml --resume never ppo.total_steps=20000
+  rollflow router evaluate --config examples/router/heterogeneous.yaml
+  rollflow router compare  --config examples/router/heterogeneous.yaml --output-dir out/compare
+  rollflow router config   --config examples/router/heterogeneous.yaml preset=vidur_arc2
+"""
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    router = commands.add_parser(
+        "router",
+        help="learn a request router with PPO in the simulator, and compare it with the heuristics",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = router.add_subparsers(dest="router_command", required=True, metavar="SUBCOMMAND")
+
+    train = sub.add_parser(
+        "train",
+        help="demonstrations -> behaviour cloning -> PPO -> policy.npz",
+        description="Train a router in the serving simulator. Writes checkpoint.pt, metrics.csv, "
+        "tensorboard/ and policy.npz to output_dir (or --output-dir).",
+        epilog="example:\n  rollflow router train --config examples/router/heterogeneous.yaml ppo.total_steps=20000",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(train)
+    train.add_argument(
+        "--resume",
+        choices=("auto", "never"),
+        default="auto",
+        help="auto: continue from output_dir/checkpoint.pt if present; never: start over",
+    )
+    train.set_defaults(handler=_train)
+
+    evaluate = sub.add_parser(
+        "evaluate",
+        help="the learned router on the held-out seeds: latency, SLO attainment, decision time",
+        epilog="example:\n  rollflow router evaluate --config examples/router/heterogeneous.yaml",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(evaluate)
+    evaluate.add_argument("--policy", help="policy file (default: policy_file, else output_dir/policy.npz)")
+    evaluate.set_defaults(handler=_evaluate)
+
+    compare = sub.add_parser(
+        "compare",
+        help="every router on the same held-out workloads; prints, plots and writes compare.json",
+        epilog="example:\n  rollflow router compare --config examples/router/homogeneous.yaml --output-dir out/",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(compare)
+    compare.add_argument("--policy", help="policy file (default: policy_file, else output_dir/policy.npz)")
+    compare.set_defaults(handler=_compare)
+
+    show = sub.add_parser("config", help="print a config with every default (and the preset) filled in")
+    show.add_argument("--config", help="YAML config file")
+    show.add_argument("overrides", nargs="*", metavar="key=value")
+    show.set_defaults(handler=_config)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="YAML config file (see examples/router/)")
+    parser.add_argument("--output-dir", help="output folder (overrides output_dir)")
+    parser.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. ppo.total_steps=1000"
+    )
+
+
+def _load(args: argparse.Namespace):
+    from rollflow.config import load_config
+    from rollflow.learn.config import LearnConfig
+
+    overrides = list(args.overrides)
+    if getattr(args, "output_dir", None):
+        overrides.append(f"output_dir={args.output_dir}")
+    return load_config(LearnConfig, args.config, overrides)
+
+
+def _train(args: argparse.Namespace, started_at: float) -> None:
+    from rollflow.learn.train import train
+
+    train(_load(args), resume=args.resume)
+
+
+def _evaluate(args: argparse.Namespace, started_at: float) -> None:
+    from rich.console import Console
+
+    from rollflow.learn.compare import policy_path
+    from rollflow.learn.evaluate import TimedRouter, decision_latency_us, run_router, summarize_latencies
+    from rollflow.policy.learned import load_learned_router
+
+    config = _load(args)
+    router = TimedRouter(load_learned_router(policy_path(config, args.policy)))
+    scenario = config.scenario
+    scores = summarize_latencies(
+        config, run_router(config, router, scenario.eval_seeds, scenario.eval_requests)
+    )
+    latency = decision_latency_us(router)
+    Console().print(
+        f"learned on seeds {scenario.eval_seeds}: E2E p99 {scores['e2e_p99']:.2f} s, mean {scores['e2e_mean']:.2f} s; "
+        f"TTFT p99 {scores['ttft_p99']:.2f} s; SLO attainment {100 * scores['slo_attainment']:.1f}%; "
+        f"decision latency median {latency['median_us']:.1f} us, mean {latency['mean_us']:.1f} us, "
+        f"p99 {latency['p99_us']:.1f} us"
+    )
+
+
+def _compare(args: argparse.Namespace, started_at: float) -> None:
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from rollflow.learn.compare import compare, policy_path
+
+    config = _load(args)
+    compare(config, policy_path(config, args.policy), Path(config.output_dir), Console())
+
+
+def _config(args: argparse.Namespace, started_at: float) -> None:
+    from rollflow.config import load_config
+    from rollflow.learn.config import LearnConfig
+
+    print_yaml(load_config(LearnConfig, args.config, args.overrides))
