@@ -32,8 +32,13 @@ class ManagerMetrics:
         self.finished_samples = Counter(
             "rollflow_finished_samples_total", "Samples finished", ["state"], registry=r
         )
+        self.router_errors = Counter(
+            "rollflow_router_errors_total",
+            "Decisions the router failed, routed by least outstanding",
+            registry=r,
+        )
         self.requests_rejected = Counter(
-            "rollflow_requests_rejected_total", "Requests answered with a 4xx", ["endpoint"], registry=r
+            "rollflow_requests_rejected_total", "Requests answered with a 4xx", ["status"], registry=r
         )
         self.resume_delay = Histogram(
             "rollflow_resume_delay_seconds",

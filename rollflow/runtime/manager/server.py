@@ -100,6 +100,15 @@ def _check_prompt(prompt: list[int], config: ManagerConfig, where: str) -> None:
 
 
 @web.middleware
+async def _count_rejections(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPClientError as exc:
+        request.app[MANAGER_KEY].metrics.requests_rejected.labels(str(exc.status)).inc()
+        raise
+
+
+@web.middleware
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     token = request.app[MANAGER_KEY].config.token
     admin = request.path.startswith("/workers") and request.method in ("POST", "DELETE")
@@ -348,7 +357,7 @@ def _load_tokenizer(path: str | None):
 
 
 def create_app(manager: RolloutManager) -> web.Application:
-    app = web.Application(middlewares=[_auth], client_max_size=256 * 1024 * 1024)
+    app = web.Application(middlewares=[_count_rejections, _auth], client_max_size=256 * 1024 * 1024)
     app[MANAGER_KEY] = manager
     app[TOKENIZER_KEY] = _load_tokenizer(manager.config.tokenizer)
 

@@ -85,6 +85,7 @@ class RolloutManager:
     def __init__(self, config: ManagerConfig, router: Router | None = None) -> None:
         self.config = config
         self.router = router or make_router(config.router, seed=config.seed, path=config.router_path)
+        self._fallback_router = make_router("least_outstanding")
         self.registry = Registry()
         self.metrics = ManagerMetrics()
         o = config.offload
@@ -371,17 +372,28 @@ class RolloutManager:
             request = RouteRequest(
                 sample.seq, len(sample.prompt_ids) + len(sample.output_ids), sample.remaining_tokens
             )
-            chosen = self.router.pick(request, ClusterView(now, [e.view() for e in candidates]))
-            engine = self.registry.get(chosen)
-            if engine is None or engine not in candidates:
-                raise RuntimeError(
-                    f"router {self.router.name} picked engine {chosen}, not among the candidates"
-                )
-            self._start_attempt(sample, engine)
+            self._start_attempt(
+                sample, self._route(request, ClusterView(now, [e.view() for e in candidates]))
+            )
             if not any(e.routable for e in self.registry.live()):
                 break
         blocked.extend(self._queue)
         self._queue = blocked
+
+    def _route(self, request: RouteRequest, view: ClusterView) -> EngineRecord:
+        """The router's pick; a router that fails or picks outside the view is logged, counted and
+        overruled by least-outstanding, because one bad policy must not stop every rollout."""
+        try:
+            chosen = self.router.pick(request, view)
+            if all(inst.instance_id != chosen for inst in view.instances):
+                raise ValueError(
+                    f"picked engine {chosen}, not among {[i.instance_id for i in view.instances]}"
+                )
+        except Exception as exc:  # any policy failure takes the same fallback
+            self.metrics.router_errors.inc()
+            log.error("router %s failed (%s); routing by least outstanding", self.router.name, exc)
+            chosen = self._fallback_router.pick(request, view)
+        return self.registry.get(chosen)
 
     def _eligible(self, sample: Sample) -> list[EngineRecord]:
         engines = [e for e in self.registry.live() if e.routable]

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import urllib.request
 
 import pytest
 
+from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.client import ManagerClient, ManagerError
+from rollflow.runtime.manager.config import ManagerConfig
+from rollflow.runtime.manager.service import RolloutManager
 from tests.runtime.manager.helpers import greedy_reference, metric
 from tests.runtime.processes import http
 
@@ -169,3 +173,39 @@ def test_metrics_expose_prometheus_counters(fleet):
     ):
         assert name in text
     assert metric(manager, "rollflow_generated_tokens_total") >= 5
+
+
+def test_a_failing_router_is_overruled_and_counted_not_fatal(fleet):
+    _, engines = fleet
+
+    class BrokenRouter:
+        name = "broken"
+
+        def pick(self, request, view):
+            raise IndexError("policy bug")
+
+    async def run() -> tuple[list, float]:
+        manager = RolloutManager(ManagerConfig(), router=BrokenRouter())
+        await manager.start()
+        try:
+            for engine in engines:
+                await manager.add_engine(engine.url)
+            batch = manager.submit_batch([[6, 6]] * 3, 1, SamplingParams(max_new_tokens=2, temperature=0))
+            while not batch.done:
+                await batch.changed.wait()
+                batch.changed.clear()
+            return batch.samples, manager.metrics.router_errors._value.get()
+        finally:
+            await manager.close()
+
+    samples, errors = asyncio.run(run())
+    assert [s.state.name for s in samples] == ["FINISHED"] * 3
+    assert errors == 3
+
+
+def test_rejected_requests_are_counted_by_status(fleet):
+    manager, _ = fleet
+    before = metric(manager, "rollflow_requests_rejected_total")
+    assert http("POST", manager.url + "/generate", b"nope")[0] == 400
+    assert http("GET", manager.url + "/batches/missing")[0] == 404
+    assert metric(manager, "rollflow_requests_rejected_total") == before + 2
