@@ -223,7 +223,7 @@ async def batch_status(request: web.Request) -> web.Response:
 def _micro_batch_payload(manager: RolloutManager, batch, groups) -> dict:
     exhausted = batch.packer.exhausted
     if exhausted:
-        manager.batches.pop(batch.batch_id, None)
+        manager.forget_batch(batch.batch_id)
     return {"groups": [[sample.to_json() for sample in group] for group in groups], "exhausted": exhausted}
 
 

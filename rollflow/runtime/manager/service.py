@@ -303,7 +303,7 @@ class RolloutManager:
         return batch
 
     def forget_batch(self, batch_id: str) -> None:
-        """Drop a batch the trainer no longer wants; its unfinished samples stop."""
+        """Drop a batch the trainer is done with (delivered, or no longer wanted: its unfinished samples stop)."""
         batch = self.batches.pop(batch_id)
         for sample in batch.samples:
             self._sample_batch.pop(sample.sample_id, None)
@@ -543,6 +543,7 @@ class RolloutManager:
 
     def _complete(self, sample: Sample) -> None:
         sample.engine_id = None
+        self._resumed_at.pop(sample.sample_id, None)
         self.metrics.finished_samples.labels(sample.state.name.lower()).inc()
         batch = self._sample_batch.get(sample.sample_id)
         if batch is not None:
