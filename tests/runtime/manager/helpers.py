@@ -54,3 +54,13 @@ def assert_spans_tile_the_output(sample: dict) -> None:
         assert span["end"] > span["start"]
         position = span["end"]
     assert position == len(sample["output_ids"]) == len(sample["output_logprobs"])
+
+
+def drain(batch, timeout_s: float = 240.0) -> list[dict]:
+    """Every sample of a batch, failing (not hanging) if nothing finishes for `timeout_s`."""
+    samples = []
+    for micro_batch in batch.micro_batches(timeout_s=timeout_s):
+        if not micro_batch:
+            raise AssertionError(f"no group finished in {timeout_s}s; batch status: {batch.status()}")
+        samples.extend(sample for group in micro_batch for sample in group)
+    return samples

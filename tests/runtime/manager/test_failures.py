@@ -11,6 +11,7 @@ from aiohttp import web
 from rollflow.runtime.manager.client import ManagerClient
 from tests.runtime.manager.helpers import (
     assert_spans_tile_the_output,
+    drain,
     greedy_reference,
     metric,
     wait_until,
@@ -21,20 +22,16 @@ from tests.runtime.processes import free_port, http
 PROMPTS = [[11 + i, 3, 60 + i] for i in range(4)]
 
 
-def _drain(batch) -> list[dict]:
-    return [sample for micro_batch in batch.micro_batches() for group in micro_batch for sample in group]
-
-
 def test_a_hung_engine_is_dropped_after_the_stall_timeout_and_its_samples_resume(processes):
     engines = [processes.engine() for _ in range(2)]
     manager = processes.manager(
-        stall_timeout_s=1.0, health_interval_s=30, engines=[{"url": e.url, "capacity": 8} for e in engines]
+        stall_timeout_s=6.0, health_interval_s=30, engines=[{"url": e.url, "capacity": 8} for e in engines]
     )
     client = ManagerClient(manager.url)
     batch = client.submit(PROMPTS, n=2, max_new_tokens=120, temperature=0, ignore_eos=True)
     wait_until(lambda: workers(manager)[engines[0].url]["tokens_generated"] > 5, what="tokens from engine 0")
     engines[0].pause()
-    samples = _drain(batch)
+    samples = drain(batch)
     assert all(s["state"] == "finished" for s in samples)
     assert workers(manager)[engines[0].url]["state"] == "failed"
     for sample in samples:
@@ -104,7 +101,7 @@ def test_an_engine_that_answers_garbage_leaves_the_pool_and_nothing_is_lost(proc
             router="round_robin", engines=[{"url": garbage.url}, {"url": healthy.url}]
         )
         client = ManagerClient(manager.url)
-        samples = _drain(client.submit(PROMPTS, n=1, max_new_tokens=40, temperature=0, ignore_eos=True))
+        samples = drain(client.submit(PROMPTS, n=1, max_new_tokens=40, temperature=0, ignore_eos=True))
     finally:
         garbage.stop()
     assert workers(manager)[garbage.url]["state"] == "failed"
@@ -126,7 +123,7 @@ def test_an_engine_that_joins_mid_batch_is_used_at_once(processes):
     wait_until(lambda: workers(manager)[first.url]["tokens_generated"] > 0, what="the first engine to start")
     assert batch.status()["states"]["waiting"] > 0
     client.add_worker(joiner.url, kind="remote", capacity=2)
-    samples = _drain(batch)
+    samples = drain(batch)
     assert all(s["state"] == "finished" for s in samples)
     assert any(span["engine_url"] == joiner.url for s in samples for span in s["spans"])
 

@@ -5,11 +5,7 @@ from __future__ import annotations
 import threading
 
 from rollflow.runtime.manager.client import ManagerClient
-from tests.runtime.manager.helpers import assert_spans_tile_the_output, metric, wait_until, workers
-
-
-def _drain(batch) -> list[dict]:
-    return [sample for micro_batch in batch.micro_batches() for group in micro_batch for sample in group]
+from tests.runtime.manager.helpers import assert_spans_tile_the_output, drain, metric, wait_until, workers
 
 
 def test_an_on_policy_sample_waits_for_an_engine_on_its_version(processes):
@@ -26,7 +22,7 @@ def test_an_on_policy_sample_waits_for_an_engine_on_its_version(processes):
     assert batch.status()["states"]["waiting"] == 1  # version 4 is the only engine: not eligible
     replacement = processes.engine(weight_version=3)
     client.add_worker(replacement.url)
-    (sample,) = _drain(batch)
+    (sample,) = drain(batch)
     assert {span["weight_version"] for span in sample["spans"]} == {3}
     assert {span["engine_url"] for span in sample["spans"]} == {old.url, replacement.url}
     assert client.weight_versions() == {1: 4, 2: 3}
@@ -43,7 +39,7 @@ def test_an_off_policy_sample_continues_on_newer_weights_and_says_so(processes):
     wait_until(lambda: workers(manager)[old.url]["tokens_generated"] > 3, what="tokens on version 0")
     client.add_worker(new.url)
     old.kill()
-    (sample,) = _drain(batch)
+    (sample,) = drain(batch)
     assert [span["weight_version"] for span in sample["spans"]] == [0, 1]
     assert_spans_tile_the_output(sample)
 
@@ -61,7 +57,7 @@ def test_local_leftovers_move_to_a_spot_engine_when_the_budget_expires(processes
         [[3 + i, 1] for i in range(4)], n=1, max_new_tokens=300, temperature=0, ignore_eos=True
     )
     samples = []
-    reader = threading.Thread(target=lambda: samples.extend(_drain(batch)))
+    reader = threading.Thread(target=lambda: samples.extend(drain(batch)))
     reader.start()
     reader.join(timeout=300)
     moved = [
