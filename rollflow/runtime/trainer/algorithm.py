@@ -80,11 +80,12 @@ def backward_micro_batch(
     kl = masked_mean(kl_k3(logprobs, ref_logprobs), mask)
     loss = policy_loss + settings.kl_coef * kl + settings.value_coef * value_loss
     (loss * scale).backward()
+    loss, policy_loss, kl, value_loss = (t.detach() for t in (loss, policy_loss, kl, value_loss))
     return MicroBatchStats(
-        loss=float(loss),
-        policy_loss=float(policy_loss),
-        kl=float(kl),
+        loss=loss.item(),
+        policy_loss=policy_loss.item(),
+        kl=kl.item(),
         entropy=float(masked_mean(entropy.detach(), mask)),
-        clip_fraction=float(clip_fraction),
-        value_loss=float(value_loss),
+        clip_fraction=clip_fraction.item(),
+        value_loss=value_loss.item(),
     )

@@ -56,6 +56,9 @@ class StepTotals:
 class Trainer:
     def __init__(self, config: TrainConfig, resume: bool) -> None:
         from transformers import AutoTokenizer
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()  # per-push "Writing model shards" bars drown the step lines
 
         self.config = config
         self.output_dir = Path(config.output_dir)
