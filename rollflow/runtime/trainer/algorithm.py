@@ -42,7 +42,7 @@ class MicroBatchStats:
 def token_rewards(rewards: torch.Tensor, rollout: RolloutTensors) -> torch.Tensor:
     """PPO: the task's reward on each sample's last output token, 0 elsewhere."""
     per_token = torch.zeros_like(rollout.mask)
-    per_token[torch.arange(len(rewards)), rollout.last_index] = rewards
+    per_token[torch.arange(len(rewards), device=rewards.device), rollout.last_index] = rewards
     return per_token * rollout.mask
 
 
@@ -61,7 +61,7 @@ def backward_micro_batch(
         ref_logprobs, _ = token_logprobs_and_entropy(
             reference, rollout.input_ids, rollout.attention_mask, settings.temperature
         )
-    value_loss = torch.zeros(())
+    value_loss = torch.zeros((), device=mask.device)
     if settings.algorithm == "grpo":
         advantages = grpo_advantages(rewards, rollout.group_ids)[:, None] * mask
     else:

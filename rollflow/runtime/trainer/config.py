@@ -58,6 +58,20 @@ class TrainConfig(StrictModel):
     keep_weight_versions: int = Field(2, ge=1)
     """Pushed weight folders to keep on disk (engines load from them)."""
     seed: int = 0
+    device: str = "cpu"
+    """torch device of the trainer's models: cpu, cuda, cuda:1, ..."""
+
+    @model_validator(mode="after")
+    def _device_exists(self) -> TrainConfig:
+        import torch
+
+        try:
+            device = torch.device(self.device)
+        except RuntimeError:
+            raise ValueError(f"device: not a torch device: {self.device!r} (try cpu or cuda)") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device: {self.device!r} asked for, but torch sees no CUDA GPU")
+        return self
 
     @model_validator(mode="after")
     def _grpo_needs_groups(self) -> TrainConfig:

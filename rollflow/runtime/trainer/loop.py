@@ -72,13 +72,14 @@ class Trainer:
         checkpoint = checkpoints.latest_checkpoint(self.output_dir) if resume else None
         start_from = checkpoint or Path(config.model)
         self.tokenizer = AutoTokenizer.from_pretrained(start_from)
-        self.policy = load_policy(start_from)
+        self.device = torch.device(config.device)
+        self.policy = load_policy(start_from).to(self.device)
         self.policy.train()
-        self.reference = load_reference(config.model)
+        self.reference = load_reference(config.model).to(self.device)
         self.critic = None
         parameters = list(self.policy.parameters())
         if config.algorithm == "ppo":
-            self.critic = Critic(config.model)
+            self.critic = Critic(config.model).to(self.device)
             parameters += list(self.critic.parameters())
         self.optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=0.0)
         self.step = 0
@@ -98,9 +99,9 @@ class Trainer:
     def _restore(self, checkpoint: Path) -> None:
         state = checkpoints.read_state(checkpoint)
         self.step = state["step"]
-        self.optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt"))
+        self.optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", map_location=self.device))
         if self.critic is not None:
-            self.critic.load_state_dict(torch.load(checkpoint / "critic.pt"))
+            self.critic.load_state_dict(torch.load(checkpoint / "critic.pt", map_location=self.device))
         self.rng.setstate(_tuple_state(state["rng"]))
         log.info("resumed from %s (step %d)", checkpoint, self.step)
 
@@ -204,13 +205,13 @@ class Trainer:
     def _train_micro_batch(self, groups: list[list[dict]], totals: StepTotals, scale: float) -> None:
         samples = [s for group in groups for s in group]
         rewards = [float(self.reward_fn(s["prompt_ids"], s["output_ids"], self.tokenizer)) for s in samples]
-        rollout = to_tensors(groups, self.tokenizer.pad_token_id)
+        rollout = to_tensors(groups, self.tokenizer.pad_token_id).to(self.device)
         stats = backward_micro_batch(
             self.policy,
             self.reference,
             self.critic,
             rollout,
-            torch.tensor(rewards),
+            torch.tensor(rewards, device=self.device),
             self.settings,
             scale,
         )

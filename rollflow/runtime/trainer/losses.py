@@ -34,7 +34,7 @@ def gae(
     `rewards` and `values` are per token; the value after a row's last masked token is 0 (episode end).
     """
     advantages = torch.zeros_like(rewards)
-    next_value = torch.zeros(rewards.shape[0], dtype=rewards.dtype)
+    next_value = torch.zeros(rewards.shape[0], dtype=rewards.dtype, device=rewards.device)
     running = torch.zeros_like(next_value)
     for t in reversed(range(rewards.shape[1])):
         m = mask[:, t]

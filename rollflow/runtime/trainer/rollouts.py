@@ -6,6 +6,7 @@ span names the weight version that made its tokens, so staleness is decided per 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +50,9 @@ class RolloutTensors:
     old_logprobs: torch.Tensor  # [B, T-1] the engine's recorded logprob of token t+1 (0 off the mask)
     group_ids: torch.Tensor  # [B] index of the sample's group in the micro-batch
     last_index: torch.Tensor  # [B] position in the [B, T-1] rows of the sample's last output token
+
+    def to(self, device: torch.device | str) -> RolloutTensors:
+        return RolloutTensors(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
 
 
 def to_tensors(groups: list[list[dict]], pad_id: int) -> RolloutTensors:
