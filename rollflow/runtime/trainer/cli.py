@@ -28,7 +28,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--resume",
         choices=("auto", "never"),
         default="auto",
-        help="auto: continue from the latest checkpoint in output_dir if there is one; never: start fresh "
+        help="auto: continue from the latest checkpoint in output_dir if there is one; never: start from "
+        "`model`, deleting output_dir's earlier checkpoints, weights, metrics.csv and tensorboard/ "
         "(default auto)",
     )
     train.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")

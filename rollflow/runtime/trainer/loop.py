@@ -17,6 +17,7 @@ import logging
 import os
 import random
 import time
+import urllib.error
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -227,27 +228,31 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
 
     def _sync_engines(self) -> None:
-        """Bring engines that are not on the trainer's version (a resumed run) onto it."""
-        if self.step == 0:
-            return
+        """Bring engines that are not on the trainer's version (a resumed run, a reused fleet) onto it.
+
+        Otherwise their samples would carry another version and be rejected as stale.
+        """
         folder = checkpoints.weights_folder(self.output_dir, self.step)
         if not folder.is_dir():
             checkpoints.save_pretrained(self.policy, self.tokenizer, folder)
-        self._update_engines(folder, only_if_behind=True)
+        self._update_engines(folder, skip_up_to_date=True)
 
     def _push_weights(self) -> None:
         folder = checkpoints.save_pretrained(
             self.policy, self.tokenizer, checkpoints.weights_folder(self.output_dir, self.step)
         )
-        self._update_engines(folder, only_if_behind=False)
+        self._update_engines(folder, skip_up_to_date=False)
         checkpoints.prune_weights(self.output_dir, self.config.keep_weight_versions)
 
-    def _update_engines(self, folder: Path, only_if_behind: bool) -> None:
-        workers = [w for w in self.client.workers() if w["state"] in ("healthy", "updating")]
+    def _update_engines(self, folder: Path, skip_up_to_date: bool) -> None:
+        try:
+            workers = [w for w in self.client.workers() if w["state"] in ("healthy", "updating")]
+        except urllib.error.URLError as exc:
+            raise UserError(f"cannot reach the manager at {self.config.manager_url}: {exc.reason}") from None
         if not workers:
             raise UserError(f"no healthy engine is registered with the manager at {self.config.manager_url}")
         for worker in workers:
-            if only_if_behind and worker["weight_version"] == self.step:
+            if skip_up_to_date and worker["weight_version"] == self.step:  # already on it
                 continue
             body = {"model_path": str(folder.resolve()), "weight_version": self.step}
             try:

@@ -44,7 +44,9 @@ def base_config(manager, tiny_model, output_dir, **changes) -> dict:
     return {**config, **changes}
 
 
-def test_grpo_steps_push_weights_to_every_engine_and_resume_continues(processes, tiny_model, tmp_path):
+def test_grpo_steps_push_weights_to_every_engine_and_resume_auto_continues_never_restarts(
+    processes, tiny_model, tmp_path
+):
     engines = [processes.engine() for _ in range(2)]
     manager = processes.manager(engines=[{"url": e.url} for e in engines])
     output = tmp_path / "run"
@@ -65,6 +67,14 @@ def test_grpo_steps_push_weights_to_every_engine_and_resume_continues(processes,
     assert engine_versions(manager) == [3, 3]
     # every sample of step 3 was generated on version 2, the one the resumed trainer started from
     assert int(rows(output)[-1]["samples_rejected_stale"]) == 0
+
+    # --resume never starts from `model` again: the engines (on version 3) are first put back on
+    # version 0, so the fresh step's samples are all current, none rejected as stale
+    train({**config, "steps": 1}, tmp_path, "--resume", "never")
+    (fresh,) = rows(output)
+    assert fresh["step"] == "1" and fresh["samples"] == "16" and fresh["samples_rejected_stale"] == "0"
+    assert engine_versions(manager) == [1, 1]
+    assert not (output / "checkpoints" / "step_3").exists()
 
 
 def test_ppo_off_policy_rejects_samples_beyond_the_staleness_bound(processes, tiny_model, tmp_path):
