@@ -9,7 +9,7 @@ EXAMPLES = """examples:
   rollflow train --config examples/train/grpo_tiny.yaml algorithm=ppo steps=20 output_dir=outputs/ppo
   rollflow train --config examples/train/grpo_tiny.yaml --resume never off_policy=true max_staleness=1
 
-the manager and its engines must be running (see examples/train/README or the README's Trainer section).
+the manager and its engines must be running first (README, section Trainer).
 """
 
 
@@ -32,7 +32,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         "`model`, deleting output_dir's earlier checkpoints, weights, metrics.csv and tensorboard/ "
         "(default auto)",
     )
-    train.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    train.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="dotted config overrides, after the options"
+    )
     train.set_defaults(handler=_train)
 
 

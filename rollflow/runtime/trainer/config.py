@@ -20,6 +20,8 @@ class TrainConfig(StrictModel):
     """grpo: group-relative advantages, no critic; ppo: a critic with a value head and GAE."""
     lr: float = Field(1e-4, gt=0)
     """Adam learning rate of the policy (and of the critic for ppo)."""
+    max_grad_norm: float = Field(1.0, gt=0)
+    """Gradients (policy and critic together) are scaled down to this norm before each optimizer step."""
     clip: float = Field(0.2, gt=0)
     """PPO clip range of the importance ratio: [1 - clip, 1 + clip]."""
     kl_coef: float = Field(0.02, ge=0)

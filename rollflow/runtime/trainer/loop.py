@@ -13,6 +13,7 @@ ratio uses the engines' recorded log-probs token by token.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -82,6 +83,7 @@ class Trainer:
         if config.algorithm == "ppo":
             self.critic = Critic(config.model).to(self.device)
             parameters += list(self.critic.parameters())
+        self.parameters = parameters
         self.optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=0.0)
         self.step = 0
         self.rng = random.Random(config.seed)
@@ -100,6 +102,12 @@ class Trainer:
     def _restore(self, checkpoint: Path) -> None:
         state = checkpoints.read_state(checkpoint)
         self.step = state["step"]
+        has_critic = (checkpoint / "critic.pt").is_file()
+        if has_critic != (self.critic is not None):
+            raise UserError(
+                f"{checkpoint} was written by a {'ppo' if has_critic else 'grpo'} run; resume it with that "
+                "algorithm, or start over with --resume never"
+            )
         self.optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", map_location=self.device))
         if self.critic is not None:
             self.critic.load_state_dict(torch.load(checkpoint / "critic.pt", map_location=self.device))
@@ -110,6 +118,7 @@ class Trainer:
         """Train until `config.steps` steps are done in total (across resumes)."""
         self._sync_engines()
         metrics = MetricsWriter(self.output_dir)
+        pending = None
         try:
             pending = self._submit() if self.step < self.config.steps else None
             while self.step < self.config.steps:
@@ -123,6 +132,9 @@ class Trainer:
                 on_step(result)
         finally:
             metrics.close()
+            if pending is not None:  # interrupted: stop the manager generating for a step that won't come
+                with contextlib.suppress(OSError, ManagerError):
+                    pending.cancel()
 
     def _submit(self) -> BatchHandle:
         prompts = self.prompts_fn(self.tokenizer, self.config.prompts_per_step, self.rng)
@@ -223,7 +235,7 @@ class Trainer:
         totals.resumed += sum(s["resumes"] > 0 for s in samples)
 
     def _optimizer_step(self) -> None:
-        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(self.parameters, self.config.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
