@@ -21,6 +21,7 @@ COMMAND_GROUPS = (
     "rollflow.runtime.engines.cli",
     "rollflow.runtime.manager.cli",
     "rollflow.runtime.weights.cli",
+    "rollflow.runtime.trainer.cli",
 )
 
 EXAMPLES = """examples:
@@ -30,6 +31,7 @@ EXAMPLES = """examples:
   rollflow engine init-model outputs/tiny && rollflow engine serve --model outputs/tiny --port 30001
   rollflow manager serve --config examples/manager/local.yaml
   rollflow weights serve --dir outputs/weights
+  rollflow train --config examples/train/grpo_tiny.yaml
   rollflow router compare --config examples/router/heterogeneous.yaml
 Run `rollflow COMMAND --help` for each command's options and examples.
 """

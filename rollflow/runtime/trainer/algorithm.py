@@ -1,0 +1,91 @@
+"""One micro-batch of GRPO or PPO: rewards, reference KL and advantages within it, then forward/backward.
+
+Everything a micro-batch needs is in the micro-batch (GRPO's groups arrive whole from the manager),
+so the trainer can start on it while the rest of the step's rollouts are still being generated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from rollflow.runtime.trainer.losses import clipped_policy_loss, gae, grpo_advantages, kl_k3, masked_mean
+from rollflow.runtime.trainer.models import Critic, token_logprobs_and_entropy
+from rollflow.runtime.trainer.rollouts import RolloutTensors
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    algorithm: str  # "grpo" | "ppo"
+    clip: float
+    kl_coef: float
+    temperature: float
+    gamma: float
+    gae_lambda: float
+    value_coef: float
+
+
+@dataclass(frozen=True)
+class MicroBatchStats:
+    """Token means over the micro-batch's output tokens (the loss is already backpropagated)."""
+
+    loss: float
+    policy_loss: float
+    kl: float
+    entropy: float
+    clip_fraction: float
+    value_loss: float
+
+
+def token_rewards(rewards: torch.Tensor, rollout: RolloutTensors) -> torch.Tensor:
+    """PPO: the task's reward on each sample's last output token, 0 elsewhere."""
+    per_token = torch.zeros_like(rollout.mask)
+    per_token[torch.arange(len(rewards), device=rewards.device), rollout.last_index] = rewards
+    return per_token * rollout.mask
+
+
+def backward_micro_batch(
+    policy: nn.Module,
+    reference: nn.Module,
+    critic: Critic | None,
+    rollout: RolloutTensors,
+    rewards: torch.Tensor,
+    settings: LossSettings,
+    scale: float,
+) -> MicroBatchStats:
+    """Accumulate this micro-batch's gradient (times `scale`, 1/micro-batches per mini-batch)."""
+    mask = rollout.mask
+    with torch.no_grad():
+        ref_logprobs, _ = token_logprobs_and_entropy(
+            reference, rollout.input_ids, rollout.attention_mask, settings.temperature
+        )
+    value_loss = torch.zeros((), device=mask.device)
+    if settings.algorithm == "grpo":
+        advantages = grpo_advantages(rewards, rollout.group_ids)[:, None] * mask
+    else:
+        assert critic is not None
+        values = critic(rollout.input_ids, rollout.attention_mask) * mask
+        advantages, returns = gae(
+            token_rewards(rewards, rollout), values.detach(), mask, settings.gamma, settings.gae_lambda
+        )
+        value_loss = masked_mean((values - returns) ** 2, mask)
+    logprobs, entropy = token_logprobs_and_entropy(
+        policy, rollout.input_ids, rollout.attention_mask, settings.temperature
+    )
+    policy_loss, clip_fraction = clipped_policy_loss(
+        logprobs, rollout.old_logprobs, advantages, mask, settings.clip
+    )
+    kl = masked_mean(kl_k3(logprobs, ref_logprobs), mask)
+    loss = policy_loss + settings.kl_coef * kl + settings.value_coef * value_loss
+    (loss * scale).backward()
+    loss, policy_loss, kl, value_loss = (t.detach() for t in (loss, policy_loss, kl, value_loss))
+    return MicroBatchStats(
+        loss=loss.item(),
+        policy_loss=policy_loss.item(),
+        kl=kl.item(),
+        entropy=float(masked_mean(entropy.detach(), mask)),
+        clip_fraction=clip_fraction.item(),
+        value_loss=value_loss.item(),
+    )

@@ -1,0 +1,70 @@
+"""`rollflow train`: GRPO or PPO against a running rollout manager."""
+
+from __future__ import annotations
+
+import argparse
+
+EXAMPLES = """examples:
+  rollflow train --config examples/train/grpo_tiny.yaml
+  rollflow train --config examples/train/grpo_tiny.yaml algorithm=ppo steps=20 output_dir=outputs/ppo
+  rollflow train --config examples/train/grpo_tiny.yaml --resume never off_policy=true max_staleness=1
+
+the manager and its engines must be running first (README, section Trainer).
+"""
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    train = commands.add_parser(
+        "train",
+        help="train a policy with GRPO or PPO on rollouts from the manager",
+        description="Train with GRPO or PPO on micro-batches streamed from a rollout manager; after each "
+        "step the new weights go to every engine through the manager. Writes metrics.csv, TensorBoard "
+        "logs, weights/v{N}/ and checkpoints/step_{N}/ under output_dir.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    train.add_argument("--config", required=True, help="YAML config (see examples/train/)")
+    train.add_argument(
+        "--resume",
+        choices=("auto", "never"),
+        default="auto",
+        help="auto: continue from the latest checkpoint in output_dir if there is one; never: start from "
+        "`model`, deleting output_dir's earlier checkpoints, weights, metrics.csv and tensorboard/ "
+        "(default auto)",
+    )
+    train.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="dotted config overrides, after the options"
+    )
+    train.set_defaults(handler=_train)
+
+
+def _train(args: argparse.Namespace, started_at: float) -> None:
+    import shutil
+    import sys
+    from pathlib import Path
+
+    from rollflow.config import load_config
+    from rollflow.runtime.logs import setup_logging
+    from rollflow.runtime.trainer.config import TrainConfig
+
+    config = load_config(TrainConfig, args.config, args.overrides)
+    if not Path(config.model).is_dir():
+        from rollflow.errors import UserError
+
+        raise UserError(f"config error: model: no checkpoint folder at {config.model}")
+    setup_logging("text")
+    if args.resume == "never":
+        output = Path(config.output_dir)
+        for name in ("checkpoints", "weights", "tensorboard", "metrics.csv"):
+            path = output / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+    from rollflow.runtime.trainer.loop import Trainer
+    from rollflow.runtime.trainer.progress import show_progress
+
+    trainer = Trainer(config, resume=args.resume == "auto")
+    with show_progress(config.steps, trainer.step, sys.stderr.isatty()) as on_step:
+        trainer.run(on_step)
+    print(f"trained to step {trainer.step}; metrics in {Path(config.output_dir) / 'metrics.csv'}")

@@ -1,0 +1,82 @@
+"""`rollflow train` config: where the manager and model are, the algorithm, and the step's shape."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rollflow.config import StrictModel
+
+
+class TrainConfig(StrictModel):
+    manager_url: str = "http://127.0.0.1:30100"
+    """The rollout manager the engines are registered with."""
+    manager_token: str | None = None
+    """Bearer token for the manager's admin routes (weight updates); default $ROLLFLOW_MANAGER_TOKEN."""
+    model: str
+    """Checkpoint folder of the initial policy (also the frozen reference model); engines start on it."""
+    algorithm: Literal["grpo", "ppo"] = "grpo"
+    """grpo: group-relative advantages, no critic; ppo: a critic with a value head and GAE."""
+    lr: float = Field(1e-4, gt=0)
+    """Adam learning rate of the policy (and of the critic for ppo)."""
+    max_grad_norm: float = Field(1.0, gt=0)
+    """Gradients (policy and critic together) are scaled down to this norm before each optimizer step."""
+    clip: float = Field(0.2, gt=0)
+    """PPO clip range of the importance ratio: [1 - clip, 1 + clip]."""
+    kl_coef: float = Field(0.02, ge=0)
+    """Weight of the KL penalty to the reference model (k3 estimator, per token)."""
+    gamma: float = Field(1.0, gt=0, le=1)
+    """ppo: discount per token."""
+    gae_lambda: float = Field(0.95, ge=0, le=1)
+    """ppo: GAE lambda."""
+    value_coef: float = Field(0.5, ge=0)
+    """ppo: weight of the critic's squared error."""
+    n_samples: int = Field(8, ge=1)
+    """Samples per prompt (a group); grpo needs at least 2 for a non-zero advantage."""
+    prompts_per_step: int = Field(8, ge=1)
+    """Prompts in each step's batch."""
+    micro_batch_groups: int = Field(2, ge=1)
+    """Groups the trainer waits for before a forward/backward (the manager's min_groups)."""
+    mini_batch_micro_batches: int = Field(2, ge=1)
+    """Micro-batches whose gradients accumulate into one optimizer step."""
+    steps: int = Field(10, ge=1)
+    """Training steps (one batch of rollouts and one weight push each) to reach in total."""
+    max_new_tokens: int = Field(16, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature of the engines; the trainer's log-probs use the same one."""
+    off_policy: bool = False
+    """Submit the next step's batch before training on this one; its samples may span weight versions."""
+    max_staleness: int = Field(1, ge=0)
+    """Off-policy: reject a sample any of whose tokens came from more than this many versions back."""
+    reward: str = "rollflow.runtime.trainer.tasks:letter_e"
+    """'module:function' (prompt_ids, output_ids, tokenizer) -> float; see rollflow/runtime/trainer/tasks.py."""
+    prompts: str = "rollflow.runtime.trainer.tasks:random_prompts"
+    """'module:function' (tokenizer, num, rng) -> list of prompt token-id lists."""
+    output_dir: str = "outputs/train"
+    """metrics.csv, tensorboard/, weights/v{N}/ pushed to engines, checkpoints/step_{N}/."""
+    checkpoint_every: int = Field(1, ge=1)
+    """Save model, optimizer and step every this many steps (and after the last step)."""
+    keep_weight_versions: int = Field(2, ge=1)
+    """Pushed weight folders to keep on disk (engines load from them)."""
+    seed: int = 0
+    device: str = "cpu"
+    """torch device of the trainer's models: cpu, cuda, cuda:1, ..."""
+
+    @model_validator(mode="after")
+    def _device_exists(self) -> TrainConfig:
+        import torch
+
+        try:
+            device = torch.device(self.device)
+        except RuntimeError:
+            raise ValueError(f"device: not a torch device: {self.device!r} (try cpu or cuda)") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device: {self.device!r} asked for, but torch sees no CUDA GPU")
+        return self
+
+    @model_validator(mode="after")
+    def _grpo_needs_groups(self) -> TrainConfig:
+        if self.algorithm == "grpo" and self.n_samples < 2:
+            raise ValueError("n_samples: grpo needs at least 2 samples per prompt (got 1)")
+        return self

@@ -1,0 +1,288 @@
+"""The training loop: rollout -> (per micro-batch: reward, advantage, backward) -> update weights -> log.
+
+Weight version N is the policy after N optimizer steps' worth of training steps; engines start on
+version 0 (the `model` folder). After step N the trainer saves weights/vN and tells every engine,
+through the manager, to load it; the manager holds each engine out of the pool until it has.
+
+On-policy (default): the next batch is submitted after the push, so every token of it comes from
+the trainer's current version. Off-policy: the next batch is submitted before training on this one,
+so its samples are generated while the weights change under them (`allow_off_policy`); each token
+keeps the version that made it, samples older than `max_staleness` are dropped, and the importance
+ratio uses the engines' recorded log-probs token by token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import time
+import urllib.error
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from rollflow.errors import UserError
+from rollflow.runtime.manager.client import BatchHandle, ManagerClient, ManagerError
+from rollflow.runtime.trainer import checkpoints
+from rollflow.runtime.trainer.algorithm import LossSettings, MicroBatchStats, backward_micro_batch
+from rollflow.runtime.trainer.config import TrainConfig
+from rollflow.runtime.trainer.metrics import MetricsWriter, StepMetrics
+from rollflow.runtime.trainer.models import Critic, load_policy, load_reference
+from rollflow.runtime.trainer.rollouts import filter_stale, to_tensors
+from rollflow.runtime.trainer.tasks import load_callable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepTotals:
+    """What the micro-batches of one step add up to."""
+
+    rewards: list[float] = field(default_factory=list)
+    stats: list[tuple[MicroBatchStats, int]] = field(default_factory=list)  # (stats, output tokens)
+    rejected: int = 0
+    resumed: int = 0
+    tokens: int = 0
+    wait_s: float = 0.0
+    train_s: float = 0.0
+
+    def token_mean(self, name: str) -> float:
+        total = sum(tokens for _, tokens in self.stats)
+        return sum(getattr(s, name) * tokens for s, tokens in self.stats) / max(total, 1)
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig, resume: bool) -> None:
+        from transformers import AutoTokenizer
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()  # per-push "Writing model shards" bars drown the step lines
+
+        self.config = config
+        self.output_dir = Path(config.output_dir)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.reward_fn = load_callable(config.reward, "reward")
+        self.prompts_fn = load_callable(config.prompts, "prompts")
+        token = config.manager_token or os.environ.get("ROLLFLOW_MANAGER_TOKEN")
+        self.client = ManagerClient(config.manager_url, token=token)
+        torch.manual_seed(config.seed)
+
+        checkpoint = checkpoints.latest_checkpoint(self.output_dir) if resume else None
+        start_from = checkpoint or Path(config.model)
+        self.tokenizer = AutoTokenizer.from_pretrained(start_from)
+        self.device = torch.device(config.device)
+        self.policy = load_policy(start_from).to(self.device)
+        self.policy.train()
+        self.reference = load_reference(config.model).to(self.device)
+        self.critic = None
+        parameters = list(self.policy.parameters())
+        if config.algorithm == "ppo":
+            self.critic = Critic(config.model).to(self.device)
+            parameters += list(self.critic.parameters())
+        self.parameters = parameters
+        self.optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=0.0)
+        self.step = 0
+        self.rng = random.Random(config.seed)
+        if checkpoint is not None:
+            self._restore(checkpoint)
+        self.settings = LossSettings(
+            config.algorithm,
+            config.clip,
+            config.kl_coef,
+            config.temperature,
+            config.gamma,
+            config.gae_lambda,
+            config.value_coef,
+        )
+
+    def _restore(self, checkpoint: Path) -> None:
+        state = checkpoints.read_state(checkpoint)
+        self.step = state["step"]
+        has_critic = (checkpoint / "critic.pt").is_file()
+        if has_critic != (self.critic is not None):
+            raise UserError(
+                f"{checkpoint} was written by a {'ppo' if has_critic else 'grpo'} run; resume it with that "
+                "algorithm, or start over with --resume never"
+            )
+        self.optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", map_location=self.device))
+        if self.critic is not None:
+            self.critic.load_state_dict(torch.load(checkpoint / "critic.pt", map_location=self.device))
+        self.rng.setstate(_tuple_state(state["rng"]))
+        log.info("resumed from %s (step %d)", checkpoint, self.step)
+
+    def run(self, on_step: Callable[[StepMetrics], None] = lambda m: None) -> None:
+        """Train until `config.steps` steps are done in total (across resumes)."""
+        self._sync_engines()
+        metrics = MetricsWriter(self.output_dir)
+        pending = None
+        try:
+            pending = self._submit() if self.step < self.config.steps else None
+            while self.step < self.config.steps:
+                batch, pending = pending, None
+                if self.config.off_policy and self.step + 1 < self.config.steps:
+                    pending = self._submit()
+                result = self._train_step(batch)
+                if pending is None and self.step < self.config.steps:
+                    pending = self._submit()
+                metrics.write(result)
+                on_step(result)
+        finally:
+            metrics.close()
+            if pending is not None:  # interrupted: stop the manager generating for a step that won't come
+                with contextlib.suppress(OSError, ManagerError):
+                    pending.cancel()
+
+    def _submit(self) -> BatchHandle:
+        prompts = self.prompts_fn(self.tokenizer, self.config.prompts_per_step, self.rng)
+        return self.client.submit(
+            prompts,
+            n=self.config.n_samples,
+            allow_off_policy=self.config.off_policy,
+            max_new_tokens=self.config.max_new_tokens,
+            temperature=self.config.temperature,
+        )
+
+    def _train_step(self, batch: BatchHandle) -> StepMetrics:
+        started = time.perf_counter()
+        totals = StepTotals()
+        pending_micro_batches = 0
+        per_mini_batch = self.config.mini_batch_micro_batches
+        for groups in self._timed_micro_batches(batch, totals):
+            groups, rejected = self._accept(groups)
+            totals.rejected += rejected
+            if not groups:
+                continue
+            began = time.perf_counter()
+            self._train_micro_batch(groups, totals, scale=1.0 / per_mini_batch)
+            pending_micro_batches += 1
+            if pending_micro_batches == per_mini_batch:
+                self._optimizer_step()
+                pending_micro_batches = 0
+            totals.train_s += time.perf_counter() - began
+        if pending_micro_batches:
+            began = time.perf_counter()
+            self._optimizer_step()
+            totals.train_s += time.perf_counter() - began
+        self.step += 1
+        push_began = time.perf_counter()
+        self._push_weights()
+        update_weights_s = time.perf_counter() - push_began
+        step_time = time.perf_counter() - started
+        self.client.report_step(step_time, totals.wait_s)
+        if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps:
+            self._save_checkpoint()
+        return StepMetrics(
+            step=self.step,
+            weight_version=self.step,
+            reward_mean=sum(totals.rewards) / max(len(totals.rewards), 1),
+            kl=totals.token_mean("kl"),
+            entropy=totals.token_mean("entropy"),
+            policy_loss=totals.token_mean("policy_loss"),
+            value_loss=totals.token_mean("value_loss"),
+            clip_fraction=totals.token_mean("clip_fraction"),
+            samples=len(totals.rewards),
+            samples_rejected_stale=totals.rejected,
+            samples_resumed=totals.resumed,
+            tokens=totals.tokens,
+            tokens_per_s=totals.tokens / step_time,
+            rollout_wait_s=totals.wait_s,
+            train_s=totals.train_s,
+            update_weights_s=update_weights_s,
+            step_time_s=step_time,
+        )
+
+    def _timed_micro_batches(self, batch: BatchHandle, totals: StepTotals) -> Iterator[list[list[dict]]]:
+        """The batch's micro-batches, adding the time spent blocked on each to `totals.wait_s`."""
+        iterator = batch.micro_batches(min_groups=self.config.micro_batch_groups)
+        while True:
+            began = time.perf_counter()
+            groups = next(iterator, None)
+            totals.wait_s += time.perf_counter() - began
+            if groups is None:
+                return
+            yield groups
+
+    def _accept(self, groups: list[list[dict]]) -> tuple[list[list[dict]], int]:
+        """Finished samples within the staleness bound (on-policy: from the current version only)."""
+        finished = [[s for s in group if s["state"] == "finished"] for group in groups]
+        failed = sum(len(g) for g in groups) - sum(len(g) for g in finished)
+        if failed:
+            log.warning("%d samples failed in the manager and are skipped", failed)
+        bound = self.config.max_staleness if self.config.off_policy else 0
+        return filter_stale([g for g in finished if g], self.step, bound)
+
+    def _train_micro_batch(self, groups: list[list[dict]], totals: StepTotals, scale: float) -> None:
+        samples = [s for group in groups for s in group]
+        rewards = [float(self.reward_fn(s["prompt_ids"], s["output_ids"], self.tokenizer)) for s in samples]
+        rollout = to_tensors(groups, self.tokenizer.pad_token_id).to(self.device)
+        stats = backward_micro_batch(
+            self.policy,
+            self.reference,
+            self.critic,
+            rollout,
+            torch.tensor(rewards, device=self.device),
+            self.settings,
+            scale,
+        )
+        tokens = sum(len(s["output_ids"]) for s in samples)
+        totals.rewards += rewards
+        totals.stats.append((stats, tokens))
+        totals.tokens += tokens
+        totals.resumed += sum(s["resumes"] > 0 for s in samples)
+
+    def _optimizer_step(self) -> None:
+        torch.nn.utils.clip_grad_norm_(self.parameters, self.config.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _sync_engines(self) -> None:
+        """Bring engines that are not on the trainer's version (a resumed run, a reused fleet) onto it.
+
+        Otherwise their samples would carry another version and be rejected as stale.
+        """
+        folder = checkpoints.weights_folder(self.output_dir, self.step)
+        if not folder.is_dir():
+            checkpoints.save_pretrained(self.policy, self.tokenizer, folder)
+        self._update_engines(folder, skip_up_to_date=True)
+
+    def _push_weights(self) -> None:
+        folder = checkpoints.save_pretrained(
+            self.policy, self.tokenizer, checkpoints.weights_folder(self.output_dir, self.step)
+        )
+        self._update_engines(folder, skip_up_to_date=False)
+        checkpoints.prune_weights(self.output_dir, self.config.keep_weight_versions)
+
+    def _update_engines(self, folder: Path, skip_up_to_date: bool) -> None:
+        try:
+            workers = [w for w in self.client.workers() if w["state"] in ("healthy", "updating")]
+        except urllib.error.URLError as exc:
+            raise UserError(f"cannot reach the manager at {self.config.manager_url}: {exc.reason}") from None
+        if not workers:
+            raise UserError(f"no healthy engine is registered with the manager at {self.config.manager_url}")
+        for worker in workers:
+            if skip_up_to_date and worker["weight_version"] == self.step:  # already on it
+                continue
+            body = {"model_path": str(folder.resolve()), "weight_version": self.step}
+            try:
+                self.client.request("POST", f"/workers/{worker['id']}/update_weights", body)
+            except ManagerError as exc:
+                # An engine that fails to load is retired by the manager; the others carry on.
+                log.warning("engine %s did not take version %d: %s", worker["id"], self.step, exc)
+
+    def _save_checkpoint(self) -> None:
+        state = {"rng": _list_state(self.rng.getstate())}
+        checkpoints.save_checkpoint(
+            self.output_dir, self.step, self.policy, self.tokenizer, self.optimizer, self.critic, state
+        )
+
+
+def _list_state(state: tuple) -> list:
+    return [state[0], list(state[1]), state[2]]
+
+
+def _tuple_state(state: list) -> tuple:
+    return (state[0], tuple(state[1]), state[2])

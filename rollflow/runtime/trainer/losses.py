@@ -1,0 +1,71 @@
+"""The RL losses, as pure tensor functions over padded [batch, tokens] rows with a 0/1 mask.
+
+Every per-token mean is over the mask only, so padding never counts.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (values * mask).sum() / mask.sum().clamp(min=1)
+
+
+def grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """(r - mean of its group) / (std of its group + eps), one value per sample.
+
+    A group whose samples all scored the same gets 0: it says nothing about which sample was better.
+    """
+    advantages = torch.zeros_like(rewards)
+    for group in group_ids.unique():
+        members = group_ids == group
+        scores = rewards[members]
+        std = scores.std(unbiased=False) if scores.numel() > 1 else scores.new_tensor(0.0)
+        advantages[members] = (scores - scores.mean()) / (std + eps)
+    return advantages
+
+
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation per row; returns (advantages, returns), zero where mask is 0.
+
+    `rewards` and `values` are per token; the value after a row's last masked token is 0 (episode end).
+    """
+    advantages = torch.zeros_like(rewards)
+    next_value = torch.zeros(rewards.shape[0], dtype=rewards.dtype, device=rewards.device)
+    running = torch.zeros_like(next_value)
+    for t in reversed(range(rewards.shape[1])):
+        m = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        running = delta + gamma * lam * running
+        advantages[:, t] = running * m
+        # Padding after the end keeps next_value and running at 0 for the real last token.
+        next_value = torch.where(m > 0, values[:, t], next_value)
+        running = running * m
+    returns = (advantages + values) * mask
+    return advantages, returns
+
+
+def clipped_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's pessimistic surrogate -min(r A, clip(r) A), token mean; also the fraction of tokens where
+    the clipped side was the minimum (those whose gradient the clip cut off)."""
+    ratio = torch.exp(logprobs - old_logprobs)
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1 - clip, 1 + clip) * advantages
+    loss = masked_mean(-torch.minimum(unclipped, clipped), mask)
+    clip_fraction = masked_mean((clipped < unclipped).float(), mask)
+    return loss, clip_fraction
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token KL(policy || reference) estimate exp(q - p) - (q - p) - 1 (Schulman's k3): >= 0, unbiased."""
+    diff = ref_logprobs - logprobs
+    return torch.exp(diff) - diff - 1

@@ -1,0 +1,54 @@
+"""The trainer's networks: the policy, its frozen reference copy, and (PPO) a critic with a value head."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+def load_policy(model_dir: str | Path) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+
+
+def load_reference(model_dir: str | Path) -> nn.Module:
+    model = load_policy(model_dir)
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+class Critic(nn.Module):
+    """The policy's transformer body (initialised from the same checkpoint) and a scalar value per position."""
+
+    def __init__(self, model_dir: str | Path) -> None:
+        super().__init__()
+        from transformers import AutoModel
+
+        self.body = AutoModel.from_pretrained(model_dir, dtype=torch.float32)
+        self.value_head = nn.Linear(self.body.config.hidden_size, 1)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """[B, T-1]: value of the state before token t+1 (aligned with the log-prob rows)."""
+        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return self.value_head(hidden[:, :-1]).squeeze(-1)
+
+
+def token_logprobs_and_entropy(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, T-1] log-prob of token t+1 and the entropy of the distribution it was drawn from.
+
+    Logits are divided by the sampling temperature, as the engines do when they record logprobs,
+    so the importance ratio compares like with like.
+    """
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
+    logprobs_all = torch.log_softmax(logits, dim=-1)
+    logprobs = logprobs_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    entropy = -(logprobs_all.exp() * logprobs_all).sum(-1)
+    return logprobs, entropy

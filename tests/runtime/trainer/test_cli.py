@@ -1,0 +1,32 @@
+"""`rollflow train` input errors: one line naming the problem, exit status 2."""
+
+import subprocess
+
+from rollflow.config import load_config
+from rollflow.runtime.trainer.config import TrainConfig
+from tests.runtime.processes import ENV, REPO, free_port, rollflow
+
+EXAMPLE = REPO / "examples" / "train" / "grpo_tiny.yaml"
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(rollflow("train", *args), cwd=REPO, env=ENV, capture_output=True, text=True)
+
+
+def test_the_example_config_is_valid():
+    assert load_config(TrainConfig, EXAMPLE).algorithm == "grpo"
+
+
+def test_a_config_typo_is_one_line_naming_the_key():
+    proc = run("--config", str(EXAMPLE), "kl_coeff=0.1")
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
+    assert "kl_coeff: unknown key; did you mean 'kl_coef'?" in proc.stderr
+
+
+def test_no_manager_listening_is_one_line_naming_the_url(tiny_model, tmp_path):
+    url = f"http://127.0.0.1:{free_port()}"
+    proc = run(
+        "--config", str(EXAMPLE), f"model={tiny_model}", f"manager_url={url}", f"output_dir={tmp_path}"
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"cannot reach the manager at {url}" in proc.stderr.strip().splitlines()[-1]
