@@ -21,6 +21,7 @@ COMMAND_GROUPS = (
     "rollflow.runtime.engines.cli",
     "rollflow.runtime.manager.cli",
     "rollflow.runtime.weights.cli",
+    "rollflow.runtime.launch.cli",
 )
 
 EXAMPLES = """examples:
