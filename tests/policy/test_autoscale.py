@@ -9,7 +9,9 @@ from rollflow.policy.autoscale import AutoscaleSettings, EngineLoad, ScaleSnapsh
 
 
 def _engines(*specs: tuple[str, int, bool]) -> tuple[EngineLoad, ...]:
-    return tuple(EngineLoad(i, kind, running, removable) for i, (kind, running, removable) in enumerate(specs))
+    return tuple(
+        EngineLoad(i, kind, running, removable) for i, (kind, running, removable) in enumerate(specs)
+    )
 
 
 SETTINGS = AutoscaleSettings(target_rollout_s=10.0, min_engines=1, max_engines=6)

@@ -14,7 +14,9 @@ EXAMPLES = """examples:
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    sub = add_command_group(commands, "launch", "start the manager, engines and trainer of a config", EXAMPLES)
+    sub = add_command_group(
+        commands, "launch", "start the manager, engines and trainer of a config", EXAMPLES
+    )
     up = sub.add_parser(
         "up",
         help="start everything in the config's launch section and supervise it",
@@ -26,7 +28,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     up.add_argument("--config", required=True, help="YAML file with a launch: section (see examples/launch/)")
-    up.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. launch.work_dir=out")
+    up.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. launch.work_dir=out"
+    )
     up.set_defaults(handler=_up)
 
     show = sub.add_parser(

@@ -120,7 +120,11 @@ class LocalLauncher:
             code = engine.process.exit_code()
             if code is not None:
                 logger.warning(
-                    "engine %d (%s, %s) exited with code %s; not restarted", engine_id, engine.kind, engine.url, code
+                    "engine %d (%s, %s) exited with code %s; not restarted",
+                    engine_id,
+                    engine.kind,
+                    engine.url,
+                    code,
                 )
                 self.remove_engine(engine_id)
 
@@ -139,7 +143,10 @@ class LocalLauncher:
         plan = decide_scale(
             ScaleSnapshot(last["rollout_s"], loads),
             AutoscaleSettings(
-                settings.target_rollout_s, settings.min_engines, settings.max_engines, settings.scale_down_below
+                settings.target_rollout_s,
+                settings.min_engines,
+                settings.max_engines,
+                settings.scale_down_below,
             ),
         )
         logger.info("autoscale: %s", plan.reason)

@@ -84,7 +84,9 @@ class ManagerClient:
     def weight_versions(self) -> dict[int, int | None]:
         return {int(k): v for k, v in self.request("GET", "/weight_versions").items()}
 
-    def report_step(self, step_time_s: float, bubble_s: float, rollout_s: float | None = None) -> float | None:
+    def report_step(
+        self, step_time_s: float, bubble_s: float, rollout_s: float | None = None
+    ) -> float | None:
         """Tell the manager how the last step went; returns the next local time budget.
 
         `rollout_s` (the step's rollout time) is what a launcher's autoscaler reads back."""

@@ -18,11 +18,13 @@ def _serve_batch(launch: LocalLauncher) -> list[dict]:
     return [sample for groups in batch.micro_batches(min_groups=2) for group in groups for sample in group]
 
 
-def test_manager_and_two_engines_serve_a_batch_and_stop(tmp_path, tiny_model):
+def test_two_engines_serve_a_batch_an_exited_one_is_deregistered_and_all_stop(tmp_path, tiny_model):
     config = launch_config(tmp_path, [{"kind": "local", "count": 2, "model": str(tiny_model)}])
     with LocalLauncher(config) as launch:
         workers = launch.manager.workers()
-        assert [(w["kind"], w["state"], w["weight_version"]) for w in workers] == [("local", "healthy", 0)] * 2
+        assert [(w["kind"], w["state"], w["weight_version"]) for w in workers] == [
+            ("local", "healthy", 0)
+        ] * 2
         samples = _serve_batch(launch)
         assert len(samples) == 4
         assert all(s["state"] == "finished" and len(s["output_ids"]) > 0 for s in samples)
@@ -30,6 +32,15 @@ def test_manager_and_two_engines_serve_a_batch_and_stop(tmp_path, tiny_model):
         assert used == {w["id"] for w in launch.manager.workers()}
         processes = [launch.manager_process] + [e.process for e in launch.engines.values()]
         urls = [launch.manager_url] + [e.url for e in launch.engines.values()]
+
+        victim_id, victim = next(iter(launch.engines.items()))
+        victim.process.proc.kill()
+        victim.process.proc.wait()
+        launch.check_processes()  # deregistered, not restarted
+        assert victim_id not in launch.engines and len(launch.engines) == 1
+        states = {w["id"]: w["state"] for w in launch.manager.workers()}
+        assert states[victim_id] in ("removed", "failed") and len(states) == 2
+        assert len(_serve_batch(launch)) == 4
     assert all(p.exit_code() is not None for p in processes)
     for url in urls:
         with pytest.raises(OSError):
@@ -54,7 +65,9 @@ def test_new_engine_pulls_the_newest_weights_and_joins(tmp_path, tiny_model):
             assert joined.weight_version == 3 and launch.num_joined == 1
             assert launch.manager.weight_versions() == {0: 0, joined.engine_id: 3}
             assert http("GET", joined.url + "/get_weight_version")[1]["weight_version"] == 3
-            pulled = safetensors.torch.load_file(str(tmp_path / "launch/engine1-spot/model/model.safetensors"))
+            pulled = safetensors.torch.load_file(
+                str(tmp_path / "launch/engine1-spot/model/model.safetensors")
+            )
             assert all(torch.equal(pulled[name], tensor) for name, tensor in newest.items())
             answer = launch.manager.generate([5, 6, 7], max_new_tokens=4)
             assert len(answer["output_ids"]) > 0
@@ -62,7 +75,9 @@ def test_new_engine_pulls_the_newest_weights_and_joins(tmp_path, tiny_model):
         server.close()
 
 
-def test_autoscale_adds_engines_after_a_slow_step_and_removes_idle_ones_after_a_fast_one(tmp_path, tiny_model):
+def test_autoscale_adds_engines_after_a_slow_step_and_removes_idle_ones_after_a_fast_one(
+    tmp_path, tiny_model
+):
     pool = {"kind": "spot", "count": 1, "model": str(tiny_model)}
     autoscale = {"enabled": True, "target_rollout_s": 10.0, "min_engines": 1, "max_engines": 2}
     config = launch_config(tmp_path, [pool], autoscale=autoscale)
@@ -77,15 +92,3 @@ def test_autoscale_adds_engines_after_a_slow_step_and_removes_idle_ones_after_a_
         live = [w for w in launch.manager.workers() if w["state"] == "healthy"]
         assert len(launch.engines) == 1 and len(live) == 1
         assert live[0]["id"] == next(iter(launch.engines))
-
-
-def test_an_engine_that_exits_is_deregistered_not_restarted(tmp_path, tiny_model):
-    config = launch_config(tmp_path, [{"kind": "spot", "count": 2, "model": str(tiny_model)}])
-    with LocalLauncher(config) as launch:
-        victim_id, victim = next(iter(launch.engines.items()))
-        victim.process.proc.kill()
-        victim.process.proc.wait()
-        launch.check_processes()
-        assert victim_id not in launch.engines and len(launch.engines) == 1
-        states = {w["id"]: w["state"] for w in launch.manager.workers()}
-        assert states[victim_id] in ("removed", "failed")
