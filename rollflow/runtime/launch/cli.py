@@ -8,7 +8,7 @@ from rollflow.cli_util import add_command_group
 
 EXAMPLES = """examples:
   rollflow launch up --config examples/launch/local.yaml
-  rollflow launch up --config examples/launch/local.yaml launch.engines.0.count=3 launch.autoscale.enabled=true
+  rollflow launch up --config examples/launch/local.yaml launch.autoscale.enabled=true launch.autoscale.max_engines=4
   rollflow launch show --config examples/launch/local.yaml
 """
 
@@ -49,13 +49,13 @@ def _up(args: argparse.Namespace, started_at: float) -> None:
     import sys
 
     from rollflow.runtime.launch.config import load_launch_config
-    from rollflow.runtime.launch.local import LocalLauncher
+    from rollflow.runtime.launch.launcher import Launcher
 
     config = load_launch_config(args.config, args.overrides)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # SIGTERM takes the same way out as Ctrl-C, so the children are stopped
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    with LocalLauncher(config) as launch:
+    with Launcher(config) as launch:
         print(f"manager on {launch.manager_url}; {len(launch.engines)} engines registered", flush=True)
         try:
             code = launch.run()

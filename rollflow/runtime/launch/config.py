@@ -14,6 +14,17 @@ from rollflow.config import StrictModel, load_config
 from rollflow.runtime.manager.config import ManagerConfig
 
 
+class Placement(StrictModel):
+    """Where a process may run with `backend: ray` (ignored by the local backend)."""
+
+    num_cpus: float = Field(1.0, ge=0)
+    """CPUs the process's actor reserves on its node."""
+    resources: dict[str, float] = Field(default_factory=dict)
+    """Custom Ray resources the actor needs (e.g. {"engine_slot": 1})."""
+    label_selector: dict[str, str] = Field(default_factory=dict)
+    """Node labels the node must have (Ray's syntax: "v", "!v", "in(a,b)")."""
+
+
 class EnginePool(StrictModel):
     """`count` built-in engines of one kind, serving a model folder or the newest published weights."""
 
@@ -29,6 +40,8 @@ class EnginePool(StrictModel):
     """Most samples in flight on one engine (the manager queues the rest)."""
     threads: int = Field(1, ge=1)
     """torch CPU threads per engine."""
+    placement: Placement = Placement()
+    """Ray placement; spot pools without a label_selector go to nodes labelled preemptible."""
 
     @model_validator(mode="after")
     def _one_source(self) -> EnginePool:
@@ -42,6 +55,7 @@ class EnginePool(StrictModel):
 class TrainerSection(StrictModel):
     command: list[str] = Field(min_length=1)
     """Argv of the trainer; it finds the manager in $ROLLFLOW_MANAGER_URL. Its exit ends the launch."""
+    placement: Placement = Placement()
 
 
 class AutoscaleSection(StrictModel):
@@ -64,11 +78,22 @@ class AutoscaleSection(StrictModel):
         return self
 
 
+class RaySection(StrictModel):
+    address: str = "auto"
+    """Ray cluster to join (`ray start --head` prints it), e.g. 127.0.0.1:6379."""
+    node_ip_address: str | None = None
+    """This driver's address as Ray sees it (127.0.0.1 keeps a one-machine cluster on loopback)."""
+    preemptible_label: str = "rollflow.io/preemptible"
+    """Node label marking preemptible nodes (value "true"); spot pools are placed on them."""
+    manager_placement: Placement = Placement()
+
+
 class LaunchSection(StrictModel):
-    backend: Literal["local"] = "local"
-    """Where processes run: local (this machine). A Ray backend is not implemented yet."""
+    backend: Literal["local", "ray"] = "local"
+    """local: processes on this machine; ray: each process in a Ray actor on a cluster node."""
+    ray: RaySection = RaySection()
     work_dir: str = "outputs/launch"
-    """Logs, the manager's config and pulled weights go here."""
+    """Logs, the manager's config and pulled weights go here (on each node, with Ray)."""
     manager: ManagerConfig = ManagerConfig(port=0)
     """The manager's own config; port 0 picks a free port. Engines are registered by the launcher."""
     engines: list[EnginePool] = Field(default_factory=list)
@@ -79,7 +104,7 @@ class LaunchSection(StrictModel):
 
     @model_validator(mode="after")
     def _checks(self) -> LaunchSection:
-        if self.manager.host != "127.0.0.1":
+        if self.backend == "local" and self.manager.host != "127.0.0.1":
             raise ValueError("the local backend runs the manager on 127.0.0.1 only")
         if self.manager.engines:
             raise ValueError("list engines under launch.engines, not launch.manager.engines")

@@ -13,9 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from rollflow.errors import UserError
@@ -32,11 +29,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def rollflow_argv(*args: str) -> list[str]:
-    """`rollflow ARGS` in this interpreter, so children run the same installation."""
-    return [sys.executable, "-m", "rollflow.cli", *args]
 
 
 def _die_with_parent() -> None:
@@ -72,22 +64,6 @@ class ChildProcess:
             return self.log_path.read_text(errors="replace")[-num_chars:]
         except FileNotFoundError:
             return ""
-
-    def wait_healthy(self, url: str, timeout_s: float) -> None:
-        """Block until GET url answers 200; raises LaunchError if the process exits or times out."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            code = self.exit_code()
-            if code is not None:
-                raise LaunchError(f"{self.name} exited with code {code} while starting:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.1)
-        raise LaunchError(f"{self.name} did not answer {url} within {timeout_s}s; log: {self.log_path}")
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after `grace_s`; waits until the process is gone."""

@@ -7,20 +7,20 @@ import pytest
 import safetensors.torch
 import torch
 
-from rollflow.runtime.launch.local import LocalLauncher
+from rollflow.runtime.launch.launcher import Launcher
 from rollflow.runtime.weights import WeightStore
 from tests.runtime.launch.helpers import BackgroundWeightServer, launch_config, published_state
 from tests.runtime.processes import http
 
 
-def _serve_batch(launch: LocalLauncher) -> list[dict]:
+def _serve_batch(launch: Launcher) -> list[dict]:
     batch = launch.manager.submit([[5, 6, 7], [8, 9, 10, 11]], n=2, max_new_tokens=6, temperature=1.0)
     return [sample for groups in batch.micro_batches(min_groups=2) for group in groups for sample in group]
 
 
 def test_two_engines_serve_a_batch_an_exited_one_is_deregistered_and_all_stop(tmp_path, tiny_model):
     config = launch_config(tmp_path, [{"kind": "local", "count": 2, "model": str(tiny_model)}])
-    with LocalLauncher(config) as launch:
+    with Launcher(config) as launch:
         workers = launch.manager.workers()
         assert [(w["kind"], w["state"], w["weight_version"]) for w in workers] == [
             ("local", "healthy", 0)
@@ -30,12 +30,12 @@ def test_two_engines_serve_a_batch_an_exited_one_is_deregistered_and_all_stop(tm
         assert all(s["state"] == "finished" and len(s["output_ids"]) > 0 for s in samples)
         used = {s["spans"][-1]["engine_id"] for s in samples}
         assert used == {w["id"] for w in launch.manager.workers()}
-        processes = [launch.manager_process] + [e.process for e in launch.engines.values()]
+        processes = [launch.manager_slot] + [e.slot for e in launch.engines.values()]
         urls = [launch.manager_url] + [e.url for e in launch.engines.values()]
 
         victim_id, victim = next(iter(launch.engines.items()))
-        victim.process.proc.kill()
-        victim.process.proc.wait()
+        victim.slot.process.proc.kill()
+        victim.slot.process.proc.wait()
         launch.check_processes()  # deregistered, not restarted
         assert victim_id not in launch.engines and len(launch.engines) == 1
         states = {w["id"]: w["state"] for w in launch.manager.workers()}
@@ -60,7 +60,7 @@ def test_new_engine_pulls_the_newest_weights_and_joins(tmp_path, tiny_model):
             {"kind": "spot", "count": 0, "weights_url": server.url, "tokenizer": str(tiny_model)},
         ]
         config = launch_config(tmp_path / "launch", pools)
-        with LocalLauncher(config) as launch:
+        with Launcher(config) as launch:
             joined = launch.add_engine(config.engines[1])
             assert joined.weight_version == 3 and launch.num_joined == 1
             assert launch.manager.weight_versions() == {0: 0, joined.engine_id: 3}
@@ -81,7 +81,7 @@ def test_autoscale_adds_engines_after_a_slow_step_and_removes_idle_ones_after_a_
     pool = {"kind": "spot", "count": 1, "model": str(tiny_model)}
     autoscale = {"enabled": True, "target_rollout_s": 10.0, "min_engines": 1, "max_engines": 2}
     config = launch_config(tmp_path, [pool], autoscale=autoscale)
-    with LocalLauncher(config) as launch:
+    with Launcher(config) as launch:
         assert not launch.autoscale_once()  # no step reported yet
         launch.manager.report_step(step_time_s=40.0, bubble_s=0.0, rollout_s=30.0)
         assert launch.autoscale_once()
