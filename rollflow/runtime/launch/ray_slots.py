@@ -12,8 +12,9 @@ import contextlib
 from typing import Any
 
 import ray
-from ray.exceptions import RayError
+from ray.exceptions import GetTimeoutError, RayError
 
+from rollflow.runtime.launch.process import LaunchError
 from rollflow.runtime.launch.slots import LocalSlot
 
 # what `exit_code` reports for a slot whose actor or node is gone
@@ -59,7 +60,13 @@ class RaySlot:
     def __init__(self, name: str, options: dict[str, Any]) -> None:
         self.name = name
         self.actor = _RemoteProcessActor.options(**options).remote(name)
-        self.host = self._call("host")
+        try:
+            self.host = self._call("host")
+        except GetTimeoutError:
+            ray.kill(self.actor)
+            raise LaunchError(
+                f"{name}: no Ray node took its actor within {_CALL_TIMEOUT_S:.0f}s (placement {options})"
+            ) from None
 
     def _call(self, method: str, *args):
         return ray.get(getattr(self.actor, method).remote(*args), timeout=_CALL_TIMEOUT_S)

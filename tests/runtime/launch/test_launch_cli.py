@@ -102,7 +102,7 @@ def test_launcher_killed_with_sigkill_leaves_no_process_behind(tmp_path, tiny_mo
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("launch.backend=ray", "launch.backend: Input should be 'local'"),
+        ("launch.backend=k8s", "launch.backend: Input should be 'local' or 'ray'"),
         ("launch.autoscale.pool=3", "autoscale.pool 3 names no entry of engines"),
     ],
 )
