@@ -22,6 +22,7 @@ COMMAND_GROUPS = (
     "rollflow.runtime.manager.cli",
     "rollflow.runtime.weights.cli",
     "rollflow.runtime.trainer.cli",
+    "rollflow.runtime.launch.cli",
 )
 
 EXAMPLES = """examples:

@@ -84,11 +84,19 @@ class ManagerClient:
     def weight_versions(self) -> dict[int, int | None]:
         return {int(k): v for k, v in self.request("GET", "/weight_versions").items()}
 
-    def report_step(self, step_time_s: float, bubble_s: float) -> float | None:
-        """Tell the manager how the last step went; returns the next local time budget."""
-        return self.request("POST", "/step_report", {"step_time_s": step_time_s, "bubble_s": bubble_s})[
-            "budget_s"
-        ]
+    def report_step(
+        self, step_time_s: float, bubble_s: float, rollout_s: float | None = None
+    ) -> float | None:
+        """Tell the manager how the last step went; returns the next local time budget.
+
+        `rollout_s` (the step's rollout time) is what a launcher's autoscaler reads back."""
+        body = {"step_time_s": step_time_s, "bubble_s": bubble_s, "rollout_s": rollout_s}
+        return self.request("POST", "/step_report", body)["budget_s"]
+
+    def last_step_report(self) -> tuple[int, dict | None]:
+        """(steps reported so far, the last report or None)."""
+        answer = self.request("GET", "/step_report")
+        return answer["steps"], answer["last"]
 
 
 class BatchHandle:

@@ -85,6 +85,8 @@ class WorkerBody(StrictModel):
 class StepReportBody(StrictModel):
     step_time_s: float = Field(gt=0)
     bubble_s: float = Field(ge=0)
+    rollout_s: float | None = Field(None, gt=0)
+    """Time the step's rollout took; the launcher's autoscaler reads it back from GET /step_report."""
 
 
 class UpdateWeightsBody(StrictModel):

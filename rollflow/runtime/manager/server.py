@@ -8,6 +8,7 @@ POST   /batches/{id}/flush        whatever groups are done, now
 GET    /batches/{id}/samples      NDJSON stream of samples, ?order=completion|submission
 DELETE /batches/{id}              stop and forget a batch
 POST   /step_report               trainer's step time and bubble -> next local budget
+GET    /step_report               number of steps reported and the last report (the autoscaler reads it)
 POST   /workers                   register an engine            (bearer token if configured)
 GET    /workers                   engines and their state
 DELETE /workers/{id}              deregister; its samples resume elsewhere (token)
@@ -278,7 +279,13 @@ async def step_report(request: web.Request) -> web.Response:
     body = await _parse(request, StepReportBody)
     if body.bubble_s > body.step_time_s:
         raise BadRequest(f"bubble_s ({body.bubble_s}) exceeds step_time_s ({body.step_time_s})")
-    return web.json_response({"budget_s": manager.report_step(body.step_time_s, body.bubble_s)})
+    budget = manager.report_step(body.step_time_s, body.bubble_s, body.rollout_s)
+    return web.json_response({"budget_s": budget})
+
+
+async def last_step_report(request: web.Request) -> web.Response:
+    manager = request.app[MANAGER_KEY]
+    return web.json_response({"steps": manager.num_step_reports, "last": manager.last_step_report})
 
 
 # ------------------------------------------------------------------------------ workers
@@ -377,6 +384,7 @@ def create_app(manager: RolloutManager) -> web.Application:
             web.get("/batches/{batch_id}/samples", stream_samples),
             web.delete("/batches/{batch_id}", delete_batch),
             web.post("/step_report", step_report),
+            web.get("/step_report", last_step_report),
             web.post("/workers", add_worker),
             web.get("/workers", list_workers),
             web.delete("/workers/{engine_id}", delete_worker),

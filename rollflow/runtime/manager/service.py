@@ -89,6 +89,8 @@ class RolloutManager:
         self.registry = Registry()
         self.metrics = ManagerMetrics()
         o = config.offload
+        self.num_step_reports = 0
+        self.last_step_report: dict | None = None  # what the trainer reported last
         self.balancer = (
             OffloadBalancer(
                 OffloadSettings(
@@ -313,8 +315,12 @@ class RolloutManager:
                 sample.error = "batch cancelled"
         self._queue = deque(s for s in self._queue if s.batch_id != batch_id)
 
-    def report_step(self, step_time_s: float, bubble_s: float) -> float | None:
+    def report_step(
+        self, step_time_s: float, bubble_s: float, rollout_s: float | None = None
+    ) -> float | None:
         """The trainer's measurement of one step; returns the next local budget (None if offload is off)."""
+        self.num_step_reports += 1
+        self.last_step_report = {"step_time_s": step_time_s, "bubble_s": bubble_s, "rollout_s": rollout_s}
         if self.balancer is None:
             return None
         return self.balancer.update(StepReport(step_time_s, bubble_s))

@@ -151,7 +151,9 @@ class Trainer:
         totals = StepTotals()
         pending_micro_batches = 0
         per_mini_batch = self.config.mini_batch_micro_batches
+        last_arrival = started
         for groups in self._timed_micro_batches(batch, totals):
+            last_arrival = time.perf_counter()
             groups, rejected = self._accept(groups)
             totals.rejected += rejected
             if not groups:
@@ -172,7 +174,8 @@ class Trainer:
         self._push_weights()
         update_weights_s = time.perf_counter() - push_began
         step_time = time.perf_counter() - started
-        self.client.report_step(step_time, totals.wait_s)
+        # rollout time as the trainer sees it: until the last micro-batch arrived (a launcher's autoscaler reads it)
+        self.client.report_step(step_time, totals.wait_s, rollout_s=last_arrival - started)
         if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps:
             self._save_checkpoint()
         return StepMetrics(

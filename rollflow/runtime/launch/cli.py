@@ -1,0 +1,71 @@
+"""`rollflow launch up`: the manager, engines and trainer of a config, on this machine."""
+
+from __future__ import annotations
+
+import argparse
+
+from rollflow.cli_util import add_command_group
+
+EXAMPLES = """examples:
+  rollflow launch up --config examples/launch/local.yaml
+  rollflow launch up --config examples/launch/local.yaml launch.autoscale.enabled=true launch.autoscale.max_engines=4
+  rollflow launch show --config examples/launch/local.yaml
+"""
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    sub = add_command_group(
+        commands, "launch", "start the manager, engines and trainer of a config", EXAMPLES
+    )
+    up = sub.add_parser(
+        "up",
+        help="start everything in the config's launch section and supervise it",
+        description="Start the rollout manager, then every engine pool (each engine pulls the newest weights "
+        "when its pool names a weights_url, and is registered with the manager), then the trainer command. "
+        "Runs until the trainer exits or Ctrl-C, adding or removing engines after each reported step when "
+        "autoscale is enabled; then stops every process it started. Everything binds 127.0.0.1.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    up.add_argument("--config", required=True, help="YAML file with a launch: section (see examples/launch/)")
+    up.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. launch.work_dir=out"
+    )
+    up.set_defaults(handler=_up)
+
+    show = sub.add_parser(
+        "show",
+        help="print the launch section with every default filled in",
+        epilog="example: rollflow launch show --config examples/launch/local.yaml",
+    )
+    show.add_argument("--config", required=True, help="YAML file with a launch: section")
+    show.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides")
+    show.set_defaults(handler=_show)
+
+
+def _up(args: argparse.Namespace, started_at: float) -> None:
+    import logging
+    import signal
+    import sys
+
+    from rollflow.runtime.launch.config import load_launch_config
+    from rollflow.runtime.launch.launcher import Launcher
+
+    config = load_launch_config(args.config, args.overrides)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # SIGTERM takes the same way out as Ctrl-C, so the children are stopped
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    with Launcher(config) as launch:
+        print(f"manager on {launch.manager_url}; {len(launch.engines)} engines registered", flush=True)
+        try:
+            code = launch.run()
+        except KeyboardInterrupt:
+            code = 130
+    sys.exit(code)
+
+
+def _show(args: argparse.Namespace, started_at: float) -> None:
+    from rollflow.cli_util import print_yaml
+    from rollflow.runtime.launch.config import load_launch_config
+
+    print_yaml(load_launch_config(args.config, args.overrides))

@@ -1,0 +1,124 @@
+"""The `launch:` section of a config file: what `rollflow launch up` starts and how it scales.
+
+Other top-level sections of the same file (a trainer's, say) are left to their own readers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from rollflow.config import StrictModel, load_config
+from rollflow.runtime.manager.config import ManagerConfig
+
+
+class Placement(StrictModel):
+    """Where a process may run with `backend: ray` (ignored by the local backend)."""
+
+    num_cpus: float = Field(1.0, ge=0)
+    """CPUs the process's actor reserves on its node."""
+    resources: dict[str, float] = Field(default_factory=dict)
+    """Custom Ray resources the actor needs (e.g. {"engine_slot": 1})."""
+    label_selector: dict[str, str] = Field(default_factory=dict)
+    """Node labels the node must have (Ray's syntax: "v", "!v", "in(a,b)")."""
+
+
+class EnginePool(StrictModel):
+    """`count` built-in engines of one kind, serving a model folder or the newest published weights."""
+
+    kind: Literal["local", "remote", "spot"] = "local"
+    count: int = Field(1, ge=0)
+    model: str | None = None
+    """Model folder every engine of the pool serves (weight version 0)."""
+    weights_url: str | None = None
+    """Weight server (`rollflow weights serve`): each engine pulls the newest version, then serves it."""
+    tokenizer: str | None = None
+    """Folder holding the tokenizer files, copied next to pulled weights (published versions carry none)."""
+    capacity: int = Field(16, ge=1)
+    """Most samples in flight on one engine (the manager queues the rest)."""
+    threads: int = Field(1, ge=1)
+    """torch CPU threads per engine."""
+    placement: Placement = Placement()
+    """Ray placement; spot pools without a label_selector go to nodes labelled preemptible."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnginePool:
+        if (self.model is None) == (self.weights_url is None):
+            raise ValueError("set exactly one of model (a folder) and weights_url (a weight server)")
+        if self.weights_url is not None and self.tokenizer is None:
+            raise ValueError("weights_url needs tokenizer: a folder with the model's tokenizer files")
+        return self
+
+
+class TrainerSection(StrictModel):
+    command: list[str] = Field(min_length=1)
+    """Argv of the trainer; it finds the manager in $ROLLFLOW_MANAGER_URL. Its exit ends the launch."""
+    placement: Placement = Placement()
+
+
+class AutoscaleSection(StrictModel):
+    """After each step the trainer reports (POST /step_report with rollout_s), engines are added or removed."""
+
+    enabled: bool = False
+    target_rollout_s: float = Field(60.0, gt=0)
+    min_engines: int = Field(1, ge=0)
+    max_engines: int = Field(8, ge=1)
+    scale_down_below: float = Field(0.5, gt=0, le=1)
+    """Remove idle engines only when a rollout took less than this fraction of the target."""
+    pool: int = Field(0, ge=0)
+    """Index in `engines` of the pool whose settings new engines copy (kind, model or weights)."""
+    poll_interval_s: float = Field(1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscaleSection:
+        if self.min_engines > self.max_engines:
+            raise ValueError(f"min_engines ({self.min_engines}) exceeds max_engines ({self.max_engines})")
+        return self
+
+
+class RaySection(StrictModel):
+    address: str = "auto"
+    """Ray cluster to join (`ray start --head` prints it), e.g. 127.0.0.1:6379."""
+    node_ip_address: str | None = None
+    """This driver's address as Ray sees it (127.0.0.1 keeps a one-machine cluster on loopback)."""
+    preemptible_label: str = "rollflow.io/preemptible"
+    """Node label marking preemptible nodes (value "true"); spot pools are placed on them."""
+    manager_placement: Placement = Placement()
+
+
+class LaunchSection(StrictModel):
+    backend: Literal["local", "ray"] = "local"
+    """local: processes on this machine; ray: each process in a Ray actor on a cluster node."""
+    ray: RaySection = RaySection()
+    work_dir: str = "outputs/launch"
+    """Logs, the manager's config and pulled weights go here (on each node, with Ray)."""
+    manager: ManagerConfig = ManagerConfig(port=0)
+    """The manager's own config; port 0 picks a free port. Engines are registered by the launcher."""
+    engines: list[EnginePool] = Field(default_factory=list)
+    trainer: TrainerSection | None = None
+    autoscale: AutoscaleSection = AutoscaleSection()
+    startup_timeout_s: float = Field(300.0, gt=0)
+    """How long a process may take to answer /health before the launch fails."""
+
+    @model_validator(mode="after")
+    def _checks(self) -> LaunchSection:
+        if self.backend == "local" and self.manager.host != "127.0.0.1":
+            raise ValueError("the local backend runs the manager on 127.0.0.1 only")
+        if self.manager.engines:
+            raise ValueError("list engines under launch.engines, not launch.manager.engines")
+        if self.autoscale.enabled and self.autoscale.pool >= len(self.engines):
+            raise ValueError(f"autoscale.pool {self.autoscale.pool} names no entry of engines")
+        return self
+
+
+class LaunchFile(StrictModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    launch: LaunchSection
+
+
+def load_launch_config(path: str | Path | None, overrides: list[str] = ()) -> LaunchSection:
+    """The launch section of `path` with `launch.x=y` overrides applied."""
+    return load_config(LaunchFile, path, overrides).launch

@@ -1,0 +1,267 @@
+"""Start the manager, engines and trainer of a launch config, supervise them, and scale engines.
+
+    with Launcher(config) as launch:            # manager up, every pool's engines up and registered
+        launch.add_engine(config.engines[0])    # one more: pulls the newest weights if the pool says so
+        launch.run()                            # until the trainer exits (or Ctrl-C); autoscales meanwhile
+
+Each process runs in a slot: a child process here (`backend: local`) or a Ray actor on a node
+chosen by its placement (`backend: ray`). Nothing is restarted silently: an engine whose
+process exits (or whose actor or node is lost: a preempted engine) is deregistered from the
+manager, so its samples resume elsewhere, and logged; a manager that exits ends the launch.
+Leaving the `with` block stops every process the launcher started.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from rollflow.policy.autoscale import AutoscaleSettings, EngineLoad, ScaleSnapshot, decide_scale
+from rollflow.runtime.launch.config import EnginePool, LaunchSection, Placement
+from rollflow.runtime.launch.process import LaunchError
+from rollflow.runtime.launch.slots import LocalSlot, Slot
+from rollflow.runtime.manager.client import ManagerClient, ManagerError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LaunchedEngine:
+    engine_id: int  # the manager's id
+    url: str
+    kind: str
+    weight_version: int
+    slot: Slot
+
+
+class Launcher:
+    def __init__(self, config: LaunchSection) -> None:
+        self.config = config
+        self.work_dir = Path(config.work_dir).resolve()
+        self.manager_slot: Slot | None = None
+        self.manager: ManagerClient | None = None
+        self.engines: dict[int, LaunchedEngine] = {}
+        self.trainer: Slot | None = None
+        self.num_joined = 0  # engines started after the initial ones
+        self._num_started = 0
+        self._steps_seen = 0
+        self._ray_started = False
+
+    def __enter__(self) -> Launcher:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    @property
+    def manager_url(self) -> str:
+        assert self.manager is not None, "start() first"
+        return self.manager.url
+
+    def start(self) -> None:
+        """Manager first, then every pool's engines (each registered once healthy)."""
+        if self.config.backend == "ray":
+            self._connect_ray()
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self._start_manager()
+        for pool in self.config.engines:
+            for _ in range(pool.count):
+                self._start_engine(pool)
+
+    def add_engine(self, pool: EnginePool) -> LaunchedEngine:
+        """One more engine like the pool's (pulling the newest weights if it has a weights_url)."""
+        engine = self._start_engine(pool)
+        self.num_joined += 1
+        return engine
+
+    def remove_engine(self, engine_id: int) -> None:
+        """Deregister from the manager (its samples resume elsewhere), then stop the process."""
+        engine = self.engines.pop(engine_id)
+        try:
+            self.manager.remove_worker(engine_id)
+        except ManagerError as exc:
+            if exc.status != 404:
+                raise
+        engine.slot.stop()
+        logger.info("engine %d (%s) removed", engine_id, engine.url)
+
+    def start_trainer(self) -> Slot:
+        trainer = self.config.trainer
+        env = {"ROLLFLOW_MANAGER_URL": self.manager_url}
+        if self.config.manager.token:
+            env["ROLLFLOW_MANAGER_TOKEN"] = self.config.manager.token
+        self.trainer = self._slot("trainer", trainer.placement)
+        self.trainer.start(trainer.command, str(self.work_dir / "trainer.log"), env, rollflow=False, files={})
+        return self.trainer
+
+    def run(self, max_seconds: float | None = None) -> int:
+        """Supervise until the trainer exits (its exit code is returned), or for `max_seconds`."""
+        if self.config.trainer is not None and self.trainer is None:
+            self.start_trainer()
+        started = time.monotonic()
+        while max_seconds is None or time.monotonic() - started < max_seconds:
+            self.check_processes()
+            if self.trainer is not None:
+                code = self.trainer.exit_code()
+                if code is not None:
+                    return code
+            if self.config.autoscale.enabled:
+                self.autoscale_once()
+            time.sleep(self.config.autoscale.poll_interval_s)
+        return 0
+
+    def check_processes(self) -> None:
+        """Deregister engines whose process (or actor, or node) is gone; a dead manager ends the launch."""
+        code = self.manager_slot.exit_code()
+        if code is not None:
+            raise LaunchError(f"the manager exited with code {code}:\n{self.manager_slot.log_tail()}")
+        for engine_id, engine in list(self.engines.items()):
+            code = engine.slot.exit_code()
+            if code is not None:
+                logger.warning(
+                    "engine %d (%s, %s) exited with code %s; not restarted",
+                    engine_id,
+                    engine.kind,
+                    engine.url,
+                    code,
+                )
+                self.remove_engine(engine_id)
+
+    def autoscale_once(self) -> bool:
+        """Apply the autoscale policy if the trainer reported a new step; True if it did."""
+        steps, last = self.manager.last_step_report()
+        if steps == self._steps_seen or last is None or last.get("rollout_s") is None:
+            return False
+        self._steps_seen = steps
+        settings = self.config.autoscale
+        loads = tuple(
+            EngineLoad(w["id"], w["kind"], w["running"], w["id"] in self.engines)
+            for w in self.manager.workers()
+            if w["state"] in ("healthy", "updating")
+        )
+        plan = decide_scale(
+            ScaleSnapshot(last["rollout_s"], loads),
+            AutoscaleSettings(
+                settings.target_rollout_s,
+                settings.min_engines,
+                settings.max_engines,
+                settings.scale_down_below,
+            ),
+        )
+        logger.info("autoscale: %s", plan.reason)
+        pool = self.config.engines[settings.pool]
+        for _ in range(plan.num_add):
+            self.add_engine(pool)
+        for engine_id in plan.remove:
+            self.remove_engine(engine_id)
+        return True
+
+    def stop(self) -> None:
+        """Stop the trainer, the engines, then the manager; waits for each."""
+        if self.trainer is not None:
+            self.trainer.stop()
+        for engine in self.engines.values():
+            engine.slot.stop()
+        self.engines.clear()
+        if self.manager_slot is not None:
+            self.manager_slot.stop()
+        if self._ray_started:
+            import ray
+
+            ray.shutdown()
+            self._ray_started = False
+
+    def _connect_ray(self) -> None:
+        import ray
+
+        settings = self.config.ray
+        ray.init(
+            address=settings.address,
+            _node_ip_address=settings.node_ip_address,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+        self._ray_started = True
+
+    def _slot(self, name: str, placement: Placement, kind: str | None = None) -> Slot:
+        if self.config.backend == "local":
+            return LocalSlot(name)
+        from rollflow.runtime.launch.ray_slots import RaySlot
+
+        selector = dict(placement.label_selector)
+        if kind == "spot" and not selector:
+            selector = {self.config.ray.preemptible_label: "true"}
+        options = {
+            "num_cpus": placement.num_cpus,
+            "resources": placement.resources,
+            "label_selector": selector,
+        }
+        return RaySlot(name, options)
+
+    def _wait_healthy(self, slot: Slot, url: str) -> None:
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        while time.monotonic() < deadline:
+            code = slot.exit_code()
+            if code is not None:
+                raise LaunchError(f"{slot.name} exited with code {code} while starting:\n{slot.log_tail()}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.1)
+        raise LaunchError(f"{slot.name} did not answer {url}/health within {self.config.startup_timeout_s}s")
+
+    def _start_manager(self) -> None:
+        config = self.config.manager
+        self.manager_slot = self._slot("manager", self.config.ray.manager_placement)
+        host = self.manager_slot.host
+        port = config.port or self.manager_slot.free_port()
+        config_path = str(self.work_dir / "manager.yaml")
+        config_text = yaml.safe_dump(config.model_dump(mode="json", exclude={"token"}))
+        argv = ["manager", "serve", "--config", config_path, "--host", host, "--port", str(port)]
+        env = {"ROLLFLOW_MANAGER_TOKEN": config.token} if config.token else {}
+        log_path = str(self.work_dir / "manager.log")
+        self.manager_slot.start(argv, log_path, env, rollflow=True, files={config_path: config_text})
+        url = f"http://{host}:{port}"
+        self._wait_healthy(self.manager_slot, url)
+        self.manager = ManagerClient(url, token=config.token, timeout_s=60.0)
+        logger.info("manager up on %s", url)
+
+    def _start_engine(self, pool: EnginePool) -> LaunchedEngine:
+        index = self._num_started
+        self._num_started += 1
+        name = f"engine{index}-{pool.kind}"
+        slot = self._slot(name, pool.placement, pool.kind)
+        try:
+            model, version = pool.model, 0
+            if pool.weights_url is not None:
+                model = str(self.work_dir / name / "model")
+                version = slot.pull_weights(pool.weights_url, pool.tokenizer, model)
+            port = slot.free_port()
+            argv = ["engine", "serve", "--model", model, "--host", slot.host, "--port", str(port)]
+            argv += ["--weight-version", str(version), "--threads", str(pool.threads)]
+            slot.start(argv, str(self.work_dir / f"{name}.log"), {}, rollflow=True, files={})
+            url = f"http://{slot.host}:{port}"
+            self._wait_healthy(slot, url)
+            worker = self.manager.add_worker(url, pool.kind, "builtin", pool.capacity)
+        except BaseException:
+            slot.stop()
+            raise
+        engine = LaunchedEngine(worker["id"], url, pool.kind, version, slot)
+        self.engines[engine.engine_id] = engine
+        logger.info("%s up on %s as engine %d, weight version %d", name, url, engine.engine_id, version)
+        return engine

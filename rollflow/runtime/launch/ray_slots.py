@@ -1,0 +1,100 @@
+"""The Ray backend: each launched process runs inside one Ray actor, on a node Ray picks by the
+actor's resources and node-label selector (spot pools ask for nodes labelled preemptible).
+
+The actor owns its process: the process dies with the actor's worker (PR_SET_PDEATHSIG), so a
+node that is lost or an actor that is killed is a process that exited, and the launcher
+deregisters the engine from the manager as a preempted one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayError
+
+from rollflow.runtime.launch.process import LaunchError
+from rollflow.runtime.launch.slots import LocalSlot
+
+# what `exit_code` reports for a slot whose actor or node is gone
+LOST_EXIT_CODE = -9
+_CALL_TIMEOUT_S = 60.0
+
+
+class _ProcessActor:
+    """Runs one process on its node through a LocalSlot bound to the node's address."""
+
+    def __init__(self, name: str) -> None:
+        self.slot = LocalSlot(name)
+        self.slot.host = ray.util.get_node_ip_address()
+
+    def host(self) -> str:
+        return self.slot.host
+
+    def free_port(self) -> int:
+        return self.slot.free_port()
+
+    def pull_weights(self, weights_url: str, tokenizer_dir: str, out_dir: str) -> int:
+        return self.slot.pull_weights(weights_url, tokenizer_dir, out_dir)
+
+    def start(
+        self, argv: list[str], log_path: str, env: dict[str, str], rollflow: bool, files: dict[str, str]
+    ) -> None:
+        self.slot.start(argv, log_path, env, rollflow, files)
+
+    def exit_code(self) -> int | None:
+        return self.slot.exit_code()
+
+    def log_tail(self) -> str:
+        return self.slot.log_tail()
+
+    def stop(self) -> None:
+        self.slot.stop()
+
+
+_RemoteProcessActor = ray.remote(_ProcessActor)
+
+
+class RaySlot:
+    def __init__(self, name: str, options: dict[str, Any]) -> None:
+        self.name = name
+        self.actor = _RemoteProcessActor.options(**options).remote(name)
+        try:
+            self.host = self._call("host")
+        except GetTimeoutError:
+            ray.kill(self.actor)
+            raise LaunchError(
+                f"{name}: no Ray node took its actor within {_CALL_TIMEOUT_S:.0f}s (placement {options})"
+            ) from None
+
+    def _call(self, method: str, *args):
+        return ray.get(getattr(self.actor, method).remote(*args), timeout=_CALL_TIMEOUT_S)
+
+    def free_port(self) -> int:
+        return self._call("free_port")
+
+    def pull_weights(self, weights_url: str, tokenizer_dir: str, out_dir: str) -> int:
+        return self._call("pull_weights", weights_url, tokenizer_dir, out_dir)
+
+    def start(
+        self, argv: list[str], log_path: str, env: dict[str, str], rollflow: bool, files: dict[str, str]
+    ) -> None:
+        self._call("start", argv, log_path, env, rollflow, files)
+
+    def exit_code(self) -> int | None:
+        try:
+            return self._call("exit_code")
+        except RayError:
+            return LOST_EXIT_CODE
+
+    def log_tail(self) -> str:
+        try:
+            return self._call("log_tail")
+        except RayError as exc:
+            return f"(the actor is gone: {type(exc).__name__})"
+
+    def stop(self) -> None:
+        with contextlib.suppress(RayError):
+            self._call("stop")
+        ray.kill(self.actor)

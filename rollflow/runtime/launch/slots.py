@@ -1,0 +1,77 @@
+"""Where one launched process runs: a slot on this machine, or a Ray actor on a cluster node.
+
+The launcher asks a backend for a slot (with placement hints), then asks the slot for a free
+port, to pull weights, and to start one command. Everything a process needs from its machine
+(ports, pulled weights, the interpreter) is done by the slot on that machine, so the same
+launcher code drives both backends.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Protocol
+
+from rollflow.runtime.launch.join import pull_newest_model
+from rollflow.runtime.launch.process import ChildProcess, free_port
+
+
+class Slot(Protocol):
+    name: str
+    host: str  # address the process binds and is reached at
+
+    def free_port(self) -> int: ...
+
+    def pull_weights(self, weights_url: str, tokenizer_dir: str, out_dir: str) -> int:
+        """Pull the newest version into `out_dir` on the slot's machine; returns the version."""
+        ...
+
+    def start(
+        self, argv: list[str], log_path: str, env: dict[str, str], rollflow: bool, files: dict[str, str]
+    ) -> None:
+        """Write `files` (path -> text), then start `argv` (with `rollflow`: `rollflow ARGV` in the
+        slot's own interpreter)."""
+        ...
+
+    def exit_code(self) -> int | None:
+        """None while running; a slot whose machine or actor is gone counts as exited."""
+        ...
+
+    def log_tail(self) -> str: ...
+
+    def stop(self) -> None: ...
+
+
+class LocalSlot:
+    """A child process of the launcher on this machine."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.host = "127.0.0.1"
+        self.process: ChildProcess | None = None
+
+    def free_port(self) -> int:
+        return free_port()
+
+    def pull_weights(self, weights_url: str, tokenizer_dir: str, out_dir: str) -> int:
+        return pull_newest_model(weights_url, tokenizer_dir, out_dir)
+
+    def start(
+        self, argv: list[str], log_path: str, env: dict[str, str], rollflow: bool, files: dict[str, str]
+    ) -> None:
+        for path, text in files.items():
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text)
+        if rollflow:
+            argv = [sys.executable, "-m", "rollflow.cli", *argv]
+        self.process = ChildProcess(self.name, argv, Path(log_path), env)
+
+    def exit_code(self) -> int | None:
+        return None if self.process is None else self.process.exit_code()
+
+    def log_tail(self) -> str:
+        return "" if self.process is None else self.process.log_tail()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
