@@ -17,9 +17,13 @@ no clock; `now` and the step's start arrive as arguments.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
+from pydantic import Field, model_validator
+
+from rollflow.config import StrictModel
 from rollflow.policy.view import ClusterView, InstanceView
 
 
@@ -62,6 +66,30 @@ class OffloadSettings:
             raise ValueError(f"smoothing must be in (0, 1], got {self.smoothing}")
         if self.gain < 0:
             raise ValueError(f"gain must be >= 0, got {self.gain}")
+
+
+class OffloadConfig(StrictModel):
+    """The YAML form of `OffloadSettings`, one section for the manager and the RL simulator alike.
+
+    The bounds live here so a bad value is a config error naming the key; the cross-field
+    check is the settings' own, run at validation time.
+    """
+
+    initial_budget_s: float = Field(30.0, gt=0.0)
+    min_budget_s: float = Field(1.0, gt=0.0)
+    max_budget_s: float = Field(3600.0, gt=0.0)
+    target_bubble_fraction: float = Field(0.05, ge=0.0, lt=1.0)
+    gain: float = Field(2.0, ge=0.0)
+    smoothing: float = Field(0.5, gt=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> OffloadConfig:
+        self.settings()
+        return self
+
+    def settings(self) -> OffloadSettings:
+        names = {f.name for f in dataclasses.fields(OffloadSettings)}
+        return OffloadSettings(**{k: v for k, v in self.model_dump().items() if k in names})
 
 
 class OffloadBalancer:

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rollflow.config import StrictModel
+from rollflow.policy.offload import OffloadConfig
 from rollflow.policy.routing import ROUTERS
 
 
@@ -20,16 +21,10 @@ class EngineEntry(StrictModel):
     """Most samples in flight on this engine at once; more wait in the manager's queue."""
 
 
-class OffloadSection(StrictModel):
+class OffloadSection(OffloadConfig):
     """Local (reserved) engines generate for a budget per batch, then their leftovers move to remote ones."""
 
     enabled: bool = False
-    initial_budget_s: float = Field(30.0, gt=0)
-    min_budget_s: float = Field(1.0, gt=0)
-    max_budget_s: float = Field(3600.0, gt=0)
-    target_bubble_fraction: float = Field(0.05, ge=0, lt=1)
-    gain: float = Field(2.0, ge=0)
-    smoothing: float = Field(0.5, gt=0, le=1)
 
 
 class ManagerConfig(StrictModel):

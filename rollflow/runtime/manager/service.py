@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from rollflow.errors import UserError
-from rollflow.policy.offload import OffloadBalancer, OffloadSettings, StepReport
+from rollflow.policy.offload import OffloadBalancer, StepReport
 from rollflow.policy.routing import Router, make_router
 from rollflow.policy.view import ClusterView, InstanceKind, RouteRequest
 from rollflow.runtime.engines.base import EngineError, EngineRejectedError, SamplingParams
@@ -53,7 +53,6 @@ class Batch:
     batch_id: str
     groups: list[list[Sample]]
     packer: GroupPacker
-    started_at: float
     budget_s: float | None  # local time budget; None when offloading is off
     offloaded: bool = False
     completed: list[Sample] = field(default_factory=list)  # samples in completion order
@@ -88,30 +87,15 @@ class RolloutManager:
         self._fallback_router = make_router("least_outstanding")
         self.registry = Registry()
         self.metrics = ManagerMetrics()
-        o = config.offload
         self.num_step_reports = 0
         self.last_step_report: dict | None = None  # what the trainer reported last
-        self.balancer = (
-            OffloadBalancer(
-                OffloadSettings(
-                    initial_budget_s=o.initial_budget_s,
-                    min_budget_s=o.min_budget_s,
-                    max_budget_s=o.max_budget_s,
-                    target_bubble_fraction=o.target_bubble_fraction,
-                    gain=o.gain,
-                    smoothing=o.smoothing,
-                )
-            )
-            if o.enabled
-            else None
-        )
+        self.balancer = OffloadBalancer(config.offload.settings()) if config.offload.enabled else None
         self.batches: dict[str, Batch] = {}
         self._queue: deque[Sample] = deque()
         self._attempts: dict[str, asyncio.Task] = {}
         self._move_reasons: dict[str, str] = {}
         self._watchers: dict[str, asyncio.Event] = {}
         self._resumed_at: dict[str, float] = {}  # sample id -> when its last attempt ended early
-        self._sample_batch: dict[str, Batch] = {}
         self._seq = itertools.count()
         self._wake = asyncio.Event()
         self._background: set[asyncio.Task] = set()
@@ -294,11 +278,9 @@ class RolloutManager:
         ]
         loop = asyncio.get_running_loop()
         budget = self.balancer.budget_s if self.balancer is not None else None
-        batch = Batch(batch_id, groups, GroupPacker(groups), loop.time(), budget)
+        batch = Batch(batch_id, groups, GroupPacker(groups), budget)
         self.batches[batch_id] = batch
-        for sample in batch.samples:
-            self._sample_batch[sample.sample_id] = batch
-            self._queue.append(sample)
+        self._queue.extend(batch.samples)
         if budget is not None:
             loop.call_later(budget, self._expire_budget, batch)
         self._wake.set()
@@ -308,7 +290,6 @@ class RolloutManager:
         """Drop a batch the trainer is done with (delivered, or no longer wanted: its unfinished samples stop)."""
         batch = self.batches.pop(batch_id)
         for sample in batch.samples:
-            self._sample_batch.pop(sample.sample_id, None)
             if sample.state < SampleState.FINISHED:
                 self._move(sample.sample_id, "cancelled")
                 sample.state = SampleState.FAILED
@@ -406,7 +387,7 @@ class RolloutManager:
         version = sample.weight_version
         if version is not None and not sample.allow_off_policy:
             engines = [e for e in engines if e.weight_version == version]
-        batch = self._sample_batch.get(sample.sample_id)
+        batch = self.batches.get(sample.batch_id)
         if batch is not None and batch.offloaded and any(e.kind != "local" for e in self.registry.live()):
             engines = [e for e in engines if e.kind != "local"]
         return engines
@@ -551,7 +532,7 @@ class RolloutManager:
         sample.engine_id = None
         self._resumed_at.pop(sample.sample_id, None)
         self.metrics.finished_samples.labels(sample.state.name.lower()).inc()
-        batch = self._sample_batch.get(sample.sample_id)
+        batch = self.batches.get(sample.batch_id)
         if batch is not None:
             batch.completed.append(sample)
             batch.packer.sample_done(sample)

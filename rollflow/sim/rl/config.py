@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from rollflow.perf.specs import GPUS, MODELS, NODES
+from rollflow.policy.offload import OffloadConfig
 from rollflow.policy.resources import valid_actor_sizes
 from rollflow.policy.routing import ROUTERS
 from rollflow.sim.config import (
@@ -134,15 +135,10 @@ class TraceAvailability(Section):
 AvailabilityConfig = Annotated[GeneratedAvailability | TraceAvailability, Field(discriminator="kind")]
 
 
-class OffloadConfig(Section):
-    """The local-rollout time budget; rollflow.policy.offload.OffloadSettings, shared with the manager."""
+class RolloutOffloadConfig(OffloadConfig):
+    """The local-rollout time budget (`rollflow.policy.offload`, shared with the manager)."""
 
     initial_budget_s: float = Field(60.0, gt=0.0)
-    min_budget_s: float = Field(1.0, gt=0.0)
-    max_budget_s: float = Field(3600.0, gt=0.0)
-    target_bubble_fraction: float = Field(0.05, ge=0.0, lt=1.0)
-    gain: float = Field(2.0, ge=0.0)
-    smoothing: float = Field(0.5, gt=0.0, le=1.0)
 
 
 class SpotConfig(Section):
@@ -155,7 +151,7 @@ class SpotConfig(Section):
     """Time from an instance coming up to serving (launch plus loading weights)."""
     link_gb_per_s: float = Field(5.0, gt=0.0)
     """Bandwidth of the end-of-step weight transfer to preemptible instances."""
-    offload: OffloadConfig = Field(default_factory=OffloadConfig)
+    offload: RolloutOffloadConfig = Field(default_factory=RolloutOffloadConfig)
 
     @model_validator(mode="before")
     @classmethod

@@ -9,8 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from rollflow.config import ConfigError
-from rollflow.policy.offload import OffloadBalancer, OffloadSettings, StepReport
+from rollflow.policy.offload import OffloadBalancer, StepReport
 from rollflow.policy.resources import DynamicScheduler, ResourceScheduler, StaticScheduler
 from rollflow.sim.rl.accounting import summarize_run
 from rollflow.sim.rl.config import RLSimConfig, SchedulingConfig
@@ -36,10 +35,7 @@ def simulate_steps(
     scheduler = make_resource_scheduler(config.scheduling)
     balancer = market = None
     if config.spot.instances:
-        try:
-            balancer = OffloadBalancer(OffloadSettings(**config.spot.offload.model_dump()))
-        except ValueError as exc:
-            raise ConfigError(f"config error: spot.offload: {exc}") from None
+        balancer = OffloadBalancer(config.spot.offload.settings())
         market = SpotMarket(config.spot, config.seed)
     steps: list[StepResult] = []
     clock = 0.0
