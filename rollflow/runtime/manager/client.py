@@ -16,6 +16,8 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+from rollflow.errors import UserError
+
 
 class ManagerError(RuntimeError):
     """The manager refused a request; the message is the manager's own explanation."""
@@ -23,6 +25,10 @@ class ManagerError(RuntimeError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"manager answered {status}: {message}")
         self.status = status
+
+
+class ManagerUnreachable(UserError):
+    """No manager answers at the client's url (a wrong url, or the manager is down)."""
 
 
 class ManagerClient:
@@ -47,6 +53,8 @@ class ManagerClient:
             except (ValueError, KeyError, TypeError):
                 message = raw.decode(errors="replace")
             raise ManagerError(exc.code, message) from None
+        except urllib.error.URLError as exc:
+            raise ManagerUnreachable(f"cannot reach the manager at {self.url}: {exc.reason}") from None
 
     def submit(
         self, prompts: list[list[int]], n: int = 1, allow_off_policy: bool = False, **sampling_params: Any
@@ -80,6 +88,15 @@ class ManagerClient:
 
     def workers(self) -> list[dict]:
         return self.request("GET", "/workers")["workers"]
+
+    def live_workers(self) -> list[dict]:
+        """Engines in the pool: healthy, or loading new weights (the manager's `Registry.live`)."""
+        return [w for w in self.workers() if w["state"] in ("healthy", "updating")]
+
+    def update_weights(self, engine_id: int, model_path: str, weight_version: int) -> dict:
+        """Have one engine load a checkpoint folder; it rejoins the pool only on `weight_version`."""
+        body = {"model_path": model_path, "weight_version": weight_version}
+        return self.request("POST", f"/workers/{engine_id}/update_weights", body)
 
     def weight_versions(self) -> dict[int, int | None]:
         return {int(k): v for k, v in self.request("GET", "/weight_versions").items()}

@@ -18,7 +18,6 @@ import logging
 import os
 import random
 import time
-import urllib.error
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 import torch
 
 from rollflow.errors import UserError
-from rollflow.runtime.manager.client import BatchHandle, ManagerClient, ManagerError
+from rollflow.runtime.manager.client import BatchHandle, ManagerClient, ManagerError, ManagerUnreachable
 from rollflow.runtime.trainer import checkpoints
 from rollflow.runtime.trainer.algorithm import LossSettings, MicroBatchStats, backward_micro_batch
 from rollflow.runtime.trainer.config import TrainConfig
@@ -133,7 +132,7 @@ class Trainer:
         finally:
             metrics.close()
             if pending is not None:  # interrupted: stop the manager generating for a step that won't come
-                with contextlib.suppress(OSError, ManagerError):
+                with contextlib.suppress(OSError, ManagerError, ManagerUnreachable):
                     pending.cancel()
 
     def _submit(self) -> BatchHandle:
@@ -260,18 +259,14 @@ class Trainer:
         checkpoints.prune_weights(self.output_dir, self.config.keep_weight_versions)
 
     def _update_engines(self, folder: Path, skip_up_to_date: bool) -> None:
-        try:
-            workers = [w for w in self.client.workers() if w["state"] in ("healthy", "updating")]
-        except urllib.error.URLError as exc:
-            raise UserError(f"cannot reach the manager at {self.config.manager_url}: {exc.reason}") from None
+        workers = self.client.live_workers()
         if not workers:
             raise UserError(f"no healthy engine is registered with the manager at {self.config.manager_url}")
         for worker in workers:
             if skip_up_to_date and worker["weight_version"] == self.step:  # already on it
                 continue
-            body = {"model_path": str(folder.resolve()), "weight_version": self.step}
             try:
-                self.client.request("POST", f"/workers/{worker['id']}/update_weights", body)
+                self.client.update_weights(worker["id"], str(folder.resolve()), self.step)
             except ManagerError as exc:
                 # An engine that fails to load is retired by the manager; the others carry on.
                 log.warning("engine %s did not take version %d: %s", worker["id"], self.step, exc)
