@@ -44,15 +44,15 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _up(args: argparse.Namespace, started_at: float) -> None:
-    import logging
     import signal
     import sys
 
     from rollflow.runtime.launch.config import load_launch_config
     from rollflow.runtime.launch.launcher import Launcher
+    from rollflow.runtime.logs import setup_logging
 
     config = load_launch_config(args.config, args.overrides)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging("text")
     # SIGTERM takes the same way out as Ctrl-C, so the children are stopped
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     with Launcher(config) as launch:

@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from rollflow.config import StrictModel, load_config
+from rollflow.policy.autoscale import AutoscaleSettings
 from rollflow.runtime.manager.config import ManagerConfig
 
 
@@ -72,10 +73,15 @@ class AutoscaleSection(StrictModel):
     poll_interval_s: float = Field(1.0, gt=0)
 
     @model_validator(mode="after")
-    def _bounds(self) -> AutoscaleSection:
-        if self.min_engines > self.max_engines:
-            raise ValueError(f"min_engines ({self.min_engines}) exceeds max_engines ({self.max_engines})")
+    def _consistent(self) -> AutoscaleSection:
+        self.settings()
         return self
+
+    def settings(self) -> AutoscaleSettings:
+        """The policy's settings; their own check runs at validation, so a bad value names the key."""
+        return AutoscaleSettings(
+            self.target_rollout_s, self.min_engines, self.max_engines, self.scale_down_below
+        )
 
 
 class RaySection(StrictModel):

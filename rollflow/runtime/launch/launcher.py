@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from rollflow.policy.autoscale import AutoscaleSettings, EngineLoad, ScaleSnapshot, decide_scale
+from rollflow.policy.autoscale import EngineLoad, ScaleSnapshot, decide_scale
 from rollflow.runtime.launch.config import EnginePool, LaunchSection, Placement
 from rollflow.runtime.launch.process import LaunchError
 from rollflow.runtime.launch.slots import LocalSlot, Slot
@@ -105,12 +105,11 @@ class Launcher:
         self.trainer.start(trainer.command, str(self.work_dir / "trainer.log"), env, rollflow=False, files={})
         return self.trainer
 
-    def run(self, max_seconds: float | None = None) -> int:
-        """Supervise until the trainer exits (its exit code is returned), or for `max_seconds`."""
+    def run(self) -> int:
+        """Supervise until the trainer exits (its exit code is returned), or until interrupted."""
         if self.config.trainer is not None and self.trainer is None:
             self.start_trainer()
-        started = time.monotonic()
-        while max_seconds is None or time.monotonic() - started < max_seconds:
+        while True:
             self.check_processes()
             if self.trainer is not None:
                 code = self.trainer.exit_code()
@@ -119,7 +118,6 @@ class Launcher:
             if self.config.autoscale.enabled:
                 self.autoscale_once()
             time.sleep(self.config.autoscale.poll_interval_s)
-        return 0
 
     def check_processes(self) -> None:
         """Deregister engines whose process (or actor, or node) is gone; a dead manager ends the launch."""
@@ -147,18 +145,9 @@ class Launcher:
         settings = self.config.autoscale
         loads = tuple(
             EngineLoad(w["id"], w["kind"], w["running"], w["id"] in self.engines)
-            for w in self.manager.workers()
-            if w["state"] in ("healthy", "updating")
+            for w in self.manager.live_workers()
         )
-        plan = decide_scale(
-            ScaleSnapshot(last["rollout_s"], loads),
-            AutoscaleSettings(
-                settings.target_rollout_s,
-                settings.min_engines,
-                settings.max_engines,
-                settings.scale_down_below,
-            ),
-        )
+        plan = decide_scale(ScaleSnapshot(last["rollout_s"], loads), settings.settings())
         logger.info("autoscale: %s", plan.reason)
         pool = self.config.engines[settings.pool]
         for _ in range(plan.num_add):

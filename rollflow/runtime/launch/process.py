@@ -42,7 +42,6 @@ class ChildProcess:
 
     def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
         self.name = name
-        self.argv = argv
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         child_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
@@ -50,10 +49,6 @@ class ChildProcess:
             self.proc = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, env=child_env, preexec_fn=_die_with_parent
             )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
 
     def exit_code(self) -> int | None:
         """None while running."""

@@ -84,10 +84,6 @@ class Manifest:
     def wire_nbytes(self) -> int:
         return sum(chunk.wire_nbytes for chunk in self.chunks)
 
-    @property
-    def stream_nbytes(self) -> int:
-        return sum(chunk.raw_nbytes for chunk in self.chunks)
-
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
 
