@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from rollflow.runtime.trainer.losses import clipped_policy_loss, gae, grpo_advantages, kl_k3, masked_mean
-from rollflow.runtime.trainer.models import Critic, token_logprobs_and_entropy
+from rollflow.runtime.trainer.models import Critic, token_logprobs, token_logprobs_and_entropy
 from rollflow.runtime.trainer.rollouts import RolloutTensors
 
 
@@ -58,7 +58,7 @@ def backward_micro_batch(
     """Accumulate this micro-batch's gradient (times `scale`, 1/micro-batches per mini-batch)."""
     mask = rollout.mask
     with torch.no_grad():
-        ref_logprobs, _ = token_logprobs_and_entropy(
+        ref_logprobs = token_logprobs(
             reference, rollout.input_ids, rollout.attention_mask, settings.temperature
         )
     value_loss = torch.zeros((), device=mask.device)

@@ -39,16 +39,28 @@ class Critic(nn.Module):
         return self.value_head(hidden[:, :-1]).squeeze(-1)
 
 
+def _log_softmax_at_temperature(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """[B, T-1, V] log-probs of the next token, from logits divided by the sampling temperature
+    (as the engines do when they record logprobs, so the importance ratio compares like with like)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
+    return torch.log_softmax(logits, dim=-1)
+
+
+def token_logprobs(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """[B, T-1] log-prob of token t+1 (the reference model needs no entropy)."""
+    logprobs_all = _log_softmax_at_temperature(model, input_ids, attention_mask, temperature)
+    return logprobs_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+
 def token_logprobs_and_entropy(
     model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B, T-1] log-prob of token t+1 and the entropy of the distribution it was drawn from.
-
-    Logits are divided by the sampling temperature, as the engines do when they record logprobs,
-    so the importance ratio compares like with like.
-    """
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
-    logprobs_all = torch.log_softmax(logits, dim=-1)
+    """[B, T-1] log-prob of token t+1 and the entropy of the distribution it was drawn from."""
+    logprobs_all = _log_softmax_at_temperature(model, input_ids, attention_mask, temperature)
     logprobs = logprobs_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     entropy = -(logprobs_all.exp() * logprobs_all).sum(-1)
     return logprobs, entropy
