@@ -27,6 +27,7 @@ from rollflow.learn.config import LearnConfig
 from rollflow.learn.stepper import SteppedSimulator, request_of, sim_config, token_load_cv
 from rollflow.policy.learned import MAX_FEATURE, ObservationSpec, encode_observation
 from rollflow.policy.routing import Router
+from rollflow.policy.view import ClusterView
 from rollflow.sim.request import SimRequest
 from rollflow.sim.workload import build_requests
 
@@ -60,8 +61,8 @@ class RoutingEnv(gym.Env):
         rng = self.np_random
         scenario = self.config.scenario
         workload_seed = int(self.seeds[rng.integers(len(self.seeds))])
-        requests = self._requests(workload_seed, scenario.episode_requests)
         config = sim_config(self.config, self.config.workload, workload_seed, scenario.episode_requests)
+        requests = build_requests(config.workload, workload_seed)[: scenario.episode_requests]
         self.sim = SteppedSimulator(config, requests)
         self._active = []
         self._decisions = 0
@@ -72,7 +73,7 @@ class RoutingEnv(gym.Env):
             for _ in range(scenario.imbalance_requests):
                 self._route(target)
             self.sim.take_latency()
-        return self._observe(), {"workload_seed": workload_seed, "flooded": flooded}
+        return self._observe(self.sim.view()), {"workload_seed": workload_seed, "flooded": flooded}
 
     def step(self, action):
         if self.sim is None or self.sim.done:
@@ -82,8 +83,9 @@ class RoutingEnv(gym.Env):
         self._route(int(action), self._decisions)
         self._decisions += 1
         terminated = self.sim.done
-        reward, info = self._reward()
-        obs = self._observe() if not terminated else np.zeros(self.spec_obs.size, dtype=np.float32)
+        view = None if terminated else self.sim.view()  # one snapshot for the reward and the observation
+        reward, info = self._reward(view)
+        obs = self._observe(view) if view is not None else np.zeros(self.spec_obs.size, dtype=np.float32)
         return obs, reward, terminated, False, info
 
     # -- helpers for demonstrations and evaluation -----------------------------------------------
@@ -92,21 +94,18 @@ class RoutingEnv(gym.Env):
         assert self.sim is not None
         return router.pick(request_of(self.sim.pending), self.sim.view())
 
-    def _requests(self, seed: int, count: int) -> list[SimRequest]:
-        config = sim_config(self.config, self.config.workload, seed, count)
-        return build_requests(config.workload, seed)[:count]
-
     def _route(self, target: int, decision: int | None = None) -> None:
         assert self.sim is not None
         self._active.append((self.sim.pending, decision))
         self.sim.route(target)
 
-    def _observe(self) -> np.ndarray:
+    def _observe(self, view: ClusterView) -> np.ndarray:
         assert self.sim is not None
-        return encode_observation(request_of(self.sim.pending), self.sim.view(), self.spec_obs)
+        return encode_observation(request_of(self.sim.pending), view, self.spec_obs)
 
-    def _reward(self) -> tuple[float, dict]:
-        """This step's reward, and the per-request credits (decision index, amount) it contains."""
+    def _reward(self, view: ClusterView | None) -> tuple[float, dict]:
+        """This step's reward, and the per-request credits (decision index, amount) it contains;
+        `view` is the snapshot after the step (None once the episode is over)."""
         assert self.sim is not None
         weights = self.config.reward
         per_request = weights.credit == "request"
@@ -133,6 +132,6 @@ class RoutingEnv(gym.Env):
         latency = self.sim.take_latency() / weights.slo_e2e_s
         if not per_request:
             reward -= weights.latency_weight * latency
-        if weights.balance_weight and not self.sim.done:
-            reward -= weights.balance_weight * token_load_cv(self.sim.view().instances)
+        if weights.balance_weight and view is not None:
+            reward -= weights.balance_weight * token_load_cv(view.instances)
         return float(reward), {"decision": self._decisions - 1, "credit": credit}
