@@ -30,7 +30,7 @@ $(VLLM_STAMP):
 vllm-venv: $(VLLM_STAMP)
 
 demo: $(STAMP)
-	$(BIN)/rollflow sim serve --config examples/sim/demo.yaml --output-dir outputs/demo
+	$(BIN)/rollflow demo run --config examples/demo/preemption.yaml --output-dir outputs/demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check rollflow tests benchmarks

@@ -23,6 +23,7 @@ COMMAND_GROUPS = (
     "rollflow.runtime.weights.cli",
     "rollflow.runtime.trainer.cli",
     "rollflow.runtime.launch.cli",
+    "rollflow.runtime.demo.cli",
 )
 
 EXAMPLES = """examples:

@@ -57,23 +57,44 @@ def validate_config(model_cls: type[ModelT], raw: dict[str, Any]) -> ModelT:
 
 
 def apply_override(raw: dict[str, Any], override: str) -> None:
-    """Set `a.b.c=value` in a nested dict; the value is parsed as YAML (so 4 is an int, [1,2] a list)."""
+    """Set `a.b.c=value` in a nested dict (`a.0.b` indexes a list); the value is parsed as YAML
+    (so 4 is an int, [1,2] a list)."""
     key, sep, text = override.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"config error: override {override!r} is not of the form key.path=value")
     parts = key.strip().split(".")
-    node = raw
+    node: dict | list = raw
     for part in parts[:-1]:
+        if isinstance(node, list):
+            node = _list_item(node, part, key)
+            continue
         child = node.get(part)
         if child is None:
             child = node[part] = {}
-        if not isinstance(child, dict):
+        if not isinstance(child, dict | list):
             raise ConfigError(f"config error: {key}: {part!r} holds a value, not a section")
         node = child
     try:
-        node[parts[-1]] = yaml.safe_load(text) if text.strip() else ""
+        value = yaml.safe_load(text) if text.strip() else ""
     except yaml.YAMLError:
-        node[parts[-1]] = text
+        value = text
+    if isinstance(node, list):
+        node[_list_index(node, parts[-1], key)] = value
+    else:
+        node[parts[-1]] = value
+
+
+def _list_index(items: list, part: str, key: str) -> int:
+    if not part.isdigit() or int(part) >= len(items):
+        raise ConfigError(f"config error: {key}: {part!r} is not an index of a list of {len(items)} entries")
+    return int(part)
+
+
+def _list_item(items: list, part: str, key: str) -> dict | list:
+    item = items[_list_index(items, part, key)]
+    if not isinstance(item, dict | list):
+        raise ConfigError(f"config error: {key}: entry {part} holds a value, not a section")
+    return item
 
 
 def describe_validation_error(

@@ -61,3 +61,16 @@ def test_malformed_override_and_missing_file_are_clear(tmp_path):
         load_config(SimConfig, None, ["cluster.replicas"])
     with pytest.raises(ConfigError, match="file not found"):
         load_config(SimConfig, tmp_path / "nope.yaml")
+
+
+def test_overrides_index_lists_and_reject_indexes_past_the_end(tmp_path):
+    from rollflow.runtime.launch.config import load_launch_config
+
+    path = _write(
+        tmp_path,
+        "launch:\n  engines:\n    - {kind: local, model: a}\n    - {kind: spot, model: b}\n",
+    )
+    config = load_launch_config(path, ["launch.engines.1.count=3", "launch.engines.0.model=c"])
+    assert (config.engines[1].count, config.engines[1].kind, config.engines[0].model) == (3, "spot", "c")
+    with pytest.raises(ConfigError, match=r"launch.engines.2.count: '2' is not an index of a list of 2"):
+        load_launch_config(path, ["launch.engines.2.count=3"])

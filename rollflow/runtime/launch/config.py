@@ -26,6 +26,10 @@ class Placement(StrictModel):
     """Node labels the node must have (Ray's syntax: "v", "!v", "in(a,b)")."""
 
 
+LAUNCHED_WEIGHTS = "launched"
+"""`weights_url` value naming the weight server the launch itself starts (`launch.weights`)."""
+
+
 class EnginePool(StrictModel):
     """`count` built-in engines of one kind, serving a model folder or the newest published weights."""
 
@@ -34,7 +38,8 @@ class EnginePool(StrictModel):
     model: str | None = None
     """Model folder every engine of the pool serves (weight version 0)."""
     weights_url: str | None = None
-    """Weight server (`rollflow weights serve`): each engine pulls the newest version, then serves it."""
+    """Weight server (`rollflow weights serve`): each engine pulls the newest version, then serves it.
+    "launched" names the one this launch starts (`launch.weights`)."""
     tokenizer: str | None = None
     """Folder holding the tokenizer files, copied next to pulled weights (published versions carry none)."""
     capacity: int = Field(16, ge=1)
@@ -53,9 +58,23 @@ class EnginePool(StrictModel):
         return self
 
 
+class WeightServerSection(StrictModel):
+    """A weight server started with the manager, so joining engines can pull the newest version."""
+
+    enabled: bool = False
+    port: int = Field(0, ge=0, le=65535)
+    """0 picks a free port."""
+    publish: str | None = None
+    """Checkpoint folder published as version 0 at start: pulling engines need a version to join on."""
+    keep_versions: int = Field(4, ge=1)
+    """Newest versions the server keeps (deltas need the engines' current one)."""
+    placement: Placement = Placement()
+
+
 class TrainerSection(StrictModel):
     command: list[str] = Field(min_length=1)
-    """Argv of the trainer; it finds the manager in $ROLLFLOW_MANAGER_URL. Its exit ends the launch."""
+    """Argv of the trainer; it finds the manager in $ROLLFLOW_MANAGER_URL (and the launched weight
+    server in $ROLLFLOW_WEIGHTS_URL). Its exit ends the launch."""
     placement: Placement = Placement()
 
 
@@ -102,6 +121,7 @@ class LaunchSection(StrictModel):
     """Logs, the manager's config and pulled weights go here (on each node, with Ray)."""
     manager: ManagerConfig = ManagerConfig(port=0)
     """The manager's own config; port 0 picks a free port. Engines are registered by the launcher."""
+    weights: WeightServerSection = WeightServerSection()
     engines: list[EnginePool] = Field(default_factory=list)
     trainer: TrainerSection | None = None
     autoscale: AutoscaleSection = AutoscaleSection()
@@ -114,6 +134,9 @@ class LaunchSection(StrictModel):
             raise ValueError("the local backend runs the manager on 127.0.0.1 only")
         if self.manager.engines:
             raise ValueError("list engines under launch.engines, not launch.manager.engines")
+        for index, pool in enumerate(self.engines):
+            if pool.weights_url == LAUNCHED_WEIGHTS and not self.weights.enabled:
+                raise ValueError(f"engines.{index}.weights_url: 'launched' needs weights.enabled: true")
         if self.autoscale.enabled and self.autoscale.pool >= len(self.engines):
             raise ValueError(f"autoscale.pool {self.autoscale.pool} names no entry of engines")
         return self

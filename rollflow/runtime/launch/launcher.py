@@ -14,16 +14,20 @@ Leaving the `with` block stops every process the launcher started.
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from rollflow.policy.autoscale import EngineLoad, ScaleSnapshot, decide_scale
-from rollflow.runtime.launch.config import EnginePool, LaunchSection, Placement
+from rollflow.runtime.launch.config import LAUNCHED_WEIGHTS, EnginePool, LaunchSection, Placement
 from rollflow.runtime.launch.process import LaunchError
 from rollflow.runtime.launch.slots import LocalSlot, Slot
 from rollflow.runtime.manager.client import ManagerClient, ManagerError
@@ -38,6 +42,7 @@ class LaunchedEngine:
     kind: str
     weight_version: int
     slot: Slot
+    pool: EnginePool  # the pool it was started from
 
 
 class Launcher:
@@ -46,12 +51,15 @@ class Launcher:
         self.work_dir = Path(config.work_dir).resolve()
         self.manager_slot: Slot | None = None
         self.manager: ManagerClient | None = None
+        self.weights_slot: Slot | None = None
+        self.weights_url: str | None = None  # the launched weight server's, when launch.weights is enabled
         self.engines: dict[int, LaunchedEngine] = {}
         self.trainer: Slot | None = None
         self.num_joined = 0  # engines started after the initial ones
         self._num_started = 0
         self._steps_seen = 0
         self._ray_started = False
+        self._lock = threading.Lock()  # engines register from several threads
 
     def __enter__(self) -> Launcher:
         try:
@@ -70,18 +78,35 @@ class Launcher:
         return self.manager.url
 
     def start(self) -> None:
-        """Manager first, then every pool's engines (each registered once healthy)."""
+        """Manager and weight server first, then every pool's engines (each registered once healthy)."""
         if self.config.backend == "ray":
             self._connect_ray()
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self._start_manager()
-        for pool in self.config.engines:
-            for _ in range(pool.count):
-                self._start_engine(pool)
+        if self.config.weights.enabled:
+            self._start_weight_server()
+        starting: list[_StartingEngine] = []
+        try:
+            for pool in self.config.engines:
+                starting += [self._spawn_engine(pool) for _ in range(pool.count)]
+            if starting:
+                # the engines load in parallel; waiting on each in turn would add their start-up times
+                with ThreadPoolExecutor(max_workers=len(starting)) as executor:
+                    for future in [executor.submit(self._register_engine, engine) for engine in starting]:
+                        future.result()
+        except BaseException:
+            for engine in starting:
+                engine.slot.stop()
+            raise
 
     def add_engine(self, pool: EnginePool) -> LaunchedEngine:
         """One more engine like the pool's (pulling the newest weights if it has a weights_url)."""
-        engine = self._start_engine(pool)
+        starting = self._spawn_engine(pool)
+        try:
+            engine = self._register_engine(starting)
+        except BaseException:
+            starting.slot.stop()
+            raise
         self.num_joined += 1
         return engine
 
@@ -96,9 +121,21 @@ class Launcher:
         engine.slot.stop()
         logger.info("engine %d (%s) removed", engine_id, engine.url)
 
+    def preempt(self, engine_id: int) -> None:
+        """Kill the engine's process at once, as a spot machine's loss would; it stays registered.
+
+        The manager finds out the way it would in production (its streams break, health checks
+        fail) and resumes the engine's samples elsewhere; `check_processes` then deregisters it.
+        """
+        engine = self.engines[engine_id]
+        engine.slot.kill()
+        logger.warning("engine %d (%s, %s) preempted", engine_id, engine.kind, engine.url)
+
     def start_trainer(self) -> Slot:
         trainer = self.config.trainer
         env = {"ROLLFLOW_MANAGER_URL": self.manager_url}
+        if self.weights_url is not None:
+            env["ROLLFLOW_WEIGHTS_URL"] = self.weights_url
         if self.config.manager.token:
             env["ROLLFLOW_MANAGER_TOKEN"] = self.config.manager.token
         self.trainer = self._slot("trainer", trainer.placement)
@@ -163,6 +200,8 @@ class Launcher:
         for engine in self.engines.values():
             engine.slot.stop()
         self.engines.clear()
+        if self.weights_slot is not None:
+            self.weights_slot.stop()
         if self.manager_slot is not None:
             self.manager_slot.stop()
         if self._ray_started:
@@ -199,20 +238,20 @@ class Launcher:
         }
         return RaySlot(name, options)
 
-    def _wait_healthy(self, slot: Slot, url: str) -> None:
+    def _wait_healthy(self, slot: Slot, url: str, path: str = "/health") -> None:
         deadline = time.monotonic() + self.config.startup_timeout_s
         while time.monotonic() < deadline:
             code = slot.exit_code()
             if code is not None:
                 raise LaunchError(f"{slot.name} exited with code {code} while starting:\n{slot.log_tail()}")
             try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as response:
+                with urllib.request.urlopen(url + path, timeout=2) as response:
                     if response.status == 200:
                         return
             except (urllib.error.URLError, OSError):
                 pass
             time.sleep(0.1)
-        raise LaunchError(f"{slot.name} did not answer {url}/health within {self.config.startup_timeout_s}s")
+        raise LaunchError(f"{slot.name} did not answer {url}{path} within {self.config.startup_timeout_s}s")
 
     def _start_manager(self) -> None:
         config = self.config.manager
@@ -230,27 +269,76 @@ class Launcher:
         self.manager = ManagerClient(url, token=config.token, timeout_s=60.0)
         logger.info("manager up on %s", url)
 
-    def _start_engine(self, pool: EnginePool) -> LaunchedEngine:
-        index = self._num_started
+    def _start_weight_server(self) -> None:
+        """`rollflow weights serve` in its own slot, then version 0 published from `weights.publish`."""
+        settings = self.config.weights
+        self.weights_slot = self._slot("weights", settings.placement)
+        host = self.weights_slot.host
+        port = settings.port or self.weights_slot.free_port()
+        argv = ["weights", "serve", "--dir", str(self.work_dir / "weight_store"), "--host", host]
+        argv += ["--port", str(port), "--keep-versions", str(settings.keep_versions)]
+        self.weights_slot.start(argv, str(self.work_dir / "weights.log"), {}, rollflow=True, files={})
+        url = f"http://{host}:{port}"
+        self._wait_healthy(self.weights_slot, url, "/healthz")
+        self.weights_url = url
+        logger.info("weight server up on %s", url)
+        if settings.publish is not None:
+            publish = [sys.executable, "-m", "rollflow.cli", "weights", "publish", "--url", url]
+            publish += ["--version", "0", "--from", settings.publish]
+            done = subprocess.run(publish, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise LaunchError(
+                    f"publishing {settings.publish} as version 0 failed:\n{done.stderr[-2000:]}"
+                )
+
+    def _spawn_engine(self, pool: EnginePool) -> _StartingEngine:
+        """Pull weights if the pool says so, then start the engine's process.
+
+        Called on the thread that owns the launch: a child dies with the thread that started it
+        (PR_SET_PDEATHSIG), so processes are never started from short-lived worker threads.
+        """
+        name = f"engine{self._num_started}-{pool.kind}"
         self._num_started += 1
-        name = f"engine{index}-{pool.kind}"
         slot = self._slot(name, pool.placement, pool.kind)
         try:
             model, version = pool.model, 0
             if pool.weights_url is not None:
                 model = str(self.work_dir / name / "model")
-                version = slot.pull_weights(pool.weights_url, pool.tokenizer, model)
+                weights_url = self.weights_url if pool.weights_url == LAUNCHED_WEIGHTS else pool.weights_url
+                version = slot.pull_weights(weights_url, pool.tokenizer, model)
             port = slot.free_port()
             argv = ["engine", "serve", "--model", model, "--host", slot.host, "--port", str(port)]
             argv += ["--weight-version", str(version), "--threads", str(pool.threads)]
             slot.start(argv, str(self.work_dir / f"{name}.log"), {}, rollflow=True, files={})
-            url = f"http://{slot.host}:{port}"
-            self._wait_healthy(slot, url)
-            worker = self.manager.add_worker(url, pool.kind, "builtin", pool.capacity)
         except BaseException:
             slot.stop()
             raise
-        engine = LaunchedEngine(worker["id"], url, pool.kind, version, slot)
-        self.engines[engine.engine_id] = engine
-        logger.info("%s up on %s as engine %d, weight version %d", name, url, engine.engine_id, version)
+        return _StartingEngine(name, pool, slot, f"http://{slot.host}:{port}", version)
+
+    def _register_engine(self, starting: _StartingEngine) -> LaunchedEngine:
+        """Wait until the engine answers, then register it with the manager (safe on any thread)."""
+        self._wait_healthy(starting.slot, starting.url)
+        pool = starting.pool
+        worker = self.manager.add_worker(starting.url, pool.kind, "builtin", pool.capacity)
+        engine = LaunchedEngine(worker["id"], starting.url, pool.kind, starting.version, starting.slot, pool)
+        with self._lock:
+            self.engines[engine.engine_id] = engine
+        logger.info(
+            "%s up on %s as engine %d, weight version %d",
+            starting.name,
+            starting.url,
+            engine.engine_id,
+            starting.version,
+        )
         return engine
+
+
+@dataclass
+class _StartingEngine:
+    """An engine whose process is started but not yet registered."""
+
+    name: str
+    pool: EnginePool
+    slot: Slot
+    url: str
+    version: int

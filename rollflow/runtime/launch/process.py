@@ -2,7 +2,8 @@
 
 Children are tied to the launcher's life: on Linux each asks the kernel for SIGKILL when the
 launcher dies (PR_SET_PDEATHSIG), so even a launcher killed with -9 leaves no orphan engine
-behind; a normal exit stops them with SIGTERM, then SIGKILL after a grace period.
+behind. The kernel's "parent" is the thread that started the child, so start children only from
+threads that live as long as the launch; a normal exit stops them with SIGTERM, then SIGKILL after a grace period.
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ class ChildProcess:
             return self.log_path.read_text(errors="replace")[-num_chars:]
         except FileNotFoundError:
             return ""
+
+    def kill(self) -> None:
+        """SIGKILL, no grace; waits until the process is gone."""
+        self.proc.kill()
+        self.proc.wait()
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after `grace_s`; waits until the process is gone."""

@@ -94,6 +94,10 @@ class RaySlot:
         except RayError as exc:
             return f"(the actor is gone: {type(exc).__name__})"
 
+    def kill(self) -> None:
+        """The actor's death takes its process with it (PR_SET_PDEATHSIG), as a lost node would."""
+        ray.kill(self.actor)
+
     def stop(self) -> None:
         with contextlib.suppress(RayError):
             self._call("stop")

@@ -39,6 +39,10 @@ class Slot(Protocol):
 
     def log_tail(self) -> str: ...
 
+    def kill(self) -> None:
+        """End the process at once (SIGKILL, or the actor's death): what a preempted machine does."""
+        ...
+
     def stop(self) -> None: ...
 
 
@@ -71,6 +75,10 @@ class LocalSlot:
 
     def log_tail(self) -> str:
         return "" if self.process is None else self.process.log_tail()
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
 
     def stop(self) -> None:
         if self.process is not None:

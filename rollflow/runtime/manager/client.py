@@ -38,6 +38,19 @@ class ManagerClient:
         self.timeout_s = timeout_s
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
+        return json.loads(self._send(method, path, body))
+
+    def metrics(self) -> dict[str, float]:
+        """The manager's Prometheus counters and gauges, each summed over its labels."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        totals: dict[str, float] = {}
+        for family in text_string_to_metric_families(self._send("GET", "/metrics").decode()):
+            for sample in family.samples:
+                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+        return totals
+
+    def _send(self, method: str, path: str, body: Any = None) -> bytes:
         data = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"}
         if self.token:
@@ -45,7 +58,7 @@ class ManagerClient:
         req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as response:
-                return json.loads(response.read())
+                return response.read()
         except urllib.error.HTTPError as exc:
             raw = exc.read()
             try:
