@@ -31,7 +31,7 @@ LAUNCHED_WEIGHTS = "launched"
 
 
 class EnginePool(StrictModel):
-    """`count` built-in engines of one kind, serving a model folder or the newest published weights."""
+    """`count` engines of one kind (built-in, vLLM or SGLang), serving a model folder or the newest published weights."""
 
     kind: Literal["local", "remote", "spot"] = "local"
     count: int = Field(1, ge=0)
@@ -42,10 +42,19 @@ class EnginePool(StrictModel):
     "launched" names the one this launch starts (`launch.weights`)."""
     tokenizer: str | None = None
     """Folder holding the tokenizer files, copied next to pulled weights (published versions carry none)."""
+    server: Literal["builtin", "vllm", "sglang"] = "builtin"
+    """What serves: rollflow's built-in CPU engine, vLLM's OpenAI server (started in dev mode, for
+    weight reloads), or SGLang's server. The manager talks to each through its own client."""
+    python: str | None = None
+    """vllm / sglang: an interpreter that has the server installed (default: this one)."""
+    args: list[str] = Field(default_factory=list)
+    """Extra arguments for the server's command line (e.g. [--dtype, float32] for vLLM on a CPU)."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment for the server (e.g. VLLM_CPU_KVCACHE_SPACE: "1")."""
     capacity: int = Field(16, ge=1)
     """Most samples in flight on one engine (the manager queues the rest)."""
     threads: int = Field(1, ge=1)
-    """torch CPU threads per engine."""
+    """torch CPU threads per built-in engine."""
     placement: Placement = Placement()
     """Ray placement; spot pools without a label_selector go to nodes labelled preemptible."""
 

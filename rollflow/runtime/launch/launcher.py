@@ -28,6 +28,7 @@ import yaml
 
 from rollflow.policy.autoscale import EngineLoad, ScaleSnapshot, decide_scale
 from rollflow.runtime.launch.config import LAUNCHED_WEIGHTS, EnginePool, LaunchSection, Placement
+from rollflow.runtime.launch.engine_commands import EngineCommand, engine_command, set_weight_version
 from rollflow.runtime.launch.process import LaunchError
 from rollflow.runtime.launch.slots import LocalSlot, Slot
 from rollflow.runtime.manager.client import ManagerClient, ManagerError
@@ -307,19 +308,21 @@ class Launcher:
                 weights_url = self.weights_url if pool.weights_url == LAUNCHED_WEIGHTS else pool.weights_url
                 version = slot.pull_weights(weights_url, pool.tokenizer, model)
             port = slot.free_port()
-            argv = ["engine", "serve", "--model", model, "--host", slot.host, "--port", str(port)]
-            argv += ["--weight-version", str(version), "--threads", str(pool.threads)]
-            slot.start(argv, str(self.work_dir / f"{name}.log"), {}, rollflow=True, files={})
+            command = engine_command(pool, model, slot.host, port, version)
+            log_path = str(self.work_dir / f"{name}.log")
+            slot.start(command.argv, log_path, command.env, rollflow=command.rollflow, files={})
         except BaseException:
             slot.stop()
             raise
-        return _StartingEngine(name, pool, slot, f"http://{slot.host}:{port}", version)
+        return _StartingEngine(name, pool, slot, f"http://{slot.host}:{port}", version, command)
 
     def _register_engine(self, starting: _StartingEngine) -> LaunchedEngine:
         """Wait until the engine answers, then register it with the manager (safe on any thread)."""
         self._wait_healthy(starting.slot, starting.url)
+        if starting.command.version_over_http:
+            set_weight_version(starting.url, starting.version)
         pool = starting.pool
-        worker = self.manager.add_worker(starting.url, pool.kind, "builtin", pool.capacity)
+        worker = self.manager.add_worker(starting.url, pool.kind, pool.server, pool.capacity)
         engine = LaunchedEngine(worker["id"], starting.url, pool.kind, starting.version, starting.slot, pool)
         with self._lock:
             self.engines[engine.engine_id] = engine
@@ -342,3 +345,4 @@ class _StartingEngine:
     slot: Slot
     url: str
     version: int
+    command: EngineCommand
