@@ -154,6 +154,11 @@ def test_an_engine_killed_mid_transfer_is_retired_and_a_launched_replacement_pul
             assert replacement.weight_version == 1
             assert client.weight_versions() == {survivor_id: 1, replacement.engine_id: 1}
             new = drain(client.submit(PROMPTS, n=2, max_new_tokens=12, temperature=1.0))
+            # the folder it was started from holds version 1 as published: its next pull is a delta
+            store = weight_server.server.store
+            store.publish(2, read_checkpoint(tmp_path / "launch" / "engine2-spot" / "model")[0])
+            client.update_weights(replacement.engine_id, weight_version=2, weights_url=weight_server.url)
+            assert (store.root / "payloads" / "v2-delta-zstd-from1").is_dir()
     finally:
         proxy.close()
 
