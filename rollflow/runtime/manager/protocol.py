@@ -97,7 +97,7 @@ class UpdateWeightsBody(StrictModel):
     weights_url: str | None = Field(None, pattern=r"^https?://[^\s/]+(/.*)?$")
     """Weight server (`rollflow weights serve`) the engine pulls `weight_version` from (built-in engines)."""
     codec: str | None = None
-    """Pull codec (with weights_url only); default delta+zstd, against the version the engine holds."""
+    """Pull codec (with weights_url only); the engine's default (delta+zstd) when absent."""
     weight_version: int = Field(ge=0)
 
     @model_validator(mode="after")

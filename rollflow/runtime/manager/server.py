@@ -335,7 +335,7 @@ async def update_worker_weights(request: web.Request) -> web.Response:
             body.weight_version,
             model_path=body.model_path,
             weights_url=body.weights_url,
-            codec=body.codec or "delta+zstd",
+            codec=body.codec,
         )
     except KeyError:
         raise _not_found(f"unknown or failed engine id {engine_id}") from None

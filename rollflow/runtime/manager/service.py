@@ -178,10 +178,11 @@ class RolloutManager:
         *,
         model_path: str | None = None,
         weights_url: str | None = None,
-        codec: str = "delta+zstd",
+        codec: str | None = None,
     ) -> EngineRecord:
         """Hold the engine out of the pool while it loads new weights (from `model_path`, or pulled
-        from the weight server at `weights_url`); it rejoins on `version` only.
+        from the weight server at `weights_url` with `codec`, None for the engine's default); it
+        rejoins on `version` only.
 
         An engine that failed to load is retired; one whose kind cannot pull (NotSupportedError)
         loaded nothing, so it rejoins on its old weights and WeightUpdateNotSupported is raised.

@@ -255,7 +255,7 @@ class Trainer:
             checkpoints.save_pretrained(self.policy, self.tokenizer, folder)
         url = self.config.weights_url
         if url is not None and self.step not in published_versions(url):
-            publish_checkpoint(url, self.step, folder, os.environ.get(WEIGHTS_TOKEN_ENV) or None)
+            self._publish(folder)
         self._update_engines(folder, skip_up_to_date=True)
 
     def _push_weights(self) -> None:
@@ -263,10 +263,14 @@ class Trainer:
             self.policy, self.tokenizer, checkpoints.weights_folder(self.output_dir, self.step)
         )
         if self.config.weights_url is not None:
-            token = os.environ.get(WEIGHTS_TOKEN_ENV) or None
-            publish_checkpoint(self.config.weights_url, self.step, folder, token)
+            self._publish(folder)
         self._update_engines(folder, skip_up_to_date=False)
         checkpoints.prune_weights(self.output_dir, self.config.keep_weight_versions)
+
+    def _publish(self, folder: Path) -> None:
+        """Put the trainer's version on the weight server, where engines pull it."""
+        token = os.environ.get(WEIGHTS_TOKEN_ENV) or None
+        publish_checkpoint(self.config.weights_url, self.step, folder, token)
 
     def _update_engines(self, folder: Path, skip_up_to_date: bool) -> None:
         workers = self.client.live_workers()
