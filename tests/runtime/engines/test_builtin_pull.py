@@ -16,7 +16,7 @@ from rollflow.runtime.weights.checkpoint import read_checkpoint
 from tests.runtime.engines.helpers import PROMPT, collect, greedy, reference_greedy, run
 from tests.runtime.engines.processes import EngineProcess
 from tests.runtime.launch.helpers import BackgroundWeightServer
-from tests.runtime.processes import http
+from tests.runtime.processes import free_port, http
 
 # tensors a "training step" changes; the rest of the model stays bit-identical
 CHANGED = ("model.layers.0.mlp.down_proj.weight", "model.layers.1.self_attn.o_proj.weight")
@@ -78,12 +78,14 @@ def test_a_failed_pull_or_a_bad_body_leaves_the_engine_on_its_version(tiny_model
     engine = EngineProcess(tiny_model, "--weight-version", "5")
     try:
         missing = _pull(engine, server.url, 9)
+        dead = _pull(engine, f"http://127.0.0.1:{free_port()}", 1)  # nobody listens: 5 attempts, ~8 s
         bad_codec = _pull(engine, server.url, 1, codec="delta+gzip")
         extra = _pull(engine, server.url, 1, token="x")
         version = http("GET", engine.url + "/get_weight_version")[1]["weight_version"]
     finally:
         engine.stop()
     assert missing[0] == 404 and "pulling weight version 9" in missing[1]["error"]["message"]
+    assert dead[0] == 502 and "failed after 5 attempts" in dead[1]["error"]["message"]
     assert bad_codec[0] == 400 and bad_codec[1]["error"]["message"].startswith("codec:")
     assert extra[0] == 400 and "token: unknown field" in extra[1]["error"]["message"]
     assert version == 5
