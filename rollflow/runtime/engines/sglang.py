@@ -17,6 +17,7 @@ from rollflow.runtime.engines.base import (
     EngineRejectedError,
     EngineResponseError,
     GenerateChunk,
+    NotSupportedError,
     SamplingParams,
 )
 from rollflow.runtime.engines.http import HttpEngine, iter_sse_json, parse_weight_version, raise_for_status
@@ -86,6 +87,12 @@ class SGLangClient(HttpEngine):
         )
         _check_success(answer, self.url, "update_weights_from_disk")
 
+    async def update_weights_from_server(self, url: str, version: int, codec: str | None = None) -> None:
+        raise NotSupportedError(
+            f"{self.url} is an SGLang server, which cannot pull from a rollflow weight server; "
+            "update it with a model_path on a shared disk"
+        )
+
     async def pause(self) -> None:
         await self.post_json("/pause_generation", {"mode": "in_place"})
 
@@ -94,7 +101,12 @@ class SGLangClient(HttpEngine):
 
 
 class BuiltinEngineClient(SGLangClient):
-    """The built-in engine, which also takes weights pushed over HTTP."""
+    """The built-in engine, which also takes weights pushed over HTTP or pulls them itself."""
+
+    async def update_weights_from_server(self, url: str, version: int, codec: str | None = None) -> None:
+        body = {"url": url, "weight_version": version} | ({"codec": codec} if codec is not None else {})
+        answer = await self.post_json("/update_weights_from_server", body, timeout_s=600)
+        _check_success(answer, self.url, "update_weights_from_server")
 
     async def push_weights(self, tensors: Mapping[str, torch.Tensor], version: int) -> None:
         """Send some or all of the model's tensors (safetensors bytes) and switch to `version`."""

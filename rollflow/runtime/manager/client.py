@@ -106,9 +106,24 @@ class ManagerClient:
         """Engines in the pool: healthy, or loading new weights (the manager's `Registry.live`)."""
         return [w for w in self.workers() if w["state"] in ("healthy", "updating")]
 
-    def update_weights(self, engine_id: int, model_path: str, weight_version: int) -> dict:
-        """Have one engine load a checkpoint folder; it rejoins the pool only on `weight_version`."""
-        body = {"model_path": model_path, "weight_version": weight_version}
+    def update_weights(
+        self,
+        engine_id: int,
+        model_path: str | None = None,
+        weight_version: int | None = None,
+        *,
+        weights_url: str | None = None,
+        codec: str | None = None,
+    ) -> dict:
+        """Have one engine load a checkpoint folder, or pull `weight_version` from the weight server
+        at `weights_url`; it rejoins the pool only on `weight_version`."""
+        body: dict[str, Any] = {"weight_version": weight_version}
+        if model_path is not None:
+            body["model_path"] = model_path
+        if weights_url is not None:
+            body["weights_url"] = weights_url
+        if codec is not None:
+            body["codec"] = codec
         return self.request("POST", f"/workers/{engine_id}/update_weights", body)
 
     def weight_versions(self) -> dict[int, int | None]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rollflow.config import StrictModel
 
@@ -90,5 +90,34 @@ class StepReportBody(StrictModel):
 
 
 class UpdateWeightsBody(StrictModel):
-    model_path: str = Field(min_length=1)
+    """Give exactly one source: a folder the engine reads, or a weight server it pulls from."""
+
+    model_path: str | None = Field(None, min_length=1)
+    """Checkpoint folder on a disk the engine can read."""
+    weights_url: str | None = Field(None, pattern=r"^https?://[^\s/]+(/.*)?$")
+    """Weight server (`rollflow weights serve`) the engine pulls `weight_version` from (built-in engines)."""
+    codec: str | None = None
+    """Pull codec (with weights_url only); the engine's default (delta+zstd) when absent."""
     weight_version: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> UpdateWeightsBody:
+        if (self.model_path is None) == (self.weights_url is None):
+            raise ValueError("give exactly one of model_path and weights_url")
+        if self.codec is not None and self.weights_url is None:
+            raise ValueError("codec applies to weights_url only, not to model_path")
+        return self
+
+    @field_validator("codec")
+    @classmethod
+    def _known_codec(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        # imported here: the codec grammar lives with torch, which the manager needs for nothing else
+        from rollflow.runtime.weights.codecs import CodecSpec
+        from rollflow.runtime.weights.errors import CodecError
+
+        try:
+            return CodecSpec.parse(value).name
+        except CodecError as exc:
+            raise ValueError(str(exc)) from None

@@ -12,7 +12,8 @@ GET    /step_report               number of steps reported and the last report (
 POST   /workers                   register an engine            (bearer token if configured)
 GET    /workers                   engines and their state
 DELETE /workers/{id}              deregister; its samples resume elsewhere (token)
-POST   /workers/{id}/update_weights  load new weights, held out of the pool meanwhile (token)
+POST   /workers/{id}/update_weights  load weights from model_path or pull them from weights_url;
+                                  held out of the pool meanwhile (token)
 GET    /weight_versions           engine id -> weight version
 GET    /metrics                   Prometheus
 GET    /health
@@ -43,7 +44,7 @@ from rollflow.runtime.manager.protocol import (
     WorkerBody,
 )
 from rollflow.runtime.manager.samples import Sample, SampleState
-from rollflow.runtime.manager.service import EngineUnavailable, RolloutManager
+from rollflow.runtime.manager.service import EngineUnavailable, RolloutManager, WeightUpdateNotSupported
 
 log = logging.getLogger("rollflow.manager")
 BodyT = TypeVar("BodyT", bound=BaseModel)
@@ -329,9 +330,19 @@ async def update_worker_weights(request: web.Request) -> web.Response:
     engine_id = _engine_id(request)
     body = await _parse(request, UpdateWeightsBody)
     try:
-        engine = await manager.update_engine_weights(engine_id, body.model_path, body.weight_version)
+        engine = await manager.update_engine_weights(
+            engine_id,
+            body.weight_version,
+            model_path=body.model_path,
+            weights_url=body.weights_url,
+            codec=body.codec,
+        )
     except KeyError:
         raise _not_found(f"unknown or failed engine id {engine_id}") from None
+    except WeightUpdateNotSupported as exc:
+        raise web.HTTPConflict(
+            text=json.dumps({"error": {"message": str(exc)}}), content_type="application/json"
+        ) from None
     except EngineUnavailable as exc:
         raise web.HTTPBadGateway(
             text=json.dumps({"error": {"message": str(exc)}}), content_type="application/json"

@@ -31,7 +31,7 @@ from rollflow.errors import UserError
 from rollflow.policy.offload import OffloadBalancer, StepReport
 from rollflow.policy.routing import Router, make_router
 from rollflow.policy.view import ClusterView, InstanceKind, RouteRequest
-from rollflow.runtime.engines.base import EngineError, EngineRejectedError, SamplingParams
+from rollflow.runtime.engines.base import EngineError, EngineRejectedError, NotSupportedError, SamplingParams
 from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.metrics import ManagerMetrics
@@ -46,6 +46,10 @@ ENGINE_ERRORS = (EngineError, aiohttp.ClientError, OSError, ValueError)
 
 class EngineUnavailable(UserError):
     """An engine that cannot join: unreachable or unhealthy at registration."""
+
+
+class WeightUpdateNotSupported(UserError):
+    """The engine's kind has no route for the update asked (e.g. SGLang pulling from a weight server)."""
 
 
 @dataclass
@@ -167,8 +171,24 @@ class RolloutManager:
         self._retire(engine, "removed", reason="engine_removed")
         return engine
 
-    async def update_engine_weights(self, engine_id: int, model_path: str, version: int) -> EngineRecord:
-        """Hold the engine out of the pool while it loads new weights; it rejoins on `version` only."""
+    async def update_engine_weights(
+        self,
+        engine_id: int,
+        version: int,
+        *,
+        model_path: str | None = None,
+        weights_url: str | None = None,
+        codec: str | None = None,
+    ) -> EngineRecord:
+        """Hold the engine out of the pool while it loads new weights (from `model_path`, or pulled
+        from the weight server at `weights_url` with `codec`, None for the engine's default); it
+        rejoins on `version` only.
+
+        An engine that failed to load is retired; one whose kind cannot pull (NotSupportedError)
+        loaded nothing, so it rejoins on its old weights and WeightUpdateNotSupported is raised.
+        """
+        if (model_path is None) == (weights_url is None):
+            raise ValueError("give exactly one of model_path and weights_url")
         engine = self.registry.get(engine_id)
         if engine is None or engine.state not in ("healthy", "updating"):
             raise KeyError(engine_id)
@@ -176,8 +196,15 @@ class RolloutManager:
         for sample_id in list(engine.running):
             self._move(sample_id, "weight_update")
         try:
-            await engine.client.update_weights_from_disk(model_path, version)
+            if weights_url is not None:
+                await engine.client.update_weights_from_server(weights_url, version, codec)
+            else:
+                await engine.client.update_weights_from_disk(model_path, version)
             loaded = await engine.client.weight_version()
+        except NotSupportedError as exc:
+            engine.state = "healthy"
+            self._wake.set()
+            raise WeightUpdateNotSupported(f"engine {engine_id} cannot take this update: {exc}") from None
         except ENGINE_ERRORS as exc:
             self._retire(engine, "failed", reason="weight_update_failed")
             raise EngineUnavailable(f"engine {engine_id} failed to load weights: {exc}") from None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rollflow.config import StrictModel
 
@@ -59,6 +59,11 @@ class TrainConfig(StrictModel):
     """Save model, optimizer and step every this many steps (and after the last step)."""
     keep_weight_versions: int = Field(2, ge=1)
     """Pushed weight folders to keep on disk (engines load from them)."""
+    weights_url: str | None = None
+    """Weight server (`rollflow weights serve`): each version is published there (token from
+    $ROLLFLOW_WEIGHTS_TOKEN) and engines pull it, instead of loading weights/vN from a shared disk."""
+    weights_codec: str = "delta+zstd"
+    """Codec engines pull with (weights_url only): delta+zstd sends only what changed since their version."""
     seed: int = 0
     device: str = "cpu"
     """torch device of the trainer's models: cpu, cuda, cuda:1, ..."""
@@ -74,6 +79,13 @@ class TrainConfig(StrictModel):
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device: {self.device!r} asked for, but torch sees no CUDA GPU")
         return self
+
+    @field_validator("weights_codec")
+    @classmethod
+    def _known_codec(cls, value: str) -> str:
+        from rollflow.runtime.weights.codecs import CodecSpec
+
+        return CodecSpec.parse(value).name
 
     @model_validator(mode="after")
     def _grpo_needs_groups(self) -> TrainConfig:

@@ -2,7 +2,9 @@
 
 Weight version N is the policy after N optimizer steps' worth of training steps; engines start on
 version 0 (the `model` folder). After step N the trainer saves weights/vN and tells every engine,
-through the manager, to load it; the manager holds each engine out of the pool until it has.
+through the manager, to load it; the manager holds each engine out of the pool until it has. With
+`weights_url`, weights/vN is also published to that weight server and engines pull it from there
+(a delta against the version they hold), so they need no disk shared with the trainer.
 
 On-policy (default): the next batch is submitted after the push, so every token of it comes from
 the trainer's current version. Off-policy: the next batch is submitted before training on this one,
@@ -33,6 +35,8 @@ from rollflow.runtime.trainer.metrics import MetricsWriter, StepMetrics
 from rollflow.runtime.trainer.models import Critic, load_policy, load_reference
 from rollflow.runtime.trainer.rollouts import filter_stale, to_tensors
 from rollflow.runtime.trainer.tasks import load_callable
+from rollflow.runtime.weights.checkpoint import publish_checkpoint, published_versions
+from rollflow.runtime.weights.cli import TOKEN_ENV as WEIGHTS_TOKEN_ENV
 
 log = logging.getLogger(__name__)
 
@@ -249,24 +253,38 @@ class Trainer:
         folder = checkpoints.weights_folder(self.output_dir, self.step)
         if not folder.is_dir():
             checkpoints.save_pretrained(self.policy, self.tokenizer, folder)
+        url = self.config.weights_url
+        if url is not None and self.step not in published_versions(url):
+            self._publish(folder)
         self._update_engines(folder, skip_up_to_date=True)
 
     def _push_weights(self) -> None:
         folder = checkpoints.save_pretrained(
             self.policy, self.tokenizer, checkpoints.weights_folder(self.output_dir, self.step)
         )
+        if self.config.weights_url is not None:
+            self._publish(folder)
         self._update_engines(folder, skip_up_to_date=False)
         checkpoints.prune_weights(self.output_dir, self.config.keep_weight_versions)
+
+    def _publish(self, folder: Path) -> None:
+        """Put the trainer's version on the weight server, where engines pull it."""
+        token = os.environ.get(WEIGHTS_TOKEN_ENV) or None
+        publish_checkpoint(self.config.weights_url, self.step, folder, token)
 
     def _update_engines(self, folder: Path, skip_up_to_date: bool) -> None:
         workers = self.client.live_workers()
         if not workers:
             raise UserError(f"no healthy engine is registered with the manager at {self.config.manager_url}")
+        if self.config.weights_url is not None:
+            source = {"weights_url": self.config.weights_url, "codec": self.config.weights_codec}
+        else:
+            source = {"model_path": str(folder.resolve())}
         for worker in workers:
             if skip_up_to_date and worker["weight_version"] == self.step:  # already on it
                 continue
             try:
-                self.client.update_weights(worker["id"], str(folder.resolve()), self.step)
+                self.client.update_weights(worker["id"], weight_version=self.step, **source)
             except ManagerError as exc:
                 # An engine that fails to load is retired by the manager; the others carry on.
                 log.warning("engine %s did not take version %d: %s", worker["id"], self.step, exc)

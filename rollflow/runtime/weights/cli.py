@@ -21,8 +21,6 @@ EXAMPLES = """examples:
 """
 
 TOKEN_ENV = "ROLLFLOW_WEIGHTS_TOKEN"
-# small text files of a checkpoint folder that travel with its tensors
-CHECKPOINT_TEXT_FILES = ("config.json", "generation_config.json")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -48,7 +46,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "publish",
         help="upload a version to a weight server",
         description="Upload the tensors of a .safetensors file, or of every .safetensors file in a "
-        f"checkpoint folder (with its {' and '.join(CHECKPOINT_TEXT_FILES)}), as --version.",
+        "checkpoint folder (with its config.json and generation_config.json), as --version.",
         epilog="example: rollflow weights publish --url http://127.0.0.1:8650 --version 3 --from ckpt/",
     )
     publish.add_argument("--url", required=True, help="weight server URL")
@@ -115,19 +113,9 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
 
 
 def _publish(args: argparse.Namespace, started_at: float) -> None:
-    import asyncio
-    import tempfile
+    from rollflow.runtime.weights.checkpoint import publish_checkpoint
 
-    from rollflow.runtime.weights.puller import WeightPuller
-
-    state, files = _read_checkpoint(args.source)
-
-    async def run():
-        with tempfile.TemporaryDirectory() as cache:
-            async with WeightPuller(args.url, cache, token=os.environ.get(TOKEN_ENV) or None) as puller:
-                return await puller.publish(args.version, state, files=files)
-
-    manifest = asyncio.run(run())
+    manifest = publish_checkpoint(args.url, args.version, args.source, os.environ.get(TOKEN_ENV) or None)
     print(
         f"published version {manifest.version}: {len(manifest.tensors)} tensors, {manifest.model_nbytes:,} bytes"
     )
@@ -152,10 +140,11 @@ def _pull(args: argparse.Namespace, started_at: float) -> None:
     import asyncio
     from pathlib import Path
 
+    from rollflow.runtime.weights.checkpoint import read_saved_weights
     from rollflow.runtime.weights.puller import WeightPuller, save_weights
 
     cache = Path(args.cache_dir) if args.cache_dir else Path(args.out) / ".partial"
-    base = _pulled_before(Path(args.out)) if "delta" in args.codec else None
+    base = read_saved_weights(args.out) if "delta" in args.codec else None
     with _ChunkProgress() as progress:
 
         async def run():
@@ -172,48 +161,6 @@ def _pull(args: argparse.Namespace, started_at: float) -> None:
         f"{stats.wire_nbytes:,} bytes downloaded for {result.manifest.model_nbytes:,} bytes of weights, "
         f"{stats.chunks_reused} chunks resumed, {stats.seconds:.2f} s"
     )
-
-
-def _pulled_before(out):
-    """The version an earlier pull left in `out`, as the base of a delta (None if there is none)."""
-    import json
-
-    import safetensors.torch
-
-    from rollflow.runtime.weights.puller import LoadedWeights
-
-    marker, tensors = out / "rollflow_weights.json", out / "model.safetensors"
-    if not (marker.is_file() and tensors.is_file()):
-        return None
-    version = json.loads(marker.read_text())["version"]
-    return LoadedWeights(version, safetensors.torch.load_file(str(tensors)))
-
-
-def _read_checkpoint(source: str):
-    from pathlib import Path
-
-    import safetensors.torch
-
-    from rollflow.runtime.weights.errors import WeightsError
-
-    path = Path(source)
-    if path.is_file():
-        tensor_files, folder = [path], None
-    elif path.is_dir():
-        tensor_files, folder = sorted(path.glob("*.safetensors")), path
-    else:
-        raise WeightsError(f"--from {source}: no such file or folder")
-    if not tensor_files:
-        raise WeightsError(f"--from {source}: no .safetensors file there")
-    state = {}
-    for file in tensor_files:
-        state.update(safetensors.torch.load_file(str(file)))
-    files = {}
-    if folder is not None:
-        files = {
-            name: (folder / name).read_text() for name in CHECKPOINT_TEXT_FILES if (folder / name).is_file()
-        }
-    return state, files
 
 
 class _ChunkProgress:

@@ -36,6 +36,8 @@ from rollflow.runtime.weights.store import PAYLOAD_ID
 from rollflow.runtime.weights.tensors import StateDict, as_cpu_contiguous, checksum, state_digest
 
 logger = logging.getLogger(__name__)
+# written by `save_weights` next to the tensors: which version the folder holds
+SAVED_VERSION_FILE = "rollflow_weights.json"
 
 
 @dataclass(frozen=True)
@@ -287,7 +289,7 @@ def save_weights(weights: LoadedWeights, out_dir: str | Path) -> Path:
     partial.rename(out / "model.safetensors")
     for name, text in weights.files.items():
         (out / name).write_text(text)
-    (out / "rollflow_weights.json").write_text(json.dumps({"version": weights.version}))
+    (out / SAVED_VERSION_FILE).write_text(json.dumps({"version": weights.version}))
     return out
 
 

@@ -134,6 +134,30 @@ def test_samples_stream_in_submission_order(fleet):
             404,
             "unknown or failed engine id 99",
         ),
+        (
+            "/workers/0/update_weights",
+            {"model_path": "/x", "weights_url": "http://127.0.0.1:1", "weight_version": 1},
+            400,
+            "give exactly one of model_path and weights_url",
+        ),
+        (
+            "/workers/0/update_weights",
+            {"weight_version": 1},
+            400,
+            "exactly one of model_path and weights_url",
+        ),
+        (
+            "/workers/0/update_weights",
+            {"weights_url": "http://127.0.0.1:1", "codec": "delta+gzip", "weight_version": 1},
+            400,
+            "codec: Value error, unknown codec 'delta+gzip'",
+        ),
+        (
+            "/workers/0/update_weights",
+            {"model_path": "/x", "codec": "zstd", "weight_version": 1},
+            400,
+            "codec applies to weights_url only",
+        ),
     ],
 )
 def test_bad_input_gets_a_4xx_that_names_the_problem(fleet, path, body, status, message):

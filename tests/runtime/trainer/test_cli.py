@@ -23,6 +23,12 @@ def test_a_config_typo_is_one_line_naming_the_key():
     assert "kl_coeff: unknown key; did you mean 'kl_coef'?" in proc.stderr
 
 
+def test_an_unknown_weights_codec_is_one_line_naming_the_key():
+    proc = run("--config", str(EXAMPLE), "weights_url=http://127.0.0.1:1", "weights_codec=delta+gzip")
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
+    assert "weights_codec: Value error, unknown codec 'delta+gzip'" in proc.stderr
+
+
 def test_no_manager_listening_is_one_line_naming_the_url(tiny_model, tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
     proc = run(

@@ -92,3 +92,28 @@ def test_ppo_off_policy_rejects_samples_beyond_the_staleness_bound(processes, ti
     assert float(step1["value_loss"]) > 0
     assert engine_versions(manager) == [2, 2]
     assert (output / "checkpoints" / "step_2" / "critic.pt").is_file()
+
+
+def test_with_weights_url_each_version_is_published_and_the_engine_pulls_it(processes, tiny_model, tmp_path):
+    from rollflow.runtime.weights import WeightStore
+    from rollflow.runtime.weights.checkpoint import published_versions
+    from tests.runtime.launch.helpers import BackgroundWeightServer
+
+    engine = processes.engine()
+    manager = processes.manager(engines=[{"url": engine.url, "engine_type": "builtin"}])
+    server = BackgroundWeightServer(WeightStore(tmp_path / "store"))
+    try:
+        output = tmp_path / "run"
+        train(base_config(manager, tiny_model, output, weights_url=server.url), tmp_path)
+        versions = published_versions(server.url)
+    finally:
+        server.close()
+    assert [int(r["step"]) for r in rows(output)] == [1, 2]
+    assert all(int(r["samples"]) == 16 for r in rows(output))
+    # version 0 is published at start (the engine already serves it), then each step's version
+    assert versions == (0, 1, 2)
+    assert engine_versions(manager) == [2]
+    assert http("GET", engine.url + "/get_weight_version")[1]["weight_version"] == 2
+    assert "weight pull attempt" not in engine.log()
+    # the engine asked for version 2 as a delta against the version 1 it had pulled
+    assert (tmp_path / "store" / "payloads" / "v2-delta-zstd-from1").is_dir()

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from rollflow.runtime.weights.codecs import CodecSpec
+from rollflow.runtime.weights.errors import CodecError
 
 
 class _Body(BaseModel):
@@ -79,6 +82,25 @@ class UpdateWeightsFromDiskBody(_Body):
     """Version the engine reports from now on; None adds 1 to the current one."""
     abort_all_requests: bool = False
     """Abort in-flight requests first; otherwise they go on under the new weights."""
+
+
+class UpdateWeightsFromServerBody(_Body):
+    """rollflow's pull-based update (no SGLang counterpart): fetch a version from a weight server."""
+
+    url: str = Field(pattern=r"^https?://[^\s/]+(/.*)?$")
+    """Weight server (`rollflow weights serve`) to pull from; no token is needed to pull."""
+    weight_version: int = Field(ge=0)
+    """Version to pull; the engine reports it once every tensor is loaded."""
+    codec: str = "delta+zstd"
+    """Transfer codec; a delta is taken against the version the engine pulled last (full if none)."""
+
+    @field_validator("codec")
+    @classmethod
+    def _known_codec(cls, value: str) -> str:
+        try:
+            return CodecSpec.parse(value).name
+        except CodecError as exc:
+            raise ValueError(str(exc)) from None
 
 
 class PauseBody(_Body):

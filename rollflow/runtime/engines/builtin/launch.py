@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import tempfile
 from pathlib import Path
 
 from rollflow.errors import UserError
@@ -34,6 +35,7 @@ def serve_engine(
     from rollflow.runtime.engines.builtin.server import EngineServer, ServedModel
     from rollflow.runtime.engines.builtin.weights import WeightChecker
     from rollflow.runtime.engines.builtin.worker import GenerationWorker
+    from rollflow.runtime.weights.checkpoint import read_saved_weights
 
     transformers_logging.disable_progress_bar()
     if num_threads:
@@ -52,12 +54,19 @@ def serve_engine(
         max_context_length=config.max_position_embeddings,
     )
     worker = GenerationWorker(model, eos_ids, weight_version=weight_version, seed=seed)
-    server = EngineServer(served, worker, WeightChecker(model), incremental_streaming_output)
-    worker.start()
-    try:
-        asyncio.run(_serve(server, host, port))
-    finally:
-        worker.stop()
+    # A folder written by a pull holds its version exactly as published: the base of the first delta.
+    pulled = read_saved_weights(model_dir)
+    if pulled is not None and pulled.version != weight_version:
+        pulled = None
+    with tempfile.TemporaryDirectory(prefix="rollflow-engine-pull-") as pull_cache:
+        server = EngineServer(
+            served, worker, WeightChecker(model), pull_cache, incremental_streaming_output, pulled
+        )
+        worker.start()
+        try:
+            asyncio.run(_serve(server, host, port))
+        finally:
+            worker.stop()
 
 
 async def _serve(server, host: str, port: int) -> None:

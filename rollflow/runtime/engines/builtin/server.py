@@ -6,6 +6,7 @@
     GET  /get_model_info, /get_weight_version
     POST /update_weights_from_disk    {"model_path", "weight_version", "abort_all_requests"}
     POST /update_weights_from_safetensors?weight_version=N   body: safetensors bytes (all or some tensors)
+    POST /update_weights_from_server  {"url", "weight_version", "codec"}: pull from a weight server (rollflow)
     POST /pause_generation {"mode": "abort"|"in_place"|"retract"}, POST /continue_generation
 
 Handlers validate, hand the work to the generation thread and relay its events. A client that
@@ -21,6 +22,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -32,6 +34,7 @@ from rollflow.runtime.engines.builtin.io import (
     GenerateBody,
     PauseBody,
     UpdateWeightsFromDiskBody,
+    UpdateWeightsFromServerBody,
 )
 from rollflow.runtime.engines.builtin.sampling import SamplingOptions
 from rollflow.runtime.engines.builtin.weights import (
@@ -40,6 +43,13 @@ from rollflow.runtime.engines.builtin.weights import (
     read_safetensors_path,
 )
 from rollflow.runtime.engines.builtin.worker import GenerationWorker, Sequence, TokenEvent
+from rollflow.runtime.weights import (
+    LoadedWeights,
+    UnknownVersionError,
+    WeightPuller,
+    WeightsError,
+    WeightTransferError,
+)
 
 logger = logging.getLogger(__name__)
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -90,14 +100,23 @@ class EngineServer:
         served: ServedModel,
         worker: GenerationWorker,
         checker: WeightChecker,
+        pull_cache_dir: str | Path,
         incremental_streaming_output: bool = False,
+        pulled: LoadedWeights | None = None,
     ) -> None:
+        """`pull_cache_dir` keeps partial pulls (resumed by the next pull); `pulled` is the
+        version the served weights are, exactly as published, when the model folder came from a
+        pull: the base of the next delta."""
         self._served = served
         self._worker = worker
         self._checker = checker
         self._incremental = incremental_streaming_output
         self._active_rids: set[str] = set()
         self._weights_lock = asyncio.Lock()
+        self._pull_lock = asyncio.Lock()
+        self._pull_cache_dir = Path(pull_cache_dir)
+        # the loaded weights as published (the delta base); None once anything else was loaded
+        self._pulled = pulled
 
     def build_app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors_as_json])
@@ -111,6 +130,7 @@ class EngineServer:
                 web.get("/get_weight_version", self.get_weight_version),
                 web.post("/update_weights_from_disk", self.update_weights_from_disk),
                 web.post("/update_weights_from_safetensors", self.update_weights_from_safetensors),
+                web.post("/update_weights_from_server", self.update_weights_from_server),
                 web.post("/pause_generation", self.pause_generation),
                 web.post("/continue_generation", self.continue_generation),
             ]
@@ -293,7 +313,9 @@ class EngineServer:
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:
         body = await _parse(request, UpdateWeightsFromDiskBody)
         tensors = await asyncio.to_thread(read_safetensors_path, body.model_path)
-        return await self._load(tensors, body.weight_version, full=True, abort=body.abort_all_requests)
+        return web.json_response(
+            await self._load(tensors, body.weight_version, full=True, abort=body.abort_all_requests)
+        )
 
     async def update_weights_from_safetensors(self, request: web.Request) -> web.Response:
         version_text = request.query.get("weight_version")
@@ -304,20 +326,60 @@ class EngineServer:
         if version is not None and version < 0:
             raise BadRequest(f"weight_version must be >= 0, got {version}")
         tensors = read_safetensors_bytes(await request.read())
-        return await self._load(
-            tensors, version, full=False, abort=request.query.get("abort_all_requests") == "true"
-        )
+        abort = request.query.get("abort_all_requests") == "true"
+        return web.json_response(await self._load(tensors, version, full=False, abort=abort))
 
-    async def _load(self, tensors: dict, version: int | None, full: bool, abort: bool) -> web.Response:
+    async def update_weights_from_server(self, request: web.Request) -> web.Response:
+        """Pull a version (a delta against the last pulled one when the codec says so), verify
+        all of it, then load it like a full checkpoint; a failed pull leaves the weights alone."""
+        body = await _parse(request, UpdateWeightsFromServerBody)
+        async with self._pull_lock:
+            base = self._pulled
+            try:
+                async with WeightPuller(body.url, self._pull_cache_dir) as puller:
+                    result = await puller.pull(body.weight_version, body.codec, base=base)
+            except WeightsError as exc:
+                status = 404 if isinstance(exc, UnknownVersionError) else 400
+                status = 502 if isinstance(exc, WeightTransferError) else status
+                message = f"pulling weight version {body.weight_version} from {body.url} failed: {exc}"
+                logger.warning("%s", message)
+                return web.json_response({"error": {"message": message}, "success": False}, status=status)
+            answer = await self._load(
+                result.weights.state_dict, body.weight_version, full=True, abort=False, pulled=result.weights
+            )
+        stats = result.stats
+        logger.info(
+            "pulled version %d (%s, base %s): %d bytes for %d bytes of weights, %d attempts",
+            body.weight_version,
+            result.manifest.codec,
+            result.manifest.base_version,
+            stats.wire_nbytes,
+            result.manifest.model_nbytes,
+            stats.attempts,
+        )
+        answer["pull"] = {
+            "codec": result.manifest.codec,
+            "base_version": result.manifest.base_version,
+            "wire_nbytes": stats.wire_nbytes,
+            "model_nbytes": result.manifest.model_nbytes,
+            "chunks_downloaded": stats.chunks_downloaded,
+            "chunks_reused": stats.chunks_reused,
+            "attempts": stats.attempts,
+            "fallback_reason": stats.fallback_reason,
+        }
+        return web.json_response(answer)
+
+    async def _load(
+        self, tensors: dict, version: int | None, full: bool, abort: bool, pulled: LoadedWeights | None = None
+    ) -> dict[str, Any]:
         checked = await asyncio.to_thread(self._checker.check, tensors, full)
         async with self._weights_lock:
             new_version = self._worker.weight_version + 1 if version is None else version
             if abort:
                 self._worker.abort_all("aborted for a weight update")
             await asyncio.wrap_future(self._worker.load_weights(checked, new_version))
-        return web.json_response(
-            {"success": True, "message": f"loaded {len(checked)} tensors", "weight_version": new_version}
-        )
+            self._pulled = pulled
+        return {"success": True, "message": f"loaded {len(checked)} tensors", "weight_version": new_version}
 
     async def pause_generation(self, request: web.Request) -> web.Response:
         body = await _parse(request, PauseBody, allow_empty=True)

@@ -1,0 +1,77 @@
+"""A real HTTP proxy in front of a weight server that breaks the first chunk transfer through it.
+
+cut:  the first chunk's response announces its full length, sends half, and drops the
+      connection (a network that fails mid-transfer); later requests pass untouched.
+hold: the first chunk request waits until the test calls `release()` (so the test can kill
+      the engine that asked, mid-transfer); then it is answered normally.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Literal
+
+import aiohttp
+from aiohttp import web
+
+
+class ChunkProxy:
+    def __init__(self, upstream: str, mode: Literal["cut", "hold"]) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.mode = mode
+        self.num_chunk_requests = 0
+        self.num_broken = 0  # chunk responses cut, or held
+        self.chunk_requested = threading.Event()  # the first chunk request arrived
+        self._released = threading.Event()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.url = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(30)
+
+    def release(self) -> None:
+        self._released.set()
+
+    def close(self) -> None:
+        self._released.set()
+        asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+    async def _start(self) -> str:
+        self._session = aiohttp.ClientSession()
+        app = web.Application()
+        app.router.add_get("/{tail:.*}", self._forward)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        return f"http://127.0.0.1:{port}"
+
+    async def _stop(self) -> None:
+        await self._runner.cleanup()
+        await self._session.close()
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        is_chunk = "/chunks/" in request.path
+        first = is_chunk and self.num_chunk_requests == 0
+        self.num_chunk_requests += is_chunk
+        if first:
+            self.chunk_requested.set()
+        if first and self.mode == "hold":
+            self.num_broken += 1
+            await asyncio.to_thread(self._released.wait)
+        async with self._session.get(self.upstream + request.path_qs) as upstream:
+            body = await upstream.read()
+            status, content_type = upstream.status, upstream.headers.get("Content-Type")
+        if not (first and self.mode == "cut"):
+            headers = {"Content-Type": content_type} if content_type else {}
+            return web.Response(body=body, status=status, headers=headers)
+        self.num_broken += 1
+        response = web.StreamResponse(status=status)
+        response.content_length = len(body)
+        await response.prepare(request)
+        await response.write(body[: len(body) // 2])
+        request.transport.close()
+        return response
