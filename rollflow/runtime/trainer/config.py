@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from rollflow.config import StrictModel
 
+DEFAULT_MANAGER_URL = "http://127.0.0.1:30100"
+
 
 class TrainConfig(StrictModel):
-    manager_url: str = "http://127.0.0.1:30100"
-    """The rollout manager the engines are registered with."""
+    manager_url: str = Field(
+        default_factory=lambda: os.environ.get("ROLLFLOW_MANAGER_URL", DEFAULT_MANAGER_URL)
+    )
+    """The rollout manager the engines are registered with; default $ROLLFLOW_MANAGER_URL (which
+    `rollflow launch up` sets for its trainer command), else http://127.0.0.1:30100."""
     manager_token: str | None = None
     """Bearer token for the manager's admin routes (weight updates); default $ROLLFLOW_MANAGER_TOKEN."""
     model: str
@@ -59,9 +65,11 @@ class TrainConfig(StrictModel):
     """Save model, optimizer and step every this many steps (and after the last step)."""
     keep_weight_versions: int = Field(2, ge=1)
     """Pushed weight folders to keep on disk (engines load from them)."""
-    weights_url: str | None = None
+    weights_url: str | None = Field(default_factory=lambda: os.environ.get("ROLLFLOW_WEIGHTS_URL") or None)
     """Weight server (`rollflow weights serve`): each version is published there (token from
-    $ROLLFLOW_WEIGHTS_TOKEN) and engines pull it, instead of loading weights/vN from a shared disk."""
+    $ROLLFLOW_WEIGHTS_TOKEN) and engines pull it, instead of loading weights/vN from a shared disk
+    (engines that cannot pull, vLLM and SGLang, still load from it). Default $ROLLFLOW_WEIGHTS_URL,
+    which `rollflow launch up` sets when it starts a weight server."""
     weights_codec: str = "delta+zstd"
     """Codec engines pull with (weights_url only): delta+zstd sends only what changed since their version."""
     seed: int = 0

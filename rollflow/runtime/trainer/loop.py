@@ -276,18 +276,31 @@ class Trainer:
         workers = self.client.live_workers()
         if not workers:
             raise UserError(f"no healthy engine is registered with the manager at {self.config.manager_url}")
-        if self.config.weights_url is not None:
-            source = {"weights_url": self.config.weights_url, "codec": self.config.weights_codec}
-        else:
-            source = {"model_path": str(folder.resolve())}
         for worker in workers:
             if skip_up_to_date and worker["weight_version"] == self.step:  # already on it
                 continue
             try:
-                self.client.update_weights(worker["id"], weight_version=self.step, **source)
+                self._update_engine(worker["id"], folder)
             except ManagerError as exc:
                 # An engine that fails to load is retired by the manager; the others carry on.
                 log.warning("engine %s did not take version %d: %s", worker["id"], self.step, exc)
+
+    def _update_engine(self, engine_id: int, folder: Path) -> None:
+        """Have the engine pull the version from the weight server, or load it from `folder`."""
+        if self.config.weights_url is not None:
+            try:
+                self.client.update_weights(
+                    engine_id,
+                    weight_version=self.step,
+                    weights_url=self.config.weights_url,
+                    codec=self.config.weights_codec,
+                )
+                return
+            except ManagerError as exc:
+                if exc.status != 409:
+                    raise
+                # 409: this engine cannot pull (vLLM, SGLang); it loads the same version from disk
+        self.client.update_weights(engine_id, weight_version=self.step, model_path=str(folder.resolve()))
 
     def _save_checkpoint(self) -> None:
         state = {"rng": _list_state(self.rng.getstate())}
