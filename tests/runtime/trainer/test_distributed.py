@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from tests.runtime.processes import ENV, REPO, free_port
 from tests.runtime.trainer import ddp_ranks
+from tests.runtime.trainer.test_train_e2e import base_config, engine_versions, rows
 
 WORLD_SIZE = 2
 
@@ -89,3 +92,94 @@ def test_two_ranks_step_to_the_single_process_weights(ranks_output, single, tiny
     assert moved > 5e-5  # a rank that skipped the step would be this far off
     for rank in range(WORLD_SIZE):
         assert_close(torch.load(ranks_output / algorithm / f"stepped.rank{rank}.pt"), expected)
+
+
+def torchrun(config: dict, tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """`torchrun --nproc-per-node 2 --no-python rollflow train ...` as the README gives it, on loopback."""
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(config))
+    bin_dir = Path(sys.executable).parent
+    argv = [
+        str(bin_dir / "torchrun"),
+        f"--nproc-per-node={WORLD_SIZE}",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        "--no-python",
+        str(bin_dir / "rollflow"),
+        "train",
+        "--config",
+        str(path),
+        *args,
+    ]
+    env = {**ENV, "GLOO_SOCKET_IFNAME": "lo"}
+    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def torchrun_train(config: dict, tmp_path, *args: str) -> subprocess.CompletedProcess:
+    result = torchrun(config, tmp_path, *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def test_torchrun_two_ranks_train_push_weights_and_resume_auto(processes, tiny_model, tmp_path):
+    manager = processes.manager(engines=[{"url": processes.engine().url}])
+    output = tmp_path / "run"
+    # 3 groups per micro-batch do not divide over 2 ranks; the last micro-batch of a step has 1 group
+    # (rank 1 joins with nothing), and 2 micro-batches per mini-batch leave the step's last one partial
+    config = base_config(
+        manager, tiny_model, output, prompts_per_step=4, micro_batch_groups=3, mini_batch_micro_batches=2
+    )
+
+    first = torchrun_train(config, tmp_path, "--resume", "never")
+    assert "data parallel over 2 ranks (gloo, cpu)" in first.stderr
+    assert [int(r["step"]) for r in rows(output)] == [1, 2]
+    assert all(int(r["samples"]) == 16 and int(r["tokens"]) > 0 for r in rows(output))
+    assert all(float(r["kl"]) >= 0 and float(r["entropy"]) > 0 for r in rows(output))
+    assert engine_versions(manager) == [2]
+    assert (output / "weights" / "v2" / "config.json").is_file()
+
+    resumed = torchrun_train({**config, "steps": 3}, tmp_path, "--resume", "auto")
+    assert "resumed from" in resumed.stderr and "step 2" in resumed.stderr
+    assert [int(r["step"]) for r in rows(output)] == [1, 2, 3]
+    assert int(rows(output)[-1]["samples_rejected_stale"]) == 0
+    assert engine_versions(manager) == [3]
+
+
+def test_torchrun_job_fails_with_rank_0_error_instead_of_hanging(tiny_model, tmp_path):
+    # no manager listens: rank 0 fails at its first request while rank 1 waits on it in a collective
+    url = f"http://127.0.0.1:{free_port()}"
+    config = {
+        "manager_url": url,
+        "model": str(tiny_model),
+        "n_samples": 2,
+        "output_dir": str(tmp_path / "run"),
+    }
+    failed = torchrun(config, tmp_path)
+    assert failed.returncode != 0
+    assert f"cannot reach the manager at {url}" in failed.stderr, failed.stderr[-3000:]
+    assert "rank 1/2: a collective failed" in failed.stderr
+
+
+def test_a_rank_left_waiting_fails_after_the_timeout_naming_it(tmp_path):
+    # rank 0 joins the group, then sends nothing: rank 1 must give up after distributed_timeout_s
+    script = (
+        "import os, sys, time\n"
+        "from rollflow.runtime.trainer.distributed import init_from_env\n"
+        "parallel = init_from_env('cpu', timeout_s=3)\n"
+        "if parallel.is_leader:\n"
+        "    time.sleep(20)\n"
+        "else:\n"
+        "    parallel.receive()\n"
+    )
+    port = free_port()
+    argv = [sys.executable, "-c", script]
+    leader = subprocess.Popen(argv, cwd=REPO, env=rank_env(0, port), stderr=subprocess.DEVNULL)
+    try:
+        waiting = subprocess.run(
+            argv, cwd=REPO, env=rank_env(1, port), capture_output=True, text=True, timeout=60
+        )
+    finally:
+        leader.kill()
+        leader.wait()
+    assert waiting.returncode != 0
+    assert "rank 1/2: a collective failed" in waiting.stderr and "distributed_timeout_s=3" in waiting.stderr
