@@ -9,6 +9,9 @@ the trainer's current version. Off-policy: the next batch is submitted before tr
 so its samples are generated while the weights change under them (`allow_off_policy`); each token
 keeps the version that made it, samples older than `max_staleness` are dropped, and the importance
 ratio uses the engines' recorded log-probs token by token.
+
+Under torchrun, rank 0 runs this loop and every other rank only `_obey`s it: a backward of its share
+of each micro-batch, an optimizer step when told (distributed.py).
 """
 
 from __future__ import annotations
