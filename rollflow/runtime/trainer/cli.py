@@ -8,6 +8,7 @@ EXAMPLES = """examples:
   rollflow train --config examples/train/grpo_tiny.yaml
   rollflow train --config examples/train/grpo_tiny.yaml algorithm=ppo steps=20 output_dir=outputs/ppo
   rollflow train --config examples/train/grpo_tiny.yaml --resume never off_policy=true max_staleness=1
+  torchrun --nproc-per-node 2 --no-python rollflow train --config examples/train/grpo_tiny.yaml device=cuda
 
 the manager and its engines must be running first (README, section Trainer).
 """
@@ -53,7 +54,11 @@ def _train(args: argparse.Namespace, started_at: float) -> None:
 
         raise UserError(f"config error: model: no checkpoint folder at {config.model}")
     setup_logging("text")
-    if args.resume == "never":
+    from rollflow.runtime.trainer.distributed import init_from_env
+
+    parallel = init_from_env(config.device, config.distributed_timeout_s)  # None outside torchrun
+    leader = parallel is None or parallel.is_leader
+    if args.resume == "never" and leader:
         output = Path(config.output_dir)
         for name in ("checkpoints", "weights", "tensorboard", "metrics.csv"):
             path = output / name
@@ -64,7 +69,14 @@ def _train(args: argparse.Namespace, started_at: float) -> None:
     from rollflow.runtime.trainer.loop import Trainer
     from rollflow.runtime.trainer.progress import show_progress
 
-    trainer = Trainer(config, resume=args.resume == "auto")
-    with show_progress(config.steps, trainer.step, sys.stderr.isatty()) as on_step:
-        trainer.run(on_step)
+    try:
+        trainer = Trainer(config, resume=args.resume == "auto", parallel=parallel)
+        if not leader:  # rank 0 shows progress and writes the metrics
+            trainer.run()
+            return
+        with show_progress(config.steps, trainer.step, sys.stderr.isatty()) as on_step:
+            trainer.run(on_step)
+    finally:
+        if parallel is not None:
+            parallel.close()
     print(f"trained to step {trainer.step}; metrics in {Path(config.output_dir) / 'metrics.csv'}")

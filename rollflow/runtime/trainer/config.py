@@ -74,7 +74,11 @@ class TrainConfig(StrictModel):
     """Codec engines pull with (weights_url only): delta+zstd sends only what changed since their version."""
     seed: int = 0
     device: str = "cpu"
-    """torch device of the trainer's models: cpu, cuda, cuda:1, ..."""
+    """torch device of the trainer's models: cpu, cuda, cuda:1, ... (under torchrun: cpu, or cuda for
+    cuda:LOCAL_RANK on each rank)."""
+    distributed_timeout_s: float = Field(1800.0, gt=0)
+    """Under torchrun: how long a rank waits on the others (rank 0 meanwhile waits for rollouts and pushes
+    weights) before it fails the job instead of hanging."""
 
     @model_validator(mode="after")
     def _device_exists(self) -> TrainConfig:

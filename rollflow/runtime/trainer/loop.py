@@ -11,6 +11,9 @@ the trainer's current version. Off-policy: the next batch is submitted before tr
 so its samples are generated while the weights change under them (`allow_off_policy`); each token
 keeps the version that made it, samples older than `max_staleness` are dropped, and the importance
 ratio uses the engines' recorded log-probs token by token.
+
+Under torchrun, rank 0 runs this loop and every other rank only `_obey`s it: a backward of its share
+of each micro-batch, an optimizer step when told (distributed.py).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from rollflow.runtime.manager.client import BatchHandle, ManagerClient, ManagerE
 from rollflow.runtime.trainer import checkpoints
 from rollflow.runtime.trainer.algorithm import LossSettings, MicroBatchStats, backward_micro_batch
 from rollflow.runtime.trainer.config import TrainConfig
+from rollflow.runtime.trainer.distributed import Command, DataParallel, Share, idle_rollout, split_micro_batch
 from rollflow.runtime.trainer.metrics import MetricsWriter, StepMetrics
 from rollflow.runtime.trainer.models import Critic, load_policy, load_reference
 from rollflow.runtime.trainer.rollouts import filter_stale, to_tensors
@@ -39,6 +43,16 @@ from rollflow.runtime.weights.checkpoint import publish_checkpoint, published_ve
 from rollflow.runtime.weights.cli import TOKEN_ENV as WEIGHTS_TOKEN_ENV
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MicroBatchRecord:
+    """What one rank's backward of (its share of) a micro-batch adds to the step's totals."""
+
+    rewards: list[float]
+    stats: MicroBatchStats | None  # None: the rank had no samples
+    tokens: int
+    resumed: int
 
 
 @dataclass
@@ -53,13 +67,21 @@ class StepTotals:
     wait_s: float = 0.0
     train_s: float = 0.0
 
+    def add(self, record: MicroBatchRecord) -> None:
+        self.rewards += record.rewards
+        if record.stats is not None:
+            self.stats.append((record.stats, record.tokens))
+        self.tokens += record.tokens
+        self.resumed += record.resumed
+
     def token_mean(self, name: str) -> float:
         total = sum(tokens for _, tokens in self.stats)
         return sum(getattr(s, name) * tokens for s, tokens in self.stats) / max(total, 1)
 
 
 class Trainer:
-    def __init__(self, config: TrainConfig, resume: bool) -> None:
+    def __init__(self, config: TrainConfig, resume: bool, parallel: DataParallel | None = None) -> None:
+        """`parallel`: this process's rank under torchrun (see distributed.py); None trains alone."""
         from transformers import AutoTokenizer
         from transformers.utils import logging as transformers_logging
 
@@ -74,10 +96,13 @@ class Trainer:
         self.client = ManagerClient(config.manager_url, token=token)
         torch.manual_seed(config.seed)
 
+        self.parallel = parallel
         checkpoint = checkpoints.latest_checkpoint(self.output_dir) if resume else None
+        if parallel is not None:  # every rank resumes from the checkpoint rank 0 picked
+            checkpoint = parallel.broadcast(checkpoint)
         start_from = checkpoint or Path(config.model)
         self.tokenizer = AutoTokenizer.from_pretrained(start_from)
-        self.device = torch.device(config.device)
+        self.device = parallel.device if parallel is not None else torch.device(config.device)
         self.policy = load_policy(start_from).to(self.device)
         self.policy.train()
         self.reference = load_reference(config.model).to(self.device)
@@ -92,6 +117,11 @@ class Trainer:
         self.rng = random.Random(config.seed)
         if checkpoint is not None:
             self._restore(checkpoint)
+        # the modules that run forward/backward: DDP wrappers under torchrun (saving uses the bare ones)
+        self.train_policy, self.train_critic = self.policy, self.critic
+        if parallel is not None:
+            self.train_policy = parallel.wrap(self.policy)
+            self.train_critic = parallel.wrap(self.critic) if self.critic is not None else None
         self.settings = LossSettings(
             config.algorithm,
             config.clip,
@@ -119,6 +149,10 @@ class Trainer:
 
     def run(self, on_step: Callable[[StepMetrics], None] = lambda m: None) -> None:
         """Train until `config.steps` steps are done in total (across resumes)."""
+        if self.parallel is not None and not self.parallel.is_leader:
+            while self._obey():
+                pass
+            return
         self._sync_engines()
         metrics = MetricsWriter(self.output_dir)
         pending = None
@@ -133,6 +167,8 @@ class Trainer:
                     pending = self._submit()
                 metrics.write(result)
                 on_step(result)
+            if self.parallel is not None:
+                self.parallel.tell_all(Command.STOP)
         finally:
             metrics.close()
             if pending is not None:  # interrupted: stop the manager generating for a step that won't come
@@ -222,25 +258,48 @@ class Trainer:
         return filter_stale([g for g in finished if g], self.step, bound)
 
     def _train_micro_batch(self, groups: list[list[dict]], totals: StepTotals, scale: float) -> None:
+        if self.parallel is None:
+            totals.add(self._backward(groups, scale))
+            return
+        share = self.parallel.send(split_micro_batch(groups, scale, self.parallel.world_size))
+        for record in self.parallel.gather(self._backward(share.groups, share.loss_scale)):
+            totals.add(record)
+
+    def _obey(self) -> bool:
+        """A rank other than 0: carry out rank 0's next message; False once told to stop."""
+        message = self.parallel.receive()
+        if message is Command.STOP:
+            return False
+        if message is Command.OPTIMIZER_STEP:
+            self._optimizer_step()
+        else:
+            assert isinstance(message, Share)
+            self.parallel.gather(self._backward(message.groups, message.loss_scale))
+        return True
+
+    def _backward(self, groups: list[list[dict]], scale: float) -> MicroBatchRecord:
         samples = [s for group in groups for s in group]
         rewards = [float(self.reward_fn(s["prompt_ids"], s["output_ids"], self.tokenizer)) for s in samples]
-        rollout = to_tensors(groups, self.tokenizer.pad_token_id).to(self.device)
+        if samples:
+            rollout = to_tensors(groups, self.tokenizer.pad_token_id).to(self.device)
+        else:  # an empty share under torchrun: join the gradient all-reduce with nothing
+            rollout = idle_rollout(self.tokenizer.pad_token_id, self.device)
         stats = backward_micro_batch(
-            self.policy,
+            self.train_policy,
             self.reference,
-            self.critic,
+            self.train_critic,
             rollout,
-            torch.tensor(rewards, device=self.device),
+            torch.tensor(rewards or [0.0], device=self.device),
             self.settings,
             scale,
         )
         tokens = sum(len(s["output_ids"]) for s in samples)
-        totals.rewards += rewards
-        totals.stats.append((stats, tokens))
-        totals.tokens += tokens
-        totals.resumed += sum(s["resumes"] > 0 for s in samples)
+        resumed = sum(s["resumes"] > 0 for s in samples)
+        return MicroBatchRecord(rewards, stats if samples else None, tokens, resumed)
 
     def _optimizer_step(self) -> None:
+        if self.parallel is not None and self.parallel.is_leader:
+            self.parallel.tell_all(Command.OPTIMIZER_STEP)
         torch.nn.utils.clip_grad_norm_(self.parameters, self.config.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,144 @@
+"""One rank of the gradient-equality test, run as `python -m tests.runtime.trainer.ddp_ranks MODEL OUT`
+with torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) set by the test.
+
+Each rank builds the real Trainer on the real process group; rank 0 drives it as in a training step
+(`_train_micro_batch`, `_optimizer_step`) and the others obey as under `rollflow train`. Every rank
+saves its gradients after each micro-batch and its parameters after the optimizer step; rank 0 also
+saves the step totals its metrics would be computed from.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import torch
+
+from rollflow.runtime.trainer.config import TrainConfig
+from rollflow.runtime.trainer.distributed import Command, init_from_env
+from rollflow.runtime.trainer.loop import StepTotals, Trainer
+
+SCALE = 0.5  # as with two micro-batches per mini-batch
+
+
+def make_groups(sizes: list[int], seed: int) -> list[list[dict]]:
+    """Groups of samples with prompts and outputs of varied lengths, and recorded log-probs that make
+    some importance ratios clip."""
+    rng = random.Random(seed)
+    groups = []
+    for size in sizes:
+        prompt = [rng.randrange(260, 500) for _ in range(rng.randint(2, 5))]
+        group = []
+        for _ in range(size):
+            output = [rng.randrange(260, 500) for _ in range(rng.randint(1, 9))]
+            logprobs = [rng.uniform(-7.0, -5.0) for _ in output]
+            group.append(
+                {"prompt_ids": prompt, "output_ids": output, "output_logprobs": logprobs, "resumes": 0}
+            )
+        groups.append(group)
+    return groups
+
+
+# name -> groups: three groups do not divide over two ranks; one group leaves rank 1 an empty share
+CASES = {"three_groups": make_groups([3, 2, 4], seed=1), "one_group": make_groups([3], seed=2)}
+
+
+def trainer_config(model: str, output_dir: Path, algorithm: str) -> TrainConfig:
+    # Adam's first step is about lr x sign(gradient): a small lr keeps float noise on gradients near 0
+    # (where the sign is a coin toss) below the tolerance, while every weight still moves 10x past it.
+    return TrainConfig(
+        model=model, output_dir=str(output_dir), algorithm=algorithm, n_samples=2, lr=1e-4, kl_coef=0.1
+    )
+
+
+def gradients(trainer: Trainer) -> dict[str, torch.Tensor]:
+    modules = {"policy": trainer.policy, "critic": trainer.critic}
+    return {
+        f"{name}.{key}": param.grad.detach().clone()
+        for name, module in modules.items()
+        if module is not None
+        for key, param in module.named_parameters()
+        if param.grad is not None
+    }
+
+
+def parameters(trainer: Trainer) -> dict[str, torch.Tensor]:
+    modules = {"policy": trainer.policy, "critic": trainer.critic}
+    return {
+        f"{name}.{key}": param.detach().clone()
+        for name, module in modules.items()
+        if module is not None
+        for key, param in module.named_parameters()
+    }
+
+
+def totals_summary(totals: StepTotals) -> dict:
+    names = ("kl", "entropy", "policy_loss", "value_loss", "clip_fraction")
+    return {
+        "rewards": sorted(totals.rewards),
+        "tokens": totals.tokens,
+        **{name: totals.token_mean(name) for name in names},
+    }
+
+
+def run(trainer: Trainer, out: Path, rank: int) -> None:
+    """Each case's gradient (then zeroed), then one optimizer step over both cases' gradients."""
+    leader = trainer.parallel is None or trainer.parallel.is_leader
+    for name, groups in CASES.items():
+        totals = StepTotals()
+        if leader:
+            trainer._train_micro_batch(groups, totals, SCALE)
+        else:
+            assert trainer._obey()
+        torch.save(
+            {"grads": gradients(trainer), "totals": totals_summary(totals)}, out / f"{name}.rank{rank}.pt"
+        )
+        trainer.optimizer.zero_grad(set_to_none=True)
+    for groups in CASES.values():
+        if leader:
+            trainer._train_micro_batch(groups, StepTotals(), SCALE)
+        else:
+            assert trainer._obey()
+    if leader:
+        trainer._optimizer_step()
+    else:
+        assert trainer._obey()
+    torch.save(parameters(trainer), out / f"stepped.rank{rank}.pt")
+
+
+def initial_parameters(model: str, algorithm: str) -> dict[str, torch.Tensor]:
+    """The parameters before any step, named as `parameters` names them."""
+    from rollflow.runtime.trainer.models import Critic, load_policy
+
+    torch.manual_seed(0)
+    modules = {"policy": load_policy(model), "critic": Critic(model) if algorithm == "ppo" else None}
+    return {
+        f"{name}.{key}": param.detach().clone()
+        for name, module in modules.items()
+        if module is not None
+        for key, param in module.named_parameters()
+    }
+
+
+def main() -> None:
+    model, out = sys.argv[1], Path(sys.argv[2])
+    parallel = init_from_env("cpu", timeout_s=120)
+    assert parallel is not None
+    try:
+        for algorithm in ("grpo", "ppo"):
+            torch.manual_seed(0)
+            folder = out / algorithm
+            folder.mkdir(parents=True, exist_ok=True)
+            trainer = Trainer(trainer_config(model, folder, algorithm), resume=False, parallel=parallel)
+            run(trainer, folder, parallel.rank)
+        if parallel.is_leader:
+            parallel.tell_all(Command.STOP)
+        else:
+            assert not trainer._obey()
+    finally:
+        parallel.close()
+
+
+if __name__ == "__main__":
+    main()
