@@ -146,7 +146,8 @@ def test_torchrun_two_ranks_train_push_weights_and_resume_auto(processes, tiny_m
 
 
 def test_torchrun_job_fails_with_rank_0_error_instead_of_hanging(tiny_model, tmp_path):
-    # no manager listens: rank 0 fails at its first request while rank 1 waits on it in a collective
+    # no manager listens: rank 0 fails at its first request while rank 1 waits on it in a collective;
+    # torchrun then stops rank 1 (or rank 1 sees rank 0 gone first), and the job ends with rank 0's error
     url = f"http://127.0.0.1:{free_port()}"
     config = {
         "manager_url": url,
@@ -157,7 +158,6 @@ def test_torchrun_job_fails_with_rank_0_error_instead_of_hanging(tiny_model, tmp
     failed = torchrun(config, tmp_path)
     assert failed.returncode != 0
     assert f"cannot reach the manager at {url}" in failed.stderr, failed.stderr[-3000:]
-    assert "rank 1/2: a collective failed" in failed.stderr
 
 
 def test_a_rank_left_waiting_fails_after_the_timeout_naming_it(tmp_path):
