@@ -68,7 +68,9 @@ class EnginePool(StrictModel):
 
 
 class WeightServerSection(StrictModel):
-    """A weight server started with the manager, so joining engines can pull the newest version."""
+    """A weight server started with the manager, so joining engines can pull the newest version.
+
+    Its store (work_dir/weight_store) belongs to the launch: it starts empty every time."""
 
     enabled: bool = False
     port: int = Field(0, ge=0, le=65535)

@@ -14,6 +14,7 @@ Leaving the `with` block stops every process the launcher started.
 from __future__ import annotations
 
 import logging
+import shutil
 import subprocess
 import sys
 import threading
@@ -273,10 +274,13 @@ class Launcher:
     def _start_weight_server(self) -> None:
         """`rollflow weights serve` in its own slot, then version 0 published from `weights.publish`."""
         settings = self.config.weights
+        store = self.work_dir / "weight_store"
+        # the launch's own store: versions left by an earlier launch would be taken for this trainer's
+        shutil.rmtree(store, ignore_errors=True)
         self.weights_slot = self._slot("weights", settings.placement)
         host = self.weights_slot.host
         port = settings.port or self.weights_slot.free_port()
-        argv = ["weights", "serve", "--dir", str(self.work_dir / "weight_store"), "--host", host]
+        argv = ["weights", "serve", "--dir", str(store), "--host", host]
         argv += ["--port", str(port), "--keep-versions", str(settings.keep_versions)]
         self.weights_slot.start(argv, str(self.work_dir / "weights.log"), {}, rollflow=True, files={})
         url = f"http://{host}:{port}"

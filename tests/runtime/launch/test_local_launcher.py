@@ -92,3 +92,12 @@ def test_autoscale_adds_engines_after_a_slow_step_and_removes_idle_ones_after_a_
         live = [w for w in launch.manager.workers() if w["state"] == "healthy"]
         assert len(launch.engines) == 1 and len(live) == 1
         assert live[0]["id"] == next(iter(launch.engines))
+
+
+def test_a_launched_weight_server_starts_empty_each_launch_with_version_0_published(tmp_path, tiny_model):
+    """A second launch in the same work_dir must not find the first one's versions (they only increase)."""
+    config = launch_config(tmp_path / "work", [], weights={"enabled": True, "publish": str(tiny_model)})
+    for _ in range(2):
+        with Launcher(config) as launch:
+            status, body = http("GET", launch.weights_url + "/v1/versions")
+            assert status == 200 and body["versions"] == [0]
