@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,11 +44,12 @@ class DemoSummary:
 
 def run_demo(config: DemoFile, output_dir: Path, tty: bool = False) -> DemoSummary:
     """Run the demo; raises UserError (with the failing process's log tail) if a part fails."""
+    from rollflow.runtime.trainer.checkpoints import clear_outputs
     from rollflow.runtime.trainer.loop import Trainer
     from rollflow.runtime.trainer.progress import show_progress
 
     _prepare_model(config)
-    _clear_previous_run(Path(config.train.output_dir))
+    clear_outputs(Path(config.train.output_dir))  # the demo always starts from the initial model
     output_dir.mkdir(parents=True, exist_ok=True)
     timeline = Timeline()
     steps: list[StepMetrics] = []
@@ -106,16 +106,6 @@ def _prepare_model(config: DemoFile) -> None:
 
     print(f"building a tiny random model at {model}", file=sys.stderr, flush=True)
     write_tiny_model(model)
-
-
-def _clear_previous_run(train_dir: Path) -> None:
-    """The demo always starts from the initial model: earlier checkpoints would be resumed otherwise."""
-    for name in ("checkpoints", "weights", "tensorboard", "metrics.csv"):
-        path = train_dir / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
 
 
 def _summarize(

@@ -14,9 +14,8 @@ Leaving the `with` block stops every process the launcher started.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -33,6 +32,8 @@ from rollflow.runtime.launch.engine_commands import EngineCommand, engine_comman
 from rollflow.runtime.launch.process import LaunchError
 from rollflow.runtime.launch.slots import LocalSlot, Slot
 from rollflow.runtime.manager.client import ManagerClient, ManagerError
+from rollflow.runtime.weights.checkpoint import publish_checkpoint
+from rollflow.runtime.weights.cli import TOKEN_ENV as WEIGHTS_TOKEN_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -288,13 +289,7 @@ class Launcher:
         self.weights_url = url
         logger.info("weight server up on %s", url)
         if settings.publish is not None:
-            publish = [sys.executable, "-m", "rollflow.cli", "weights", "publish", "--url", url]
-            publish += ["--version", "0", "--from", settings.publish]
-            done = subprocess.run(publish, capture_output=True, text=True)
-            if done.returncode != 0:
-                raise LaunchError(
-                    f"publishing {settings.publish} as version 0 failed:\n{done.stderr[-2000:]}"
-                )
+            publish_checkpoint(url, 0, settings.publish, os.environ.get(WEIGHTS_TOKEN_ENV) or None)
 
     def _spawn_engine(self, pool: EnginePool) -> _StartingEngine:
         """Pull weights if the pool says so, then start the engine's process.

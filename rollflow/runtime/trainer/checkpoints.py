@@ -65,5 +65,15 @@ def latest_checkpoint(output_dir: Path) -> Path | None:
     return max(done, key=lambda p: int(p.name.removeprefix("step_")), default=None)
 
 
+def clear_outputs(output_dir: Path) -> None:
+    """Delete what an earlier run left (checkpoints, weights, metrics): a fresh start, not a resume."""
+    for name in ("checkpoints", "weights", "tensorboard", "metrics.csv"):
+        path = output_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
 def read_state(checkpoint: Path) -> dict:
     return json.loads((checkpoint / STATE_FILE).read_text())

@@ -40,7 +40,6 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _train(args: argparse.Namespace, started_at: float) -> None:
-    import shutil
     import sys
     from pathlib import Path
 
@@ -59,13 +58,9 @@ def _train(args: argparse.Namespace, started_at: float) -> None:
     parallel = init_from_env(config.device, config.distributed_timeout_s)  # None outside torchrun
     leader = parallel is None or parallel.is_leader
     if args.resume == "never" and leader:
-        output = Path(config.output_dir)
-        for name in ("checkpoints", "weights", "tensorboard", "metrics.csv"):
-            path = output / name
-            if path.is_dir():
-                shutil.rmtree(path)
-            elif path.exists():
-                path.unlink()
+        from rollflow.runtime.trainer.checkpoints import clear_outputs
+
+        clear_outputs(Path(config.output_dir))
     from rollflow.runtime.trainer.loop import Trainer
     from rollflow.runtime.trainer.progress import show_progress
 
