@@ -44,6 +44,7 @@ def run_simulation(
     table = request_table(result)
     summary = summarize(result, table, sim_loop_s=loop_s)
     summary["setup_s"] = loop_start - started_at  # imports, config, workload and tables
+    output_start = time.perf_counter()
     out_dir = Path(config.output.dir)
     output = config.output
     written = write_outputs(
@@ -54,6 +55,7 @@ def run_simulation(
         chrome_trace=output.chrome_trace,
         plots=output.plots,
     )
+    summary["output_s"] = time.perf_counter() - output_start  # requests.csv, chrome trace, plots
     summary["wall_time_s"] = time.perf_counter() - started_at
     written.insert(0, write_summary(out_dir, summary))
     print_summary(summary, Console())
