@@ -10,8 +10,8 @@ from rollflow.learn.config import LearnConfig
 from rollflow.learn.stepper import sim_config
 from rollflow.policy.routing import Router
 from rollflow.policy.view import ClusterView, RouteRequest
-from rollflow.sim.engine import ServingSimulator
 from rollflow.sim.metrics import request_table
+from rollflow.sim.simulator import ServingSimulator
 from rollflow.sim.workload import build_requests
 
 

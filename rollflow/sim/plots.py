@@ -14,8 +14,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from rollflow.sim.engine import SimResult
 from rollflow.sim.metrics import RequestTable
+from rollflow.sim.simulator import SimResult
 
 MAX_POINTS = 1000  # per curve
 

@@ -10,9 +10,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rollflow.sim.config import SimConfig
-from rollflow.sim.engine import ServingSimulator
 from rollflow.sim.metrics import request_table, summarize
 from rollflow.sim.report import print_summary, write_outputs, write_summary
+from rollflow.sim.simulator import ServingSimulator
 from rollflow.sim.workload import build_requests
 
 

@@ -60,7 +60,7 @@ def test_step_rejects_an_action_outside_the_cluster(config):
 
 def test_stepped_simulator_reproduces_the_simulators_own_run():
     from rollflow.learn.stepper import SteppedSimulator, request_of, sim_config
-    from rollflow.sim.engine import ServingSimulator
+    from rollflow.sim.simulator import ServingSimulator
     from rollflow.sim.workload import build_requests
 
     config = tiny_config()
