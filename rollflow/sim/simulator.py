@@ -4,6 +4,10 @@
     stage end   -> pass the batch to the next stage, or apply it and free finished requests
     schedule    -> the replica forms its next batches and starts them
 
+With `cluster.dispatch: late_binding` an arrival joins one cluster queue instead, and queued
+requests are routed, in arrival order, whenever a replica holds fewer than `cluster.capacity`
+requests (after arrivals, completions, added instances): the rollout manager's dispatch.
+
 Other simulators compose it through its public API rather than its handlers: `submit` routes
 a request now, `advance` runs the loop until a time or a condition, `add_instance`,
 `stop_accepting` and `retire_instance` change the cluster (a retired instance hands back its
@@ -14,6 +18,7 @@ own events go on the same queue (`events`), with their own phases.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from heapq import heappop, heappush
@@ -66,6 +71,9 @@ class ServingSimulator:
         self.now = start_time
         self.num_events = 0
         self.on_complete = on_complete
+        self.late_binding = config.cluster.dispatch == "late_binding"
+        self.capacity = config.cluster.capacity
+        self.cluster_queue: deque[SimRequest] = deque()  # late binding: arrived, not yet routed
         for group in self.groups:
             for _ in range(group.num_replicas):
                 self.add_instance(group)
@@ -135,15 +143,15 @@ class ServingSimulator:
         on_progress(sum(1 for r in self.requests if r.completed_at is not None))
 
     # -- public API ---------------------------------------------------------------------------
-    def submit(self, request: SimRequest, target: int | None = None) -> int:
-        """Route `request` now (the router's pick, or `target`); return the instance it went to.
+    def submit(self, request: SimRequest, target: int | None = None) -> None:
+        """Route `request` now: to `target`, or the router's pick (with late binding: queue it and
+        dispatch what has a free slot).
 
         The clock moves to the request's arrival if that is later (a caller stepping arrivals
         itself); a request that arrived earlier (resumed elsewhere) is routed at the current time.
         """
         self.now = max(self.now, request.arrived_at)
         self.events.push_all(self._route(request, target))
-        return request.replica_id
 
     def check_servable(self, requests: Sequence[SimRequest]) -> None:
         """Refuse requests that no replica could ever finish (each replica group checked once)."""
@@ -169,6 +177,10 @@ class ServingSimulator:
         self.replicas.append(replica)
         self.peak_flops_by_replica.append(group.peak_flops)
         self._accepting = None
+        if self.cluster_queue:
+            events: list[Event] = []
+            self._dispatch_queued(events)
+            self.events.push_all(events)
         return replica.id
 
     def accepting_ids(self) -> list[int]:
@@ -227,8 +239,11 @@ class ServingSimulator:
             self._start_stage(replica, stage + 1, events)
         else:
             completed = replica.finish_batch(batch, self.now)
-            if completed and self.on_complete is not None:
-                events.extend(self.on_complete(completed, self.now))
+            if completed:
+                if self.on_complete is not None:
+                    events.extend(self.on_complete(completed, self.now))
+                if self.cluster_queue:
+                    self._dispatch_queued(events)  # before the replica schedules: slots just freed
             if replica.num_stages == 1:
                 # Every arrival and stage end at this time is already in (they sort earlier), and a
                 # one-stage replica has no other batch in flight: schedule now, without an event.
@@ -245,16 +260,38 @@ class ServingSimulator:
 
     # -- helpers ----------------------------------------------------------------------------
     def _route(self, request: SimRequest, target: int | None) -> list[Event]:
-        if target is None:
+        events: list[Event] = []
+        if target is not None:
+            self._place(request, target, events)
+        elif self.late_binding:
+            self.cluster_queue.append(request)
+            self._dispatch_queued(events)
+        else:
             route = RouteRequest(request.id, request.prompt_tokens, request.output_tokens)
-            target = self.router.pick(route, self.snapshot())
+            self._place(request, self.router.pick(route, self.snapshot()), events)
+        return events
+
+    def _place(self, request: SimRequest, target: int, events: list[Event]) -> None:
         replica = self.replicas[target]
         request.replica_id = target
         replica.scheduler.add_request(request)
-        events: list[Event] = []
         self._cut_run(replica, events)
         self._request_schedule(replica, events)
-        return events
+
+    def _dispatch_queued(self, events: list[Event]) -> None:
+        """Late binding: route queued requests, in order, while some replica has a free slot."""
+        queue, now, capacity = self.cluster_queue, self.now, self.capacity
+        while queue:
+            free = [
+                view
+                for view in (self.replicas[i].view(now) for i in self.accepting_ids())
+                if view.num_running + view.num_queued < capacity
+            ]
+            if not free:
+                return
+            request = queue.popleft()
+            route = RouteRequest(request.id, request.prompt_tokens, request.output_tokens)
+            self._place(request, self.router.pick(route, ClusterView(now, tuple(free))), events)
 
     def _cut_run(self, replica: Replica, events: list[Event]) -> None:
         run = replica.run_in_flight
@@ -281,6 +318,8 @@ class ServingSimulator:
         replica.retired_at = self.now
         on_stopped, replica.on_stopped = replica.on_stopped, None
         events.extend(on_stopped(sorted(unfinished, key=lambda r: r.id)))
+        if self.cluster_queue:
+            self._dispatch_queued(events)
 
     def _request_schedule(self, replica: Replica, events: list[Event]) -> None:
         if not replica.schedule_pending and replica.num_running_batches < replica.num_stages:
