@@ -83,11 +83,5 @@ class EventQueue:
     def pop(self) -> Event:
         return heapq.heappop(self.heap)
 
-    def peek(self) -> Event | None:
-        return self.heap[0] if self.heap else None
-
-    def next_time(self) -> float:
-        return self.heap[0].time if self.heap else float("inf")
-
     def __len__(self) -> int:
         return len(self.heap)

@@ -251,36 +251,9 @@ class StepSimulator:
 
     # -- resource scheduling (RLinf) --------------------------------------------------------------------
     def _decide(self, trigger: Trigger) -> None:
-        pool = self.pool
-        local = [i for i in pool.live_ids() if pool.replicas[i].kind == "local"]
+        local = [i for i in self.pool.live_ids() if self.pool.replicas[i].kind == "local"]
         inference = self.inference
-        snapshot = ResourceSnapshot(
-            now=self.now,
-            trigger=trigger,
-            num_gpus=self.config.num_gpus,
-            actor_gpus=max(self.actor.num_gpus, self.actor_target),
-            actor_model_parallel=self.config.training.model_parallel,
-            minibatch_samples=self.minibatch_samples,
-            num_minibatches=self.config.training.num_minibatches,
-            minibatches_done=len(self.minibatches),
-            rollout_instances=tuple(
-                RolloutInstanceState(
-                    i,
-                    pool.places[i].gpu_start,
-                    pool.places[i].num_gpus,
-                    pool.replicas[i].view(self.now).num_outstanding,
-                    pool.places[i].borrowed,
-                )
-                for i in local
-            ),
-            unfinished_fraction=(self.num_samples - self.num_done) / self.num_samples,
-            samples_per_instance_per_minibatch=(self.num_done - self.done_at_last_minibatch)
-            / max(1, len(local)),
-            inference_range=(inference.gpu_start, inference.num_gpus)
-            if inference is not None and not inference.released
-            else None,
-            inference_done=self.inference_done,
-        )
+        snapshot = self._resource_snapshot(trigger, local)
         plan = self.scheduler.decide(snapshot)
         if trigger == "minibatch_end":
             self.done_at_last_minibatch = self.num_done
@@ -295,6 +268,37 @@ class StepSimulator:
             )
         self.actor_target = plan.actor_gpus
         self.hold_last = plan.hold_last_minibatch
+
+    def _resource_snapshot(self, trigger: Trigger, local: list[int]) -> ResourceSnapshot:
+        """What the resource scheduler decides from: the step's progress and its local instances."""
+        pool, inference, now = self.pool, self.inference, self.now
+        instances = tuple(
+            RolloutInstanceState(
+                i,
+                pool.places[i].gpu_start,
+                pool.places[i].num_gpus,
+                pool.replicas[i].view(now).num_outstanding,
+                pool.places[i].borrowed,
+            )
+            for i in local
+        )
+        live_inference = inference is not None and not inference.released
+        return ResourceSnapshot(
+            now=now,
+            trigger=trigger,
+            num_gpus=self.config.num_gpus,
+            actor_gpus=max(self.actor.num_gpus, self.actor_target),
+            actor_model_parallel=self.config.training.model_parallel,
+            minibatch_samples=self.minibatch_samples,
+            num_minibatches=self.config.training.num_minibatches,
+            minibatches_done=len(self.minibatches),
+            rollout_instances=instances,
+            unfinished_fraction=(self.num_samples - self.num_done) / self.num_samples,
+            samples_per_instance_per_minibatch=(self.num_done - self.done_at_last_minibatch)
+            / max(1, len(local)),
+            inference_range=(inference.gpu_start, inference.num_gpus) if live_inference else None,
+            inference_done=self.inference_done,
+        )
 
     # -- lanes: inference, training, resharding -------------------------------------------------------
     def _dispatch(self) -> None:
