@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from rollflow.config import ConfigError
 from rollflow.learn.config import LearnConfig
 from rollflow.policy.view import ClusterView, InstanceView, RouteRequest
 from rollflow.sim.build import GroupPlan
@@ -50,6 +51,11 @@ class SteppedSimulator:
     def __init__(
         self, config: SimConfig, requests: list[SimRequest], groups: list[GroupPlan] | None = None
     ) -> None:
+        if config.cluster.dispatch != "on_arrival":
+            raise ConfigError(
+                "config error: cluster.dispatch: router learning decides at each arrival; "
+                "allowed: on_arrival (late_binding is simulated by `rollflow sim`, not learned yet)"
+            )
         self.sim = ServingSimulator(config, router=_Unrouted(), groups=groups, on_complete=self._on_complete)
         self.sim.check_servable(requests)
         self.requests = sorted(requests, key=lambda r: r.arrived_at)
