@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 from rollflow.config import load_config
-from rollflow.sim.engine import ServingSimulator
 from rollflow.sim.rl.accounting import summarize_run
 from rollflow.sim.rl.config import RLSimConfig
 from rollflow.sim.rl.runner import simulate_steps
+from rollflow.sim.simulator import ServingSimulator
 from rollflow.sim.workload import build_requests
 
 REPO = Path(__file__).resolve().parents[1]

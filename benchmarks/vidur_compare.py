@@ -1,14 +1,18 @@
 """rollflow versus Vidur on the same requests, tables and scheduler settings: fidelity and speed.
 
     python benchmarks/vidur_compare.py --vidur ~/src/vidur --vidur-python ~/vidur-venv/bin/python
+    python benchmarks/vidur_compare.py            # rollflow's side of the speed case only
 
 Both simulators get the same `python -m vidur.main` flags (rollflow through `rollflow sim
 from-vidur`), run from one work folder whose `data/profiling/...` holds Vidur's public MLP
 and network tables (from ../shared/data/vidur) and an attention table written by
 ../shared/tools/attention_table.py, since Vidur's data has none. Prints, per config, p50/p90
 of TTFT, TPOT and E2E from both and their relative difference; then, on the speed config,
-the ratios of whole-process wall time, of simulation-loop time (Vidur's `Simulator.run()`
-versus rollflow's event loop, both without start-up or predictor loading) and of peak memory.
+whole-process wall time, start-up before the loop, the simulation loop (Vidur's
+`Simulator.run()` versus rollflow's event loop, both without start-up or predictor loading),
+output writing (Vidur's `_write_output`, which it otherwise runs from an atexit hook, versus
+rollflow's requests.csv and chrome trace) and peak memory, with their ratios; rollflow also
+with its two plots (the flags turn plots off on both sides). Without `--vidur`, only rollflow's side of the speed case runs.
 Vidur's random-forest training is cached in the work folder after the first run; `--cold`
 measures it once with an empty cache. No Vidur code is copied: it runs from the checkout.
 """
@@ -61,8 +65,12 @@ simulator = Simulator(config)
 t1 = time.perf_counter()
 simulator.run()
 t2 = time.perf_counter()
-json.dump({"setup_s": t1 - t0, "sim_loop_s": t2 - t1, "output_dir": config.metrics_config.output_dir},
-          open(timings_path, "w"))
+import atexit
+atexit.unregister(simulator._write_output)  # timed here instead of at exit
+simulator._write_output()
+t3 = time.perf_counter()
+json.dump({"setup_s": t1 - t0, "sim_loop_s": t2 - t1, "output_s": t3 - t2,
+           "output_dir": config.metrics_config.output_dir}, open(timings_path, "w"))
 """
 
 
@@ -102,6 +110,7 @@ class Run:
     wall_s: float
     sim_loop_s: float
     setup_s: float
+    output_s: float
     peak_rss_mb: float
 
 
@@ -163,16 +172,43 @@ def run_vidur(case: Case, args: argparse.Namespace, workdir: Path, trace: Path, 
         rows = list(csv.DictReader(handle))
     summary = {key: distribution(np.array([float(r[col]) for r in rows])) for key, col in METRICS.items()}
     summary["num_requests"] = len(rows)
-    return Run(summary, wall, info["sim_loop_s"], info["setup_s"], rss)
+    return Run(summary, wall, info["sim_loop_s"], info["setup_s"], info["output_s"], rss)
 
 
-def run_rollflow(case: Case, workdir: Path, trace: Path, tag: str, env: dict) -> Run:
+def run_rollflow(case: Case, workdir: Path, trace: Path, tag: str, env: dict, plots: bool = False) -> Run:
+    """The same flags as Vidur's run (plots off, as `--no-metrics_config_store_plots` says), or with plots."""
     out = workdir / "out" / f"rollflow-{tag}"
+    flags = [f for f in case.flags(trace) if not (plots and f == "--no-metrics_config_store_plots")]
     cmd = [sys.executable, "-m", "rollflow.cli", "sim", "from-vidur", "--output-dir", str(out), "--",
-           *case.flags(trace)]  # fmt: skip
+           *flags]  # fmt: skip
     wall, rss = measure(cmd, workdir, env, workdir / f"rollflow-{tag}.log")
     summary = json.loads((out / "summary.json").read_text())
-    return Run(summary, wall, summary["sim_loop_s"], summary["setup_s"], rss)
+    return Run(summary, wall, summary["sim_loop_s"], summary["setup_s"], summary["output_s"], rss)
+
+
+def speed_table(runs: dict[str, Run]) -> str:
+    """One column per run, and Vidur's time over each rollflow run's where Vidur ran."""
+    names = list(runs)
+    vidur = runs.get("Vidur")
+    ratios = [name for name in names if vidur is not None and name != "Vidur"]
+    rows = [
+        ("whole-process wall time (s)", lambda r: r.wall_s, "{:.2f}"),
+        ("start-up before the loop (s)", lambda r: r.setup_s, "{:.2f}"),
+        ("simulation loop (s)", lambda r: r.sim_loop_s, "{:.2f}"),
+        ("output writing (s)", lambda r: r.output_s, "{:.2f}"),
+        ("simulated requests per CPU-second of loop", lambda r: r.summary["num_requests"] / r.sim_loop_s, "{:,.0f}"),
+        ("peak memory (MiB)", lambda r: r.peak_rss_mb, "{:.0f}"),
+    ]  # fmt: skip
+    lines = ["| measure | " + " | ".join(names) + "".join(f" | Vidur / {n}" for n in ratios) + " |",
+             "|---|" + "---:|" * (len(names) + len(ratios))]  # fmt: skip
+    for label, value, fmt in rows:
+        cells = [fmt.format(value(runs[n])) for n in names]
+        if "per CPU-second" in label:
+            cells += [f"{value(runs[n]) / value(vidur):.1f}x" for n in ratios]  # higher is better
+        else:
+            cells += [f"{value(vidur) / value(runs[n]):.1f}x" for n in ratios]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def fidelity_table(rows: list[tuple[str, Run, Run]]) -> str:
@@ -192,7 +228,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--vidur", required=True, type=Path, help="checkout of microsoft/vidur")
+    parser.add_argument(
+        "--vidur", type=Path, help="checkout of microsoft/vidur (omit: rollflow's speed case only)"
+    )
     parser.add_argument("--vidur-python", default=sys.executable, help="python with Vidur's requirements")
     parser.add_argument(
         "--data", type=Path, default=SHARED / "data" / "vidur", help="Vidur's public data folder"
@@ -208,9 +246,14 @@ def main() -> None:
     workdir = args.workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     prepare_workdir(workdir, args.data.resolve())
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(args.vidur.resolve()), "COLUMNS": "120"}
+    env = {**os.environ, "WANDB_MODE": "disabled", "COLUMNS": "120"}
+    if args.vidur is not None:
+        env["PYTHONPATH"] = str(args.vidur.resolve())
+    else:
+        env["PYTHONPATH"] = str(REPO)
+        print("no --vidur: Vidur does not run; fidelity skipped, speed case measured for rollflow only")
 
-    if not args.skip_fidelity:
+    if not args.skip_fidelity and args.vidur is not None:
         rows = []
         for i, case in enumerate(FIDELITY_CASES):
             trace = trace_for(case, workdir, args.data.resolve())
@@ -223,18 +266,13 @@ def main() -> None:
         case = SPEED_CASE
         trace = trace_for(case, workdir, args.data.resolve())
         print(f"\n{case.name} ...", flush=True)
-        vidur = run_vidur(case, args, workdir, trace, "speed", env)
-        ours = run_rollflow(case, workdir, trace, "speed", env)
-        n = ours.summary["num_requests"]
-        print(
-            "\n| measure | Vidur | rollflow | ratio |\n|---|---:|---:|---:|\n"
-            f"| whole-process wall time (s) | {vidur.wall_s:.2f} | {ours.wall_s:.2f} | {vidur.wall_s / ours.wall_s:.1f}x |\n"
-            f"| simulation loop (s) | {vidur.sim_loop_s:.2f} | {ours.sim_loop_s:.2f} | {vidur.sim_loop_s / ours.sim_loop_s:.1f}x |\n"
-            f"| start-up before the loop (s) | {vidur.setup_s:.2f} | {ours.setup_s:.2f} | |\n"
-            f"| simulated requests per CPU-second | {n / vidur.sim_loop_s:,.0f} | {n / ours.sim_loop_s:,.0f} | |\n"
-            f"| peak memory (MiB) | {vidur.peak_rss_mb:.0f} | {ours.peak_rss_mb:.0f} | {vidur.peak_rss_mb / ours.peak_rss_mb:.1f}x |"
-        )  # fmt: skip
-        if args.cold:
+        runs: dict[str, Run] = {}
+        if args.vidur is not None:
+            runs["Vidur"] = run_vidur(case, args, workdir, trace, "speed", env)
+        runs["rollflow"] = run_rollflow(case, workdir, trace, "speed", env)
+        runs["rollflow, with plots"] = run_rollflow(case, workdir, trace, "speed-plots", env, plots=True)
+        print("\n" + speed_table(runs))
+        if args.cold and args.vidur is not None:
             with tempfile.TemporaryDirectory() as cache:
                 cold_case_flags = ["--metrics_config_cache_dir", cache]
                 cmd = [args.vidur_python, "-c", VIDUR_TIMER, str(workdir / "cold.json"), *case.flags(trace),

@@ -1,8 +1,10 @@
 """The `rollflow` command.
 
 Each command group lives beside the code it drives (`rollflow/sim/cli.py`, ...) and adds
-itself to the parser through a `register(commands)` function listed in `COMMAND_GROUPS`;
-imports of heavy modules happen inside the handlers, so `rollflow --help` stays instant.
+itself to the parser through a `register(commands)` function. Only the group a command line
+names is imported (`COMMAND_GROUPS` holds every group's one-line help for `rollflow --help`),
+and handlers import heavy modules themselves, so `rollflow --help` and `rollflow sim ...`
+never load torch, whatever the other groups import.
 """
 
 from __future__ import annotations
@@ -14,17 +16,27 @@ import time
 
 from rollflow import __version__
 
-COMMAND_GROUPS = (
-    "rollflow.sim.cli",
-    "rollflow.sim.rl.cli",
-    "rollflow.learn.cli",
-    "rollflow.runtime.engines.cli",
-    "rollflow.runtime.manager.cli",
-    "rollflow.runtime.weights.cli",
-    "rollflow.runtime.trainer.cli",
-    "rollflow.runtime.launch.cli",
-    "rollflow.runtime.demo.cli",
-)
+# command -> (module with its `register`, one-line help shown by `rollflow --help`)
+COMMAND_GROUPS: dict[str, tuple[str, str]] = {
+    "sim": ("rollflow.sim.cli", "simulate an LLM inference cluster"),
+    "rl-sim": (
+        "rollflow.sim.rl.cli",
+        "simulate RL training steps (rollout, inference, training, weight sync) on a GPU cluster",
+    ),
+    "router": (
+        "rollflow.learn.cli",
+        "learn a request router with PPO in the simulator, and compare it with the heuristics",
+    ),
+    "engine": ("rollflow.runtime.engines.cli", "make a tiny model; serve it with the built-in CPU engine"),
+    "manager": (
+        "rollflow.runtime.manager.cli",
+        "run the rollout manager between a trainer and rollout engines",
+    ),
+    "weights": ("rollflow.runtime.weights.cli", "serve, publish and pull versioned model weights"),
+    "train": ("rollflow.runtime.trainer.cli", "train a policy with GRPO or PPO on rollouts from the manager"),
+    "launch": ("rollflow.runtime.launch.cli", "start the manager, engines and trainer of a config"),
+    "demo": ("rollflow.runtime.demo.cli", "RL training that survives a spot preemption, end to end"),
+}
 
 EXAMPLES = """examples:
   rollflow sim serve --config examples/sim/demo.yaml
@@ -39,7 +51,8 @@ Run `rollflow COMMAND --help` for each command's options and examples.
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """The parser for `argv`: the group it names is registered in full, the others by name and help."""
     parser = argparse.ArgumentParser(
         prog="rollflow",
         description="Scheduling for LLM RL post-training: simulate serving clusters and RL steps, "
@@ -49,14 +62,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"rollflow {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in COMMAND_GROUPS:
-        importlib.import_module(module).register(commands)
+    named = _named_command(argv)
+    for name, (module, help) in COMMAND_GROUPS.items():
+        if name == named:
+            importlib.import_module(module).register(commands)
+        else:
+            commands.add_parser(name, help=help, add_help=False)
     return parser
+
+
+def _named_command(argv: list[str]) -> str | None:
+    """The command group `argv` names: its first word that is not an option."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in COMMAND_GROUPS else None
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     started_at = time.perf_counter()
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     from rollflow.errors import UserError
 
     try:

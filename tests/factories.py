@@ -7,7 +7,7 @@ from typing import Any
 
 from rollflow.config import apply_override, validate_config
 from rollflow.sim.config import SimConfig
-from rollflow.sim.engine import ServingSimulator, SimResult
+from rollflow.sim.simulator import ServingSimulator, SimResult
 from rollflow.sim.workload import build_requests
 
 REPO = Path(__file__).resolve().parents[1]

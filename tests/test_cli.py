@@ -51,3 +51,33 @@ def test_a_config_typo_is_a_one_line_error_and_exit_code_2(tmp_path):
 def test_help_explains_the_commands():
     proc = _rollflow("sim", "serve", "--help")
     assert proc.returncode == 0 and "dotted overrides" in proc.stdout
+
+
+def _imported_modules(*args, cwd=REPO) -> set[str]:
+    """Top-level packages a real `rollflow ...` process imported, from `python -X importtime`."""
+    env = {**os.environ, "COLUMNS": "120"}
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "rollflow.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("import time:")]
+    return {line.rsplit("|", 1)[1].strip().split(".")[0] for line in lines[1:]}
+
+
+HEAVY = {"torch", "transformers", "matplotlib"}
+
+
+def test_help_and_sim_never_import_torch_and_plot_only_when_asked(tmp_path):
+    assert not _imported_modules("--help") & (HEAVY | {"numpy", "pydantic"})
+    assert not _imported_modules("sim", "serve", "--help") & HEAVY
+    run = ("sim", "serve", "--config", "examples/sim/demo.yaml", "workload.num_requests=50")
+    without_plots = _imported_modules(*run, "--output-dir", str(tmp_path / "a"), "--no-plots")
+    assert "rollflow" in without_plots and not without_plots & HEAVY
+    assert not (tmp_path / "a" / "plots").exists()
+    with_plots = _imported_modules(*run, "--output-dir", str(tmp_path / "b"))
+    assert with_plots & HEAVY == {"matplotlib"}
+    assert (tmp_path / "b" / "plots" / "latency_cdf.png").exists()

@@ -28,6 +28,7 @@ from rollflow.learn.stepper import SteppedSimulator, request_of, sim_config, tok
 from rollflow.policy.learned import MAX_FEATURE, ObservationSpec, encode_observation
 from rollflow.policy.routing import Router
 from rollflow.policy.view import ClusterView
+from rollflow.sim.build import GroupPlan, build_groups
 from rollflow.sim.request import SimRequest
 from rollflow.sim.workload import build_requests
 
@@ -52,6 +53,7 @@ class RoutingEnv(gym.Env):
             0.0, MAX_FEATURE, shape=(self.spec_obs.size,), dtype=np.float32
         )
         self.sim: SteppedSimulator | None = None
+        self._groups: dict[int, list[GroupPlan]] = {}  # built replica groups by workload max_tokens
         self._active: list[tuple[SimRequest, int | None]] = []  # in the system, with their decision index
         self._decisions = 0
 
@@ -63,7 +65,10 @@ class RoutingEnv(gym.Env):
         workload_seed = int(self.seeds[rng.integers(len(self.seeds))])
         config = sim_config(self.config, self.config.workload, workload_seed, scenario.episode_requests)
         requests = build_requests(config.workload, workload_seed)[: scenario.episode_requests]
-        self.sim = SteppedSimulator(config, requests)
+        groups = self._groups.get(config.max_tokens)
+        if groups is None:  # operator grids once per environment, not per episode
+            groups = self._groups[config.max_tokens] = build_groups(config)
+        self.sim = SteppedSimulator(config, requests, groups)
         self._active = []
         self._decisions = 0
         self.sim.advance()

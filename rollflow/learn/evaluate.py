@@ -10,16 +10,17 @@ from rollflow.learn.config import LearnConfig
 from rollflow.learn.stepper import sim_config
 from rollflow.policy.routing import Router
 from rollflow.policy.view import ClusterView, RouteRequest
-from rollflow.sim.engine import ServingSimulator
+from rollflow.sim.build import GroupPlan, build_groups
 from rollflow.sim.metrics import request_table
+from rollflow.sim.simulator import ServingSimulator
 from rollflow.sim.workload import build_requests
 
 
 class TimedRouter:
     """Wraps a router and records how long each decision took (wall clock, nanoseconds).
 
-    The simulator builds instance views lazily; they are built before the clock starts, so the
-    time is the policy's own (features and network), as in a manager that holds its views.
+    The simulator's snapshot is built before the router is called, so the time is the policy's
+    own (features and network), as in a manager that holds its views.
     """
 
     def __init__(self, router: Router) -> None:
@@ -28,7 +29,6 @@ class TimedRouter:
         self.decision_ns: list[int] = []
 
     def pick(self, request: RouteRequest, view: ClusterView) -> int:
-        view = ClusterView(view.now, list(view.instances))
         start = time.perf_counter_ns()
         target = self.router.pick(request, view)
         self.decision_ns.append(time.perf_counter_ns() - start)
@@ -41,10 +41,13 @@ def run_router(
     """E2E and TTFT of every request over one simulation per seed (the held-out workload)."""
     workload = config.eval_workload or config.workload
     e2e, ttft = [], []
+    groups: list[GroupPlan] | None = None  # operator grids: the seeds share the cluster and max_tokens
     for seed in seeds:
         sim = sim_config(config, workload, seed, num_requests)
+        groups = groups or build_groups(sim)
         requests = build_requests(sim.workload, seed)[:num_requests]
-        columns = request_table(ServingSimulator(sim, requests, router=router).run()).columns
+        result = ServingSimulator(sim, requests, router=router, groups=groups).run()
+        columns = request_table(result).columns
         if len(columns["e2e"]) < len(requests):
             raise RuntimeError(
                 f"{router.name}: {len(requests) - len(columns['e2e'])} requests never finished"

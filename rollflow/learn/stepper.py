@@ -1,8 +1,8 @@
 """The serving simulator turned inside out: it stops at every arrival and waits for a decision.
 
 `ServingSimulator.run` calls its router at each arrival; a learning environment instead needs
-control back at each arrival, so this subclass runs the same handlers in the same order up to
-the next arrival (`advance`), exposes the snapshot, and routes the request it is given (`route`).
+control back at each arrival, so this wrapper advances the simulator up to the next arrival
+(`advance`), exposes its snapshot, and submits the request to the instance it is given (`route`).
 It also integrates the number of requests in the system over time between decisions, which
 by Little's law sums to the total E2E latency: the dense part of the reward.
 """
@@ -10,13 +10,16 @@ by Little's law sums to the total E2E latency: the dense part of the reward.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
+from rollflow.config import ConfigError
 from rollflow.learn.config import LearnConfig
 from rollflow.policy.view import ClusterView, InstanceView, RouteRequest
+from rollflow.sim.build import GroupPlan
 from rollflow.sim.config import SimConfig, SyntheticWorkload, TraceWorkload, WorkloadConfig
-from rollflow.sim.engine import ServingSimulator
-from rollflow.sim.events import Phase
+from rollflow.sim.events import NO_EVENTS, Event
 from rollflow.sim.request import SimRequest
+from rollflow.sim.simulator import ServingSimulator
 
 
 def sim_config(config: LearnConfig, workload: WorkloadConfig, seed: int, num_requests: int) -> SimConfig:
@@ -35,25 +38,31 @@ def sim_config(config: LearnConfig, workload: WorkloadConfig, seed: int, num_req
     )
 
 
-class _Chosen:
-    """Router that returns the decision the stepper was handed."""
+class _Unrouted:
+    """The stepped simulator routes only the targets it is handed; it never asks a router."""
 
-    name = "chosen"
-
-    def __init__(self) -> None:
-        self.target = 0
+    name = "unrouted"
 
     def pick(self, request: RouteRequest, view: ClusterView) -> int:
-        return self.target
+        raise RuntimeError("SteppedSimulator routes requests with route(target)")
 
 
-class SteppedSimulator(ServingSimulator):
-    def __init__(self, config: SimConfig, requests: list[SimRequest]) -> None:
-        self._chosen = _Chosen()
-        super().__init__(config, requests, router=self._chosen)
+class SteppedSimulator:
+    def __init__(
+        self, config: SimConfig, requests: list[SimRequest], groups: list[GroupPlan] | None = None
+    ) -> None:
+        if config.cluster.dispatch != "on_arrival":
+            raise ConfigError(
+                "config error: cluster.dispatch: router learning decides at each arrival; "
+                "allowed: on_arrival (late_binding is simulated by `rollflow sim`, not learned yet)"
+            )
+        self.sim = ServingSimulator(config, router=_Unrouted(), groups=groups, on_complete=self._on_complete)
+        self.sim.check_servable(requests)
+        self.requests = sorted(requests, key=lambda r: r.arrived_at)
         self.next_index = 0
         self.in_system = 0
         self.latency_integral = 0.0  # request-seconds in the system, since the last `take_latency`
+        self._accrued_to = 0.0
 
     @property
     def done(self) -> bool:
@@ -63,31 +72,23 @@ class SteppedSimulator(ServingSimulator):
     def pending(self) -> SimRequest:
         return self.requests[self.next_index]
 
+    @property
+    def now(self) -> float:
+        return self.sim.now
+
     def advance(self) -> None:
         """Process every event before the next arrival (all of them once no arrival is left)."""
         until = self.pending.arrived_at if not self.done else math.inf
-        events = self.events
-        while events.next_time() < until:
-            event = events.pop()
-            self._accrue(event.time)
-            if event.phase is Phase.STAGE_END:
-                self.in_system -= self._on_stage_end(
-                    event.replica_id, event.stage, event.batch, event.version
-                )
-            else:
-                self._on_schedule(event.replica_id)
-            self.num_events += 1
+        self.sim.advance(until)
         if not self.done:
             self._accrue(until)
 
     def view(self) -> ClusterView:
-        now = self.now
-        return ClusterView(now, [replica.view(now) for replica in self.replicas])
+        return self.sim.snapshot()
 
     def route(self, target: int) -> None:
         """Send the pending request to replica `target`, then run up to the next arrival."""
-        self._chosen.target = target
-        self._on_arrival(self.pending)
+        self.sim.submit(self.pending, target)
         self.in_system += 1
         self.next_index += 1
         self.advance()
@@ -96,9 +97,14 @@ class SteppedSimulator(ServingSimulator):
         value, self.latency_integral = self.latency_integral, 0.0
         return value
 
+    def _on_complete(self, requests: list[SimRequest], now: float) -> Sequence[Event]:
+        self._accrue(now)
+        self.in_system -= len(requests)
+        return NO_EVENTS
+
     def _accrue(self, time: float) -> None:
-        self.latency_integral += self.in_system * (time - self.now)
-        self.now = time
+        self.latency_integral += self.in_system * (time - self._accrued_to)
+        self._accrued_to = time
 
 
 def request_of(request: SimRequest) -> RouteRequest:

@@ -193,6 +193,18 @@ class ReplicaScheduler:
             or not self._can_admit_or_grow(self.waiting[0])
         )
 
+    def release_all(self) -> list[SimRequest]:
+        """Empty the replica (it is retired): every waiting and resident request not in flight is
+        handed back, its KV blocks freed and its tokens taken off the totals."""
+        released = list(self.waiting)
+        self.waiting.clear()
+        self.waiting_tokens = 0
+        resident = [*self.running, *(self.cohort.release_all() if self.cohort is not None else ())]
+        self.running.clear()
+        for request in resident:
+            self.free(request)
+        return released + resident
+
     # -- finishing -----------------------------------------------------------------------------
     def finish(self, batch: Batch, now: float) -> list[SimRequest]:
         """Apply a finished batch to its requests; return those that completed."""

@@ -10,6 +10,7 @@ EXAMPLES = """examples:
   rollflow sim serve --config examples/sim/demo.yaml
   rollflow sim serve --config examples/sim/vidur_sarathi_4r.yaml cluster.replicas=8 scheduler.chunk_size=1024
   rollflow sim from-vidur --output-dir out/ -- --replica_scheduler_config_type vllm --cluster_config_num_replicas 2
+  rollflow sim serve --config examples/sim/demo.yaml --no-plots
   rollflow sim config --config examples/sim/demo.yaml workload.intervals.qps=20
 """
 
@@ -25,6 +26,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     serve.add_argument("--config", required=True, help="YAML config file (see examples/sim/)")
     serve.add_argument("--output-dir", help="output folder (overrides output.dir)")
+    _add_no_plots(serve)
     serve.add_argument(
         "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. cluster.replicas=4"
     )
@@ -40,6 +42,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     vidur.add_argument(
         "--output-dir", help="output folder (default: --metrics_config_output_dir or simulator_output)"
     )
+    _add_no_plots(vidur)
     vidur.add_argument(
         "--print-config", action="store_true", help="print the translated config as YAML and exit"
     )
@@ -52,19 +55,32 @@ def register(commands: argparse._SubParsersAction) -> None:
     show.set_defaults(handler=_config)
 
 
-def _load_sim_config(path: str | None, overrides: list[str], output_dir: str | None = None):
+def _add_no_plots(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-plots",
+        action="store_true",
+        help="skip plots/ (sets output.plots=false; saves loading matplotlib, for searches and loops)",
+    )
+
+
+def _load_sim_config(
+    path: str | None, overrides: list[str], output_dir: str | None = None, no_plots: bool = False
+):
     from rollflow.config import load_config
     from rollflow.sim.config import SimConfig
 
     if output_dir:
         overrides = [*overrides, f"output.dir={output_dir}"]
+    if no_plots:
+        overrides = [*overrides, "output.plots=false"]
     return load_config(SimConfig, path, overrides)
 
 
 def _serve(args: argparse.Namespace, started_at: float) -> None:
     from rollflow.sim.runner import run_simulation
 
-    run_simulation(_load_sim_config(args.config, args.overrides, args.output_dir), started_at=started_at)
+    config = _load_sim_config(args.config, args.overrides, args.output_dir, args.no_plots)
+    run_simulation(config, started_at=started_at)
 
 
 def _from_vidur(args: argparse.Namespace, started_at: float) -> None:
@@ -72,6 +88,9 @@ def _from_vidur(args: argparse.Namespace, started_at: float) -> None:
 
     flags = args.vidur_flags[1:] if args.vidur_flags[:1] == ["--"] else args.vidur_flags
     config = vidur_flags_to_config(flags, args.output_dir)
+    if args.no_plots:
+        output = config.output.model_copy(update={"plots": False})
+        config = config.model_copy(update={"output": output})
     if args.print_config:
         print_yaml(config)
         return

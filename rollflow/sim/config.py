@@ -75,6 +75,13 @@ class ClusterConfig(Section):
     """Global routing policy (rollflow.policy.routing)."""
     router_path: str | None = None
     """learned router: the exported policy file (`rollflow router train` writes policy.npz)."""
+    dispatch: Literal["on_arrival", "late_binding"] = "on_arrival"
+    """When a request is bound to a replica. `on_arrival` (Vidur's global scheduler): the router
+    picks as it arrives and the replica queues it. `late_binding` (rollflow's rollout manager):
+    requests wait in one cluster queue, in arrival order, and the router picks among replicas
+    holding fewer than `capacity` requests, as soon as one has a free slot."""
+    capacity: int = Field(64, ge=1)
+    """late_binding: requests a replica holds at once (queued or running), as the manager's engine capacity."""
 
     @model_validator(mode="after")
     def _known_model(self) -> ClusterConfig:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rollflow.sim.engine import SimResult
+from rollflow.sim.simulator import SimResult
 
 LATENCY_METRICS = ("ttft", "tpot", "e2e", "scheduling_delay")
 PERCENTILES = (50, 90, 99)

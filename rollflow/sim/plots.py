@@ -1,4 +1,8 @@
-"""PNG figures of a simulation: latency CDFs, and queue depth and KV use over time per replica."""
+"""PNG figures of a simulation: latency CDFs, and queue depth and KV use over time per replica.
+
+Curves are downsampled before they are drawn (a figure is about a thousand pixels wide; a run
+has hundreds of thousands of samples), which keeps writing plots a small part of a run.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from rollflow.sim.engine import SimResult
 from rollflow.sim.metrics import RequestTable
+from rollflow.sim.simulator import SimResult
+
+MAX_POINTS = 1000  # per curve
 
 CDF_PANELS = (
     ("ttft", "time to first token (s)"),
@@ -25,7 +31,9 @@ def plot_latency_cdfs(path: Path, table: RequestTable) -> Path:
     for ax, (column, label) in zip(axes, CDF_PANELS, strict=True):
         values = np.sort(table.columns[column])
         if len(values):
-            ax.plot(values, np.arange(1, len(values) + 1) / len(values), lw=1.6)
+            fractions = np.arange(1, len(values) + 1) / len(values)
+            keep = _sample_indices(len(values))
+            ax.plot(values[keep], fractions[keep], lw=1.6)
             for q in (50, 90, 99):
                 ax.axvline(np.percentile(values, q), ls=":", lw=0.8, color="grey")
         ax.set_xlabel(label)
@@ -44,6 +52,7 @@ def plot_replica_timelines(path: Path, result: SimResult) -> Path:
         samples = np.array(replica.stats.kv_samples) if replica.stats.kv_samples else np.zeros((0, 4))
         if not len(samples):
             continue
+        samples = _downsample_steps(samples)
         ax_queue.step(samples[:, 0], samples[:, 2], where="post", lw=1, label=f"replica {replica.id}")
         ax_kv.step(samples[:, 0], 100 * samples[:, 1], where="post", lw=1, label=f"replica {replica.id}")
     ax_queue.set_ylabel("waiting requests")
@@ -58,3 +67,28 @@ def plot_replica_timelines(path: Path, result: SimResult) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _sample_indices(n: int) -> np.ndarray:
+    """At most MAX_POINTS evenly spaced indices of n, always with the first and the last."""
+    if n <= MAX_POINTS:
+        return np.arange(n)
+    return np.unique(np.linspace(0, n - 1, MAX_POINTS).round().astype(np.int64))
+
+
+def _downsample_steps(samples: np.ndarray) -> np.ndarray:
+    """Rows of (time, kv_use, waiting, resident) reduced to MAX_POINTS time bins.
+
+    Each bin keeps its row with the most waiting requests and its row with the highest KV use,
+    so peaks survive, as a pixel column of the full plot would show them.
+    """
+    if len(samples) <= MAX_POINTS:
+        return samples
+    edges = np.linspace(samples[0, 0], samples[-1, 0], MAX_POINTS // 2 + 1)
+    bins = np.searchsorted(edges, samples[:, 0], side="right")
+    starts = np.flatnonzero(np.r_[True, bins[1:] != bins[:-1]])
+    keep = {len(samples) - 1}
+    for lo, hi in zip(starts, np.r_[starts[1:], len(samples)], strict=True):
+        keep.add(lo + int(np.argmax(samples[lo:hi, 2])))
+        keep.add(lo + int(np.argmax(samples[lo:hi, 1])))
+    return samples[sorted(keep)]

@@ -10,12 +10,17 @@ which is where a per-iteration simulator would have admitted it.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rollflow.perf.predictor import ExecutionTimePredictor
-from rollflow.policy.view import InstanceView
+from rollflow.policy.view import InstanceKind, InstanceView
 from rollflow.sim.batching import ReplicaScheduler
 from rollflow.sim.request import Batch, SimRequest
+
+if TYPE_CHECKING:
+    from rollflow.sim.events import Event
 
 THROUGHPUT_SMOOTHING = 0.2  # weight of the newest batch in `Replica.tokens_per_s`
 
@@ -40,6 +45,8 @@ class Replica:
         scheduler: ReplicaScheduler,
         predictor: ExecutionTimePredictor,
         fast_forward: bool,
+        kind: InstanceKind = "local",
+        started_at: float = 0.0,
     ) -> None:
         self.id = replica_id
         self.scheduler = scheduler
@@ -53,6 +60,12 @@ class Replica:
         self.schedule_pending = False
         self.stats = ReplicaStats()
         self.tokens_per_s = 0.0  # moving average over finished batches of tokens processed per second
+        # membership in the cluster (the simulator's add/stop-accepting/retire calls set these)
+        self.kind: InstanceKind = kind
+        self.started_at = started_at
+        self.accepting = True  # routers may send it new requests
+        self.on_stopped: Callable[[list[SimRequest]], Sequence[Event]] | None = None  # retiring
+        self.retired_at: float | None = None
 
     # -- forming batches --------------------------------------------------------------------
     def form_batches(self, now: float) -> list[Batch]:
@@ -211,14 +224,16 @@ class Replica:
         run = self.run_in_flight
         if run is not None:
             running_tokens -= self.iterations_done(run, now) * run.tokens_per_iteration
+        # Positional (the field order of InstanceView): a view is built per replica per arrival.
         return InstanceView(
-            instance_id=self.id,
-            num_running=scheduler.num_resident,
-            num_queued=len(scheduler.waiting),
-            queued_tokens=scheduler.waiting_tokens,
-            running_tokens=running_tokens,
-            kv_usage=scheduler.num_allocated_blocks / scheduler.num_blocks,
-            tokens_per_s=self.tokens_per_s,
+            self.id,
+            scheduler.num_resident,
+            len(scheduler.waiting),
+            scheduler.waiting_tokens,
+            running_tokens,
+            scheduler.num_allocated_blocks / scheduler.num_blocks,
+            self.tokens_per_s,
+            self.kind,
         )
 
 

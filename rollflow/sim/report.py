@@ -15,8 +15,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from rollflow.sim.engine import SimResult
 from rollflow.sim.metrics import LATENCY_METRICS, PERCENTILES, RequestTable
+from rollflow.sim.simulator import SimResult
 
 REQUEST_COLUMNS = (
     "id",

@@ -10,9 +10,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rollflow.sim.config import SimConfig
-from rollflow.sim.engine import ServingSimulator
 from rollflow.sim.metrics import request_table, summarize
 from rollflow.sim.report import print_summary, write_outputs, write_summary
+from rollflow.sim.simulator import ServingSimulator
 from rollflow.sim.workload import build_requests
 
 
@@ -44,6 +44,7 @@ def run_simulation(
     table = request_table(result)
     summary = summarize(result, table, sim_loop_s=loop_s)
     summary["setup_s"] = loop_start - started_at  # imports, config, workload and tables
+    output_start = time.perf_counter()
     out_dir = Path(config.output.dir)
     output = config.output
     written = write_outputs(
@@ -54,6 +55,7 @@ def run_simulation(
         chrome_trace=output.chrome_trace,
         plots=output.plots,
     )
+    summary["output_s"] = time.perf_counter() - output_start  # requests.csv, chrome trace, plots
     summary["wall_time_s"] = time.perf_counter() - started_at
     written.insert(0, write_summary(out_dir, summary))
     print_summary(summary, Console())

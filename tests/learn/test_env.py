@@ -60,7 +60,7 @@ def test_step_rejects_an_action_outside_the_cluster(config):
 
 def test_stepped_simulator_reproduces_the_simulators_own_run():
     from rollflow.learn.stepper import SteppedSimulator, request_of, sim_config
-    from rollflow.sim.engine import ServingSimulator
+    from rollflow.sim.simulator import ServingSimulator
     from rollflow.sim.workload import build_requests
 
     config = tiny_config()
@@ -77,3 +77,13 @@ def test_stepped_simulator_reproduces_the_simulators_own_run():
         (r.replica_id, r.completed_at) for r in reference.requests
     ]
     assert len({r.replica_id for r in reference.requests}) == 2
+
+
+def test_late_binding_dispatch_is_refused_when_learning_a_router():
+    from rollflow.config import ConfigError
+    from rollflow.learn.stepper import SteppedSimulator, sim_config
+
+    config = tiny_config("cluster.dispatch=late_binding")
+    sim = sim_config(config, config.workload, seed=4, num_requests=10)
+    with pytest.raises(ConfigError, match=r"cluster\.dispatch: router learning decides at each arrival"):
+        SteppedSimulator(sim, [])

@@ -10,7 +10,7 @@ from rollflow.learn.policy_net import ScorerPolicy
 from rollflow.learn.stepper import request_of, sim_config
 from rollflow.policy.learned import load_learned_router, save_learned_router
 from rollflow.policy.routing import make_router
-from rollflow.sim.engine import ServingSimulator
+from rollflow.sim.simulator import ServingSimulator
 from rollflow.sim.workload import build_requests
 
 

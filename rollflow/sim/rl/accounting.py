@@ -2,25 +2,20 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from rollflow.phases import PHASES, Span
 from rollflow.sim.rl.config import RLSimConfig
+from rollflow.sim.rl.trace import StepResult, StepTrace
 
-if TYPE_CHECKING:
-    from rollflow.sim.rl.step import Span, StepResult, StepSimulator
-
-COMPONENTS = ("rollout", "rollout_spot", "inference", "training", "reshard", "sync")
+COMPONENTS = PHASES
 
 
-def rollout_spans(sim: StepSimulator) -> list[Span]:
+def rollout_spans(trace: StepTrace) -> list[Span]:
     """Each rollout instance's batches, merged into busy intervals on its GPUs."""
-    from rollflow.sim.rl.step import Span
-
     spans = []
-    for replica, info in zip(sim.pool.replicas, sim.pool.instances, strict=True):
+    for info in trace.instances:
         component = "rollout" if info.kind == "local" else "rollout_spot"
         current: list[float] | None = None
-        for start, duration, *_ in sorted(replica.stats.batches):
+        for start, duration, *_ in sorted(info.batches):
             if current is not None and start <= current[1] + 1e-9:
                 current[1] = max(current[1], start + duration)
                 continue
@@ -32,62 +27,62 @@ def rollout_spans(sim: StepSimulator) -> list[Span]:
     return spans
 
 
-def summarize_step(sim: StepSimulator) -> StepResult:
-    from rollflow.sim.rl.step import StepResult
-
-    config = sim.config
-    start, end = sim.start, sim.end
-    spans = rollout_spans(sim) + sim.spans
+def summarize_step(trace: StepTrace) -> StepResult:
+    """Costs, utilization and windows per component of one step's trace."""
+    config = trace.config
+    start, end = trace.start, trace.end
+    spans = rollout_spans(trace) + trace.spans
     busy = dict.fromkeys(COMPONENTS, 0.0)
     windows: dict[str, tuple[float, float]] = {}
     for span in spans:
         busy[span.component] += span.num_gpus * (span.end - span.start)
         first, last = windows.get(span.component, (span.start, span.end))
         windows[span.component] = (min(first, span.start), max(last, span.end))
-    actor_free = sim.actor_free_at if sim.actor_free_at is not None else start
-    last_train = max((s.end for s in sim.spans if s.component == "training"), default=end)
+    actor_free = trace.actor_free_at if trace.actor_free_at is not None else start
+    last_train = max((s.end for s in trace.spans if s.component == "training"), default=end)
     actor_work = sum(
         min(s.end, last_train) - max(s.start, actor_free)
-        for s in sim.spans
+        for s in trace.spans
         if s.gpu_start == 0 and s.component in ("inference", "training", "reshard") and s.end > actor_free
     )
     bubble = max(0.0, (last_train - actor_free) - actor_work)
     reserved_gpu_s = config.num_gpus * (end - start)
     spot_gpu_s = 0.0
-    if sim.spot:
+    market = trace.spot_market
+    if market is not None:
         tp = config.rollout.tensor_parallel
-        spot_gpu_s = tp * sum(sim.market.alive_seconds(s, start, end) for s in range(sim.market.num_slots))
+        spot_gpu_s = tp * sum(market.alive_seconds(s, start, end) for s in range(market.num_slots))
     price = config.cost
     cost = (
         reserved_gpu_s * price.on_demand_usd_per_gpu_hour + spot_gpu_s * price.spot_usd_per_gpu_hour
     ) / 3600
-    requests = sim.requests
+    requests = trace.requests
     return StepResult(
-        index=sim.index,
+        index=trace.index,
         start=start,
         end=end,
-        num_samples=sim.num_samples,
+        num_samples=len(requests),
         trained_tokens=sum(r.prompt_tokens + r.output_tokens for r in requests),
         generated_tokens=sum(r.output_tokens for r in requests),
-        regenerated_tokens=sim.regenerated,
-        reprefill_tokens=sim.reprefill,
-        num_migrated=sim.migrated,
-        num_preemptions=sim.preemptions,
-        preempted_sequences=sim.preempted_sequences,
+        regenerated_tokens=trace.regenerated_tokens,
+        reprefill_tokens=trace.reprefill_tokens,
+        num_migrated=trace.num_migrated,
+        num_preemptions=trace.num_preemptions,
+        preempted_sequences=trace.preempted_sequences,
         bubble_s=min(bubble, end - start),
         reserved_gpu_s=reserved_gpu_s,
         spot_gpu_s=spot_gpu_s,
         busy_gpu_s=busy,
         windows=windows,
         cost_usd=cost,
-        offload_budget_s=sim.balancer.budget_s if sim.balancer is not None else None,
+        offload_budget_s=trace.offload_budget_s,
         spans=spans,
         instance_windows=[
             (info.gpu_start, info.num_gpus, info.kind, info.started_at, info.retired_at or end)
-            for info in sim.pool.instances
+            for info in trace.instances
         ],
-        minibatches=sim.minibatches,
-        actor_sizes=sim.actor_sizes,
+        minibatches=trace.minibatches,
+        actor_sizes=trace.actor_sizes,
     )
 
 

@@ -56,6 +56,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="YAML config file (see examples/rl/)")
     parser.add_argument("--output-dir", help="output folder (overrides output.dir)")
     parser.add_argument(
+        "--no-plots",
+        action="store_true",
+        help="skip gantt.png and compare.png (sets output.gantt=false), for searches and loops",
+    )
+    parser.add_argument(
         "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. num_gpus=64 steps=2"
     )
 
@@ -72,13 +77,17 @@ def _load(path: str | None, overrides: list[str], output_dir: str | None = None)
 def _run(args: argparse.Namespace, started_at: float) -> None:
     from rollflow.sim.rl.runner import run_rl
 
-    run_rl(_load(args.config, args.overrides, args.output_dir))
+    run_rl(_load(args.config, _with_plots(args), args.output_dir))
 
 
 def _compare(args: argparse.Namespace, started_at: float) -> None:
     from rollflow.sim.rl.compare import run_compare
 
-    run_compare(args.config, args.overrides, args.output_dir)
+    run_compare(args.config, _with_plots(args), args.output_dir, plots=not args.no_plots)
+
+
+def _with_plots(args: argparse.Namespace) -> list[str]:
+    return [*args.overrides, "output.gantt=false"] if args.no_plots else args.overrides
 
 
 def _config(args: argparse.Namespace, started_at: float) -> None:

@@ -13,8 +13,11 @@ from rollflow.sim.rl.report import COMPARE_METRICS, plot_compare, print_compare
 from rollflow.sim.rl.runner import run_rl
 
 
-def run_compare(path: str, overrides: list[str], output_dir: str | None) -> dict[str, dict]:
-    """Run each `compare` variant (its overrides after the command line's); write compare.json and .png."""
+def run_compare(
+    path: str, overrides: list[str], output_dir: str | None, plots: bool = True
+) -> dict[str, dict]:
+    """Run each `compare` variant (its overrides after the command line's); write compare.json and
+    (with `plots`) compare.png."""
     base = load_config(RLSimConfig, path, overrides)
     if not base.compare:
         raise ConfigError(f"config error: compare: {path} lists no variants to compare")
@@ -37,8 +40,10 @@ def run_compare(path: str, overrides: list[str], output_dir: str | None) -> dict
             "overrides": variant.overrides,
         }
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "compare.json").write_text(json.dumps(results, indent=2) + "\n")
-    plot_compare(out_dir / "compare.png", results)
+    written = [out_dir / "compare.json"]
+    written[0].write_text(json.dumps(results, indent=2) + "\n")
+    if plots:
+        written.append(plot_compare(out_dir / "compare.png", results))
     print_compare(results, Console())
-    console.print(f"wrote {out_dir / 'compare.json'}, {out_dir / 'compare.png'}")
+    console.print(f"wrote {', '.join(str(p) for p in written)}")
     return results

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rollflow.sim.rl.config import RLSimConfig
-from rollflow.sim.rl.step import StepResult
+from rollflow.sim.rl.trace import StepResult
 
 COLORS = {
     "rollout": "#4C72B0",

@@ -1,6 +1,6 @@
-"""Rollout instances of one RL step, driven by the serving simulator's own event handlers.
+"""Rollout instances of one RL step, on the serving simulator.
 
-`RolloutPool` is a `ServingSimulator` whose replicas come and go within a step: instances are
+`RolloutPool` holds a `ServingSimulator` whose replicas come and go within a step: instances are
 added on a GPU range (reserved `local` ones, preemptible `spot` ones), stop taking work
 (preemption notice), and are retired (released by the resource scheduler, offloaded after the
 local budget, preempted). A retired instance stops at the first iteration boundary at or after
@@ -8,57 +8,38 @@ the retirement (a decode run is cut there, as an arrival would cut it) and hands
 unfinished sequences, which the caller resumes elsewhere: from prompt plus generated tokens
 (`migrate`, re-prefill, no KV transfer) or from the prompt (`restart`).
 
-The pool adds no batching or timing of its own: batches form in `rollflow.sim.batching`, take
-the time `rollflow.perf.predictor` gives, and advance through `ServingSimulator`'s handlers.
+The pool adds no batching or timing of its own: it drives a `ServingSimulator` through its public
+API (batches form in `rollflow.sim.batching` and take the time `rollflow.perf.predictor` gives).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
-from rollflow.perf.specs import ParallelLayout
 from rollflow.policy.offload import remote_only
-from rollflow.policy.routing import Router
-from rollflow.policy.view import ClusterView, InstanceKind, InstanceView, RouteRequest, SnapshotInstances
+from rollflow.policy.routing import Router, make_router
+from rollflow.policy.view import ClusterView, InstanceKind, RouteRequest
+from rollflow.sim.build import GroupPlan
 from rollflow.sim.config import SimConfig
-from rollflow.sim.engine import ServingSimulator, build_scheduler, check_servable, resolve_model
-from rollflow.sim.events import Phase
 from rollflow.sim.replica import Replica
-from rollflow.sim.request import Batch, SimRequest
+from rollflow.sim.request import SimRequest
+from rollflow.sim.simulator import OnComplete, OnStopped, ServingSimulator
 
 ResumeMode = Literal["migrate", "restart"]
 
 
-@dataclass
-class InstanceInfo:
-    """Where a rollout instance runs and when; the replica itself holds its batches."""
+@dataclass(frozen=True)
+class InstancePlace:
+    """Where a rollout instance runs; the simulator's replica holds its state."""
 
     gpu_start: int
     num_gpus: int
-    kind: InstanceKind
     borrowed: bool  # on the actor's GPUs at step start
-    started_at: float
-    retired_at: float | None = None
-    accepting: bool = True
-    retiring: Callable[[list[SimRequest]], None] | None = None  # receives its sequences once stopped
 
 
-class TrackedReplica(Replica):
-    """A replica that reports the requests each finished batch completed."""
-
-    on_complete: Callable[[list[SimRequest], float], None]
-
-    def finish_batch(self, batch: Batch, now: float) -> list[SimRequest]:
-        completed = super().finish_batch(batch, now)
-        if completed:
-            self.on_complete(completed, now)
-        return completed
-
-
-class _RoutableInstances:
-    """Restricts a router to instances that take work; after offload, to remote ones only."""
+class _OffloadAwareRouter:
+    """After the offload budget, the router picks among remote instances only."""
 
     def __init__(self, inner: Router, pool: RolloutPool) -> None:
         self.inner = inner
@@ -66,134 +47,69 @@ class _RoutableInstances:
         self.pool = pool
 
     def pick(self, request: RouteRequest, view: ClusterView) -> int:
-        pool = self.pool
-        infos, instances = pool.instances, view.instances
-        ids = pool.accepting_ids()
-
-        def build(j: int) -> InstanceView:
-            kind = infos[ids[j]].kind
-            instance = instances[ids[j]]
-            return instance if kind == "local" else instance._replace(kind=kind)
-
-        sub = ClusterView(view.now, SnapshotInstances(len(ids), build))
-        if pool.remote_only:
-            sub = remote_only(sub)
-        return self.inner.pick(request, sub)
+        return self.inner.pick(request, remote_only(view) if self.pool.remote_only else view)
 
 
-class RolloutPool(ServingSimulator):
+class RolloutPool:
+    """The rollout instances of one step, on a `ServingSimulator` whose queue the step shares."""
+
     def __init__(
-        self,
-        config: SimConfig,
-        on_complete: Callable[[list[SimRequest], float], None],
-        start_time: float,
+        self, config: SimConfig, groups: list[GroupPlan], on_complete: OnComplete, start_time: float
     ) -> None:
-        super().__init__(config, [])
-        self.router = _RoutableInstances(self.router, self)
-        template = self.replicas[0]
-        self._predictor = template.predictor
-        self._model = resolve_model(config)
-        self._layout_args = (config.cluster.tensor_parallel, config.cluster.pipeline_stages)
-        self.replicas = []
-        self.instances: list[InstanceInfo] = []
-        self.on_complete = on_complete
-        self.remote_only = False
-        self.now = start_time
-        self._accepting: list[int] | None = None
-
-    # -- instances ----------------------------------------------------------------------------
-    def add_instance(self, gpu_start: int, kind: InstanceKind = "local", borrowed: bool = False) -> int:
-        scheduler = build_scheduler(self.config, self._model, ParallelLayout(*self._layout_args))
-        replica = TrackedReplica(
-            len(self.replicas), scheduler, self._predictor, self.config.simulator.fast_forward
+        self.config = config
+        router = _OffloadAwareRouter(
+            make_router(config.cluster.router, seed=config.seed, path=config.cluster.router_path), self
         )
-        replica.on_complete = self.on_complete
-        self.replicas.append(replica)
-        gpus = self._layout_args[0] * self._layout_args[1]
-        self.instances.append(InstanceInfo(gpu_start, gpus, kind, borrowed, self.now))
-        self._accepting = None
-        return replica.id
+        empty = [replace(groups[0], num_replicas=0)]  # the step adds its instances itself
+        self.sim = ServingSimulator(
+            config, router=router, groups=empty, on_complete=on_complete, start_time=start_time
+        )
+        self.places: list[InstancePlace] = []
+        self.remote_only = False
+
+    @property
+    def now(self) -> float:
+        return self.sim.now
+
+    @property
+    def replicas(self) -> list[Replica]:
+        return self.sim.replicas
+
+    def add_instance(self, gpu_start: int, kind: InstanceKind = "local", borrowed: bool = False) -> int:
+        instance_id = self.sim.add_instance(kind=kind)
+        layout = self.sim.groups[0].layout
+        self.places.append(
+            InstancePlace(gpu_start, layout.tensor_parallel * layout.pipeline_stages, borrowed)
+        )
+        return instance_id
 
     def check_servable(self, requests: list[SimRequest]) -> None:
-        check_servable(requests, self.replicas[0].scheduler, self.config)
+        self.sim.check_servable(requests)
 
     def accepting_ids(self) -> list[int]:
-        """Instances that take new work (cached: routing asks once per sequence)."""
-        if self._accepting is None:
-            self._accepting = [
-                i for i, info in enumerate(self.instances) if info.accepting and info.retired_at is None
-            ]
-        return self._accepting
+        return self.sim.accepting_ids()
 
     def live_ids(self) -> list[int]:
-        return [
-            i for i, info in enumerate(self.instances) if info.retired_at is None and info.retiring is None
-        ]
+        """Instances neither retired nor retiring."""
+        return [r.id for r in self.sim.replicas if r.retired_at is None and r.on_stopped is None]
 
-    def num_sequences(self, instance_id: int) -> int:
-        scheduler = self.replicas[instance_id].scheduler
-        return scheduler.num_resident + len(scheduler.waiting)
+    def is_up(self, instance_id: int) -> bool:
+        return self.sim.replicas[instance_id].retired_at is None
 
     def submit(self, request: SimRequest) -> None:
-        """Route one sequence (new or resumed) to an instance that takes work, at `self.now`."""
-        self._on_arrival(request)
+        """Route one sequence (new or resumed) to an instance that takes work, now."""
+        self.sim.submit(request)
 
     def stop_accepting(self, instance_id: int) -> None:
-        self.instances[instance_id].accepting = False
-        self._accepting = None
+        self.sim.stop_accepting(instance_id)
 
-    def retire(self, instance_id: int, on_stopped: Callable[[list[SimRequest]], None]) -> None:
+    def retire(self, instance_id: int, on_stopped: OnStopped) -> None:
         """Stop an instance at its next iteration boundary; `on_stopped` gets its unfinished sequences."""
-        info = self.instances[instance_id]
-        info.accepting = False
-        info.retiring = on_stopped
-        self._accepting = None
-        replica = self.replicas[instance_id]
-        run = replica.run_in_flight
-        if run is not None and replica.cut_run(run, self.now):
-            self.events.push(run.end_time, Phase.STAGE_END, instance_id, 0, run, run.version)
-        if replica.num_running_batches == 0:
-            self._stop(instance_id)
+        self.sim.retire_instance(instance_id, on_stopped)
 
     def close(self) -> None:
         """The step is over: every instance still up is let go now (the rollout is finished)."""
-        for info in self.instances:
-            if info.retired_at is None:
-                info.accepting = False
-                info.retired_at = self.now
-        self._accepting = None
-
-    # -- event loop ---------------------------------------------------------------------------
-    def step(self) -> None:
-        """Apply the next serving event (a batch end or a scheduling decision)."""
-        event = self.events.pop()
-        self.now = event.time
-        self.num_events += 1
-        if event.phase is Phase.STAGE_END:
-            self._on_stage_end(event.replica_id, event.stage, event.batch, event.version)
-        else:
-            self._on_schedule(event.replica_id)
-
-    def _on_schedule(self, replica_id: int) -> None:
-        info = self.instances[replica_id]
-        if info.retired_at is not None:
-            return
-        if info.retiring is not None:
-            self._stop(replica_id)
-            return
-        super()._on_schedule(replica_id)
-
-    def _stop(self, instance_id: int) -> None:
-        info = self.instances[instance_id]
-        scheduler = self.replicas[instance_id].scheduler
-        unfinished = [*scheduler.waiting, *scheduler.running]
-        if scheduler.cohort is not None:
-            unfinished.extend(scheduler.cohort.release_all())
-        scheduler.waiting.clear()
-        scheduler.running.clear()
-        info.retired_at = self.now
-        callback, info.retiring = info.retiring, None
-        callback(sorted(unfinished, key=lambda r: r.id))
+        self.sim.close()
 
 
 def resume(request: SimRequest, mode: ResumeMode) -> tuple[int, int]:

@@ -11,11 +11,13 @@ from rich.console import Console
 
 from rollflow.policy.offload import OffloadBalancer, StepReport
 from rollflow.policy.resources import DynamicScheduler, ResourceScheduler, StaticScheduler
+from rollflow.sim.build import build_groups
 from rollflow.sim.rl.accounting import summarize_run
 from rollflow.sim.rl.config import RLSimConfig, SchedulingConfig
 from rollflow.sim.rl.costs import StepCosts
 from rollflow.sim.rl.spot import SpotMarket
-from rollflow.sim.rl.step import StepResult, StepSimulator
+from rollflow.sim.rl.step import StepSimulator
+from rollflow.sim.rl.trace import StepResult
 
 
 def make_resource_scheduler(scheduling: SchedulingConfig) -> ResourceScheduler:
@@ -37,10 +39,11 @@ def simulate_steps(
     if config.spot.instances:
         balancer = OffloadBalancer(config.spot.offload.settings())
         market = SpotMarket(config.spot, config.seed)
+    groups = build_groups(config.rollout_sim_config())  # operator grids, once per run
     steps: list[StepResult] = []
     clock = 0.0
     for index in range(config.steps):
-        step = StepSimulator(config, index, clock, costs, scheduler, balancer, market).run()
+        step = StepSimulator(config, index, clock, costs, scheduler, balancer, market, groups).run()
         if balancer is not None:
             balancer.update(StepReport(step.step_time_s, step.bubble_s))
         steps.append(step)

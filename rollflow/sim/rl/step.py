@@ -12,18 +12,20 @@
 GPU work other than rollout runs on *lanes*: the actor's GPUs (a prefix that can grow) and,
 when placed apart, the inference GPUs; without them inference runs on the actor's lane first.
 A lane waits while a live rollout instance sits on its GPUs (collocated or borrowed rollout).
-At equal times the pool's serving events go first, so a decision sees every batch that ended.
+
+The step's events share the rollout simulator's queue (`rollflow.sim.events`), with phases after
+the serving ones: at equal times every batch that ended is in before the step acts, and the
+step's own events go rollout, reward, inference, training, sync, then instance moves.
 """
 
 from __future__ import annotations
 
-import heapq
-import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rollflow.errors import UserError
+from rollflow.phases import PhaseTimer
 from rollflow.policy.offload import OffloadBalancer
 from rollflow.policy.resources import (
     ResourceScheduler,
@@ -33,54 +35,16 @@ from rollflow.policy.resources import (
     valid_actor_sizes,
 )
 from rollflow.policy.view import ClusterView, InstanceView
+from rollflow.sim.build import GroupPlan, build_groups
+from rollflow.sim.events import Event, Handler, Phase
 from rollflow.sim.request import SimRequest
+from rollflow.sim.rl.accounting import summarize_step
 from rollflow.sim.rl.config import RLSimConfig
 from rollflow.sim.rl.costs import StepCosts
 from rollflow.sim.rl.rollout import ResumeMode, RolloutPool, resume
 from rollflow.sim.rl.spot import SpotMarket, serving_window
+from rollflow.sim.rl.trace import InstanceTrace, StepResult, StepTrace
 from rollflow.sim.workload import build_requests
-
-
-@dataclass(frozen=True)
-class Span:
-    """GPUs [gpu_start, gpu_start + num_gpus) doing `component` from start to end."""
-
-    component: str  # rollout | rollout_spot | inference | training | reshard | sync
-    gpu_start: int
-    num_gpus: int
-    start: float
-    end: float
-    label: str = ""
-
-
-@dataclass
-class StepResult:
-    index: int
-    start: float
-    end: float
-    num_samples: int
-    trained_tokens: int  # prompt + response tokens of every trained sample
-    generated_tokens: int  # response tokens kept
-    regenerated_tokens: int  # tokens generated twice because a preempted sequence restarted
-    reprefill_tokens: int  # prompt + generated tokens re-prefilled by migrated sequences
-    num_migrated: int  # sequences moved between instances (release, offload, preemption)
-    num_preemptions: int
-    preempted_sequences: int  # sequences running or queued on preempted instances
-    bubble_s: float  # actor lane idle, waiting for samples, from when it could first run
-    reserved_gpu_s: float
-    spot_gpu_s: float
-    busy_gpu_s: dict[str, float]
-    windows: dict[str, tuple[float, float]]  # first start and last end per component
-    cost_usd: float
-    offload_budget_s: float | None
-    spans: list[Span]
-    instance_windows: list[tuple[int, int, str, float, float]]  # gpu_start, gpus, kind, start, end
-    minibatches: list[list[int]]  # sample ids trained by each mini-batch
-    actor_sizes: list[int]  # actor GPUs of each mini-batch
-
-    @property
-    def step_time_s(self) -> float:
-        return self.end - self.start
 
 
 @dataclass
@@ -94,16 +58,6 @@ class Lane:
     released: bool = False
 
 
-@dataclass(frozen=True, order=True)
-class _Event:
-    """The step's own events sort by (time, seq); seq is the step's counter (creation order)."""
-
-    time: float
-    seq: int
-    handler: Callable[[Any], None] = field(compare=False)
-    arg: Any = field(compare=False, default=None)
-
-
 class StepSimulator:
     def __init__(
         self,
@@ -114,7 +68,9 @@ class StepSimulator:
         scheduler: ResourceScheduler,
         balancer: OffloadBalancer | None = None,
         market: SpotMarket | None = None,
+        groups: list[GroupPlan] | None = None,
     ) -> None:
+        """`groups`: the rollout cluster's built replica groups, shared by a run's steps."""
         self.config = config
         self.index = index
         self.start = start
@@ -129,7 +85,11 @@ class StepSimulator:
             request.arrived_at = start
         self.num_samples = len(self.requests)
         self.minibatch_samples = self.num_samples // config.training.num_minibatches
-        self.pool = RolloutPool(config.rollout_sim_config(), self._on_batch_completed, start)
+        rollout_config = config.rollout_sim_config()
+        groups = groups if groups is not None else build_groups(rollout_config)
+        self.pool = RolloutPool(rollout_config, groups, self._on_batch_completed, start)
+        self.queue = self.pool.sim.events
+        self._out: list[Event] = []  # events the handler running now causes
         ranges = config.gpu_ranges()
         self.collocated = config.placement.kind == "collocated"
         self.spot = market is not None and market.num_slots > 0
@@ -142,8 +102,6 @@ class StepSimulator:
         self.inference = Lane("inference", *inference) if inference else None
         self.actor_target = self.actor.num_gpus
         self.hold_last = False
-        self._events: list[_Event] = []
-        self._seq = 0
         self.end: float | None = None
         # progress
         self.group_left = [self.group_size] * workload.num_prompts
@@ -161,7 +119,7 @@ class StepSimulator:
         self.budget_spent = False
         self.spot_instance: dict[int, int] = {}
         # accounting
-        self.spans: list[Span] = []
+        self.timer = PhaseTimer(clock=lambda: self.now)  # the step's own phases, on the simulated clock
         self.regenerated = 0
         self.reprefill = 0
         self.migrated = 0
@@ -171,31 +129,27 @@ class StepSimulator:
     # -- main loop --------------------------------------------------------------------------------
     def run(self) -> StepResult:
         self._begin()
-        pool = self.pool
-        while self.end is None:
-            pool_time = pool.events.next_time()
-            own_time = self._events[0].time if self._events else math.inf
-            if pool_time == own_time == math.inf:
-                if self.parked:
-                    raise UserError(
-                        f"step {self.index} cannot finish: {len(self.parked)} sequences wait for a rollout "
-                        "instance and none will come (extend the spot availability trace)"
-                    )
-                raise RuntimeError(
-                    f"step {self.index} stalled: {self.num_done}/{self.num_samples} generated, "
-                    f"{len(self.inferred)} inferred, {len(self.minibatches)} mini-batches trained"
+        self.queue.push_all(self._emitted())
+        self.pool.sim.advance(stop=lambda: self.end is not None)
+        if self.end is None:
+            if self.parked:
+                raise UserError(
+                    f"step {self.index} cannot finish: {len(self.parked)} sequences wait for a rollout "
+                    "instance and none will come (extend the spot availability trace)"
                 )
-            if pool_time <= own_time:
-                pool.step()
-            else:
-                event = heapq.heappop(self._events)
-                pool.now = event.time
-                event.handler(event.arg)
-        return self._result()
+            raise RuntimeError(
+                f"step {self.index} stalled: {self.num_done}/{self.num_samples} generated, "
+                f"{len(self.inferred)} inferred, {len(self.minibatches)} mini-batches trained"
+            )
+        return summarize_step(self.trace())
 
-    def _push(self, time: float, handler: Callable[[Any], None], arg: Any = None) -> None:
-        self._seq += 1
-        heapq.heappush(self._events, _Event(time, self._seq, handler, arg))
+    def _emit(self, time: float, phase: Phase, handler: Handler, payload: Any = None) -> None:
+        self._out.append(self.queue.event(time, phase, handler, payload=payload))
+
+    def _emitted(self) -> list[Event]:
+        """What the running handler returns: the events it caused."""
+        out, self._out = self._out, []
+        return out
 
     @property
     def now(self) -> float:
@@ -219,37 +173,41 @@ class StepSimulator:
         if self.spot:
             for slot in range(self.market.num_slots):
                 self._schedule_slot(slot, self.start, at_start=True)
-            self._push(self.start + self.balancer.budget_s, self._on_budget)
+            self._emit(self.start + self.balancer.budget_s, Phase.MOVE, self._on_budget)
         pool.check_servable(self.requests)
         for request in self.requests:
             pool.submit(request)
         self._decide("step_start")
 
     # -- rollout progress ---------------------------------------------------------------------------
-    def _on_batch_completed(self, requests: list[SimRequest], now: float) -> None:
+    def _on_batch_completed(self, requests: list[SimRequest], now: float) -> Sequence[Event]:
         # Called from inside the pool's batch handling: act on it as the step's own event.
-        self._push(now, self._on_samples_done, requests)
+        return (self.queue.event(now, Phase.ROLLOUT, self._on_samples_done, payload=requests),)
 
-    def _on_samples_done(self, requests: list[SimRequest]) -> None:
+    def _on_samples_done(self, event: Event) -> list[Event]:
+        requests: list[SimRequest] = event.payload
         reward_at = self.now + self.config.reward_s
         for request in requests:
             self.num_done += 1
             group = request.id // self.group_size
             self.group_left[group] -= 1
             if self.group_left[group] == 0:
-                self._push(reward_at, self._on_group_ready, group)
+                self._emit(reward_at, Phase.REWARD, self._on_group_ready, group)
         if self.num_done == self.num_samples:
             self.rollout_done = True
             self._decide("rollout_done")
         elif self.spot and not self.offloaded:
             self._release_idle_local()
         self._dispatch()
+        return self._emitted()
 
-    def _on_group_ready(self, group: int) -> None:
+    def _on_group_ready(self, event: Event) -> list[Event]:
+        group: int = event.payload
         first = group * self.group_size
         self.ready.extend(range(first, first + self.group_size))
         self._decide("group_done")
         self._dispatch()
+        return self._emitted()
 
     def _resume_all(self, requests: list[SimRequest], mode: ResumeMode) -> None:
         for request in requests:
@@ -271,54 +229,31 @@ class StepSimulator:
     def _targets(self) -> list[int]:
         ids = self.pool.accepting_ids()
         if self.pool.remote_only:
-            ids = [i for i in ids if self.pool.instances[i].kind != "local"]
+            ids = [i for i in ids if self.pool.replicas[i].kind != "local"]
         return ids
 
     def _retire(self, instance_id: int, mode: ResumeMode, preempted: bool = False) -> None:
         self.pool.retire(
-            instance_id, lambda requests: self._push(self.now, self._on_stopped, (requests, mode, preempted))
+            instance_id,
+            lambda requests: (
+                self.queue.event(self.now, Phase.MOVE, self._on_stopped, payload=(requests, mode, preempted)),
+            ),
         )
 
-    def _on_stopped(self, arg: tuple[list[SimRequest], ResumeMode, bool]) -> None:
-        requests, mode, preempted = arg
+    def _on_stopped(self, event: Event) -> list[Event]:
+        requests, mode, preempted = event.payload
         if preempted:
             self.preempted_sequences += len(requests)
         if requests:
             self._resume_all(requests, mode)
         self._dispatch()
+        return self._emitted()
 
     # -- resource scheduling (RLinf) --------------------------------------------------------------------
     def _decide(self, trigger: Trigger) -> None:
-        pool = self.pool
-        local = [i for i in pool.live_ids() if pool.instances[i].kind == "local"]
+        local = [i for i in self.pool.live_ids() if self.pool.replicas[i].kind == "local"]
         inference = self.inference
-        snapshot = ResourceSnapshot(
-            now=self.now,
-            trigger=trigger,
-            num_gpus=self.config.num_gpus,
-            actor_gpus=max(self.actor.num_gpus, self.actor_target),
-            actor_model_parallel=self.config.training.model_parallel,
-            minibatch_samples=self.minibatch_samples,
-            num_minibatches=self.config.training.num_minibatches,
-            minibatches_done=len(self.minibatches),
-            rollout_instances=tuple(
-                RolloutInstanceState(
-                    i,
-                    pool.instances[i].gpu_start,
-                    pool.instances[i].num_gpus,
-                    pool.num_sequences(i),
-                    pool.instances[i].borrowed,
-                )
-                for i in local
-            ),
-            unfinished_fraction=(self.num_samples - self.num_done) / self.num_samples,
-            samples_per_instance_per_minibatch=(self.num_done - self.done_at_last_minibatch)
-            / max(1, len(local)),
-            inference_range=(inference.gpu_start, inference.num_gpus)
-            if inference is not None and not inference.released
-            else None,
-            inference_done=self.inference_done,
-        )
+        snapshot = self._resource_snapshot(trigger, local)
         plan = self.scheduler.decide(snapshot)
         if trigger == "minibatch_end":
             self.done_at_last_minibatch = self.num_done
@@ -333,6 +268,37 @@ class StepSimulator:
             )
         self.actor_target = plan.actor_gpus
         self.hold_last = plan.hold_last_minibatch
+
+    def _resource_snapshot(self, trigger: Trigger, local: list[int]) -> ResourceSnapshot:
+        """What the resource scheduler decides from: the step's progress and its local instances."""
+        pool, inference, now = self.pool, self.inference, self.now
+        instances = tuple(
+            RolloutInstanceState(
+                i,
+                pool.places[i].gpu_start,
+                pool.places[i].num_gpus,
+                pool.replicas[i].view(now).num_outstanding,
+                pool.places[i].borrowed,
+            )
+            for i in local
+        )
+        live_inference = inference is not None and not inference.released
+        return ResourceSnapshot(
+            now=now,
+            trigger=trigger,
+            num_gpus=self.config.num_gpus,
+            actor_gpus=max(self.actor.num_gpus, self.actor_target),
+            actor_model_parallel=self.config.training.model_parallel,
+            minibatch_samples=self.minibatch_samples,
+            num_minibatches=self.config.training.num_minibatches,
+            minibatches_done=len(self.minibatches),
+            rollout_instances=instances,
+            unfinished_fraction=(self.num_samples - self.num_done) / self.num_samples,
+            samples_per_instance_per_minibatch=(self.num_done - self.done_at_last_minibatch)
+            / max(1, len(local)),
+            inference_range=(inference.gpu_start, inference.num_gpus) if live_inference else None,
+            inference_done=self.inference_done,
+        )
 
     # -- lanes: inference, training, resharding -------------------------------------------------------
     def _dispatch(self) -> None:
@@ -357,10 +323,10 @@ class StepSimulator:
         pool = self.pool
         end = lane.gpu_start + max(lane.num_gpus, self.actor_target if lane is self.actor else 0)
         return any(
-            info.retired_at is None
-            and info.gpu_start < end
-            and lane.gpu_start < info.gpu_start + info.num_gpus
-            for info in pool.instances
+            replica.retired_at is None
+            and place.gpu_start < end
+            and lane.gpu_start < place.gpu_start + place.num_gpus
+            for place, replica in zip(pool.places, pool.replicas, strict=True)
         )
 
     def _try_inference(self, lane: Lane) -> bool:
@@ -403,21 +369,23 @@ class StepSimulator:
         self._decide("minibatch_end")
         if len(self.minibatches) == self.config.training.num_minibatches:
             seconds = self.costs.sync_s(self.collocated, to_spot=self.spot)
-            self.spans.append(Span("sync", 0, self.config.num_gpus, self.now, self.now + seconds))
-            self._push(self.now + seconds, self._on_step_end)
+            self.timer.start("sync", seconds, 0, self.config.num_gpus)
+            self._emit(self.now + seconds, Phase.SYNC, self._on_step_end)
 
     def _run(
         self, lane: Lane, component: str, seconds: float, on_done: Callable[[], None], label: str = ""
     ) -> None:
         lane.busy = True
-        self.spans.append(Span(component, lane.gpu_start, lane.num_gpus, self.now, self.now + seconds, label))
-        self._push(self.now + seconds, self._on_lane_done, (lane, on_done))
+        self.timer.start(component, seconds, lane.gpu_start, lane.num_gpus, label)
+        phase = Phase.INFERENCE if component == "inference" else Phase.TRAIN
+        self._emit(self.now + seconds, phase, self._on_lane_done, (lane, on_done))
 
-    def _on_lane_done(self, arg: tuple[Lane, Callable[[], None]]) -> None:
-        lane, on_done = arg
+    def _on_lane_done(self, event: Event) -> list[Event]:
+        lane, on_done = event.payload
         lane.busy = False
         on_done()
         self._dispatch()
+        return self._emitted()
 
     # -- preemptible instances (RLBoost) ----------------------------------------------------------------
     def _schedule_slot(self, slot: int, after: float, at_start: bool = False) -> None:
@@ -431,36 +399,42 @@ class StepSimulator:
         if life is None:
             return
         if at_start and ready <= after:
-            self._on_spot_ready((slot, life))
+            self._spot_ready(slot, life)
         else:
-            self._push(max(ready, after), self._on_spot_ready, (slot, life))
+            self._emit(max(ready, after), Phase.MOVE, self._on_spot_ready, (slot, life))
 
-    def _on_spot_ready(self, arg: tuple[int, tuple[float, float]]) -> None:
-        slot, life = arg
+    def _on_spot_ready(self, event: Event) -> list[Event]:
+        self._spot_ready(*event.payload)
+        return self._emitted()
+
+    def _spot_ready(self, slot: int, life: tuple[float, float]) -> None:
         gpu_start = self.config.num_gpus + slot * self.config.rollout.tensor_parallel
         instance_id = self.pool.add_instance(gpu_start, "spot")
         self.spot_instance[slot] = instance_id
         _, stop = serving_window(life, self.market)
-        self._push(stop, self._on_spot_notice, instance_id)
-        self._push(life[1], self._on_spot_kill, (slot, life))
+        self._emit(stop, Phase.MOVE, self._on_spot_notice, instance_id)
+        self._emit(life[1], Phase.MOVE, self._on_spot_kill, (slot, life))
         self._submit_parked()
         if self.budget_spent or self.balancer.expired(self.now, self.start):
             self._offload()
 
-    def _on_spot_notice(self, instance_id: int) -> None:
-        self.pool.stop_accepting(instance_id)
+    def _on_spot_notice(self, event: Event) -> list[Event]:
+        self.pool.stop_accepting(event.payload)
+        return self._emitted()
 
-    def _on_spot_kill(self, arg: tuple[int, tuple[float, float]]) -> None:
-        slot, life = arg
+    def _on_spot_kill(self, event: Event) -> list[Event]:
+        slot, life = event.payload
         instance_id = self.spot_instance.pop(slot)
-        if self.pool.instances[instance_id].retired_at is None:
+        if self.pool.is_up(instance_id):
             self.preemptions += 1
             self._retire(instance_id, self.config.spot.on_preemption, preempted=True)
         self._schedule_slot(slot, life[1])
+        return self._emitted()
 
-    def _on_budget(self, _: object) -> None:
+    def _on_budget(self, event: Event) -> list[Event]:
         self.budget_spent = True  # (now - start may round below the budget it was scheduled at)
         self._offload()
+        return self._emitted()
 
     def _offload(self) -> None:
         """Budget spent: local instances stop, their unfinished sequences go to remote ones."""
@@ -487,18 +461,44 @@ class StepSimulator:
     def _cluster_view(self) -> ClusterView:
         """Instances taking work, with their kind, as the offload policy reads them."""
         pool = self.pool
-        views: list[InstanceView] = [
-            pool.replicas[i].view(self.now)._replace(kind=pool.instances[i].kind)
-            for i in pool.accepting_ids()
-        ]
+        views: list[InstanceView] = [pool.replicas[i].view(self.now) for i in pool.accepting_ids()]
         return ClusterView(self.now, views)
 
     # -- step end -----------------------------------------------------------------------------------
-    def _on_step_end(self, _: object) -> None:
+    def _on_step_end(self, event: Event) -> list[Event]:
         self.end = self.now
         self.pool.close()
+        return self._emitted()
 
-    def _result(self) -> StepResult:
-        from rollflow.sim.rl.accounting import summarize_step
-
-        return summarize_step(self)
+    def trace(self) -> StepTrace:
+        """What the finished step did, for accounting."""
+        assert self.end is not None, "the step has not finished"
+        return StepTrace(
+            config=self.config,
+            index=self.index,
+            start=self.start,
+            end=self.end,
+            requests=self.requests,
+            spans=self.timer.spans,
+            instances=[
+                InstanceTrace(
+                    place.gpu_start,
+                    place.num_gpus,
+                    replica.kind,
+                    replica.started_at,
+                    replica.retired_at,
+                    replica.stats.batches,
+                )
+                for place, replica in zip(self.pool.places, self.pool.replicas, strict=True)
+            ],
+            actor_free_at=self.actor_free_at,
+            minibatches=self.minibatches,
+            actor_sizes=self.actor_sizes,
+            regenerated_tokens=self.regenerated,
+            reprefill_tokens=self.reprefill,
+            num_migrated=self.migrated,
+            num_preemptions=self.preemptions,
+            preempted_sequences=self.preempted_sequences,
+            spot_market=self.market if self.spot else None,
+            offload_budget_s=self.balancer.budget_s if self.balancer is not None else None,
+        )

@@ -8,7 +8,7 @@ from rollflow.policy.routing import make_router
 from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.service import RolloutManager
-from rollflow.sim.engine import ServingSimulator
+from rollflow.sim.simulator import ServingSimulator
 from rollflow.sim.workload import build_requests
 from tests.factories import make_config
 from tests.runtime.processes import REPO, start_engine

@@ -94,3 +94,14 @@ def test_config_prints_every_default():
     )
     assert proc.returncode == 0, proc.stderr
     assert "on_preemption: restart" in proc.stdout and "reshard_gb_per_s: 50.0" in proc.stdout
+
+
+def test_no_plots_writes_the_numbers_without_any_figure(tmp_path):
+    proc = _rollflow(
+        "rl-sim", "compare", "--config", "examples/rl/rlinf_dynamic.yaml", "--output-dir", str(tmp_path),
+        "--no-plots", *SHORT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "compare.json").read_text())
+    assert not list(tmp_path.rglob("*.png"))
+    assert list(tmp_path.rglob("summary.json"))

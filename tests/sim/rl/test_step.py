@@ -4,8 +4,8 @@ import pytest
 
 from rollflow.errors import UserError
 from rollflow.sim.config import SimConfig
-from rollflow.sim.engine import ServingSimulator
 from rollflow.sim.rl.runner import simulate_steps
+from rollflow.sim.simulator import ServingSimulator
 from rollflow.sim.workload import build_requests
 from tests.sim.rl.factories import DISAGGREGATED, rl_config
 

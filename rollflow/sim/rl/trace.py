@@ -1,0 +1,78 @@
+"""What one simulated RL step did, as data: the step writes a `StepTrace`, accounting reads it.
+
+`StepResult` is what accounting makes of a trace: costs, utilization and windows per component.
+`Span` (a phase on some GPUs) comes from `rollflow.phases`, whose `PhaseTimer` a live trainer can time with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rollflow.phases import Span
+from rollflow.policy.view import InstanceKind
+from rollflow.sim.request import SimRequest
+from rollflow.sim.rl.config import RLSimConfig
+from rollflow.sim.rl.spot import SpotMarket
+
+
+@dataclass
+class StepResult:
+    index: int
+    start: float
+    end: float
+    num_samples: int
+    trained_tokens: int  # prompt + response tokens of every trained sample
+    generated_tokens: int  # response tokens kept
+    regenerated_tokens: int  # tokens generated twice because a preempted sequence restarted
+    reprefill_tokens: int  # prompt + generated tokens re-prefilled by migrated sequences
+    num_migrated: int  # sequences moved between instances (release, offload, preemption)
+    num_preemptions: int
+    preempted_sequences: int  # sequences running or queued on preempted instances
+    bubble_s: float  # actor lane idle, waiting for samples, from when it could first run
+    reserved_gpu_s: float
+    spot_gpu_s: float
+    busy_gpu_s: dict[str, float]
+    windows: dict[str, tuple[float, float]]  # first start and last end per component
+    cost_usd: float
+    offload_budget_s: float | None
+    spans: list[Span]
+    instance_windows: list[tuple[int, int, str, float, float]]  # gpu_start, gpus, kind, start, end
+    minibatches: list[list[int]]  # sample ids trained by each mini-batch
+    actor_sizes: list[int]  # actor GPUs of each mini-batch
+
+    @property
+    def step_time_s(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class InstanceTrace:
+    """One rollout instance of a step: where, when, and the batches it ran."""
+
+    gpu_start: int
+    num_gpus: int
+    kind: InstanceKind
+    started_at: float
+    retired_at: float | None
+    batches: list[tuple[float, float, int, int, int, int]]  # as `ReplicaStats.batches`
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    config: RLSimConfig
+    index: int
+    start: float
+    end: float
+    requests: list[SimRequest]  # the step's samples, in id order
+    spans: list[Span]  # the step's own GPU work: inference, training, reshards, sync
+    instances: list[InstanceTrace]
+    actor_free_at: float | None  # when the actor's GPUs could first run (None: from the start)
+    minibatches: list[list[int]]
+    actor_sizes: list[int]
+    regenerated_tokens: int
+    reprefill_tokens: int
+    num_migrated: int
+    num_preemptions: int
+    preempted_sequences: int
+    spot_market: SpotMarket | None  # None without preemptible instances
+    offload_budget_s: float | None

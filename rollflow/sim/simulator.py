@@ -1,0 +1,352 @@
+"""The serving-cluster simulator: arrivals are routed by a policy, replicas batch and run them.
+
+    arrival     -> snapshot the cluster, router picks a replica, enqueue (cut a decode run)
+    stage end   -> pass the batch to the next stage, or apply it and free finished requests
+    schedule    -> the replica forms its next batches and starts them
+
+With `cluster.dispatch: late_binding` an arrival joins one cluster queue instead, and queued
+requests are routed, in arrival order, whenever a replica holds fewer than `cluster.capacity`
+requests (after arrivals, completions, added instances): the rollout manager's dispatch.
+
+Other simulators compose it through its public API rather than its handlers: `submit` routes
+a request now, `advance` runs the loop until a time or a condition, `add_instance`,
+`stop_accepting` and `retire_instance` change the cluster (a retired instance hands back its
+unfinished requests through its scheduler), `snapshot` is the frozen view policies read. Their
+own events go on the same queue (`events`), with their own phases.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from heapq import heappop, heappush
+
+from rollflow.policy.routing import Router, make_router
+from rollflow.policy.view import ClusterView, InstanceKind, RouteRequest
+from rollflow.sim.build import GroupPlan, build_groups, check_servable
+from rollflow.sim.config import SimConfig
+from rollflow.sim.events import NO_EVENTS, Event, EventQueue, Phase
+from rollflow.sim.replica import Replica
+from rollflow.sim.request import Batch, SimRequest
+
+OnComplete = Callable[[list[SimRequest], float], Sequence[Event]]
+OnStopped = Callable[[list[SimRequest]], Sequence[Event]]
+
+
+@dataclass
+class SimResult:
+    requests: list[SimRequest]
+    replicas: list[Replica]
+    simulated_time_s: float
+    num_events: int
+    operator_source: str
+    peak_flops_per_gpu: float  # of the first replica's GPU
+    peak_flops_by_replica: list[float]
+
+
+class ServingSimulator:
+    """Deterministic for a given config and request list.
+
+    `groups` are prebuilt replica groups (`build_groups`), to share operator grids between
+    simulations of one config; `on_complete(requests, now)` hears of every finished request and
+    returns the events that causes.
+    """
+
+    def __init__(
+        self,
+        config: SimConfig,
+        requests: Sequence[SimRequest] = (),
+        router: Router | None = None,
+        groups: list[GroupPlan] | None = None,
+        on_complete: OnComplete | None = None,
+        start_time: float = 0.0,
+    ) -> None:
+        self.config = config
+        self.groups = groups if groups is not None else build_groups(config)
+        self.replicas: list[Replica] = []
+        self.peak_flops_by_replica: list[float] = []
+        self.events = EventQueue()
+        self.now = start_time
+        self.num_events = 0
+        self.on_complete = on_complete
+        self.late_binding = config.cluster.dispatch == "late_binding"
+        self.capacity = config.cluster.capacity
+        self.cluster_queue: deque[SimRequest] = deque()  # late binding: arrived, not yet routed
+        for group in self.groups:
+            for _ in range(group.num_replicas):
+                self.add_instance(group)
+        self.operator_source = self.groups[-1].operator_source
+        cluster = config.cluster
+        self.router = router or make_router(cluster.router, seed=config.seed, path=cluster.router_path)
+        self.requests = sorted(requests, key=lambda r: r.arrived_at)
+        self.check_servable(self.requests)
+        self._accepting: list[int] | None = None
+        if self.requests:  # arrivals are events, fed one at a time (each handler adds the next)
+            self.events.push(self.events.event(self.requests[0].arrived_at, Phase.ARRIVAL, self._on_arrival))
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self, on_progress: Callable[[int], None] | None = None) -> SimResult:
+        """Simulate every arrival to the end (or to `simulator.time_limit_s`)."""
+        limit = self.config.simulator.time_limit_s
+        until = math.nextafter(limit, math.inf) if limit else math.inf  # events at the limit still run
+        if on_progress is None:
+            self._apply(until)
+        else:
+            self._run_with_progress(until, on_progress)
+        peaks = self.peak_flops_by_replica
+        return SimResult(
+            self.requests, self.replicas, self.now, self.num_events, self.operator_source, peaks[0], peaks
+        )
+
+    def advance(self, until: float = math.inf, stop: Callable[[], bool] | None = None) -> None:
+        """Apply events in order while they are earlier than `until` and `stop()` is false; once
+        only events at or after a finite `until` are left, the clock reads `until`.
+
+        An event at `until` itself is left for later: a request submitted at `until` sorts
+        before it (arrivals come first at equal times).
+        """
+        if not self._apply(until, stop) and until != math.inf:
+            self.now = max(self.now, until)
+
+    def _apply(self, until: float, stop: Callable[[], bool] | None = None) -> bool:
+        """The loop; True if `stop()` ended it."""
+        heap = self.events.heap
+        while heap and heap[0].time < until:
+            event = heappop(heap)
+            self.now = event.time
+            self.num_events += 1
+            for new in event.handler(event):
+                heappush(heap, new)
+            if stop is not None and stop():
+                return True
+        return False
+
+    def _run_with_progress(self, until: float, on_progress: Callable[[int], None]) -> None:
+        every = max(1, len(self.requests) // 200)
+        completed = 0
+        outer = self.on_complete
+
+        def count(requests: list[SimRequest], now: float) -> Sequence[Event]:
+            nonlocal completed
+            completed += len(requests)
+            if completed % every < len(requests):
+                on_progress(completed)
+            return outer(requests, now) if outer is not None else NO_EVENTS
+
+        self.on_complete = count
+        try:
+            self._apply(until)
+        finally:
+            self.on_complete = outer
+        on_progress(sum(1 for r in self.requests if r.completed_at is not None))
+
+    # -- public API ---------------------------------------------------------------------------
+    def submit(self, request: SimRequest, target: int | None = None) -> None:
+        """Route `request` now: to `target`, or the router's pick (with late binding: queue it and
+        dispatch what has a free slot).
+
+        The clock moves to the request's arrival if that is later (a caller stepping arrivals
+        itself); a request that arrived earlier (resumed elsewhere) is routed at the current time.
+        """
+        self.now = max(self.now, request.arrived_at)
+        self.events.push_all(self._route(request, target))
+
+    def check_servable(self, requests: Sequence[SimRequest]) -> None:
+        """Refuse requests that no replica could ever finish (each replica group checked once)."""
+        for replica in {r.predictor: r for r in self.replicas}.values():
+            check_servable(requests, replica.scheduler, self.config)
+
+    def snapshot(self) -> ClusterView:
+        """The instances taking work, as a policy sees them now; frozen (later events change nothing)."""
+        now, replicas = self.now, self.replicas
+        return ClusterView(now, tuple(replicas[i].view(now) for i in self.accepting_ids()))
+
+    def add_instance(self, group: GroupPlan | None = None, kind: InstanceKind = "local") -> int:
+        """A new replica of `group` (the first group by default), empty, taking work from now."""
+        group = group or self.groups[0]
+        replica = Replica(
+            len(self.replicas),
+            group.new_scheduler(),
+            group.predictor,
+            self.config.simulator.fast_forward,
+            kind=kind,
+            started_at=self.now,
+        )
+        self.replicas.append(replica)
+        self.peak_flops_by_replica.append(group.peak_flops)
+        self._accepting = None
+        if self.cluster_queue:
+            events: list[Event] = []
+            self._dispatch_queued(events)
+            self.events.push_all(events)
+        return replica.id
+
+    def accepting_ids(self) -> list[int]:
+        """Instances that take new work (cached: routing asks once per request)."""
+        if self._accepting is None:
+            self._accepting = [r.id for r in self.replicas if r.accepting]
+        return self._accepting
+
+    def stop_accepting(self, instance_id: int) -> None:
+        """The instance keeps its requests but is no longer routed new ones (a preemption notice)."""
+        self.replicas[instance_id].accepting = False
+        self._accepting = None
+
+    def retire_instance(self, instance_id: int, on_stopped: OnStopped) -> None:
+        """Stop an instance at its next iteration boundary (a decode run is cut there, as an arrival
+        would cut it); its scheduler then releases its unfinished requests, with their KV blocks,
+        to `on_stopped`, whose events join the queue."""
+        replica = self.replicas[instance_id]
+        self.stop_accepting(instance_id)
+        replica.on_stopped = on_stopped
+        events: list[Event] = []
+        self._cut_run(replica, events)
+        if replica.num_running_batches == 0:
+            self._stop(replica, events)
+        self.events.push_all(events)
+
+    def close(self) -> None:
+        """Every instance still up is let go now (the caller is done with the cluster)."""
+        for replica in self.replicas:
+            if replica.retired_at is None:
+                replica.accepting = False
+                replica.retired_at = self.now
+        self._accepting = None
+
+    # -- handlers ---------------------------------------------------------------------------
+    def _on_arrival(self, event: Event) -> list[Event]:
+        index = event.target
+        events = self._route(self.requests[index], None)
+        index += 1
+        if index < len(self.requests):
+            events.append(
+                self.events.event(self.requests[index].arrived_at, Phase.ARRIVAL, self._on_arrival, index)
+            )
+        return events
+
+    def _on_stage_end(self, event: Event) -> Sequence[Event]:
+        batch: Batch = event.payload
+        if event.version != batch.version:
+            return NO_EVENTS  # superseded: the run was cut and has a newer end event
+        replica = self.replicas[event.target]
+        stage = event.stage
+        replica.stage_busy[stage] = False
+        events: list[Event] = []
+        if stage + 1 < replica.num_stages:
+            replica.stage_queues[stage + 1].append(batch)
+            self._start_stage(replica, stage + 1, events)
+        else:
+            completed = replica.finish_batch(batch, self.now)
+            if completed:
+                if self.on_complete is not None:
+                    events.extend(self.on_complete(completed, self.now))
+                if self.cluster_queue:
+                    self._dispatch_queued(events)  # before the replica schedules: slots just freed
+            if replica.num_stages == 1:
+                # Every arrival and stage end at this time is already in (they sort earlier), and a
+                # one-stage replica has no other batch in flight: schedule now, without an event.
+                self._schedule(replica, events)
+            else:
+                self._request_schedule(replica, events)
+        self._start_stage(replica, stage, events)
+        return events
+
+    def _on_schedule(self, event: Event) -> list[Event]:
+        events: list[Event] = []
+        self._schedule(self.replicas[event.target], events)
+        return events
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _route(self, request: SimRequest, target: int | None) -> list[Event]:
+        events: list[Event] = []
+        if target is not None:
+            self._place(request, target, events)
+        elif self.late_binding:
+            self.cluster_queue.append(request)
+            self._dispatch_queued(events)
+        else:
+            route = RouteRequest(request.id, request.prompt_tokens, request.output_tokens)
+            self._place(request, self.router.pick(route, self.snapshot()), events)
+        return events
+
+    def _place(self, request: SimRequest, target: int, events: list[Event]) -> None:
+        replica = self.replicas[target]
+        request.replica_id = target
+        replica.scheduler.add_request(request)
+        self._cut_run(replica, events)
+        self._request_schedule(replica, events)
+
+    def _dispatch_queued(self, events: list[Event]) -> None:
+        """Late binding: route queued requests, in order, while some replica has a free slot."""
+        queue, now, capacity = self.cluster_queue, self.now, self.capacity
+        while queue:
+            free = [
+                view
+                for view in (self.replicas[i].view(now) for i in self.accepting_ids())
+                if view.num_running + view.num_queued < capacity
+            ]
+            if not free:
+                return
+            request = queue.popleft()
+            route = RouteRequest(request.id, request.prompt_tokens, request.output_tokens)
+            self._place(request, self.router.pick(route, ClusterView(now, tuple(free))), events)
+
+    def _cut_run(self, replica: Replica, events: list[Event]) -> None:
+        run = replica.run_in_flight
+        if run is not None and replica.cut_run(run, self.now):
+            events.append(
+                self.events.event(
+                    run.end_time, Phase.STAGE_END, self._on_stage_end, replica.id, 0, run, run.version
+                )
+            )
+
+    def _schedule(self, replica: Replica, events: list[Event]) -> None:
+        if replica.on_stopped is not None:
+            self._stop(replica, events)  # retiring: stop at this iteration boundary
+            return
+        if replica.retired_at is not None:
+            return
+        replica.schedule_pending = False
+        for batch in replica.form_batches(self.now):
+            replica.stage_queues[0].append(batch)
+        self._start_stage(replica, 0, events)
+
+    def _stop(self, replica: Replica, events: list[Event]) -> None:
+        unfinished = replica.scheduler.release_all()
+        replica.retired_at = self.now
+        on_stopped, replica.on_stopped = replica.on_stopped, None
+        events.extend(on_stopped(sorted(unfinished, key=lambda r: r.id)))
+        if self.cluster_queue:
+            self._dispatch_queued(events)
+
+    def _request_schedule(self, replica: Replica, events: list[Event]) -> None:
+        if not replica.schedule_pending and replica.num_running_batches < replica.num_stages:
+            replica.schedule_pending = True
+            events.append(self.events.event(self.now, Phase.SCHEDULE, self._on_schedule, replica.id))
+
+    def _start_stage(self, replica: Replica, stage: int, events: list[Event]) -> None:
+        queue = replica.stage_queues[stage]
+        if replica.stage_busy[stage] or not queue:
+            return
+        batch = queue.popleft()
+        replica.stage_busy[stage] = True
+        end = self.now + replica.stage_time(batch, stage)
+        if stage == replica.num_stages - 1:
+            batch.end_time = end
+            if batch.num_iterations > 1:
+                replica.run_in_flight = batch
+        # Built inline (the hot path); the same as self.events.event(...).
+        events.append(
+            Event(
+                end,
+                Phase.STAGE_END,
+                self.events.next_seq(),
+                self._on_stage_end,
+                replica.id,
+                stage,
+                batch,
+                batch.version,
+            )
+        )
