@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from typing import Literal, NamedTuple, overload
+from collections.abc import Sequence
+from typing import Literal, NamedTuple
 
 InstanceKind = Literal["local", "remote", "spot"]
 
@@ -39,40 +39,6 @@ class ClusterView(NamedTuple):
 
     now: float
     instances: Sequence[InstanceView]
-
-
-class SnapshotInstances(Sequence[InstanceView]):
-    """Instance views taken at one moment, each built the first time a policy reads it.
-
-    The simulator snapshots its replicas at every arrival; a round-robin router reads one of
-    them, a load-aware one all. Nothing changes between the snapshot and the decision, so
-    building a view on first read gives the same answer as building them all up front.
-    """
-
-    __slots__ = ("_build", "_views")
-
-    def __init__(self, count: int, build: Callable[[int], InstanceView]) -> None:
-        self._views: list[InstanceView | None] = [None] * count
-        self._build = build
-
-    def __len__(self) -> int:
-        return len(self._views)
-
-    @overload
-    def __getitem__(self, index: int) -> InstanceView: ...
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[InstanceView]: ...
-    def __getitem__(self, index: int | slice) -> InstanceView | Sequence[InstanceView]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self._views)))]
-        view = self._views[index]
-        if view is None:
-            view = self._views[index] = self._build(index % len(self._views))
-        return view
-
-    def __iter__(self) -> Iterator[InstanceView]:
-        for index in range(len(self._views)):
-            yield self[index]
 
 
 class RouteRequest(NamedTuple):

@@ -43,21 +43,3 @@ def test_registry_refuses_duplicates_and_unknown_names():
         register_router("lor", lambda seed: None)
     with pytest.raises(ValueError, match="choose one of: " + ", ".join(ROUTERS)):
         make_router("nope")
-
-
-def test_snapshot_instances_build_views_on_first_read_and_route_like_a_tuple():
-    from rollflow.policy.view import SnapshotInstances
-
-    eager = _view((3, 2, 10, 10), (1, 0, 5, 5), (2, 1, 0, 0))
-    built = []
-
-    def build(i):
-        built.append(i)
-        return eager.instances[i]
-
-    lazy = ClusterView(0.0, SnapshotInstances(3, build))
-    assert make_router("round_robin").pick(REQUEST, lazy) == 0 and built == [0]
-    for name in ("lor", "least_outstanding", "least_tokens"):
-        assert make_router(name).pick(REQUEST, lazy) == make_router(name).pick(REQUEST, eager)
-    assert sorted(built) == [0, 1, 2]  # each view built once, then reused
-    assert list(lazy.instances[1:]) == list(eager.instances[1:])
