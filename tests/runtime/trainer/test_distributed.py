@@ -124,7 +124,7 @@ def test_a_training_step_learns_the_same_on_two_ranks_as_in_one_process(
 
 
 def torchrun(config: dict, tmp_path, *args: str) -> subprocess.CompletedProcess:
-    """`torchrun --nproc-per-node 2 --no-python rollflow train ...` as the README gives it, on loopback."""
+    """`.venv/bin/torchrun --nproc-per-node 2 --no-python .venv/bin/rollflow train ...` as the README gives it, on loopback."""
     path = tmp_path / "train.yaml"
     path.write_text(yaml.safe_dump(config))
     bin_dir = Path(sys.executable).parent
