@@ -1,4 +1,4 @@
-# Two entry points: `make demo` and `make test`. Each creates .venv/ on first use.
+# Two entry points: `make demo` and `make test` (`make test-docs` runs only the README's commands). Each creates .venv/ on first use.
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test lint clean vllm-venv
+.PHONY: demo test test-docs lint clean vllm-venv
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -37,7 +37,12 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check rollflow tests benchmarks
 
 test: lint $(VLLM_STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --ignore=tests/docs
+	$(MAKE) test-docs
+
+# The docs tier: README.md's bash blocks, run as written in a copy of the repository (tests/docs/).
+test-docs: $(STAMP)
+	$(BIN)/pytest -q tests/docs
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) outputs .pytest_cache

@@ -46,7 +46,7 @@ EXAMPLES = """examples:
   rollflow manager serve --config examples/manager/local.yaml
   rollflow weights serve --dir outputs/weights
   rollflow train --config examples/train/grpo_tiny.yaml
-  rollflow router compare --config examples/router/heterogeneous.yaml
+  rollflow router compare --config examples/router/heterogeneous.yaml --policy examples/router/heterogeneous.policy.npz
 Run `rollflow COMMAND --help` for each command's options and examples.
 """
 

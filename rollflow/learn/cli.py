@@ -9,8 +9,8 @@ from rollflow.cli_util import print_yaml
 EXAMPLES = """examples:
   rollflow router train    --config examples/router/heterogeneous.yaml
   rollflow router train    --config examples/router/homogeneous.yaml --resume never ppo.total_steps=20000
-  rollflow router evaluate --config examples/router/heterogeneous.yaml
-  rollflow router compare  --config examples/router/heterogeneous.yaml --output-dir out/compare
+  rollflow router evaluate --config examples/router/heterogeneous.yaml      # the policy train wrote
+  rollflow router compare  --config examples/router/heterogeneous.yaml --policy examples/router/heterogeneous.policy.npz
   rollflow router config   --config examples/router/heterogeneous.yaml preset=vidur_arc2
 """
 
@@ -54,7 +54,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     compare = sub.add_parser(
         "compare",
         help="every router on the same held-out workloads; prints, plots and writes compare.json",
-        epilog="example:\n  rollflow router compare --config examples/router/homogeneous.yaml --output-dir out/",
+        epilog="example:\n  rollflow router compare --config examples/router/homogeneous.yaml "
+        "--policy examples/router/homogeneous.policy.npz --output-dir out/",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _common(compare)

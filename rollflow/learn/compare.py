@@ -39,13 +39,13 @@ def compare(
     results["learned"] = summarize_latencies(config, latencies)
     decision = decision_latency_us(learned)
     best = min(BASELINES, key=lambda name: results[name]["e2e_p99"])
-    gain = 1 - results["learned"]["e2e_p99"] / results[best]["e2e_p99"]
+    delta = results["learned"]["e2e_p99"] / results[best]["e2e_p99"] - 1  # < 0: learned is better
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "compare.json").write_text(json.dumps(results, indent=2) + "\n")
     _print_table(results, console)
     console.print(
-        f"learned vs best of {'/'.join(BASELINES)} ({best}): p99 E2E {100 * gain:+.1f}% "
-        f"({'better' if gain > 0 else 'worse'}); decision latency median {decision['median_us']:.1f} us, mean {decision['mean_us']:.1f} us, "
+        f"learned vs best of {'/'.join(BASELINES)} ({best}): Δ p99 E2E {100 * delta:+.1f}% "
+        f"({'better' if delta < 0 else 'worse'}); decision latency median {decision['median_us']:.1f} us, mean {decision['mean_us']:.1f} us, "
         f"p99 {decision['p99_us']:.1f} us over {len(learned.decision_ns)} decisions"
     )
     written = [out_dir / "compare.json", _plot(results, out_dir)]

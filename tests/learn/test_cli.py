@@ -63,7 +63,13 @@ def test_compare_writes_every_router_with_the_four_metrics(trained, capsys, tmp_
         assert {"e2e_p99", "e2e_mean", "ttft_p99", "slo_attainment"} <= set(row)
         assert row["e2e_p99"] >= row["e2e_mean"] > 0 and 0 <= row["slo_attainment"] <= 1
     assert (tmp_path / "compare.png").is_file()
-    assert "decision latency" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "decision latency" in printed
+    # the README's sign: delta = learned / best - 1, so a negative delta is a better learned router
+    best = min(("round_robin", "lor", "least_tokens"), key=lambda name: results[name]["e2e_p99"])
+    delta = results["learned"]["e2e_p99"] / results[best]["e2e_p99"] - 1
+    verdict = "better" if delta < 0 else "worse"
+    assert f"({best}): Δ p99 E2E {100 * delta:+.1f}% ({verdict})" in " ".join(printed.split())
 
 
 def test_evaluate_prints_latency_and_decision_time(trained, capsys):

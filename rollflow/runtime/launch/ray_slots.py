@@ -56,6 +56,24 @@ class _ProcessActor:
 _RemoteProcessActor = ray.remote(_ProcessActor)
 
 
+def shortfall(options: dict[str, Any], available: dict[str, float], total: dict[str, float]) -> str:
+    """Why an actor with these `options` may find no node: each resource it asks for against what the
+    cluster has free and in all (per cluster, so a resource split over nodes can still fall short)."""
+    asked = {"CPU": options.get("num_cpus", 0.0), **options.get("resources", {})}
+    parts = []
+    for resource, amount in asked.items():
+        if amount <= 0:
+            continue
+        free, held = available.get(resource, 0.0), total.get(resource, 0.0)
+        short = " (short)" if free < amount else ""
+        parts.append(f"{resource}: asked {amount:g}, {free:g} free of {held:g}{short}")
+    selector = options.get("label_selector")
+    if selector:
+        parts.append(f"node labels {selector} (nodes need them)")
+    hint = "; free resources by stopping other actors or start Ray with more (ray start --num-cpus N)"
+    return "; ".join(parts) + hint
+
+
 class RaySlot:
     def __init__(self, name: str, options: dict[str, Any]) -> None:
         self.name = name
@@ -65,7 +83,8 @@ class RaySlot:
         except GetTimeoutError:
             ray.kill(self.actor)
             raise LaunchError(
-                f"{name}: no Ray node took its actor within {_CALL_TIMEOUT_S:.0f}s (placement {options})"
+                f"{name}: no Ray node took its actor within {_CALL_TIMEOUT_S:.0f}s: "
+                f"{shortfall(options, ray.available_resources(), ray.cluster_resources())}"
             ) from None
 
     def _call(self, method: str, *args):

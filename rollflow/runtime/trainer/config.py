@@ -43,7 +43,8 @@ class TrainConfig(StrictModel):
     prompts_per_step: int = Field(8, ge=1)
     """Prompts in each step's batch."""
     micro_batch_groups: int = Field(2, ge=1)
-    """Groups the trainer waits for before a forward/backward (the manager's min_groups)."""
+    """Groups per forward/backward: the trainer takes exactly this many finished groups from the manager
+    (the step's last micro-batch may hold fewer), so the number of optimizer steps does not depend on timing."""
     mini_batch_micro_batches: int = Field(2, ge=1)
     """Micro-batches whose gradients accumulate into one optimizer step."""
     steps: int = Field(10, ge=1)

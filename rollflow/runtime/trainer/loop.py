@@ -66,6 +66,7 @@ class StepTotals:
     tokens: int = 0
     wait_s: float = 0.0
     train_s: float = 0.0
+    last_arrival: float | None = None  # perf_counter when the last micro-batch arrived
 
     def add(self, record: MicroBatchRecord) -> None:
         self.rewards += record.rewards
@@ -187,34 +188,15 @@ class Trainer:
 
     def _train_step(self, batch: BatchHandle) -> StepMetrics:
         started = time.perf_counter()
-        totals = StepTotals()
-        pending_micro_batches = 0
-        per_mini_batch = self.config.mini_batch_micro_batches
-        last_arrival = started
-        for groups in self._timed_micro_batches(batch, totals):
-            last_arrival = time.perf_counter()
-            groups, rejected = self._accept(groups)
-            totals.rejected += rejected
-            if not groups:
-                continue
-            began = time.perf_counter()
-            self._train_micro_batch(groups, totals, scale=1.0 / per_mini_batch)
-            pending_micro_batches += 1
-            if pending_micro_batches == per_mini_batch:
-                self._optimizer_step()
-                pending_micro_batches = 0
-            totals.train_s += time.perf_counter() - began
-        if pending_micro_batches:
-            began = time.perf_counter()
-            self._optimizer_step()
-            totals.train_s += time.perf_counter() - began
+        totals = self._train_on(batch)
         self.step += 1
         push_began = time.perf_counter()
         self._push_weights()
         update_weights_s = time.perf_counter() - push_began
         step_time = time.perf_counter() - started
         # rollout time as the trainer sees it: until the last micro-batch arrived (a launcher's autoscaler reads it)
-        self.client.report_step(step_time, totals.wait_s, rollout_s=last_arrival - started)
+        rollout_s = (totals.last_arrival or started) - started
+        self.client.report_step(step_time, totals.wait_s, rollout_s=rollout_s)
         if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps:
             self._save_checkpoint()
         return StepMetrics(
@@ -237,9 +219,41 @@ class Trainer:
             step_time_s=step_time,
         )
 
+    def _train_on(self, batch: BatchHandle) -> StepTotals:
+        """Train on the batch's micro-batches as they arrive: a backward each, an optimizer step every
+        `mini_batch_micro_batches` of them and one after the last (a partial mini-batch)."""
+        totals = StepTotals()
+        pending_micro_batches = 0
+        per_mini_batch = self.config.mini_batch_micro_batches
+        for groups in self._timed_micro_batches(batch, totals):
+            totals.last_arrival = time.perf_counter()
+            groups, rejected = self._accept(groups)
+            totals.rejected += rejected
+            if not groups:
+                continue
+            began = time.perf_counter()
+            self._train_micro_batch(groups, totals, scale=1.0 / per_mini_batch)
+            pending_micro_batches += 1
+            if pending_micro_batches == per_mini_batch:
+                self._optimizer_step()
+                pending_micro_batches = 0
+            totals.train_s += time.perf_counter() - began
+        if pending_micro_batches:
+            began = time.perf_counter()
+            self._optimizer_step()
+            totals.train_s += time.perf_counter() - began
+        return totals
+
     def _timed_micro_batches(self, batch: BatchHandle, totals: StepTotals) -> Iterator[list[list[dict]]]:
-        """The batch's micro-batches, adding the time spent blocked on each to `totals.wait_s`."""
-        iterator = batch.micro_batches(min_groups=self.config.micro_batch_groups)
+        """The batch's micro-batches, adding the time spent blocked on each to `totals.wait_s`.
+
+        Each holds exactly `micro_batch_groups` groups (the step's last may hold fewer), however many
+        have finished when the trainer asks: otherwise a trainer that fell behind would take every
+        finished group in one micro-batch, and how many optimizer steps a training step takes (so what
+        is learned) would depend on timing, e.g. differ between one process and torchrun ranks.
+        """
+        size = self.config.micro_batch_groups
+        iterator = batch.micro_batches(min_groups=size, max_groups=size)
         while True:
             began = time.perf_counter()
             groups = next(iterator, None)

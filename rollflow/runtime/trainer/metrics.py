@@ -23,7 +23,7 @@ class StepMetrics:
     clip_fraction: float
     samples: int  # samples trained on
     samples_rejected_stale: int  # dropped by the staleness bound
-    samples_resumed: int  # samples that moved between engines at least once
+    samples_resumed: int  # samples resumed at least once: engine failure, preemption, offload, weight update
     tokens: int  # generated tokens trained on
     tokens_per_s: float  # generated tokens / step time
     rollout_wait_s: float  # blocked waiting for micro-batches (the bubble)

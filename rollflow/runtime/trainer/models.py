@@ -26,9 +26,9 @@ class Critic(nn.Module):
 
     def __init__(self, model_dir: str | Path) -> None:
         super().__init__()
-        from transformers import AutoModel
-
-        self.body = AutoModel.from_pretrained(model_dir, dtype=torch.float32)
+        # the causal LM's body, not AutoModel on its folder: the checkpoint holds an LM head too, which
+        # AutoModel would report as UNEXPECTED keys on every load (a critic drops the head on purpose)
+        self.body = load_policy(model_dir).base_model
         self.value_head = nn.Linear(self.body.config.hidden_size, 1)
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)

@@ -4,13 +4,16 @@ with torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) set by 
 Each rank builds the real Trainer on the real process group; rank 0 drives it as in a training step
 (`_train_micro_batch`, `_optimizer_step`) and the others obey as under `rollflow train`. Every rank
 saves its gradients after each micro-batch and its parameters after the optimizer step; rank 0 also
-saves the step totals its metrics would be computed from.
+saves the step totals its metrics would be computed from. Then a fresh Trainer trains one whole
+step's rollouts (`_train_on`, several micro-batches and optimizer steps) as they arrive from a
+`FixedBatch`, and every rank saves the step's totals and its parameters.
 """
 
 from __future__ import annotations
 
 import random
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -43,12 +46,49 @@ def make_groups(sizes: list[int], seed: int) -> list[list[dict]]:
 # name -> groups: three groups do not divide over two ranks; one group leaves rank 1 an empty share
 CASES = {"three_groups": make_groups([3, 2, 4], seed=1), "one_group": make_groups([3], seed=2)}
 
+# one training step's rollouts: with 2 groups per micro-batch and 2 micro-batches per mini-batch,
+# micro-batches of 2, 2 and 1 groups and two optimizer steps (the second after a partial mini-batch)
+STEP_GROUPS = make_groups([2, 3, 2, 4, 3], seed=3)
+MICRO_BATCH_GROUPS = 2
+# Adam's second step divides by a root mean square of two gradients: on a weight whose gradients are
+# both near 0, float noise from summing shares on two ranks moves it by up to about lr; this lr keeps
+# that under the tolerance while two steps move weights 3 to 6 tolerances
+STEP_LR = 3e-5
 
-def trainer_config(model: str, output_dir: Path, algorithm: str) -> TrainConfig:
+
+class FixedBatch:
+    """Finished groups handed out as the manager's `/batches/{id}/next` packs them (its GroupPacker):
+    each call waits until `min_groups` groups are ready (or all that remain), then takes up to
+    `max_groups` of the ready ones. `all_ready`: every group finished before the trainer first asks
+    (a trainer that fell behind); otherwise groups finish `min_groups` at a time, just as it asks.
+    """
+
+    def __init__(self, groups: list[list[dict]], all_ready: bool) -> None:
+        self.groups = [[{**s, "state": "finished", "spans": []} for s in group] for group in groups]
+        self.all_ready = all_ready
+
+    def micro_batches(self, min_groups: int = 1, max_groups: int | None = None) -> Iterator[list[list[dict]]]:
+        remaining = list(self.groups)
+        ready = len(remaining) if self.all_ready else 0
+        while remaining:
+            ready = max(ready, min(min_groups, len(remaining)))
+            taken = min(ready, max_groups or ready)
+            yield remaining[:taken]
+            remaining, ready = remaining[taken:], ready - taken
+
+
+def trainer_config(model: str, output_dir: Path, algorithm: str, lr: float = 1e-4) -> TrainConfig:
     # Adam's first step is about lr x sign(gradient): a small lr keeps float noise on gradients near 0
     # (where the sign is a coin toss) below the tolerance, while every weight still moves 10x past it.
     return TrainConfig(
-        model=model, output_dir=str(output_dir), algorithm=algorithm, n_samples=2, lr=1e-4, kl_coef=0.1
+        model=model,
+        output_dir=str(output_dir),
+        algorithm=algorithm,
+        n_samples=2,
+        lr=lr,
+        kl_coef=0.1,
+        micro_batch_groups=MICRO_BATCH_GROUPS,
+        mini_batch_micro_batches=2,
     )
 
 
@@ -74,10 +114,13 @@ def parameters(trainer: Trainer) -> dict[str, torch.Tensor]:
 
 
 def totals_summary(totals: StepTotals) -> dict:
+    """What the step's metrics row is computed from (all but the timings)."""
     names = ("kl", "entropy", "policy_loss", "value_loss", "clip_fraction")
     return {
         "rewards": sorted(totals.rewards),
         "tokens": totals.tokens,
+        "rejected": totals.rejected,
+        "resumed": totals.resumed,
         **{name: totals.token_mean(name) for name in names},
     }
 
@@ -107,6 +150,19 @@ def run(trainer: Trainer, out: Path, rank: int) -> None:
     torch.save(parameters(trainer), out / f"stepped.rank{rank}.pt")
 
 
+def run_step(trainer: Trainer, out: Path, rank: int, all_ready: bool) -> None:
+    """One training step over STEP_GROUPS as they arrive: its totals (rank 0) and parameters (every rank)."""
+    if trainer.parallel is None or trainer.parallel.is_leader:
+        totals = trainer._train_on(FixedBatch(STEP_GROUPS, all_ready))
+        if trainer.parallel is not None:
+            trainer.parallel.tell_all(Command.STOP)
+        torch.save({"totals": totals_summary(totals)}, out / f"step_totals.rank{rank}.pt")
+    else:
+        while trainer._obey():
+            pass
+    torch.save(parameters(trainer), out / f"step_weights.rank{rank}.pt")
+
+
 def initial_parameters(model: str, algorithm: str) -> dict[str, torch.Tensor]:
     """The parameters before any step, named as `parameters` names them."""
     from rollflow.runtime.trainer.models import Critic, load_policy
@@ -132,10 +188,11 @@ def main() -> None:
             folder.mkdir(parents=True, exist_ok=True)
             trainer = Trainer(trainer_config(model, folder, algorithm), resume=False, parallel=parallel)
             run(trainer, folder, parallel.rank)
-        if parallel.is_leader:
-            parallel.tell_all(Command.STOP)
-        else:
-            assert not trainer._obey()
+            # rank 0 asks as each micro-batch's groups finish (one process, below, gets them all at once)
+            torch.manual_seed(0)
+            config = trainer_config(model, folder, algorithm, lr=STEP_LR)
+            stepper = Trainer(config, resume=False, parallel=parallel)
+            run_step(stepper, folder, parallel.rank, all_ready=False)
     finally:
         parallel.close()
 

@@ -57,6 +57,13 @@ def single(request, tiny_model, tmp_path_factory):
     torch.manual_seed(0)
     trainer = Trainer(ddp_ranks.trainer_config(str(tiny_model), out, algorithm), resume=False)
     ddp_ranks.run(trainer, out, rank=0)
+    for all_ready in (True, False):  # the rollouts all finished before the trainer asked, or just in time
+        torch.manual_seed(0)
+        folder = out / ("all_ready" if all_ready else "just_in_time")
+        folder.mkdir()
+        config = ddp_ranks.trainer_config(str(tiny_model), folder, algorithm, lr=ddp_ranks.STEP_LR)
+        stepper = Trainer(config, resume=False)
+        ddp_ranks.run_step(stepper, folder, rank=0, all_ready=all_ready)
     return algorithm, out
 
 
@@ -94,8 +101,30 @@ def test_two_ranks_step_to_the_single_process_weights(ranks_output, single, tiny
         assert_close(torch.load(ranks_output / algorithm / f"stepped.rank{rank}.pt"), expected)
 
 
+@pytest.mark.parametrize("arrival", ["all_ready", "just_in_time"])
+def test_a_training_step_learns_the_same_on_two_ranks_as_in_one_process(
+    ranks_output, single, tiny_model, arrival
+):
+    # one process finds every group finished (or each micro-batch's just finished) when it asks;
+    # rank 0 asks as each micro-batch's groups finish: the same micro-batches and optimizer steps either way
+    algorithm, single_out = single
+    expected = torch.load(single_out / arrival / "step_totals.rank0.pt")["totals"]
+    actual = torch.load(ranks_output / algorithm / "step_totals.rank0.pt")["totals"]
+    assert expected["tokens"] == sum(len(s["output_ids"]) for g in ddp_ranks.STEP_GROUPS for s in g)
+    assert expected["kl"] > 0  # the last micro-batch ran after the step's first optimizer step
+    assert actual["tokens"] == expected["tokens"] and actual["rewards"] == pytest.approx(expected["rewards"])
+    assert (actual["rejected"], actual["resumed"]) == (expected["rejected"], expected["resumed"])
+    for name in ("kl", "entropy", "policy_loss", "value_loss", "clip_fraction"):
+        assert actual[name] == pytest.approx(expected[name], abs=1e-5, rel=1e-4), name
+    weights = torch.load(single_out / arrival / "step_weights.rank0.pt")
+    before = ddp_ranks.initial_parameters(str(tiny_model), algorithm)
+    assert max((weights[k] - before[k]).abs().max().item() for k in weights) > 3e-5  # both steps moved them
+    for rank in range(WORLD_SIZE):
+        assert_close(torch.load(ranks_output / algorithm / f"step_weights.rank{rank}.pt"), weights)
+
+
 def torchrun(config: dict, tmp_path, *args: str) -> subprocess.CompletedProcess:
-    """`torchrun --nproc-per-node 2 --no-python rollflow train ...` as the README gives it, on loopback."""
+    """`.venv/bin/torchrun --nproc-per-node 2 --no-python .venv/bin/rollflow train ...` as the README gives it, on loopback."""
     path = tmp_path / "train.yaml"
     path.write_text(yaml.safe_dump(config))
     bin_dir = Path(sys.executable).parent
