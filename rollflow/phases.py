@@ -8,10 +8,12 @@ held); totals per phase are sums over its spans.
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 PHASES = ("rollout", "rollout_spot", "inference", "training", "reshard", "sync")
 
@@ -67,3 +69,44 @@ class PhaseTimer:
         for span in self.spans:
             out[span.component] = out.get(span.component, 0.0) + span.end - span.start
         return out
+
+    def totals_since(self, start: float) -> dict[str, float]:
+        """Seconds per phase over the spans that began at or after `start` (one step of a longer run)."""
+        out: dict[str, float] = {}
+        for span in self.spans:
+            if span.start >= start:
+                out[span.component] = out.get(span.component, 0.0) + span.end - span.start
+        return out
+
+
+def write_chrome_trace(path: Path, steps_and_spans: Iterable[tuple[int, Span]]) -> Path:
+    """Spans as a chrome trace (open in https://ui.perfetto.dev), one track per GPU range.
+
+    The RL simulator and the live trainer both write their phases through this, so a simulated
+    step and a measured one open side by side with the same names and tracks.
+    """
+    events: list[dict] = []
+    tracks: dict[tuple[int, int], int] = {}
+    for step, span in steps_and_spans:
+        pid = tracks.setdefault((span.gpu_start, span.num_gpus), len(tracks))
+        gpus = f"{span.gpu_start}-{span.gpu_start + max(span.num_gpus, 1) - 1}"
+        events.append(
+            {
+                "name": span.label or span.component,
+                "cat": span.component,
+                "ph": "X",
+                "pid": pid,
+                "tid": 0,
+                "ts": span.start * 1e6,
+                "dur": (span.end - span.start) * 1e6,
+                "args": {"step": step, "gpus": gpus},
+            }
+        )
+    for (gpu_start, num_gpus), pid in tracks.items():
+        name = f"GPUs {gpu_start}-{gpu_start + max(num_gpus, 1) - 1}"
+        events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}})
+        events.append(
+            {"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": gpu_start}}
+        )
+    path.write_text(json.dumps({"displayTimeUnit": "ms", "traceEvents": events}) + "\n")
+    return path

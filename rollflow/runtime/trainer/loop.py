@@ -22,7 +22,6 @@ import contextlib
 import logging
 import os
 import random
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from pathlib import Path
 import torch
 
 from rollflow.errors import UserError
+from rollflow.phases import PhaseTimer, Span, write_chrome_trace
 from rollflow.runtime.manager.client import BatchHandle, ManagerClient, ManagerError, ManagerUnreachable
 from rollflow.runtime.trainer import checkpoints
 from rollflow.runtime.trainer.algorithm import LossSettings, MicroBatchStats, backward_micro_batch
@@ -64,9 +64,7 @@ class StepTotals:
     rejected: int = 0
     resumed: int = 0
     tokens: int = 0
-    wait_s: float = 0.0
-    train_s: float = 0.0
-    last_arrival: float | None = None  # perf_counter when the last micro-batch arrived
+    last_arrival: float | None = None  # the timer's clock when the last micro-batch arrived
 
     def add(self, record: MicroBatchRecord) -> None:
         self.rewards += record.rewards
@@ -98,6 +96,9 @@ class Trainer:
         torch.manual_seed(config.seed)
 
         self.parallel = parallel
+        self._world_size = parallel.world_size if parallel is not None else 1
+        self.timer = PhaseTimer()  # rollout (waiting), training, sync: the RL simulator's phase names
+        self._phase_spans: list[tuple[int, Span]] = []  # (step, span) for chrome_trace.json
         checkpoint = checkpoints.latest_checkpoint(self.output_dir) if resume else None
         if parallel is not None:  # every rank resumes from the checkpoint rank 0 picked
             checkpoint = parallel.broadcast(checkpoint)
@@ -187,16 +188,19 @@ class Trainer:
         )
 
     def _train_step(self, batch: BatchHandle) -> StepMetrics:
-        started = time.perf_counter()
+        started = self.timer.clock()
         totals = self._train_on(batch)
         self.step += 1
-        push_began = time.perf_counter()
-        self._push_weights()
-        update_weights_s = time.perf_counter() - push_began
-        step_time = time.perf_counter() - started
+        with self.timer.phase("sync", num_gpus=self._world_size, label=f"update weights v{self.step}"):
+            self._push_weights()
+        step_time = self.timer.clock() - started
+        seconds = self.timer.totals_since(started)
+        wait_s = seconds.get("rollout", 0.0)
         # rollout time as the trainer sees it: until the last micro-batch arrived (a launcher's autoscaler reads it)
         rollout_s = (totals.last_arrival or started) - started
-        self.client.report_step(step_time, totals.wait_s, rollout_s=rollout_s)
+        self.client.report_step(step_time, wait_s, rollout_s=rollout_s)
+        self._phase_spans += [(self.step, span) for span in self.timer.spans if span.start >= started]
+        write_chrome_trace(self.output_dir / "chrome_trace.json", self._phase_spans)
         if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps:
             self._save_checkpoint()
         return StepMetrics(
@@ -213,9 +217,9 @@ class Trainer:
             samples_resumed=totals.resumed,
             tokens=totals.tokens,
             tokens_per_s=totals.tokens / step_time,
-            rollout_wait_s=totals.wait_s,
-            train_s=totals.train_s,
-            update_weights_s=update_weights_s,
+            rollout_wait_s=wait_s,
+            train_s=seconds.get("training", 0.0),
+            update_weights_s=seconds.get("sync", 0.0),
             step_time_s=step_time,
         )
 
@@ -225,27 +229,25 @@ class Trainer:
         totals = StepTotals()
         pending_micro_batches = 0
         per_mini_batch = self.config.mini_batch_micro_batches
-        for groups in self._timed_micro_batches(batch, totals):
-            totals.last_arrival = time.perf_counter()
+        for groups in self._timed_micro_batches(batch):
+            totals.last_arrival = self.timer.clock()
             groups, rejected = self._accept(groups)
             totals.rejected += rejected
             if not groups:
                 continue
-            began = time.perf_counter()
-            self._train_micro_batch(groups, totals, scale=1.0 / per_mini_batch)
-            pending_micro_batches += 1
-            if pending_micro_batches == per_mini_batch:
-                self._optimizer_step()
-                pending_micro_batches = 0
-            totals.train_s += time.perf_counter() - began
+            with self.timer.phase("training", num_gpus=self._world_size, label="micro-batch"):
+                self._train_micro_batch(groups, totals, scale=1.0 / per_mini_batch)
+                pending_micro_batches += 1
+                if pending_micro_batches == per_mini_batch:
+                    self._optimizer_step()
+                    pending_micro_batches = 0
         if pending_micro_batches:
-            began = time.perf_counter()
-            self._optimizer_step()
-            totals.train_s += time.perf_counter() - began
+            with self.timer.phase("training", num_gpus=self._world_size, label="optimizer step"):
+                self._optimizer_step()
         return totals
 
-    def _timed_micro_batches(self, batch: BatchHandle, totals: StepTotals) -> Iterator[list[list[dict]]]:
-        """The batch's micro-batches, adding the time spent blocked on each to `totals.wait_s`.
+    def _timed_micro_batches(self, batch: BatchHandle) -> Iterator[list[list[dict]]]:
+        """The batch's micro-batches, timing the wait for each as the trainer's `rollout` phase.
 
         Each holds exactly `micro_batch_groups` groups (the step's last may hold fewer), however many
         have finished when the trainer asks: otherwise a trainer that fell behind would take every
@@ -255,9 +257,8 @@ class Trainer:
         size = self.config.micro_batch_groups
         iterator = batch.micro_batches(min_groups=size, max_groups=size)
         while True:
-            began = time.perf_counter()
-            groups = next(iterator, None)
-            totals.wait_s += time.perf_counter() - began
+            with self.timer.phase("rollout", num_gpus=self._world_size, label="waiting for micro-batch"):
+                groups = next(iterator, None)
             if groups is None:
                 return
             yield groups

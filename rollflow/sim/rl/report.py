@@ -14,6 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from rollflow.phases import write_chrome_trace as write_phase_trace
 from rollflow.sim.rl.config import RLSimConfig
 from rollflow.sim.rl.trace import StepResult
 
@@ -76,35 +77,7 @@ def plot_gantt(path: Path, config: RLSimConfig, steps: list[StepResult]) -> Path
 
 
 def write_chrome_trace(path: Path, steps: list[StepResult]) -> Path:
-    events: list[dict] = []
-    tracks: dict[tuple[int, int], int] = {}
-    for step in steps:
-        for span in step.spans:
-            key = (span.gpu_start, span.num_gpus)
-            pid = tracks.setdefault(key, len(tracks))
-            events.append(
-                {
-                    "name": span.label or span.component,
-                    "cat": span.component,
-                    "ph": "X",
-                    "pid": pid,
-                    "tid": 0,
-                    "ts": span.start * 1e6,
-                    "dur": (span.end - span.start) * 1e6,
-                    "args": {
-                        "step": step.index,
-                        "gpus": f"{span.gpu_start}-{span.gpu_start + span.num_gpus - 1}",
-                    },
-                }
-            )
-    for (gpu_start, gpus), pid in tracks.items():
-        name = f"GPUs {gpu_start}-{gpu_start + gpus - 1}"
-        events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}})
-        events.append(
-            {"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": gpu_start}}
-        )
-    path.write_text(json.dumps({"displayTimeUnit": "ms", "traceEvents": events}) + "\n")
-    return path
+    return write_phase_trace(path, ((step.index, span) for step in steps for span in step.spans))
 
 
 def print_run(summary: dict, console: Console) -> None:

@@ -1,6 +1,7 @@
 """`rollflow train` as a user runs it: a manager, two built-in engines, the tiny model, a few steps."""
 
 import csv
+import json
 import subprocess
 
 import yaml
@@ -60,6 +61,22 @@ def test_grpo_steps_push_weights_to_every_engine_and_resume_auto_continues_never
     assert engine_versions(manager) == [2, 2]
     assert (output / "checkpoints" / "step_2" / "optimizer.pt").is_file()
     assert (output / "weights" / "v2" / "config.json").is_file()
+    # the trainer's phases, traced under the RL simulator's names; the CSV's seconds are their sums
+    trace = json.loads((output / "chrome_trace.json").read_text())["traceEvents"]
+    spans = [e for e in trace if e["ph"] == "X"]
+    assert {(e["args"]["step"], e["cat"]) for e in spans} == {
+        (step, phase) for step in (1, 2) for phase in ("rollout", "training", "sync")
+    }
+    for row in first:
+        for phase, column in (
+            ("rollout", "rollout_wait_s"),
+            ("training", "train_s"),
+            ("sync", "update_weights_s"),
+        ):
+            seconds = sum(
+                e["dur"] for e in spans if e["cat"] == phase and e["args"]["step"] == int(row["step"])
+            )
+            assert abs(seconds / 1e6 - float(row[column])) < 1e-5
 
     resumed = train({**config, "steps": 3}, tmp_path, "--resume", "auto")
     assert "resumed from" in resumed.stderr and "step 2" in resumed.stderr
