@@ -174,7 +174,15 @@ def parse_sglang_event(payload: dict[str, Any], num_seen: int) -> GenerateChunk:
         finish_type = finish.get("type") if isinstance(finish, dict) else None
         if finish_type not in FINISH_TYPES:
             raise EngineResponseError(f"unknown finish_reason {finish!r}")
+        if finish_type == "abort" and _is_request_error(finish.get("status_code")):
+            # SGLang's FINISH_ABORT with a 4xx status_code: the request's own input failed it, so
+            # it would fail on any engine; the same error an HTTP 4xx answer raises.
+            raise EngineRejectedError(f"engine refused the request mid-stream: {finish.get('message')}")
     return GenerateChunk(token_ids, logprobs, finish_type, parse_weight_version(meta.get("weight_version")))
+
+
+def _is_request_error(status_code: Any) -> bool:
+    return isinstance(status_code, int) and 400 <= status_code < 500
 
 
 def _check_success(answer: Any, url: str, what: str) -> None:

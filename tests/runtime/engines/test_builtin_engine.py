@@ -183,6 +183,11 @@ def test_non_stream_answer_has_sglang_shape(engine):
             "exceeds the model's context length",
         ),
         ("not json", "not valid JSON"),
+        # values the sampler cannot honour are refused at the edge, never reach the generation thread
+        ({"input_ids": [1], "sampling_params": {"sampling_seed": 2**70}}, "sampling_seed"),
+        ({"input_ids": [1], "sampling_params": {"sampling_seed": -1}}, "sampling_seed"),
+        ('{"input_ids": [1], "sampling_params": {"temperature": Infinity}}', "temperature"),
+        ('{"input_ids": [1], "sampling_params": {"top_p": NaN}}', "top_p"),
     ],
 )
 def test_bad_generate_input_gets_a_400_naming_the_problem(engine, body, problem):
@@ -195,6 +200,22 @@ def test_bad_generate_input_gets_a_400_naming_the_problem(engine, body, problem)
     status, answer = run(go())
     assert status == 400
     assert problem in answer["error"]["message"]
+
+
+def test_a_tiny_temperature_decodes_greedily_and_the_engine_stays_healthy(engine):
+    """temperature 1e-38 once killed the generation thread (logits / 1e-38 overflow to NaN)."""
+
+    async def go():
+        client = BuiltinEngineClient(engine.url)
+        try:
+            tiny = SamplingParams(max_new_tokens=12, temperature=1e-38, ignore_eos=True)
+            got = await collect(client, "tiny-temperature", PROMPT, tiny)
+            return got, await collect(client, "greedy-after", PROMPT, greedy(12)), await client.health()
+        finally:
+            await client.close()
+
+    tiny, after, healthy = run(go())
+    assert tiny.token_ids == after.token_ids and healthy
 
 
 def test_health_endpoints_and_model_info(engine, tiny_model):

@@ -24,9 +24,10 @@ class SamplingParamsBody(_Body):
 
     max_new_tokens: int = Field(128, ge=0)
     """Tokens to generate at most; the request finishes with `length` when it reaches them."""
-    temperature: float = Field(1.0, ge=0.0)
-    """0 is greedy decoding; otherwise logits are divided by it before sampling."""
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = Field(1.0, ge=0.0, allow_inf_nan=False)
+    """0 is greedy decoding; otherwise logits are divided by it before sampling. Below
+    `GREEDY_BELOW` it is greedy too, as in SGLang: dividing logits by a tiny temperature overflows."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p."""
     top_k: int = Field(-1, ge=-1)
     """Keep the k most likely tokens; -1 keeps all."""
@@ -34,8 +35,9 @@ class SamplingParamsBody(_Body):
     """Keep generating past the end-of-sequence token."""
     stop_token_ids: list[int] = Field(default_factory=list)
     """More token ids that finish the request with `stop` (the eos token always does, unless ignored)."""
-    sampling_seed: int | None = None
-    """Seed of this request's sampler, so a sampled output can be reproduced; None draws one."""
+    sampling_seed: int | None = Field(None, ge=0, lt=2**64)
+    """Seed of this request's sampler, so a sampled output can be reproduced; None draws one.
+    A 64-bit unsigned value, what torch's generator takes."""
     skip_special_tokens: bool = True
     """Leave special tokens out of the returned `text` (token ids always include them)."""
 

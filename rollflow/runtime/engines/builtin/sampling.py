@@ -11,6 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
+# Temperatures below this decode greedily (SGLang's rule): logits / 1e-38 overflow to inf, and
+# sampling from the resulting NaN distribution is an error rather than a draw.
+GREEDY_BELOW = 1e-5
+
 
 @dataclass(frozen=True)
 class SamplingOptions:
@@ -31,7 +35,7 @@ def sample_next_token(
     logits: torch.Tensor, options: SamplingOptions, generator: torch.Generator | None
 ) -> tuple[int, float]:
     """Return (token id, its logprob) for a 1-D tensor of next-token logits."""
-    if options.temperature == 0:
+    if options.temperature < GREEDY_BELOW:
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         token = int(torch.argmax(logprobs))
         return token, float(logprobs[token])

@@ -150,6 +150,8 @@ class EngineServer:
                 return await self._stream(request, body, events, out)
             while out.finish_reason is None:
                 out.add(await events.get())
+            if out.finish_reason.get("status_code", 200) >= 400:  # the request failed on its own input
+                raise BadRequest(out.finish_reason["message"])
             return web.json_response(self._response(body, out, 0))
         finally:
             if out.finish_reason is None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from rollflow.runtime.engines.builtin.sampling import SamplingOptions, sample_next_token
+from rollflow.runtime.engines.builtin.sampling import GREEDY_BELOW, SamplingOptions, sample_next_token
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class GenerationWorker:
                     if self._stopped or self._paused:
                         break
                     if seq.rid in self._running:
-                        self._step(seq)
+                        self._step_alone(seq)
                     self._run_commands(block=False)
 
     def _run_commands(self, block: bool) -> None:
@@ -151,15 +151,36 @@ class GenerationWorker:
         if seq.rid in self._running:
             seq.emit(self._abort_event(f"request id {seq.rid!r} is already running"))
             return
-        if seq.sampling.temperature > 0:
+        if seq.sampling.temperature >= GREEDY_BELOW:
             seed = seq.sampling.seed
             if seed is None:
                 seed = int(torch.randint(0, 2**62, (1,), generator=self._seeds))
-            seq.generator = torch.Generator().manual_seed(seed)
+            try:
+                seq.generator = torch.Generator().manual_seed(seed)
+            except (RuntimeError, OverflowError) as exc:
+                seq.emit(self._request_error_event(f"sampling_seed {seed} cannot seed a generator: {exc}"))
+                return
         if seq.sampling.max_new_tokens == 0:
             seq.emit(TokenEvent(None, None, self._weight_version, {"type": "length", "length": 0}))
             return
         self._running[seq.rid] = seq
+
+    def _step_alone(self, seq: Sequence) -> None:
+        """`_step`, where an exception ends this request with an error and never the thread.
+
+        The HTTP edge refuses every input it knows the model cannot take, so an exception here is
+        a request the edge let through: the thread dying with it would take every other request
+        and the engine's health down, and a manager resuming the request elsewhere would then take
+        the next engine down the same way.
+        """
+        try:
+            self._step(seq)
+        except Exception as exc:
+            logger.exception("request %s failed in the generation thread; the engine carries on", seq.rid)
+            if self._running.pop(seq.rid, None) is not None:
+                seq.emit(
+                    self._request_error_event(f"request failed in the engine: {type(exc).__name__}: {exc}")
+                )
 
     def _step(self, seq: Sequence) -> None:
         """Run the model on the tokens not yet in the cache and append one sampled token."""
@@ -186,6 +207,12 @@ class GenerationWorker:
 
     def _abort_event(self, message: str) -> TokenEvent:
         return TokenEvent(None, None, self._weight_version, {"type": "abort", "message": message})
+
+    def _request_error_event(self, message: str) -> TokenEvent:
+        """The end of a request that failed on its own input: SGLang's abort with a 400 status_code,
+        which tells a router the request is at fault, not the engine."""
+        finish = {"type": "abort", "message": message, "status_code": 400, "err_type": "BadRequest"}
+        return TokenEvent(None, None, self._weight_version, finish)
 
     def _finish_aborted(self, rids: list[str], message: str) -> None:
         for rid in rids:
