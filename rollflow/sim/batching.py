@@ -19,8 +19,10 @@ aggregate while no block request can fail; otherwise they go request by request.
 With prefix caching on (vllm and sarathi), a request admitted with a cached prefix starts with
 that prefix computed (at least its last prompt token is left to compute) and references the
 cached blocks instead of allocating them; its full prompt blocks join the cache at admission
-(so later requests share them), and when it finishes or is preempted its blocks are released
-and its computed output blocks cached, all evictable (see `prefix_cache`).
+(so later requests share them: as in vLLM v1, which caches blocks when it schedules them, and
+here a request admitted later runs in the iteration of every earlier prompt's last chunk), and
+when it finishes or is preempted its blocks are released and its computed output blocks cached,
+all evictable (see `prefix_cache`); prompt blocks a preempted prefill never computed are dropped.
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ class ReplicaScheduler:
             shared = request.shared
             self.num_allocated_blocks -= request.blocks - len(shared) + cache.release(shared)
             kv_tokens = request.processed - 1 if request.prefill_done else request.processed
+            # preempted mid-prefill: prompt blocks it registered but never computed are not a cache
+            cache.discard_unreferenced(shared[kv_tokens // self.block_size :])
             cache.insert_evictable(self._hashes(request)[len(shared) : kv_tokens // self.block_size])
             request.shared = []
         self.resident_remaining_tokens -= request.total_tokens - request.processed

@@ -99,6 +99,14 @@ class PrefixCache:
                 freed += 1
         return freed
 
+    def discard_unreferenced(self, hashes: list[int]) -> None:
+        """Forget blocks of `hashes` nobody references (registered, never computed)."""
+        refs, evictable = self.ref_counts, self.evictable
+        for block_hash in hashes:
+            if refs.get(block_hash) == 0:
+                del refs[block_hash]
+                evictable.pop(block_hash, None)
+
     def insert_evictable(self, hashes: list[int]) -> int:
         """Cache blocks a request computed and just gave up (its output); returns how many were new."""
         refs, evictable = self.ref_counts, self.evictable

@@ -160,3 +160,25 @@ def test_bad_prefix_configs_are_one_line_errors():
         make_config("scheduler.kind=orca", "scheduler.prefix_caching=true")
     with pytest.raises(UserError, match=r"groups or workload\.sessions"):
         make_config(workload={"groups": {"size": 2}, "sessions": {"turns": 2}})
+
+
+def test_a_prefill_preempted_midway_leaves_only_its_computed_blocks_cached():
+    scheduler = _scheduler(SarathiScheduler, num_blocks=15, chunk_size=8)
+    decoder = SimRequest(0, 0.0, 16, 200, ((50, 16), (51, 200)))
+    scheduler.add_request(decoder)
+    for _ in range(2):  # its prompt in two chunks; decoding from here on, growing a block every 16
+        scheduler.finish(scheduler.next_batch(), 1.0)
+    long = SimRequest(1, 0.5, 192, 4, ((60, 192), (61, 4)))  # the other 12 blocks, 7 tokens a chunk
+    scheduler.add_request(long)
+    now, computed = 1.0, 0
+    while True:
+        computed = long.processed
+        batch = scheduler.next_batch()
+        if scheduler.num_preemptions:
+            break
+        now += 1.0
+        scheduler.finish(batch, now)
+    assert long.num_restarts == 1 and 16 < computed < 192  # the decoder took the last free block
+    hashes = block_hashes(long.segments, 192, 16)
+    # a restart re-prefills only what it had computed, so blocks past that were never computed
+    assert [h in scheduler.prefix_cache for h in hashes] == [i < computed // 16 for i in range(12)]
