@@ -91,6 +91,8 @@ class ReplicaScheduler:
             cache.discard_unreferenced(shared[kv_tokens // self.block_size :])
             cache.insert_evictable(self._hashes(request)[len(shared) : kv_tokens // self.block_size])
             request.shared = []
+            if request.completed_at is not None:
+                request.hashes = None  # not needed again; a long run keeps every request
         self.resident_remaining_tokens -= request.total_tokens - request.processed
         request.blocks = 0
         self.num_resident -= 1
