@@ -273,6 +273,9 @@ class ReplicaScheduler:
         handed back, its KV blocks freed and its tokens taken off the totals."""
         released = list(self.waiting)
         self.waiting.clear()
+        if self.prefix_cache is not None:
+            for request in released:
+                request.processed = 0  # a cache look-up's mark, meaningless on another replica
         self.waiting_tokens = 0
         resident = [*self.running, *(self.cohort.release_all() if self.cohort is not None else ())]
         self.running.clear()
