@@ -131,6 +131,9 @@ class LearnConfig(Section):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     use_predicted_output: bool = True
     """Show the policy each request's output length (the simulator's true length, as a perfect predictor)."""
+    cache_feature: bool = False
+    """Show the policy how much of each request's prompt every instance caches (with
+    `scheduler.prefix_caching`); off keeps the observation of policies trained before it."""
     bc: BCConfig = Field(default_factory=BCConfig)
     ppo: PPOConfig = Field(default_factory=PPOConfig)
     output_dir: str = "outputs/router"
@@ -159,6 +162,8 @@ class LearnConfig(Section):
             raise ValueError(f"scenario.eval_seeds overlap train_seeds: {sorted(overlap)}")
         if self.scenario.imbalance_requests >= self.scenario.episode_requests:
             raise ValueError("scenario.imbalance_requests must be below episode_requests")
+        if self.cache_feature and not self.scheduler.prefix_caching:
+            raise ValueError("cache_feature needs scheduler.prefix_caching: true (else every share reads 0)")
         return self
 
 

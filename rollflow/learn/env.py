@@ -35,7 +35,9 @@ from rollflow.sim.workload import build_requests
 
 def observation_spec(config: LearnConfig) -> ObservationSpec:
     return ObservationSpec(
-        num_instances=config.cluster.num_replicas, use_predicted_output=config.use_predicted_output
+        num_instances=config.cluster.num_replicas,
+        use_predicted_output=config.use_predicted_output,
+        cache_feature=config.cache_feature,
     )
 
 

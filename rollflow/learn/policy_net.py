@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rollflow.policy.learned import NUM_INSTANCE_FEATURES, LearnedRouter, ObservationSpec
+from rollflow.policy.learned import LearnedRouter, ObservationSpec
 
 
 def _mlp(sizes: list[int]) -> nn.Sequential:
@@ -31,13 +31,13 @@ class ScorerPolicy(nn.Module):
     def __init__(self, spec: ObservationSpec, hidden: int = 64) -> None:
         super().__init__()
         self.spec = spec
-        n, f = spec.num_instances, NUM_INSTANCE_FEATURES
+        n, f = spec.num_instances, spec.num_instance_features
         self.scorer = _mlp([2 * f + n + (spec.size - n * f), hidden, hidden, 1])
         self.critic = _mlp([spec.size, hidden, hidden, 1])
         self.register_buffer("slots", torch.eye(n))
 
     def logits(self, obs: torch.Tensor) -> torch.Tensor:
-        n, f = self.spec.num_instances, NUM_INSTANCE_FEATURES
+        n, f = self.spec.num_instances, self.spec.num_instance_features
         batch = obs.shape[0]
         per = obs[:, : n * f].reshape(batch, n, f)
         req = obs[:, n * f :]

@@ -84,7 +84,7 @@ class SteppedSimulator:
             self._accrue(until)
 
     def view(self) -> ClusterView:
-        return self.sim.snapshot()
+        return self.sim.snapshot(None if self.done else self.pending)
 
     def route(self, target: int) -> None:
         """Send the pending request to replica `target`, then run up to the next arrival."""
@@ -108,7 +108,7 @@ class SteppedSimulator:
 
 
 def request_of(request: SimRequest) -> RouteRequest:
-    return RouteRequest(request.id, request.prompt_tokens, request.output_tokens)
+    return RouteRequest(request.id, request.prompt_tokens, request.output_tokens, request.prefix_key)
 
 
 def token_load_cv(instances: list[InstanceView]) -> float:

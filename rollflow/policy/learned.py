@@ -24,7 +24,7 @@ import numpy as np
 from rollflow.errors import UserError
 from rollflow.policy.view import ClusterView, InstanceView, RouteRequest
 
-NUM_INSTANCE_FEATURES = 8
+NUM_INSTANCE_FEATURES = 8  # load features; a spec with `cache_feature` adds one
 NUM_REQUEST_FEATURES = 2
 FORMAT_VERSION = 1
 MAX_FEATURE = 50.0  # features are log-scaled; the clip only guards against absurd inputs
@@ -39,10 +39,15 @@ class ObservationSpec:
     request_scale: float = 16.0  # request counts as log1p(count / request_scale)
     throughput_scale: float = 1000.0  # tokens/s as log1p(tokens_per_s / throughput_scale)
     use_predicted_output: bool = True  # feed the request's expected output length (else 0)
+    cache_feature: bool = False  # feed each instance's cached share of the prompt (files before it: off)
+
+    @property
+    def num_instance_features(self) -> int:
+        return NUM_INSTANCE_FEATURES + self.cache_feature
 
     @property
     def size(self) -> int:
-        return self.num_instances * NUM_INSTANCE_FEATURES + NUM_REQUEST_FEATURES
+        return self.num_instances * self.num_instance_features + NUM_REQUEST_FEATURES
 
 
 def encode_features(
@@ -57,10 +62,12 @@ def encode_features(
         raise UserError(
             f"learned router was trained for {spec.num_instances} instances, the view has {len(view.instances)}"
         )
-    return _instance_rows(view.instances, spec), _request_row(request, spec)
+    return _instance_rows(view.instances, spec, request), _request_row(request, spec)
 
 
-def _instance_rows(instances: Sequence[InstanceView], spec: ObservationSpec) -> list[list[float]]:
+def _instance_rows(
+    instances: Sequence[InstanceView], spec: ObservationSpec, request: RouteRequest
+) -> list[list[float]]:
     tokens, count, rate_scale = 1.0 / spec.token_scale, 1.0 / spec.request_scale, 1.0 / spec.throughput_scale
     rows = []
     for inst in instances:
@@ -76,7 +83,10 @@ def _instance_rows(instances: Sequence[InstanceView], spec: ObservationSpec) -> 
             load * tokens,
             load / rate if rate > 0 else 0.0,  # seconds to drain the load at the measured rate
         )
-        rows.append([_squash(v) for v in raw])
+        row = [_squash(v) for v in raw]
+        if spec.cache_feature:  # a share, 0..1: the view's cached tokens over the prompt
+            row.append(min(1.0, inst.cached_tokens / request.prompt_tokens) if request.prompt_tokens else 0.0)
+        rows.append(row)
     return rows
 
 
@@ -102,8 +112,9 @@ class LearnedRouter:
 
     def __init__(self, spec: ObservationSpec, weights: list[tuple[np.ndarray, np.ndarray]]) -> None:
         self.spec = spec
+        self.reads_cache = spec.cache_feature  # the simulator fills the view's cached_tokens for it
         layers = [(w.astype(np.float32), b.astype(np.float32)) for w, b in weights]
-        n, f = spec.num_instances, NUM_INSTANCE_FEATURES
+        n, f = spec.num_instances, spec.num_instance_features
         w0, b0 = layers[0]
         # The first layer's inputs are [own | slot one-hot | mean | request]: the one-hot rows
         # become a per-slot bias, the rest one matrix over rows [own | mean | request].
@@ -119,7 +130,7 @@ class LearnedRouter:
 
     def scores(self, obs: np.ndarray) -> np.ndarray:
         """Score of each instance for one flat observation (the env's); the argmax is the pick."""
-        n, f = self.spec.num_instances, NUM_INSTANCE_FEATURES
+        n, f = self.spec.num_instances, self.spec.num_instance_features
         per = obs[: n * f].reshape(n, f)
         tail = np.concatenate([per.mean(axis=0), obs[n * f :]])
         w, b = self._layers[-1]
@@ -135,7 +146,7 @@ class LearnedRouter:
         slot_bias = (
             self._slot_bias if n == self.spec.num_instances else self._slot_bias[self._slots(instances)]
         )
-        rows = _instance_rows(instances, self.spec)
+        rows = _instance_rows(instances, self.spec, request)
         tail = [sum(column) / n for column in zip(*rows, strict=True)] + _request_row(request, self.spec)
         hidden = np.tanh(np.array([row + tail for row in rows], dtype=np.float32) @ self._w_first + slot_bias)
         for w, b in self._layers[:-1]:

@@ -8,10 +8,11 @@ Ties go to the lowest instance id, which keeps runs deterministic.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from rollflow.errors import UserError
+from rollflow.policy.affinity import ConsistentHashRouter, PrefixAffinityRouter, SessionRouter
 from rollflow.policy.view import ClusterView, InstanceView, RouteRequest
 
 
@@ -101,12 +102,15 @@ def _learned_router(seed: int = 0, path: str | None = None) -> Router:
 
 
 ROUTERS: dict[str, Callable[..., Router]] = {}
+AFFINITY_ROUTERS: set[str] = set()  # routers built with the balance thresholds (cluster.affinity)
 
 
-def register_router(name: str, factory: Callable[..., Router]) -> None:
+def register_router(name: str, factory: Callable[..., Router], takes_thresholds: bool = False) -> None:
     if name in ROUTERS:
         raise ValueError(f"router {name!r} is already registered")
     ROUTERS[name] = factory
+    if takes_thresholds:
+        AFFINITY_ROUTERS.add(name)
 
 
 for _cls in (
@@ -118,11 +122,18 @@ for _cls in (
 ):
     register_router(_cls.name, _cls)
 register_router("learned", _learned_router)
+for _cls in (PrefixAffinityRouter, SessionRouter, ConsistentHashRouter):
+    register_router(_cls.name, _cls, takes_thresholds=True)
 
 
-def make_router(name: str, seed: int = 0, path: str | None = None) -> Router:
-    """Build a registered router; `path` is the policy file of a router that loads one (learned)."""
+def make_router(
+    name: str, seed: int = 0, path: str | None = None, thresholds: Mapping[str, float] | None = None
+) -> Router:
+    """Build a registered router; `path` is the policy file of a router that loads one (learned),
+    `thresholds` the balance thresholds of a cache-affine one (its defaults if not given)."""
     factory = ROUTERS.get(name)
     if factory is None:
         raise ValueError(f"unknown router {name!r}; choose one of: {', '.join(ROUTERS)}")
+    if name in AFFINITY_ROUTERS:
+        return factory(seed, **(thresholds or {}))
     return factory(seed) if path is None else factory(seed, path=path)

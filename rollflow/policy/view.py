@@ -24,6 +24,9 @@ class InstanceView(NamedTuple):
     tokens_per_s: float = 0.0  # recent measured generation throughput
     kind: InstanceKind = "local"
     weight_version: int = 0
+    cached_tokens: int = 0
+    # prompt tokens of the request being routed that the instance is known to cache: the
+    # simulator's exact prefix cache, or what a manager recorded sending there
 
     @property
     def num_outstanding(self) -> int:
@@ -47,3 +50,4 @@ class RouteRequest(NamedTuple):
     request_id: int
     prompt_tokens: int
     expected_output_tokens: int  # the true length in simulation if so configured, else a prediction
+    prefix_key: int = 0  # requests to keep together (a GRPO group, a session); 0: none

@@ -15,6 +15,14 @@ schedulers so that the two simulators agree:
 Requests in flight (in a batch not yet finished) are in neither queue. With one pipeline
 stage, vllm and sarathi keep decoding requests in a `DecodeCohort` and schedule them in
 aggregate while no block request can fail; otherwise they go request by request.
+
+With prefix caching on (vllm and sarathi), a request admitted with a cached prefix starts with
+that prefix computed (at least its last prompt token is left to compute) and references the
+cached blocks instead of allocating them; its full prompt blocks join the cache at admission
+(so later requests share them: as in vLLM v1, which caches blocks when it schedules them, and
+here a request admitted later runs in the iteration of every earlier prompt's last chunk), and
+when it finishes or is preempted its blocks are released and its computed output blocks cached,
+all evictable (see `prefix_cache`); prompt blocks a preempted prefill never computed are dropped.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from collections import deque
 from math import ceil
 
 from rollflow.sim.cohort import DecodeCohort
+from rollflow.sim.prefix_cache import PrefixCache, block_hashes
 from rollflow.sim.request import Batch, SimRequest
 
 
@@ -37,6 +46,7 @@ class ReplicaScheduler:
         num_stages: int,
         watermark_blocks_fraction: float,
         aggregate_decodes: bool = False,
+        prefix_caching: bool = False,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -52,21 +62,37 @@ class ReplicaScheduler:
         self.waiting_tokens = 0  # prompt + output tokens of the waiting requests
         self.resident_remaining_tokens = 0  # tokens the resident requests still have to process
         self.num_preemptions = 0
+        self.prefix_cache = PrefixCache() if prefix_caching else None
 
     # -- KV blocks ---------------------------------------------------------------------------
     @property
     def free_blocks(self) -> int:
         return self.num_blocks - self.num_allocated_blocks
 
-    def _allocate(self, request: SimRequest, num_blocks: int) -> None:
+    def _allocate(self, request: SimRequest, num_blocks: int, newly_allocated: int | None = None) -> None:
+        """Give `request` `num_blocks` more blocks, of which `newly_allocated` (default: all) come
+        out of free memory (the rest are cached blocks other requests already hold)."""
         if request.blocks == 0:
             self.num_resident += 1
             self.resident_remaining_tokens += request.total_tokens - request.processed
         request.blocks += num_blocks
-        self.num_allocated_blocks += num_blocks
+        self.num_allocated_blocks += num_blocks if newly_allocated is None else newly_allocated
 
     def free(self, request: SimRequest) -> None:
-        self.num_allocated_blocks -= request.blocks
+        cache = self.prefix_cache
+        if cache is None:
+            self.num_allocated_blocks -= request.blocks
+        else:
+            self._trim_cache()
+            shared = request.shared
+            self.num_allocated_blocks -= request.blocks - len(shared) + cache.release(shared)
+            kv_tokens = request.processed - 1 if request.prefill_done else request.processed
+            # preempted mid-prefill: prompt blocks it registered but never computed are not a cache
+            cache.discard_unreferenced(shared[kv_tokens // self.block_size :])
+            cache.insert_evictable(self._hashes(request)[len(shared) : kv_tokens // self.block_size])
+            request.shared = []
+            if request.completed_at is not None:
+                request.hashes = None  # not needed again; a long run keeps every request
         self.resident_remaining_tokens -= request.total_tokens - request.processed
         request.blocks = 0
         self.num_resident -= 1
@@ -74,14 +100,63 @@ class ReplicaScheduler:
     def _can_admit_or_grow(self, request: SimRequest) -> bool:
         if request.blocks == 0:
             needed = ceil(request.num_prefill / self.block_size)
+            if self.prefix_cache is not None:
+                needed -= self._look_up_prefix(request)
             return self.num_blocks - self.num_allocated_blocks - needed >= self.watermark_blocks
         return self.num_blocks - self.num_allocated_blocks >= 1
 
     def _admit_or_grow(self, request: SimRequest) -> None:
         if request.blocks == 0:
-            self._allocate(request, ceil(request.num_prefill / self.block_size))
+            num_blocks = ceil(request.num_prefill / self.block_size)
+            cache = self.prefix_cache
+            if cache is None:
+                self._allocate(request, num_blocks)
+                return
+            self._look_up_prefix(request)
+            prompt = self._hashes(request)[: request.num_prefill // self.block_size]
+            taken = cache.acquire(prompt)
+            request.shared = prompt
+            if request.num_restarts == 0:
+                request.cached_tokens = request.processed
+            self._allocate(request, num_blocks, taken + num_blocks - len(prompt))
+            self._trim_cache()
         elif request.processed > request.blocks * self.block_size:
             self._allocate(request, 1)
+
+    # -- prefix cache ----------------------------------------------------------------------------
+    def _hashes(self, request: SimRequest) -> list[int]:
+        if request.hashes is None:
+            total = request.prompt_tokens + request.output_tokens
+            request.hashes = block_hashes(request.segments, total, self.block_size)
+        return request.hashes
+
+    def _look_up_prefix(self, request: SimRequest) -> int:
+        """Mark a waiting request's cached prefix computed (all but its last prompt token at most);
+        return how many of its prompt blocks other requests hold (admitting it allocates none)."""
+        cache = self.prefix_cache
+        assert cache is not None
+        self._trim_cache()
+        prompt = self._hashes(request)[: request.num_prefill // self.block_size]
+        hit_tokens = cache.match(prompt) * self.block_size
+        request.processed = min(hit_tokens, request.num_prefill - 1)
+        return cache.num_referenced_among(prompt)
+
+    def cached_prefix_tokens(self, request: SimRequest) -> int:
+        """Prompt tokens of `request` this replica has cached now (0 without prefix caching)."""
+        cache = self.prefix_cache
+        if cache is None:
+            return 0
+        self._trim_cache()
+        prompt = self._hashes(request)[: request.num_prefill // self.block_size]
+        return cache.match(prompt) * self.block_size
+
+    def _trim_cache(self) -> None:
+        """Evict what blocks taken since (decode growth) need: unreferenced cached blocks live in
+        free memory, so at most `num_blocks - allocated` stay. Done lazily, before the cache is
+        read or changed; the LRU order is the same as evicting at each allocation."""
+        cache = self.prefix_cache
+        if cache is not None:
+            cache.evict_to(self.num_blocks - self.num_allocated_blocks)
 
     def _preempt_for(self, request: SimRequest) -> bool:
         """Free blocks for a running request by restarting the latest arrivals; False if it lost."""
@@ -198,6 +273,9 @@ class ReplicaScheduler:
         handed back, its KV blocks freed and its tokens taken off the totals."""
         released = list(self.waiting)
         self.waiting.clear()
+        if self.prefix_cache is not None:
+            for request in released:
+                request.processed = 0  # a cache look-up's mark, meaningless on another replica
         self.waiting_tokens = 0
         resident = [*self.running, *(self.cohort.release_all() if self.cohort is not None else ())]
         self.running.clear()
@@ -255,9 +333,9 @@ class VllmScheduler(ReplicaScheduler):
         waiting = self.waiting
         while waiting:
             request = waiting[0]
-            tokens = 1 if request.prefill_done else request.num_prefill
             if not self._can_admit_or_grow(request):
                 break
+            tokens = 1 if request.prefill_done else request.num_prefill - request.processed
             if (len(requests) + 1) * max(longest, tokens) > self.max_tokens_in_batch:
                 break
             if self.num_resident == self.batch_size_cap or len(requests) == self.max_micro_batch_size:
@@ -277,7 +355,7 @@ class VllmScheduler(ReplicaScheduler):
             request = running.pop(0)
             if self._preempt_for(request):
                 requests.append(request)
-                num_tokens.append(1 if request.prefill_done else request.num_prefill)
+                num_tokens.append(1 if request.prefill_done else request.num_prefill - request.processed)
         return self._batch(requests, num_tokens, cohort_size)
 
     def _waiting_blocked(self, batch: Batch) -> bool:

@@ -124,6 +124,7 @@ def build_scheduler(config: SimConfig, model: ModelSpec, layout: ParallelLayout)
         num_stages=layout.pipeline_stages,
         watermark_blocks_fraction=sched.watermark_blocks_fraction,
         aggregate_decodes=config.simulator.fast_forward,
+        prefix_caching=sched.prefix_caching,
     )
     if sched.kind == "vllm":
         return VllmScheduler(**common, max_tokens_in_batch=sched.max_tokens_in_batch)

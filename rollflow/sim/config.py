@@ -51,6 +51,19 @@ class ReplicaGroup(Section):
     pipeline_stages: int = Field(1, ge=1)
 
 
+class AffinityConfig(Section):
+    """When a cache-affine router gives up affinity for balance, as sgl-router's cache_aware does.
+
+    An instance is overloaded, and loses its affinity, when its outstanding requests exceed the
+    least loaded instance's by more than `balance_abs_threshold` and by a factor of more than
+    `balance_rel_threshold`."""
+
+    balance_abs_threshold: int = Field(16, ge=0)
+    balance_rel_threshold: float = Field(1.5, ge=1.0)
+    cache_threshold: float = Field(0.3, ge=0.0, le=1.0)
+    """prefix_affinity: least fraction of the prompt cached on an instance for it to attract the request."""
+
+
 class ClusterConfig(Section):
     replicas: int = Field(1, ge=1)
     """Number of identical model replicas behind the router (with `groups`: their total)."""
@@ -73,6 +86,8 @@ class ClusterConfig(Section):
     """GPU memory kept free of weights and KV cache."""
     router: Literal[tuple(ROUTERS)] = "round_robin"  # type: ignore[valid-type]
     """Global routing policy (rollflow.policy.routing)."""
+    affinity: AffinityConfig = Field(default_factory=AffinityConfig)
+    """Balance thresholds of the cache-affine routers (prefix_affinity, session)."""
     router_path: str | None = None
     """learned router: the exported policy file (`rollflow router train` writes policy.npz)."""
     dispatch: Literal["on_arrival", "late_binding"] = "on_arrival"
@@ -151,6 +166,16 @@ class SchedulerConfig(Section):
     """vllm: cap on batch size x longest prompt in a prefill batch."""
     chunk_size: int = Field(512, ge=1)
     """sarathi: token budget of one iteration (decodes plus prefill chunks)."""
+    prefix_caching: bool = False
+    """Keep computed KV blocks cached by content (vLLM's automatic prefix caching): a request's
+    cached prefix skips its prefill and shares its blocks; unreferenced blocks are evicted least
+    recently used first. vllm and sarathi only."""
+
+    @model_validator(mode="after")
+    def _prefix_caching_kinds(self) -> SchedulerConfig:
+        if self.prefix_caching and self.kind == "orca":
+            raise ValueError("prefix_caching needs kind vllm or sarathi (orca reserves whole requests)")
+        return self
 
 
 class ExecutionConfig(Section):
@@ -250,19 +275,55 @@ class TraceWorkload(Section):
     """Replay only the first N rows."""
 
 
+class GroupsConfig(Section):
+    """GRPO-shaped traffic: every arrival is one prompt submitted `size` times at once."""
+
+    size: int = Field(8, ge=1)
+    """Samples per prompt (n); they share the prompt and differ in their outputs."""
+
+
+class SessionsConfig(Section):
+    """Multi-turn agents: every arrival opens a session of `turns` turns; turn k's prompt is turn
+    k-1's prompt, its answer and `turn_tokens` new tokens (a tool result, the next user message).
+
+    Open loop: turn k arrives `think_time_s` after turn k-1 arrived, whether or not it finished.
+    A session ends early when its next turn would exceed `workload.max_tokens`."""
+
+    turns: int = Field(4, ge=1)
+    think_time_s: float = Field(5.0, ge=0.0)
+    """Time between the arrivals of consecutive turns."""
+    turn_tokens: int = Field(128, ge=1)
+    """New prompt tokens each turn after the first adds."""
+
+
 class SyntheticWorkload(Section):
     kind: Literal["synthetic"] = "synthetic"
     num_requests: int | None = Field(128, ge=1)
+    """Arrivals to generate (a group or a session counts once)."""
     duration_s: float | None = Field(None, gt=0.0)
     """If set, generate arrivals until this time instead of num_requests."""
     max_tokens: int = Field(4096, ge=2)
     lengths: LengthConfig = Field(default_factory=FixedLengths)
     intervals: IntervalConfig = Field(default_factory=PoissonIntervals)
+    system_prompt_tokens: int = Field(0, ge=0)
+    """A system prompt every request starts with (part of its prompt length)."""
+    groups: GroupsConfig | None = None
+    """Submit each prompt n times (GRPO); unset: one request per arrival."""
+    sessions: SessionsConfig | None = None
+    """Multi-turn sessions; unset: single-turn requests."""
 
     @model_validator(mode="before")
     @classmethod
     def _default_kinds(cls, data: object) -> object:
         return fill_default_kinds(data, {"lengths": "fixed", "intervals": "poisson"})
+
+    @model_validator(mode="after")
+    def _prefix_shapes(self) -> SyntheticWorkload:
+        if self.groups is not None and self.sessions is not None:
+            raise ValueError("set workload.groups or workload.sessions, not both")
+        if self.system_prompt_tokens + 2 > self.max_tokens:
+            raise ValueError("system_prompt_tokens must leave room for a prompt token and an output token")
+        return self
 
 
 class RolloutBurstWorkload(Section):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rollflow.sim.request import SimRequest
 from rollflow.sim.simulator import SimResult
 
 LATENCY_METRICS = ("ttft", "tpot", "e2e", "scheduling_delay")
@@ -104,11 +105,20 @@ def summarize(result: SimResult, table: RequestTable, sim_loop_s: float) -> dict
         "num_events": result.num_events,
         "output_tokens_per_s": generated / simulated if simulated else 0.0,
         "preempted_requests": int((cols["preemptions"] > 0).sum()),
+        "prefix_hit_rate": prefix_hit_rate(result.requests),
+        "prefill_tokens_computed": int((batch_arr[:, 4] * batch_arr[:, 5]).sum()) if len(batch_arr) else 0,
         "batch_size": _weighted_distribution(batch_arr[:, 2], weights),
         "batch_tokens": _weighted_distribution(batch_arr[:, 3], weights),
         "replicas": replicas,
         "execution_model": result.operator_source,
     }
+
+
+def prefix_hit_rate(requests: list[SimRequest]) -> float:
+    """Prompt tokens found in a prefix cache at first admission over all prompt tokens admitted."""
+    admitted = [r for r in requests if r.scheduled_at is not None]
+    prompt = sum(r.prompt_tokens for r in admitted)
+    return sum(r.cached_tokens for r in admitted) / prompt if prompt else 0.0
 
 
 def _weighted_distribution(values: np.ndarray, weights: np.ndarray) -> dict[str, float]:

@@ -218,7 +218,8 @@ class Replica:
         return False
 
     # -- snapshot ---------------------------------------------------------------------------
-    def view(self, now: float) -> InstanceView:
+    def view(self, now: float, request: SimRequest | None = None) -> InstanceView:
+        """This replica as a policy sees it; with `request`, how much of its prompt is cached here."""
         scheduler = self.scheduler
         running_tokens = scheduler.resident_remaining_tokens
         run = self.run_in_flight
@@ -234,6 +235,8 @@ class Replica:
             scheduler.num_allocated_blocks / scheduler.num_blocks,
             self.tokens_per_s,
             self.kind,
+            0,
+            scheduler.cached_prefix_tokens(request) if request is not None else 0,
         )
 
 

@@ -147,3 +147,7 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
         f"simulation loop {summary['sim_loop_s']:.2f} s "
         f"({summary['requests_per_cpu_second']:.0f} requests per CPU-second), wall {summary['wall_time_s']:.2f} s"
     )
+    console.print(
+        f"prefill tokens computed {summary['prefill_tokens_computed']}; "
+        f"prefix cache hit rate {summary['prefix_hit_rate']:.3f}"
+    )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rollflow.sim.prefix_cache import Segments
+
 
 class SimRequest:
     """One inference request as a replica sees it.
@@ -15,8 +17,10 @@ class SimRequest:
     __slots__ = (
         "arrived_at",
         "blocks",
+        "cached_tokens",
         "completed_at",
         "decode_base",
+        "hashes",
         "id",
         "num_decode",
         "num_prefill",
@@ -24,13 +28,24 @@ class SimRequest:
         "output_tokens",
         "prefill_completed_at",
         "prefill_done",
+        "prefix_key",
         "processed",
         "prompt_tokens",
         "replica_id",
         "scheduled_at",
+        "segments",
+        "shared",
     )
 
-    def __init__(self, request_id: int, arrived_at: float, prompt_tokens: int, output_tokens: int) -> None:
+    def __init__(
+        self,
+        request_id: int,
+        arrived_at: float,
+        prompt_tokens: int,
+        output_tokens: int,
+        segments: Segments | None = None,
+        prefix_key: int = 0,
+    ) -> None:
         self.id = request_id
         self.arrived_at = arrived_at
         self.prompt_tokens = prompt_tokens
@@ -46,6 +61,12 @@ class SimRequest:
         self.scheduled_at: float | None = None
         self.prefill_completed_at: float | None = None
         self.completed_at: float | None = None
+        # prefix caching: token identity as (content id, length) segments over prompt + output
+        self.segments: Segments = segments or ((-1 - request_id, prompt_tokens + output_tokens),)
+        self.prefix_key = prefix_key  # what routers keep together: a GRPO group, a session
+        self.hashes: list[int] | None = None  # full-block hashes, computed on first use
+        self.shared: list[int] = []  # hashes of the cached blocks it references
+        self.cached_tokens = 0  # prompt tokens its first admission found cached
 
     @property
     def total_tokens(self) -> int:

@@ -79,7 +79,13 @@ class ServingSimulator:
                 self.add_instance(group)
         self.operator_source = self.groups[-1].operator_source
         cluster = config.cluster
-        self.router = router or make_router(cluster.router, seed=config.seed, path=cluster.router_path)
+        self.router = router or make_router(
+            cluster.router,
+            seed=config.seed,
+            path=cluster.router_path,
+            thresholds=cluster.affinity.model_dump(),
+        )
+        self._reads_cache = getattr(self.router, "reads_cache", False)
         self.requests = sorted(requests, key=lambda r: r.arrived_at)
         self.check_servable(self.requests)
         self._accepting: list[int] | None = None
@@ -158,10 +164,13 @@ class ServingSimulator:
         for replica in {r.predictor: r for r in self.replicas}.values():
             check_servable(requests, replica.scheduler, self.config)
 
-    def snapshot(self) -> ClusterView:
-        """The instances taking work, as a policy sees them now; frozen (later events change nothing)."""
+    def snapshot(self, request: SimRequest | None = None) -> ClusterView:
+        """The instances taking work, as a policy sees them now; frozen (later events change nothing).
+
+        With `request`, each instance's `cached_tokens` is how much of its prompt the instance's
+        prefix cache holds now."""
         now, replicas = self.now, self.replicas
-        return ClusterView(now, tuple(replicas[i].view(now) for i in self.accepting_ids()))
+        return ClusterView(now, tuple(replicas[i].view(now, request) for i in self.accepting_ids()))
 
     def add_instance(self, group: GroupPlan | None = None, kind: InstanceKind = "local") -> int:
         """A new replica of `group` (the first group by default), empty, taking work from now."""
@@ -267,8 +276,9 @@ class ServingSimulator:
             self.cluster_queue.append(request)
             self._dispatch_queued(events)
         else:
-            route = RouteRequest(request.id, request.prompt_tokens, request.output_tokens)
-            self._place(request, self.router.pick(route, self.snapshot()), events)
+            route = RouteRequest(request.id, request.prompt_tokens, request.output_tokens, request.prefix_key)
+            view = self.snapshot(request if self._reads_cache else None)
+            self._place(request, self.router.pick(route, view), events)
         return events
 
     def _place(self, request: SimRequest, target: int, events: list[Event]) -> None:
@@ -284,13 +294,16 @@ class ServingSimulator:
         while queue:
             free = [
                 view
-                for view in (self.replicas[i].view(now) for i in self.accepting_ids())
+                for view in (
+                    self.replicas[i].view(now, queue[0] if self._reads_cache else None)
+                    for i in self.accepting_ids()
+                )
                 if view.num_running + view.num_queued < capacity
             ]
             if not free:
                 return
             request = queue.popleft()
-            route = RouteRequest(request.id, request.prompt_tokens, request.output_tokens)
+            route = RouteRequest(request.id, request.prompt_tokens, request.output_tokens, request.prefix_key)
             self._place(request, self.router.pick(route, ClusterView(now, tuple(free))), events)
 
     def _cut_run(self, replica: Replica, events: list[Event]) -> None:

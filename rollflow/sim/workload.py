@@ -25,6 +25,7 @@ from rollflow.sim.config import (
     WorkloadConfig,
     ZipfLengths,
 )
+from rollflow.sim.prefix_cache import Segments
 from rollflow.sim.request import SimRequest
 
 
@@ -36,13 +37,89 @@ def build_requests(workload: WorkloadConfig, seed: int) -> list[SimRequest]:
     if isinstance(workload, TraceWorkload):
         arrivals, prompts, outputs = replay_trace(workload)
     elif isinstance(workload, SyntheticWorkload):
+        if _shares_prefixes(workload):
+            return shared_prefix_requests(workload, seed)
         arrivals, prompts, outputs = synthesize(workload, seed)
     else:
-        arrivals, prompts, outputs = rollout_burst(workload, seed)
+        return _burst_requests(workload, seed)
     order = np.argsort(arrivals, kind="stable")
     return [
         SimRequest(i, float(arrivals[j]), int(prompts[j]), int(outputs[j]))
         for i, j in enumerate(order.tolist())
+    ]
+
+
+def _shares_prefixes(workload: SyntheticWorkload) -> bool:
+    return workload.system_prompt_tokens > 0 or workload.groups is not None or workload.sessions is not None
+
+
+def _numbered(specs: list[tuple[float, int, int, Segments, int]]) -> list[SimRequest]:
+    """(arrival, prompt, output, segments, prefix key) -> requests numbered in arrival order."""
+    specs.sort(key=lambda spec: spec[0])  # stable: a group keeps its order
+    return [
+        SimRequest(i, arrival, prompt, output, segments, key)
+        for i, (arrival, prompt, output, segments, key) in enumerate(specs)
+    ]
+
+
+def shared_prefix_requests(workload: SyntheticWorkload, seed: int) -> list[SimRequest]:
+    """Synthetic traffic whose requests share prefixes, with their token identity as segments.
+
+    Content ids: 0 is the system prompt, each prompt, answer and turn gets its own. Lengths are
+    drawn as for plain synthetic traffic with room left for the system prompt; a group's samples
+    take their group's prompt and their own outputs; a session's turns draw their outputs.
+    """
+    system = workload.system_prompt_tokens
+    budget = workload.max_tokens - system
+    arrivals, _, _ = synthesize(workload, seed)
+    rng = np.random.default_rng(seed + 1)
+    per_arrival = (
+        workload.groups.size if workload.groups else workload.sessions.turns if workload.sessions else 1
+    )
+    prompts, outputs = _lengths(workload.lengths, len(arrivals) * per_arrival, budget, rng)
+    head: Segments = ((0, system),) if system else ()
+    next_id = 1
+    specs: list[tuple[float, int, int, Segments, int]] = []
+    for index, arrival in enumerate(arrivals.tolist()):
+        base = index * per_arrival
+        prompt_id, next_id = next_id, next_id + 1
+        context = (*head, (prompt_id, int(prompts[base])))
+        if workload.sessions is None:
+            for k in range(per_arrival):  # a group (or a lone request) on one prompt
+                output = min(int(outputs[base + k]), budget - int(prompts[base]))
+                answer, next_id = next_id, next_id + 1
+                specs.append(
+                    (arrival, system + int(prompts[base]), output, (*context, (answer, output)), index + 1)
+                )
+            continue
+        sessions = workload.sessions
+        for turn in range(per_arrival):
+            prompt = sum(length for _, length in context)
+            output = int(outputs[base + turn])
+            if prompt + output > workload.max_tokens:
+                break
+            answer, next_id = next_id, next_id + 1
+            at = arrival + turn * sessions.think_time_s
+            specs.append((at, prompt, output, (*context, (answer, output)), index + 1))
+            context = (*context, (answer, output), (next_id, sessions.turn_tokens))
+            next_id += 1
+    return _numbered(specs)
+
+
+def _burst_requests(workload: RolloutBurstWorkload, seed: int) -> list[SimRequest]:
+    """An RL burst with token identity: the samples of a prompt share it (content id per prompt)."""
+    arrivals, prompts, outputs = rollout_burst(workload, seed)
+    group = workload.samples_per_prompt
+    return [
+        SimRequest(
+            i,
+            float(arrivals[i]),
+            int(prompts[i]),
+            int(outputs[i]),
+            ((i // group, int(prompts[i])), (-1 - i, int(outputs[i]))),
+            i // group + 1,
+        )
+        for i in range(len(arrivals))
     ]
 
 
