@@ -110,7 +110,7 @@ def load_operator_times(
     kv_granularity: int = 64,
     overheads: CommOverheads = CommOverheads(),
     gpu: GpuSpec | None = None,
-    efficiency: RooflineEfficiency = RooflineEfficiency(),
+    efficiency: RooflineEfficiency | None = None,
 ) -> OperatorTimes:
     """Build the grids for one replica shape from Vidur-format tables.
 
@@ -147,7 +147,14 @@ def load_operator_times(
         if gpu is None:
             raise ValueError("attention from the roofline needs the GPU spec")
         roofline = roofline_operator_times(
-            model, gpu, layout, node, max_tokens, max_batch_size, kv_granularity, efficiency
+            model,
+            gpu,
+            layout,
+            node,
+            max_tokens,
+            max_batch_size,
+            kv_granularity,
+            efficiency or RooflineEfficiency(),
         )
         attention = (roofline.kv_save_ms, roofline.decode_ms, roofline.prefill)
         attention_source = f"attention from the roofline on {gpu.name} (no attention table)"
