@@ -17,6 +17,7 @@ from rollflow import __version__
 COMMAND_GROUPS = (
     "rollflow.sim.cli",
     "rollflow.sim.rl.cli",
+    "rollflow.perf.profile.cli",
     "rollflow.learn.cli",
     "rollflow.runtime.engines.cli",
     "rollflow.runtime.manager.cli",
