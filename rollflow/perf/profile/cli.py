@@ -54,6 +54,34 @@ def register(commands: argparse._SubParsersAction) -> None:
     ops.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     ops.set_defaults(handler=_ops)
 
+    engine = profile_commands.add_parser(
+        "engine",
+        help="measure a running engine's iteration time from its streams; write tables rollflow sim reads",
+        description="Send controlled request mixes to a running engine (concurrent decodes at each --batch-sizes "
+        "size; single prompts at each --prompt-lengths length), read per-iteration times from the token "
+        "streams, and write mlp.csv/attention.csv in Vidur's format: the whole iteration time per layer at "
+        "each batch's token count (fixed per-iteration overhead included), attention as zero.",
+        epilog="example: rollflow profile engine --url http://127.0.0.1:30000 --kind builtin "
+        "--model-config models/tiny/config.json --out outputs/profile/engine",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    engine.add_argument("--url", required=True, help="the engine's base URL")
+    engine.add_argument("--kind", default="builtin", choices=["builtin", "sglang", "vllm"], help="engine API")
+    engine.add_argument("--model-config", required=True, help="config.json of the served model (its shape)")
+    engine.add_argument("--out", required=True, help="output folder for mlp.csv, attention.csv")
+    engine.add_argument("--batch-sizes", default="1,2,4,8,16", help="concurrent decodes (default 1,2,4,8,16)")
+    engine.add_argument(
+        "--prompt-lengths", default="16,64,256,1024", help="prompt tokens (default 16,64,256,1024)"
+    )
+    engine.add_argument(
+        "--decode-tokens", type=int, default=32, help="tokens per decoding request (default 32)"
+    )
+    engine.add_argument("--repeats", type=int, default=3, help="prefill measurements per length (default 3)")
+    engine.add_argument(
+        "--block-size", type=int, default=16, help="KV block size in attention.csv (default 16)"
+    )
+    engine.set_defaults(handler=_engine)
+
 
 def _ops(args: argparse.Namespace, started_at: float) -> None:
     from rich.console import Console
@@ -139,3 +167,65 @@ def _ops(args: argparse.Namespace, started_at: float) -> None:
             )
         )
     )
+
+
+def _int_list(flag: str, value: str) -> tuple[int, ...]:
+    from rollflow.errors import UserError
+
+    try:
+        numbers = tuple(int(v) for v in value.split(","))
+    except ValueError:
+        raise UserError(f"{flag}: expected comma-separated integers, got {value!r}") from None
+    if min(numbers) < 1:
+        raise UserError(f"{flag}: every value must be at least 1, got {value!r}")
+    return numbers
+
+
+def _engine(args: argparse.Namespace, started_at: float) -> None:
+    import asyncio
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from rollflow.errors import UserError
+    from rollflow.perf.profile.engine import EngineProbe, measure_engine, write_engine_tables
+    from rollflow.perf.profile.hf_config import load_model_config
+    from rollflow.runtime.engines.base import EngineError
+
+    model = load_model_config(args.model_config)
+    if args.decode_tokens < 4 or args.repeats < 1:
+        raise UserError("--decode-tokens must be at least 4 and --repeats at least 1")
+    probe = EngineProbe(
+        kind=args.kind,
+        url=args.url.rstrip("/"),
+        batch_sizes=_int_list("--batch-sizes", args.batch_sizes),
+        prompt_lengths=_int_list("--prompt-lengths", args.prompt_lengths),
+        decode_prompt_tokens=16,
+        decode_tokens=args.decode_tokens,
+        repeats=args.repeats,
+    )
+    console = Console(stderr=True)
+    console.print(
+        f"profiling the {args.kind} engine at {probe.url}: {len(probe.batch_sizes)} decode batches "
+        f"x {args.decode_tokens} tokens, {len(probe.prompt_lengths)} prompt lengths x {args.repeats}"
+    )
+    with Progress(
+        TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+    ) as progress:
+        task = progress.add_task("profiling", total=None)
+        try:
+            times = asyncio.run(
+                measure_engine(
+                    probe, on_step=lambda done, total: progress.update(task, completed=done, total=total)
+                )
+            )
+        except EngineError as exc:
+            raise UserError(f"engine at {probe.url}: {exc}") from None
+    out = Path(args.out)
+    write_engine_tables(out, model, times, args.block_size)
+    for batch, gaps in times.decode_s.items():
+        print(f"decode batch {batch}: {sorted(gaps)[len(gaps) // 2] * 1e3:.2f} ms per iteration")
+    for length, ttfts in times.prefill_s.items():
+        print(f"prompt {length} tokens: {sorted(ttfts)[len(ttfts) // 2] * 1e3:.2f} ms to first token")
+    print(f"measured in {times.elapsed_s:.1f} s; wrote {out / 'mlp.csv'}, {out / 'attention.csv'}")
