@@ -189,7 +189,7 @@ def _engine(args: argparse.Namespace, started_at: float) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from rollflow.errors import UserError
-    from rollflow.perf.profile.engine import EngineProbe, measure_engine, write_engine_tables
+    from rollflow.perf.profile.engine import EngineProbe, measure_engine, round_trip_s, write_engine_tables
     from rollflow.perf.profile.hf_config import load_model_config
     from rollflow.runtime.engines.base import EngineError
 
@@ -228,4 +228,5 @@ def _engine(args: argparse.Namespace, started_at: float) -> None:
         print(f"decode batch {batch}: {sorted(gaps)[len(gaps) // 2] * 1e3:.2f} ms per iteration")
     for length, ttfts in times.prefill_s.items():
         print(f"prompt {length} tokens: {sorted(ttfts)[len(ttfts) // 2] * 1e3:.2f} ms to first token")
+    print(f"request round trip {round_trip_s(times) * 1e3:.2f} ms, taken out of the prefill times")
     print(f"measured in {times.elapsed_s:.1f} s; wrote {out / 'mlp.csv'}, {out / 'attention.csv'}")

@@ -3,7 +3,8 @@
 An engine's iteration is what the simulator times, and a client sees iterations as token
 arrivals: while B requests decode together, each stream receives one token per iteration, so
 the gaps between a stream's tokens are the iteration time at decode batch B; a lone request's
-time to first token is its prefill iteration (plus the request's round trip). The profiler sends
+time to first token is its prefill iteration plus the request's round trip (estimated from the
+shortest prompt and taken out, see `round_trip_s`). The profiler sends
 such controlled mixes (B concurrent decodes for each batch size; one prompt of P tokens for each
 prompt length), reads the timings from the streams, and writes them as Vidur-format tables: the
 whole iteration time, divided by the model's layers, as the per-token operator time at that
@@ -126,12 +127,27 @@ def _steady_gaps(streams: list[list[float]]) -> list[float]:
     return gaps
 
 
+def round_trip_s(times: EngineTimes) -> float:
+    """What a lone request's TTFT holds besides its prefill iteration (HTTP, tokenizer, queue hand-off).
+
+    The shortest prompt's prefill costs about one decode iteration at batch 1 (both are a few
+    tokens through the weights), so the rest of its TTFT is the round trip, taken out of every
+    prefill time: the simulator's iterations have no round trip. 0 without batch-1 decodes.
+    """
+    if 1 not in times.decode_s:
+        return 0.0
+    shortest = statistics.median(times.prefill_s[min(times.prefill_s)])
+    return max(shortest - statistics.median(times.decode_s[1]), 0.0)
+
+
 def write_engine_tables(out: Path, model: ProfiledModel, times: EngineTimes, block_size: int) -> None:
     """mlp.csv: iteration time / layers at each batch's token count; attention.csv: zeros."""
     out.mkdir(parents=True, exist_ok=True)
     points = {batch: gaps for batch, gaps in times.decode_s.items()}
+    round_trip = round_trip_s(times)
     for length, ttfts in times.prefill_s.items():
-        points.setdefault(length, []).extend(ttfts)  # a decode batch and a prompt of equal tokens
+        # a decode batch and a prompt of equal tokens share a row
+        points.setdefault(length, []).extend(max(ttft - round_trip, 0.0) for ttft in ttfts)
     with (out / "mlp.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(
