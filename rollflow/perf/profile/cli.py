@@ -9,6 +9,7 @@ from rollflow.cli_util import add_command_group
 EXAMPLES = """examples:
   rollflow engine init-model models/tiny && rollflow profile ops --model-config models/tiny/config.json --device cpu --out outputs/profile/tiny --grid small
   rollflow profile ops --model-config llama7b/config.json --device cuda --out outputs/profile/llama7b --tp 1,2,4
+  rollflow profile engine --url http://127.0.0.1:30000 --kind builtin --model-config models/tiny --out outputs/profile/engine
 """
 
 
@@ -16,7 +17,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     profile_commands = add_command_group(
         commands,
         "profile",
-        "measure a model's operators on this machine; write Vidur-format tables",
+        "measure a model's operators, or a running engine; write Vidur-format tables",
         EXAMPLES,
     )
     ops = profile_commands.add_parser(
