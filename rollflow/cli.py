@@ -23,6 +23,10 @@ COMMAND_GROUPS: dict[str, tuple[str, str]] = {
         "rollflow.sim.rl.cli",
         "simulate RL training steps (rollout, inference, training, weight sync) on a GPU cluster",
     ),
+    "profile": (
+        "rollflow.perf.profile.cli",
+        "measure a model's operators, or a running engine; write Vidur-format tables",
+    ),
     "router": (
         "rollflow.learn.cli",
         "learn a request router with PPO in the simulator, and compare it with the heuristics",

@@ -7,7 +7,9 @@ interpolates them directly: the same inputs, in well under a second.
 Files (any path; `{DEVICE}`, `{MODEL}`, `{NETWORK_DEVICE}` are substituted):
 - `mlp.csv`: per-layer token-parallel operators by `num_tokens` and tensor-parallel size.
 - `attention.csv`: prefill by (`kv_cache_size`, `prefill_chunk_size`) and decode by
-  (`batch_size`, `kv_cache_size`).
+  (`batch_size`, `kv_cache_size`). Vidur's public data has none, so the attention path may be
+  `roofline` (ATTENTION_FROM_ROOFLINE): attention then comes from the roofline model of the GPU,
+  and the times' `source` says so.
 - `all_reduce.csv`, `send_recv.csv`: collectives by message `size` in bytes.
 """
 
@@ -22,7 +24,11 @@ import numpy as np
 
 from rollflow.errors import UserError
 from rollflow.perf.optimes import OperatorTimes, PrefillGrid, interp_grid
-from rollflow.perf.specs import ModelSpec, NodeSpec, ParallelLayout
+from rollflow.perf.roofline import RooflineEfficiency, roofline_operator_times
+from rollflow.perf.specs import GpuSpec, ModelSpec, NodeSpec, ParallelLayout
+
+# The attention path that means "no table: take attention from the roofline model".
+ATTENTION_FROM_ROOFLINE = "roofline"
 
 # Operators of one layer whose time depends only on the number of tokens in the batch.
 LINEAR_OPS = (
@@ -103,8 +109,13 @@ def load_operator_times(
     max_batch_size: int,
     kv_granularity: int = 64,
     overheads: CommOverheads = CommOverheads(),
+    gpu: GpuSpec | None = None,
+    efficiency: RooflineEfficiency | None = None,
 ) -> OperatorTimes:
-    """Build the grids for one replica shape from Vidur-format tables."""
+    """Build the grids for one replica shape from Vidur-format tables.
+
+    `gpu` and `efficiency` are used only when `paths.attention` is ATTENTION_FROM_ROOFLINE.
+    """
     tp = layout.tensor_parallel
     size = max_tokens + 9  # token counts are rounded up to a multiple of 8
 
@@ -132,7 +143,26 @@ def load_operator_times(
     if tp > 1:
         linear += 2 * _all_reduce_ms(paths.all_reduce, model, tp, size, overheads)
 
-    attention = _attention_times(paths.attention, model, tp, block_size, size, max_batch_size, kv_granularity)
+    if paths.attention == ATTENTION_FROM_ROOFLINE:
+        if gpu is None:
+            raise ValueError("attention from the roofline needs the GPU spec")
+        roofline = roofline_operator_times(
+            model,
+            gpu,
+            layout,
+            node,
+            max_tokens,
+            max_batch_size,
+            kv_granularity,
+            efficiency or RooflineEfficiency(),
+        )
+        attention = (roofline.kv_save_ms, roofline.decode_ms, roofline.prefill)
+        attention_source = f"attention from the roofline on {gpu.name} (no attention table)"
+    else:
+        attention = _attention_times(
+            paths.attention, model, tp, block_size, size, max_batch_size, kv_granularity
+        )
+        attention_source = paths.attention
     send_recv = (
         _send_recv_ms(paths.send_recv, model, layout, node, size)
         if layout.pipeline_stages > 1
@@ -145,7 +175,7 @@ def load_operator_times(
         decode_ms=attention[1],
         prefill=attention[2],
         kv_granularity=kv_granularity,
-        source=f"tables: {paths.compute}, {paths.attention}",
+        source=f"tables: {paths.compute}, {attention_source}",
     )
 
 

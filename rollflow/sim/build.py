@@ -95,6 +95,10 @@ def build_operator_times(config: SimConfig, model: ModelSpec, layout: ParallelLa
             overheads=CommOverheads(
                 execution.nccl_cpu_launch_overhead_ms, execution.nccl_cpu_skew_overhead_per_device_ms
             ),
+            gpu=GPUS[cluster.device],
+            efficiency=RooflineEfficiency(
+                compute=execution.compute_efficiency, memory=execution.memory_efficiency
+            ),
         )
     return roofline_operator_times(
         model,

@@ -183,8 +183,10 @@ class ExecutionConfig(Section):
     """Where operator times come from: Vidur-format profile tables, or the roofline model."""
     compute_table: str = "./data/profiling/compute/{DEVICE}/{MODEL}/mlp.csv"
     """tables: per-layer MLP/projection times; {DEVICE}, {MODEL}, {NETWORK_DEVICE} are substituted."""
-    attention_table: str = "./data/profiling/compute/{DEVICE}/{MODEL}/attention.csv"
-    """tables: attention prefill/decode times."""
+    attention_table: str = "roofline"
+    """tables: attention prefill/decode times (a path), or `roofline`: from the roofline model of
+    cluster.device, as Vidur's public data has no attention tables (the summary's execution_model
+    says which was used)."""
     all_reduce_table: str = "./data/profiling/network/{NETWORK_DEVICE}/all_reduce.csv"
     """tables: all-reduce times (used when tensor_parallel > 1)."""
     send_recv_table: str = "./data/profiling/network/{NETWORK_DEVICE}/send_recv.csv"
@@ -202,9 +204,9 @@ class ExecutionConfig(Section):
     max_batch_size: int = Field(128, ge=1)
     """Largest decode batch the attention grid covers (larger ones are clamped)."""
     compute_efficiency: float = Field(0.6, gt=0.0, le=1.0)
-    """roofline: achieved fraction of peak FLOP/s."""
+    """roofline (and attention_table: roofline): achieved fraction of peak FLOP/s."""
     memory_efficiency: float = Field(0.7, gt=0.0, le=1.0)
-    """roofline: achieved fraction of peak HBM bandwidth."""
+    """roofline (and attention_table: roofline): achieved fraction of peak HBM bandwidth."""
 
 
 class TraceLengths(Section):

@@ -140,6 +140,7 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
         )
     console.print(replicas)
     batch = summary["batch_size"]
+    console.print(f"execution times: {summary['execution_model']}")
     console.print(
         f"{summary['num_completed']}/{summary['num_requests']} requests completed in "
         f"{summary['simulated_time_s']:.1f} s simulated; {summary['output_tokens_per_s']:.0f} output tokens/s; "

@@ -10,9 +10,11 @@ interpolates the tables instead; any other flag rollflow cannot honour is an err
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rollflow.config import ConfigError, validate_config
+from rollflow.perf.tables import ATTENTION_FROM_ROOFLINE
 from rollflow.sim.config import SimConfig
 
 VIDUR_DEFAULTS: dict[str, Any] = {
@@ -27,6 +29,7 @@ VIDUR_DEFAULTS: dict[str, Any] = {
 }
 
 # Flags that shape only Vidur's predictor training or its logging: no effect on the simulation.
+VIDUR_ATTENTION_TABLE = "./data/profiling/compute/{DEVICE}/{MODEL}/attention.csv"
 NO_EFFECT_SUFFIXES = (
     "k_fold_cv_splits",
     "no_cache",
@@ -146,7 +149,7 @@ def vidur_flags_to_config(argv: list[str], output_dir: str | None = None) -> Sim
         seed = take.optional_int(name)
         if seed is not None:
             raw["seed"] = seed
-    raw["execution"].update(_execution(take))
+    raw["execution"].update(_execution(take, cluster))
 
     time_limit = take.as_float("time_limit", 0.0)
     if time_limit > 0:
@@ -245,7 +248,7 @@ def _workload(take: _Taker) -> dict[str, Any]:
     return workload
 
 
-def _execution(take: _Taker) -> dict[str, Any]:
+def _execution(take: _Taker, cluster: dict[str, Any]) -> dict[str, Any]:
     predictor = take.choice(
         "execution_time_predictor_config_type",
         {"random_forrest": "random_forrest", "linear_regression": "linear_regression"},
@@ -260,9 +263,7 @@ def _execution(take: _Taker) -> dict[str, Any]:
         "compute_table": take.as_str(
             prefix + "compute_input_file", "./data/profiling/compute/{DEVICE}/{MODEL}/mlp.csv"
         ),
-        "attention_table": take.as_str(
-            prefix + "attention_input_file", "./data/profiling/compute/{DEVICE}/{MODEL}/attention.csv"
-        ),
+        "attention_table": take.as_str(prefix + "attention_input_file", _default_attention_table(cluster)),
         "all_reduce_table": take.as_str(
             prefix + "all_reduce_input_file", "./data/profiling/network/{NETWORK_DEVICE}/all_reduce.csv"
         ),
@@ -282,6 +283,16 @@ def _execution(take: _Taker) -> dict[str, Any]:
             prefix + "nccl_cpu_skew_overhead_per_device_ms", 0.0
         ),
     }
+
+
+def _default_attention_table(cluster: dict[str, Any]) -> str:
+    """Vidur's default attention path where that file exists, else attention from the roofline.
+
+    Vidur's public data ships MLP and network tables but no attention tables, so Vidur itself stops
+    there; rollflow runs on, and the summary's execution_model says where attention came from.
+    """
+    path = VIDUR_ATTENTION_TABLE.replace("{DEVICE}", cluster["device"]).replace("{MODEL}", cluster["model"])
+    return VIDUR_ATTENTION_TABLE if Path(path).is_file() else ATTENTION_FROM_ROOFLINE
 
 
 class _Taker:

@@ -5,8 +5,15 @@ import numpy as np
 import pytest
 
 from rollflow.perf.predictor import ExecutionTimePredictor
-from rollflow.perf.specs import MODELS, NODES, ParallelLayout
-from rollflow.perf.tables import LINEAR_OPS, ProfileTableError, TablePaths, load_operator_times
+from rollflow.perf.roofline import roofline_operator_times
+from rollflow.perf.specs import GPUS, MODELS, NODES, ParallelLayout
+from rollflow.perf.tables import (
+    ATTENTION_FROM_ROOFLINE,
+    LINEAR_OPS,
+    ProfileTableError,
+    TablePaths,
+    load_operator_times,
+)
 
 LLAMA = MODELS["meta-llama/Llama-2-7b-hf"]
 
@@ -108,3 +115,24 @@ def test_pipeline_stages_pay_a_send_recv_per_stage(vidur_data, attention_table):
     last = predictor.stage_seconds(512, 0, 0, [(0, 512)], is_last_stage=True)
     assert middle - last == pytest.approx(times.send_recv_ms[512] * 1e-3)
     assert predictor.num_layers == 16
+
+
+def test_without_an_attention_table_attention_comes_from_the_roofline(vidur_data, attention_table):
+    roofline = roofline_operator_times(
+        LLAMA, GPUS["a100"], ParallelLayout(1, 1), NODES["a100_pairwise_nvlink"], 4096, 128
+    )
+    from_tables = _load(vidur_data, attention_table)
+    times = load_operator_times(
+        _paths(vidur_data, ATTENTION_FROM_ROOFLINE),
+        LLAMA,
+        ParallelLayout(1, 1),
+        NODES["a100_pairwise_nvlink"],
+        block_size=16,
+        max_tokens=4096,
+        max_batch_size=128,
+        gpu=GPUS["a100"],
+    )
+    np.testing.assert_array_equal(times.linear_ms, from_tables.linear_ms)
+    np.testing.assert_array_equal(times.decode_ms, roofline.decode_ms)
+    assert times.prefill.lookup(1024, 512) == roofline.prefill.lookup(1024, 512)
+    assert "attention from the roofline on a100" in times.source

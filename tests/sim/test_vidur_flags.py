@@ -109,3 +109,14 @@ def test_a_malformed_value_names_the_flag():
         vidur_flags_to_config(["--cluster_config_num_replicas", "four"])
     with pytest.raises(ConfigError, match=r"--metrics_config_store_plots: cannot read 'maybe' as boolean"):
         vidur_flags_to_config(["--metrics_config_store_plots=maybe"])
+
+
+def test_attention_defaults_to_vidurs_path_where_it_exists_else_the_roofline(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert vidur_flags_to_config([]).execution.attention_table == "roofline"
+    table = tmp_path / "data/profiling/compute/a100/meta-llama/Llama-2-7b-hf/attention.csv"
+    table.parent.mkdir(parents=True)
+    table.write_text("")
+    assert vidur_flags_to_config([]).execution.attention_table == (
+        "./data/profiling/compute/{DEVICE}/{MODEL}/attention.csv"
+    )

@@ -1,0 +1,205 @@
+"""rollflow's simulator against a real vLLM CPU server: the same trace replayed on both.
+
+    .venv/bin/python benchmarks/real_engine_fidelity.py [--url URL --model DIR] [--num-requests 60]
+
+Starts `.venv-vllm`'s OpenAI server on the tiny model (or uses --url), profiles it with
+`rollflow profile engine --kind vllm`, replays the first requests of Vidur's Splitwise
+conversation trace (lengths clipped to the tiny model; arrivals time-scaled to a light and a
+near-saturating load of this machine, from the profile's decode throughput) against the server
+with real arrival times, records TTFT, TPOT and E2E from each stream, simulates the same requests
+with `rollflow sim serve` on the profiled tables (sarathi chunking at the server's
+max_num_batched_tokens, batch cap at its max_num_seqs), and prints p50/p90 real against simulated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+TRACE = REPO.parent / "shared" / "data" / "vidur" / "processed_traces" / "splitwise_conv.csv"
+MAX_NUM_SEQS = 16
+MAX_BATCHED_TOKENS = 256
+METRICS = ("ttft", "tpot", "e2e")
+
+
+def rollflow(*args: str) -> str:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "rollflow.cli", *args], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    if proc.returncode:
+        raise SystemExit(f"rollflow {' '.join(args[:2])} failed:\n{proc.stderr[-2000:]}")
+    return proc.stdout
+
+
+def start_vllm(model: Path, work: Path) -> tuple[subprocess.Popen, str]:
+    python = REPO / ".venv-vllm" / "bin" / "python"
+    port = 30000 + os.getpid() % 2000
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    cmd = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--dtype", "float32",
+        "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
+        "--max-num-seqs", str(MAX_NUM_SEQS), "--max-num-batched-tokens", str(MAX_BATCHED_TOKENS),
+    ]  # fmt: skip
+    log = (work / "vllm.log").open("w")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=work)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"vLLM exited; see {work / 'vllm.log'}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as response:
+                if response.status == 200:
+                    return proc, url
+        except OSError:
+            time.sleep(2)
+    proc.kill()
+    raise SystemExit("vLLM did not become healthy in 600 s")
+
+
+def load_trace(num_requests: int, max_prompt: int, max_decode: int) -> list[tuple[float, int, int]]:
+    with TRACE.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))[:num_requests]
+    return [
+        (
+            float(r["arrived_at"]),
+            max(1, min(int(r["num_prefill_tokens"]), max_prompt)),
+            max(2, min(int(r["num_decode_tokens"]), max_decode)),
+        )
+        for r in rows
+    ]
+
+
+async def replay(url: str, requests: list[tuple[float, int, int]]) -> list[dict[str, float]]:
+    from rollflow.perf.profile.engine import _prompt
+    from rollflow.runtime.engines.base import SamplingParams
+    from rollflow.runtime.engines.clients import make_client
+
+    client = make_client("vllm", url)
+    start = time.perf_counter() + 0.5
+
+    async def one(index: int, arrival: float, prompt: int, decode: int) -> dict[str, float]:
+        await asyncio.sleep(max(0.0, start + arrival - time.perf_counter()))
+        sent = time.perf_counter()
+        first = last = sent
+        count = 0
+        sampling = SamplingParams(max_new_tokens=decode, temperature=0.0, ignore_eos=True)
+        async for chunk in client.generate(f"fidelity-{index}", _prompt(prompt, index + 1000), sampling):
+            now = time.perf_counter()
+            if chunk.token_ids and count == 0:
+                first = now
+            count += len(chunk.token_ids)
+            last = now
+        return {"ttft": first - sent, "tpot": (last - first) / max(count, 1), "e2e": last - sent}
+
+    try:
+        return await asyncio.gather(*(one(i, *r) for i, r in enumerate(requests)))
+    finally:
+        await client.close()
+
+
+def simulate(tables: Path, model_config: dict, requests: list[tuple[float, int, int]], work: Path) -> dict:
+    trace = work / "trace.csv"
+    with trace.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["arrived_at", "num_prefill_tokens", "num_decode_tokens"])
+        writer.writerows(requests)
+    config = {
+        "cluster": {
+            "model": "profiled",
+            "model_shape": {
+                "num_layers": model_config["num_hidden_layers"],
+                "num_q_heads": model_config["num_attention_heads"],
+                "num_kv_heads": model_config["num_key_value_heads"],
+                "embedding_dim": model_config["hidden_size"],
+                "mlp_hidden_dim": model_config["intermediate_size"],
+                "vocab_size": model_config["vocab_size"],
+            },
+        },
+        "scheduler": {"kind": "sarathi", "chunk_size": MAX_BATCHED_TOKENS, "batch_size_cap": MAX_NUM_SEQS},
+        "execution": {
+            "kind": "tables",
+            "compute_table": str(tables / "mlp.csv"),
+            "attention_table": str(tables / "attention.csv"),
+            "max_batch_size": MAX_NUM_SEQS,
+        },
+        "workload": {"kind": "trace", "file": str(trace)},
+        "output": {"plots": False, "chrome_trace": False, "progress": False},
+    }
+    (work / "sim.yaml").write_text(json.dumps(config))
+    rollflow("sim", "serve", "--config", str(work / "sim.yaml"), "--output-dir", str(work / "sim"))
+    with (work / "sim" / "requests.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    return {m: np.array([float(r[m]) for r in rows]) for m in METRICS}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", help="a running vLLM server (default: start one on --model)")
+    parser.add_argument("--model", help="model folder (default: a tiny model made here)")
+    parser.add_argument("--num-requests", type=int, default=60)
+    parser.add_argument("--loads", default="0.2,0.8", help="fractions of the profiled capacity")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="fidelity-"))
+    model = Path(args.model) if args.model else work / "tiny"
+    if not args.model:
+        rollflow("engine", "init-model", str(model))
+    server = None
+    url = args.url
+    if not url:
+        server, url = start_vllm(model, work)
+    try:
+        started = time.perf_counter()
+        rollflow(
+            "profile", "engine", "--url", url, "--kind", "vllm", "--model-config", str(model),
+            "--out", str(work / "tables"), "--batch-sizes", f"1,4,{MAX_NUM_SEQS}",
+            "--prompt-lengths", f"16,64,{MAX_BATCHED_TOKENS}", "--decode-tokens", "32",
+        )  # fmt: skip
+        profile_s = time.perf_counter() - started
+        with (work / "tables" / "mlp.csv").open(newline="") as handle:
+            rows = {int(r["num_tokens"]): r for r in csv.DictReader(handle)}
+        model_config = json.loads((model / "config.json").read_text())
+        iteration_s = float(rows[MAX_NUM_SEQS]["time_stats.attn_pre_proj.median"]) * 1e-3
+        iteration_s *= model_config["num_hidden_layers"]
+        base = load_trace(args.num_requests, max_prompt=MAX_BATCHED_TOKENS, max_decode=64)
+        mean_decode = float(np.mean([d for _, _, d in base]))
+        capacity_qps = MAX_NUM_SEQS / iteration_s / mean_decode  # requests/s the decode batch sustains
+        native_qps = (len(base) - 1) / (base[-1][0] - base[0][0])
+        print(f"profiled the engine in {profile_s:.1f} s; capacity about {capacity_qps:.1f} requests/s")
+        print("| load | metric | real p50 | sim p50 | diff | real p90 | sim p90 | diff |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|")
+        for load in (float(x) for x in args.loads.split(",")):
+            scale = native_qps / (load * capacity_qps)
+            requests = [((a - base[0][0]) * scale, p, d) for a, p, d in base]
+            real_rows = asyncio.run(replay(url, requests))
+            real = {m: np.array([r[m] for r in real_rows]) for m in METRICS}
+            load_dir = work / f"load{load}"
+            load_dir.mkdir()
+            sim = simulate(work / "tables", model_config, requests, load_dir)
+            for metric in METRICS:
+                cells = []
+                for q in (50, 90):
+                    r, s = np.percentile(real[metric], q), np.percentile(sim[metric], q)
+                    cells += [f"{r:.4f}", f"{s:.4f}", f"{(s - r) / r * 100:+.1f}%"]
+                print(f"| {load:.0%} of capacity | {metric} | " + " | ".join(cells) + " |")
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(30)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""`rollflow profile engine`: measure a running serving engine from outside, through its streams.
+
+An engine's iteration is what the simulator times, and a client sees iterations as token
+arrivals: while B requests decode together, each stream receives one token per iteration, so
+the gaps between a stream's tokens are the iteration time at decode batch B; a lone request's
+time to first token is its prefill iteration plus the request's round trip (estimated from the
+shortest prompt and taken out, see `round_trip_s`). The profiler sends
+such controlled mixes (B concurrent decodes for each batch size; one prompt of P tokens for each
+prompt length), reads the timings from the streams, and writes them as Vidur-format tables: the
+whole iteration time, divided by the model's layers, as the per-token operator time at that
+batch's token count. A CPU engine, whose time is mostly fixed per-iteration overhead, gets a
+faithful table that way; operator profiles would miss the overhead.
+
+What the tables cannot say: attention's dependence on KV length (decodes are measured at one
+prompt length, and the attention tables are written as zero), and the split of a mixed
+prefill+decode iteration (modelled, as the simulator does, by the batch's token count).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import itertools
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rollflow.perf.profile.hf_config import ProfiledModel
+from rollflow.perf.profile.operators import ATTENTION_OPS, MLP_OPS
+from rollflow.perf.profile.timing import STATS
+
+# The operator column that carries the engine's whole iteration time (per layer) in mlp.csv.
+ITERATION_COLUMN = "attn_pre_proj"
+
+
+@dataclass(frozen=True)
+class EngineProbe:
+    kind: str  # engine client kind: builtin, sglang, vllm
+    url: str
+    batch_sizes: tuple[int, ...]  # concurrent decodes per measurement
+    prompt_lengths: tuple[int, ...]  # prompt tokens of the prefill measurements
+    decode_prompt_tokens: int  # prompt length of the decoding requests
+    decode_tokens: int  # tokens each decoding request generates
+    repeats: int  # prefill measurements per prompt length
+
+
+@dataclass(frozen=True)
+class EngineTimes:
+    decode_s: dict[int, list[float]]  # batch size -> steady-state inter-token gaps
+    prefill_s: dict[int, list[float]]  # prompt tokens -> times to first token
+    elapsed_s: float
+
+
+def _prompt(num_tokens: int, salt: int) -> list[int]:
+    # Token ids well inside any vocabulary (specials sit at 0-2 in rollflow's tiny model); a salt
+    # per request keeps prefix caches from serving one request's prompt to the next.
+    return [3 + (salt * 7919 + i) % 250 for i in range(num_tokens)]
+
+
+async def _stream_times(client, rid: str, prompt: list[int], num_tokens: int, start: float) -> list[float]:
+    from rollflow.runtime.engines.base import SamplingParams
+
+    sampling = SamplingParams(max_new_tokens=num_tokens, temperature=0.0, ignore_eos=True)
+    times: list[float] = [start]
+    async for chunk in client.generate(rid, prompt, sampling):
+        now = time.perf_counter()
+        times.extend([now] * len(chunk.token_ids))
+    return times
+
+
+async def measure_engine(probe: EngineProbe, on_step=lambda done, total: None) -> EngineTimes:
+    """Run the request mixes one after another (never overlapping) and collect their timings."""
+    from rollflow.runtime.engines.clients import make_client
+
+    client = make_client(probe.kind, probe.url)
+    total = len(probe.batch_sizes) + len(probe.prompt_lengths) * probe.repeats
+    done, salt = 0, 0
+    started = time.perf_counter()
+    decode: dict[int, list[float]] = {}
+    prefill: dict[int, list[float]] = {}
+    try:
+        await _stream_times(client, "profile-warmup", _prompt(8, 0), 4, time.perf_counter())
+        for batch in probe.batch_sizes:
+            start = time.perf_counter()
+            streams = await asyncio.gather(
+                *(
+                    _stream_times(
+                        client,
+                        f"profile-d{batch}-{i}",
+                        _prompt(probe.decode_prompt_tokens, salt := salt + 1),
+                        probe.decode_tokens,
+                        start,
+                    )
+                    for i in range(batch)
+                )
+            )
+            decode[batch] = _steady_gaps(streams)
+            done += 1
+            on_step(done, total)
+        for length in probe.prompt_lengths:
+            for _ in range(probe.repeats):
+                start = time.perf_counter()
+                times = await _stream_times(
+                    client, f"profile-p{length}-{salt}", _prompt(length, salt := salt + 1), 1, start
+                )
+                prefill.setdefault(length, []).append(times[1] - times[0])
+                done += 1
+                on_step(done, total)
+    finally:
+        await client.close()
+    return EngineTimes(decode, prefill, time.perf_counter() - started)
+
+
+def _steady_gaps(streams: list[list[float]]) -> list[float]:
+    """Gaps between consecutive tokens while every stream of the batch was decoding."""
+    window_start = max(times[1] for times in streams)  # every request has its first token
+    window_end = min(times[-1] for times in streams)  # no request has finished
+    gaps = [
+        later - earlier
+        for times in streams
+        for earlier, later in itertools.pairwise(times[1:])
+        if earlier >= window_start and later <= window_end and later > earlier
+    ]
+    if not gaps:  # streams delivered several tokens per chunk: fall back to each stream's mean
+        gaps = [(times[-1] - times[1]) / max(1, len(times) - 2) for times in streams]
+    return gaps
+
+
+def round_trip_s(times: EngineTimes) -> float:
+    """What a lone request's TTFT holds besides its prefill iteration (HTTP, tokenizer, queue hand-off).
+
+    The shortest prompt's prefill costs about one decode iteration at batch 1 (both are a few
+    tokens through the weights), so the rest of its TTFT is the round trip, taken out of every
+    prefill time: the simulator's iterations have no round trip. 0 without batch-1 decodes.
+    """
+    if 1 not in times.decode_s:
+        return 0.0
+    shortest = statistics.median(times.prefill_s[min(times.prefill_s)])
+    return max(shortest - statistics.median(times.decode_s[1]), 0.0)
+
+
+def write_engine_tables(out: Path, model: ProfiledModel, times: EngineTimes, block_size: int) -> None:
+    """mlp.csv: iteration time / layers at each batch's token count; attention.csv: zeros."""
+    out.mkdir(parents=True, exist_ok=True)
+    points = {batch: gaps for batch, gaps in times.decode_s.items()}
+    round_trip = round_trip_s(times)
+    for length, ttfts in times.prefill_s.items():
+        # a decode batch and a prompt of equal tokens share a row
+        points.setdefault(length, []).extend(max(ttft - round_trip, 0.0) for ttft in ttfts)
+    with (out / "mlp.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(
+            [
+                *(f"time_stats.{op}.{stat}" for op in MLP_OPS for stat in STATS),
+                "n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp",
+                "num_tokens", "num_tensor_parallel_workers",
+            ]
+        )  # fmt: skip
+        for num_tokens in sorted(points):
+            per_layer_ms = [gap * 1e3 / model.num_layers for gap in points[num_tokens]]
+            stats = {
+                "min": min(per_layer_ms),
+                "max": max(per_layer_ms),
+                "mean": statistics.fmean(per_layer_ms),
+                "median": statistics.median(per_layer_ms),
+                "std": statistics.pstdev(per_layer_ms),
+            }
+            writer.writerow(
+                [
+                    *(stats[stat] if op == ITERATION_COLUMN else 0.0 for op in MLP_OPS for stat in STATS),
+                    model.num_q_heads, model.num_kv_heads, model.embedding_dim, model.mlp_hidden_dim,
+                    model.vocab_size, True, num_tokens, 1,
+                ]
+            )  # fmt: skip
+    with (out / "attention.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(
+            [
+                *(f"time_stats.{op}.{stat}" for op in ATTENTION_OPS for stat in STATS),
+                "n_embd", "n_q_head", "n_kv_head", "block_size", "num_tensor_parallel_workers",
+                "batch_size", "prefill_chunk_size", "kv_cache_size", "is_prefill", "attention_backend",
+            ]
+        )  # fmt: skip
+        zeros = [0.0] * len(STATS)
+        for batch, chunk in ((1, 0), (max(times.decode_s), 0), (1, 1), (1, max(times.prefill_s))):
+            attention = (zeros, zeros, [""] * len(STATS)) if chunk else ([""] * len(STATS), zeros, zeros)
+            writer.writerow(
+                [
+                    *(value for column in attention for value in column),
+                    model.embedding_dim, model.num_q_heads, model.num_kv_heads, block_size, 1,
+                    batch, chunk, 0, bool(chunk), "engine (included in mlp.csv)",
+                ]
+            )  # fmt: skip

@@ -1,0 +1,30 @@
+"""`rollflow profile engine --kind vllm` against the real vLLM server of the integration tier."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+
+from tests.factories import REPO
+
+
+def test_profile_engine_measures_a_real_vllm_server(vllm_server, tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "rollflow.cli", "profile", "engine", "--url", vllm_server.url,
+            "--kind", "vllm", "--model-config", str(vllm_server.model_dir), "--out", str(tmp_path),
+            "--batch-sizes", "1,4", "--prompt-lengths", "16,128", "--decode-tokens", "8", "--repeats", "2",
+        ],
+        cwd=REPO, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "decode batch 4:" in proc.stdout and "request round trip" in proc.stdout
+    with open(tmp_path / "mlp.csv", newline="") as handle:
+        rows = {
+            int(r["num_tokens"]): float(r["time_stats.attn_pre_proj.median"]) for r in csv.DictReader(handle)
+        }
+    assert sorted(rows) == [1, 4, 16, 128]
+    assert all(value > 0 for value in rows.values())
