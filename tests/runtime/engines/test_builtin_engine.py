@@ -183,6 +183,12 @@ def test_non_stream_answer_has_sglang_shape(engine):
             "exceeds the model's context length",
         ),
         ("not json", "not valid JSON"),
+        ({"input_ids": [1], "sampling_params": {"sampling_seed": 2**70}}, "sampling_seed"),
+        ({"input_ids": [1], "sampling_params": {"sampling_seed": -1}}, "sampling_seed"),
+        ('{"input_ids": [1], "sampling_params": {"temperature": NaN}}', "temperature"),
+        ('{"input_ids": [1], "sampling_params": {"temperature": Infinity}}', "temperature"),
+        ('{"input_ids": [1], "sampling_params": {"top_p": NaN}}', "top_p"),
+        ('{"input_ids": [1], "sampling_params": {"top_p": 1e400}}', "top_p"),
     ],
 )
 def test_bad_generate_input_gets_a_400_naming_the_problem(engine, body, problem):
@@ -195,6 +201,25 @@ def test_bad_generate_input_gets_a_400_naming_the_problem(engine, body, problem)
     status, answer = run(go())
     assert status == 400
     assert problem in answer["error"]["message"]
+
+
+def test_a_temperature_too_small_to_divide_by_samples_greedily_and_the_engine_stays_up(engine):
+    """temperature 1e-38 once overflowed the logits and killed the generation thread."""
+
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4, "temperature": 1e-38}}
+            async with session.post(engine.url + "/generate", json=body) as resp:
+                tiny = resp.status, await resp.json()
+            body["sampling_params"]["temperature"] = 0
+            async with session.post(engine.url + "/generate", json=body) as resp:
+                greedy_answer = await resp.json()
+            async with session.get(engine.url + "/health") as resp:
+                return tiny, greedy_answer, resp.status
+
+    (status, answer), greedy_answer, health = run(go())
+    assert status == 200 and health == 200
+    assert answer["output_ids"] == greedy_answer["output_ids"]
 
 
 def test_health_endpoints_and_model_info(engine, tiny_model):

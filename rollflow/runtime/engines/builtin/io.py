@@ -16,7 +16,8 @@ from rollflow.runtime.weights.errors import CodecError
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: Python's JSON parser accepts NaN and Infinity, which no sampler honours
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class SamplingParamsBody(_Body):
@@ -25,7 +26,8 @@ class SamplingParamsBody(_Body):
     max_new_tokens: int = Field(128, ge=0)
     """Tokens to generate at most; the request finishes with `length` when it reaches them."""
     temperature: float = Field(1.0, ge=0.0)
-    """0 is greedy decoding; otherwise logits are divided by it before sampling."""
+    """0 is greedy decoding, as is anything below 1e-6 (as SGLang does: dividing logits by a
+    smaller temperature overflows); otherwise logits are divided by it before sampling."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p."""
     top_k: int = Field(-1, ge=-1)
@@ -34,8 +36,9 @@ class SamplingParamsBody(_Body):
     """Keep generating past the end-of-sequence token."""
     stop_token_ids: list[int] = Field(default_factory=list)
     """More token ids that finish the request with `stop` (the eos token always does, unless ignored)."""
-    sampling_seed: int | None = None
-    """Seed of this request's sampler, so a sampled output can be reproduced; None draws one."""
+    sampling_seed: int | None = Field(None, ge=0, le=2**64 - 1)
+    """Seed of this request's sampler (64 bits, as torch.Generator takes), so a sampled output can
+    be reproduced; None draws one."""
     skip_special_tokens: bool = True
     """Leave special tokens out of the returned `text` (token ids always include them)."""
 

@@ -1,8 +1,8 @@
 """Pick the next token from one position's logits: greedy at temperature 0, else top-k/top-p sampling.
 
 The logprob returned is that of the chosen token under the distribution it was drawn from
-(logits / temperature, before top-k/top-p truncation; the raw logits when greedy), which is the
-behaviour-policy logprob an RL trainer compares its own against.
+(logits / temperature, before top-k/top-p truncation; the raw logits when greedy, as every
+temperature below GREEDY_BELOW_TEMPERATURE is), which is the behaviour-policy logprob an RL trainer compares its own against.
 """
 
 from __future__ import annotations
@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+# Temperatures below this sample greedily (SGLang's _SAMPLING_EPS): logits divided by a smaller
+# one overflow to inf, and the softmax of inf is nan.
+GREEDY_BELOW_TEMPERATURE = 1e-6
 
 
 @dataclass(frozen=True)
@@ -31,7 +35,7 @@ def sample_next_token(
     logits: torch.Tensor, options: SamplingOptions, generator: torch.Generator | None
 ) -> tuple[int, float]:
     """Return (token id, its logprob) for a 1-D tensor of next-token logits."""
-    if options.temperature == 0:
+    if options.temperature < GREEDY_BELOW_TEMPERATURE:
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         token = int(torch.argmax(logprobs))
         return token, float(logprobs[token])

@@ -21,7 +21,11 @@ from typing import Any
 
 import torch
 
-from rollflow.runtime.engines.builtin.sampling import SamplingOptions, sample_next_token
+from rollflow.runtime.engines.builtin.sampling import (
+    GREEDY_BELOW_TEMPERATURE,
+    SamplingOptions,
+    sample_next_token,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +91,7 @@ class GenerationWorker:
         return len(self._running)
 
     def submit(self, seq: Sequence) -> None:
-        self._commands.put(lambda: self._add(seq))
+        self._commands.put(lambda: self._add_alone(seq))
 
     def abort(self, rid: str, message: str = "aborted by request") -> None:
         self._commands.put(lambda: self._finish_aborted([rid], message))
@@ -132,7 +136,7 @@ class GenerationWorker:
                     if self._stopped or self._paused:
                         break
                     if seq.rid in self._running:
-                        self._step(seq)
+                        self._step_alone(seq)
                     self._run_commands(block=False)
 
     def _run_commands(self, block: bool) -> None:
@@ -147,11 +151,30 @@ class GenerationWorker:
             except queue.Empty:
                 return
 
+    def _add_alone(self, seq: Sequence) -> None:
+        """Admit `seq`; an error it causes ends it alone, with an abort naming the error."""
+        try:
+            self._add(seq)
+        except Exception as exc:
+            self._fail(seq, exc)
+
+    def _step_alone(self, seq: Sequence) -> None:
+        """One step of `seq`; an error it causes ends it alone, never the generation thread."""
+        try:
+            self._step(seq)
+        except Exception as exc:
+            self._fail(seq, exc)
+
+    def _fail(self, seq: Sequence, exc: Exception) -> None:
+        logger.exception("request %s failed; the engine goes on with the others", seq.rid)
+        self._running.pop(seq.rid, None)
+        seq.emit(self._abort_event(f"request failed in the engine: {type(exc).__name__}: {exc}"))
+
     def _add(self, seq: Sequence) -> None:
         if seq.rid in self._running:
             seq.emit(self._abort_event(f"request id {seq.rid!r} is already running"))
             return
-        if seq.sampling.temperature > 0:
+        if seq.sampling.temperature >= GREEDY_BELOW_TEMPERATURE:
             seed = seq.sampling.seed
             if seed is None:
                 seed = int(torch.randint(0, 2**62, (1,), generator=self._seeds))
