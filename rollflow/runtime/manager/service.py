@@ -61,6 +61,8 @@ class Batch:
     offloaded: bool = False
     completed: list[Sample] = field(default_factory=list)  # samples in completion order
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # set by forget_batch: wakes and ends every stream and `next` still waiting on the batch
+    deleted: bool = False
 
     @property
     def samples(self) -> list[Sample]:
@@ -316,6 +318,9 @@ class RolloutManager:
     def forget_batch(self, batch_id: str) -> None:
         """Drop a batch the trainer is done with (delivered, or no longer wanted: its unfinished samples stop)."""
         batch = self.batches.pop(batch_id)
+        batch.deleted = True
+        batch.changed.set()
+        batch.packer.close()
         for sample in batch.samples:
             if sample.state < SampleState.FINISHED:
                 self._move(sample.sample_id, "cancelled")
