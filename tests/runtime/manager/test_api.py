@@ -14,7 +14,7 @@ from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.client import ManagerClient, ManagerError
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.service import RolloutManager
-from tests.runtime.manager.helpers import greedy_reference, metric
+from tests.runtime.manager.helpers import greedy_reference, metric, workers
 from tests.runtime.processes import http
 
 
@@ -123,6 +123,24 @@ def test_samples_stream_in_submission_order(fleet):
             "max_new_tokens_limit",
         ),
         ("/generate", {"input_ids": []}, 400, "input_ids is empty"),
+        (
+            "/generate",
+            {"input_ids": [1], "sampling_params": {"sampling_seed": 2**70}},
+            400,
+            "sampling_params.sampling_seed",
+        ),
+        (
+            "/generate",
+            b'{"input_ids": [1], "sampling_params": {"temperature": Infinity}}',
+            400,
+            "sampling_params.temperature",
+        ),
+        (
+            "/batches",
+            {"prompts": [[1]], "sampling_params": {"sampling_seed": -1}},
+            400,
+            "sampling_params.sampling_seed",
+        ),
         ("/generate", {"text": "hello"}, 400, "tokenizer"),
         ("/batches", {"prompts": [[1], []], "n": 2}, 400, "prompts[1] is empty"),
         ("/batches", {"prompts": [[1]], "n": 0}, 400, "n: "),
@@ -269,3 +287,17 @@ def test_deleting_a_batch_ends_its_sample_stream_and_a_waiting_next(fleet):
     assert status == 410 and "was deleted" in answer["error"]["message"]
     final = results["stream"][-1]
     assert final["error"]["type"] == "batch_deleted" and "was deleted" in final["error"]["message"]
+
+
+def test_a_temperature_that_once_killed_every_engine_is_served_and_every_engine_stays_healthy(fleet):
+    """temperature 1e-38 overflowed the engine's logits and killed its generation thread; the
+    manager then resumed the sample on the next engine, which died the same way."""
+    manager, engines = fleet
+    body = {"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 4, "temperature": 1e-38}}
+    status, answer = http("POST", manager.url + "/generate", body)
+    assert status == 200 and len(answer["output_ids"]) == 4, answer
+    for engine in engines:
+        assert http("GET", engine.url + "/health")[0] == 200
+    assert all(worker["state"] == "healthy" for worker in workers(manager).values())
+    body["sampling_params"]["temperature"] = 0
+    assert http("POST", manager.url + "/generate", body)[0] == 200
