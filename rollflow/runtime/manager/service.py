@@ -36,7 +36,7 @@ from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.metrics import ManagerMetrics
 from rollflow.runtime.manager.packing import GroupPacker
-from rollflow.runtime.manager.registry import EngineRecord, Registry
+from rollflow.runtime.manager.registry import EngineRecord, Registry, normalize_url
 from rollflow.runtime.manager.samples import Sample, SampleState
 
 log = logging.getLogger("rollflow.manager")
@@ -138,7 +138,7 @@ class RolloutManager:
         self, url: str, kind: InstanceKind = "local", engine_type: str = "sglang", capacity: int = 64
     ) -> EngineRecord:
         """Health-check an engine, read its weight version, and put it in the pool at once."""
-        url = url.rstrip("/")
+        url = normalize_url(url)
         if self.registry.by_url(url) is not None:
             raise EngineUnavailable(f"an engine with url {url} is already registered")
         client = make_client(engine_type, url, self._session)
@@ -170,6 +170,9 @@ class RolloutManager:
         engine = self.registry.get(engine_id)
         if engine is None or engine.state == "removed":
             raise KeyError(engine_id)
+        if engine.state == "failed":
+            engine.state = "removed"  # already out of the pool; its samples resumed when it failed
+            return engine
         self._retire(engine, "removed", reason="engine_removed")
         return engine
 
