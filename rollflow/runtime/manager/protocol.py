@@ -8,19 +8,25 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from rollflow.config import StrictModel
 
 
 class SamplingBody(StrictModel):
+    """Refuses at the edge what no engine can honour: one such value once killed every engine."""
+
+    # Python's JSON parser accepts NaN and Infinity; no sampler honours them
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
     max_new_tokens: int = Field(128, ge=1)
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(-1, ge=-1)
     ignore_eos: bool = False
     stop_token_ids: list[int] = Field(default_factory=list)
-    sampling_seed: int | None = None
+    # 64 bits, as torch.Generator (and SGLang's sampler) take
+    sampling_seed: int | None = Field(None, ge=0, le=2**64 - 1)
 
 
 class GenerateBody(StrictModel):

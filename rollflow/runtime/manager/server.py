@@ -34,6 +34,7 @@ from pydantic import BaseModel, ValidationError
 from rollflow.config import describe_validation_error
 from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.config import ManagerConfig
+from rollflow.runtime.manager.packing import BatchDeleted
 from rollflow.runtime.manager.protocol import (
     BatchBody,
     GenerateBody,
@@ -229,10 +230,20 @@ def _micro_batch_payload(manager: RolloutManager, batch, groups) -> dict:
     return {"groups": [[sample.to_json() for sample in group] for group in groups], "exhausted": exhausted}
 
 
+def _deleted_message(batch_id: str) -> str:
+    return f"batch {batch_id!r} was deleted (DELETE /batches/{batch_id}); nothing more will come"
+
+
 async def next_micro_batch(request: web.Request) -> web.Response:
     manager, batch = _batch(request)
     body = await _parse(request, NextMicroBatchBody)
-    groups = await batch.packer.next(body.min_groups, body.max_groups, body.timeout_s)
+    try:
+        groups = await batch.packer.next(body.min_groups, body.max_groups, body.timeout_s)
+    except BatchDeleted:
+        raise web.HTTPGone(
+            text=json.dumps({"error": {"message": _deleted_message(batch.batch_id)}}),
+            content_type="application/json",
+        ) from None
     return web.json_response(_micro_batch_payload(manager, batch, groups))
 
 
@@ -251,6 +262,9 @@ async def stream_samples(request: web.Request) -> web.StreamResponse:
     pending = batch.samples
     sent = 0
     while sent < len(pending):
+        # Clear before reading what is ready: a sample finishing while a line is written sets the
+        # event again, so the wait below cannot miss it (the lost wake-up of issue 15).
+        batch.changed.clear()
         if order == "completion":
             ready = batch.completed[sent:]
         else:
@@ -263,8 +277,13 @@ async def stream_samples(request: web.Request) -> web.StreamResponse:
             await response.write(json.dumps(sample.to_json()).encode() + b"\n")
         sent += len(ready)
         if sent < len(pending):
-            batch.changed.clear()
+            if batch.deleted:
+                break
             await batch.changed.wait()
+    if batch.deleted and sent < len(pending):
+        # The final line says why the stream ends short, so a reader does not wait for more.
+        final = {"error": {"message": _deleted_message(batch.batch_id), "type": "batch_deleted"}}
+        await response.write(json.dumps(final).encode() + b"\n")
     await response.write_eof()
     return response
 

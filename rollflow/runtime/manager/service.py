@@ -36,7 +36,7 @@ from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.metrics import ManagerMetrics
 from rollflow.runtime.manager.packing import GroupPacker
-from rollflow.runtime.manager.registry import EngineRecord, Registry
+from rollflow.runtime.manager.registry import EngineRecord, Registry, normalize_url
 from rollflow.runtime.manager.samples import Sample, SampleState
 
 log = logging.getLogger("rollflow.manager")
@@ -61,6 +61,8 @@ class Batch:
     offloaded: bool = False
     completed: list[Sample] = field(default_factory=list)  # samples in completion order
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # set by forget_batch: wakes and ends every stream and `next` still waiting on the batch
+    deleted: bool = False
 
     @property
     def samples(self) -> list[Sample]:
@@ -136,7 +138,7 @@ class RolloutManager:
         self, url: str, kind: InstanceKind = "local", engine_type: str = "sglang", capacity: int = 64
     ) -> EngineRecord:
         """Health-check an engine, read its weight version, and put it in the pool at once."""
-        url = url.rstrip("/")
+        url = normalize_url(url)
         if self.registry.by_url(url) is not None:
             raise EngineUnavailable(f"an engine with url {url} is already registered")
         client = make_client(engine_type, url, self._session)
@@ -168,6 +170,9 @@ class RolloutManager:
         engine = self.registry.get(engine_id)
         if engine is None or engine.state == "removed":
             raise KeyError(engine_id)
+        if engine.state == "failed":
+            engine.state = "removed"  # already out of the pool; its samples resumed when it failed
+            return engine
         self._retire(engine, "removed", reason="engine_removed")
         return engine
 
@@ -316,6 +321,9 @@ class RolloutManager:
     def forget_batch(self, batch_id: str) -> None:
         """Drop a batch the trainer is done with (delivered, or no longer wanted: its unfinished samples stop)."""
         batch = self.batches.pop(batch_id)
+        batch.deleted = True
+        batch.changed.set()
+        batch.packer.close()
         for sample in batch.samples:
             if sample.state < SampleState.FINISHED:
                 self._move(sample.sample_id, "cancelled")

@@ -187,7 +187,9 @@ def test_non_stream_answer_has_sglang_shape(engine):
         ({"input_ids": [1], "sampling_params": {"sampling_seed": 2**70}}, "sampling_seed"),
         ({"input_ids": [1], "sampling_params": {"sampling_seed": -1}}, "sampling_seed"),
         ('{"input_ids": [1], "sampling_params": {"temperature": Infinity}}', "temperature"),
+        ('{"input_ids": [1], "sampling_params": {"temperature": NaN}}', "temperature"),
         ('{"input_ids": [1], "sampling_params": {"top_p": NaN}}', "top_p"),
+        ('{"input_ids": [1], "sampling_params": {"top_p": 1e400}}', "top_p"),
     ],
 )
 def test_bad_generate_input_gets_a_400_naming_the_problem(engine, body, problem):

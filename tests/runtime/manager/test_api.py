@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -13,7 +14,7 @@ from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.client import ManagerClient, ManagerError
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.service import RolloutManager
-from tests.runtime.manager.helpers import greedy_reference, metric
+from tests.runtime.manager.helpers import greedy_reference, metric, workers
 from tests.runtime.processes import http
 
 
@@ -122,6 +123,24 @@ def test_samples_stream_in_submission_order(fleet):
             "max_new_tokens_limit",
         ),
         ("/generate", {"input_ids": []}, 400, "input_ids is empty"),
+        (
+            "/generate",
+            {"input_ids": [1], "sampling_params": {"sampling_seed": 2**70}},
+            400,
+            "sampling_params.sampling_seed",
+        ),
+        (
+            "/generate",
+            b'{"input_ids": [1], "sampling_params": {"temperature": Infinity}}',
+            400,
+            "sampling_params.temperature",
+        ),
+        (
+            "/batches",
+            {"prompts": [[1]], "sampling_params": {"sampling_seed": -1}},
+            400,
+            "sampling_params.sampling_seed",
+        ),
         ("/generate", {"text": "hello"}, 400, "tokenizer"),
         ("/batches", {"prompts": [[1], []], "n": 2}, 400, "prompts[1] is empty"),
         ("/batches", {"prompts": [[1]], "n": 0}, 400, "n: "),
@@ -233,3 +252,52 @@ def test_rejected_requests_are_counted_by_status(fleet):
     assert http("POST", manager.url + "/generate", b"nope")[0] == 400
     assert http("GET", manager.url + "/batches/missing")[0] == 404
     assert metric(manager, "rollflow_requests_rejected_total") == before + 2
+
+
+def test_deleting_a_batch_ends_its_sample_stream_and_a_waiting_next(fleet):
+    """Both once waited forever: nothing woke them when the batch went away."""
+    manager, _ = fleet
+    client = ManagerClient(manager.url)
+    # 8 x 2000 tokens: the batch cannot finish before it is deleted
+    batch = client.submit([[6, 6]], n=8, max_new_tokens=2000, temperature=0, ignore_eos=True)
+    url = manager.url + f"/batches/{batch.batch_id}"
+    results: dict[str, object] = {}
+    streaming = threading.Event()
+
+    def wait_next() -> None:
+        results["next"] = http("POST", url + "/next", {"min_groups": 1}, timeout=120)
+
+    def read_stream() -> None:
+        with urllib.request.urlopen(url + "/samples", timeout=120) as response:
+            streaming.set()
+            results["stream"] = [json.loads(line) for line in response if line.strip()]
+
+    waiters = [threading.Thread(target=wait_next), threading.Thread(target=read_stream)]
+    for waiter in waiters:
+        waiter.start()
+    # the stream's headers came back, so it waits on the batch; /next was sent before it
+    assert streaming.wait(timeout=60)
+    time.sleep(0.5)
+    status, answer = http("DELETE", url)
+    assert status == 200 and answer == {"deleted": batch.batch_id}
+    for waiter in waiters:
+        waiter.join(timeout=60)
+        assert not waiter.is_alive()
+    status, answer = results["next"]
+    assert status == 410 and "was deleted" in answer["error"]["message"]
+    final = results["stream"][-1]
+    assert final["error"]["type"] == "batch_deleted" and "was deleted" in final["error"]["message"]
+
+
+def test_a_temperature_that_once_killed_every_engine_is_served_and_every_engine_stays_healthy(fleet):
+    """temperature 1e-38 overflowed the engine's logits and killed its generation thread; the
+    manager then resumed the sample on the next engine, which died the same way."""
+    manager, engines = fleet
+    body = {"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 4, "temperature": 1e-38}}
+    status, answer = http("POST", manager.url + "/generate", body)
+    assert status == 200 and len(answer["output_ids"]) == 4, answer
+    for engine in engines:
+        assert http("GET", engine.url + "/health")[0] == 200
+    assert all(worker["state"] == "healthy" for worker in workers(manager).values())
+    body["sampling_params"]["temperature"] = 0
+    assert http("POST", manager.url + "/generate", body)[0] == 200

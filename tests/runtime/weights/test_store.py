@@ -18,6 +18,15 @@ def test_versions_must_increase(tmp_path):
     assert store.versions().versions == (3,)
 
 
+def test_a_version_the_folder_layout_cannot_list_is_refused(tmp_path):
+    """Version 100000000 was once accepted, then never listed nor served."""
+    store = WeightStore(tmp_path)
+    with pytest.raises(WeightsError, match="versions go up to 99999999"):
+        store.publish(10**8, tiny_llama(0))
+    store.publish(10**8 - 1, tiny_llama(0))
+    assert store.versions().versions == (10**8 - 1,)
+
+
 def test_publish_returns_the_default_codec_manifest_of_the_exact_tensors(tmp_path):
     state = tiny_llama(0)
     manifest = WeightStore(tmp_path, default_codec="zstd").publish(1, state, files={"config.json": "{}"})

@@ -13,7 +13,7 @@ import torch
 
 # Temperatures below this decode greedily (SGLang's rule): logits / 1e-38 overflow to inf, and
 # sampling from the resulting NaN distribution is an error rather than a draw.
-GREEDY_BELOW = 1e-5
+GREEDY_BELOW = 1e-6
 
 
 @dataclass(frozen=True)
