@@ -184,19 +184,18 @@ def test_ray_backend_on_a_local_head_finds_the_same_max_qps(searched):
     tmp_path, config, _ = searched
     head = RayHead()
     try:
+        argv = [
+            "sim",
+            "search",
+            "--config",
+            str(config),
+            "--backend",
+            "ray",
+            "--output-dir",
+            str(tmp_path / "ray"),
+        ]
         result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "rollflow.cli",
-                "sim",
-                "search",
-                "--config",
-                str(config),
-                "--backend",
-                "ray",
-            ]
-            + ["--output-dir", str(tmp_path / "ray"), "space.tensor_parallel=[4,8]"],
+            [sys.executable, "-m", "rollflow.cli", *argv, "space.tensor_parallel=[4,8]"],
             cwd=ROOT,
             env={**ENV, **RAY_ENV, "RAY_ADDRESS": head.address},
             capture_output=True,
@@ -206,7 +205,8 @@ def test_ray_backend_on_a_local_head_finds_the_same_max_qps(searched):
         head.stop()
     assert result.returncode == 0, result.stderr
     assert "2 to search on ray" in result.stderr
-    local = {r["tensor_parallel"]: r["max_qps"] for r in rows_of(tmp_path / "search")}
+    cached = [json.loads(p.read_text()) for p in (tmp_path / "search" / "cache").glob("*.json")]
+    local = {r["tensor_parallel"]: r["max_qps"] for r in cached}  # the local search's rows
     assert {r["tensor_parallel"]: r["max_qps"] for r in rows_of(tmp_path / "ray")} == {
         4: local[4],
         8: local[8],
