@@ -12,6 +12,7 @@ EXAMPLES = """examples:
   rollflow sim from-vidur --output-dir out/ -- --replica_scheduler_config_type vllm --cluster_config_num_replicas 2
   rollflow sim serve --config examples/sim/demo.yaml --no-plots
   rollflow sim config --config examples/sim/demo.yaml workload.intervals.qps=20
+  rollflow sim search --config examples/search/llama2_7b_a100.yaml --output-dir outputs/search/7b
 """
 
 
@@ -48,6 +49,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     vidur.add_argument("vidur_flags", nargs=argparse.REMAINDER, help="Vidur flags, after --")
     vidur.set_defaults(handler=_from_vidur)
+
+    from rollflow.plan.cli import add_serve_search
+
+    add_serve_search(sim_commands)
 
     show = sim_commands.add_parser("config", help="print a config with every default filled in, as YAML")
     show.add_argument("--config", help="YAML config file (omit for the defaults)")

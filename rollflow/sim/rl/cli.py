@@ -11,6 +11,7 @@ EXAMPLES = """examples:
   rollflow rl-sim run --config examples/rl/rlinf_dynamic.yaml scheduling.kind=static workload.num_prompts=128
   rollflow rl-sim compare --config examples/rl/rlboost_spot.yaml --output-dir out/spot
   rollflow rl-sim config --config examples/rl/rlboost_spot.yaml spot.on_preemption=restart
+  rollflow rl-sim search --config examples/search/rl_budget.yaml --output-dir outputs/search/rl
 """
 
 
@@ -45,6 +46,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     _common(compare)
     compare.set_defaults(handler=_compare)
+
+    from rollflow.plan.cli import add_rl_search
+
+    add_rl_search(rl_commands)
 
     show = rl_commands.add_parser("config", help="print a config with every default filled in, as YAML")
     show.add_argument("--config", help="YAML config file (omit for the defaults)")

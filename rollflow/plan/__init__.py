@@ -1,0 +1,1 @@
+"""Capacity planning over the simulators: the serving search (`rollflow sim search`)."""

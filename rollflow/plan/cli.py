@@ -1,0 +1,70 @@
+"""Handlers of the search subcommands; the command groups register them in one line each."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_serve_search(commands: argparse._SubParsersAction) -> None:
+    """`rollflow sim search`."""
+    search = commands.add_parser(
+        "search",
+        help="find each configuration's max QPS under SLOs, capacity per dollar and the Pareto fronts",
+        description="Capacity search: for every configuration of the config's `space`, the highest QPS "
+        "meeting every SLO (bisection over `sim serve` runs). Writes results.csv, results.json, "
+        "pareto_<metric>.png and best.yaml into --output-dir; finished configurations are cached "
+        "there, so a rerun resumes.",
+    )
+    search.add_argument("--config", required=True, help="YAML search config (see examples/search/)")
+    search.add_argument("--output-dir", help="output folder (overrides output_dir)")
+    search.add_argument(
+        "--resume",
+        choices=("auto", "never"),
+        default="auto",
+        help="auto: reuse cached configurations; never: search all again",
+    )
+    search.add_argument("--backend", choices=("local", "ray"), help="overrides backend")
+    search.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. workers=1")
+    search.set_defaults(handler=_serve_search)
+
+
+def _serve_search(args: argparse.Namespace, started_at: float) -> None:
+    from rollflow.config import load_config
+    from rollflow.plan.serve_config import ServeSearchConfig
+    from rollflow.plan.serve_search import run_search
+
+    overrides = list(args.overrides)
+    if args.output_dir:
+        overrides.append(f"output_dir={args.output_dir}")
+    if args.backend:
+        overrides.append(f"backend={args.backend}")
+    run_search(load_config(ServeSearchConfig, args.config, overrides), resume=args.resume)
+
+
+def add_rl_search(commands: argparse._SubParsersAction) -> None:
+    """`rollflow rl-sim search`."""
+    search = commands.add_parser(
+        "search",
+        help="simulate every RL plan of a space; throughput, GPU utilisation and $ per 1M tokens per plan",
+        description="RL plan search: placements (collocated; disaggregated splits with or without "
+        "pipelining), scheduling policies, preemptible instances and local budgets, within a budget. "
+        "Writes results.csv, results.json, pareto_throughput_cost.png and best.yaml into --output-dir.",
+    )
+    search.add_argument("--config", required=True, help="YAML RL search config (see examples/search/)")
+    search.add_argument("--output-dir", help="output folder (overrides output_dir)")
+    search.add_argument("--backend", choices=("local", "ray"), help="overrides backend")
+    search.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. workers=1")
+    search.set_defaults(handler=_rl_search)
+
+
+def _rl_search(args: argparse.Namespace, started_at: float) -> None:
+    from rollflow.config import load_config
+    from rollflow.plan.rl_config import RLSearchConfig
+    from rollflow.plan.rl_search import run_rl_search
+
+    overrides = list(args.overrides)
+    if args.output_dir:
+        overrides.append(f"output_dir={args.output_dir}")
+    if args.backend:
+        overrides.append(f"backend={args.backend}")
+    run_rl_search(load_config(RLSearchConfig, args.config, overrides))

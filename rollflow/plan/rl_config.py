@@ -1,0 +1,64 @@
+"""Configuration of an RL plan search (`rollflow rl-sim search`), validated at load time."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from rollflow.config import StrictModel
+
+POLICIES = ("static", "dynamic", "pre_process", "wait_before_last_iter")
+
+
+class Split(StrictModel):
+    """A disaggregated split of the reserved GPUs; rollout gets what actor and inference leave."""
+
+    actor: int = Field(ge=1)
+    inference: int = Field(0, ge=0)
+    """0: inference runs on the actor's GPUs."""
+
+
+class RLSearchSpace(StrictModel):
+    num_gpus: list[int] = Field([8], min_length=1)
+    """Reserved GPU counts tried."""
+    placement: list[Literal["collocated", "disaggregated"]] = Field(["collocated"], min_length=1)
+    splits: list[Split] = Field(default_factory=list)
+    """disaggregated: actor / inference GPU counts (a split must leave rollout at least one instance)."""
+    pipelining: list[bool] = Field([False, True], min_length=1)
+    """disaggregated: with and without streaming finished groups into inference and training."""
+    scheduling: list[Literal[POLICIES]] = Field(["static"], min_length=1)  # type: ignore[valid-type]
+    """static, dynamic, pre_process (dynamic + rollout on the actor's GPUs at step start),
+    wait_before_last_iter (dynamic + the actor waits to train its last mini-batch on every GPU).
+    The dynamic ones need a pipelined disaggregated placement."""
+    spot_instances: list[int] = Field([0], min_length=1)
+    """Preemptible rollout instances (collocated placements only)."""
+    local_budget_s: list[float] = Field([60.0], min_length=1)
+    """Initial local-rollout time budget before the tail goes to preemptible instances."""
+
+    @model_validator(mode="after")
+    def _splits_for_disaggregated(self) -> RLSearchSpace:
+        if "disaggregated" in self.placement and not self.splits:
+            raise ValueError(
+                "splits: placement disaggregated needs at least one split (actor, inference GPUs)"
+            )
+        if any(n < 1 for n in self.num_gpus) or any(n < 0 for n in self.spot_instances):
+            raise ValueError("num_gpus must be >= 1 and spot_instances >= 0")
+        return self
+
+
+class Budget(StrictModel):
+    usd_per_hour: float | None = Field(None, gt=0.0)
+    """Plans whose reserved plus preemptible GPUs cost more per hour are skipped."""
+
+
+class RLSearchConfig(StrictModel):
+    simulation: dict[str, Any] = Field(default_factory=dict)
+    """A `rollflow rl-sim run` config (inline): model, workload shape, prices, spot availability."""
+    space: RLSearchSpace = Field(default_factory=RLSearchSpace)
+    budget: Budget = Field(default_factory=Budget)
+    objective: Literal["throughput_tokens_per_s", "cost_usd_per_mtok"] = "throughput_tokens_per_s"
+    """What the best plan maximises (throughput) or minimises ($ per 1M trained tokens)."""
+    backend: Literal["local", "ray"] = "local"
+    workers: int = Field(2, ge=1)
+    output_dir: str = "outputs/rl_search"

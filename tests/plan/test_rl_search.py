@@ -1,0 +1,95 @@
+"""`rollflow rl-sim search` as a user runs it: real step simulations, a best plan that reruns exactly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.plan.test_serve_search import rollflow
+
+
+def rl_search_config(tmp_path: Path) -> Path:
+    config = {
+        "simulation": {
+            "seed": 5,
+            "steps": 2,
+            "model": "meta-llama/Meta-Llama-3-8B",
+            "device": "h100",
+            "network_device": "h100_dgx",
+            "workload": {
+                "num_prompts": 16,
+                "samples_per_prompt": 4,
+                "prompt_tokens": 256,
+                "output_median_tokens": 256,
+                "max_new_tokens": 2048,
+            },
+            "rollout": {"execution": {"kind": "roofline"}},
+            "training": {"num_minibatches": 2},
+            "spot": {"availability": {"mean_lifetime_s": 200, "mean_downtime_s": 60}},
+        },
+        "space": {
+            "num_gpus": [8],
+            "placement": ["collocated", "disaggregated"],
+            "splits": [
+                {"actor": 2, "inference": 0},
+                {"actor": 4, "inference": 2},
+                {"actor": 6, "inference": 2},
+            ],
+            "pipelining": [False, True],
+            "scheduling": ["static", "pre_process"],
+            "spot_instances": [0, 4],
+            "local_budget_s": [10],
+        },
+        "budget": {"usd_per_hour": 22},
+        "output_dir": str(tmp_path / "rl"),
+    }
+    path = tmp_path / "rl_search.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_rl_search_reports_every_plan_and_its_best_plan_reruns_with_the_same_step_time(tmp_path):
+    result = rollflow("rl-sim", "search", "--config", str(rl_search_config(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / "rl"
+    rows = json.loads((out / "results.json").read_text())
+    # collocated: 0 spot, 4 spot; disaggregated: 3 splits x (static, pipelined static, pipelined pre_process)
+    assert len(rows) == 2 + 9
+    ran = [r for r in rows if not r["skipped"]]
+    skipped = {
+        (r["placement"], r["actor_gpus"], r["spot_instances"]): r["skipped"] for r in rows if r["skipped"]
+    }
+    assert "over the $22.00 budget" in skipped[("collocated", None, 4)]  # 8 x 2.5 + 4 x 1.0
+    assert "leave no rollout GPU of 8" in skipped[("disaggregated", 6, 0)]  # nothing left for rollout
+    for row in ran:
+        assert (
+            row["step_time_s"] > 0 and row["throughput_tokens_per_s"] > 0 and 0 < row["gpu_utilization"] <= 1
+        )
+        assert row["cost_usd_per_mtok"] > 0
+    assert {r["scheduling"] for r in ran} == {"static", "pre_process"}
+    assert (out / "pareto_throughput_cost.png").stat().st_size > 0
+    best = max(ran, key=lambda r: r["throughput_tokens_per_s"])
+    rerun_dir = tmp_path / "rerun"
+    rerun = rollflow("rl-sim", "run", "--config", str(out / "best.yaml"), "--output-dir", str(rerun_dir))
+    assert rerun.returncode == 0, rerun.stderr
+    summary = json.loads((rerun_dir / "summary.json").read_text())
+    assert summary["step_time_s"] == pytest.approx(best["step_time_s"], rel=1e-12)
+    assert summary["cost_usd_per_mtok"] == pytest.approx(best["cost_usd_per_mtok"], rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("space.scheduling=[]", "space.scheduling"),
+        ("space.splits=[]", "splits: placement disaggregated needs at least one split"),
+        ("space.scheduling=[fastest]", "space.scheduling[0]: Input should be 'static'"),
+    ],
+)
+def test_bad_rl_search_configs_are_one_line_errors(tmp_path, override, expected):
+    result = rollflow("rl-sim", "search", "--config", str(rl_search_config(tmp_path)), override)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], result.stderr
