@@ -11,19 +11,10 @@ import sys
 
 import pytest
 
+from rollflow.perf.profile.operators import MLP_OPS
 from tests.factories import LLAMA7B_MLP, REPO
 
-LINEAR_OPS = (
-    "input_layernorm",
-    "attn_pre_proj",
-    "attn_rope",
-    "attn_post_proj",
-    "post_attention_layernorm",
-    "mlp_up_proj",
-    "mlp_act",
-    "mlp_down_proj",
-    "add",
-)
+LINEAR_OPS = tuple(op for op in MLP_OPS if op != "emb")  # every per-token operator of a layer
 
 
 def _rollflow(*args):

@@ -151,13 +151,12 @@ def _ops(args: argparse.Namespace, started_at: float) -> None:
         f"measured {result.num_points - result.num_resumed} of {result.num_points} points in "
         f"{result.measured_s:.1f} s{resumed}; wrote {result.out_dir / 'mlp.csv'}, {result.out_dir / 'attention.csv'}"
     )
-    spec = model.model_spec()
     print(
         "simulate with: rollflow sim serve --config CONFIG execution.kind=tables "
         f"execution.compute_table={result.out_dir / 'mlp.csv'} execution.attention_table={result.out_dir / 'attention.csv'} "
         f"scheduler.block_size={settings.block_size} cluster.model={model.name} "
         + " ".join(
-            f"cluster.model_shape.{key}={getattr(spec, key)}"
+            f"cluster.model_shape.{key}={getattr(model, key)}"
             for key in (
                 "num_layers",
                 "num_q_heads",

@@ -17,34 +17,12 @@ from rollflow.perf.specs import ModelSpec
 LLAMA_BLOCK_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
 
-@dataclass(frozen=True)
-class ProfiledModel:
-    """The transformer shape that names a table's rows (Vidur's columns) plus what timing needs."""
+@dataclass(frozen=True, kw_only=True)
+class ProfiledModel(ModelSpec):
+    """The simulator's model shape (Vidur's table columns) plus what timing a real layer needs."""
 
-    name: str
-    num_layers: int
-    num_q_heads: int
-    num_kv_heads: int
-    embedding_dim: int
-    mlp_hidden_dim: int
-    vocab_size: int
     rms_norm_eps: float
     max_position_embeddings: int
-
-    @property
-    def head_dim(self) -> int:
-        return self.embedding_dim // self.num_q_heads
-
-    def model_spec(self) -> ModelSpec:
-        return ModelSpec(
-            name=self.name,
-            num_layers=self.num_layers,
-            num_q_heads=self.num_q_heads,
-            num_kv_heads=self.num_kv_heads,
-            embedding_dim=self.embedding_dim,
-            mlp_hidden_dim=self.mlp_hidden_dim,
-            vocab_size=self.vocab_size,
-        )
 
 
 def load_model_config(path: str | Path) -> ProfiledModel:
