@@ -18,6 +18,7 @@ from rollflow.runtime.engines.base import (
     EngineResponseError,
     GenerateChunk,
     NotSupportedError,
+    RequestFailedError,
     SamplingParams,
 )
 from rollflow.runtime.engines.http import HttpEngine, iter_sse_json, parse_weight_version, raise_for_status
@@ -146,7 +147,7 @@ def sglang_sampling_params(sampling: SamplingParams) -> dict[str, Any]:
 def parse_sglang_event(payload: dict[str, Any], num_seen: int) -> GenerateChunk:
     """The tokens in one /generate event that come after the `num_seen` already reported."""
     if "error" in payload:
-        raise EngineResponseError(f"engine reported an error mid-stream: {payload['error']}")
+        raise RequestFailedError(f"engine reported an error mid-stream: {payload['error']}")
     meta = payload.get("meta_info")
     if not isinstance(meta, dict) or not isinstance(meta.get("completion_tokens"), int):
         raise EngineResponseError(
@@ -169,12 +170,15 @@ def parse_sglang_event(payload: dict[str, Any], num_seen: int) -> GenerateChunk:
     if isinstance(output_ids, list) and num_new and output_ids[len(output_ids) - num_new :] != token_ids:
         raise EngineResponseError("output_ids and output_token_logprobs disagree")
     finish = meta.get("finish_reason")
-    finish_type = None
+    finish_type = message = None
     if finish is not None:
         finish_type = finish.get("type") if isinstance(finish, dict) else None
         if finish_type not in FINISH_TYPES:
             raise EngineResponseError(f"unknown finish_reason {finish!r}")
-    return GenerateChunk(token_ids, logprobs, finish_type, parse_weight_version(meta.get("weight_version")))
+        if finish.get("message") is not None:
+            message = str(finish["message"])[:500]
+    version = parse_weight_version(meta.get("weight_version"))
+    return GenerateChunk(token_ids, logprobs, finish_type, version, message)
 
 
 def _check_success(answer: Any, url: str, what: str) -> None:

@@ -21,6 +21,7 @@ from rollflow.runtime.engines.base import (
     EngineResponseError,
     GenerateChunk,
     NotSupportedError,
+    RequestFailedError,
     SamplingParams,
 )
 from rollflow.runtime.engines.http import HttpEngine, iter_sse_json, parse_weight_version, raise_for_status
@@ -168,7 +169,7 @@ def vllm_sampling_params(sampling: SamplingParams) -> dict[str, Any]:
 def parse_vllm_event(payload: dict[str, Any]) -> GenerateChunk | None:
     """New tokens of one streamed completion event; None for an event with no choice (usage only)."""
     if "error" in payload:
-        raise EngineResponseError(f"vLLM reported an error mid-stream: {payload['error']}")
+        raise RequestFailedError(f"vLLM reported an error mid-stream: {payload['error']}")
     choices = payload.get("choices")
     if not isinstance(choices, list):
         raise EngineResponseError(f"completion event without choices: {str(payload)[:200]}")

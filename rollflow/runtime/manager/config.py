@@ -40,6 +40,9 @@ class ManagerConfig(StrictModel):
     """continue: resume from prompt + generated tokens; restart: regenerate from the prompt (for comparison)."""
     max_attempts: int = Field(8, ge=1)
     """Attempts per sample before it is reported failed (each engine failure or move is one)."""
+    request_failures_to_fail: int = Field(2, ge=1)
+    """Attempts ended by an engine's error for the request itself (an error event, or an abort the
+    manager did not ask for) before the sample is failed with that error instead of resumed."""
     stall_timeout_s: float = Field(30.0, gt=0)
     """An engine that sends no token for this long on a running sample is treated as hung."""
     connect_timeout_s: float = Field(5.0, gt=0)

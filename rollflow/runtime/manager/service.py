@@ -31,7 +31,13 @@ from rollflow.errors import UserError
 from rollflow.policy.offload import OffloadBalancer, StepReport
 from rollflow.policy.routing import Router, make_router
 from rollflow.policy.view import ClusterView, InstanceKind, RouteRequest
-from rollflow.runtime.engines.base import EngineError, EngineRejectedError, NotSupportedError, SamplingParams
+from rollflow.runtime.engines.base import (
+    EngineError,
+    EngineRejectedError,
+    NotSupportedError,
+    RequestFailedError,
+    SamplingParams,
+)
 from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.metrics import ManagerMetrics
@@ -472,6 +478,13 @@ class RolloutManager:
             sample.state = SampleState.FAILED
             self._complete(sample)
             return
+        if outcome == "request_failed":
+            sample.request_failures += 1
+            if sample.request_failures >= self.config.request_failures_to_fail:
+                sample.state = SampleState.FAILED
+                log.warning("sample %s failed: %s", sample.sample_id, sample.error)
+                self._complete(sample)
+                return
         if outcome is None:
             self._finish(sample)
         else:
@@ -495,6 +508,10 @@ class RolloutManager:
                 except EngineRejectedError as exc:
                     sample.error = f"engine {engine.engine_id} refused the request: {exc}"
                     return "rejected"
+                except RequestFailedError as exc:
+                    # the engine is alive and says this request failed: another engine may agree
+                    sample.error = f"engine {engine.engine_id} failed the request: {exc}"
+                    return "request_failed"
                 except ENGINE_ERRORS as exc:
                     log.warning("engine %d failed on %s: %s", engine.engine_id, rid, exc)
                     self._retire(engine, "failed", reason="stream_error")
@@ -519,7 +536,10 @@ class RolloutManager:
                     self.metrics.generated_tokens.labels(str(engine.engine_id)).inc(len(tokens))
                     self._notify(sample)
                 if chunk.finish_reason == "abort":
-                    return "engine_aborted"
+                    # the manager's own aborts cancel the attempt first, so this one is the engine's
+                    why = chunk.message or "no reason given"
+                    sample.error = f"engine {engine.engine_id} aborted the request: {why}"
+                    return "request_failed"
                 if chunk.finish_reason is not None or sample.remaining_tokens <= 0:
                     sample.finish_reason = chunk.finish_reason or "length"
                     return None
@@ -553,6 +573,7 @@ class RolloutManager:
 
     def _finish(self, sample: Sample) -> None:
         sample.state = SampleState.FINISHED
+        sample.error = None  # an earlier attempt's request error, outlived
         self._complete(sample)
 
     def _complete(self, sample: Sample) -> None:
