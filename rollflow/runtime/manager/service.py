@@ -24,6 +24,7 @@ import logging
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
@@ -48,6 +49,21 @@ from rollflow.runtime.manager.samples import Sample, SampleState
 log = logging.getLogger("rollflow.manager")
 
 ENGINE_ERRORS = (EngineError, aiohttp.ClientError, OSError, ValueError)
+
+
+def normalise_url(url: str) -> str:
+    """One spelling per engine: lower-case scheme and host, localhost as 127.0.0.1, the default
+    port dropped, no trailing slash."""
+    parts = urlsplit(url.strip())
+    host = (parts.hostname or "").lower()
+    if host == "localhost":
+        host = "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    scheme = parts.scheme.lower()
+    port = parts.port
+    netloc = host if port is None or port == {"http": 80, "https": 443}.get(scheme) else f"{host}:{port}"
+    return urlunsplit((scheme, netloc, parts.path.rstrip("/"), parts.query, ""))
 
 
 class EngineUnavailable(UserError):
@@ -141,10 +157,20 @@ class RolloutManager:
     async def add_engine(
         self, url: str, kind: InstanceKind = "local", engine_type: str = "sglang", capacity: int = 64
     ) -> EngineRecord:
-        """Health-check an engine, read its weight version, and put it in the pool at once."""
-        url = url.rstrip("/")
-        if self.registry.by_url(url) is not None:
-            raise EngineUnavailable(f"an engine with url {url} is already registered")
+        """Health-check an engine, read its weight version, and put it in the pool at once.
+
+        The url is normalised (one engine, one record); a failed engine's url may register again
+        (a restarted engine rejoins), replacing the failed record.
+        """
+        try:
+            url = normalise_url(url)
+        except ValueError as exc:
+            raise EngineUnavailable(f"bad engine url {url!r}: {exc}") from None
+        existing = self.registry.by_url(url)
+        if existing is not None and existing.state != "failed":
+            raise EngineUnavailable(
+                f"an engine with url {url} is already registered (id {existing.engine_id}, {existing.state})"
+            )
         client = make_client(engine_type, url, self._session)
         try:
             healthy = await asyncio.wait_for(client.health(), self.config.connect_timeout_s)
@@ -153,6 +179,8 @@ class RolloutManager:
             raise EngineUnavailable(f"engine at {url} is unreachable: {exc or type(exc).__name__}") from None
         if not healthy:
             raise EngineUnavailable(f"engine at {url} is not healthy")
+        if existing is not None:
+            self.registry.forget(existing.engine_id)
         engine = self.registry.add(
             url=url,
             kind=kind,
@@ -170,11 +198,15 @@ class RolloutManager:
         return engine
 
     async def remove_engine(self, engine_id: int) -> EngineRecord:
-        """Deregister: the engine's running samples resume elsewhere with their tokens."""
+        """Deregister and forget: the engine's running samples resume elsewhere with their tokens,
+        and its url may register again."""
         engine = self.registry.get(engine_id)
-        if engine is None or engine.state == "removed":
+        if engine is None:
             raise KeyError(engine_id)
         self._retire(engine, "removed", reason="engine_removed")
+        engine.state = "removed"  # a failed engine is removed too
+        self.registry.forget(engine_id)
+        self._update_gauges()
         return engine
 
     async def update_engine_weights(
