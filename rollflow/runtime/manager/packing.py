@@ -16,6 +16,10 @@ from collections import deque
 from rollflow.runtime.manager.samples import Sample, SampleState
 
 
+class BatchDeleted(Exception):
+    """The batch was deleted while a caller waited for its groups; the message says so."""
+
+
 class GroupPacker:
     def __init__(self, groups: list[list[Sample]]) -> None:
         self._groups = groups
@@ -23,6 +27,12 @@ class GroupPacker:
         self._ready: deque[int] = deque()  # group indexes, in completion order
         self._delivered = 0
         self._changed = asyncio.Event()
+        self.deleted: str | None = None  # why the batch went away, once it did
+
+    def cancel(self, message: str) -> None:
+        """The batch is gone: every waiting and later `next()` raises BatchDeleted(message)."""
+        self.deleted = message
+        self._changed.set()
 
     @property
     def num_groups(self) -> int:
@@ -43,11 +53,14 @@ class GroupPacker:
     async def next(self, min_groups: int, max_groups: int, timeout_s: float | None) -> list[list[Sample]]:
         """Wait until `min_groups` are ready (or all that remain are), then take up to `max_groups`.
 
-        Returns an empty list on timeout, and once the batch is exhausted.
+        Returns an empty list on timeout, and once the batch is exhausted; raises BatchDeleted
+        once the batch is deleted.
         """
         wanted = max(1, min(min_groups, len(self._groups) - self._delivered))
         deadline = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
         while len(self._ready) < wanted and not self.exhausted:
+            if self.deleted is not None:
+                raise BatchDeleted(self.deleted)
             self._changed.clear()
             remaining = None if deadline is None else deadline - asyncio.get_running_loop().time()
             if remaining is not None and remaining <= 0:

@@ -6,7 +6,8 @@ GET    /batches/{id}              counts by state
 POST   /batches/{id}/next         next micro-batch: blocks until min_groups groups are done
 POST   /batches/{id}/flush        whatever groups are done, now
 GET    /batches/{id}/samples      NDJSON stream of samples, ?order=completion|submission
-DELETE /batches/{id}              stop and forget a batch
+DELETE /batches/{id}              stop and forget a batch; its waiting /next (410) and sample
+                                  streams (a last {"error": ...} line) end with a message
 POST   /step_report               trainer's step time and bubble -> next local budget
 GET    /step_report               number of steps reported and the last report (the autoscaler reads it)
 POST   /workers                   register an engine            (bearer token if configured)
@@ -34,6 +35,7 @@ from pydantic import BaseModel, ValidationError
 from rollflow.config import describe_validation_error
 from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.config import ManagerConfig
+from rollflow.runtime.manager.packing import BatchDeleted
 from rollflow.runtime.manager.protocol import (
     BatchBody,
     GenerateBody,
@@ -232,7 +234,12 @@ def _micro_batch_payload(manager: RolloutManager, batch, groups) -> dict:
 async def next_micro_batch(request: web.Request) -> web.Response:
     manager, batch = _batch(request)
     body = await _parse(request, NextMicroBatchBody)
-    groups = await batch.packer.next(body.min_groups, body.max_groups, body.timeout_s)
+    try:
+        groups = await batch.packer.next(body.min_groups, body.max_groups, body.timeout_s)
+    except BatchDeleted as exc:
+        raise web.HTTPGone(
+            text=json.dumps({"error": {"message": str(exc)}}), content_type="application/json"
+        ) from None
     return web.json_response(_micro_batch_payload(manager, batch, groups))
 
 
@@ -250,7 +257,12 @@ async def stream_samples(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     pending = batch.samples
     sent = 0
-    while sent < len(pending):
+    while True:
+        changed = batch.changed()  # taken before reading: a change from here on wakes us
+        if batch.deleted is not None:
+            # the last line says why the stream ends short
+            await response.write(json.dumps({"error": {"message": batch.deleted}}).encode() + b"\n")
+            break
         if order == "completion":
             ready = batch.completed[sent:]
         else:
@@ -262,16 +274,18 @@ async def stream_samples(request: web.Request) -> web.StreamResponse:
         for sample in ready:
             await response.write(json.dumps(sample.to_json()).encode() + b"\n")
         sent += len(ready)
-        if sent < len(pending):
-            batch.changed.clear()
-            await batch.changed.wait()
+        if sent == len(pending):
+            break
+        await changed
     await response.write_eof()
     return response
 
 
 async def delete_batch(request: web.Request) -> web.Response:
     manager, batch = _batch(request)
-    manager.forget_batch(batch.batch_id)
+    manager.forget_batch(
+        batch.batch_id, deleted=f"batch {batch.batch_id} was deleted (DELETE /batches/{batch.batch_id})"
+    )
     return web.json_response({"deleted": batch.batch_id})
 
 

@@ -82,7 +82,24 @@ class Batch:
     budget_s: float | None  # local time budget; None when offloading is off
     offloaded: bool = False
     completed: list[Sample] = field(default_factory=list)  # samples in completion order
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    deleted: str | None = None  # why the batch went away (DELETE /batches/{id}), once it did
+    _waiters: list[asyncio.Future] = field(default_factory=list)
+
+    def changed(self) -> asyncio.Future:
+        """A future that completes at the next change (a sample done, the batch deleted).
+
+        Each caller takes its own before reading the batch, so a change that lands while it
+        reads or writes is never lost (as a shared event cleared after reading would lose it).
+        """
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        return waiter
+
+    def notify(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     @property
     def samples(self) -> list[Sample]:
@@ -351,9 +368,15 @@ class RolloutManager:
         self._wake.set()
         return batch
 
-    def forget_batch(self, batch_id: str) -> None:
-        """Drop a batch the trainer is done with (delivered, or no longer wanted: its unfinished samples stop)."""
+    def forget_batch(self, batch_id: str, deleted: str | None = None) -> None:
+        """Drop a batch the trainer is done with (delivered, or no longer wanted: its unfinished
+        samples stop). `deleted` says why a batch was dropped unfinished: its waiting `next` calls
+        and sample streams end with that message."""
         batch = self.batches.pop(batch_id)
+        if deleted is not None:
+            batch.deleted = deleted
+            batch.packer.cancel(deleted)
+            batch.notify()
         for sample in batch.samples:
             if sample.state < SampleState.FINISHED:
                 self._move(sample.sample_id, "cancelled")
@@ -616,5 +639,5 @@ class RolloutManager:
         if batch is not None:
             batch.completed.append(sample)
             batch.packer.sample_done(sample)
-            batch.changed.set()
+            batch.notify()
         self._notify(sample)
