@@ -45,7 +45,7 @@ class SGLangClient(HttpEngine):
         finished = False
         try:
             async with self.session.post(
-                self.url + "/generate", json=body, timeout=self._stream_timeout
+                self.url + "/generate", json=body, headers=self.headers, timeout=self._stream_timeout
             ) as resp:
                 await raise_for_status(resp)
                 num_seen = 0
@@ -119,7 +119,7 @@ class BuiltinEngineClient(SGLangClient):
                 f"{self.url}/update_weights_from_safetensors",
                 params={"weight_version": str(version)},
                 data=data,
-                headers={"Content-Type": "application/octet-stream"},
+                headers=self.headers | {"Content-Type": "application/octet-stream"},
                 timeout=aiohttp.ClientTimeout(total=600),
             ) as resp:
                 await raise_for_status(resp)

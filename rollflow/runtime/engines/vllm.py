@@ -39,8 +39,9 @@ class VLLMClient(HttpEngine):
         session: aiohttp.ClientSession | None = None,
         read_timeout_s: float | None = None,
         model: str | None = None,
+        api_key: str | None = None,
     ) -> None:
-        super().__init__(url, session, read_timeout_s)
+        super().__init__(url, session, read_timeout_s, api_key)
         self._model = model
         # rid -> open response, so abort() can close it; rids whose stream was closed by abort()
         self._open: dict[str, aiohttp.ClientResponse] = {}
@@ -72,7 +73,7 @@ class VLLMClient(HttpEngine):
         finished = False
         try:
             async with self.session.post(
-                self.url + "/v1/completions", json=body, timeout=self._stream_timeout
+                self.url + "/v1/completions", json=body, headers=self.headers, timeout=self._stream_timeout
             ) as resp:
                 await raise_for_status(resp)
                 self._open[rid] = resp

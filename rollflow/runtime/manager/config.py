@@ -19,6 +19,8 @@ class EngineEntry(StrictModel):
     engine_type: Literal["sglang", "vllm", "builtin"] = "sglang"
     capacity: int = Field(64, ge=1)
     """Most samples in flight on this engine at once; more wait in the manager's queue."""
+    api_key: str | None = None
+    """The engine's --api-key, sent as a bearer token on every call to it."""
 
 
 class OffloadSection(OffloadConfig):
@@ -31,7 +33,8 @@ class ManagerConfig(StrictModel):
     host: str = "127.0.0.1"
     port: int = Field(30100, ge=0, le=65535)
     token: str | None = None
-    """Bearer token required by registration and admin endpoints when set."""
+    """Bearer token required, when set, by every admin and trainer route: engines (POST/DELETE
+    /workers...), batches (/batches...) and POST /step_report."""
     router: Literal[tuple(ROUTERS)] = "least_outstanding"  # type: ignore[valid-type]
     router_path: str | None = None
     """Policy file of `router: learned` (an exported policy.npz; engine ids 0..N-1 are its slots)."""
@@ -51,6 +54,8 @@ class ManagerConfig(StrictModel):
     max_new_tokens_limit: int = Field(32768, ge=1)
     """Requests asking for more new tokens than this are rejected with a 400."""
     max_prompt_tokens: int = Field(131072, ge=1)
+    max_body_mb: float = Field(64.0, gt=0)
+    """Largest request body in MiB (413 above it); a batch of 64 prompts of 128k tokens fits."""
     tokenizer: str | None = None
     """Optional tokenizer folder: lets `/generate` accept `text` and answer with text."""
     offload: OffloadSection = OffloadSection()

@@ -90,6 +90,8 @@ class WorkerBody(StrictModel):
     kind: Literal["local", "remote", "spot"] = "local"
     engine_type: Literal["sglang", "vllm", "builtin"] = "sglang"
     capacity: int = Field(64, ge=1, le=100_000)
+    api_key: str | None = Field(None, min_length=1, max_length=4096)
+    """The engine's --api-key: the manager sends it as a bearer token on every call (sgl-router's field)."""
 
 
 class StepReportBody(StrictModel):

@@ -23,7 +23,6 @@ GET    /health
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -34,6 +33,8 @@ from pydantic import BaseModel, ValidationError
 
 from rollflow.config import describe_validation_error
 from rollflow.runtime.engines.base import SamplingParams
+from rollflow.runtime.http.auth import require_bearer
+from rollflow.runtime.http.body import read_json_object
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.packing import BatchDeleted
 from rollflow.runtime.manager.protocol import (
@@ -66,17 +67,15 @@ def _not_found(message: str) -> web.HTTPNotFound:
 
 
 async def _parse(request: web.Request, model: type[BodyT]) -> BodyT:
-    raw = await request.read()
-    try:
-        data = json.loads(raw) if raw else {}
-    except json.JSONDecodeError as exc:
-        raise BadRequest(f"malformed JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise BadRequest("the body must be a JSON object")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise BadRequest(describe_validation_error(model, exc, prefix="invalid request: ")) from None
+    limit = int(request.app[MANAGER_KEY].config.max_body_mb * (1 << 20))
+
+    def validate(data: dict) -> BodyT:
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            raise BadRequest(describe_validation_error(model, exc, prefix="invalid request: ")) from None
+
+    return await read_json_object(request, limit, validate)
 
 
 def _sampling(body: SamplingBody, config: ManagerConfig) -> SamplingParams:
@@ -112,24 +111,22 @@ async def _count_rejections(request: web.Request, handler: Handler) -> web.Strea
         raise
 
 
+def _protected(request: web.Request) -> bool:
+    """Admin and trainer routes: engines, batches (trainer API) and step reports. `/generate`
+    and the read-only routes (health, metrics, workers list, versions) stay open."""
+    path, method = request.path, request.method
+    if path.startswith("/workers"):
+        return method in ("POST", "DELETE")
+    if path.startswith("/batches"):
+        return True
+    return path == "/step_report" and method == "POST"
+
+
 @web.middleware
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-    token = request.app[MANAGER_KEY].config.token
-    admin = request.path.startswith("/workers") and request.method in ("POST", "DELETE")
-    if token and admin:
-        given = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            raise web.HTTPUnauthorized(
-                text=json.dumps(
-                    {"error": {"message": "this endpoint needs 'Authorization: Bearer <token>'"}}
-                ),
-                content_type="application/json",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+    if _protected(request):
+        require_bearer(request, request.app[MANAGER_KEY].config.token)
     return await handler(request)
-
-
-# ---------------------------------------------------------------------------- generate
 
 
 def _generate_payload(sample: Sample, return_logprob: bool, rid: str, tokenizer) -> dict:
@@ -318,7 +315,7 @@ async def add_worker(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
     body = await _parse(request, WorkerBody)
     try:
-        engine = await manager.add_engine(body.url, body.kind, body.engine_type, body.capacity)
+        engine = await manager.add_engine(body.url, body.kind, body.engine_type, body.capacity, body.api_key)
     except EngineUnavailable as exc:
         raise BadRequest(str(exc)) from None
     return web.json_response(engine.to_json(), status=201)
@@ -389,7 +386,8 @@ def _load_tokenizer(path: str | None):
 
 
 def create_app(manager: RolloutManager) -> web.Application:
-    app = web.Application(middlewares=[_count_rejections, _auth], client_max_size=256 * 1024 * 1024)
+    limit = int(manager.config.max_body_mb * (1 << 20))
+    app = web.Application(middlewares=[_count_rejections, _auth], client_max_size=limit)
     app[MANAGER_KEY] = manager
     app[TOKENIZER_KEY] = _load_tokenizer(manager.config.tokenizer)
 

@@ -48,6 +48,9 @@ from rollflow.runtime.manager.samples import Sample, SampleState
 
 log = logging.getLogger("rollflow.manager")
 
+LOOP_BEAT_S = 0.25
+LOOP_BLOCKED_S = 1.0
+"""A beat this much later than due means the loop was blocked, not an engine silent."""
 ENGINE_ERRORS = (EngineError, aiohttp.ClientError, OSError, ValueError)
 
 
@@ -143,6 +146,8 @@ class RolloutManager:
         self._wake = asyncio.Event()
         self._background: set[asyncio.Task] = set()
         self._session: aiohttp.ClientSession | None = None
+        self._last_tick = 0.0  # last beat of the loop watch
+        self._loop_blocked_at = float("-inf")  # when the manager's own loop was last seen blocked
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -150,10 +155,12 @@ class RolloutManager:
         connector = aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s)
         self._session = aiohttp.ClientSession(connector=connector, timeout=timeout)
+        self._last_tick = asyncio.get_running_loop().time()
         self._spawn(self._dispatch_loop())
         self._spawn(self._health_loop())
+        self._spawn(self._loop_watch())
         for entry in self.config.engines:
-            await self.add_engine(entry.url, entry.kind, entry.engine_type, entry.capacity)
+            await self.add_engine(entry.url, entry.kind, entry.engine_type, entry.capacity, entry.api_key)
 
     async def close(self) -> None:
         tasks = [*self._background, *self._attempts.values()]
@@ -172,7 +179,12 @@ class RolloutManager:
     # ------------------------------------------------------------------ engines
 
     async def add_engine(
-        self, url: str, kind: InstanceKind = "local", engine_type: str = "sglang", capacity: int = 64
+        self,
+        url: str,
+        kind: InstanceKind = "local",
+        engine_type: str = "sglang",
+        capacity: int = 64,
+        api_key: str | None = None,
     ) -> EngineRecord:
         """Health-check an engine, read its weight version, and put it in the pool at once.
 
@@ -188,7 +200,7 @@ class RolloutManager:
             raise EngineUnavailable(
                 f"an engine with url {url} is already registered (id {existing.engine_id}, {existing.state})"
             )
-        client = make_client(engine_type, url, self._session)
+        client = make_client(engine_type, url, self._session, api_key=api_key)
         try:
             healthy = await asyncio.wait_for(client.health(), self.config.connect_timeout_s)
             version = await asyncio.wait_for(client.weight_version(), self.config.connect_timeout_s)
@@ -309,6 +321,26 @@ class RolloutManager:
                 if engine.health_failures >= self.config.health_failures_to_remove:
                     self._retire(engine, "failed", reason="health_check")
             self._update_gauges()
+
+    async def _loop_watch(self) -> None:
+        """Beat every LOOP_BEAT_S and note when a beat came late: the manager itself was blocked
+        (a big body, a slow callback), so a stream that sent nothing meanwhile is not a hung engine."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(LOOP_BEAT_S)
+            now = loop.time()
+            if now - self._last_tick > LOOP_BEAT_S + LOOP_BLOCKED_S:
+                self._loop_blocked_at = now
+                log.warning(
+                    "the manager's event loop was blocked for %.1fs", now - self._last_tick - LOOP_BEAT_S
+                )
+            self._last_tick = now
+
+    def _manager_stalled(self) -> bool:
+        """True when the manager's loop was blocked within the last stall window (or is just now)."""
+        now = asyncio.get_running_loop().time()
+        recently = now - self._loop_blocked_at < self.config.stall_timeout_s
+        return recently or now - self._last_tick > LOOP_BEAT_S + LOOP_BLOCKED_S
 
     def _update_gauges(self) -> None:
         counts = {"healthy": 0, "updating": 0, "failed": 0, "removed": 0}
@@ -549,17 +581,24 @@ class RolloutManager:
         """Stream one attempt; return None when the sample finished, else why it must resume."""
         params = dataclasses.replace(sample.sampling, max_new_tokens=sample.remaining_tokens)
         stream = engine.client.generate(rid, sample.prompt_ids + sample.output_ids, params)
+        # the next chunk is awaited as a task so that a stall window can pass without cancelling it
+        pending: asyncio.Task | None = None
         try:
             while True:
+                if pending is None:
+                    pending = asyncio.ensure_future(anext(stream))
+                done, _ = await asyncio.wait({pending}, timeout=self.config.stall_timeout_s)
+                if not done:
+                    if self._manager_stalled():
+                        continue  # the manager, not the engine, was silent: give it another window
+                    self._retire(engine, "failed", reason="hung")
+                    return "engine_hung"
+                task, pending = pending, None
                 try:
-                    async with asyncio.timeout(self.config.stall_timeout_s):
-                        chunk = await anext(stream)
+                    chunk = task.result()
                 except StopAsyncIteration:
                     self._retire(engine, "failed", reason="stream_ended")
                     return "engine_failed"
-                except TimeoutError:
-                    self._retire(engine, "failed", reason="hung")
-                    return "engine_hung"
                 except EngineRejectedError as exc:
                     sample.error = f"engine {engine.engine_id} refused the request: {exc}"
                     return "rejected"
@@ -599,6 +638,9 @@ class RolloutManager:
                     sample.finish_reason = chunk.finish_reason or "length"
                     return None
         finally:
+            if pending is not None:
+                pending.cancel()
+                await asyncio.wait({pending})  # the generator must stop running before it is closed
             await stream.aclose()
 
     async def _abort_quietly(self, engine: EngineRecord, rid: str) -> None:

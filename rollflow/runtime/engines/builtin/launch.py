@@ -21,8 +21,11 @@ def serve_engine(
     seed: int = 0,
     num_threads: int | None = None,
     incremental_streaming_output: bool = False,
+    api_key: str | None = None,
+    max_body_bytes: int = 64 << 20,
 ) -> None:
-    """Serve until interrupted; prints `serving on http://HOST:PORT` once requests are accepted."""
+    """Serve until interrupted; prints `serving on http://HOST:PORT` once requests are accepted.
+    With `api_key`, every route but /health needs `Authorization: Bearer <api_key>`."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if not (Path(model_dir) / "config.json").is_file():
         raise UserError(
@@ -60,7 +63,14 @@ def serve_engine(
         pulled = None
     with tempfile.TemporaryDirectory(prefix="rollflow-engine-pull-") as pull_cache:
         server = EngineServer(
-            served, worker, WeightChecker(model), pull_cache, incremental_streaming_output, pulled
+            served,
+            worker,
+            WeightChecker(model),
+            pull_cache,
+            incremental_streaming_output,
+            pulled,
+            api_key,
+            max_body_bytes,
         )
         worker.start()
         try:
