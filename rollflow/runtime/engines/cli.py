@@ -78,6 +78,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="largest JSON request in MiB, 413 above it (default 64); weight uploads may be as large "
         "as the model sent as float64",
     )
+    serve.add_argument(
+        "--read-timeout-s",
+        type=float,
+        default=30.0,
+        help="close a connection that sends no whole request head, or stalls its body, this long (default 30)",
+    )
     serve.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(handler=_serve)
 
@@ -114,4 +120,5 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
         incremental_streaming_output=args.incremental_streaming_output,
         api_key=args.api_key,
         max_body_bytes=int(args.max_body_mb * (1 << 20)),
+        read_timeout_s=args.read_timeout_s,
     )

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from rollflow.runtime.http.errors import http_error
+from rollflow.runtime.http.serve import close_stalled, read_timeout
 
 T = TypeVar("T")
 THREAD_PARSE_BYTES = 1 << 20
@@ -33,12 +34,27 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     if declared is not None and declared > limit:
         raise _too_large(declared, limit)
     chunks, size = [], 0
-    async for chunk in request.content.iter_chunked(1 << 16):
+    async for chunk in iter_body(request):
         size += len(chunk)
         if size > limit:
             raise _too_large(size, limit)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def iter_body(request: web.Request, chunk_bytes: int = 1 << 16):
+    """The body's chunks; a body that sends nothing for the server's read timeout is cut off
+    (its connection closed), so a half-sent body cannot hold a socket forever."""
+    timeout = read_timeout(request)
+    while True:
+        try:
+            async with asyncio.timeout(timeout):
+                chunk = await request.content.read(chunk_bytes)
+        except TimeoutError:
+            raise close_stalled(request) from None
+        if not chunk:
+            return
+        yield chunk
 
 
 async def read_json_object(

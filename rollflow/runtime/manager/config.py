@@ -49,11 +49,16 @@ class ManagerConfig(StrictModel):
     stall_timeout_s: float = Field(30.0, gt=0)
     """An engine that sends no token for this long on a running sample is treated as hung."""
     connect_timeout_s: float = Field(5.0, gt=0)
+    engine_startup_timeout_s: float = Field(120.0, ge=0)
+    """How long the manager waits at start for each engine of `engines:` to answer (they take
+    seconds to load); past it, the manager exits naming the engine."""
     health_interval_s: float = Field(2.0, gt=0)
     health_failures_to_remove: int = Field(2, ge=1)
     max_new_tokens_limit: int = Field(32768, ge=1)
     """Requests asking for more new tokens than this are rejected with a 400."""
     max_prompt_tokens: int = Field(131072, ge=1)
+    read_timeout_s: float = Field(30.0, gt=0)
+    """A connection that sends no whole request head, or stalls its body, this long is closed."""
     max_body_mb: float = Field(64.0, gt=0)
     """Largest request body in MiB (413 above it); a batch of 64 prompts of 128k tokens fits."""
     tokenizer: str | None = None

@@ -35,6 +35,7 @@ from rollflow.config import describe_validation_error
 from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.http.auth import require_bearer
 from rollflow.runtime.http.body import read_json_object
+from rollflow.runtime.http.serve import GuardedRunner
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.packing import BatchDeleted
 from rollflow.runtime.manager.protocol import (
@@ -423,7 +424,7 @@ def create_app(manager: RolloutManager) -> web.Application:
 async def serve(config: ManagerConfig, ready: asyncio.Event | None = None) -> None:
     """Run the manager until cancelled; `ready` is set once it listens."""
     app = create_app(RolloutManager(config))
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = GuardedRunner(app, config.read_timeout_s, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()

@@ -48,6 +48,7 @@ from rollflow.runtime.manager.samples import Sample, SampleState
 
 log = logging.getLogger("rollflow.manager")
 
+ENGINE_STARTUP_POLL_S = 0.5
 LOOP_BEAT_S = 0.25
 LOOP_BLOCKED_S = 1.0
 """A beat this much later than due means the loop was blocked, not an engine silent."""
@@ -71,6 +72,10 @@ def normalise_url(url: str) -> str:
 
 class EngineUnavailable(UserError):
     """An engine that cannot join: unreachable or unhealthy at registration."""
+
+
+class EngineAlreadyRegistered(EngineUnavailable):
+    """An engine whose url a live record holds already."""
 
 
 class WeightUpdateNotSupported(UserError):
@@ -159,8 +164,37 @@ class RolloutManager:
         self._spawn(self._dispatch_loop())
         self._spawn(self._health_loop())
         self._spawn(self._loop_watch())
-        for entry in self.config.engines:
-            await self.add_engine(entry.url, entry.kind, entry.engine_type, entry.capacity, entry.api_key)
+        try:
+            for entry in self.config.engines:
+                await self._add_configured_engine(entry)
+        except BaseException:
+            await self.close()  # no task or session outlives a manager that failed to start
+            raise
+
+    async def _add_configured_engine(self, entry) -> None:
+        """Register an engine of the config, waiting up to `engine_startup_timeout_s` for it to come up
+        (engines take seconds to load a model; sgl-router's worker_startup_timeout_secs)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.engine_startup_timeout_s
+        waited = False
+        while True:
+            try:
+                await self.add_engine(entry.url, entry.kind, entry.engine_type, entry.capacity, entry.api_key)
+                return
+            except EngineAlreadyRegistered:
+                raise
+            except EngineUnavailable as exc:
+                if loop.time() >= deadline:
+                    raise EngineUnavailable(
+                        f"{exc}; gave up after waiting {self.config.engine_startup_timeout_s:g}s "
+                        "(engine_startup_timeout_s)"
+                        if waited
+                        else str(exc)
+                    ) from None
+                if not waited:
+                    log.info("waiting for engine %s to come up: %s", entry.url, exc)
+                    waited = True
+                await asyncio.sleep(min(ENGINE_STARTUP_POLL_S, max(0.0, deadline - loop.time())))
 
     async def close(self) -> None:
         tasks = [*self._background, *self._attempts.values()]
@@ -197,7 +231,7 @@ class RolloutManager:
             raise EngineUnavailable(f"bad engine url {url!r}: {exc}") from None
         existing = self.registry.by_url(url)
         if existing is not None and existing.state != "failed":
-            raise EngineUnavailable(
+            raise EngineAlreadyRegistered(
                 f"an engine with url {url} is already registered (id {existing.engine_id}, {existing.state})"
             )
         client = make_client(engine_type, url, self._session, api_key=api_key)

@@ -48,6 +48,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--max-upload-gb", type=float, default=64.0, help="largest publish upload in GiB (default: 64)"
     )
+    serve.add_argument(
+        "--read-timeout-s",
+        type=float,
+        default=30.0,
+        help="close a connection that sends no whole request head, or stalls its body, this long (default: 30)",
+    )
     serve.add_argument("--chunk-mb", type=float, default=4.0, help="payload chunk size in MiB (default: 4)")
     serve.set_defaults(handler=_serve)
 
@@ -112,6 +118,7 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
         token=os.environ.get(TOKEN_ENV) or None,
         open_publish=args.insecure_open_publish,
         max_upload_bytes=int(args.max_upload_gb * (1 << 30)),
+        read_timeout_s=args.read_timeout_s,
     )
 
     async def run() -> None:

@@ -29,7 +29,9 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollflow.runtime.http.auth import require_bearer
+from rollflow.runtime.http.body import iter_body
 from rollflow.runtime.http.errors import http_error
+from rollflow.runtime.http.serve import DEFAULT_READ_TIMEOUT_S, GuardedRunner
 from rollflow.runtime.weights.errors import UnknownVersionError, WeightsError
 from rollflow.runtime.weights.store import MAX_VERSION, WeightStore
 
@@ -74,6 +76,7 @@ class WeightServer:
         token: str | None = None,
         open_publish: bool = False,
         max_upload_bytes: int = MAX_UPLOAD_BYTES,
+        read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
     ) -> None:
         """`port=0` picks a free port. Publishing needs `Authorization: Bearer <token>`; a server
         without a token refuses publishes, unless `open_publish` lets anyone who can reach `host`
@@ -84,6 +87,7 @@ class WeightServer:
         self.token = token
         self.open_publish = open_publish
         self.max_upload_bytes = max_upload_bytes
+        self.read_timeout_s = read_timeout_s
         self._runner: web.AppRunner | None = None
         self._new_version = asyncio.Event()
 
@@ -106,7 +110,7 @@ class WeightServer:
         return app
 
     async def start(self) -> str:
-        self._runner = web.AppRunner(self.build_app(), access_log=None)
+        self._runner = GuardedRunner(self.build_app(), self.read_timeout_s, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
@@ -162,7 +166,7 @@ class WeightServer:
             if declared is not None and declared > self.max_upload_bytes:
                 raise _too_large(declared, self.max_upload_bytes)
             size = 0
-            async for block in request.content.iter_chunked(1 << 20):
+            async for block in iter_body(request, 1 << 20):
                 size += len(block)
                 if size > self.max_upload_bytes:
                     raise _too_large(size, self.max_upload_bytes)

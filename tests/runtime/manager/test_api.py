@@ -216,8 +216,7 @@ def test_a_failing_router_is_overruled_and_counted_not_fatal(fleet):
                 await manager.add_engine(engine.url)
             batch = manager.submit_batch([[6, 6]] * 3, 1, SamplingParams(max_new_tokens=2, temperature=0))
             while not batch.done:
-                await batch.changed.wait()
-                batch.changed.clear()
+                await batch.changed()
             return batch.samples, manager.metrics.router_errors._value.get()
         finally:
             await manager.close()

@@ -23,6 +23,7 @@ def serve_engine(
     incremental_streaming_output: bool = False,
     api_key: str | None = None,
     max_body_bytes: int = 64 << 20,
+    read_timeout_s: float = 30.0,
 ) -> None:
     """Serve until interrupted; prints `serving on http://HOST:PORT` once requests are accepted.
     With `api_key`, every route but /health needs `Authorization: Bearer <api_key>`."""
@@ -74,15 +75,17 @@ def serve_engine(
         )
         worker.start()
         try:
-            asyncio.run(_serve(server, host, port))
+            asyncio.run(_serve(server, host, port, read_timeout_s))
         finally:
             worker.stop()
 
 
-async def _serve(server, host: str, port: int) -> None:
+async def _serve(server, host: str, port: int, read_timeout_s: float) -> None:
     from aiohttp import web
 
-    runner = web.AppRunner(server.build_app(), handler_cancellation=True, access_log=None)
+    from rollflow.runtime.http.serve import GuardedRunner
+
+    runner = GuardedRunner(server.build_app(), read_timeout_s, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:
