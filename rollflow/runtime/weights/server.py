@@ -150,7 +150,7 @@ class WeightServer:
         try:
             index = int(request.match_info["index"])
         except ValueError:
-            raise web.HTTPBadRequest(text="chunk index must be an integer") from None
+            raise http_error(web.HTTPBadRequest, "chunk index must be an integer") from None
         return web.FileResponse(self.store.chunk_path(request.match_info["payload_id"], index))
 
     async def _publish(self, request: web.Request) -> web.Response:
@@ -216,7 +216,7 @@ def _parse(model: type[BaseModel], request: web.Request):
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(part) for part in error["loc"])
-        raise web.HTTPBadRequest(text=f"{where}: {error['msg']}") from None
+        raise http_error(web.HTTPBadRequest, f"{where}: {error['msg']}") from None
 
 
 @web.middleware

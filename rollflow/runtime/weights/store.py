@@ -88,7 +88,7 @@ class WeightStore:
             latest = self.versions().latest
             if not isinstance(version, int) or not 0 <= version <= MAX_VERSION:
                 raise WeightsError(
-                    f"cannot publish version {version!r}: versions are integers 0..{MAX_VERSION}"
+                    f"cannot publish version {version!r}: versions are integers that increase, within 0..{MAX_VERSION}"
                 )
             if latest is not None and version <= latest:
                 raise WeightsError(

@@ -182,7 +182,7 @@ def test_non_stream_answer_has_sglang_shape(engine):
             {"input_ids": [1], "sampling_params": {"max_new_tokens": 10**6}},
             "exceeds the model's context length",
         ),
-        ("not json", "not valid JSON"),
+        ("not json", "malformed JSON"),
     ],
 )
 def test_bad_generate_input_gets_a_400_naming_the_problem(engine, body, problem):
