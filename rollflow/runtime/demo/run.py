@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from rollflow.runtime.demo.preemption import Preemptor
 from rollflow.runtime.demo.timeline import EngineSampler, Timeline, plot_timeline
 from rollflow.runtime.launch.launcher import Launcher
 from rollflow.runtime.trainer.metrics import StepMetrics
+from rollflow.runtime.weights.cli import TOKEN_ENV as WEIGHTS_TOKEN_ENV
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,9 @@ def run_demo(config: DemoFile, output_dir: Path, tty: bool = False) -> DemoSumma
     steps: list[StepMetrics] = []
     with Launcher(config.launch) as launch:
         startup_s = timeline.now()
+        if launch.weights_token is not None:
+            # the trainer runs in this process and publishes each version with the launch's token
+            os.environ[WEIGHTS_TOKEN_ENV] = launch.weights_token
         train_config = config.train.model_copy(
             update={
                 "manager_url": launch.manager_url,

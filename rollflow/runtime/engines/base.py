@@ -46,6 +46,8 @@ class GenerateChunk:
     finish_reason: FinishReason | None
     # weight version that produced these tokens, when the engine reports one
     weight_version: int | None
+    # why the engine ended the request, when it says (an abort's message)
+    message: str | None = None
 
 
 class EngineError(Exception):
@@ -54,6 +56,10 @@ class EngineError(Exception):
 
 class EngineResponseError(EngineError):
     """The engine answered with something that is not a valid response (bad status or body)."""
+
+
+class RequestFailedError(EngineResponseError):
+    """The engine, alive, ended this one request with an error event: the request may be at fault."""
 
 
 class EngineRejectedError(EngineError):

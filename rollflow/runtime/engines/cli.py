@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from rollflow.cli_util import add_command_group
 
@@ -12,6 +13,8 @@ EXAMPLES = """examples:
   rollflow engine serve --model models/tiny --port 30000
   rollflow engine serve --model models/tiny --port 0 --weight-version 3 --threads 1
 """
+
+API_KEY_ENV = "ROLLFLOW_ENGINE_API_KEY"
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -62,6 +65,25 @@ def register(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="stream only new tokens in each event (SGLang's flag; default: cumulative output, like SGLang)",
     )
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV) or None,
+        help="require 'Authorization: Bearer KEY' on every route but /health (SGLang's flag; "
+        f"default: ${API_KEY_ENV}, which keeps the key out of `ps`)",
+    )
+    serve.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=64.0,
+        help="largest JSON request in MiB, 413 above it (default 64); weight uploads may be as large "
+        "as the model sent as float64",
+    )
+    serve.add_argument(
+        "--read-timeout-s",
+        type=float,
+        default=30.0,
+        help="close a connection that sends no whole request head, or stalls its body, this long (default 30)",
+    )
     serve.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(handler=_serve)
 
@@ -96,4 +118,7 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
         seed=args.seed,
         num_threads=args.threads,
         incremental_streaming_output=args.incremental_streaming_output,
+        api_key=args.api_key,
+        max_body_bytes=int(args.max_body_mb * (1 << 20)),
+        read_timeout_s=args.read_timeout_s,
     )

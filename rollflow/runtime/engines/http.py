@@ -15,9 +15,15 @@ class HttpEngine:
     """Base of the clients: owns (or borrows) one aiohttp session and reports errors by type."""
 
     def __init__(
-        self, url: str, session: aiohttp.ClientSession | None = None, read_timeout_s: float | None = None
+        self,
+        url: str,
+        session: aiohttp.ClientSession | None = None,
+        read_timeout_s: float | None = None,
+        api_key: str | None = None,
     ) -> None:
+        """With `api_key`, every request carries `Authorization: Bearer <api_key>` (SGLang's --api-key)."""
         self.url = url.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._session = session
         self._owns_session = session is None
         # a stream that sends nothing for this long is treated as a dead engine
@@ -44,7 +50,7 @@ class HttpEngine:
         """HTTP status of a GET, None when the engine cannot be reached."""
         try:
             async with self.session.get(
-                self.url + path, timeout=aiohttp.ClientTimeout(total=timeout_s)
+                self.url + path, headers=self.headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
             ) as resp:
                 await resp.read()
                 return resp.status
@@ -54,7 +60,11 @@ class HttpEngine:
     async def _request(self, method: str, path: str, body: Any, timeout_s: float) -> Any:
         try:
             async with self.session.request(
-                method, self.url + path, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)
+                method,
+                self.url + path,
+                json=body,
+                headers=self.headers,
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
             ) as resp:
                 await raise_for_status(resp)
                 text = await resp.text()

@@ -18,6 +18,7 @@ from rollflow.runtime.engines.base import (
     EngineResponseError,
     GenerateChunk,
     NotSupportedError,
+    RequestFailedError,
     SamplingParams,
 )
 from rollflow.runtime.engines.http import HttpEngine, iter_sse_json, parse_weight_version, raise_for_status
@@ -44,7 +45,7 @@ class SGLangClient(HttpEngine):
         finished = False
         try:
             async with self.session.post(
-                self.url + "/generate", json=body, timeout=self._stream_timeout
+                self.url + "/generate", json=body, headers=self.headers, timeout=self._stream_timeout
             ) as resp:
                 await raise_for_status(resp)
                 num_seen = 0
@@ -118,7 +119,7 @@ class BuiltinEngineClient(SGLangClient):
                 f"{self.url}/update_weights_from_safetensors",
                 params={"weight_version": str(version)},
                 data=data,
-                headers={"Content-Type": "application/octet-stream"},
+                headers=self.headers | {"Content-Type": "application/octet-stream"},
                 timeout=aiohttp.ClientTimeout(total=600),
             ) as resp:
                 await raise_for_status(resp)
@@ -146,7 +147,7 @@ def sglang_sampling_params(sampling: SamplingParams) -> dict[str, Any]:
 def parse_sglang_event(payload: dict[str, Any], num_seen: int) -> GenerateChunk:
     """The tokens in one /generate event that come after the `num_seen` already reported."""
     if "error" in payload:
-        raise EngineResponseError(f"engine reported an error mid-stream: {payload['error']}")
+        raise RequestFailedError(f"engine reported an error mid-stream: {payload['error']}")
     meta = payload.get("meta_info")
     if not isinstance(meta, dict) or not isinstance(meta.get("completion_tokens"), int):
         raise EngineResponseError(
@@ -169,20 +170,15 @@ def parse_sglang_event(payload: dict[str, Any], num_seen: int) -> GenerateChunk:
     if isinstance(output_ids, list) and num_new and output_ids[len(output_ids) - num_new :] != token_ids:
         raise EngineResponseError("output_ids and output_token_logprobs disagree")
     finish = meta.get("finish_reason")
-    finish_type = None
+    finish_type = message = None
     if finish is not None:
         finish_type = finish.get("type") if isinstance(finish, dict) else None
         if finish_type not in FINISH_TYPES:
             raise EngineResponseError(f"unknown finish_reason {finish!r}")
-        if finish_type == "abort" and _is_request_error(finish.get("status_code")):
-            # SGLang's FINISH_ABORT with a 4xx status_code: the request's own input failed it, so
-            # it would fail on any engine; the same error an HTTP 4xx answer raises.
-            raise EngineRejectedError(f"engine refused the request mid-stream: {finish.get('message')}")
-    return GenerateChunk(token_ids, logprobs, finish_type, parse_weight_version(meta.get("weight_version")))
-
-
-def _is_request_error(status_code: Any) -> bool:
-    return isinstance(status_code, int) and 400 <= status_code < 500
+        if finish.get("message") is not None:
+            message = str(finish["message"])[:500]
+    version = parse_weight_version(meta.get("weight_version"))
+    return GenerateChunk(token_ids, logprobs, finish_type, version, message)
 
 
 def _check_success(answer: Any, url: str, what: str) -> None:

@@ -21,6 +21,7 @@ from rollflow.runtime.engines.base import (
     EngineResponseError,
     GenerateChunk,
     NotSupportedError,
+    RequestFailedError,
     SamplingParams,
 )
 from rollflow.runtime.engines.http import HttpEngine, iter_sse_json, parse_weight_version, raise_for_status
@@ -38,8 +39,9 @@ class VLLMClient(HttpEngine):
         session: aiohttp.ClientSession | None = None,
         read_timeout_s: float | None = None,
         model: str | None = None,
+        api_key: str | None = None,
     ) -> None:
-        super().__init__(url, session, read_timeout_s)
+        super().__init__(url, session, read_timeout_s, api_key)
         self._model = model
         # rid -> open response, so abort() can close it; rids whose stream was closed by abort()
         self._open: dict[str, aiohttp.ClientResponse] = {}
@@ -71,7 +73,7 @@ class VLLMClient(HttpEngine):
         finished = False
         try:
             async with self.session.post(
-                self.url + "/v1/completions", json=body, timeout=self._stream_timeout
+                self.url + "/v1/completions", json=body, headers=self.headers, timeout=self._stream_timeout
             ) as resp:
                 await raise_for_status(resp)
                 self._open[rid] = resp
@@ -168,7 +170,7 @@ def vllm_sampling_params(sampling: SamplingParams) -> dict[str, Any]:
 def parse_vllm_event(payload: dict[str, Any]) -> GenerateChunk | None:
     """New tokens of one streamed completion event; None for an event with no choice (usage only)."""
     if "error" in payload:
-        raise EngineResponseError(f"vLLM reported an error mid-stream: {payload['error']}")
+        raise RequestFailedError(f"vLLM reported an error mid-stream: {payload['error']}")
     choices = payload.get("choices")
     if not isinstance(choices, list):
         raise EngineResponseError(f"completion event without choices: {str(payload)[:200]}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import threading
 import time
@@ -56,6 +57,7 @@ class Launcher:
         self.manager: ManagerClient | None = None
         self.weights_slot: Slot | None = None
         self.weights_url: str | None = None  # the launched weight server's, when launch.weights is enabled
+        self.weights_token: str | None = None  # its publish token
         self.engines: dict[int, LaunchedEngine] = {}
         self.trainer: Slot | None = None
         self.num_joined = 0  # engines started after the initial ones
@@ -139,6 +141,8 @@ class Launcher:
         env = {"ROLLFLOW_MANAGER_URL": self.manager_url}
         if self.weights_url is not None:
             env["ROLLFLOW_WEIGHTS_URL"] = self.weights_url
+        if self.weights_token is not None:
+            env[WEIGHTS_TOKEN_ENV] = self.weights_token  # the trainer publishes each version
         if self.config.manager.token:
             env["ROLLFLOW_MANAGER_TOKEN"] = self.config.manager.token
         self.trainer = self._slot("trainer", trainer.placement)
@@ -283,13 +287,16 @@ class Launcher:
         port = settings.port or self.weights_slot.free_port()
         argv = ["weights", "serve", "--dir", str(store), "--host", host]
         argv += ["--port", str(port), "--keep-versions", str(settings.keep_versions)]
-        self.weights_slot.start(argv, str(self.work_dir / "weights.log"), {}, rollflow=True, files={})
+        # publishing needs a token: the user's, or one made for this launch (its trainer gets it too)
+        self.weights_token = os.environ.get(WEIGHTS_TOKEN_ENV) or secrets.token_urlsafe(24)
+        env = {WEIGHTS_TOKEN_ENV: self.weights_token}
+        self.weights_slot.start(argv, str(self.work_dir / "weights.log"), env, rollflow=True, files={})
         url = f"http://{host}:{port}"
         self._wait_healthy(self.weights_slot, url, "/healthz")
         self.weights_url = url
         logger.info("weight server up on %s", url)
         if settings.publish is not None:
-            publish_checkpoint(url, 0, settings.publish, os.environ.get(WEIGHTS_TOKEN_ENV) or None)
+            publish_checkpoint(url, 0, settings.publish, self.weights_token)
 
     def _spawn_engine(self, pool: EnginePool) -> _StartingEngine:
         """Pull weights if the pool says so, then start the engine's process.

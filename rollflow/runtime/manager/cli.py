@@ -37,7 +37,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--token",
         default=os.environ.get("ROLLFLOW_MANAGER_TOKEN"),
-        help="bearer token for registration and admin endpoints (default: $ROLLFLOW_MANAGER_TOKEN)",
+        help="bearer token for the admin and trainer routes: workers, batches, step reports "
+        "(default: $ROLLFLOW_MANAGER_TOKEN)",
     )
     serve.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format")
     serve.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")

@@ -90,11 +90,16 @@ class ManagerClient:
         return self.request("POST", "/generate", body)
 
     def add_worker(
-        self, url: str, kind: str = "local", engine_type: str = "sglang", capacity: int = 64
+        self,
+        url: str,
+        kind: str = "local",
+        engine_type: str = "sglang",
+        capacity: int = 64,
+        api_key: str | None = None,
     ) -> dict:
-        return self.request(
-            "POST", "/workers", {"url": url, "kind": kind, "engine_type": engine_type, "capacity": capacity}
-        )
+        """Register an engine; `api_key` is the engine's own key, sent by the manager on every call."""
+        body = {"url": url, "kind": kind, "engine_type": engine_type, "capacity": capacity}
+        return self.request("POST", "/workers", body | ({"api_key": api_key} if api_key else {}))
 
     def remove_worker(self, engine_id: int) -> dict:
         return self.request("DELETE", f"/workers/{engine_id}")

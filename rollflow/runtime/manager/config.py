@@ -19,6 +19,8 @@ class EngineEntry(StrictModel):
     engine_type: Literal["sglang", "vllm", "builtin"] = "sglang"
     capacity: int = Field(64, ge=1)
     """Most samples in flight on this engine at once; more wait in the manager's queue."""
+    api_key: str | None = None
+    """The engine's --api-key, sent as a bearer token on every call to it."""
 
 
 class OffloadSection(OffloadConfig):
@@ -31,7 +33,8 @@ class ManagerConfig(StrictModel):
     host: str = "127.0.0.1"
     port: int = Field(30100, ge=0, le=65535)
     token: str | None = None
-    """Bearer token required by registration and admin endpoints when set."""
+    """Bearer token required, when set, by every admin and trainer route: engines (POST/DELETE
+    /workers...), batches (/batches...) and POST /step_report."""
     router: Literal[tuple(ROUTERS)] = "least_outstanding"  # type: ignore[valid-type]
     router_path: str | None = None
     """Policy file of `router: learned` (an exported policy.npz; engine ids 0..N-1 are its slots)."""
@@ -40,14 +43,24 @@ class ManagerConfig(StrictModel):
     """continue: resume from prompt + generated tokens; restart: regenerate from the prompt (for comparison)."""
     max_attempts: int = Field(8, ge=1)
     """Attempts per sample before it is reported failed (each engine failure or move is one)."""
+    request_failures_to_fail: int = Field(2, ge=1)
+    """Attempts ended by an engine's error for the request itself (an error event, or an abort the
+    manager did not ask for) before the sample is failed with that error instead of resumed."""
     stall_timeout_s: float = Field(30.0, gt=0)
     """An engine that sends no token for this long on a running sample is treated as hung."""
     connect_timeout_s: float = Field(5.0, gt=0)
+    engine_startup_timeout_s: float = Field(120.0, ge=0)
+    """How long the manager waits at start for each engine of `engines:` to answer (they take
+    seconds to load); past it, the manager exits naming the engine."""
     health_interval_s: float = Field(2.0, gt=0)
     health_failures_to_remove: int = Field(2, ge=1)
     max_new_tokens_limit: int = Field(32768, ge=1)
     """Requests asking for more new tokens than this are rejected with a 400."""
     max_prompt_tokens: int = Field(131072, ge=1)
+    read_timeout_s: float = Field(30.0, gt=0)
+    """A connection that sends no whole request head, or stalls its body, this long is closed."""
+    max_body_mb: float = Field(64.0, gt=0)
+    """Largest request body in MiB (413 above it); a batch of 64 prompts of 128k tokens fits."""
     tokenizer: str | None = None
     """Optional tokenizer folder: lets `/generate` accept `text` and answer with text."""
     offload: OffloadSection = OffloadSection()

@@ -17,7 +17,7 @@ from rollflow.runtime.manager.samples import Sample, SampleState
 
 
 class BatchDeleted(Exception):
-    """The batch was deleted while a caller waited on it."""
+    """The batch was deleted while a caller waited for its groups; the message says so."""
 
 
 class GroupPacker:
@@ -27,7 +27,12 @@ class GroupPacker:
         self._ready: deque[int] = deque()  # group indexes, in completion order
         self._delivered = 0
         self._changed = asyncio.Event()
-        self._closed = False
+        self.deleted: str | None = None  # why the batch went away, once it did
+
+    def cancel(self, message: str) -> None:
+        """The batch is gone: every waiting and later `next()` raises BatchDeleted(message)."""
+        self.deleted = message
+        self._changed.set()
 
     @property
     def num_groups(self) -> int:
@@ -45,22 +50,17 @@ class GroupPacker:
             self._ready.append(sample.group_index)
             self._changed.set()
 
-    def close(self) -> None:
-        """The batch is deleted: wake every waiting `next`, which raises BatchDeleted."""
-        self._closed = True
-        self._changed.set()
-
     async def next(self, min_groups: int, max_groups: int, timeout_s: float | None) -> list[list[Sample]]:
         """Wait until `min_groups` are ready (or all that remain are), then take up to `max_groups`.
 
         Returns an empty list on timeout, and once the batch is exhausted; raises BatchDeleted
-        when the batch is deleted before or while waiting.
+        once the batch is deleted.
         """
         wanted = max(1, min(min_groups, len(self._groups) - self._delivered))
         deadline = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
         while len(self._ready) < wanted and not self.exhausted:
-            if self._closed:
-                raise BatchDeleted
+            if self.deleted is not None:
+                raise BatchDeleted(self.deleted)
             self._changed.clear()
             remaining = None if deadline is None else deadline - asyncio.get_running_loop().time()
             if remaining is not None and remaining <= 0:
@@ -69,8 +69,6 @@ class GroupPacker:
                 await asyncio.wait_for(self._changed.wait(), remaining)
             except TimeoutError:
                 return []
-        if self._closed:
-            raise BatchDeleted
         return self._take(max_groups)
 
     def flush(self, max_groups: int | None = None) -> list[list[Sample]]:

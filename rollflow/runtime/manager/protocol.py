@@ -6,27 +6,27 @@ client can talk to the manager as if it were one engine.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rollflow.config import StrictModel
 
+MAX_TOKEN_ID = 2**31 - 1
+"""Token ids above this fit no vocabulary (engines index int32/int64 tensors with them)."""
+
 
 class SamplingBody(StrictModel):
-    """Refuses at the edge what no engine can honour: one such value once killed every engine."""
-
-    # Python's JSON parser accepts NaN and Infinity; no sampler honours them
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    """Limits mirror what an engine can honour, so a value it would choke on is a 400 here, before routing."""
 
     max_new_tokens: int = Field(128, ge=1)
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, ge=-1)
+    temperature: float = Field(1.0, ge=0.0, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: int = Field(-1, ge=-1, le=MAX_TOKEN_ID)
     ignore_eos: bool = False
-    stop_token_ids: list[int] = Field(default_factory=list)
-    # 64 bits, as torch.Generator (and SGLang's sampler) take
-    sampling_seed: int | None = Field(None, ge=0, le=2**64 - 1)
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]] = Field(default_factory=list)
+    sampling_seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
+    """A 64-bit seed (what torch's and vLLM's generators take)."""
 
 
 class GenerateBody(StrictModel):
@@ -47,6 +47,8 @@ class GenerateBody(StrictModel):
             raise ValueError("input_ids is empty")
         if self.input_ids is not None and min(self.input_ids) < 0:
             raise ValueError("input_ids holds a negative token id")
+        if self.input_ids is not None and max(self.input_ids) > MAX_TOKEN_ID:
+            raise ValueError(f"input_ids holds a token id above {MAX_TOKEN_ID}")
         if self.text is not None and not self.text:
             raise ValueError("text is empty")
         return self
@@ -66,6 +68,8 @@ class BatchBody(StrictModel):
                 raise ValueError(f"prompts[{index}] is empty")
             if min(prompt) < 0:
                 raise ValueError(f"prompts[{index}] holds a negative token id")
+            if max(prompt) > MAX_TOKEN_ID:
+                raise ValueError(f"prompts[{index}] holds a token id above {MAX_TOKEN_ID}")
         return self
 
 
@@ -86,6 +90,8 @@ class WorkerBody(StrictModel):
     kind: Literal["local", "remote", "spot"] = "local"
     engine_type: Literal["sglang", "vllm", "builtin"] = "sglang"
     capacity: int = Field(64, ge=1, le=100_000)
+    api_key: str | None = Field(None, min_length=1, max_length=4096)
+    """The engine's --api-key: the manager sends it as a bearer token on every call (sgl-router's field)."""
 
 
 class StepReportBody(StrictModel):

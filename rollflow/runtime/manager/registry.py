@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 from typing import Literal
-from urllib.parse import urlsplit, urlunsplit
 
 from rollflow.policy.view import InstanceKind, InstanceView
 from rollflow.runtime.engines.base import EngineClient
@@ -61,19 +60,6 @@ class EngineRecord:
         }
 
 
-def normalize_url(url: str) -> str:
-    """One spelling per engine: lower-case scheme and host, localhost as 127.0.0.1, no trailing
-    slash; so http://localhost:P/ and http://127.0.0.1:P cannot register one engine twice."""
-    parts = urlsplit(url.strip())
-    host = (parts.hostname or "").lower()
-    if host == "localhost":
-        host = "127.0.0.1"
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = host if parts.port is None else f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme.lower(), netloc, parts.path.rstrip("/"), parts.query, ""))
-
-
 class Registry:
     """Engines by id; ids are never reused, so a log line or span names one engine forever."""
 
@@ -82,11 +68,6 @@ class Registry:
         self._ids = itertools.count()
 
     def add(self, **fields) -> EngineRecord:
-        """A new record; a failed or removed one under the same url leaves the listing (one engine,
-        one record), so an engine restarted on its port rejoins under a fresh id."""
-        for old in [e for e in self._engines.values() if e.url == fields["url"]]:
-            if old.state in ("failed", "removed"):
-                self.forget(old.engine_id)
         record = EngineRecord(engine_id=next(self._ids), **fields)
         self._engines[record.engine_id] = record
         return record
@@ -95,8 +76,7 @@ class Registry:
         return self._engines.get(engine_id)
 
     def by_url(self, url: str) -> EngineRecord | None:
-        """The live (healthy or updating) engine at `url`, already normalised."""
-        return next((e for e in self.live() if e.url == url), None)
+        return next((e for e in self._engines.values() if e.url == url and e.state != "removed"), None)
 
     def live(self) -> list[EngineRecord]:
         """Engines not yet failed or removed (healthy or taking new weights)."""

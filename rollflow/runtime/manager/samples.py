@@ -61,6 +61,7 @@ class Sample:
     error: str | None = None
     attempts: int = 0
     resumes: int = 0
+    request_failures: int = 0  # attempts an engine ended with an error of this request (not of itself)
     regenerated_tokens: int = 0  # tokens dropped by a restart-from-prompt policy; 0 when resuming
     engine_id: int | None = None  # engine of the running attempt
 

@@ -6,7 +6,8 @@ GET    /batches/{id}              counts by state
 POST   /batches/{id}/next         next micro-batch: blocks until min_groups groups are done
 POST   /batches/{id}/flush        whatever groups are done, now
 GET    /batches/{id}/samples      NDJSON stream of samples, ?order=completion|submission
-DELETE /batches/{id}              stop and forget a batch
+DELETE /batches/{id}              stop and forget a batch; its waiting /next (410) and sample
+                                  streams (a last {"error": ...} line) end with a message
 POST   /step_report               trainer's step time and bubble -> next local budget
 GET    /step_report               number of steps reported and the last report (the autoscaler reads it)
 POST   /workers                   register an engine            (bearer token if configured)
@@ -22,7 +23,6 @@ GET    /health
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -33,6 +33,9 @@ from pydantic import BaseModel, ValidationError
 
 from rollflow.config import describe_validation_error
 from rollflow.runtime.engines.base import SamplingParams
+from rollflow.runtime.http.auth import require_bearer
+from rollflow.runtime.http.body import read_json_object
+from rollflow.runtime.http.serve import GuardedRunner
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.packing import BatchDeleted
 from rollflow.runtime.manager.protocol import (
@@ -65,17 +68,15 @@ def _not_found(message: str) -> web.HTTPNotFound:
 
 
 async def _parse(request: web.Request, model: type[BodyT]) -> BodyT:
-    raw = await request.read()
-    try:
-        data = json.loads(raw) if raw else {}
-    except json.JSONDecodeError as exc:
-        raise BadRequest(f"malformed JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise BadRequest("the body must be a JSON object")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise BadRequest(describe_validation_error(model, exc, prefix="invalid request: ")) from None
+    limit = int(request.app[MANAGER_KEY].config.max_body_mb * (1 << 20))
+
+    def validate(data: dict) -> BodyT:
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            raise BadRequest(describe_validation_error(model, exc, prefix="invalid request: ")) from None
+
+    return await read_json_object(request, limit, validate)
 
 
 def _sampling(body: SamplingBody, config: ManagerConfig) -> SamplingParams:
@@ -111,24 +112,22 @@ async def _count_rejections(request: web.Request, handler: Handler) -> web.Strea
         raise
 
 
+def _protected(request: web.Request) -> bool:
+    """Admin and trainer routes: engines, batches (trainer API) and step reports. `/generate`
+    and the read-only routes (health, metrics, workers list, versions) stay open."""
+    path, method = request.path, request.method
+    if path.startswith("/workers"):
+        return method in ("POST", "DELETE")
+    if path.startswith("/batches"):
+        return True
+    return path == "/step_report" and method == "POST"
+
+
 @web.middleware
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-    token = request.app[MANAGER_KEY].config.token
-    admin = request.path.startswith("/workers") and request.method in ("POST", "DELETE")
-    if token and admin:
-        given = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            raise web.HTTPUnauthorized(
-                text=json.dumps(
-                    {"error": {"message": "this endpoint needs 'Authorization: Bearer <token>'"}}
-                ),
-                content_type="application/json",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+    if _protected(request):
+        require_bearer(request, request.app[MANAGER_KEY].config.token)
     return await handler(request)
-
-
-# ---------------------------------------------------------------------------- generate
 
 
 def _generate_payload(sample: Sample, return_logprob: bool, rid: str, tokenizer) -> dict:
@@ -230,19 +229,14 @@ def _micro_batch_payload(manager: RolloutManager, batch, groups) -> dict:
     return {"groups": [[sample.to_json() for sample in group] for group in groups], "exhausted": exhausted}
 
 
-def _deleted_message(batch_id: str) -> str:
-    return f"batch {batch_id!r} was deleted (DELETE /batches/{batch_id}); nothing more will come"
-
-
 async def next_micro_batch(request: web.Request) -> web.Response:
     manager, batch = _batch(request)
     body = await _parse(request, NextMicroBatchBody)
     try:
         groups = await batch.packer.next(body.min_groups, body.max_groups, body.timeout_s)
-    except BatchDeleted:
+    except BatchDeleted as exc:
         raise web.HTTPGone(
-            text=json.dumps({"error": {"message": _deleted_message(batch.batch_id)}}),
-            content_type="application/json",
+            text=json.dumps({"error": {"message": str(exc)}}), content_type="application/json"
         ) from None
     return web.json_response(_micro_batch_payload(manager, batch, groups))
 
@@ -261,10 +255,12 @@ async def stream_samples(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     pending = batch.samples
     sent = 0
-    while sent < len(pending):
-        # Clear before reading what is ready: a sample finishing while a line is written sets the
-        # event again, so the wait below cannot miss it (the lost wake-up of issue 15).
-        batch.changed.clear()
+    while True:
+        changed = batch.changed()  # taken before reading: a change from here on wakes us
+        if batch.deleted is not None:
+            # the last line says why the stream ends short
+            await response.write(json.dumps({"error": {"message": batch.deleted}}).encode() + b"\n")
+            break
         if order == "completion":
             ready = batch.completed[sent:]
         else:
@@ -276,21 +272,18 @@ async def stream_samples(request: web.Request) -> web.StreamResponse:
         for sample in ready:
             await response.write(json.dumps(sample.to_json()).encode() + b"\n")
         sent += len(ready)
-        if sent < len(pending):
-            if batch.deleted:
-                break
-            await batch.changed.wait()
-    if batch.deleted and sent < len(pending):
-        # The final line says why the stream ends short, so a reader does not wait for more.
-        final = {"error": {"message": _deleted_message(batch.batch_id), "type": "batch_deleted"}}
-        await response.write(json.dumps(final).encode() + b"\n")
+        if sent == len(pending):
+            break
+        await changed
     await response.write_eof()
     return response
 
 
 async def delete_batch(request: web.Request) -> web.Response:
     manager, batch = _batch(request)
-    manager.forget_batch(batch.batch_id)
+    manager.forget_batch(
+        batch.batch_id, deleted=f"batch {batch.batch_id} was deleted (DELETE /batches/{batch.batch_id})"
+    )
     return web.json_response({"deleted": batch.batch_id})
 
 
@@ -323,7 +316,7 @@ async def add_worker(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
     body = await _parse(request, WorkerBody)
     try:
-        engine = await manager.add_engine(body.url, body.kind, body.engine_type, body.capacity)
+        engine = await manager.add_engine(body.url, body.kind, body.engine_type, body.capacity, body.api_key)
     except EngineUnavailable as exc:
         raise BadRequest(str(exc)) from None
     return web.json_response(engine.to_json(), status=201)
@@ -394,7 +387,8 @@ def _load_tokenizer(path: str | None):
 
 
 def create_app(manager: RolloutManager) -> web.Application:
-    app = web.Application(middlewares=[_count_rejections, _auth], client_max_size=256 * 1024 * 1024)
+    limit = int(manager.config.max_body_mb * (1 << 20))
+    app = web.Application(middlewares=[_count_rejections, _auth], client_max_size=limit)
     app[MANAGER_KEY] = manager
     app[TOKENIZER_KEY] = _load_tokenizer(manager.config.tokenizer)
 
@@ -430,7 +424,7 @@ def create_app(manager: RolloutManager) -> web.Application:
 async def serve(config: ManagerConfig, ready: asyncio.Event | None = None) -> None:
     """Run the manager until cancelled; `ready` is set once it listens."""
     app = create_app(RolloutManager(config))
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = GuardedRunner(app, config.read_timeout_s, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()

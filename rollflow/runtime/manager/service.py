@@ -24,6 +24,7 @@ import logging
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
@@ -31,21 +32,50 @@ from rollflow.errors import UserError
 from rollflow.policy.offload import OffloadBalancer, StepReport
 from rollflow.policy.routing import Router, make_router
 from rollflow.policy.view import ClusterView, InstanceKind, RouteRequest
-from rollflow.runtime.engines.base import EngineError, EngineRejectedError, NotSupportedError, SamplingParams
+from rollflow.runtime.engines.base import (
+    EngineError,
+    EngineRejectedError,
+    NotSupportedError,
+    RequestFailedError,
+    SamplingParams,
+)
 from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.metrics import ManagerMetrics
 from rollflow.runtime.manager.packing import GroupPacker
-from rollflow.runtime.manager.registry import EngineRecord, Registry, normalize_url
+from rollflow.runtime.manager.registry import EngineRecord, Registry
 from rollflow.runtime.manager.samples import Sample, SampleState
 
 log = logging.getLogger("rollflow.manager")
 
+ENGINE_STARTUP_POLL_S = 0.5
+LOOP_BEAT_S = 0.25
+LOOP_BLOCKED_S = 1.0
+"""A beat this much later than due means the loop was blocked, not an engine silent."""
 ENGINE_ERRORS = (EngineError, aiohttp.ClientError, OSError, ValueError)
+
+
+def normalise_url(url: str) -> str:
+    """One spelling per engine: lower-case scheme and host, localhost as 127.0.0.1, the default
+    port dropped, no trailing slash."""
+    parts = urlsplit(url.strip())
+    host = (parts.hostname or "").lower()
+    if host == "localhost":
+        host = "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    scheme = parts.scheme.lower()
+    port = parts.port
+    netloc = host if port is None or port == {"http": 80, "https": 443}.get(scheme) else f"{host}:{port}"
+    return urlunsplit((scheme, netloc, parts.path.rstrip("/"), parts.query, ""))
 
 
 class EngineUnavailable(UserError):
     """An engine that cannot join: unreachable or unhealthy at registration."""
+
+
+class EngineAlreadyRegistered(EngineUnavailable):
+    """An engine whose url a live record holds already."""
 
 
 class WeightUpdateNotSupported(UserError):
@@ -60,9 +90,24 @@ class Batch:
     budget_s: float | None  # local time budget; None when offloading is off
     offloaded: bool = False
     completed: list[Sample] = field(default_factory=list)  # samples in completion order
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-    # set by forget_batch: wakes and ends every stream and `next` still waiting on the batch
-    deleted: bool = False
+    deleted: str | None = None  # why the batch went away (DELETE /batches/{id}), once it did
+    _waiters: list[asyncio.Future] = field(default_factory=list)
+
+    def changed(self) -> asyncio.Future:
+        """A future that completes at the next change (a sample done, the batch deleted).
+
+        Each caller takes its own before reading the batch, so a change that lands while it
+        reads or writes is never lost (as a shared event cleared after reading would lose it).
+        """
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        return waiter
+
+    def notify(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     @property
     def samples(self) -> list[Sample]:
@@ -106,6 +151,8 @@ class RolloutManager:
         self._wake = asyncio.Event()
         self._background: set[asyncio.Task] = set()
         self._session: aiohttp.ClientSession | None = None
+        self._last_tick = 0.0  # last beat of the loop watch
+        self._loop_blocked_at = float("-inf")  # when the manager's own loop was last seen blocked
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -113,10 +160,41 @@ class RolloutManager:
         connector = aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s)
         self._session = aiohttp.ClientSession(connector=connector, timeout=timeout)
+        self._last_tick = asyncio.get_running_loop().time()
         self._spawn(self._dispatch_loop())
         self._spawn(self._health_loop())
-        for entry in self.config.engines:
-            await self.add_engine(entry.url, entry.kind, entry.engine_type, entry.capacity)
+        self._spawn(self._loop_watch())
+        try:
+            for entry in self.config.engines:
+                await self._add_configured_engine(entry)
+        except BaseException:
+            await self.close()  # no task or session outlives a manager that failed to start
+            raise
+
+    async def _add_configured_engine(self, entry) -> None:
+        """Register an engine of the config, waiting up to `engine_startup_timeout_s` for it to come up
+        (engines take seconds to load a model; sgl-router's worker_startup_timeout_secs)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.engine_startup_timeout_s
+        waited = False
+        while True:
+            try:
+                await self.add_engine(entry.url, entry.kind, entry.engine_type, entry.capacity, entry.api_key)
+                return
+            except EngineAlreadyRegistered:
+                raise
+            except EngineUnavailable as exc:
+                if loop.time() >= deadline:
+                    raise EngineUnavailable(
+                        f"{exc}; gave up after waiting {self.config.engine_startup_timeout_s:g}s "
+                        "(engine_startup_timeout_s)"
+                        if waited
+                        else str(exc)
+                    ) from None
+                if not waited:
+                    log.info("waiting for engine %s to come up: %s", entry.url, exc)
+                    waited = True
+                await asyncio.sleep(min(ENGINE_STARTUP_POLL_S, max(0.0, deadline - loop.time())))
 
     async def close(self) -> None:
         tasks = [*self._background, *self._attempts.values()]
@@ -135,13 +213,28 @@ class RolloutManager:
     # ------------------------------------------------------------------ engines
 
     async def add_engine(
-        self, url: str, kind: InstanceKind = "local", engine_type: str = "sglang", capacity: int = 64
+        self,
+        url: str,
+        kind: InstanceKind = "local",
+        engine_type: str = "sglang",
+        capacity: int = 64,
+        api_key: str | None = None,
     ) -> EngineRecord:
-        """Health-check an engine, read its weight version, and put it in the pool at once."""
-        url = normalize_url(url)
-        if self.registry.by_url(url) is not None:
-            raise EngineUnavailable(f"an engine with url {url} is already registered")
-        client = make_client(engine_type, url, self._session)
+        """Health-check an engine, read its weight version, and put it in the pool at once.
+
+        The url is normalised (one engine, one record); a failed engine's url may register again
+        (a restarted engine rejoins), replacing the failed record.
+        """
+        try:
+            url = normalise_url(url)
+        except ValueError as exc:
+            raise EngineUnavailable(f"bad engine url {url!r}: {exc}") from None
+        existing = self.registry.by_url(url)
+        if existing is not None and existing.state != "failed":
+            raise EngineAlreadyRegistered(
+                f"an engine with url {url} is already registered (id {existing.engine_id}, {existing.state})"
+            )
+        client = make_client(engine_type, url, self._session, api_key=api_key)
         try:
             healthy = await asyncio.wait_for(client.health(), self.config.connect_timeout_s)
             version = await asyncio.wait_for(client.weight_version(), self.config.connect_timeout_s)
@@ -149,6 +242,8 @@ class RolloutManager:
             raise EngineUnavailable(f"engine at {url} is unreachable: {exc or type(exc).__name__}") from None
         if not healthy:
             raise EngineUnavailable(f"engine at {url} is not healthy")
+        if existing is not None:
+            self.registry.forget(existing.engine_id)
         engine = self.registry.add(
             url=url,
             kind=kind,
@@ -166,14 +261,15 @@ class RolloutManager:
         return engine
 
     async def remove_engine(self, engine_id: int) -> EngineRecord:
-        """Deregister: the engine's running samples resume elsewhere with their tokens."""
+        """Deregister and forget: the engine's running samples resume elsewhere with their tokens,
+        and its url may register again."""
         engine = self.registry.get(engine_id)
-        if engine is None or engine.state == "removed":
+        if engine is None:
             raise KeyError(engine_id)
-        if engine.state == "failed":
-            engine.state = "removed"  # already out of the pool; its samples resumed when it failed
-            return engine
         self._retire(engine, "removed", reason="engine_removed")
+        engine.state = "removed"  # a failed engine is removed too
+        self.registry.forget(engine_id)
+        self._update_gauges()
         return engine
 
     async def update_engine_weights(
@@ -260,6 +356,26 @@ class RolloutManager:
                     self._retire(engine, "failed", reason="health_check")
             self._update_gauges()
 
+    async def _loop_watch(self) -> None:
+        """Beat every LOOP_BEAT_S and note when a beat came late: the manager itself was blocked
+        (a big body, a slow callback), so a stream that sent nothing meanwhile is not a hung engine."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(LOOP_BEAT_S)
+            now = loop.time()
+            if now - self._last_tick > LOOP_BEAT_S + LOOP_BLOCKED_S:
+                self._loop_blocked_at = now
+                log.warning(
+                    "the manager's event loop was blocked for %.1fs", now - self._last_tick - LOOP_BEAT_S
+                )
+            self._last_tick = now
+
+    def _manager_stalled(self) -> bool:
+        """True when the manager's loop was blocked within the last stall window (or is just now)."""
+        now = asyncio.get_running_loop().time()
+        recently = now - self._loop_blocked_at < self.config.stall_timeout_s
+        return recently or now - self._last_tick > LOOP_BEAT_S + LOOP_BLOCKED_S
+
     def _update_gauges(self) -> None:
         counts = {"healthy": 0, "updating": 0, "failed": 0, "removed": 0}
         for engine in self.registry.all():
@@ -318,12 +434,15 @@ class RolloutManager:
         self._wake.set()
         return batch
 
-    def forget_batch(self, batch_id: str) -> None:
-        """Drop a batch the trainer is done with (delivered, or no longer wanted: its unfinished samples stop)."""
+    def forget_batch(self, batch_id: str, deleted: str | None = None) -> None:
+        """Drop a batch the trainer is done with (delivered, or no longer wanted: its unfinished
+        samples stop). `deleted` says why a batch was dropped unfinished: its waiting `next` calls
+        and sample streams end with that message."""
         batch = self.batches.pop(batch_id)
-        batch.deleted = True
-        batch.changed.set()
-        batch.packer.close()
+        if deleted is not None:
+            batch.deleted = deleted
+            batch.packer.cancel(deleted)
+            batch.notify()
         for sample in batch.samples:
             if sample.state < SampleState.FINISHED:
                 self._move(sample.sample_id, "cancelled")
@@ -480,6 +599,13 @@ class RolloutManager:
             sample.state = SampleState.FAILED
             self._complete(sample)
             return
+        if outcome == "request_failed":
+            sample.request_failures += 1
+            if sample.request_failures >= self.config.request_failures_to_fail:
+                sample.state = SampleState.FAILED
+                log.warning("sample %s failed: %s", sample.sample_id, sample.error)
+                self._complete(sample)
+                return
         if outcome is None:
             self._finish(sample)
         else:
@@ -489,20 +615,31 @@ class RolloutManager:
         """Stream one attempt; return None when the sample finished, else why it must resume."""
         params = dataclasses.replace(sample.sampling, max_new_tokens=sample.remaining_tokens)
         stream = engine.client.generate(rid, sample.prompt_ids + sample.output_ids, params)
+        # the next chunk is awaited as a task so that a stall window can pass without cancelling it
+        pending: asyncio.Task | None = None
         try:
             while True:
+                if pending is None:
+                    pending = asyncio.ensure_future(anext(stream))
+                done, _ = await asyncio.wait({pending}, timeout=self.config.stall_timeout_s)
+                if not done:
+                    if self._manager_stalled():
+                        continue  # the manager, not the engine, was silent: give it another window
+                    self._retire(engine, "failed", reason="hung")
+                    return "engine_hung"
+                task, pending = pending, None
                 try:
-                    async with asyncio.timeout(self.config.stall_timeout_s):
-                        chunk = await anext(stream)
+                    chunk = task.result()
                 except StopAsyncIteration:
                     self._retire(engine, "failed", reason="stream_ended")
                     return "engine_failed"
-                except TimeoutError:
-                    self._retire(engine, "failed", reason="hung")
-                    return "engine_hung"
                 except EngineRejectedError as exc:
                     sample.error = f"engine {engine.engine_id} refused the request: {exc}"
                     return "rejected"
+                except RequestFailedError as exc:
+                    # the engine is alive and says this request failed: another engine may agree
+                    sample.error = f"engine {engine.engine_id} failed the request: {exc}"
+                    return "request_failed"
                 except ENGINE_ERRORS as exc:
                     log.warning("engine %d failed on %s: %s", engine.engine_id, rid, exc)
                     self._retire(engine, "failed", reason="stream_error")
@@ -527,11 +664,17 @@ class RolloutManager:
                     self.metrics.generated_tokens.labels(str(engine.engine_id)).inc(len(tokens))
                     self._notify(sample)
                 if chunk.finish_reason == "abort":
-                    return "engine_aborted"
+                    # the manager's own aborts cancel the attempt first, so this one is the engine's
+                    why = chunk.message or "no reason given"
+                    sample.error = f"engine {engine.engine_id} aborted the request: {why}"
+                    return "request_failed"
                 if chunk.finish_reason is not None or sample.remaining_tokens <= 0:
                     sample.finish_reason = chunk.finish_reason or "length"
                     return None
         finally:
+            if pending is not None:
+                pending.cancel()
+                await asyncio.wait({pending})  # the generator must stop running before it is closed
             await stream.aclose()
 
     async def _abort_quietly(self, engine: EngineRecord, rid: str) -> None:
@@ -561,6 +704,7 @@ class RolloutManager:
 
     def _finish(self, sample: Sample) -> None:
         sample.state = SampleState.FINISHED
+        sample.error = None  # an earlier attempt's request error, outlived
         self._complete(sample)
 
     def _complete(self, sample: Sample) -> None:
@@ -571,5 +715,5 @@ class RolloutManager:
         if batch is not None:
             batch.completed.append(sample)
             batch.packer.sample_done(sample)
-            batch.changed.set()
+            batch.notify()
         self._notify(sample)

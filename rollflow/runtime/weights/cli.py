@@ -30,7 +30,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "serve",
         help="serve a weight store folder over HTTP",
         description="Serve the versions in --dir to pullers (creating the folder if needed). Publishing "
-        f"over HTTP needs the bearer token in ${TOKEN_ENV} when that is set.",
+        f"over HTTP needs the bearer token in ${TOKEN_ENV}; without it the server takes no publishes "
+        "unless started with --insecure-open-publish.",
         epilog="example: rollflow weights serve --dir outputs/weights --port 8650",
     )
     serve.add_argument("--dir", required=True, help="weight store folder")
@@ -38,6 +39,20 @@ def register(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=int, default=8650, help="port (0 picks a free one; default: 8650)")
     serve.add_argument(
         "--keep-versions", type=int, default=4, help="newest versions kept for deltas (default: 4)"
+    )
+    serve.add_argument(
+        "--insecure-open-publish",
+        action="store_true",
+        help=f"without ${TOKEN_ENV}, let anyone who can reach the server publish (default: refuse)",
+    )
+    serve.add_argument(
+        "--max-upload-gb", type=float, default=64.0, help="largest publish upload in GiB (default: 64)"
+    )
+    serve.add_argument(
+        "--read-timeout-s",
+        type=float,
+        default=30.0,
+        help="close a connection that sends no whole request head, or stalls its body, this long (default: 30)",
     )
     serve.add_argument("--chunk-mb", type=float, default=4.0, help="payload chunk size in MiB (default: 4)")
     serve.set_defaults(handler=_serve)
@@ -96,7 +111,15 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
     store = WeightStore(
         args.dir, keep_versions=args.keep_versions, chunk_bytes=int(args.chunk_mb * (1 << 20))
     )
-    server = WeightServer(store, host=args.host, port=args.port, token=os.environ.get(TOKEN_ENV) or None)
+    server = WeightServer(
+        store,
+        host=args.host,
+        port=args.port,
+        token=os.environ.get(TOKEN_ENV) or None,
+        open_publish=args.insecure_open_publish,
+        max_upload_bytes=int(args.max_upload_gb * (1 << 30)),
+        read_timeout_s=args.read_timeout_s,
+    )
 
     async def run() -> None:
         url = await server.start()

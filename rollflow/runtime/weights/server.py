@@ -6,7 +6,8 @@
     GET  /v1/manifest?version=N|latest&codec=C[&base=B]   the payload's manifest (builds it)
     GET  /v1/payloads/{payload_id}/chunks/{index}         one chunk's wire bytes
     PUT  /v1/versions/{version}   body: a safetensors file (small text files as JSON in its
-                                  metadata under "rollflow.files"); bearer token if set
+                                  metadata under "rollflow.files"); needs the bearer token
+                                  (refused when the server has none, unless open_publish)
     GET  /healthz
 
 Payload builds and publishes run in a worker thread, so chunk downloads keep flowing while a
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 import tempfile
@@ -28,12 +28,18 @@ import safetensors.torch
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from rollflow.runtime.http.auth import require_bearer
+from rollflow.runtime.http.body import iter_body
+from rollflow.runtime.http.errors import http_error
+from rollflow.runtime.http.serve import DEFAULT_READ_TIMEOUT_S, GuardedRunner
 from rollflow.runtime.weights.errors import UnknownVersionError, WeightsError
-from rollflow.runtime.weights.store import WeightStore
+from rollflow.runtime.weights.store import MAX_VERSION, WeightStore
 
 logger = logging.getLogger(__name__)
 
 MAX_WAIT_S = 300.0
+MAX_UPLOAD_BYTES = 64 << 30
+"""Default limit of a publish upload (a 16B-parameter bf16 model is 32 GiB); 413 above it."""
 FILES_METADATA_KEY = "rollflow.files"
 _POLL_S = 0.1
 
@@ -62,14 +68,26 @@ class WeightServer:
     """Serves one store over HTTP; `await start()`, then pullers use `url`, then `await stop()`."""
 
     def __init__(
-        self, store: WeightStore, *, host: str = "127.0.0.1", port: int = 0, token: str | None = None
+        self,
+        store: WeightStore,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        open_publish: bool = False,
+        max_upload_bytes: int = MAX_UPLOAD_BYTES,
+        read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
     ) -> None:
-        """`port=0` picks a free port. With `token`, publishing needs `Authorization: Bearer
-        <token>`; without, publishing is open to whoever can reach `host`."""
+        """`port=0` picks a free port. Publishing needs `Authorization: Bearer <token>`; a server
+        without a token refuses publishes, unless `open_publish` lets anyone who can reach `host`
+        publish (what `--insecure-open-publish` asks for)."""
         self.store = store
         self.host = host
         self.port = port
         self.token = token
+        self.open_publish = open_publish
+        self.max_upload_bytes = max_upload_bytes
+        self.read_timeout_s = read_timeout_s
         self._runner: web.AppRunner | None = None
         self._new_version = asyncio.Event()
 
@@ -78,7 +96,8 @@ class WeightServer:
         return f"http://{self.host}:{self.port}"
 
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=1 << 40, middlewares=[_errors_as_json])
+        # publishes stream to disk under their own limit; no other route takes a body
+        app = web.Application(client_max_size=1 << 20, middlewares=[_errors_as_json])
         app.add_routes(
             [
                 web.get("/healthz", self._healthz),
@@ -91,7 +110,7 @@ class WeightServer:
         return app
 
     async def start(self) -> str:
-        self._runner = web.AppRunner(self.build_app(), access_log=None)
+        self._runner = GuardedRunner(self.build_app(), self.read_timeout_s, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
@@ -131,7 +150,7 @@ class WeightServer:
         try:
             index = int(request.match_info["index"])
         except ValueError:
-            raise web.HTTPBadRequest(text="chunk index must be an integer") from None
+            raise http_error(web.HTTPBadRequest, "chunk index must be an integer") from None
         return web.FileResponse(self.store.chunk_path(request.match_info["payload_id"], index))
 
     async def _publish(self, request: web.Request) -> web.Response:
@@ -139,9 +158,18 @@ class WeightServer:
         try:
             version = int(request.match_info["version"])
         except ValueError:
-            raise web.HTTPBadRequest(text="version must be an integer") from None
+            raise http_error(web.HTTPBadRequest, "version must be an integer") from None
+        if not 0 <= version <= MAX_VERSION:
+            raise http_error(web.HTTPBadRequest, f"version {version} is outside 0..{MAX_VERSION}")
         with tempfile.NamedTemporaryFile(dir=self.store.root / "tmp", suffix=".safetensors") as upload:
-            async for block in request.content.iter_chunked(1 << 20):
+            declared = request.content_length
+            if declared is not None and declared > self.max_upload_bytes:
+                raise _too_large(declared, self.max_upload_bytes)
+            size = 0
+            async for block in iter_body(request, 1 << 20):
+                size += len(block)
+                if size > self.max_upload_bytes:
+                    raise _too_large(size, self.max_upload_bytes)
                 upload.write(block)
             upload.flush()
             manifest = await asyncio.to_thread(_publish_file, self.store, version, Path(upload.name))
@@ -150,10 +178,23 @@ class WeightServer:
 
     def _check_token(self, request: web.Request) -> None:
         if self.token is None:
-            return
-        sent = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(sent.encode(), f"Bearer {self.token}".encode()):
-            raise web.HTTPUnauthorized(text="publishing needs the server's bearer token")
+            if self.open_publish:
+                return
+            raise http_error(
+                web.HTTPForbidden,
+                "this weight server takes no publishes: start it with a token "
+                "($ROLLFLOW_WEIGHTS_TOKEN) or with --insecure-open-publish",
+            )
+        require_bearer(request, self.token, "publishing")
+
+
+def _too_large(size: int, limit: int) -> web.HTTPException:
+    return http_error(
+        web.HTTPRequestEntityTooLarge,
+        f"the upload is {size} bytes or more, above this server's limit of {limit} bytes (--max-upload-gb)",
+        max_size=limit,
+        actual_size=size,
+    )
 
 
 def _publish_file(store: WeightStore, version: int, path: Path):
@@ -175,7 +216,7 @@ def _parse(model: type[BaseModel], request: web.Request):
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(part) for part in error["loc"])
-        raise web.HTTPBadRequest(text=f"{where}: {error['msg']}") from None
+        raise http_error(web.HTTPBadRequest, f"{where}: {error['msg']}") from None
 
 
 @web.middleware

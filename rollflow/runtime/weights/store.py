@@ -35,8 +35,8 @@ from rollflow.runtime.weights.tensors import StateDict, as_cpu_contiguous, state
 logger = logging.getLogger(__name__)
 
 _VERSION_DIR = re.compile(r"^v(\d{8})$")
-# the largest version the folder layout (v + 8 digits) holds; a larger one could not be listed
 MAX_VERSION = 10**8 - 1
+"""Versions are stored as v%08d folders: a larger one could be written but never listed or served."""
 PAYLOAD_ID = re.compile(r"^v(\d+)-([a-z0-9-]+?)(?:-from(\d+))?$")
 _FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 MAX_FILES_BYTES = 1 << 20
@@ -86,13 +86,15 @@ class WeightStore:
         _check_files(files)
         with self._lock:
             latest = self.versions().latest
-            if not isinstance(version, int) or version < 0 or (latest is not None and version <= latest):
+            if not isinstance(version, int) or not 0 <= version <= MAX_VERSION:
+                raise WeightsError(
+                    f"cannot publish version {version!r}: versions are integers that increase, within 0..{MAX_VERSION}"
+                )
+            if latest is not None and version <= latest:
                 raise WeightsError(
                     f"cannot publish version {version!r}: versions are integers that increase "
                     f"(latest held: {latest})"
                 )
-            if version > MAX_VERSION:
-                raise WeightsError(f"cannot publish version {version}: versions go up to {MAX_VERSION}")
             state = as_cpu_contiguous(state_dict)
             staging = self._staging()
             safetensors.torch.save_file(state, str(staging / "model.safetensors"))

@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import queue
 
-import pytest
 from transformers import AutoModelForCausalLM
 
-from rollflow.runtime.engines.base import EngineRejectedError
 from rollflow.runtime.engines.builtin.sampling import SamplingOptions
 from rollflow.runtime.engines.builtin.worker import GenerationWorker, Sequence, TokenEvent
-from rollflow.runtime.engines.sglang import parse_sglang_event
 
 
 def _finish(events: queue.SimpleQueue[TokenEvent]) -> tuple[list[int], dict]:
@@ -47,14 +44,3 @@ def test_a_request_that_raises_in_the_model_fails_alone_and_the_thread_serves_th
         assert worker.is_alive() and worker.num_running == 0
     finally:
         worker.stop()
-
-
-def test_an_abort_with_a_4xx_status_code_mid_stream_is_a_request_error_for_the_client():
-    """SGLang's FINISH_ABORT carries the status_code; a 4xx means the request, not the engine, failed."""
-    meta = {"completion_tokens": 0, "output_token_logprobs": []}
-    refused = {"type": "abort", "message": "bad input", "status_code": 400}
-    with pytest.raises(EngineRejectedError, match="bad input"):
-        parse_sglang_event({"meta_info": {**meta, "finish_reason": refused}}, 0)
-    # a plain abort (the client's own, a drain) is still a finish, not an error
-    chunk = parse_sglang_event({"meta_info": {**meta, "finish_reason": {"type": "abort"}}}, 0)
-    assert chunk.finish_reason == "abort"

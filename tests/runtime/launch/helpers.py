@@ -27,8 +27,9 @@ def published_state(model_dir: Path, scale: float) -> dict:
 class BackgroundWeightServer:
     """A WeightServer over `store` in its own event loop thread, on a free 127.0.0.1 port."""
 
-    def __init__(self, store: WeightStore) -> None:
-        self.server = WeightServer(store)
+    def __init__(self, store: WeightStore, token: str | None = None) -> None:
+        """Publishing over HTTP needs `token`; without one, only the store's own `publish` adds versions."""
+        self.server = WeightServer(store, token=token)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()

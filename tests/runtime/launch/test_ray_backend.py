@@ -58,7 +58,7 @@ def test_ray_actors_serve_on_loopback_and_a_lost_spot_actor_is_deregistered(tmp_
             launch.check_processes()
             deadline_checks += 1
         assert spot_id not in launch.engines
-        assert {w["id"]: w["state"] for w in launch.manager.workers()}[spot_id] in ("removed", "failed")
+        assert spot_id not in {w["id"] for w in launch.manager.workers()}  # deregistered: the record is gone
         assert len(_serve_batch(launch)) == 4
         urls = [launch.manager_url] + [e.url for e in launch.engines.values()]
     for url in [*urls, spot.url]:

@@ -17,7 +17,7 @@ from tests.runtime.manager.helpers import (
     wait_until,
     workers,
 )
-from tests.runtime.processes import Process, free_port, http, rollflow
+from tests.runtime.processes import free_port, http
 
 PROMPTS = [[11 + i, 3, 60 + i] for i in range(4)]
 
@@ -142,34 +142,4 @@ def test_registration_with_a_wrong_token_is_refused_and_changes_nothing(processe
     assert status == 201 and record["kind"] == "spot"
     status, _ = http("DELETE", manager.url + f"/workers/{record['id']}", token="wrong")
     assert status == 401
-    assert workers(manager)[engine.url]["state"] == "healthy"
-
-
-def test_a_restarted_engine_rejoins_under_its_url_and_one_url_is_one_record(processes):
-    """A failed engine's url was refused forever ('already registered') and localhost got in twice."""
-    engine = processes.engine()
-    manager = processes.manager(engines=[{"url": engine.url}], health_interval_s=0.2)
-    spelled_otherwise = f"http://localhost:{engine.port}/"
-    status, answer = http("POST", manager.url + "/workers", {"url": spelled_otherwise})
-    assert status == 400 and "already registered" in answer["error"]["message"]
-
-    engine.kill()
-    wait_until(lambda: workers(manager)[engine.url]["state"] == "failed", what="the engine to fail")
-    restarted = Process(
-        rollflow("engine", "serve", "--model", str(processes.model), "--port", str(engine.port)),
-        engine.port,
-        processes.folder / f"restarted-{engine.port}.log",
-    )
-    processes.started.append(restarted)
-    status, answer = http("POST", manager.url + "/workers", {"url": spelled_otherwise})
-    assert status == 201, answer
-    listed = http("GET", manager.url + "/workers")[1]["workers"]
-    assert [w["state"] for w in listed if w["url"] == engine.url] == ["healthy"]
-    body = {"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
-    assert http("POST", manager.url + "/generate", body)[0] == 200
-
-    # DELETE really removes, and the removed url can register again
-    assert http("DELETE", manager.url + f"/workers/{answer['id']}")[0] == 200
-    assert workers(manager)[engine.url]["state"] == "removed"
-    assert http("POST", manager.url + "/workers", {"url": engine.url})[0] == 201
     assert workers(manager)[engine.url]["state"] == "healthy"

@@ -34,8 +34,7 @@ def test_the_same_router_object_routes_a_simulated_and_a_live_cluster(tmp_path, 
                     await manager.add_engine(engine.url)
                 batch = manager.submit_batch([[1, 2]] * 6, 1, SamplingParams(max_new_tokens=2, temperature=0))
                 while not batch.done:
-                    await batch.changed.wait()
-                    batch.changed.clear()
+                    await batch.changed()
                 return [sample.spans[0].engine_id for sample in batch.samples]
             finally:
                 await manager.close()
@@ -92,8 +91,7 @@ def test_one_learned_policy_file_routes_the_simulator_and_the_live_manager(tmp_p
                     [[3, 4, 5]] * 12, 1, SamplingParams(max_new_tokens=3, temperature=0)
                 )
                 while not batch.done:
-                    await batch.changed.wait()
-                    batch.changed.clear()
+                    await batch.changed()
                 assert all(sample.state.name == "FINISHED" for sample in batch.samples)
                 return manager.router
             finally:

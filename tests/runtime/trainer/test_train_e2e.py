@@ -9,11 +9,15 @@ import yaml
 from tests.runtime.processes import ENV, REPO, http, rollflow
 
 
-def train(config: dict, tmp_path, *args: str) -> subprocess.CompletedProcess:
+def train(config: dict, tmp_path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     path = tmp_path / "train.yaml"
     path.write_text(yaml.safe_dump(config))
     result = subprocess.run(
-        rollflow("train", "--config", str(path), *args), cwd=REPO, env=ENV, capture_output=True, text=True
+        rollflow("train", "--config", str(path), *args),
+        cwd=REPO,
+        env=ENV | (env or {}),
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result
@@ -118,10 +122,11 @@ def test_with_weights_url_each_version_is_published_and_the_engine_pulls_it(proc
 
     engine = processes.engine()
     manager = processes.manager(engines=[{"url": engine.url, "engine_type": "builtin"}])
-    server = BackgroundWeightServer(WeightStore(tmp_path / "store"))
+    server = BackgroundWeightServer(WeightStore(tmp_path / "store"), token="publish-secret")
     try:
         output = tmp_path / "run"
-        train(base_config(manager, tiny_model, output, weights_url=server.url), tmp_path)
+        config = base_config(manager, tiny_model, output, weights_url=server.url)
+        train(config, tmp_path, env={"ROLLFLOW_WEIGHTS_TOKEN": "publish-secret"})
         versions = published_versions(server.url)
     finally:
         server.close()

@@ -21,8 +21,12 @@ def serve_engine(
     seed: int = 0,
     num_threads: int | None = None,
     incremental_streaming_output: bool = False,
+    api_key: str | None = None,
+    max_body_bytes: int = 64 << 20,
+    read_timeout_s: float = 30.0,
 ) -> None:
-    """Serve until interrupted; prints `serving on http://HOST:PORT` once requests are accepted."""
+    """Serve until interrupted; prints `serving on http://HOST:PORT` once requests are accepted.
+    With `api_key`, every route but /health needs `Authorization: Bearer <api_key>`."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if not (Path(model_dir) / "config.json").is_file():
         raise UserError(
@@ -60,19 +64,28 @@ def serve_engine(
         pulled = None
     with tempfile.TemporaryDirectory(prefix="rollflow-engine-pull-") as pull_cache:
         server = EngineServer(
-            served, worker, WeightChecker(model), pull_cache, incremental_streaming_output, pulled
+            served,
+            worker,
+            WeightChecker(model),
+            pull_cache,
+            incremental_streaming_output,
+            pulled,
+            api_key,
+            max_body_bytes,
         )
         worker.start()
         try:
-            asyncio.run(_serve(server, host, port))
+            asyncio.run(_serve(server, host, port, read_timeout_s))
         finally:
             worker.stop()
 
 
-async def _serve(server, host: str, port: int) -> None:
+async def _serve(server, host: str, port: int, read_timeout_s: float) -> None:
     from aiohttp import web
 
-    runner = web.AppRunner(server.build_app(), handler_cancellation=True, access_log=None)
+    from rollflow.runtime.http.serve import GuardedRunner
+
+    runner = GuardedRunner(server.build_app(), read_timeout_s, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:

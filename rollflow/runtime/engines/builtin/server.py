@@ -9,7 +9,8 @@
     POST /update_weights_from_server  {"url", "weight_version", "codec"}: pull from a weight server (rollflow)
     POST /pause_generation {"mode": "abort"|"in_place"|"retract"}, POST /continue_generation
 
-Handlers validate, hand the work to the generation thread and relay its events. A client that
+With an api key (`--api-key`, as SGLang's), every route but /health needs
+`Authorization: Bearer KEY`. Handlers validate, hand the work to the generation thread and relay its events. A client that
 disconnects aborts its request (the server runs with handler cancellation on).
 """
 
@@ -43,6 +44,8 @@ from rollflow.runtime.engines.builtin.weights import (
     read_safetensors_path,
 )
 from rollflow.runtime.engines.builtin.worker import GenerationWorker, Sequence, TokenEvent
+from rollflow.runtime.http.auth import bearer_middleware
+from rollflow.runtime.http.body import read_body, read_json_object
 from rollflow.runtime.weights import (
     LoadedWeights,
     UnknownVersionError,
@@ -55,7 +58,10 @@ logger = logging.getLogger(__name__)
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 HEALTH_GENERATE_TIMEOUT_S = 20.0
-MAX_BODY_BYTES = 1 << 36
+MAX_BODY_BYTES = 64 << 20
+"""Default limit of a JSON request (a 128k-token prompt is about 1 MB)."""
+WEIGHTS_BODY_HEADROOM = 16 << 20
+"""Safetensors header room above the served model's tensor bytes, for the weights upload route."""
 
 
 class BadRequest(Exception):
@@ -103,6 +109,9 @@ class EngineServer:
         pull_cache_dir: str | Path,
         incremental_streaming_output: bool = False,
         pulled: LoadedWeights | None = None,
+        api_key: str | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        max_weights_body_bytes: int | None = None,
     ) -> None:
         """`pull_cache_dir` keeps partial pulls (resumed by the next pull); `pulled` is the
         version the served weights are, exactly as published, when the model folder came from a
@@ -117,9 +126,16 @@ class EngineServer:
         self._pull_cache_dir = Path(pull_cache_dir)
         # the loaded weights as published (the delta base); None once anything else was loaded
         self._pulled = pulled
+        self._api_key = api_key
+        self._max_body = max_body_bytes
+        # the largest valid upload is every tensor of the served model
+        self._max_weights_body = max_weights_body_bytes or checker.max_upload_bytes + WEIGHTS_BODY_HEADROOM
 
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors_as_json])
+        auth = bearer_middleware(self._api_key, lambda request: request.path != "/health", "this engine")
+        app = web.Application(
+            client_max_size=max(self._max_body, self._max_weights_body), middlewares=[auth, _errors_as_json]
+        )
         app.add_routes(
             [
                 web.post("/generate", self.generate),
@@ -139,7 +155,7 @@ class EngineServer:
 
     # ---- generation --------------------------------------------------------------------------
     async def generate(self, request: web.Request) -> web.StreamResponse:
-        body = await _parse(request, GenerateBody)
+        body = await _parse(request, GenerateBody, self._max_body)
         input_ids = self._prompt_ids(body)
         rid = body.rid or uuid.uuid4().hex
         if rid in self._active_rids:
@@ -262,7 +278,7 @@ class EngineServer:
         return {"text": text, "output_ids": ids, "meta_info": meta}
 
     async def abort_request(self, request: web.Request) -> web.Response:
-        body = await _parse(request, AbortBody)
+        body = await _parse(request, AbortBody, self._max_body)
         if body.abort_all:
             self._worker.abort_all()
         elif body.rid:
@@ -313,7 +329,7 @@ class EngineServer:
 
     # ---- weights and pausing ------------------------------------------------------------------
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:
-        body = await _parse(request, UpdateWeightsFromDiskBody)
+        body = await _parse(request, UpdateWeightsFromDiskBody, self._max_body)
         tensors = await asyncio.to_thread(read_safetensors_path, body.model_path)
         return web.json_response(
             await self._load(tensors, body.weight_version, full=True, abort=body.abort_all_requests)
@@ -327,14 +343,14 @@ class EngineServer:
             raise BadRequest(f"weight_version must be an integer, got {version_text!r}") from None
         if version is not None and version < 0:
             raise BadRequest(f"weight_version must be >= 0, got {version}")
-        tensors = read_safetensors_bytes(await request.read())
+        tensors = read_safetensors_bytes(await read_body(request, self._max_weights_body))
         abort = request.query.get("abort_all_requests") == "true"
         return web.json_response(await self._load(tensors, version, full=False, abort=abort))
 
     async def update_weights_from_server(self, request: web.Request) -> web.Response:
         """Pull a version (a delta against the last pulled one when the codec says so), verify
         all of it, then load it like a full checkpoint; a failed pull leaves the weights alone."""
-        body = await _parse(request, UpdateWeightsFromServerBody)
+        body = await _parse(request, UpdateWeightsFromServerBody, self._max_body)
         async with self._pull_lock:
             base = self._pulled
             try:
@@ -384,7 +400,7 @@ class EngineServer:
         return {"success": True, "message": f"loaded {len(checked)} tensors", "weight_version": new_version}
 
     async def pause_generation(self, request: web.Request) -> web.Response:
-        body = await _parse(request, PauseBody, allow_empty=True)
+        body = await _parse(request, PauseBody, self._max_body, allow_empty=True)
         await asyncio.wrap_future(self._worker.pause(body.mode))
         return web.json_response({"success": True})
 
@@ -393,26 +409,24 @@ class EngineServer:
         return web.json_response({"success": True})
 
 
-async def _parse(request: web.Request, model: type[ModelT], allow_empty: bool = False) -> ModelT:
-    raw = await request.read()
-    if not raw.strip() and allow_empty:
-        return model()
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise BadRequest(f"body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise BadRequest("body must be a JSON object")
-    if (
-        isinstance(data.get("input_ids"), list)
-        and data["input_ids"]
-        and isinstance(data["input_ids"][0], list)
-    ):
-        raise BadRequest("batched input_ids are not supported: send one request per sample")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise BadRequest(_describe(exc)) from None
+async def _parse(request: web.Request, model: type[ModelT], limit: int, allow_empty: bool = False) -> ModelT:
+    """The validated body; bad bytes (rollflow.runtime.http.body) and bad fields are a 400."""
+
+    def validate(data: dict[str, Any]) -> ModelT:
+        if not data and allow_empty:
+            return model()
+        if (
+            isinstance(data.get("input_ids"), list)
+            and data["input_ids"]
+            and isinstance(data["input_ids"][0], list)
+        ):
+            raise BadRequest("batched input_ids are not supported: send one request per sample")
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            raise BadRequest(_describe(exc)) from None
+
+    return await read_json_object(request, limit, validate)
 
 
 def _describe(exc: ValidationError) -> str:

@@ -6,6 +6,7 @@ tensor in a full load) is refused as a whole with a message naming the tensor.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,12 @@ class WeightChecker:
         for name, tensor in state.items():
             by_storage.setdefault(tensor.data_ptr(), []).append(name)
         self._aliases = {name: names for names in by_storage.values() for name in names}
+
+    @property
+    def max_upload_bytes(self) -> int:
+        """Tensor bytes of the whole model sent as float64 (the widest dtype a checker casts from):
+        no valid upload is larger."""
+        return sum(8 * math.prod(shape) for shape, _ in self._shapes.values())
 
     def check(self, tensors: dict[str, torch.Tensor], full: bool) -> dict[str, torch.Tensor]:
         """Return `tensors` cast to the model's dtypes; raise WeightsError naming the first problem."""

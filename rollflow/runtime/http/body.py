@@ -1,0 +1,135 @@
+"""Reading and parsing request bodies at the edge: every bad byte is a 4xx naming the problem.
+
+Bodies are read up to a limit (413 above it); they must be UTF-8 JSON objects whose strings hold
+no lone surrogates, nested no deeper than the parser's recursion limit. Bodies above `THREAD_PARSE_BYTES` are
+parsed in a worker thread, so a big body does not hold the event loop (health checks, streams,
+stall timers) while it is parsed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from rollflow.runtime.http.errors import http_error
+from rollflow.runtime.http.serve import close_stalled, read_timeout
+
+T = TypeVar("T")
+THREAD_PARSE_BYTES = 1 << 20
+_SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")
+
+
+class BodyError(ValueError):
+    """The body is not a JSON object this server can read; the message says why."""
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The raw body, or 413 when it (or its declared length) exceeds `limit` bytes."""
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise _too_large(declared, limit)
+    chunks, size = [], 0
+    async for chunk in iter_body(request):
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(size, limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def iter_body(request: web.Request, chunk_bytes: int = 1 << 16):
+    """The body's chunks; a body that sends nothing for the server's read timeout is cut off
+    (its connection closed), so a half-sent body cannot hold a socket forever."""
+    timeout = read_timeout(request)
+    while True:
+        try:
+            async with asyncio.timeout(timeout):
+                chunk = await request.content.read(chunk_bytes)
+        except TimeoutError:
+            raise close_stalled(request) from None
+        if not chunk:
+            return
+        yield chunk
+
+
+async def read_json_object(
+    request: web.Request, limit: int, validate: Callable[[dict[str, Any]], T] = lambda data: data
+) -> T:
+    """Read the body, parse it as a JSON object and `validate` it (which may raise an HTTP error);
+    400 (or 413) with a clear message for bad bytes. Big bodies are parsed and validated in a
+    worker thread."""
+    raw = await read_body(request, limit)
+
+    def parse() -> T:
+        try:
+            data = parse_json_object(raw)
+        except BodyError as exc:
+            raise http_error(web.HTTPBadRequest, str(exc)) from None
+        return validate(data)
+
+    if len(raw) > THREAD_PARSE_BYTES:
+        return await asyncio.get_running_loop().run_in_executor(None, parse)
+    return parse()
+
+
+def parse_json_object(raw: bytes, allow_empty: bool = True) -> dict[str, Any]:
+    if not raw.strip():
+        if allow_empty:
+            return {}
+        raise BodyError("the body is empty; send a JSON object")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BodyError(
+            f"the body is not UTF-8 (byte {exc.start}: {raw[exc.start : exc.start + 4]!r})"
+        ) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BodyError(f"malformed JSON: {exc}") from None
+    except RecursionError:  # the C parser stops at the interpreter's recursion limit, no deeper
+        raise BodyError("JSON nested too deep (no valid request nests more than a few levels)") from None
+    if not isinstance(data, dict):
+        raise BodyError(f"the body must be a JSON object, not {type(data).__name__}")
+    if _SURROGATE_ESCAPE.search(raw):
+        where = _lone_surrogate(data, "body")
+        if where is not None:
+            raise BodyError(
+                f"{where} holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), which is no character"
+            )
+    return data
+
+
+def _lone_surrogate(value: Any, where: str) -> str | None:
+    """Where the first string with a lone surrogate is, None when there is none."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _lone_surrogate(key, f"{where} key") or _lone_surrogate(item, f"{where}.{key}")
+            if found:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _lone_surrogate(item, f"{where}[{index}]")
+            if found:
+                return found
+    return None
+
+
+def _too_large(size: int, limit: int) -> web.HTTPException:
+    return http_error(
+        web.HTTPRequestEntityTooLarge,
+        f"the body is {size} bytes or more, above this server's limit of {limit} bytes",
+        max_size=limit,
+        actual_size=size,
+    )

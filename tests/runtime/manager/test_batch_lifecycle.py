@@ -1,0 +1,84 @@
+"""Every consumer of a batch ends: deleting it ends its sample streams and waiting `/next` calls
+with a message saying so, and concurrent streams of a finishing batch each get every sample."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+
+import pytest
+
+from tests.runtime.manager.helpers import wait_until, workers
+from tests.runtime.processes import http
+
+
+@pytest.fixture(scope="module")
+def manager(module_processes):
+    engine = module_processes.engine()
+    return module_processes.manager(engines=[{"url": engine.url, "engine_type": "builtin", "capacity": 4}])
+
+
+def _submit(manager, prompts: int, max_new_tokens: int) -> str:
+    body = {
+        "prompts": [[7 + i, 8] for i in range(prompts)],
+        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True},
+    }
+    status, answer = http("POST", manager.url + "/batches", body)
+    assert status == 201, answer
+    return answer["batch_id"]
+
+
+def _in_thread(target) -> tuple[threading.Thread, dict]:
+    result: dict = {}
+
+    def run() -> None:
+        result["value"] = target()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, result
+
+
+def _stream_lines(manager, batch_id: str, order: str = "completion") -> list[dict]:
+    url = f"{manager.url}/batches/{batch_id}/samples?order={order}"
+    with urllib.request.urlopen(url, timeout=120) as response:
+        return [json.loads(line) for line in response if line.strip()]
+
+
+def test_deleting_a_batch_ends_its_streams_and_waiting_next_with_a_message(manager):
+    batch_id = _submit(manager, prompts=6, max_new_tokens=1500)
+    streams = [
+        _in_thread(lambda o=o: _stream_lines(manager, batch_id, o)) for o in ("completion", "submission")
+    ]
+    waiting_next = _in_thread(
+        lambda: http("POST", f"{manager.url}/batches/{batch_id}/next", {"min_groups": 6})
+    )
+    wait_until(lambda: next(iter(workers(manager).values()))["tokens_generated"] > 0, what="generation")
+
+    status, body = http("DELETE", f"{manager.url}/batches/{batch_id}")
+    assert status == 200, body
+
+    for thread, _ in [*streams, waiting_next]:
+        thread.join(60)
+        assert not thread.is_alive(), "a consumer of the deleted batch still hangs"
+    for _, result in streams:
+        assert result["value"][-1] == {
+            "error": {"message": f"batch {batch_id} was deleted (DELETE /batches/{batch_id})"}
+        }
+    status, answer = waiting_next[1]["value"]
+    assert status == 410 and "was deleted" in answer["error"]["message"], answer
+    assert http("GET", f"{manager.url}/batches/{batch_id}")[0] == 404
+    assert next(iter(workers(manager).values()))["running"] == 0
+
+
+def test_concurrent_streams_of_a_batch_each_get_every_sample(manager):
+    batch_id = _submit(manager, prompts=12, max_new_tokens=3)
+    streams = [_in_thread(lambda: _stream_lines(manager, batch_id)) for _ in range(4)]
+    for thread, _ in streams:
+        thread.join(120)
+        assert not thread.is_alive(), "a stream missed a wake-up"
+    for _, result in streams:
+        lines = result["value"]
+        assert sorted(s["group_index"] for s in lines) == list(range(12))
+        assert all(s["state"] == "finished" for s in lines)

@@ -1,0 +1,170 @@
+"""Every protected route of the manager, the built-in engine and the weight server refuses a
+missing, wrong or malformed (non-UTF-8) bearer token with a 401, and takes the right one."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.runtime.processes import ENV, REPO, Process, free_port, http, rollflow
+
+TOKEN = "manager-secret"
+API_KEY = "engine-secret"
+WEIGHTS_TOKEN = "publish-secret"
+
+# (method, path) of every route that needs the token; bodies are irrelevant: auth comes first
+ENGINE_PROTECTED = [
+    ("POST", "/generate"),
+    ("POST", "/abort_request"),
+    ("GET", "/health_generate"),
+    ("GET", "/get_model_info"),
+    ("GET", "/get_weight_version"),
+    ("POST", "/update_weights_from_disk"),
+    ("POST", "/update_weights_from_safetensors?weight_version=1"),
+    ("POST", "/update_weights_from_server"),
+    ("POST", "/pause_generation"),
+    ("POST", "/continue_generation"),
+]
+MANAGER_PROTECTED = [
+    ("POST", "/workers"),
+    ("DELETE", "/workers/0"),
+    ("POST", "/workers/0/update_weights"),
+    ("POST", "/batches"),
+    ("GET", "/batches/abc"),
+    ("POST", "/batches/abc/next"),
+    ("POST", "/batches/abc/flush"),
+    ("GET", "/batches/abc/samples"),
+    ("DELETE", "/batches/abc"),
+    ("POST", "/step_report"),
+]
+
+
+def raw_status(url: str, method: str, path: str, authorization: bytes) -> int:
+    """Status of a request whose Authorization header is the given bytes (urllib only sends text)."""
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
+        sock.sendall(
+            f"{method} {path} HTTP/1.1\r\nHost: {parts.netloc}\r\n".encode()
+            + b"Authorization: "
+            + authorization
+            + b"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        status_line = sock.makefile("rb").readline()
+    return int(status_line.split()[1])
+
+
+def assert_refused(url: str, routes, good: str) -> None:
+    for method, path in routes:
+        assert http(method, url + path)[0] == 401, (method, path)
+        assert http(method, url + path, token="wrong")[0] == 401, (method, path)
+        assert raw_status(url, method, path, b"Bearer \xff\xfe\x80") == 401, (method, path)
+        assert raw_status(url, method, path, b"Bearer " + good.encode()) != 401, (method, path)
+
+
+@pytest.fixture(scope="module")
+def engine(module_processes, tmp_path_factory):
+    port = free_port()
+    args = [
+        "engine",
+        "serve",
+        "--model",
+        str(module_processes.model),
+        "--port",
+        str(port),
+        "--api-key",
+        API_KEY,
+    ]
+    process = Process(rollflow(*args), port, tmp_path_factory.mktemp("engine") / "engine.log")
+    module_processes.started.append(process)
+    return process
+
+
+def test_the_engine_takes_its_api_key_on_every_route_but_health(engine):
+    assert http("GET", engine.url + "/health")[0] == 200
+    assert_refused(engine.url, ENGINE_PROTECTED, API_KEY)
+    status, body = http("GET", engine.url + "/get_weight_version", token=API_KEY)
+    assert status == 200 and body["weight_version"] == 0
+
+
+def test_the_manager_takes_its_token_on_admin_and_trainer_routes_and_passes_the_engine_key(
+    module_processes, engine
+):
+    manager = module_processes.manager(token=TOKEN)
+    assert_refused(manager.url, MANAGER_PROTECTED, TOKEN)
+    for path in ("/health", "/metrics", "/workers", "/weight_versions", "/step_report"):
+        assert http("GET", manager.url + path)[0] == 200, path
+
+    worker = {"url": engine.url, "engine_type": "builtin"}
+    status, body = http("POST", manager.url + "/workers", worker, token=TOKEN)
+    assert status == 400 and "401" in body["error"]["message"], body  # the engine refused the manager
+    status, body = http("POST", manager.url + "/workers", worker | {"api_key": API_KEY}, token=TOKEN)
+    assert status == 201, body
+    assert "api_key" not in body
+    sampling = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
+    status, body = http("POST", manager.url + "/generate", {"input_ids": [3, 4], "sampling_params": sampling})
+    assert status == 200 and len(body["output_ids"]) == 4, body
+    status, batch = http("POST", manager.url + "/batches", {"prompts": [[5, 6]], "sampling_params": sampling})
+    assert status == 401
+    status, batch = http(
+        "POST", manager.url + "/batches", {"prompts": [[5, 6]], "sampling_params": sampling}, token=TOKEN
+    )
+    assert status == 201, batch
+    status, answer = http("POST", f"{manager.url}/batches/{batch['batch_id']}/next", {}, token=TOKEN)
+    assert status == 200 and answer["exhausted"], answer
+
+
+def _weight_server(tmp_path, *extra: str, token: str | None = None) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = {k: v for k, v in ENV.items() if k != "ROLLFLOW_WEIGHTS_TOKEN"}
+    if token:
+        env["ROLLFLOW_WEIGHTS_TOKEN"] = token
+    argv = [
+        sys.executable,
+        "-m",
+        "rollflow.cli",
+        "weights",
+        "serve",
+        "--dir",
+        str(tmp_path / f"store-{port}"),
+    ]
+    log = open(tmp_path / f"weights-{port}.log", "wb")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen([*argv, "--port", str(port), *extra], cwd=REPO, env=env, stdout=log, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if http("GET", url + "/healthz", timeout=2)[0] == 200:
+                return proc, url
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"weight server did not start: {(tmp_path / f'weights-{port}.log').read_text()}")
+
+
+def test_the_weight_server_publishes_only_with_its_token_or_when_opened_explicitly(tmp_path):
+    servers = []
+    try:
+        closed, closed_url = _weight_server(tmp_path)
+        servers.append(closed)
+        status, body = http("PUT", closed_url + "/v1/versions/1", b"not safetensors")
+        assert status == 403 and "--insecure-open-publish" in body["error"]["message"], body
+
+        opened, opened_url = _weight_server(tmp_path, "--insecure-open-publish")
+        servers.append(opened)
+        status, body = http("PUT", opened_url + "/v1/versions/1", b"not safetensors")
+        assert status == 400 and "not a safetensors file" in str(body), body  # past auth: the body is judged
+
+        guarded, guarded_url = _weight_server(tmp_path, token=WEIGHTS_TOKEN)
+        servers.append(guarded)
+        assert_refused(guarded_url, [("PUT", "/v1/versions/1")], WEIGHTS_TOKEN)
+        for path in ("/healthz", "/v1/versions"):
+            assert http("GET", guarded_url + path)[0] == 200
+    finally:
+        for proc in servers:
+            proc.kill()
+            proc.wait()
