@@ -54,6 +54,11 @@ class ManagerConfig(StrictModel):
     seconds to load); past it, the manager exits naming the engine."""
     health_interval_s: float = Field(2.0, gt=0)
     health_failures_to_remove: int = Field(2, ge=1)
+    breaker_pause_s: float = Field(30.0, gt=0)
+    """Circuit breaker (as sgl-router's): a failed engine is set aside this long, then the health
+    checker tries it again (half-open) and it rejoins if it answers healthy. The pause doubles with
+    each failure in a row, up to `breaker_max_pause_s`; a sample finished on it resets the count."""
+    breaker_max_pause_s: float = Field(300.0, gt=0)
     max_new_tokens_limit: int = Field(32768, ge=1)
     """Requests asking for more new tokens than this are rejected with a 400."""
     max_prompt_tokens: int = Field(131072, ge=1)

@@ -24,6 +24,9 @@ class EngineRecord:
     state: EngineState = "healthy"
     running: dict[str, int] = field(default_factory=dict)  # sample id -> tokens it still may generate
     health_failures: int = 0
+    api_key: str | None = None  # sent on every call to the engine; kept to reconnect after a failure
+    consecutive_failures: int = 0  # failures since a sample last finished on it (the breaker's count)
+    retry_at: float = 0.0  # loop time at which the breaker half-opens a failed engine
     tokens_generated: int = 0
     tokens_per_s: float = 0.0
     window_tokens: int = 0  # tokens since the last throughput tick
@@ -81,6 +84,9 @@ class Registry:
     def live(self) -> list[EngineRecord]:
         """Engines not yet failed or removed (healthy or taking new weights)."""
         return [e for e in self._engines.values() if e.state in ("healthy", "updating")]
+
+    def failed(self) -> list[EngineRecord]:
+        return [e for e in self._engines.values() if e.state == "failed"]
 
     def all(self) -> list[EngineRecord]:
         return list(self._engines.values())

@@ -251,6 +251,7 @@ class RolloutManager:
             capacity=capacity,
             client=client,
             weight_version=version,
+            api_key=api_key,
         )
         log.info("engine %d joined: %s kind=%s version=%s", engine.engine_id, url, kind, version)
         if kind != "local":
@@ -323,11 +324,44 @@ class RolloutManager:
         engine.state = state
         if state == "failed":
             self.metrics.engine_failures.labels(reason).inc()
-            log.warning("engine %d (%s) left the pool: %s", engine.engine_id, engine.url, reason)
+            self._open_breaker(engine)
+            log.warning(
+                "engine %d (%s) left the pool: %s; retried in %.0fs",
+                engine.engine_id,
+                engine.url,
+                reason,
+                engine.retry_at - asyncio.get_running_loop().time(),
+            )
         for sample_id in list(engine.running):
             self._move(sample_id, reason if state == "failed" else "engine_removed")
         self._spawn(engine.client.close())
         self._wake.set()
+
+    def _open_breaker(self, engine: EngineRecord) -> None:
+        """Set a failed engine aside for a pause that doubles with each failure in a row."""
+        engine.consecutive_failures += 1
+        pause = self.config.breaker_pause_s * 2 ** (engine.consecutive_failures - 1)
+        engine.retry_at = asyncio.get_running_loop().time() + min(pause, self.config.breaker_max_pause_s)
+
+    async def _half_open(self, engine: EngineRecord) -> None:
+        """Try a failed engine whose pause is over: healthy, it registers again under its url (a new
+        id, its weight version read afresh, as a restarted engine would); else it waits longer."""
+        try:
+            rejoined = await self.add_engine(
+                engine.url,
+                kind=engine.kind,
+                engine_type=engine.engine_type,
+                capacity=engine.capacity,
+                api_key=engine.api_key,
+            )
+        except EngineAlreadyRegistered:  # registered again by hand meanwhile
+            self.registry.forget(engine.engine_id)
+        except EngineUnavailable as exc:
+            self._open_breaker(engine)
+            log.info("engine %d is still down (%s); next try in a while", engine.engine_id, exc)
+        else:
+            rejoined.consecutive_failures = engine.consecutive_failures
+            log.info("engine %d rejoined as engine %d after its pause", engine.engine_id, rejoined.engine_id)
 
     async def _health_loop(self) -> None:
         interval = self.config.health_interval_s
@@ -354,6 +388,8 @@ class RolloutManager:
                 engine.health_failures += 1
                 if engine.health_failures >= self.config.health_failures_to_remove:
                     self._retire(engine, "failed", reason="health_check")
+            due = [e for e in self.registry.failed() if e.retry_at <= loop.time()]
+            await asyncio.gather(*(self._half_open(engine) for engine in due))
             self._update_gauges()
 
     async def _loop_watch(self) -> None:
@@ -670,6 +706,7 @@ class RolloutManager:
                     return "request_failed"
                 if chunk.finish_reason is not None or sample.remaining_tokens <= 0:
                     sample.finish_reason = chunk.finish_reason or "length"
+                    engine.consecutive_failures = 0  # the breaker's count: it served a whole sample
                     return None
         finally:
             if pending is not None:

@@ -3,6 +3,8 @@ engine restarted on the same port registers again under its url."""
 
 from __future__ import annotations
 
+import signal
+
 from tests.runtime.manager.helpers import wait_until
 from tests.runtime.processes import Process, http, rollflow
 
@@ -71,3 +73,24 @@ def test_deleting_a_failed_engine_removes_its_record(processes):
     status, body = http("DELETE", manager.url + f"/workers/{_records(manager)[0]['id']}")
     assert status == 200, body
     assert _records(manager) == []
+
+
+def test_a_failed_engine_is_tried_again_after_its_breaker_pause_and_rejoins(processes):
+    """The circuit breaker: a hung engine leaves the pool, is set aside, and once it answers again
+    the health checker lets it back in (a new id, its weight version read afresh)."""
+    engine = processes.engine()
+    manager = processes.manager(health_interval_s=0.3, breaker_pause_s=1.0)
+    status, first = http("POST", manager.url + "/workers", {"url": engine.url, "engine_type": "builtin"})
+    assert status == 201, first
+
+    engine.pause()  # SIGSTOP: its /health stops answering
+    wait_until(lambda: _records(manager)[0]["state"] == "failed", timeout=30, what="the engine to fail")
+    engine.proc.send_signal(signal.SIGCONT)
+
+    def rejoined() -> bool:
+        records = _records(manager)
+        return len(records) == 1 and records[0]["state"] == "healthy" and records[0]["id"] != first["id"]
+
+    wait_until(rejoined, timeout=30, what="the engine to rejoin after the breaker's pause")
+    assert _records(manager)[0]["url"] == first["url"]
+    assert _served(manager)
