@@ -183,6 +183,13 @@ def test_non_stream_answer_has_sglang_shape(engine):
             "exceeds the model's context length",
         ),
         ("not json", "malformed JSON"),
+        # values the sampler cannot honour are refused at the edge, never reach the generation thread
+        ({"input_ids": [1], "sampling_params": {"sampling_seed": 2**70}}, "sampling_seed"),
+        ({"input_ids": [1], "sampling_params": {"sampling_seed": -(2**63) - 1}}, "sampling_seed"),
+        ('{"input_ids": [1], "sampling_params": {"temperature": Infinity}}', "temperature"),
+        ('{"input_ids": [1], "sampling_params": {"temperature": NaN}}', "temperature"),
+        ('{"input_ids": [1], "sampling_params": {"top_p": NaN}}', "top_p"),
+        ('{"input_ids": [1], "sampling_params": {"top_p": 1e400}}', "top_p"),
     ],
 )
 def test_bad_generate_input_gets_a_400_naming_the_problem(engine, body, problem):

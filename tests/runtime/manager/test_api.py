@@ -136,7 +136,7 @@ def test_samples_stream_in_submission_order(fleet):
         ),
         (
             "/batches",
-            {"prompts": [[1]], "sampling_params": {"sampling_seed": -1}},
+            {"prompts": [[1]], "sampling_params": {"sampling_seed": 2**64}},
             400,
             "sampling_params.sampling_seed",
         ),

@@ -35,9 +35,9 @@ class SamplingParamsBody(_Body):
     """Keep generating past the end-of-sequence token."""
     stop_token_ids: list[int] = Field(default_factory=list)
     """More token ids that finish the request with `stop` (the eos token always does, unless ignored)."""
-    sampling_seed: int | None = Field(None, ge=0, lt=2**64)
+    sampling_seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
     """Seed of this request's sampler, so a sampled output can be reproduced; None draws one.
-    A 64-bit unsigned value, what torch's generator takes."""
+    Any 64-bit value, signed or unsigned, what torch's generator takes (the manager's limits too)."""
     skip_special_tokens: bool = True
     """Leave special tokens out of the returned `text` (token ids always include them)."""
 
