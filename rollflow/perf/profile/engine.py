@@ -145,9 +145,12 @@ def write_engine_tables(out: Path, model: ProfiledModel, times: EngineTimes, blo
     out.mkdir(parents=True, exist_ok=True)
     points = {batch: gaps for batch, gaps in times.decode_s.items()}
     round_trip = round_trip_s(times)
+    # No iteration is shorter than a one-token decode: the floor keeps a noisy TTFT (a busy CPU
+    # can make a short prompt's round trip look longer than a long prompt's) from a zero time.
+    floor = statistics.median(times.decode_s[1]) if 1 in times.decode_s else 0.0
     for length, ttfts in times.prefill_s.items():
         # a decode batch and a prompt of equal tokens share a row
-        points.setdefault(length, []).extend(max(ttft - round_trip, 0.0) for ttft in ttfts)
+        points.setdefault(length, []).extend(max(ttft - round_trip, floor) for ttft in ttfts)
     with (out / "mlp.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(
