@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 
-from tests.runtime.processes import http
+import aiohttp
+from aiohttp import web
+
+from tests.runtime.processes import free_port, http
 
 
 def wait_until(condition, timeout: float = 60.0, interval: float = 0.02, what: str = "condition"):
@@ -64,3 +69,58 @@ def drain(batch, timeout_s: float = 240.0) -> list[dict]:
             raise AssertionError(f"no group finished in {timeout_s}s; batch status: {batch.status()}")
         samples.extend(sample for group in micro_batch for sample in group)
     return samples
+
+
+class EngineProxy:
+    """A real HTTP server, on a thread of its own, in front of a real engine: it relays every route,
+    and subclasses change what `/generate` streams (`forward_line`) or answer it themselves
+    (`handle`), to show failures a real engine cannot be made to show on demand."""
+
+    def __init__(self, backend_url: str) -> None:
+        self.backend_url = backend_url
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._loop = asyncio.new_event_loop()
+        started = threading.Event()
+        threading.Thread(target=self._run, args=(started,), daemon=True).start()
+        started.wait(10)
+
+    def _run(self, started: threading.Event) -> None:
+        asyncio.set_event_loop(self._loop)
+        app = web.Application()
+        app.router.add_route("*", "/{path:.*}", self._handle)
+        runner = web.AppRunner(app)
+        self._loop.run_until_complete(runner.setup())
+        self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
+        started.set()
+        self._loop.run_forever()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        return await self.handle(request, await request.read())
+
+    async def handle(self, request: web.Request, body: bytes) -> web.StreamResponse:
+        """Relay the request; a `/generate` stream goes through `forward_line` line by line."""
+        async with (
+            aiohttp.ClientSession() as session,
+            session.request(request.method, self.backend_url + request.path, data=body) as upstream,
+        ):
+            if request.path != "/generate":
+                return web.Response(
+                    body=await upstream.read(), status=upstream.status, content_type="application/json"
+                )
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            index = 0
+            async for line in upstream.content:
+                if not await self.forward_line(response, line, index):
+                    break
+                index += 1
+            return response
+
+    async def forward_line(self, response: web.StreamResponse, line: bytes, index: int) -> bool:
+        """Write one line of the engine's stream; False ends the stream here."""
+        await response.write(line)
+        return True
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-import threading
-
-import aiohttp
 from aiohttp import web
 
 from rollflow.runtime.manager.client import ManagerClient
 from tests.runtime.manager.helpers import (
+    EngineProxy,
     assert_spans_tile_the_output,
     drain,
     greedy_reference,
@@ -17,7 +14,7 @@ from tests.runtime.manager.helpers import (
     wait_until,
     workers,
 )
-from tests.runtime.processes import free_port, http
+from tests.runtime.processes import http
 
 PROMPTS = [[11 + i, 3, 60 + i] for i in range(4)]
 
@@ -40,56 +37,19 @@ def test_a_hung_engine_is_dropped_after_the_stall_timeout_and_its_samples_resume
     assert metric(manager, "rollflow_engine_failures_total") >= 1
 
 
-class GarbageEngine:
-    """A real HTTP server in front of a real engine that corrupts `/generate` after a few tokens.
+class GarbageEngine(EngineProxy):
+    """A real engine whose `/generate` stream turns to garbage after a few lines.
 
     Everything else (health, model info, weight version) is relayed, so it registers like a
     healthy engine and fails only where a broken engine would: in the middle of a stream.
     """
 
-    def __init__(self, backend_url: str) -> None:
-        self.backend_url = backend_url
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._loop = asyncio.new_event_loop()
-        started = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(started,), daemon=True)
-        self._thread.start()
-        started.wait(10)
-
-    def _run(self, started: threading.Event) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
-        app.router.add_route("*", "/{path:.*}", self._handle)
-        runner = web.AppRunner(app)
-        self._loop.run_until_complete(runner.setup())
-        self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
-        started.set()
-        self._loop.run_forever()
-
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        async with aiohttp.ClientSession() as session:
-            body = await request.read()
-            async with session.request(
-                request.method, self.backend_url + request.path, data=body
-            ) as upstream:
-                if request.path != "/generate":
-                    return web.Response(
-                        body=await upstream.read(), status=upstream.status, content_type="application/json"
-                    )
-                response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-                await response.prepare(request)
-                lines = 0
-                async for line in upstream.content:
-                    await response.write(line)
-                    lines += 1
-                    if lines >= 6:
-                        await response.write(b"data: {this is not json\n\n")
-                        break
-                return response
-
-    def stop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
+    async def forward_line(self, response: web.StreamResponse, line: bytes, index: int) -> bool:
+        await response.write(line)
+        if index + 1 >= 6:
+            await response.write(b"data: {this is not json\n\n")
+            return False
+        return True
 
 
 def test_an_engine_that_answers_garbage_leaves_the_pool_and_nothing_is_lost(processes):

@@ -3,83 +3,45 @@ every engine stays in the pool, and the next request is served."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 
-import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.runtime.manager.helpers import metric, workers
-from tests.runtime.processes import free_port, http
+from tests.runtime.manager.helpers import EngineProxy, metric, workers
+from tests.runtime.processes import http
 
 POISON_SEED = 4242
 
 
-class PoisonEngine:
-    """A real HTTP server in front of a real engine that ends requests seeded `POISON_SEED` as an
-    engine ends a request that raised: a final event with finish_reason abort and a message.
+class PoisonEngine(EngineProxy):
+    """A real engine behind a proxy that ends requests seeded `POISON_SEED` as an engine ends a
+    request that raised: a final event with finish_reason abort and a message.
 
     Everything else is relayed, so the engine registers and serves like any other.
     """
 
     def __init__(self, backend_url: str) -> None:
-        self.backend_url = backend_url
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.poisoned = 0
-        self._loop = asyncio.new_event_loop()
-        started = threading.Event()
-        threading.Thread(target=self._run, args=(started,), daemon=True).start()
-        started.wait(10)
+        super().__init__(backend_url)
 
-    def _run(self, started: threading.Event) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
-        app.router.add_route("*", "/{path:.*}", self._handle)
-        runner = web.AppRunner(app)
-        self._loop.run_until_complete(runner.setup())
-        self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
-        started.set()
-        self._loop.run_forever()
-
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
+    async def handle(self, request: web.Request, body: bytes) -> web.StreamResponse:
         if (
-            request.path == "/generate"
-            and json.loads(body)["sampling_params"].get("sampling_seed") == POISON_SEED
+            request.path != "/generate"
+            or json.loads(body)["sampling_params"].get("sampling_seed") != POISON_SEED
         ):
-            self.poisoned += 1
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await response.prepare(request)
-            meta = {
-                "completion_tokens": 0,
-                "output_token_logprobs": [],
-                "finish_reason": {
-                    "type": "abort",
-                    "message": "sampling failed: probability tensor contains nan",
-                },
-            }
-            await response.write(f"data: {json.dumps({'output_ids': [], 'meta_info': meta})}\n\n".encode())
-            await response.write(b"data: [DONE]\n\n")
-            return response
-        async with (
-            aiohttp.ClientSession() as session,
-            session.request(request.method, self.backend_url + request.path, data=body) as upstream,
-        ):
-            if request.path != "/generate":
-                return web.Response(
-                    body=await upstream.read(), status=upstream.status, content_type="application/json"
-                )
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await response.prepare(request)
-            async for line in upstream.content:
-                await response.write(line)
-            return response
-
-    def stop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
+            return await super().handle(request, body)
+        self.poisoned += 1
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        meta = {
+            "completion_tokens": 0,
+            "output_token_logprobs": [],
+            "finish_reason": {"type": "abort", "message": "sampling failed: probability tensor contains nan"},
+        }
+        await response.write(f"data: {json.dumps({'output_ids': [], 'meta_info': meta})}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        return response
 
 
 @pytest.fixture(scope="module")
