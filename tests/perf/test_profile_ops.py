@@ -4,35 +4,21 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import statistics
-import subprocess
-import sys
 
 import pytest
 
 from rollflow.perf.profile.operators import MLP_OPS
-from tests.factories import LLAMA7B_MLP, REPO
+from tests.factories import LLAMA7B_MLP
+from tests.perf.profiling import read_rows, run_rollflow, simulate_one_prompt
 
 LINEAR_OPS = tuple(op for op in MLP_OPS if op != "emb")  # every per-token operator of a layer
-
-
-def _rollflow(*args):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "rollflow.cli", *args], cwd=REPO, env=env, capture_output=True, text=True
-    )
-
-
-def _rows(path):
-    with open(path, newline="") as handle:
-        return list(csv.DictReader(handle))
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("models") / "tiny"
-    proc = _rollflow("engine", "init-model", str(path))
+    proc = run_rollflow("engine", "init-model", str(path))
     assert proc.returncode == 0, proc.stderr
     return path
 
@@ -40,7 +26,7 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="module")
 def profile(tiny, tmp_path_factory):
     out = tmp_path_factory.mktemp("profile") / "tiny"
-    proc = _rollflow(
+    proc = run_rollflow(
         "profile", "ops", "--model-config", str(tiny / "config.json"), "--device", "cpu",
         "--out", str(out), "--grid", "small", "--tp", "1,2", "--threads", "1",
     )  # fmt: skip
@@ -52,7 +38,7 @@ def test_profile_writes_vidur_format_tables_and_says_how_big_and_how_long(profil
     out, proc = profile
     assert "34 points per tensor-parallel size" in proc.stderr and "= 68 points" in proc.stderr
     assert "measured 68 of 68 points in" in proc.stdout
-    mlp, attention = _rows(out / "mlp.csv"), _rows(out / "attention.csv")
+    mlp, attention = read_rows(out / "mlp.csv"), read_rows(out / "attention.csv")
     if LLAMA7B_MLP.is_file():
         with LLAMA7B_MLP.open() as handle:
             assert list(mlp[0]) == next(csv.reader(handle))
@@ -67,35 +53,14 @@ def test_profile_writes_vidur_format_tables_and_says_how_big_and_how_long(profil
 
 def test_a_single_simulated_batch_takes_the_profiled_time(profile, tmp_path):
     out, _ = profile
-    (tmp_path / "trace.csv").write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,64,1\n")
-    config = {
-        "cluster": {
-            "model": "tiny",
-            "model_shape": {
-                "num_layers": 2, "num_q_heads": 2, "num_kv_heads": 2, "embedding_dim": 128,
-                "mlp_hidden_dim": 256, "vocab_size": 512,
-            },
-        },
-        "scheduler": {"kind": "sarathi", "chunk_size": 256},
-        "execution": {
-            "kind": "tables", "compute_table": str(out / "mlp.csv"), "attention_table": str(out / "attention.csv"),
-        },
-        "workload": {"kind": "trace", "file": str(tmp_path / "trace.csv")},
-        "output": {"plots": False, "chrome_trace": False},
-    }  # fmt: skip
-    (tmp_path / "sim.yaml").write_text(json.dumps(config))
-    proc = _rollflow(
-        "sim", "serve", "--config", str(tmp_path / "sim.yaml"), "--output-dir", str(tmp_path / "sim")
-    )
-    assert proc.returncode == 0, proc.stderr
-    [request] = _rows(tmp_path / "sim" / "requests.csv")
+    request = simulate_one_prompt(out, 64, tmp_path)
 
     [mlp] = [
         r
-        for r in _rows(out / "mlp.csv")
+        for r in read_rows(out / "mlp.csv")
         if r["num_tokens"] == "64" and r["num_tensor_parallel_workers"] == "1"
     ]
-    attention = [r for r in _rows(out / "attention.csv") if r["num_tensor_parallel_workers"] == "1"]
+    attention = [r for r in read_rows(out / "attention.csv") if r["num_tensor_parallel_workers"] == "1"]
     [prefill] = [r for r in attention if r["prefill_chunk_size"] == "64" and r["kv_cache_size"] == "0"]
     kv_save = statistics.mean(
         float(r["time_stats.attn_kv_cache_save.median"])
@@ -126,13 +91,13 @@ def test_an_interrupted_profile_resumes(tiny, tmp_path):
     first = [json.loads(line) for line in (tmp_path / PROGRESS_FILE).read_text().splitlines()[1:]]
     assert len(first) == 5
 
-    proc = _rollflow(
+    proc = run_rollflow(
         "profile", "ops", "--model-config", str(tiny), "--device", "cpu", "--out", str(tmp_path),
         "--grid", "small",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "measured 29 of 34 points" in proc.stdout and "(5 resumed from an earlier run)" in proc.stdout
-    mlp = {int(r["num_tokens"]): r for r in _rows(tmp_path / "mlp.csv")}
+    mlp = {int(r["num_tokens"]): r for r in read_rows(tmp_path / "mlp.csv")}
     for record in first:  # the first five points are the first five token counts, kept as measured
         _, _, num_tokens = record["point"]
         assert (
@@ -140,7 +105,7 @@ def test_an_interrupted_profile_resumes(tiny, tmp_path):
             == record["stats"]["mlp_up_proj"]["median"]
         )
 
-    proc = _rollflow(
+    proc = run_rollflow(
         "profile", "ops", "--model-config", str(tiny), "--device", "cpu", "--out", str(tmp_path),
         "--grid", "small", "--block-size", "32",
     )  # fmt: skip
@@ -172,7 +137,7 @@ def test_bad_configs_are_one_line_errors(tiny, tmp_path, change, args, message):
     config = {**json.loads((tiny / "config.json").read_text()), **change}
     (tmp_path / "config.json").write_text(json.dumps(config))
     device = [] if "--device" in args else ["--device", "cpu"]
-    proc = _rollflow(
+    proc = run_rollflow(
         "profile", "ops", "--model-config", str(tmp_path / "config.json"), *device, *args,
         "--out", str(tmp_path / "out"), "--grid", "small",
     )  # fmt: skip

@@ -1,0 +1,60 @@
+"""What the profiler tests share: the `rollflow` CLI as a subprocess, and one prompt simulated on
+profiled tables (the tiny model's shape), so a table can be checked to reproduce what it measured."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.factories import REPO
+
+# `rollflow engine init-model`'s tiny Llama, as the simulator's model_shape
+TINY_SHAPE = {
+    "num_layers": 2,
+    "num_q_heads": 2,
+    "num_kv_heads": 2,
+    "embedding_dim": 128,
+    "mlp_hidden_dim": 256,
+    "vocab_size": 512,
+}
+
+
+def run_rollflow(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "rollflow.cli", *args], cwd=REPO, env=env, capture_output=True, text=True
+    )
+
+
+def read_rows(path: Path) -> list[dict]:
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def simulate_one_prompt(tables: Path, prompt_tokens: int, work_dir: Path) -> dict:
+    """`rollflow sim serve` of one prompt on the tables in `tables`; its row of requests.csv."""
+    (work_dir / "trace.csv").write_text(
+        f"arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,{prompt_tokens},1\n"
+    )
+    config = {
+        "cluster": {"model": "tiny", "model_shape": TINY_SHAPE},
+        "scheduler": {"kind": "sarathi", "chunk_size": 256},
+        "execution": {
+            "kind": "tables",
+            "compute_table": str(tables / "mlp.csv"),
+            "attention_table": str(tables / "attention.csv"),
+        },
+        "workload": {"kind": "trace", "file": str(work_dir / "trace.csv")},
+        "output": {"plots": False, "chrome_trace": False},
+    }
+    (work_dir / "sim.yaml").write_text(json.dumps(config))
+    proc = run_rollflow(
+        "sim", "serve", "--config", str(work_dir / "sim.yaml"), "--output-dir", str(work_dir / "sim")
+    )
+    assert proc.returncode == 0, proc.stderr
+    [request] = read_rows(work_dir / "sim" / "requests.csv")
+    return request
