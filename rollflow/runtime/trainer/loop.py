@@ -173,6 +173,8 @@ class Trainer:
                 self.parallel.tell_all(Command.STOP)
         finally:
             metrics.close()
+            # once per run, not per step: rewriting every span of the run each step grows quadratically
+            write_chrome_trace(self.output_dir / "chrome_trace.json", self._phase_spans)
             if pending is not None:  # interrupted: stop the manager generating for a step that won't come
                 with contextlib.suppress(OSError, ManagerError, ManagerUnreachable):
                     pending.cancel()
@@ -200,7 +202,6 @@ class Trainer:
         rollout_s = (totals.last_arrival or started) - started
         self.client.report_step(step_time, wait_s, rollout_s=rollout_s)
         self._phase_spans += [(self.step, span) for span in self.timer.spans if span.start >= started]
-        write_chrome_trace(self.output_dir / "chrome_trace.json", self._phase_spans)
         if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps:
             self._save_checkpoint()
         return StepMetrics(
