@@ -14,6 +14,10 @@ from typing import Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length", "abort"]
 
+# Sampling seeds an engine can honour: any 64-bit value, signed or unsigned (torch's and vLLM's
+# generators take both). The manager and the built-in engine refuse others at their edge.
+MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
+
 
 @dataclass(frozen=True)
 class SamplingParams:

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from rollflow.config import StrictModel
+from rollflow.runtime.engines.base import MAX_SEED, MIN_SEED
 
 MAX_TOKEN_ID = 2**31 - 1
 """Token ids above this fit no vocabulary (engines index int32/int64 tensors with them)."""
@@ -25,7 +26,7 @@ class SamplingBody(StrictModel):
     top_k: int = Field(-1, ge=-1, le=MAX_TOKEN_ID)
     ignore_eos: bool = False
     stop_token_ids: list[Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]] = Field(default_factory=list)
-    sampling_seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
+    sampling_seed: int | None = Field(None, ge=MIN_SEED, le=MAX_SEED)
     """A 64-bit seed (what torch's and vLLM's generators take)."""
 
 

@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from rollflow.runtime.engines.base import MAX_SEED, MIN_SEED
 from rollflow.runtime.weights.codecs import CodecSpec
 from rollflow.runtime.weights.errors import CodecError
 
@@ -35,7 +36,7 @@ class SamplingParamsBody(_Body):
     """Keep generating past the end-of-sequence token."""
     stop_token_ids: list[int] = Field(default_factory=list)
     """More token ids that finish the request with `stop` (the eos token always does, unless ignored)."""
-    sampling_seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
+    sampling_seed: int | None = Field(None, ge=MIN_SEED, le=MAX_SEED)
     """Seed of this request's sampler, so a sampled output can be reproduced; None draws one.
     Any 64-bit value, signed or unsigned, what torch's generator takes (the manager's limits too)."""
     skip_special_tokens: bool = True
