@@ -98,12 +98,17 @@ def openai_routes(manager: RolloutManager) -> list[web.RouteDef]:
     tokenizer = LazyTokenizer(manager.config.tokenizer)
     limit = int(manager.config.max_body_mb * (1 << 20))
 
-    async def completions(request: web.Request) -> web.StreamResponse:
+    async def answer(request: web.Request, chat: bool) -> web.StreamResponse:
         data = await read_json_object(request, limit)
-        return await handle(request, False, data, source, await tokenizer.get())
+        response = await handle(request, chat, data, source, await tokenizer.get())
+        if 400 <= response.status < 500:  # answered, not raised: count it as the middleware would
+            manager.metrics.requests_rejected.labels(str(response.status)).inc()
+        return response
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        return await answer(request, chat=False)
 
     async def chat_completions(request: web.Request) -> web.StreamResponse:
-        data = await read_json_object(request, limit)
-        return await handle(request, True, data, source, await tokenizer.get())
+        return await answer(request, chat=True)
 
     return [web.post("/v1/completions", completions), web.post("/v1/chat/completions", chat_completions)]
