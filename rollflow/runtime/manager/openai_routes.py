@@ -29,7 +29,9 @@ class ManagerTokens:
     def __init__(self, manager: RolloutManager) -> None:
         self._manager = manager
 
-    def open(self, prompt_ids: list[int], sampling: SamplingParams) -> AsyncIterator[Delta]:
+    def open(
+        self, prompt_ids: list[int], sampling: SamplingParams, incremental: bool
+    ) -> AsyncIterator[Delta]:
         config = self._manager.config
         if len(prompt_ids) > config.max_prompt_tokens:
             raise OpenAIError(
@@ -44,9 +46,14 @@ class ManagerTokens:
                 f"{config.max_new_tokens_limit} (max_new_tokens_limit)",
                 "max_tokens",
             )
-        return self._run(prompt_ids, sampling)
+        return self._run(prompt_ids, sampling, incremental)
 
-    async def _run(self, prompt_ids: list[int], sampling: SamplingParams) -> AsyncIterator[Delta]:
+    async def _run(
+        self, prompt_ids: list[int], sampling: SamplingParams, incremental: bool
+    ) -> AsyncIterator[Delta]:
+        """Tokens as they are recorded (incremental), or all of them once the sample is done: with
+        `resume: restart` a sample may drop the tokens it has, which only a client that has seen
+        none of them can be spared."""
         manager = self._manager
         sample = manager.submit_sample(prompt_ids, sampling)
         sent = 0
@@ -55,7 +62,13 @@ class ManagerTokens:
                 done = sample.state >= SampleState.FINISHED
                 if sample.state == SampleState.FAILED:
                     raise OpenAIError(502, f"the sample failed: {sample.error}")
-                if len(sample.output_ids) > sent or done:
+                if len(sample.output_ids) < sent:
+                    raise OpenAIError(
+                        502,
+                        f"the sample restarted from its prompt (resume: restart) after {sent} tokens were "
+                        "streamed, which cannot be taken back; use resume: continue, or stream: false",
+                    )
+                if (incremental and len(sample.output_ids) > sent) or done:
                     ids = sample.output_ids[sent:]
                     logprobs = sample.output_logprobs[sent : sent + len(ids)]
                     sent += len(ids)

@@ -36,9 +36,12 @@ class Delta:
 
 
 class TokenSource(Protocol):
-    def open(self, prompt_ids: list[int], sampling: SamplingParams) -> AsyncIterator[Delta]:
+    def open(
+        self, prompt_ids: list[int], sampling: SamplingParams, incremental: bool
+    ) -> AsyncIterator[Delta]:
         """Check the request (OpenAIError on bad input, before anything streams) and return its
-        deltas; closing the iterator early ends the generation."""
+        deltas; closing the iterator early ends the generation. Not `incremental`, the client sees
+        only the end, so the source may hold tokens back until then."""
         ...
 
 
@@ -154,7 +157,8 @@ async def handle(
             )
         prompt_ids = _prompt_ids(body, tokenizer)
         sampling = body.sampling(body.max_new_tokens())
-        stream = source.open(prompt_ids, sampling)
+        incremental = body.stream or bool(body.stop_strings())  # stop strings are matched as text arrives
+        stream = source.open(prompt_ids, sampling, incremental)
     except OpenAIError as exc:
         return error_response(exc)
     want_logprobs = bool(body.logprobs) if chat else body.logprobs is not None

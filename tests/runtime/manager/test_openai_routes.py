@@ -3,6 +3,8 @@ tracked manager sample, and a sample whose engine is killed mid-stream finished 
 
 from __future__ import annotations
 
+import threading
+
 import openai
 import pytest
 
@@ -144,3 +146,38 @@ def test_a_stream_whose_engine_is_killed_finishes_on_another_with_nothing_regene
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert metric(manager, "rollflow_resumed_samples_total") == 1
     assert metric(manager, "rollflow_regenerated_tokens_total") == 0
+
+
+def test_with_resume_restart_an_unstreamed_answer_holds_only_the_regenerated_tokens(processes, tiny_model):
+    engines = [processes.engine() for _ in range(2)]
+    manager = processes.manager(
+        tokenizer=str(tiny_model),
+        resume="restart",
+        health_interval_s=0.5,
+        engines=[{"url": e.url} for e in engines],
+    )
+    answers = []
+    request = threading.Thread(
+        target=lambda: answers.append(
+            _client(manager).completions.create(
+                model="m",
+                prompt=PROMPT,
+                max_tokens=300,
+                temperature=0,
+                extra_body={"ignore_eos": True, "return_token_ids": True},
+            )
+        )
+    )
+    request.start()
+    busy = wait_until(
+        lambda: [
+            e for e in engines if (w := workers(manager)[e.url])["running"] and w["tokens_generated"] >= 20
+        ],
+        what="an engine 20 tokens into the sample",
+    )
+    busy[0].kill()
+    request.join(timeout=120)
+    survivor = next(e for e in engines if e is not busy[0])
+    assert answers[0].choices[0].model_extra["token_ids"] == greedy_reference(survivor, PROMPT, 300)
+    assert answers[0].usage.completion_tokens == 300
+    assert metric(manager, "rollflow_regenerated_tokens_total") >= 20

@@ -97,3 +97,17 @@ def test_a_failed_admin_call_names_each_engine_and_changes_no_version(fleet, tmp
     assert all(e.url in answer["error"]["message"] for e in engines)
     assert "does not exist" in answer["error"]["message"]
     assert http("GET", manager.url + "/weight_versions")[1] == before
+
+
+def test_an_admin_call_that_fails_on_one_engine_fails_and_names_it(processes):
+    alive, dead = processes.engine(), processes.engine()
+    # health checks far apart: the manager still counts the dead engine as live when the call comes
+    manager = processes.manager(
+        token=TOKEN, health_interval_s=60, engines=[{"url": alive.url}, {"url": dead.url}]
+    )
+    dead.kill()
+    status, answer = http("POST", manager.url + "/flush_cache", token=TOKEN)
+    assert status == 502 and answer["success"] is False, answer
+    assert answer["error"]["message"].startswith("flush_cache failed on 1 of 2 engines: engine 1")
+    assert dead.url in answer["error"]["message"] and "unreachable" in answer["error"]["message"]
+    assert {e["url"]: e["success"] for e in answer["engines"]} == {alive.url: True, dead.url: False}

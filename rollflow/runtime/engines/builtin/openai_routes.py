@@ -36,7 +36,9 @@ class EngineTokens:
     def __init__(self, server: EngineServer) -> None:
         self._server = server
 
-    def open(self, prompt_ids: list[int], sampling: SamplingParams) -> AsyncIterator[Delta]:
+    def open(
+        self, prompt_ids: list[int], sampling: SamplingParams, incremental: bool
+    ) -> AsyncIterator[Delta]:
         served = self._server.served
         bad = next((i for i in [*prompt_ids, *sampling.stop_token_ids] if i >= served.vocab_size), None)
         if bad is not None:
