@@ -42,3 +42,14 @@ def test_token_id_completion_through_the_manager_is_vllms_greedy_output(manager,
     # /v1/models relays the engine's listing
     status, listing = http("GET", manager.url + "/v1/models")
     assert status == 200 and listing["data"][0]["id"] == str(vllm_server.model_dir)
+
+
+def test_chat_through_the_manager_equals_vllms_own_chat(manager, vllm_server):
+    messages = [{"role": "user", "content": "Hello there"}]
+    args = dict(messages=messages, max_tokens=MAX_TOKENS, temperature=0, extra_body={"ignore_eos": True})
+    via_manager = openai.OpenAI(base_url=manager.url + "/v1", api_key="unused", max_retries=0)
+    direct = openai.OpenAI(base_url=vllm_server.url + "/v1", api_key="unused", max_retries=0)
+    ours = via_manager.chat.completions.create(model="tiny", **args)
+    theirs = direct.chat.completions.create(model=str(vllm_server.model_dir), **args)
+    assert ours.usage.prompt_tokens == theirs.usage.prompt_tokens  # one template, applied alike
+    assert ours.choices[0].message.content == theirs.choices[0].message.content
