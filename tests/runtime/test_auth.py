@@ -29,6 +29,11 @@ ENGINE_PROTECTED = [
     ("POST", "/update_weights_from_server"),
     ("POST", "/pause_generation"),
     ("POST", "/continue_generation"),
+    ("POST", "/v1/completions"),
+    ("POST", "/v1/chat/completions"),
+    ("GET", "/v1/models"),
+    ("GET", "/get_server_info"),
+    ("POST", "/flush_cache"),
 ]
 MANAGER_PROTECTED = [
     ("POST", "/workers"),
@@ -41,6 +46,10 @@ MANAGER_PROTECTED = [
     ("GET", "/batches/abc/samples"),
     ("DELETE", "/batches/abc"),
     ("POST", "/step_report"),
+    ("POST", "/flush_cache"),
+    ("POST", "/pause_generation"),
+    ("POST", "/continue_generation"),
+    ("POST", "/update_weights_from_disk"),
 ]
 
 

@@ -19,6 +19,16 @@ from rollflow.errors import UserError
 BOS_TOKEN = "<|bos|>"
 EOS_TOKEN = "<|eos|>"
 PAD_TOKEN = "<|pad|>"
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|bos|>' + message['role'] + '\\n' + message['content'] + '<|eos|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|bos|>assistant\\n' }}{% endif %}"
+)
+"""ChatML's shape with this tokenizer's own specials: each turn `<|bos|>ROLE\\nCONTENT<|eos|>\\n`, and
+`<|bos|>assistant\\n` to start the reply, so the reply ends where the model emits end-of-sequence.
+Saved with the tokenizer (transformers 5 writes `chat_template.jinja`), where transformers'
+`apply_chat_template` and vLLM's chat route read it."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,7 @@ def write_tiny_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec())
         pad_token=PAD_TOKEN,
         model_max_length=spec.max_position_embeddings,
     )
+    tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(out)
     _name_tokenizer_class_portably(out / "tokenizer_config.json")
 

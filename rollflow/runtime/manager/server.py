@@ -18,6 +18,10 @@ POST   /workers/{id}/update_weights  load weights from model_path or pull them f
 GET    /weight_versions           engine id -> weight version
 GET    /metrics                   Prometheus
 GET    /health
+POST   /v1/completions, /v1/chat/completions    OpenAI's, one manager sample each (openai_routes.py)
+GET    /get_model_info, /get_server_info, /v1/models, /health_generate; POST /flush_cache,
+       /pause_generation, /continue_generation, /update_weights_from_disk: to every engine
+                                  (passthrough.py; the POSTs need the token)
 """
 
 from __future__ import annotations
@@ -37,7 +41,9 @@ from rollflow.runtime.http.auth import require_bearer
 from rollflow.runtime.http.body import read_json_object
 from rollflow.runtime.http.serve import GuardedRunner
 from rollflow.runtime.manager.config import ManagerConfig
+from rollflow.runtime.manager.openai_routes import openai_routes
 from rollflow.runtime.manager.packing import BatchDeleted
+from rollflow.runtime.manager.passthrough import ADMIN_PATHS, passthrough_routes
 from rollflow.runtime.manager.protocol import (
     BatchBody,
     GenerateBody,
@@ -118,7 +124,7 @@ def _protected(request: web.Request) -> bool:
     path, method = request.path, request.method
     if path.startswith("/workers"):
         return method in ("POST", "DELETE")
-    if path.startswith("/batches"):
+    if path.startswith("/batches") or path in ADMIN_PATHS:
         return True
     return path == "/step_report" and method == "POST"
 
@@ -416,6 +422,8 @@ def create_app(manager: RolloutManager) -> web.Application:
             web.get("/weight_versions", weight_versions),
             web.get("/metrics", metrics),
             web.get("/health", health),
+            *openai_routes(manager),
+            *passthrough_routes(manager),
         ]
     )
     return app

@@ -318,6 +318,12 @@ class RolloutManager:
         self._wake.set()
         return engine
 
+    def record_weight_version(self, engine: EngineRecord, version: int | None) -> None:
+        """An engine loaded new weights outside `update_engine_weights` (a pass-through
+        `/update_weights_from_disk`): route by its new version at once."""
+        engine.weight_version = version
+        self._wake.set()
+
     def _retire(self, engine: EngineRecord, state: str, reason: str) -> None:
         if engine.state in ("failed", "removed"):
             return

@@ -8,6 +8,8 @@
     POST /update_weights_from_safetensors?weight_version=N   body: safetensors bytes (all or some tensors)
     POST /update_weights_from_server  {"url", "weight_version", "codec"}: pull from a weight server (rollflow)
     POST /pause_generation {"mode": "abort"|"in_place"|"retract"}, POST /continue_generation
+    POST /v1/completions, /v1/chat/completions, GET /v1/models, GET /get_server_info, POST /flush_cache
+                                      (openai_routes.py)
 
 With an api key (`--api-key`, as SGLang's), every route but /health needs
 `Authorization: Bearer KEY`. Handlers validate, hand the work to the generation thread and relay its events. A client that
@@ -37,6 +39,7 @@ from rollflow.runtime.engines.builtin.io import (
     UpdateWeightsFromDiskBody,
     UpdateWeightsFromServerBody,
 )
+from rollflow.runtime.engines.builtin.openai_routes import openai_routes
 from rollflow.runtime.engines.builtin.sampling import SamplingOptions
 from rollflow.runtime.engines.builtin.weights import (
     WeightChecker,
@@ -131,6 +134,18 @@ class EngineServer:
         # the largest valid upload is every tensor of the served model
         self._max_weights_body = max_weights_body_bytes or checker.max_upload_bytes + WEIGHTS_BODY_HEADROOM
 
+    @property
+    def served(self) -> ServedModel:
+        return self._served
+
+    @property
+    def worker(self) -> GenerationWorker:
+        return self._worker
+
+    @property
+    def max_body_bytes(self) -> int:
+        return self._max_body
+
     def build_app(self) -> web.Application:
         auth = bearer_middleware(self._api_key, lambda request: request.path != "/health", "this engine")
         app = web.Application(
@@ -149,6 +164,7 @@ class EngineServer:
                 web.post("/update_weights_from_server", self.update_weights_from_server),
                 web.post("/pause_generation", self.pause_generation),
                 web.post("/continue_generation", self.continue_generation),
+                *openai_routes(self),
             ]
         )
         return app

@@ -86,6 +86,10 @@ class GenerationWorker:
     def num_running(self) -> int:
         return len(self._running)
 
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
     def submit(self, seq: Sequence) -> None:
         self._commands.put(lambda: self._add(seq))
 
