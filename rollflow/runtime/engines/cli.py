@@ -57,7 +57,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--weight-version", type=int, default=0, help="weight version reported at start (default 0)"
     )
     serve.add_argument(
-        "--seed", type=int, default=0, help="seeds the samplers of requests without a sampling_seed"
+        "--seed",
+        type=int,
+        default=None,
+        help="seeds the samplers of requests without a sampling_seed (default: a fresh random seed "
+        "per engine, so two engines never return the same samples)",
     )
     serve.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     serve.add_argument(
