@@ -222,11 +222,10 @@ async def abort_request(request: web.Request) -> web.Response:
         message = f"aborted by abort_request (rid {body.rid})"
     else:
         raise BadRequest("give rid, or abort_all: true")
+    targets = [sample for sample in targets if sample.state < SampleState.FINISHED]
     for sample in targets:
         manager.abort_sample(sample, message)
-    return web.json_response(
-        {"success": True, "num_aborted": sum(1 for s in targets if s.finish_reason == "abort")}
-    )
+    return web.json_response({"success": True, "num_aborted": len(targets)})
 
 
 def _worker_loads(manager: RolloutManager) -> list[dict]:
