@@ -2,7 +2,7 @@
 
 POST /generate        one prompt (JSON answer or SSE stream) or a batch (a list of prompts: a list
                       of answers); every sample is tracked, routed and resumed by the manager
-POST /abort_request   {"rid": ...} or {"abort_all": true}: the sample ends with finish_reason
+POST /abort_request   {"rid": ...} or {"abort_all": true} (the token, when set): the sample ends with finish_reason
                       abort and the tokens it has (SGLang's meta_info), and is not resumed
 GET  /v1/loads        the load the manager holds per worker (sgl-router's aggregate), and its queue
 GET  /get_load        per worker, in the fields of SGLang's older per-rank list
@@ -21,6 +21,7 @@ from aiohttp import web
 
 from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.engines.sglang_io import SamplingParamsBody, split_batch
+from rollflow.runtime.http.auth import require_bearer
 from rollflow.runtime.http.body import read_json_object
 from rollflow.runtime.http.sse import close_sse, open_sse, send_event
 from rollflow.runtime.manager.config import ManagerConfig
@@ -214,6 +215,7 @@ async def abort_request(request: web.Request) -> web.Response:
     rids: dict[str, Sample] = request.app[RIDS_KEY]
     batch_samples = [s for batch in manager.batches.values() for s in batch.samples]
     if body.abort_all:
+        require_bearer(request, manager.config.token, "abort_all")  # it ends everyone's samples
         targets = [*rids.values(), *batch_samples]
         message = "aborted by abort_request (abort_all)"
     elif body.rid:
