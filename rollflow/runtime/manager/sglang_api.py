@@ -133,6 +133,9 @@ class _Request:
         check_prompt(prompt, config, "the prompt")
         return prompt
 
+    sample: Sample  # set by submit
+    rid: str
+
     def submit(self, manager: RolloutManager) -> Sample:
         self.sample = manager.submit_sample(self.prompt, self.params, self.body.allow_off_policy)
         self.rid = self.body.rid or self.sample.sample_id
@@ -158,18 +161,18 @@ async def _finished(manager: RolloutManager, sample: Sample) -> None:
 
 async def generate(request: web.Request) -> web.StreamResponse:
     manager = request.app[MANAGER_KEY]
-    bodies = await read_json_object(request, body_limit(request), _generate_bodies)
-    requests = [_Request(request, body) for body in bodies]
+    bodies, batched = await read_json_object(request, body_limit(request), _generate_bodies)
+    requests = [_Request(request, body) for body in bodies]  # every prompt checked before any runs
     for req in requests:
         req.submit(manager)
     try:
-        if len(bodies) == 1 and bodies[0].stream:
+        if not batched and bodies[0].stream:
             return await _stream(request, manager, requests[0])
         await asyncio.gather(*(_finished(manager, req.sample) for req in requests))
         refusal = next((r.refusal() for r in requests if r.refusal() is not None), None)
         if refusal is not None:
             raise refusal
-        if isinstance(bodies, tuple):  # a batch answers a list, in prompt order
+        if batched:  # a batch answers a list, in prompt order
             return web.json_response([req.payload() for req in requests])
         return web.json_response(requests[0].payload())
     finally:
@@ -177,15 +180,15 @@ async def generate(request: web.Request) -> web.StreamResponse:
             req.release(manager)
 
 
-def _generate_bodies(data: dict) -> list[GenerateBody] | tuple[GenerateBody, ...]:
-    """One body in a list, or a batch's bodies in a tuple (so a batch of one still answers a list)."""
+def _generate_bodies(data: dict) -> tuple[list[GenerateBody], bool]:
+    """The body of each prompt, and whether they came as a batch (a batch of one answers a list)."""
     try:
         items = split_batch(data)
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
     if items is None:
-        return [validate(GenerateBody, data)]
-    return tuple(validate(GenerateBody, item) for item in items)
+        return [validate(GenerateBody, data)], False
+    return [validate(GenerateBody, item) for item in items], True
 
 
 async def _stream(request: web.Request, manager: RolloutManager, req: _Request) -> web.StreamResponse:
