@@ -239,7 +239,10 @@ class GenerationWorker:
             ):
                 return {"type": "stop", "matched": token_id}
             if params.stop:
-                text = self._decode(seq.generated, params)
+                # a stop string ending at the new token lies within its last few tokens (a token is
+                # at least one byte, a character at most four); earlier ones would have stopped it
+                window = 4 * max(len(stop) for stop in params.stop) + 4
+                text = self._decode(seq.generated[-window:], params)
                 matched = next((stop for stop in params.stop if stop in text), None)
                 if matched is not None:
                     return {"type": "stop", "matched": matched}
