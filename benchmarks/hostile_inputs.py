@@ -249,7 +249,7 @@ def main() -> None:
             )
         )
         manager = f"http://127.0.0.1:{mport}"
-        for url in [*[e + "/health" for e in engines], weights + "/healthz", manager + "/health"]:
+        for url in [*[e + "/health" for e in engines], weights + "/health", manager + "/health"]:
             wait_up(url)
 
         stop = threading.Event()
@@ -280,13 +280,13 @@ def main() -> None:
 
         def outages() -> list[str]:
             down = []
-            for url in [*[e + "/health" for e in engines], weights + "/healthz", manager + "/health"]:
+            for url in [*[e + "/health" for e in engines], weights + "/health", manager + "/health"]:
                 try:
                     urllib.request.urlopen(url, timeout=10).read()
                 except OSError:
                     down.append(url)
             try:
-                states = [w["state"] for w in get_json(manager + "/workers")["workers"]]
+                states = [w["state"] for w in get_json(manager + "/workers?include_failed=true")["workers"]]
                 down += [f"engine {i} {s}" for i, s in enumerate(states) if s != "healthy"]
             except OSError:
                 pass

@@ -34,6 +34,8 @@ ENGINE_PROTECTED = [
     ("GET", "/v1/models"),
     ("GET", "/get_server_info"),
     ("POST", "/flush_cache"),
+    ("GET", "/v1/loads"),
+    ("GET", "/get_load"),
 ]
 MANAGER_PROTECTED = [
     ("POST", "/workers"),
@@ -50,6 +52,8 @@ MANAGER_PROTECTED = [
     ("POST", "/pause_generation"),
     ("POST", "/continue_generation"),
     ("POST", "/update_weights_from_disk"),
+    ("POST", "/add_worker?url=http://127.0.0.1:1"),
+    ("POST", "/remove_worker?url=http://127.0.0.1:1"),
 ]
 
 
@@ -105,8 +109,20 @@ def test_the_manager_takes_its_token_on_admin_and_trainer_routes_and_passes_the_
 ):
     manager = module_processes.manager(token=TOKEN)
     assert_refused(manager.url, MANAGER_PROTECTED, TOKEN)
-    for path in ("/health", "/metrics", "/workers", "/weight_versions", "/step_report"):
+    for path in (
+        "/health",
+        "/metrics",
+        "/workers",
+        "/weight_versions",
+        "/step_report",
+        "/v1/loads",
+        "/list_workers",
+    ):
         assert http("GET", manager.url + path)[0] == 200, path
+    # aborting one's own request stays open; aborting everyone's needs the token
+    assert http("POST", manager.url + "/abort_request", {"rid": "mine"})[0] == 200
+    assert http("POST", manager.url + "/abort_request", {"abort_all": True})[0] == 401
+    assert http("POST", manager.url + "/abort_request", {"abort_all": True}, token=TOKEN)[0] == 200
 
     worker = {"url": engine.url, "engine_type": "builtin"}
     status, body = http("POST", manager.url + "/workers", worker, token=TOKEN)
@@ -147,7 +163,7 @@ def _weight_server(tmp_path, *extra: str, token: str | None = None) -> tuple[sub
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            if http("GET", url + "/healthz", timeout=2)[0] == 200:
+            if http("GET", url + "/health", timeout=2)[0] == 200:
                 return proc, url
         except OSError:
             time.sleep(0.1)
@@ -171,7 +187,7 @@ def test_the_weight_server_publishes_only_with_its_token_or_when_opened_explicit
         guarded, guarded_url = _weight_server(tmp_path, token=WEIGHTS_TOKEN)
         servers.append(guarded)
         assert_refused(guarded_url, [("PUT", "/v1/versions/1")], WEIGHTS_TOKEN)
-        for path in ("/healthz", "/v1/versions"):
+        for path in ("/health", "/v1/versions"):
             assert http("GET", guarded_url + path)[0] == 200
     finally:
         for proc in servers:

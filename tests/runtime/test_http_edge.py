@@ -96,3 +96,32 @@ def test_the_weight_server_refuses_versions_it_cannot_list_and_bad_uploads(tmp_p
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prompt_token_outside_the_vocabulary_is_a_400_through_the_manager(servers, stream):
+    """The engine refuses the request's own input; the manager answers with that 400 and the
+    engine's message (not a 200 with an empty output), and no engine leaves the pool."""
+    manager, _ = servers
+    body = {"input_ids": [1, 99_999], "sampling_params": {"max_new_tokens": 4}, "stream": stream}
+    status, answer = http("POST", manager.url + "/generate", body)
+    assert status == 400 and "outside the vocabulary" in answer["error"]["message"], answer
+    assert {w["state"] for w in workers(manager).values()} == {"healthy"}
+
+
+def test_one_error_shape_and_one_health_path_on_every_server(servers, tmp_path):
+    manager, engines = servers
+    proc, weights_url = _weight_server(tmp_path)
+    try:
+        for url in (manager.url, engines[0].url, weights_url):
+            assert http("GET", url + "/health")[0] == 200, url
+        answers = [
+            http("POST", manager.url + "/generate", {"input_ids": [1], "sampling_params": {"top_k": -5}}),
+            http("POST", engines[0].url + "/generate", {"input_ids": [1], "sampling_params": {"top_k": -5}}),
+            http("GET", weights_url + "/v1/manifest?version=77&codec=full"),
+        ]
+        for status, answer in answers:
+            assert 400 <= status < 500 and set(answer) == {"error"} and set(answer["error"]) == {"message"}
+    finally:
+        proc.kill()
+        proc.wait()

@@ -67,7 +67,7 @@ def test_the_weight_server_closes_half_open_connections(tmp_path):
     proc, url = _weight_server(tmp_path, "--read-timeout-s", TIMEOUT_S, token="t0k")
     try:
         _assert_all_closed(_half_open(url, "PUT", "/v1/versions/1", token="t0k"))
-        assert http("GET", url + "/healthz")[0] == 200
+        assert http("GET", url + "/health")[0] == 200
     finally:
         proc.kill()
         proc.wait()

@@ -36,6 +36,22 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     # seed of this sample's sampler; None lets the engine choose
     seed: int | None = None
+    # strings that end the sample with "stop" once the output text holds one
+    stop: tuple[str, ...] = ()
+    # end-of-sequence and stop tokens cannot end the sample before this many tokens
+    min_new_tokens: int = 0
+    # OpenAI-style penalties on tokens generated so far: frequency scales with the count,
+    # presence applies once; repetition (CTRL-style) divides positive logits, multiplies negative ones
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    # drop tokens less likely than min_p times the most likely one; 0 keeps all
+    min_p: float = 0.0
+    # how the answer's text is decoded; token ids always hold every token
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    # keep the matched stop string at the end of the text
+    no_stop_trim: bool = False
 
 
 @dataclass(frozen=True)
@@ -52,6 +68,11 @@ class GenerateChunk:
     weight_version: int | None
     # why the engine ended the request, when it says (an abort's message)
     message: str | None = None
+    # HTTP status of an abort the engine blames on the request (SGLang's finish_reason.status_code);
+    # None for an abort someone asked for (abort_request, pause), which is no error
+    status_code: int | None = None
+    # the engine's text of this attempt so far (cumulative), when it sends text
+    text: str | None = None
 
 
 class EngineError(Exception):

@@ -44,7 +44,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "serve",
         help="serve a model folder with the built-in engine (SGLang's /generate API subset)",
         description="Serve a model on CPU with transformers behind the part of SGLang's HTTP API that the "
-        "rollout manager uses: /generate (streaming, logprobs), /abort_request, /health, /health_generate, "
+        "rollout manager uses: /generate (streaming, logprobs, batches), /abort_request, /v1/loads, /get_load, "
+        "/health, /health_generate, "
         "/get_model_info, /get_weight_version, /update_weights_from_disk, /update_weights_from_safetensors, "
         "/pause_generation, /continue_generation. Prints `serving on http://HOST:PORT` when ready.",
         epilog="example: rollflow engine serve --model models/tiny --port 30000",
@@ -57,7 +58,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--weight-version", type=int, default=0, help="weight version reported at start (default 0)"
     )
     serve.add_argument(
-        "--seed", type=int, default=0, help="seeds the samplers of requests without a sampling_seed"
+        "--seed",
+        type=int,
+        default=None,
+        help="seeds the samplers of requests without a sampling_seed (default: a fresh random seed "
+        "per engine, so two engines never return the same samples)",
     )
     serve.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     serve.add_argument(

@@ -48,11 +48,12 @@ class SGLangClient(HttpEngine):
                 self.url + "/generate", json=body, headers=self.headers, timeout=self._stream_timeout
             ) as resp:
                 await raise_for_status(resp)
-                num_seen = 0
+                num_seen, text = 0, ""
                 try:
                     async for payload in iter_sse_json(resp):
-                        chunk = parse_sglang_event(payload, num_seen)
+                        chunk = parse_sglang_event(payload, num_seen, text)
                         num_seen += len(chunk.token_ids)
+                        text = chunk.text if chunk.text is not None else text
                         finished = chunk.finish_reason is not None
                         yield chunk
                         if finished:
@@ -130,6 +131,7 @@ class BuiltinEngineClient(SGLangClient):
 
 
 def sglang_sampling_params(sampling: SamplingParams) -> dict[str, Any]:
+    """SGLang's `sampling_params` for `sampling` (fields at their defaults are left out)."""
     params: dict[str, Any] = {
         "max_new_tokens": sampling.max_new_tokens,
         "temperature": sampling.temperature,
@@ -137,15 +139,30 @@ def sglang_sampling_params(sampling: SamplingParams) -> dict[str, Any]:
         "top_k": sampling.top_k,
         "ignore_eos": sampling.ignore_eos,
     }
-    if sampling.stop_token_ids:
-        params["stop_token_ids"] = list(sampling.stop_token_ids)
-    if sampling.seed is not None:
-        params["sampling_seed"] = sampling.seed
+    optional = {
+        "stop_token_ids": list(sampling.stop_token_ids),
+        "sampling_seed": sampling.seed,
+        "stop": list(sampling.stop),
+        "min_new_tokens": sampling.min_new_tokens,
+        "frequency_penalty": sampling.frequency_penalty,
+        "presence_penalty": sampling.presence_penalty,
+        "min_p": sampling.min_p,
+    }
+    params |= {key: value for key, value in optional.items() if value}
+    if sampling.repetition_penalty != 1.0:
+        params["repetition_penalty"] = sampling.repetition_penalty
+    if not sampling.skip_special_tokens:
+        params["skip_special_tokens"] = False
+    if not sampling.spaces_between_special_tokens:
+        params["spaces_between_special_tokens"] = False
+    if sampling.no_stop_trim:
+        params["no_stop_trim"] = True
     return params
 
 
-def parse_sglang_event(payload: dict[str, Any], num_seen: int) -> GenerateChunk:
-    """The tokens in one /generate event that come after the `num_seen` already reported."""
+def parse_sglang_event(payload: dict[str, Any], num_seen: int, text_seen: str = "") -> GenerateChunk:
+    """The tokens in one /generate event that come after the `num_seen` already reported, and the
+    request's text so far (`text_seen` plus this event's, when the server streams increments)."""
     if "error" in payload:
         raise RequestFailedError(f"engine reported an error mid-stream: {payload['error']}")
     meta = payload.get("meta_info")
@@ -170,15 +187,24 @@ def parse_sglang_event(payload: dict[str, Any], num_seen: int) -> GenerateChunk:
     if isinstance(output_ids, list) and num_new and output_ids[len(output_ids) - num_new :] != token_ids:
         raise EngineResponseError("output_ids and output_token_logprobs disagree")
     finish = meta.get("finish_reason")
-    finish_type = message = None
+    finish_type = message = status_code = None
     if finish is not None:
         finish_type = finish.get("type") if isinstance(finish, dict) else None
         if finish_type not in FINISH_TYPES:
             raise EngineResponseError(f"unknown finish_reason {finish!r}")
         if finish.get("message") is not None:
             message = str(finish["message"])[:500]
+        if isinstance(finish.get("status_code"), int) and finish["status_code"] >= 400:
+            status_code = finish["status_code"]
     version = parse_weight_version(meta.get("weight_version"))
-    return GenerateChunk(token_ids, logprobs, finish_type, version, message)
+    text = payload.get("text")
+    if isinstance(text, str):
+        # cumulative events repeat every output id; incremental ones hold only the new ones
+        incremental = isinstance(output_ids, list) and len(output_ids) < meta["completion_tokens"]
+        text = text_seen + text if incremental else text
+    else:
+        text = None
+    return GenerateChunk(token_ids, logprobs, finish_type, version, message, status_code, text)
 
 
 def _check_success(answer: Any, url: str, what: str) -> None:

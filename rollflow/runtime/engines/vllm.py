@@ -77,11 +77,13 @@ class VLLMClient(HttpEngine):
             ) as resp:
                 await raise_for_status(resp)
                 self._open[rid] = resp
+                text = ""
                 try:
                     async for payload in iter_sse_json(resp):
-                        chunk = parse_vllm_event(payload)
+                        chunk = parse_vllm_event(payload, text)
                         if chunk is None:
                             continue
+                        text = chunk.text or text
                         finished = chunk.finish_reason is not None
                         yield chunk
                         if finished:
@@ -153,6 +155,7 @@ class VLLMClient(HttpEngine):
 
 
 def vllm_sampling_params(sampling: SamplingParams) -> dict[str, Any]:
+    """vLLM's completion fields for `sampling` (fields at their defaults are left out)."""
     params: dict[str, Any] = {
         "max_tokens": sampling.max_new_tokens,
         "temperature": sampling.temperature,
@@ -160,15 +163,31 @@ def vllm_sampling_params(sampling: SamplingParams) -> dict[str, Any]:
         "top_k": sampling.top_k,
         "ignore_eos": sampling.ignore_eos,
     }
-    if sampling.stop_token_ids:
-        params["stop_token_ids"] = list(sampling.stop_token_ids)
+    optional = {
+        "stop_token_ids": list(sampling.stop_token_ids),
+        "stop": list(sampling.stop),
+        "min_tokens": sampling.min_new_tokens,
+        "frequency_penalty": sampling.frequency_penalty,
+        "presence_penalty": sampling.presence_penalty,
+        "min_p": sampling.min_p,
+    }
+    params |= {key: value for key, value in optional.items() if value}
     if sampling.seed is not None:
         params["seed"] = sampling.seed
+    if sampling.repetition_penalty != 1.0:
+        params["repetition_penalty"] = sampling.repetition_penalty
+    if not sampling.skip_special_tokens:
+        params["skip_special_tokens"] = False
+    if not sampling.spaces_between_special_tokens:
+        params["spaces_between_special_tokens"] = False
+    if sampling.no_stop_trim:
+        params["include_stop_str_in_output"] = True
     return params
 
 
-def parse_vllm_event(payload: dict[str, Any]) -> GenerateChunk | None:
-    """New tokens of one streamed completion event; None for an event with no choice (usage only)."""
+def parse_vllm_event(payload: dict[str, Any], text_seen: str = "") -> GenerateChunk | None:
+    """New tokens of one streamed completion event (and the text so far: `text_seen` plus this
+    event's); None for an event with no choice (usage only)."""
     if "error" in payload:
         raise RequestFailedError(f"vLLM reported an error mid-stream: {payload['error']}")
     choices = payload.get("choices")
@@ -191,4 +210,6 @@ def parse_vllm_event(payload: dict[str, Any]) -> GenerateChunk | None:
     finish = choice.get("finish_reason")
     if finish is not None and finish not in FINISH_REASONS:
         raise EngineResponseError(f"unknown finish_reason {finish!r}")
-    return GenerateChunk(token_ids, logprobs, FINISH_REASONS.get(finish) if finish else None, None)
+    text = choice.get("text")
+    text = text_seen + text if isinstance(text, str) else None
+    return GenerateChunk(token_ids, logprobs, FINISH_REASONS.get(finish) if finish else None, None, text=text)

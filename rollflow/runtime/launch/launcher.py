@@ -292,7 +292,7 @@ class Launcher:
         env = {WEIGHTS_TOKEN_ENV: self.weights_token}
         self.weights_slot.start(argv, str(self.work_dir / "weights.log"), env, rollflow=True, files={})
         url = f"http://{host}:{port}"
-        self._wait_healthy(self.weights_slot, url, "/healthz")
+        self._wait_healthy(self.weights_slot, url, "/health")
         self.weights_url = url
         logger.info("weight server up on %s", url)
         if settings.publish is not None:

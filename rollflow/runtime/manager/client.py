@@ -105,7 +105,8 @@ class ManagerClient:
         return self.request("DELETE", f"/workers/{engine_id}")
 
     def workers(self) -> list[dict]:
-        return self.request("GET", "/workers")["workers"]
+        """Every engine the manager knows: live ones and failed ones waiting for their breaker."""
+        return self.request("GET", "/workers?include_failed=true")["workers"]
 
     def live_workers(self) -> list[dict]:
         """Engines in the pool: healthy, or loading new weights (the manager's `Registry.live`)."""

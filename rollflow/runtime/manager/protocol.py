@@ -1,58 +1,39 @@
 """Bodies of the manager's HTTP API, validated strictly: an unknown field is a 400 that names it.
 
-`GenerateBody` is SGLang's `/generate` request (the subset rollout needs), so an SGLang
-client can talk to the manager as if it were one engine.
+`GenerateBody` is SGLang's `/generate` request as RL clients send it, so an SGLang client (slime,
+AReaL, SkyRL, verl, sgl-router) can talk to the manager as if it were one engine; `WorkerBody` is
+sgl-router's `POST /workers` body.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from rollflow.config import StrictModel
-from rollflow.runtime.engines.base import MAX_SEED, MIN_SEED
+from rollflow.runtime.engines.sglang_io import MAX_TOKEN_ID, SamplingParamsBody
+from rollflow.runtime.engines.sglang_io import GenerateBody as SGLangGenerateBody
 
-MAX_TOKEN_ID = 2**31 - 1
-"""Token ids above this fit no vocabulary (engines index int32/int64 tensors with them)."""
-
-
-class SamplingBody(StrictModel):
-    """Limits mirror what an engine can honour, so a value it would choke on is a 400 here, before routing."""
-
-    max_new_tokens: int = Field(128, ge=1)
-    temperature: float = Field(1.0, ge=0.0, allow_inf_nan=False)
-    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
-    top_k: int = Field(-1, ge=-1, le=MAX_TOKEN_ID)
-    ignore_eos: bool = False
-    stop_token_ids: list[Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]] = Field(default_factory=list)
-    sampling_seed: int | None = Field(None, ge=MIN_SEED, le=MAX_SEED)
-    """A 64-bit seed (what torch's and vLLM's generators take)."""
+SamplingBody = SamplingParamsBody
+"""`sampling_params` of every manager route: SGLang's, shared with the built-in engine."""
 
 
-class GenerateBody(StrictModel):
-    input_ids: list[int] | None = None
-    text: str | None = None
-    sampling_params: SamplingBody = SamplingBody()
-    stream: bool = False
-    return_logprob: bool = False
-    rid: str | None = Field(None, min_length=1, max_length=256)
+class GenerateBody(SGLangGenerateBody):
+    """SGLang's `/generate` body as clients send it (`rollflow.runtime.engines.sglang_io`), plus
+    rollflow's own field."""
+
     allow_off_policy: bool = False
     """rollflow extension: the sample may continue on an engine with other weights."""
 
-    @model_validator(mode="after")
-    def _one_prompt(self) -> GenerateBody:
-        if (self.input_ids is None) == (self.text is None):
-            raise ValueError("give exactly one of input_ids or text")
-        if self.input_ids is not None and not self.input_ids:
-            raise ValueError("input_ids is empty")
-        if self.input_ids is not None and min(self.input_ids) < 0:
-            raise ValueError("input_ids holds a negative token id")
-        if self.input_ids is not None and max(self.input_ids) > MAX_TOKEN_ID:
-            raise ValueError(f"input_ids holds a token id above {MAX_TOKEN_ID}")
-        if self.text is not None and not self.text:
-            raise ValueError("text is empty")
-        return self
+
+class AbortBody(StrictModel):
+    """SGLang's `/abort_request` body."""
+
+    rid: str = ""
+    """Request to abort (the `rid` of a /generate, or a batch sample's id); ignored with abort_all."""
+    abort_all: bool = False
+    """Abort every sample the manager holds, /generate's and batches' alike."""
 
 
 class BatchBody(StrictModel):
@@ -87,12 +68,32 @@ class NextMicroBatchBody(StrictModel):
 
 
 class WorkerBody(StrictModel):
+    """sgl-router's `POST /workers` body, plus rollflow's engine kind, type and capacity."""
+
     url: str = Field(pattern=r"^https?://[^\s/]+(/.*)?$")
+    worker_type: Literal["regular", "prefill", "decode"] = "regular"
+    """sgl-router's worker role; prefill/decode (disaggregated serving) are refused with a message."""
+    bootstrap_port: int | None = Field(None, ge=0, le=65535)
+    """A prefill worker's KV bootstrap port (sgl-router's field): refused, as prefill workers are."""
     kind: Literal["local", "remote", "spot"] = "local"
     engine_type: Literal["sglang", "vllm", "builtin"] = "sglang"
     capacity: int = Field(64, ge=1, le=100_000)
     api_key: str | None = Field(None, min_length=1, max_length=4096)
     """The engine's --api-key: the manager sends it as a bearer token on every call (sgl-router's field)."""
+
+    @model_validator(mode="after")
+    def _regular_only(self) -> WorkerBody:
+        if self.worker_type != "regular":
+            raise ValueError(
+                f"worker_type {self.worker_type!r}: prefill/decode disaggregation is not served by the "
+                "rollflow manager; register each engine as worker_type 'regular'"
+            )
+        if self.bootstrap_port is not None:
+            raise ValueError(
+                "bootstrap_port belongs to prefill workers, which the rollflow manager does not serve; "
+                "send null for a regular worker"
+            )
+        return self
 
 
 class StepReportBody(StrictModel):

@@ -18,8 +18,10 @@ class SampleState(enum.IntEnum):
 
     WAITING = 0  # queued in the manager, no engine yet
     RUNNING = 1  # streaming from an engine
-    FINISHED = 2
-    FAILED = 3  # gave up (attempts exhausted); carries `error`
+    FINISHED = (
+        2  # finish_reason stop, length, or abort (a client's, with the tokens it had; `error` says why)
+    )
+    FAILED = 3  # gave up (attempts exhausted, or the request refused); carries `error`
 
 
 @dataclass
@@ -64,6 +66,13 @@ class Sample:
     request_failures: int = 0  # attempts an engine ended with an error of this request (not of itself)
     regenerated_tokens: int = 0  # tokens dropped by a restart-from-prompt policy; 0 when resuming
     engine_id: int | None = None  # engine of the running attempt
+    refused: bool = False  # failed because an engine refused the request itself (a 4xx): its own fault
+    engine_texts: dict[int, str] = field(default_factory=dict)  # attempt -> the engine's text of it
+
+    @property
+    def engine_text(self) -> str:
+        """The output as text, from what the engines sent (for a manager without a tokenizer)."""
+        return "".join(self.engine_texts[attempt] for attempt in sorted(self.engine_texts))
 
     @property
     def remaining_tokens(self) -> int:
@@ -110,6 +119,7 @@ class Sample:
         self.output_ids.clear()
         self.output_logprobs.clear()
         self.spans.clear()
+        self.engine_texts.clear()
 
     def to_json(self) -> dict:
         return {

@@ -1,6 +1,10 @@
 """The manager's HTTP API (aiohttp). Handlers validate, hand over to `RolloutManager`, and stream.
 
-POST   /generate                  SGLang's /generate (input_ids or text), stream or not
+SGLang's and sgl-router's routes (`sglang_api`, `workers_api`):
+POST   /generate, /abort_request; GET /v1/loads, /get_load
+POST   /workers, GET /workers, DELETE /workers/{id}, POST /add_worker, /remove_worker, GET /list_workers
+
+rollflow's trainer and admin routes (here):
 POST   /batches                   prompts x n samples -> batch id (trainer API)
 GET    /batches/{id}              counts by state
 POST   /batches/{id}/next         next micro-batch: blocks until min_groups groups are done
@@ -10,9 +14,6 @@ DELETE /batches/{id}              stop and forget a batch; its waiting /next (41
                                   streams (a last {"error": ...} line) end with a message
 POST   /step_report               trainer's step time and bubble -> next local budget
 GET    /step_report               number of steps reported and the last report (the autoscaler reads it)
-POST   /workers                   register an engine            (bearer token if configured)
-GET    /workers                   engines and their state
-DELETE /workers/{id}              deregister; its samples resume elsewhere (token)
 POST   /workers/{id}/update_weights  load weights from model_path or pull them from weights_url;
                                   held out of the pool meanwhile (token)
 GET    /weight_versions           engine id -> weight version
@@ -30,83 +31,31 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
 from aiohttp import web
-from pydantic import BaseModel, ValidationError
 
-from rollflow.config import describe_validation_error
-from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.http.auth import require_bearer
-from rollflow.runtime.http.body import read_json_object
+from rollflow.runtime.http.errors import error_body, http_error
 from rollflow.runtime.http.serve import GuardedRunner
+from rollflow.runtime.manager import sglang_api, workers_api
 from rollflow.runtime.manager.config import ManagerConfig
+from rollflow.runtime.manager.edge import MANAGER_KEY, TOKENIZER_KEY, BadRequest, not_found, parse_body
 from rollflow.runtime.manager.openai_routes import openai_routes
 from rollflow.runtime.manager.packing import BatchDeleted
 from rollflow.runtime.manager.passthrough import ADMIN_PATHS, passthrough_routes
 from rollflow.runtime.manager.protocol import (
     BatchBody,
-    GenerateBody,
     NextMicroBatchBody,
-    SamplingBody,
     StepReportBody,
     UpdateWeightsBody,
-    WorkerBody,
 )
-from rollflow.runtime.manager.samples import Sample, SampleState
+from rollflow.runtime.manager.samples import SampleState
 from rollflow.runtime.manager.service import EngineUnavailable, RolloutManager, WeightUpdateNotSupported
 
+__all__ = ["MANAGER_KEY", "TOKENIZER_KEY", "create_app", "serve"]
+
 log = logging.getLogger("rollflow.manager")
-BodyT = TypeVar("BodyT", bound=BaseModel)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-MANAGER_KEY = web.AppKey("manager", RolloutManager)
-TOKENIZER_KEY = web.AppKey("tokenizer", object)
-
-
-class BadRequest(web.HTTPBadRequest):
-    def __init__(self, message: str) -> None:
-        super().__init__(text=json.dumps({"error": {"message": message}}), content_type="application/json")
-
-
-def _not_found(message: str) -> web.HTTPNotFound:
-    return web.HTTPNotFound(text=json.dumps({"error": {"message": message}}), content_type="application/json")
-
-
-async def _parse(request: web.Request, model: type[BodyT]) -> BodyT:
-    limit = int(request.app[MANAGER_KEY].config.max_body_mb * (1 << 20))
-
-    def validate(data: dict) -> BodyT:
-        try:
-            return model.model_validate(data)
-        except ValidationError as exc:
-            raise BadRequest(describe_validation_error(model, exc, prefix="invalid request: ")) from None
-
-    return await read_json_object(request, limit, validate)
-
-
-def _sampling(body: SamplingBody, config: ManagerConfig) -> SamplingParams:
-    if body.max_new_tokens > config.max_new_tokens_limit:
-        raise BadRequest(
-            f"sampling_params.max_new_tokens={body.max_new_tokens} exceeds this manager's limit "
-            f"of {config.max_new_tokens_limit} (max_new_tokens_limit)"
-        )
-    return SamplingParams(
-        max_new_tokens=body.max_new_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=body.top_k,
-        ignore_eos=body.ignore_eos,
-        stop_token_ids=tuple(body.stop_token_ids),
-        seed=body.sampling_seed,
-    )
-
-
-def _check_prompt(prompt: list[int], config: ManagerConfig, where: str) -> None:
-    if len(prompt) > config.max_prompt_tokens:
-        raise BadRequest(
-            f"{where} has {len(prompt)} tokens, above max_prompt_tokens={config.max_prompt_tokens}"
-        )
 
 
 @web.middleware
@@ -122,8 +71,8 @@ def _protected(request: web.Request) -> bool:
     """Admin and trainer routes: engines, batches (trainer API) and step reports. `/generate`
     and the read-only routes (health, metrics, workers list, versions) stay open."""
     path, method = request.path, request.method
-    if path.startswith("/workers"):
-        return method in ("POST", "DELETE")
+    if workers_api.is_admin(path, method):
+        return True
     if path.startswith("/batches") or path in ADMIN_PATHS:
         return True
     return path == "/step_report" and method == "POST"
@@ -136,70 +85,6 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     return await handler(request)
 
 
-def _generate_payload(sample: Sample, return_logprob: bool, rid: str, tokenizer) -> dict:
-    meta: dict = {
-        "id": rid,
-        "prompt_tokens": len(sample.prompt_ids),
-        "completion_tokens": len(sample.output_ids),
-        "finish_reason": None,
-        "weight_version": sample.weight_version,
-        "spans": [span.to_json() for span in sample.spans],
-        "resumes": sample.resumes,
-    }
-    if sample.state == SampleState.FINISHED:
-        meta["finish_reason"] = {"type": sample.finish_reason}
-    elif sample.state == SampleState.FAILED:
-        meta["finish_reason"] = {"type": "abort", "message": sample.error}
-    if return_logprob:
-        meta["output_token_logprobs"] = [
-            [logprob, token, None]
-            for logprob, token in zip(sample.output_logprobs, sample.output_ids, strict=True)
-        ]
-    text = tokenizer.decode(sample.output_ids) if tokenizer is not None else ""
-    return {"text": text, "output_ids": list(sample.output_ids), "meta_info": meta}
-
-
-async def generate(request: web.Request) -> web.StreamResponse:
-    manager = request.app[MANAGER_KEY]
-    tokenizer = request.app[TOKENIZER_KEY]
-    body = await _parse(request, GenerateBody)
-    if body.text is not None:
-        if tokenizer is None:
-            raise BadRequest(
-                "text prompts need a tokenizer: start the manager with `tokenizer:` set, or send input_ids"
-            )
-        prompt = tokenizer.encode(body.text).ids
-    else:
-        prompt = body.input_ids
-    _check_prompt(prompt, manager.config, "the prompt")
-    sampling = _sampling(body.sampling_params, manager.config)
-    sample = manager.submit_sample(prompt, sampling, body.allow_off_policy)
-    rid = body.rid or sample.sample_id
-    try:
-        if not body.stream:
-            while sample.state < SampleState.FINISHED:
-                await manager.wait_for_update(sample)
-            return web.json_response(_generate_payload(sample, body.return_logprob, rid, tokenizer))
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        await response.prepare(request)
-        sent = 0
-        while True:
-            if len(sample.output_ids) > sent or sample.state >= SampleState.FINISHED:
-                sent = len(sample.output_ids)
-                payload = _generate_payload(sample, body.return_logprob, rid, tokenizer)
-                await response.write(f"data: {json.dumps(payload)}\n\n".encode())
-            if sample.state >= SampleState.FINISHED:
-                break
-            await manager.wait_for_update(sample)
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
-    finally:
-        manager.release(sample)
-
-
 # ------------------------------------------------------------------------------ batches
 
 
@@ -208,17 +93,20 @@ def _batch(request: web.Request):
     batch_id = request.match_info["batch_id"]
     batch = manager.batches.get(batch_id)
     if batch is None:
-        raise _not_found(f"unknown batch id {batch_id!r}")
+        raise not_found(f"unknown batch id {batch_id!r}")
     return manager, batch
 
 
 async def submit_batch(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
-    body = await _parse(request, BatchBody)
+    body = await parse_body(request, BatchBody)
     for index, prompt in enumerate(body.prompts):
-        _check_prompt(prompt, manager.config, f"prompts[{index}]")
+        sglang_api.check_prompt(prompt, manager.config, f"prompts[{index}]")
     batch = manager.submit_batch(
-        body.prompts, body.n, _sampling(body.sampling_params, manager.config), body.allow_off_policy
+        body.prompts,
+        body.n,
+        sglang_api.sampling_params(body.sampling_params, manager.config),
+        body.allow_off_policy,
     )
     return web.json_response(batch.status(), status=201)
 
@@ -237,13 +125,11 @@ def _micro_batch_payload(manager: RolloutManager, batch, groups) -> dict:
 
 async def next_micro_batch(request: web.Request) -> web.Response:
     manager, batch = _batch(request)
-    body = await _parse(request, NextMicroBatchBody)
+    body = await parse_body(request, NextMicroBatchBody)
     try:
         groups = await batch.packer.next(body.min_groups, body.max_groups, body.timeout_s)
     except BatchDeleted as exc:
-        raise web.HTTPGone(
-            text=json.dumps({"error": {"message": str(exc)}}), content_type="application/json"
-        ) from None
+        raise http_error(web.HTTPGone, str(exc)) from None
     return web.json_response(_micro_batch_payload(manager, batch, groups))
 
 
@@ -265,7 +151,7 @@ async def stream_samples(request: web.Request) -> web.StreamResponse:
         changed = batch.changed()  # taken before reading: a change from here on wakes us
         if batch.deleted is not None:
             # the last line says why the stream ends short
-            await response.write(json.dumps({"error": {"message": batch.deleted}}).encode() + b"\n")
+            await response.write(error_body(batch.deleted).encode() + b"\n")
             break
         if order == "completion":
             ready = batch.completed[sent:]
@@ -295,7 +181,7 @@ async def delete_batch(request: web.Request) -> web.Response:
 
 async def step_report(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
-    body = await _parse(request, StepReportBody)
+    body = await parse_body(request, StepReportBody)
     if body.bubble_s > body.step_time_s:
         raise BadRequest(f"bubble_s ({body.bubble_s}) exceeds step_time_s ({body.step_time_s})")
     budget = manager.report_step(body.step_time_s, body.bubble_s, body.rollout_s)
@@ -310,43 +196,10 @@ async def last_step_report(request: web.Request) -> web.Response:
 # ------------------------------------------------------------------------------ workers
 
 
-def _engine_id(request: web.Request) -> int:
-    raw = request.match_info["engine_id"]
-    try:
-        return int(raw)
-    except ValueError:
-        raise _not_found(f"unknown engine id {raw!r} (ids are integers; see GET /workers)") from None
-
-
-async def add_worker(request: web.Request) -> web.Response:
-    manager = request.app[MANAGER_KEY]
-    body = await _parse(request, WorkerBody)
-    try:
-        engine = await manager.add_engine(body.url, body.kind, body.engine_type, body.capacity, body.api_key)
-    except EngineUnavailable as exc:
-        raise BadRequest(str(exc)) from None
-    return web.json_response(engine.to_json(), status=201)
-
-
-async def list_workers(request: web.Request) -> web.Response:
-    manager = request.app[MANAGER_KEY]
-    return web.json_response({"workers": [engine.to_json() for engine in manager.registry.all()]})
-
-
-async def delete_worker(request: web.Request) -> web.Response:
-    manager = request.app[MANAGER_KEY]
-    engine_id = _engine_id(request)
-    try:
-        engine = await manager.remove_engine(engine_id)
-    except KeyError:
-        raise _not_found(f"unknown engine id {engine_id}") from None
-    return web.json_response(engine.to_json())
-
-
 async def update_worker_weights(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
-    engine_id = _engine_id(request)
-    body = await _parse(request, UpdateWeightsBody)
+    engine_id = workers_api.engine_id(request)
+    body = await parse_body(request, UpdateWeightsBody)
     try:
         engine = await manager.update_engine_weights(
             engine_id,
@@ -356,15 +209,11 @@ async def update_worker_weights(request: web.Request) -> web.Response:
             codec=body.codec,
         )
     except KeyError:
-        raise _not_found(f"unknown or failed engine id {engine_id}") from None
+        raise not_found(f"unknown or failed engine id {engine_id}") from None
     except WeightUpdateNotSupported as exc:
-        raise web.HTTPConflict(
-            text=json.dumps({"error": {"message": str(exc)}}), content_type="application/json"
-        ) from None
+        raise http_error(web.HTTPConflict, str(exc)) from None
     except EngineUnavailable as exc:
-        raise web.HTTPBadGateway(
-            text=json.dumps({"error": {"message": str(exc)}}), content_type="application/json"
-        ) from None
+        raise http_error(web.HTTPBadGateway, str(exc)) from None
     return web.json_response(engine.to_json())
 
 
@@ -404,9 +253,10 @@ def create_app(manager: RolloutManager) -> web.Application:
         await manager.close()
 
     app.cleanup_ctx.append(lifecycle)
+    sglang_api.setup(app)
+    workers_api.setup(app)
     app.add_routes(
         [
-            web.post("/generate", generate),
             web.post("/batches", submit_batch),
             web.get("/batches/{batch_id}", batch_status),
             web.post("/batches/{batch_id}/next", next_micro_batch),
@@ -415,9 +265,6 @@ def create_app(manager: RolloutManager) -> web.Application:
             web.delete("/batches/{batch_id}", delete_batch),
             web.post("/step_report", step_report),
             web.get("/step_report", last_step_report),
-            web.post("/workers", add_worker),
-            web.get("/workers", list_workers),
-            web.delete("/workers/{engine_id}", delete_worker),
             web.post("/workers/{engine_id}/update_weights", update_worker_weights),
             web.get("/weight_versions", weight_versions),
             web.get("/metrics", metrics),

@@ -5,9 +5,12 @@ Life of a sample:
     WAITING in the queue -> dispatched: a router picks among eligible engines
     -> RUNNING: tokens stream in and are recorded as they arrive
     -> the engine finishes it (FINISHED), or the attempt ends early (engine died, hung,
-       aborted, was removed, or the local budget ran out) and the sample goes back to the
+       was removed, drained, or the local budget ran out) and the sample goes back to the
        front of the queue with prompt + generated tokens as its next input and
        `max_new_tokens` reduced by what it already has.
+    A client's abort (`abort_sample`, or an abort a client sent the engine itself, as slime's
+    abort_all does) is no failure: the sample ends there, FINISHED with finish_reason "abort"
+    and the tokens it has, and is not resumed.
 
 Eligible engines for a sample: healthy, below capacity, on the sample's weight version
 (unless it allows off-policy tokens), and after its batch's local budget expired, remote or
@@ -429,6 +432,11 @@ class RolloutManager:
 
     # ------------------------------------------------------------------ samples
 
+    @property
+    def num_queued(self) -> int:
+        """Samples waiting in the manager for an engine."""
+        return len(self._queue)
+
     def submit_sample(
         self,
         prompt_ids: list[int],
@@ -637,8 +645,12 @@ class RolloutManager:
             self._wake.set()
         if outcome == "cancelled":
             return
+        if outcome == "client_abort":
+            self._end_aborted(sample, sample.error or "aborted by request")
+            return
         if outcome == "rejected":  # the request itself is bad: another engine would refuse it too
             sample.state = SampleState.FAILED
+            sample.refused = True
             self._complete(sample)
             return
         if outcome == "request_failed":
@@ -655,7 +667,11 @@ class RolloutManager:
 
     async def _stream(self, sample: Sample, engine: EngineRecord, rid: str) -> str | None:
         """Stream one attempt; return None when the sample finished, else why it must resume."""
-        params = dataclasses.replace(sample.sampling, max_new_tokens=sample.remaining_tokens)
+        params = dataclasses.replace(
+            sample.sampling,
+            max_new_tokens=sample.remaining_tokens,
+            min_new_tokens=max(0, sample.sampling.min_new_tokens - len(sample.output_ids)),
+        )
         stream = engine.client.generate(rid, sample.prompt_ids + sample.output_ids, params)
         # the next chunk is awaited as a task so that a stall window can pass without cancelling it
         pending: asyncio.Task | None = None
@@ -688,6 +704,8 @@ class RolloutManager:
                     return "engine_failed"
                 if chunk.weight_version is not None:
                     engine.weight_version = chunk.weight_version
+                if chunk.text is not None:
+                    sample.engine_texts[sample.attempts] = chunk.text
                 tokens = chunk.token_ids[: sample.remaining_tokens]
                 if tokens:
                     resumed_at = self._resumed_at.pop(sample.sample_id, None)
@@ -705,11 +723,16 @@ class RolloutManager:
                     engine.window_tokens += len(tokens)
                     self.metrics.generated_tokens.labels(str(engine.engine_id)).inc(len(tokens))
                     self._notify(sample)
-                if chunk.finish_reason == "abort":
-                    # the manager's own aborts cancel the attempt first, so this one is the engine's
+                if chunk.finish_reason == "abort" and chunk.status_code is not None:
+                    # the engine blames the request (SGLang's status_code): another engine may agree
                     why = chunk.message or "no reason given"
                     sample.error = f"engine {engine.engine_id} aborted the request: {why}"
                     return "request_failed"
+                if chunk.finish_reason == "abort":
+                    # the manager's own aborts cancel the attempt first, so someone asked the engine
+                    # (slime's abort_all to every worker, a pause that aborts): the client's abort
+                    sample.error = chunk.message or f"aborted on engine {engine.engine_id}"
+                    return "client_abort"
                 if chunk.finish_reason is not None or sample.remaining_tokens <= 0:
                     sample.finish_reason = chunk.finish_reason or "length"
                     engine.consecutive_failures = 0  # the breaker's count: it served a whole sample
@@ -744,6 +767,28 @@ class RolloutManager:
         )
         self._resumed_at[sample.sample_id] = asyncio.get_running_loop().time()
         self._enqueue(sample, front=True)
+
+    def abort_sample(self, sample: Sample, message: str = "aborted by request") -> None:
+        """A client's abort (`/abort_request`): the sample ends now, FINISHED with finish_reason
+        "abort" and the tokens it has; it is not resumed anywhere."""
+        if sample.state >= SampleState.FINISHED:
+            return
+        sample.error = message
+        task = self._attempts.get(sample.sample_id)
+        if task is not None and not task.done():
+            # `_run_attempt` aborts it on its engine and ends it, whatever move was pending
+            self._move_reasons[sample.sample_id] = "client_abort"
+            task.cancel()
+            return
+        self._queue = deque(s for s in self._queue if s is not sample)
+        self._end_aborted(sample, message)
+
+    def _end_aborted(self, sample: Sample, message: str) -> None:
+        sample.state = SampleState.FINISHED
+        sample.finish_reason = "abort"
+        sample.error = message
+        log.info("sample %s aborted with %d tokens: %s", sample.sample_id, len(sample.output_ids), message)
+        self._complete(sample)
 
     def _finish(self, sample: Sample) -> None:
         sample.state = SampleState.FINISHED

@@ -300,7 +300,8 @@ def _holds_chunk(path: Path, entry: ChunkEntry) -> bool:
 
 
 def _reason(text: str) -> str:
+    """The message of the weight server's error body (`{"error": {"message": ...}}`)."""
     try:
-        return json.loads(text)["error"]
+        return str(json.loads(text)["error"]["message"])
     except (ValueError, KeyError, TypeError):
         return text.strip()

@@ -8,7 +8,7 @@
     PUT  /v1/versions/{version}   body: a safetensors file (small text files as JSON in its
                                   metadata under "rollflow.files"); needs the bearer token
                                   (refused when the server has none, unless open_publish)
-    GET  /healthz
+    GET  /health                  (also /healthz, its older name)
 
 Payload builds and publishes run in a worker thread, so chunk downloads keep flowing while a
 new payload is encoded.
@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollflow.runtime.http.auth import require_bearer
 from rollflow.runtime.http.body import iter_body
-from rollflow.runtime.http.errors import http_error
+from rollflow.runtime.http.errors import error_response, http_error
 from rollflow.runtime.http.serve import DEFAULT_READ_TIMEOUT_S, GuardedRunner
 from rollflow.runtime.weights.errors import UnknownVersionError, WeightsError
 from rollflow.runtime.weights.store import MAX_VERSION, WeightStore
@@ -100,7 +100,8 @@ class WeightServer:
         app = web.Application(client_max_size=1 << 20, middlewares=[_errors_as_json])
         app.add_routes(
             [
-                web.get("/healthz", self._healthz),
+                web.get("/health", self._health),
+                web.get("/healthz", self._health),
                 web.get("/v1/versions", self._versions),
                 web.put("/v1/versions/{version}", self._publish),
                 web.get("/v1/manifest", self._manifest),
@@ -123,7 +124,7 @@ class WeightServer:
             await self._runner.cleanup()
             self._runner = None
 
-    async def _healthz(self, request: web.Request) -> web.Response:
+    async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"ok": True})
 
     async def _versions(self, request: web.Request) -> web.Response:
@@ -225,6 +226,6 @@ async def _errors_as_json(request: web.Request, handler):
     try:
         return await handler(request)
     except UnknownVersionError as exc:
-        return web.json_response({"error": str(exc)}, status=404)
+        return error_response(404, str(exc))
     except WeightsError as exc:
-        return web.json_response({"error": str(exc)}, status=400)
+        return error_response(400, str(exc))

@@ -177,7 +177,9 @@ def test_non_stream_answer_has_sglang_shape(engine):
         ({"input_ids": []}, "input_ids is empty"),
         ({"input_ids": [1, 99999]}, "outside the vocabulary"),
         ({"input_ids": [1], "text": "hi"}, "exactly one of input_ids or text"),
-        ({"input_ids": [[1, 2], [3]]}, "batched input_ids"),
+        ({"input_ids": [[1, 2], []]}, "input_ids is empty"),
+        ({"input_ids": [[1, 2], [3]], "stream": True}, "stream with a batched /generate"),
+        ({"input_ids": [[1, 2], [3]], "rid": ["a"]}, "rid has 1 entries for 2 prompts"),
         (
             {"input_ids": [1], "sampling_params": {"max_new_tokens": 10**6}},
             "exceeds the model's context length",

@@ -171,3 +171,58 @@ def test_unknown_engine_kind_names_the_choices():
         UserError, match=r"unknown engine kind 'tgi'; choose one of \['builtin', 'sglang', 'vllm'\]"
     ):
         make_client("tgi", "http://127.0.0.1:1")
+
+
+def test_every_sampling_field_reaches_sglang_and_vllm_under_their_names():
+    from rollflow.runtime.engines.sglang import sglang_sampling_params
+    from rollflow.runtime.engines.vllm import vllm_sampling_params
+
+    params = SamplingParams(
+        max_new_tokens=9,
+        stop=("END",),
+        stop_token_ids=(7,),
+        min_new_tokens=2,
+        frequency_penalty=0.5,
+        presence_penalty=0.25,
+        repetition_penalty=1.5,
+        min_p=0.1,
+        skip_special_tokens=False,
+        spaces_between_special_tokens=False,
+        no_stop_trim=True,
+        seed=3,
+    )
+    assert sglang_sampling_params(params) == {
+        "max_new_tokens": 9,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "ignore_eos": False,
+        "stop": ["END"],
+        "stop_token_ids": [7],
+        "sampling_seed": 3,
+        "min_new_tokens": 2,
+        "frequency_penalty": 0.5,
+        "presence_penalty": 0.25,
+        "repetition_penalty": 1.5,
+        "min_p": 0.1,
+        "skip_special_tokens": False,
+        "spaces_between_special_tokens": False,
+        "no_stop_trim": True,
+    }
+    vllm = vllm_sampling_params(params)
+    assert vllm["max_tokens"] == 9 and vllm["min_tokens"] == 2 and vllm["stop"] == ["END"]
+    assert vllm["include_stop_str_in_output"] is True and vllm["seed"] == 3
+    assert {k: vllm[k] for k in ("frequency_penalty", "presence_penalty", "repetition_penalty", "min_p")} == {
+        "frequency_penalty": 0.5,
+        "presence_penalty": 0.25,
+        "repetition_penalty": 1.5,
+        "min_p": 0.1,
+    }
+    # defaults are left out: an engine that lacks a field is never sent it for nothing
+    assert set(sglang_sampling_params(SamplingParams(max_new_tokens=4))) == {
+        "max_new_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "ignore_eos",
+    }

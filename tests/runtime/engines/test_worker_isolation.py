@@ -10,7 +10,7 @@ import queue
 
 from transformers import AutoModelForCausalLM
 
-from rollflow.runtime.engines.builtin.sampling import SamplingOptions
+from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.engines.builtin.worker import GenerationWorker, Sequence, TokenEvent
 
 
@@ -31,7 +31,7 @@ def test_a_request_that_raises_in_the_model_fails_alone_and_the_thread_serves_th
     try:
         poison: queue.SimpleQueue[TokenEvent] = queue.SimpleQueue()
         healthy: queue.SimpleQueue[TokenEvent] = queue.SimpleQueue()
-        options = SamplingOptions(max_new_tokens=6, temperature=0.0)
+        options = SamplingParams(max_new_tokens=6, temperature=0.0)
         out_of_vocab = model.config.vocab_size + 7  # the embedding lookup raises on it
         worker.submit(Sequence("poison", [1, out_of_vocab], options, poison.put))
         worker.submit(Sequence("healthy", [1, 2, 3], options, healthy.put))

@@ -23,8 +23,8 @@ def wait_until(condition, timeout: float = 60.0, interval: float = 0.02, what: s
 
 
 def workers(manager) -> dict[str, dict]:
-    """Engine url -> its record on the manager."""
-    return {w["url"]: w for w in http("GET", manager.url + "/workers")[1]["workers"]}
+    """Engine url -> its record on the manager (failed engines included)."""
+    return {w["url"]: w for w in http("GET", manager.url + "/workers?include_failed=true")[1]["workers"]}
 
 
 def metric(manager, name: str) -> float:

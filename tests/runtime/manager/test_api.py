@@ -168,7 +168,7 @@ def test_samples_stream_in_submission_order(fleet):
             "/workers/0/update_weights",
             {"weights_url": "http://127.0.0.1:1", "codec": "delta+gzip", "weight_version": 1},
             400,
-            "codec: Value error, unknown codec 'delta+gzip'",
+            "codec: unknown codec 'delta+gzip'",
         ),
         (
             "/workers/0/update_weights",

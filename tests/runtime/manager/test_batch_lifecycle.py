@@ -3,6 +3,7 @@ with a message saying so, and concurrent streams of a finishing batch each get e
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import urllib.request
@@ -82,3 +83,44 @@ def test_concurrent_streams_of_a_batch_each_get_every_sample(manager):
         lines = result["value"]
         assert sorted(s["group_index"] for s in lines) == list(range(12))
         assert all(s["state"] == "finished" for s in lines)
+
+
+def test_a_stream_ends_when_the_last_sample_completes_while_a_line_is_being_written(monkeypatch):
+    """The lost wake-up: the last sample completes while the stream writes the line before it.
+    A wake-up taken before reading the batch sees that completion; one cleared after writing (the
+    old code) missed it and the stream never ended. The write is held open to make the race sure."""
+    from aiohttp import ClientSession, ClientTimeout, web
+    from aiohttp.test_utils import TestServer
+
+    from rollflow.runtime.engines.base import SamplingParams
+    from rollflow.runtime.manager.config import ManagerConfig
+    from rollflow.runtime.manager.server import create_app
+    from rollflow.runtime.manager.service import RolloutManager
+
+    async def run() -> list[dict]:
+        manager = RolloutManager(ManagerConfig())  # no engine: samples end only as the test ends them
+        server = TestServer(create_app(manager), host="127.0.0.1")
+        await server.start_server()
+        try:
+            batch = manager.submit_batch([[1], [2], [3]], 1, SamplingParams(max_new_tokens=4))
+            first, second, last = batch.samples
+            manager.abort_sample(first)
+            manager.abort_sample(second)
+            write = web.StreamResponse.write
+
+            async def write_then_complete_the_last(response, data: bytes) -> None:
+                await write(response, data)
+                if second.sample_id.encode() in data:
+                    manager.abort_sample(last)  # lands mid-write, after the batch was read
+                    await asyncio.sleep(0)
+
+            monkeypatch.setattr(web.StreamResponse, "write", write_then_complete_the_last)
+            url = f"{server.make_url('/batches/' + batch.batch_id + '/samples')}"
+            async with ClientSession(timeout=ClientTimeout(total=30)) as session, session.get(url) as resp:
+                return [json.loads(line) for line in (await resp.read()).splitlines() if line.strip()]
+        finally:
+            await server.close()
+
+    lines = asyncio.run(run())
+    assert [line["group_index"] for line in lines] == [0, 1, 2]
+    assert all(line["finish_reason"] == "abort" for line in lines)

@@ -59,7 +59,11 @@ class WorkerWatch:
 
 def _busy(manager_url: str, engine_url: str) -> bool:
     """The engine is streaming samples and has sent some tokens."""
-    record = next(w for w in http("GET", manager_url + "/workers")[1]["workers"] if w["url"] == engine_url)
+    record = next(
+        w
+        for w in http("GET", manager_url + "/workers?include_failed=true")[1]["workers"]
+        if w["url"] == engine_url
+    )
     return record["running"] > 0 and record["tokens_generated"] >= 8
 
 

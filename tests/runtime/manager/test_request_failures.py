@@ -16,7 +16,8 @@ POISON_SEED = 4242
 
 class PoisonEngine(EngineProxy):
     """A real engine behind a proxy that ends requests seeded `POISON_SEED` as an engine ends a
-    request that raised: a final event with finish_reason abort and a message.
+    request that raised: a final event with finish_reason abort, a message and a 4xx status_code
+    (SGLang's way, and the built-in engine's, of blaming the request rather than a client's abort).
 
     Everything else is relayed, so the engine registers and serves like any other.
     """
@@ -37,7 +38,11 @@ class PoisonEngine(EngineProxy):
         meta = {
             "completion_tokens": 0,
             "output_token_logprobs": [],
-            "finish_reason": {"type": "abort", "message": "sampling failed: probability tensor contains nan"},
+            "finish_reason": {
+                "type": "abort",
+                "message": "sampling failed: probability tensor contains nan",
+                "status_code": 400,
+            },
         }
         await response.write(f"data: {json.dumps({'output_ids': [], 'meta_info': meta})}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")

@@ -15,7 +15,7 @@ def _engine_on(port: int, model, tmp_path, name: str) -> Process:
 
 
 def _records(manager) -> list[dict]:
-    return http("GET", manager.url + "/workers")[1]["workers"]
+    return http("GET", manager.url + "/workers?include_failed=true")[1]["workers"]
 
 
 def _served(manager) -> bool:

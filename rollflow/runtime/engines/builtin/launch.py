@@ -18,7 +18,7 @@ def serve_engine(
     host: str = "127.0.0.1",
     port: int = 30000,
     weight_version: int = 0,
-    seed: int = 0,
+    seed: int | None = None,
     num_threads: int | None = None,
     incremental_streaming_output: bool = False,
     api_key: str | None = None,
@@ -26,7 +26,11 @@ def serve_engine(
     read_timeout_s: float = 30.0,
 ) -> None:
     """Serve until interrupted; prints `serving on http://HOST:PORT` once requests are accepted.
-    With `api_key`, every route but /health needs `Authorization: Bearer <api_key>`."""
+    With `api_key`, every route but /health needs `Authorization: Bearer <api_key>`.
+
+    `seed` seeds the samplers of requests that bring no `sampling_seed`; None draws one per engine,
+    so engines started alike still sample differently (a GRPO group spread over engines must not
+    hold the same sample twice)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if not (Path(model_dir) / "config.json").is_file():
         raise UserError(
@@ -36,7 +40,7 @@ def serve_engine(
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as transformers_logging
 
-    from rollflow.runtime.engines.builtin.server import EngineServer, ServedModel
+    from rollflow.runtime.engines.builtin.server import EngineServer, ServedModel, decode_text
     from rollflow.runtime.engines.builtin.weights import WeightChecker
     from rollflow.runtime.engines.builtin.worker import GenerationWorker
     from rollflow.runtime.weights.checkpoint import read_saved_weights
@@ -57,7 +61,16 @@ def serve_engine(
         vocab_size=config.vocab_size,
         max_context_length=config.max_position_embeddings,
     )
-    worker = GenerationWorker(model, eos_ids, weight_version=weight_version, seed=seed)
+    if seed is None:
+        seed = int.from_bytes(os.urandom(8), "little") >> 1
+    logger.info("sampler seed %d", seed)
+    worker = GenerationWorker(
+        model,
+        eos_ids,
+        weight_version=weight_version,
+        seed=seed,
+        decode=lambda ids, params: decode_text(tokenizer, ids, params),
+    )
     # A folder written by a pull holds its version exactly as published: the base of the first delta.
     pulled = read_saved_weights(model_dir)
     if pulled is not None and pulled.version != weight_version:

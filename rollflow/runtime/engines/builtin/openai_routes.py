@@ -18,7 +18,6 @@ from aiohttp import web
 
 import rollflow
 from rollflow.runtime.engines.base import SamplingParams
-from rollflow.runtime.engines.builtin.sampling import SamplingOptions
 from rollflow.runtime.engines.builtin.worker import Sequence, TokenEvent
 from rollflow.runtime.http.body import read_json_object
 from rollflow.runtime.openai.protocol import OpenAIError
@@ -59,18 +58,9 @@ class EngineTokens:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[TokenEvent] = asyncio.Queue()
         rid = f"openai-{uuid.uuid4().hex}"
-        options = SamplingOptions(
-            max_new_tokens=sampling.max_new_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k,
-            ignore_eos=sampling.ignore_eos,
-            stop_token_ids=frozenset(sampling.stop_token_ids),
-            seed=sampling.seed,
-        )
         emit = lambda event: loop.call_soon_threadsafe(events.put_nowait, event)  # noqa: E731
         worker = self._server.worker
-        worker.submit(Sequence(rid=rid, token_ids=list(prompt_ids), sampling=options, emit=emit))
+        worker.submit(Sequence(rid=rid, token_ids=list(prompt_ids), sampling=sampling, emit=emit))
         finished = False
         try:
             while not finished:

@@ -1,53 +1,72 @@
-"""Pick the next token from one position's logits: greedy at temperature 0, else top-k/top-p sampling.
+"""Pick the next token from one position's logits, as SGLang's sampler does.
 
-The logprob returned is that of the chosen token under the distribution it was drawn from
-(logits / temperature, before top-k/top-p truncation; the raw logits when greedy), which is the
-behaviour-policy logprob an RL trainer compares its own against.
+Order: penalties on the tokens generated so far (frequency, presence, repetition), end tokens masked
+until `min_new_tokens`, then greedy at temperature 0, else temperature, top-k, top-p and min-p.
+The logprob returned is that of the chosen token under the distribution it was drawn from (after
+penalties and temperature, before top-k/top-p/min-p truncation; the penalised logits when greedy),
+which is the behaviour-policy logprob an RL trainer compares its own against.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Collection
 
 import torch
+
+from rollflow.runtime.engines.base import SamplingParams
 
 # Temperatures below this decode greedily (SGLang's rule): logits / 1e-38 overflow to inf, and
 # sampling from the resulting NaN distribution is an error rather than a draw.
 GREEDY_BELOW = 1e-6
 
 
-@dataclass(frozen=True)
-class SamplingOptions:
-    """One request's sampling settings, as the generation thread uses them."""
-
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    # -1 keeps every token
-    top_k: int = -1
-    ignore_eos: bool = False
-    stop_token_ids: frozenset[int] = frozenset()
-    # seed of the request's own generator; None lets the engine draw one
-    seed: int | None = None
+def penalised_logits(
+    logits: torch.Tensor, params: SamplingParams, generated: list[int], banned: Collection[int]
+) -> torch.Tensor:
+    """The logits after the penalties on `generated` and with `banned` tokens made impossible."""
+    logits = logits.float().clone()
+    penalise = params.frequency_penalty or params.presence_penalty or params.repetition_penalty != 1.0
+    if generated and penalise:
+        counts = torch.bincount(torch.tensor(generated, dtype=torch.long), minlength=logits.numel())
+        counts = counts[: logits.numel()].float()
+        seen = counts > 0
+        logits -= params.frequency_penalty * counts + params.presence_penalty * seen.float()
+        if params.repetition_penalty != 1.0:
+            scaled = torch.where(
+                logits > 0, logits / params.repetition_penalty, logits * params.repetition_penalty
+            )
+            logits = torch.where(seen, scaled, logits)
+    if banned:
+        index = torch.tensor([t for t in banned if 0 <= t < logits.numel()], dtype=torch.long)
+        logits[index] = float("-inf")
+    return logits
 
 
 def sample_next_token(
-    logits: torch.Tensor, options: SamplingOptions, generator: torch.Generator | None
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    generated: list[int] | None = None,
+    banned: Collection[int] = (),
 ) -> tuple[int, float]:
-    """Return (token id, its logprob) for a 1-D tensor of next-token logits."""
-    if options.temperature < GREEDY_BELOW:
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
+    """Return (token id, its logprob) for a 1-D tensor of next-token logits; `generated` are the
+    tokens this request produced so far (for the penalties), `banned` tokens cannot be chosen."""
+    logits = penalised_logits(logits, params, generated or [], banned)
+    if params.temperature < GREEDY_BELOW:
+        logprobs = torch.log_softmax(logits, dim=-1)
         token = int(torch.argmax(logprobs))
         return token, float(logprobs[token])
-    logprobs = torch.log_softmax(logits.float() / options.temperature, dim=-1)
+    logprobs = torch.log_softmax(logits / params.temperature, dim=-1)
     probs = logprobs.exp()
-    if 0 < options.top_k < probs.numel():
-        kth = torch.topk(probs, options.top_k).values[-1]
+    if 0 < params.top_k < probs.numel():
+        kth = torch.topk(probs, params.top_k).values[-1]
         probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
-    if options.top_p < 1.0:
+    if params.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, descending=True)
         mass_before = torch.cumsum(sorted_probs, dim=0) - sorted_probs
-        sorted_probs[mass_before >= options.top_p * sorted_probs.sum()] = 0.0
+        sorted_probs[mass_before >= params.top_p * sorted_probs.sum()] = 0.0
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    if params.min_p > 0.0:
+        probs = torch.where(probs >= params.min_p * probs.max(), probs, torch.zeros_like(probs))
     token = int(torch.multinomial(probs, 1, generator=generator))
     return token, float(logprobs[token])

@@ -1,8 +1,10 @@
 """HTTP front of the built-in engine: the part of SGLang's native API that rollflow's manager uses.
 
-    POST /generate                    SGLang body; JSON answer, or SSE `data: {...}` ... `data: [DONE]`
+    POST /generate                    SGLang body; JSON answer, or SSE `data: {...}` ... `data: [DONE]`;
+                                      a batch (a list of input_ids or text) answers a list
     POST /abort_request               {"rid": ...} or {"abort_all": true}
     GET  /health, /health_generate    200 when alive / when a one-token generation succeeds
+    GET  /v1/loads, /get_load         SGLang's load reports: requests running and waiting, tokens held
     GET  /get_model_info, /get_weight_version
     POST /update_weights_from_disk    {"model_path", "weight_version", "abort_all_requests"}
     POST /update_weights_from_safetensors?weight_version=N   body: safetensors bytes (all or some tensors)
@@ -19,7 +21,7 @@ disconnects aborts its request (the server runs with handler cancellation on).
 from __future__ import annotations
 
 import asyncio
-import json
+import datetime
 import logging
 import time
 import uuid
@@ -32,23 +34,25 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from rollflow.errors import UserError
+from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.engines.builtin.io import (
     AbortBody,
-    GenerateBody,
     PauseBody,
     UpdateWeightsFromDiskBody,
     UpdateWeightsFromServerBody,
 )
 from rollflow.runtime.engines.builtin.openai_routes import openai_routes
-from rollflow.runtime.engines.builtin.sampling import SamplingOptions
 from rollflow.runtime.engines.builtin.weights import (
     WeightChecker,
     read_safetensors_bytes,
     read_safetensors_path,
 )
 from rollflow.runtime.engines.builtin.worker import GenerationWorker, Sequence, TokenEvent
+from rollflow.runtime.engines.sglang_io import GenerateBody, split_batch
 from rollflow.runtime.http.auth import bearer_middleware
 from rollflow.runtime.http.body import read_body, read_json_object
+from rollflow.runtime.http.errors import error_response
+from rollflow.runtime.http.sse import close_sse, open_sse, send_event
 from rollflow.runtime.weights import (
     LoadedWeights,
     UnknownVersionError,
@@ -157,6 +161,8 @@ class EngineServer:
                 web.post("/abort_request", self.abort_request),
                 web.get("/health", self.health),
                 web.get("/health_generate", self.health_generate),
+                web.get("/v1/loads", self.loads),
+                web.get("/get_load", self.get_load),
                 web.get("/get_model_info", self.get_model_info),
                 web.get("/get_weight_version", self.get_weight_version),
                 web.post("/update_weights_from_disk", self.update_weights_from_disk),
@@ -171,24 +177,47 @@ class EngineServer:
 
     # ---- generation --------------------------------------------------------------------------
     async def generate(self, request: web.Request) -> web.StreamResponse:
-        body = await _parse(request, GenerateBody, self._max_body)
+        items = await _parse_generate(request, self._max_body)
+        if isinstance(items, list):
+            prompts = [self._prompt_ids(item) for item in items]  # every prompt checked before any runs
+            answers = await asyncio.gather(*map(self._generate_one, items, prompts))
+            return web.json_response(answers)
+        body = items
         input_ids = self._prompt_ids(body)
-        rid = body.rid or uuid.uuid4().hex
-        if rid in self._active_rids:
-            raise BadRequest(f"rid {rid!r} is already in use by a running request")
+        rid = self._claim_rid(body)
         events, out = self._start(rid, input_ids, body)
         try:
             if body.stream:
                 return await self._stream(request, body, events, out)
-            while out.finish_reason is None:
-                out.add(await events.get())
-            if out.finish_reason.get("status_code", 200) >= 400:  # the request failed on its own input
-                raise BadRequest(out.finish_reason["message"])
-            return web.json_response(self._response(body, out, 0))
+            return web.json_response(await self._collect(body, events, out))
         finally:
-            if out.finish_reason is None:
-                self._worker.abort(rid, "client disconnected")
-            self._active_rids.discard(rid)
+            self._end(out)
+
+    async def _generate_one(self, body: GenerateBody, input_ids: list[int]) -> dict[str, Any]:
+        """One prompt of a batch, answered as a whole."""
+        events, out = self._start(self._claim_rid(body), input_ids, body)
+        try:
+            return await self._collect(body, events, out)
+        finally:
+            self._end(out)
+
+    def _claim_rid(self, body: GenerateBody) -> str:
+        rid = body.rid or uuid.uuid4().hex
+        if rid in self._active_rids:
+            raise BadRequest(f"rid {rid!r} is already in use by a running request")
+        return rid
+
+    async def _collect(self, body: GenerateBody, events: asyncio.Queue, out: _Output) -> dict[str, Any]:
+        while out.finish_reason is None:
+            out.add(await events.get())
+        if out.finish_reason.get("status_code", 200) >= 400:  # the request failed on its own input
+            raise BadRequest(out.finish_reason["message"])
+        return self._response(body, out, 0)
+
+    def _end(self, out: _Output) -> None:
+        if out.finish_reason is None:
+            self._worker.abort(out.rid, "client disconnected")
+        self._active_rids.discard(out.rid)
 
     def _prompt_ids(self, body: GenerateBody) -> list[int]:
         if body.input_ids is not None:
@@ -201,7 +230,7 @@ class EngineServer:
         else:
             ids = self._served.tokenizer.encode(body.text, add_special_tokens=False)
         sampling = body.sampling_params
-        bad = next((i for i in sampling.stop_token_ids if not 0 <= i < self._served.vocab_size), None)
+        bad = next((i for i in sampling.stop_token_ids or () if not 0 <= i < self._served.vocab_size), None)
         if bad is not None:
             raise BadRequest(
                 f"stop_token_ids holds {bad}, outside the vocabulary [0, {self._served.vocab_size})"
@@ -217,20 +246,10 @@ class EngineServer:
     def _start(self, rid: str, input_ids: list[int], body: GenerateBody) -> tuple[asyncio.Queue, _Output]:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        params = body.sampling_params
-        options = SamplingOptions(
-            max_new_tokens=params.max_new_tokens,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k,
-            ignore_eos=params.ignore_eos,
-            stop_token_ids=frozenset(params.stop_token_ids),
-            seed=params.sampling_seed,
-        )
         seq = Sequence(
             rid=rid,
             token_ids=input_ids,
-            sampling=options,
+            sampling=body.sampling_params.to_params(),
             emit=lambda event: loop.call_soon_threadsafe(events.put_nowait, event),
         )
         self._active_rids.add(rid)
@@ -240,10 +259,7 @@ class EngineServer:
     async def _stream(
         self, request: web.Request, body: GenerateBody, events: asyncio.Queue, out: _Output
     ) -> web.StreamResponse:
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        await response.prepare(request)
+        response = await open_sse(request)
         sent = 0
         while out.finish_reason is None:
             # Everything that arrived since the last write goes out together, split where the
@@ -257,25 +273,24 @@ class EngineServer:
                     and event.weight_version != out.weight_version
                     and sent < len(out.output_ids)
                 ):
-                    await _send(response, self._response(body, out, sent))
+                    await send_event(response, self._response(body, out, sent))
                     sent = len(out.output_ids)
                 out.add(event)
-            await _send(response, self._response(body, out, sent))
+            await send_event(response, self._response(body, out, sent))
             sent = len(out.output_ids)
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
+        return await close_sse(response)
 
     def _response(self, body: GenerateBody, out: _Output, sent: int) -> dict[str, Any]:
         """SGLang's answer: cumulative output, or only tokens after `sent` with incremental streaming."""
         start = sent if (body.stream and self._incremental) else 0
         ids = out.output_ids[start:]
-        skip = body.sampling_params.skip_special_tokens
-        text = self._served.tokenizer.decode(out.output_ids, skip_special_tokens=skip)
+        params = body.sampling_params.to_params()
+        text = self._text(out.output_ids, params)
+        matched = (out.finish_reason or {}).get("matched")
+        if isinstance(matched, str) and not params.no_stop_trim and matched in text:
+            text = text[: text.index(matched)]  # SGLang leaves the stop string out of the text
         if start:
-            text = text[
-                len(self._served.tokenizer.decode(out.output_ids[:start], skip_special_tokens=skip)) :
-            ]
+            text = text[len(self._text(out.output_ids[:start], params)) :]
         meta: dict[str, Any] = {
             "id": out.rid,
             "finish_reason": out.finish_reason,
@@ -293,6 +308,9 @@ class EngineServer:
             ]
         return {"text": text, "output_ids": ids, "meta_info": meta}
 
+    def _text(self, token_ids: list[int], params: SamplingParams) -> str:
+        return decode_text(self._served.tokenizer, token_ids, params)
+
     async def abort_request(self, request: web.Request) -> web.Response:
         body = await _parse(request, AbortBody, self._max_body)
         if body.abort_all:
@@ -306,8 +324,41 @@ class EngineServer:
     # ---- health and info ----------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
         if not self._worker.is_alive():
-            return web.json_response({"error": {"message": "generation thread died"}}, status=503)
+            return error_response(503, "generation thread died")
         return web.Response(text="")
+
+    def _rank_load(self) -> dict[str, Any]:
+        """This engine's one data-parallel rank, in SGLang's load fields (nothing waits: every
+        request the engine accepts runs at once, one decode step each in turn)."""
+        running = self._worker.num_running
+        return {
+            "dp_rank": 0,
+            "num_running_reqs": running,
+            "num_waiting_reqs": 0,
+            "num_total_reqs": running,
+            "num_used_tokens": self._worker.num_tokens,
+            "max_total_num_tokens": self._served.max_context_length * max(running, 1),
+            "weight_version": self._worker.weight_version,
+        }
+
+    async def loads(self, request: web.Request) -> web.Response:
+        """SGLang's `GET /v1/loads` (its `include=` selector is accepted; every field is sent)."""
+        now = datetime.datetime.now(datetime.UTC).isoformat()
+        return web.json_response({"timestamp": now, "dp_rank_count": 1, "loads": [self._rank_load()]})
+
+    async def get_load(self, request: web.Request) -> web.Response:
+        """SGLang's older `GET /get_load`: one entry per data-parallel rank."""
+        load = self._rank_load()
+        return web.json_response(
+            [
+                {
+                    "dp_rank": 0,
+                    "num_reqs": load["num_total_reqs"],
+                    "num_waiting_reqs": 0,
+                    "num_tokens": load["num_used_tokens"],
+                }
+            ]
+        )
 
     async def health_generate(self, request: web.Request) -> web.Response:
         body = GenerateBody(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0})
@@ -318,13 +369,13 @@ class EngineServer:
                 while out.finish_reason is None:
                     out.add(await events.get())
         except TimeoutError:
-            return web.json_response({"error": {"message": "no token within the health timeout"}}, status=503)
+            return error_response(503, "no token within the health timeout")
         finally:
             if out.finish_reason is None:
                 self._worker.abort(rid)
             self._active_rids.discard(rid)
         if out.finish_reason["type"] == "abort" or not out.output_ids:
-            return web.json_response({"error": {"message": out.finish_reason.get("message")}}, status=503)
+            return error_response(503, str(out.finish_reason.get("message")))
         return web.Response(text="")
 
     async def get_model_info(self, request: web.Request) -> web.Response:
@@ -377,7 +428,7 @@ class EngineServer:
                 status = 502 if isinstance(exc, WeightTransferError) else status
                 message = f"pulling weight version {body.weight_version} from {body.url} failed: {exc}"
                 logger.warning("%s", message)
-                return web.json_response({"error": {"message": message}, "success": False}, status=status)
+                return error_response(status, message)
             answer = await self._load(
                 result.weights.state_dict, body.weight_version, full=True, abort=False, pulled=result.weights
             )
@@ -431,31 +482,50 @@ async def _parse(request: web.Request, model: type[ModelT], limit: int, allow_em
     def validate(data: dict[str, Any]) -> ModelT:
         if not data and allow_empty:
             return model()
-        if (
-            isinstance(data.get("input_ids"), list)
-            and data["input_ids"]
-            and isinstance(data["input_ids"][0], list)
-        ):
-            raise BadRequest("batched input_ids are not supported: send one request per sample")
-        try:
-            return model.model_validate(data)
-        except ValidationError as exc:
-            raise BadRequest(_describe(exc)) from None
+        return _validate(model, data)
 
     return await read_json_object(request, limit, validate)
+
+
+async def _parse_generate(request: web.Request, limit: int) -> GenerateBody | list[GenerateBody]:
+    """One `/generate` body, or the per-prompt bodies of a batched one."""
+
+    def validate(data: dict[str, Any]) -> GenerateBody | list[GenerateBody]:
+        try:
+            items = split_batch(data)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        if items is None:
+            return _validate(GenerateBody, data)
+        return [_validate(GenerateBody, item) for item in items]
+
+    return await read_json_object(request, limit, validate)
+
+
+def _validate(model: type[ModelT], data: dict[str, Any]) -> ModelT:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise BadRequest(_describe(exc)) from None
 
 
 def _describe(exc: ValidationError) -> str:
     problems = []
     for error in exc.errors():
-        where = ".".join(str(part) for part in error["loc"]) or "body"
+        where = ".".join(str(part) for part in error["loc"])
         message = "unknown field" if error["type"] == "extra_forbidden" else error["msg"]
-        problems.append(f"{where}: {message}")
+        message = message.removeprefix("Value error, ")
+        problems.append(f"{where}: {message}" if where else message)
     return "; ".join(problems)
 
 
-async def _send(response: web.StreamResponse, payload: dict[str, Any]) -> None:
-    await response.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+def decode_text(tokenizer: Any, token_ids: list[int], params: SamplingParams) -> str:
+    """Token ids as text, decoded as the request asked (special tokens, spaces between them)."""
+    return tokenizer.decode(
+        token_ids,
+        skip_special_tokens=params.skip_special_tokens,
+        spaces_between_special_tokens=params.spaces_between_special_tokens,
+    )
 
 
 @web.middleware
@@ -465,4 +535,4 @@ async def _errors_as_json(
     try:
         return await handler(request)
     except (BadRequest, UserError) as exc:
-        return web.json_response({"error": {"message": str(exc)}, "success": False}, status=400)
+        return error_response(400, str(exc))

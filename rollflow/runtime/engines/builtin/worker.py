@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from rollflow.runtime.engines.builtin.sampling import GREEDY_BELOW, SamplingOptions, sample_next_token
+from rollflow.runtime.engines.base import SamplingParams
+from rollflow.runtime.engines.builtin.sampling import GREEDY_BELOW, sample_next_token
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ class Sequence:
     rid: str
     # prompt followed by every generated token
     token_ids: list[int]
-    sampling: SamplingOptions
+    sampling: SamplingParams
     # called from the generation thread with each event; must be thread-safe and non-blocking
     emit: Callable[[TokenEvent], None]
     generator: torch.Generator | None = None
@@ -55,13 +56,30 @@ class Sequence:
     past_key_values: Any = None
     num_cached: int = 0
 
+    @property
+    def generated(self) -> list[int]:
+        return self.token_ids[len(self.token_ids) - self.num_generated :]
+
+
+Decode = Callable[[list[int], SamplingParams], str]
+"""Token ids -> text as the request asked it decoded (the stop strings are matched in it)."""
+
 
 class GenerationWorker:
     """Owns the model and runs every request on one thread; the other threads send it commands."""
 
-    def __init__(self, model: Any, eos_token_ids: set[int], weight_version: int, seed: int) -> None:
+    def __init__(
+        self,
+        model: Any,
+        eos_token_ids: set[int],
+        weight_version: int,
+        seed: int,
+        decode: Decode | None = None,
+    ) -> None:
+        """`decode` turns output tokens into text for stop strings; without it they are refused."""
         self._model = model
         self._eos_token_ids = eos_token_ids
+        self._decode = decode
         # all three are changed only by the generation thread
         self._running: dict[str, Sequence] = {}
         self._paused = False
@@ -89,6 +107,11 @@ class GenerationWorker:
     @property
     def paused(self) -> bool:
         return self._paused
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens (prompt and generated) of the running requests: what their KV caches hold."""
+        return sum(len(seq.token_ids) for seq in list(self._running.values()))
 
     def submit(self, seq: Sequence) -> None:
         self._commands.put(lambda: self._add(seq))
@@ -164,6 +187,9 @@ class GenerationWorker:
             except (RuntimeError, OverflowError) as exc:
                 seq.emit(self._request_error_event(f"sampling_seed {seed} cannot seed a generator: {exc}"))
                 return
+        if seq.sampling.stop and self._decode is None:
+            seq.emit(self._request_error_event("stop strings need a tokenizer, which this engine lacks"))
+            return
         if seq.sampling.max_new_tokens == 0:
             seq.emit(TokenEvent(None, None, self._weight_version, {"type": "length", "length": 0}))
             return
@@ -192,7 +218,9 @@ class GenerationWorker:
         out = self._model(input_ids=new_ids, past_key_values=seq.past_key_values, use_cache=True)
         seq.past_key_values = out.past_key_values
         seq.num_cached = len(seq.token_ids)
-        token_id, logprob = sample_next_token(out.logits[0, -1], seq.sampling, seq.generator)
+        token_id, logprob = sample_next_token(
+            out.logits[0, -1], seq.sampling, seq.generator, seq.generated, self._banned(seq)
+        )
         seq.token_ids.append(token_id)
         seq.num_generated += 1
         finish = self._finish_reason(seq, token_id)
@@ -200,12 +228,29 @@ class GenerationWorker:
             del self._running[seq.rid]
         seq.emit(TokenEvent(token_id, logprob, self._weight_version, finish))
 
+    def _banned(self, seq: Sequence) -> set[int]:
+        """Tokens that would end the request before its min_new_tokens: they cannot be drawn."""
+        params = seq.sampling
+        if seq.num_generated >= params.min_new_tokens:
+            return set()
+        return set(params.stop_token_ids) | (set() if params.ignore_eos else self._eos_token_ids)
+
     def _finish_reason(self, seq: Sequence, token_id: int) -> dict[str, Any] | None:
-        if token_id in seq.sampling.stop_token_ids or (
-            token_id in self._eos_token_ids and not seq.sampling.ignore_eos
-        ):
-            return {"type": "stop", "matched": token_id}
-        if seq.num_generated >= seq.sampling.max_new_tokens:
+        params = seq.sampling
+        if seq.num_generated >= params.min_new_tokens:
+            if token_id in params.stop_token_ids or (
+                token_id in self._eos_token_ids and not params.ignore_eos
+            ):
+                return {"type": "stop", "matched": token_id}
+            if params.stop:
+                # a stop string ending at the new token lies within its last few tokens (a token is
+                # at least one byte, a character at most four); earlier ones would have stopped it
+                window = 4 * max(len(stop) for stop in params.stop) + 4
+                text = self._decode(seq.generated[-window:], params)
+                matched = next((stop for stop in params.stop if stop in text), None)
+                if matched is not None:
+                    return {"type": "stop", "matched": matched}
+        if seq.num_generated >= params.max_new_tokens:
             return {"type": "length", "length": seq.num_generated}
         return None
 

@@ -1,0 +1,29 @@
+"""The one server-sent-events writer: `data: {json}` events ended by `data: [DONE]`, as SGLang,
+vLLM and OpenAI stream, used by the manager and the built-in engine alike."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+DONE = b"data: [DONE]\n\n"
+
+
+async def open_sse(request: web.Request) -> web.StreamResponse:
+    """Send the headers of an event stream; events follow with `send_event`."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    return response
+
+
+async def send_event(response: web.StreamResponse, payload: Any) -> None:
+    await response.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+
+
+async def close_sse(response: web.StreamResponse) -> web.StreamResponse:
+    """Write the `[DONE]` event and end the body."""
+    await response.write(DONE)
+    await response.write_eof()
+    return response

@@ -1,0 +1,52 @@
+"""What every route module of the manager's HTTP API shares: the app keys, the 400/404 errors in the
+one error shape, and body parsing (bad bytes and bad fields are a 400 naming the problem)."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from rollflow.config import describe_validation_error
+from rollflow.runtime.http.body import read_json_object
+from rollflow.runtime.http.errors import http_error
+from rollflow.runtime.manager.config import ManagerConfig
+from rollflow.runtime.manager.service import RolloutManager
+
+BodyT = TypeVar("BodyT", bound=BaseModel)
+
+MANAGER_KEY = web.AppKey("manager", RolloutManager)
+TOKENIZER_KEY = web.AppKey("tokenizer", object)
+
+
+class BadRequest(web.HTTPBadRequest):
+    def __init__(self, message: str) -> None:
+        super().__init__(text=http_error(web.HTTPBadRequest, message).text, content_type="application/json")
+
+
+def not_found(message: str) -> web.HTTPNotFound:
+    return http_error(web.HTTPNotFound, message)
+
+
+def body_limit(request: web.Request) -> int:
+    return int(request.app[MANAGER_KEY].config.max_body_mb * (1 << 20))
+
+
+def validate(model: type[BodyT], data: Any) -> BodyT:
+    """`data` as `model`, or a 400 naming every field that is wrong."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        message = describe_validation_error(model, exc, prefix="invalid request: ")
+        raise BadRequest(
+            message.replace(": : Value error, ", ": ").replace(": Value error, ", ": ")
+        ) from None
+
+
+async def parse_body(request: web.Request, model: type[BodyT]) -> BodyT:
+    return await read_json_object(request, body_limit(request), lambda data: validate(model, data))
+
+
+def config(request: web.Request) -> ManagerConfig:
+    return request.app[MANAGER_KEY].config

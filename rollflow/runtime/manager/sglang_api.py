@@ -1,0 +1,290 @@
+"""SGLang's serving routes on the manager, as sgl-router serves them to slime, AReaL, SkyRL and verl.
+
+POST /generate        one prompt (JSON answer or SSE stream) or a batch (a list of prompts: a list
+                      of answers); every sample is tracked, routed and resumed by the manager
+POST /abort_request   {"rid": ...} or {"abort_all": true} (the token, when set): the sample ends with finish_reason
+                      abort and the tokens it has (SGLang's meta_info), and is not resumed
+GET  /v1/loads        the load the manager holds per worker (sgl-router's aggregate), and its queue
+GET  /get_load        per worker, in the fields of SGLang's older per-rank list
+
+A request whose own input an engine refuses (a token outside the vocabulary, a prompt too long for
+the model) is answered with that 4xx and the engine's message, not a 200 with nothing in it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from typing import Any
+
+from aiohttp import web
+
+from rollflow.runtime.engines.base import SamplingParams
+from rollflow.runtime.engines.sglang_io import SamplingParamsBody, split_batch
+from rollflow.runtime.http.auth import require_bearer
+from rollflow.runtime.http.body import read_json_object
+from rollflow.runtime.http.sse import close_sse, open_sse, send_event
+from rollflow.runtime.manager.config import ManagerConfig
+from rollflow.runtime.manager.edge import (
+    MANAGER_KEY,
+    TOKENIZER_KEY,
+    BadRequest,
+    body_limit,
+    parse_body,
+    validate,
+)
+from rollflow.runtime.manager.protocol import AbortBody, GenerateBody
+from rollflow.runtime.manager.samples import Sample, SampleState
+from rollflow.runtime.manager.service import RolloutManager
+
+RIDS_KEY = web.AppKey("rids", dict)
+"""rid of a running `/generate` -> its sample, for `/abort_request`."""
+
+
+def sampling_params(body: SamplingParamsBody, config: ManagerConfig) -> SamplingParams:
+    """The engines' sampling parameters, within this manager's limits (a 400 past them)."""
+    params = body.to_params()
+    if params.max_new_tokens > config.max_new_tokens_limit:
+        raise BadRequest(
+            f"sampling_params.max_new_tokens={params.max_new_tokens} exceeds this manager's limit "
+            f"of {config.max_new_tokens_limit} (max_new_tokens_limit)"
+        )
+    if params.max_new_tokens < 1:
+        raise BadRequest("sampling_params.max_new_tokens must be at least 1 on the manager")
+    return params
+
+
+def check_prompt(prompt: list[int], config: ManagerConfig, where: str) -> None:
+    if len(prompt) > config.max_prompt_tokens:
+        raise BadRequest(
+            f"{where} has {len(prompt)} tokens, above max_prompt_tokens={config.max_prompt_tokens}"
+        )
+
+
+def output_text(sample: Sample, tokenizer: Any) -> str:
+    """The sample's text: decoded here with the manager's tokenizer (as the request asked, the stop
+    string trimmed as SGLang trims it), else the text the engines sent."""
+    if tokenizer is None:
+        return sample.engine_text
+    params = sample.sampling
+    text = tokenizer.decode(sample.output_ids, skip_special_tokens=params.skip_special_tokens)
+    if sample.finish_reason == "stop" and not params.no_stop_trim:
+        cut = min((text.find(stop) for stop in params.stop if stop in text), default=-1)
+        text = text[:cut] if cut >= 0 else text
+    return text
+
+
+def generate_payload(sample: Sample, body: GenerateBody, rid: str, tokenizer: Any) -> dict:
+    """SGLang's answer: text, output ids and meta_info (with rollflow's spans and resumes)."""
+    meta: dict = {
+        "id": rid,
+        "prompt_tokens": len(sample.prompt_ids),
+        "completion_tokens": len(sample.output_ids),
+        "finish_reason": None,
+        "weight_version": sample.weight_version,
+        "spans": [span.to_json() for span in sample.spans],
+        "resumes": sample.resumes,
+    }
+    if sample.state == SampleState.FINISHED and sample.finish_reason == "abort":
+        meta["finish_reason"] = {"type": "abort", "message": sample.error}
+    elif sample.state == SampleState.FINISHED:
+        meta["finish_reason"] = {"type": sample.finish_reason}
+    elif sample.state == SampleState.FAILED:
+        meta["finish_reason"] = {"type": "abort", "message": sample.error}
+    if body.return_logprob:
+        texts = (
+            [tokenizer.decode([token]) for token in sample.output_ids]
+            if body.return_text_in_logprobs
+            else [None] * len(sample.output_ids)
+        )
+        meta["output_token_logprobs"] = [
+            [logprob, token, text]
+            for logprob, token, text in zip(sample.output_logprobs, sample.output_ids, texts, strict=True)
+        ]
+    return {"text": output_text(sample, tokenizer), "output_ids": list(sample.output_ids), "meta_info": meta}
+
+
+class _Request:
+    """One prompt of a /generate: its body, its sample and the rid clients abort it by."""
+
+    def __init__(self, request: web.Request, body: GenerateBody) -> None:
+        manager = request.app[MANAGER_KEY]
+        self.tokenizer = request.app[TOKENIZER_KEY]
+        self.body = body
+        self.rids: dict[str, Sample] = request.app[RIDS_KEY]
+        if body.return_text_in_logprobs and self.tokenizer is None:
+            raise BadRequest(
+                "return_text_in_logprobs needs a tokenizer: start the manager with `tokenizer:` set"
+            )
+        if body.rid is not None and body.rid in self.rids:
+            raise BadRequest(f"rid {body.rid!r} is already in use by a running request")
+        self.prompt = self._prompt(manager.config)
+        self.params = sampling_params(body.sampling_params, manager.config)
+
+    def _prompt(self, config: ManagerConfig) -> list[int]:
+        if self.body.text is not None:
+            if self.tokenizer is None:
+                raise BadRequest(
+                    "text prompts need a tokenizer: start the manager with `tokenizer:` set, or send input_ids"
+                )
+            prompt = self.tokenizer.encode(self.body.text).ids
+        else:
+            prompt = list(self.body.input_ids)
+        check_prompt(prompt, config, "the prompt")
+        return prompt
+
+    sample: Sample  # set by submit
+    rid: str
+
+    def submit(self, manager: RolloutManager) -> Sample:
+        self.sample = manager.submit_sample(self.prompt, self.params, self.body.allow_off_policy)
+        self.rid = self.body.rid or self.sample.sample_id
+        self.rids[self.rid] = self.sample
+        return self.sample
+
+    def payload(self) -> dict:
+        return generate_payload(self.sample, self.body, self.rid, self.tokenizer)
+
+    def refusal(self) -> BadRequest | None:
+        """The 4xx to answer when an engine refused the request's own input."""
+        return BadRequest(self.sample.error or "refused") if self.sample.refused else None
+
+    def release(self, manager: RolloutManager) -> None:
+        self.rids.pop(self.rid, None)
+        manager.release(self.sample)
+
+
+async def _finished(manager: RolloutManager, sample: Sample) -> None:
+    while sample.state < SampleState.FINISHED:
+        await manager.wait_for_update(sample)
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    manager = request.app[MANAGER_KEY]
+    bodies, batched = await read_json_object(request, body_limit(request), _generate_bodies)
+    requests = [_Request(request, body) for body in bodies]  # every prompt checked before any runs
+    for req in requests:
+        req.submit(manager)
+    try:
+        if not batched and bodies[0].stream:
+            return await _stream(request, manager, requests[0])
+        await asyncio.gather(*(_finished(manager, req.sample) for req in requests))
+        refusal = next((r.refusal() for r in requests if r.refusal() is not None), None)
+        if refusal is not None:
+            raise refusal
+        if batched:  # a batch answers a list, in prompt order
+            return web.json_response([req.payload() for req in requests])
+        return web.json_response(requests[0].payload())
+    finally:
+        for req in requests:
+            req.release(manager)
+
+
+def _generate_bodies(data: dict) -> tuple[list[GenerateBody], bool]:
+    """The body of each prompt, and whether they came as a batch (a batch of one answers a list)."""
+    try:
+        items = split_batch(data)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+    if items is None:
+        return [validate(GenerateBody, data)], False
+    return [validate(GenerateBody, item) for item in items], True
+
+
+async def _stream(request: web.Request, manager: RolloutManager, req: _Request) -> web.StreamResponse:
+    """SSE events with the whole output so far, as SGLang streams by default. The stream opens with
+    the first tokens (or the end), so a request an engine refuses is still answered with its 4xx."""
+    sample = req.sample
+    while not sample.output_ids and sample.state < SampleState.FINISHED:
+        await manager.wait_for_update(sample)
+    refusal = req.refusal()
+    if refusal is not None:
+        raise refusal
+    response = await open_sse(request)
+    sent = -1
+    while True:
+        if len(sample.output_ids) > sent or sample.state >= SampleState.FINISHED:
+            sent = len(sample.output_ids)
+            await send_event(response, req.payload())
+        if sample.state >= SampleState.FINISHED:
+            break
+        await manager.wait_for_update(sample)
+    return await close_sse(response)
+
+
+async def abort_request(request: web.Request) -> web.Response:
+    manager = request.app[MANAGER_KEY]
+    body = await parse_body(request, AbortBody)
+    rids: dict[str, Sample] = request.app[RIDS_KEY]
+    batch_samples = [s for batch in manager.batches.values() for s in batch.samples]
+    if body.abort_all:
+        require_bearer(request, manager.config.token, "abort_all")  # it ends everyone's samples
+        targets = [*rids.values(), *batch_samples]
+        message = "aborted by abort_request (abort_all)"
+    elif body.rid:
+        sample = rids.get(body.rid) or next((s for s in batch_samples if s.sample_id == body.rid), None)
+        targets = [sample] if sample is not None else []
+        message = f"aborted by abort_request (rid {body.rid})"
+    else:
+        raise BadRequest("give rid, or abort_all: true")
+    targets = [sample for sample in targets if sample.state < SampleState.FINISHED]
+    for sample in targets:
+        manager.abort_sample(sample, message)
+    return web.json_response({"success": True, "num_aborted": len(targets)})
+
+
+def _worker_loads(manager: RolloutManager) -> list[dict]:
+    return [
+        {
+            "worker": engine.url,
+            "id": engine.engine_id,
+            "num_running_reqs": len(engine.running),
+            "num_waiting_reqs": 0,
+            "num_total_reqs": len(engine.running),
+            "capacity": engine.capacity,
+            "weight_version": engine.weight_version,
+        }
+        for engine in manager.registry.live()
+    ]
+
+
+async def loads(request: web.Request) -> web.Response:
+    """sgl-router's aggregate of its workers' loads, from what the manager holds on each; samples
+    waiting in the manager's own queue are `num_waiting_reqs` at the top."""
+    manager = request.app[MANAGER_KEY]
+    workers = _worker_loads(manager)
+    return web.json_response(
+        {
+            "timestamp": datetime.datetime.now(datetime.UTC).isoformat(),
+            "total_workers": len(workers),
+            "successful": len(workers),
+            "failed": 0,
+            "num_waiting_reqs": manager.num_queued,
+            "num_running_reqs": sum(w["num_running_reqs"] for w in workers),
+            "loads": workers,
+        }
+    )
+
+
+async def get_load(request: web.Request) -> web.Response:
+    manager = request.app[MANAGER_KEY]
+    return web.json_response(
+        [
+            {"worker": w["worker"], "num_reqs": w["num_running_reqs"], "num_waiting_reqs": 0}
+            for w in _worker_loads(manager)
+        ]
+    )
+
+
+def routes() -> list[web.RouteDef]:
+    return [
+        web.post("/generate", generate),
+        web.post("/abort_request", abort_request),
+        web.get("/v1/loads", loads),
+        web.get("/get_load", get_load),
+    ]
+
+
+def setup(app: web.Application) -> None:
+    app[RIDS_KEY] = {}
+    app.add_routes(routes())
