@@ -44,7 +44,7 @@ from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.metrics import ManagerMetrics
 from rollflow.runtime.manager.packing import GroupPacker
 from rollflow.runtime.manager.registry import EngineRecord, Registry
-from rollflow.runtime.manager.samples import Sample, SampleState
+from rollflow.runtime.manager.samples import Sample, SampleRun, SampleState
 
 log = logging.getLogger("rollflow.manager")
 
@@ -143,10 +143,7 @@ class RolloutManager:
         self.balancer = OffloadBalancer(config.offload.settings()) if config.offload.enabled else None
         self.batches: dict[str, Batch] = {}
         self._queue: deque[Sample] = deque()
-        self._attempts: dict[str, asyncio.Task] = {}
-        self._move_reasons: dict[str, str] = {}
-        self._watchers: dict[str, asyncio.Event] = {}
-        self._resumed_at: dict[str, float] = {}  # sample id -> when its last attempt ended early
+        self._runs: dict[str, SampleRun] = {}  # sample id -> live state, while the manager tracks it
         self._seq = itertools.count()
         self._wake = asyncio.Event()
         self._background: set[asyncio.Task] = set()
@@ -197,7 +194,7 @@ class RolloutManager:
                 await asyncio.sleep(min(ENGINE_STARTUP_POLL_S, max(0.0, deadline - loop.time())))
 
     async def close(self) -> None:
-        tasks = [*self._background, *self._attempts.values()]
+        tasks = [*self._background, *(run.task for run in self._runs.values() if run.task is not None)]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -419,7 +416,7 @@ class RolloutManager:
         for state, count in counts.items():
             self.metrics.engines.labels(state).set(count)
         self.metrics.queue_depth.set(len(self._queue))
-        self.metrics.running_samples.set(len(self._attempts))
+        self.metrics.running_samples.set(sum(len(e.running) for e in self.registry.all()))
 
     # ------------------------------------------------------------------ samples
 
@@ -437,7 +434,7 @@ class RolloutManager:
             sampling=sampling,
             allow_off_policy=allow_off_policy,
         )
-        self._watchers[sample.sample_id] = asyncio.Event()
+        self._runs[sample.sample_id] = SampleRun(sample, watcher=asyncio.Event())
         self._enqueue(sample)
         return sample
 
@@ -464,6 +461,8 @@ class RolloutManager:
         budget = self.balancer.budget_s if self.balancer is not None else None
         batch = Batch(batch_id, groups, GroupPacker(groups), budget)
         self.batches[batch_id] = batch
+        for sample in batch.samples:
+            self._runs[sample.sample_id] = SampleRun(sample)
         self._queue.extend(batch.samples)
         if budget is not None:
             loop.call_later(budget, self._expire_budget, batch)
@@ -484,6 +483,7 @@ class RolloutManager:
                 self._move(sample.sample_id, "cancelled")
                 sample.state = SampleState.FAILED
                 sample.error = "batch cancelled"
+            self._runs.pop(sample.sample_id, None)
         self._queue = deque(s for s in self._queue if s.batch_id != batch_id)
 
     def report_step(
@@ -498,7 +498,7 @@ class RolloutManager:
 
     async def wait_for_update(self, sample: Sample) -> None:
         """Return once the sample has new tokens or a final state."""
-        event = self._watchers[sample.sample_id]
+        event = self._runs[sample.sample_id].watcher
         await event.wait()
         event.clear()
 
@@ -509,7 +509,7 @@ class RolloutManager:
             sample.state = SampleState.FAILED
             sample.error = "client went away"
             self._queue = deque(s for s in self._queue if s is not sample)
-        self._watchers.pop(sample.sample_id, None)
+        self._runs.pop(sample.sample_id, None)
 
     def _enqueue(self, sample: Sample, front: bool = False) -> None:
         sample.state = SampleState.WAITING
@@ -521,9 +521,9 @@ class RolloutManager:
         self._wake.set()
 
     def _notify(self, sample: Sample) -> None:
-        event = self._watchers.get(sample.sample_id)
-        if event is not None:
-            event.set()
+        run = self._runs.get(sample.sample_id)
+        if run is not None and run.watcher is not None:
+            run.watcher.set()
 
     # ----------------------------------------------------------------- dispatch
 
@@ -585,16 +585,17 @@ class RolloutManager:
     def _start_attempt(self, sample: Sample, engine: EngineRecord) -> None:
         sample.begin_attempt(engine.engine_id)
         engine.running[sample.sample_id] = sample.remaining_tokens
-        task = asyncio.get_running_loop().create_task(self._run_attempt(sample, engine))
-        self._attempts[sample.sample_id] = task
+        run = self._runs[sample.sample_id]
+        run.task = asyncio.get_running_loop().create_task(self._run_attempt(run, engine))
 
     def _move(self, sample_id: str, reason: str) -> None:
         """End a running attempt early; `_run_attempt` puts the sample back in the queue."""
-        task = self._attempts.get(sample_id)
-        if task is asyncio.current_task():
-            return  # the attempt that noticed the failure resumes its own sample
-        if task is not None and not task.done() and sample_id not in self._move_reasons:
-            self._move_reasons[sample_id] = reason
+        run = self._runs.get(sample_id)
+        task = run.task if run is not None else None
+        if task is None or task is asyncio.current_task():
+            return  # no attempt, or the attempt that noticed the failure resumes its own sample
+        if not task.done() and run.move_reason is None:
+            run.move_reason = reason
             task.cancel()
 
     def _expire_budget(self, batch: Batch) -> None:
@@ -615,19 +616,20 @@ class RolloutManager:
 
     # ------------------------------------------------------------------ streaming
 
-    async def _run_attempt(self, sample: Sample, engine: EngineRecord) -> None:
+    async def _run_attempt(self, run: SampleRun, engine: EngineRecord) -> None:
+        sample = run.sample
         rid = f"{sample.sample_id}.{sample.attempts}"
         try:
-            outcome = await self._stream(sample, engine, rid)
+            outcome = await self._stream(run, engine, rid)
         except asyncio.CancelledError:
-            outcome = self._move_reasons.pop(sample.sample_id, None)
+            outcome, run.move_reason = run.move_reason, None
             if outcome is None:
                 raise  # the manager is shutting down
             asyncio.current_task().uncancel()
             self._spawn(self._abort_quietly(engine, rid))
         finally:
             engine.running.pop(sample.sample_id, None)
-            self._attempts.pop(sample.sample_id, None)
+            run.task = None
             self._wake.set()
         if outcome == "cancelled":
             return
@@ -647,8 +649,9 @@ class RolloutManager:
         else:
             self._resume(sample, outcome)
 
-    async def _stream(self, sample: Sample, engine: EngineRecord, rid: str) -> str | None:
+    async def _stream(self, run: SampleRun, engine: EngineRecord, rid: str) -> str | None:
         """Stream one attempt; return None when the sample finished, else why it must resume."""
+        sample = run.sample
         params = dataclasses.replace(sample.sampling, max_new_tokens=sample.remaining_tokens)
         stream = engine.client.generate(rid, sample.prompt_ids + sample.output_ids, params)
         # the next chunk is awaited as a task so that a stall window can pass without cancelling it
@@ -684,9 +687,9 @@ class RolloutManager:
                     engine.weight_version = chunk.weight_version
                 tokens = chunk.token_ids[: sample.remaining_tokens]
                 if tokens:
-                    resumed_at = self._resumed_at.pop(sample.sample_id, None)
-                    if resumed_at is not None:
-                        self.metrics.resume_delay.observe(asyncio.get_running_loop().time() - resumed_at)
+                    if run.resumed_at is not None:
+                        self.metrics.resume_delay.observe(asyncio.get_running_loop().time() - run.resumed_at)
+                        run.resumed_at = None
                     sample.record(
                         engine.engine_id,
                         engine.url,
@@ -736,7 +739,7 @@ class RolloutManager:
         log.info(
             "sample %s resumes (%s) with %d tokens kept", sample.sample_id, reason, len(sample.output_ids)
         )
-        self._resumed_at[sample.sample_id] = asyncio.get_running_loop().time()
+        self._runs[sample.sample_id].resumed_at = asyncio.get_running_loop().time()
         self._enqueue(sample, front=True)
 
     def _finish(self, sample: Sample) -> None:
@@ -746,7 +749,9 @@ class RolloutManager:
 
     def _complete(self, sample: Sample) -> None:
         sample.engine_id = None
-        self._resumed_at.pop(sample.sample_id, None)
+        run = self._runs.get(sample.sample_id)
+        if run is not None and run.watcher is None:
+            del self._runs[sample.sample_id]  # a batch's sample: its batch holds it from here on
         self.metrics.finished_samples.labels(sample.state.name.lower()).inc()
         batch = self.batches.get(sample.batch_id)
         if batch is not None:
