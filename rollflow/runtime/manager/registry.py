@@ -75,6 +75,10 @@ class Registry:
         self._engines[record.engine_id] = record
         return record
 
+    def continue_ids(self, next_id: int) -> None:
+        """Number new engines from `next_id` on (a restarted manager: ids in journaled spans stay unique)."""
+        self._ids = itertools.count(next_id)
+
     def get(self, engine_id: int) -> EngineRecord | None:
         return self._engines.get(engine_id)
 

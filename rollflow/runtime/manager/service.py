@@ -40,7 +40,9 @@ from rollflow.runtime.engines.base import (
     SamplingParams,
 )
 from rollflow.runtime.engines.clients import make_client
+from rollflow.runtime.manager import recovery
 from rollflow.runtime.manager.config import ManagerConfig
+from rollflow.runtime.manager.journal import Journal
 from rollflow.runtime.manager.metrics import ManagerMetrics
 from rollflow.runtime.manager.packing import GroupPacker
 from rollflow.runtime.manager.registry import EngineRecord, Registry
@@ -91,6 +93,7 @@ class Batch:
     offloaded: bool = False
     completed: list[Sample] = field(default_factory=list)  # samples in completion order
     deleted: str | None = None  # why the batch went away (DELETE /batches/{id}), once it did
+    handouts: list[list[int]] = field(default_factory=list)  # group indexes of each micro-batch handed out
     _waiters: list[asyncio.Future] = field(default_factory=list)
 
     def changed(self) -> asyncio.Future:
@@ -144,6 +147,8 @@ class RolloutManager:
         self.batches: dict[str, Batch] = {}
         self._queue: deque[Sample] = deque()
         self._runs: dict[str, SampleRun] = {}  # sample id -> live state, while the manager tracks it
+        self.journal: Journal | None = None  # with `journal:` set, from start() on
+        self._restarts = 0  # managers that ran on this journal before this one (a part of each rid)
         self._seq = itertools.count()
         self._wake = asyncio.Event()
         self._background: set[asyncio.Task] = set()
@@ -158,12 +163,15 @@ class RolloutManager:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s)
         self._session = aiohttp.ClientSession(connector=connector, timeout=timeout)
         self._last_tick = asyncio.get_running_loop().time()
+        snapshot = await recovery.restore(self) if self.config.journal else None
         self._spawn(self._dispatch_loop())
         self._spawn(self._health_loop())
         self._spawn(self._loop_watch())
         try:
             for entry in self.config.engines:
                 await self._add_configured_engine(entry)
+            if snapshot is not None:
+                await recovery.rejoin_engines(self, snapshot)
         except BaseException:
             await self.close()  # no task or session outlives a manager that failed to start
             raise
@@ -198,6 +206,8 @@ class RolloutManager:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self.journal is not None:
+            await self.journal.close()
         if self._session is not None:
             await self._session.close()
 
@@ -251,11 +261,31 @@ class RolloutManager:
             api_key=api_key,
         )
         log.info("engine %d joined: %s kind=%s version=%s", engine.engine_id, url, kind, version)
+        self._journal_engine(engine)
         if kind != "local":
             for batch in self.batches.values():
                 if batch.offloaded:
                     self._move_local_samples(batch)
         self._wake.set()
+        return engine
+
+    def add_failed_engine(
+        self, url: str, kind: InstanceKind, engine_type: str, capacity: int, api_key: str | None
+    ) -> EngineRecord:
+        """An engine known from before a restart that does not answer yet: set aside in the circuit
+        breaker, whose half-open checks register it again once it answers."""
+        client = make_client(engine_type, url, self._session, api_key=api_key)
+        engine = self.registry.add(
+            url=url,
+            kind=kind,
+            engine_type=engine_type,
+            capacity=capacity,
+            client=client,
+            weight_version=None,
+            api_key=api_key,
+        )
+        engine.state = "failed"
+        self._open_breaker(engine)
         return engine
 
     async def remove_engine(self, engine_id: int) -> EngineRecord:
@@ -267,6 +297,8 @@ class RolloutManager:
         self._retire(engine, "removed", reason="engine_removed")
         engine.state = "removed"  # a failed engine is removed too
         self.registry.forget(engine_id)
+        if self.journal is not None:
+            self.journal.engine_removed(engine.url)
         self._update_gauges()
         return engine
 
@@ -312,8 +344,14 @@ class RolloutManager:
             raise EngineUnavailable(f"engine {engine_id} reports version {loaded} after loading {version}")
         engine.weight_version = version
         engine.state = "healthy"
+        self._journal_engine(engine)
         self._wake.set()
         return engine
+
+    def _journal_engine(self, engine: EngineRecord) -> None:
+        if self.journal is not None:
+            self.journal.engine_registered(engine.url, recovery.engine_record(engine))
+            self.journal.set_state("next_engine_id", engine.engine_id + 1)
 
     def _retire(self, engine: EngineRecord, state: str, reason: str) -> None:
         if engine.state in ("failed", "removed"):
@@ -439,9 +477,16 @@ class RolloutManager:
         return sample
 
     def submit_batch(
-        self, prompts: list[list[int]], n: int, sampling: SamplingParams, allow_off_policy: bool = False
+        self,
+        prompts: list[list[int]],
+        n: int,
+        sampling: SamplingParams,
+        allow_off_policy: bool = False,
+        batch_id: str | None = None,
     ) -> Batch:
-        batch_id = uuid.uuid4().hex[:12]
+        """A batch of `n` samples per prompt; `batch_id` (the client's, so that a retried submission
+        finds its batch) must be new."""
+        batch_id = batch_id or uuid.uuid4().hex[:12]
         groups = [
             [
                 Sample(
@@ -464,6 +509,9 @@ class RolloutManager:
         for sample in batch.samples:
             self._runs[sample.sample_id] = SampleRun(sample)
         self._queue.extend(batch.samples)
+        if self.journal is not None:
+            submission = recovery.batch_submission(prompts, n, sampling, allow_off_policy, budget)
+            self.journal.batch_submitted(batch_id, submission, batch.samples)
         if budget is not None:
             loop.call_later(budget, self._expire_budget, batch)
         self._wake.set()
@@ -474,6 +522,8 @@ class RolloutManager:
         samples stop). `deleted` says why a batch was dropped unfinished: its waiting `next` calls
         and sample streams end with that message."""
         batch = self.batches.pop(batch_id)
+        if self.journal is not None:
+            self.journal.batch_gone(batch_id)
         if deleted is not None:
             batch.deleted = deleted
             batch.packer.cancel(deleted)
@@ -492,9 +542,22 @@ class RolloutManager:
         """The trainer's measurement of one step; returns the next local budget (None if offload is off)."""
         self.num_step_reports += 1
         self.last_step_report = {"step_time_s": step_time_s, "bubble_s": bubble_s, "rollout_s": rollout_s}
-        if self.balancer is None:
-            return None
-        return self.balancer.update(StepReport(step_time_s, bubble_s))
+        budget = (
+            self.balancer.update(StepReport(step_time_s, bubble_s)) if self.balancer is not None else None
+        )
+        if self.journal is not None:
+            self.journal.set_state("step_reports", recovery.step_reports(self))
+        return budget
+
+    async def hand_out(self, batch: Batch, groups: list[list[Sample]]) -> None:
+        """Note a micro-batch handed to the trainer; with a journal, it is on disk before the trainer
+        hears of it, so a restarted manager never hands those groups out again."""
+        if not groups:
+            return
+        batch.handouts.append([group[0].group_index for group in groups])
+        if self.journal is not None:
+            self.journal.handed_out(batch.batch_id, len(batch.handouts) - 1, batch.handouts[-1])
+            await self.journal.durable()
 
     async def wait_for_update(self, sample: Sample) -> None:
         """Return once the sample has new tokens or a final state."""
@@ -582,9 +645,16 @@ class RolloutManager:
             engines = [e for e in engines if e.kind != "local"]
         return engines
 
+    def _rid(self, sample: Sample) -> str:
+        """The engine's request id of the sample's current attempt, unique across manager restarts."""
+        rid = f"{sample.sample_id}.{sample.attempts}"
+        return f"{rid}.r{self._restarts}" if self._restarts else rid
+
     def _start_attempt(self, sample: Sample, engine: EngineRecord) -> None:
         sample.begin_attempt(engine.engine_id)
         engine.running[sample.sample_id] = sample.remaining_tokens
+        if self.journal is not None:
+            self.journal.attempt_started(sample, self._rid(sample), engine.url)
         run = self._runs[sample.sample_id]
         run.task = asyncio.get_running_loop().create_task(self._run_attempt(run, engine))
 
@@ -602,6 +672,8 @@ class RolloutManager:
         if self.batches.get(batch.batch_id) is not batch or batch.done:
             return
         batch.offloaded = True
+        if self.journal is not None:
+            self.journal.batch_offloaded(batch.batch_id)
         log.info("batch %s: local budget of %.2fs expired", batch.batch_id, batch.budget_s)
         self._move_local_samples(batch)
         self._wake.set()
@@ -618,7 +690,7 @@ class RolloutManager:
 
     async def _run_attempt(self, run: SampleRun, engine: EngineRecord) -> None:
         sample = run.sample
-        rid = f"{sample.sample_id}.{sample.attempts}"
+        rid = self._rid(sample)
         try:
             outcome = await self._stream(run, engine, rid)
         except asyncio.CancelledError:
@@ -630,6 +702,8 @@ class RolloutManager:
         finally:
             engine.running.pop(sample.sample_id, None)
             run.task = None
+            if self.journal is not None:
+                self.journal.attempt_ended(sample)
             self._wake.set()
         if outcome == "cancelled":
             return
@@ -686,6 +760,7 @@ class RolloutManager:
                 if chunk.weight_version is not None:
                     engine.weight_version = chunk.weight_version
                 tokens = chunk.token_ids[: sample.remaining_tokens]
+                start = len(sample.output_ids)
                 if tokens:
                     if run.resumed_at is not None:
                         self.metrics.resume_delay.observe(asyncio.get_running_loop().time() - run.resumed_at)
@@ -702,15 +777,23 @@ class RolloutManager:
                     engine.window_tokens += len(tokens)
                     self.metrics.generated_tokens.labels(str(engine.engine_id)).inc(len(tokens))
                     self._notify(sample)
+                ended = chunk.finish_reason != "abort" and (
+                    chunk.finish_reason is not None or sample.remaining_tokens <= 0
+                )
+                if ended:
+                    sample.finish_reason = chunk.finish_reason or "length"
+                if self.journal is not None and (tokens or ended):
+                    self.journal.tokens(sample, start, engine.engine_id, engine.url, ended)
                 if chunk.finish_reason == "abort":
                     # the manager's own aborts cancel the attempt first, so this one is the engine's
                     why = chunk.message or "no reason given"
                     sample.error = f"engine {engine.engine_id} aborted the request: {why}"
                     return "request_failed"
-                if chunk.finish_reason is not None or sample.remaining_tokens <= 0:
-                    sample.finish_reason = chunk.finish_reason or "length"
+                if ended:
                     engine.consecutive_failures = 0  # the breaker's count: it served a whole sample
                     return None
+                if self.journal is not None:
+                    await self.journal.room()  # a crash may lose no more than the journal's bound
         finally:
             if pending is not None:
                 pending.cancel()
@@ -730,6 +813,8 @@ class RolloutManager:
         if self.config.resume == "restart" and sample.output_ids:
             self.metrics.regenerated_tokens.inc(len(sample.output_ids))
             sample.discard_output()
+            if self.journal is not None:
+                self.journal.output_discarded(sample)
         if sample.attempts >= self.config.max_attempts:
             sample.state = SampleState.FAILED
             sample.error = f"gave up after {sample.attempts} attempts (last: {reason})"
@@ -740,6 +825,8 @@ class RolloutManager:
             "sample %s resumes (%s) with %d tokens kept", sample.sample_id, reason, len(sample.output_ids)
         )
         self._runs[sample.sample_id].resumed_at = asyncio.get_running_loop().time()
+        if self.journal is not None:
+            self.journal.sample_changed(sample)
         self._enqueue(sample, front=True)
 
     def _finish(self, sample: Sample) -> None:
@@ -756,6 +843,8 @@ class RolloutManager:
         batch = self.batches.get(sample.batch_id)
         if batch is not None:
             batch.completed.append(sample)
+            if self.journal is not None:
+                self.journal.sample_changed(sample, completed=len(batch.completed) - 1)
             batch.packer.sample_done(sample)
             batch.notify()
         self._notify(sample)

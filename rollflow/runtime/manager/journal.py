@@ -1,0 +1,469 @@
+"""The manager's journal: its state in SQLite (WAL mode), so a manager killed mid-batch restarts
+where it was, and the tokens its engines generated are not generated again.
+
+One writer thread owns the connection. The event loop hands it small operations (an SQL statement
+and its parameters) through a list under a lock and never waits on disk: the thread commits what has
+gathered every `journal_flush_interval_ms`, at once when more than `journal_max_unflushed_tokens`
+tokens wait (the manager's streams then pause until they are written, which bounds what a crash can
+lose), or when a caller needs what it is about to answer to be on disk first (`durable()`: a
+micro-batch handed out, a line of the sample stream).
+
+A crash loses only what was not yet committed; SQLite's WAL replays to the last whole transaction,
+so a journal cut off mid-write (power loss, a truncated WAL) opens at its last commit.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import json
+import logging
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rollflow.errors import UserError
+from rollflow.runtime.manager.samples import Sample
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+"""Bumped whenever a table changes shape; a journal of another version is refused, never guessed at."""
+
+UNFINGERPRINTED_KEYS = frozenset(
+    {"host", "port", "token", "journal", "journal_flush_interval_ms", "journal_max_unflushed_tokens"}
+)
+"""Config keys a restart may change (where it listens, its secret, how it journals); any other change
+means another manager's journal."""
+
+BATCH_TABLES = ("batches", "samples", "chunks", "attempts", "handouts")
+"""Tables whose rows belong to one batch (a `batch_id` column), compacted away with it."""
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS batches (batch_id TEXT PRIMARY KEY, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS samples (
+    sample_id TEXT PRIMARY KEY, batch_id TEXT NOT NULL, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS chunks (
+    sample_id TEXT NOT NULL, batch_id TEXT NOT NULL, start INTEGER NOT NULL, attempt INTEGER NOT NULL,
+    engine_id INTEGER NOT NULL, engine_url TEXT NOT NULL, weight_version INTEGER,
+    token_ids BLOB NOT NULL, logprobs BLOB NOT NULL, PRIMARY KEY (sample_id, start));
+CREATE TABLE IF NOT EXISTS attempts (
+    sample_id TEXT PRIMARY KEY, batch_id TEXT NOT NULL, rid TEXT NOT NULL, engine_url TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS handouts (
+    batch_id TEXT NOT NULL, idx INTEGER NOT NULL, groups TEXT NOT NULL, PRIMARY KEY (batch_id, idx));
+CREATE TABLE IF NOT EXISTS engines (url TEXT PRIMARY KEY, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+class JournalRefused(UserError):
+    """A journal this manager must not continue from (another config, another schema, unreadable)."""
+
+
+@dataclass
+class Chunk:
+    """Tokens one attempt streamed, as journaled: enough to rebuild the sample's spans exactly."""
+
+    start: int
+    attempt: int
+    engine_id: int
+    engine_url: str
+    weight_version: int | None
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+@dataclass
+class Snapshot:
+    """What a journal holds, read back at start."""
+
+    restarts: int  # how many managers opened this journal before this one
+    batches: dict[str, dict] = field(default_factory=dict)  # batch id -> its submission
+    samples: dict[str, dict] = field(default_factory=dict)  # sample id -> its scalar state
+    chunks: dict[str, list[Chunk]] = field(default_factory=dict)  # sample id -> chunks in order
+    attempts: list[dict] = field(default_factory=list)  # attempts running when the manager stopped
+    handouts: dict[str, list[list[int]]] = field(default_factory=dict)  # batch id -> group indexes
+    engines: list[dict] = field(default_factory=list)
+    state: dict[str, Any] = field(default_factory=dict)  # balancer, step reports, id counters
+
+
+def fingerprint(config_dump: dict) -> dict:
+    """The part of a manager config that must match for a journal to be continued."""
+    return {key: value for key, value in config_dump.items() if key not in UNFINGERPRINTED_KEYS}
+
+
+def _ints(values: list[int]) -> bytes:
+    return array.array("q", values).tobytes()
+
+
+def _floats(values: list[float]) -> bytes:
+    return array.array("d", values).tobytes()
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    # NORMAL in WAL mode: a commit survives the process being killed; only power loss may undo the
+    # last commits, and the database stays whole either way
+    conn.execute("PRAGMA synchronous=NORMAL")
+    return conn
+
+
+def open_journal(path: str, config_dump: dict) -> tuple[sqlite3.Connection, Snapshot]:
+    """Open (or create) the journal at `path` for a manager of this config; blocking (run off the loop).
+
+    Raises JournalRefused naming the file when it belongs to another config or schema version, or
+    cannot be read as a journal at all.
+    """
+    file = Path(path)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    if not file.exists():
+        file.touch(mode=0o600)  # it holds engines' api keys
+    expected = fingerprint(config_dump)
+    try:
+        conn = _connect(file)
+        conn.executescript(SCHEMA)
+        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+    except sqlite3.DatabaseError as exc:
+        raise JournalRefused(f"journal {path} cannot be read ({exc}); move it away to start afresh") from None
+    if not meta:
+        with conn:
+            conn.execute("BEGIN")
+            conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            conn.execute("INSERT INTO meta VALUES ('config', ?)", (json.dumps(expected, sort_keys=True),))
+            conn.execute("INSERT INTO meta VALUES ('restarts', '0')")
+        return conn, Snapshot(restarts=0)
+    version = int(meta.get("schema_version", "-1"))
+    if version != SCHEMA_VERSION:
+        conn.close()
+        raise JournalRefused(
+            f"journal {path} has schema version {version}; this rollflow reads version {SCHEMA_VERSION}. "
+            "Finish its run with the rollflow that wrote it, or move it away to start afresh"
+        )
+    written = json.loads(meta["config"])
+    differs = sorted(key for key in expected.keys() | written.keys() if expected.get(key) != written.get(key))
+    if differs:
+        conn.close()
+        raise JournalRefused(
+            f"journal {path} was written by a manager with another config (differs in: {', '.join(differs)}); "
+            "restart with that config, or give this one a journal of its own"
+        )
+    snapshot = _read(conn, restarts=int(meta["restarts"]) + 1)
+    with conn:
+        conn.execute("BEGIN")
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'restarts'", (str(snapshot.restarts),))
+    return conn, snapshot
+
+
+def _read(conn: sqlite3.Connection, restarts: int) -> Snapshot:
+    snapshot = Snapshot(restarts=restarts)
+    for batch_id, body in conn.execute("SELECT batch_id, body FROM batches"):
+        snapshot.batches[batch_id] = json.loads(body)
+    for sample_id, body in conn.execute("SELECT sample_id, body FROM samples"):
+        snapshot.samples[sample_id] = json.loads(body)
+    rows = conn.execute(
+        "SELECT sample_id, start, attempt, engine_id, engine_url, weight_version, token_ids, logprobs "
+        "FROM chunks ORDER BY sample_id, start"
+    )
+    for sample_id, start, attempt, engine_id, url, version, tokens, logprobs in rows:
+        chunk = Chunk(
+            start,
+            attempt,
+            engine_id,
+            url,
+            version,
+            array.array("q", tokens).tolist(),
+            array.array("d", logprobs).tolist(),
+        )
+        snapshot.chunks.setdefault(sample_id, []).append(chunk)
+    for sample_id, rid, url in conn.execute("SELECT sample_id, rid, engine_url FROM attempts"):
+        snapshot.attempts.append({"sample_id": sample_id, "rid": rid, "engine_url": url})
+    for batch_id, _, groups in conn.execute(
+        "SELECT batch_id, idx, groups FROM handouts ORDER BY batch_id, idx"
+    ):
+        snapshot.handouts.setdefault(batch_id, []).append(json.loads(groups))
+    snapshot.engines = [json.loads(body) for (body,) in conn.execute("SELECT body FROM engines")]
+    snapshot.state = {key: json.loads(value) for key, value in conn.execute("SELECT key, value FROM state")}
+    return snapshot
+
+
+class Journal:
+    """The loop's side of the writer: every method only queues (a few microseconds), except `durable`
+    and `room`, which await the writer without blocking the loop."""
+
+    def __init__(self, conn: sqlite3.Connection, flush_interval_ms: int, max_unflushed_tokens: int) -> None:
+        self._conn = conn
+        self._interval_s = flush_interval_ms / 1000
+        self.max_unflushed_tokens = max_unflushed_tokens
+        self._lock = threading.Condition()
+        self._ops: list[tuple[str, tuple]] = []
+        self._ops_tokens = 0  # tokens in `_ops`
+        self._urgent = False
+        self._closing = False
+        self._open_chunks: dict[str, list] = {}  # sample id -> its last queued chunk's parameters
+        self._waiters: list[asyncio.Future] = []  # durable() callers of ops queued so far
+        self.unflushed_tokens = 0  # tokens queued or being written (loop side)
+        self.num_commits = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._failed: BaseException | None = None
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._write_forever, name="rollflow-journal", daemon=True)
+        self._thread.start()
+
+    async def close(self) -> None:
+        """Write what is queued and close the file."""
+        if self._thread is None:
+            return
+        with self._lock:
+            self._closing = True
+            self._lock.notify()
+        await asyncio.to_thread(self._thread.join)
+        self._thread = None
+        self._conn.close()
+
+    # ------------------------------------------------------------------ queueing (loop thread)
+
+    def _put(self, *ops: tuple[str, tuple], tokens: int = 0) -> None:
+        if self._failed is not None:
+            return  # the writer stopped (logged when it did); the manager serves on without a journal
+        with self._lock:
+            if not self._ops:
+                self._lock.notify()
+            self._ops.extend(ops)
+            self._ops_tokens += tokens
+            self.unflushed_tokens += tokens
+            if self.unflushed_tokens >= self.max_unflushed_tokens and not self._urgent:
+                self._urgent = True
+                self._lock.notify()
+
+    def put(self, sql: str, params: tuple = ()) -> None:
+        self._put((sql, params))
+
+    def put_tokens(
+        self,
+        sample_id: str,
+        batch_id: str,
+        chunk: Chunk,
+        sample_row: tuple[str, tuple] | None = None,
+    ) -> None:
+        """Append a sample's new tokens (and, in the same transaction, its row when it just ended).
+
+        Consecutive chunks of one attempt on one version, queued within one flush, become one row.
+        """
+        with self._lock:
+            queued = self._open_chunks.get(sample_id)
+            if (
+                queued is not None
+                and queued[1] + len(queued[5]) == chunk.start
+                and queued[2] == chunk.attempt
+                and queued[4] == chunk.weight_version
+            ):
+                queued[5].extend(chunk.token_ids)
+                queued[6].extend(chunk.logprobs)
+                ops = []
+            else:
+                queued = [
+                    batch_id,
+                    chunk.start,
+                    chunk.attempt,
+                    chunk.engine_id,
+                    chunk.weight_version,
+                    list(chunk.token_ids),
+                    list(chunk.logprobs),
+                    chunk.engine_url,
+                ]
+                self._open_chunks[sample_id] = queued
+                ops = [("chunk", (sample_id, queued))]
+        if sample_row is not None:
+            ops.append(sample_row)
+        self._put(*ops, tokens=len(chunk.token_ids))
+
+    # ------------------------------------------------------------------ the manager's events
+
+    def batch_submitted(self, batch_id: str, submission: dict, samples: list[Sample]) -> None:
+        ops = [("INSERT OR REPLACE INTO batches VALUES (?, ?)", (batch_id, json.dumps(submission)))]
+        ops += [self.sample_row(sample) for sample in samples]
+        self._put(*ops)
+
+    def batch_offloaded(self, batch_id: str) -> None:
+        self.put(
+            "UPDATE batches SET body = json_set(body, '$.offloaded', json('true')) WHERE batch_id = ?",
+            (batch_id,),
+        )
+
+    def batch_gone(self, batch_id: str) -> None:
+        """Compaction: a delivered or deleted batch leaves nothing behind."""
+        self._put(*((f"DELETE FROM {table} WHERE batch_id = ?", (batch_id,)) for table in BATCH_TABLES))
+
+    @staticmethod
+    def sample_row(sample: Sample, completed: int | None = None) -> tuple[str, tuple]:
+        body = {
+            "seq": sample.seq,
+            "group_index": sample.group_index,
+            "state": sample.state.name.lower(),
+            "finish_reason": sample.finish_reason,
+            "error": sample.error,
+            "attempts": sample.attempts,
+            "resumes": sample.resumes,
+            "request_failures": sample.request_failures,
+            "regenerated_tokens": sample.regenerated_tokens,
+            "completed": completed,
+        }
+        return "INSERT OR REPLACE INTO samples VALUES (?, ?, ?)", (
+            sample.sample_id,
+            sample.batch_id,
+            json.dumps(body),
+        )
+
+    def sample_changed(self, sample: Sample, completed: int | None = None) -> None:
+        if sample.batch_id is None:
+            return  # a single /generate request: its caller's connection ends with the manager anyway
+        self._put(self.sample_row(sample, completed))
+
+    def tokens(self, sample: Sample, start: int, engine_id: int, engine_url: str, ended: bool) -> None:
+        """The tokens `sample` holds from `start` on, just recorded; `ended`: the attempt ends with them
+        (the sample's finish reason goes in the same transaction, so a restart never resumes a sample
+        that had finished)."""
+        if sample.batch_id is None:
+            return
+        if start == len(sample.output_ids):
+            self.sample_changed(sample)
+            return
+        version = sample.spans[-1].weight_version
+        chunk = Chunk(
+            start,
+            sample.attempts,
+            engine_id,
+            engine_url,
+            version,
+            sample.output_ids[start:],
+            sample.output_logprobs[start:],
+        )
+        self.put_tokens(sample.sample_id, sample.batch_id, chunk, self.sample_row(sample) if ended else None)
+
+    def output_discarded(self, sample: Sample) -> None:
+        if sample.batch_id is None:
+            return
+        self._put(("DELETE FROM chunks WHERE sample_id = ?", (sample.sample_id,)), self.sample_row(sample))
+
+    def attempt_started(self, sample: Sample, rid: str, engine_url: str) -> None:
+        if sample.batch_id is None:
+            return
+        self._put(
+            (
+                "INSERT OR REPLACE INTO attempts VALUES (?, ?, ?, ?)",
+                (sample.sample_id, sample.batch_id, rid, engine_url),
+            ),
+            self.sample_row(sample),
+        )
+
+    def attempt_ended(self, sample: Sample) -> None:
+        if sample.batch_id is None:
+            return
+        self.put("DELETE FROM attempts WHERE sample_id = ?", (sample.sample_id,))
+
+    def handed_out(self, batch_id: str, index: int, group_indexes: list[int]) -> None:
+        self.put(
+            "INSERT OR REPLACE INTO handouts VALUES (?, ?, ?)", (batch_id, index, json.dumps(group_indexes))
+        )
+
+    def engine_registered(self, url: str, record: dict) -> None:
+        self.put("INSERT OR REPLACE INTO engines VALUES (?, ?)", (url, json.dumps(record)))
+
+    def engine_removed(self, url: str) -> None:
+        self.put("DELETE FROM engines WHERE url = ?", (url,))
+
+    def set_state(self, key: str, value: Any) -> None:
+        self.put("INSERT OR REPLACE INTO state VALUES (?, ?)", (key, json.dumps(value)))
+
+    async def durable(self) -> None:
+        """Return once everything queued so far is committed."""
+        waiter = asyncio.get_running_loop().create_future()
+        with self._lock:
+            if self._thread is None or self._failed is not None:
+                return
+            # a round of its own even when nothing is queued: ops taken by a commit still running
+            # are durable only once that commit ends, and rounds run one after another
+            self._waiters.append(waiter)
+            self._urgent = True
+            self._lock.notify()
+        await waiter
+
+    async def room(self) -> None:
+        """Wait while more tokens than the bound are unwritten: the streams' back-pressure."""
+        while (
+            self.unflushed_tokens >= self.max_unflushed_tokens
+            and self._thread is not None
+            and not self._failed
+        ):
+            await self.durable()
+
+    # ------------------------------------------------------------------ writing (writer thread)
+
+    def _write_forever(self) -> None:
+        while True:
+            with self._lock:
+                while not self._ops and not self._waiters and not self._closing:
+                    self._lock.wait()
+                deadline = time.monotonic() + self._interval_s
+                while not self._urgent and not self._closing and (left := deadline - time.monotonic()) > 0:
+                    self._lock.wait(left)
+                ops, self._ops = self._ops, []
+                tokens, self._ops_tokens = self._ops_tokens, 0
+                waiters, self._waiters = self._waiters, []
+                self._open_chunks.clear()
+                self._urgent = False
+                closing = self._closing
+            if ops:
+                try:
+                    self._commit(ops)
+                except Exception as exc:  # a full disk, a file removed: logged, then journaling stops
+                    log.exception("journal write failed; the manager goes on without it")
+                    with self._lock:
+                        self._failed = exc
+                        waiters += self._waiters
+                    self._loop.call_soon_threadsafe(self._committed, tokens, waiters)
+                    return
+            self._loop.call_soon_threadsafe(self._committed, tokens, waiters)
+            if closing:
+                with self._lock:
+                    if not self._ops:
+                        return
+
+    def _commit(self, ops: list[tuple[str, tuple]]) -> None:
+        conn = self._conn
+        conn.execute("BEGIN")
+        for sql, params in ops:
+            if sql == "chunk":
+                sample_id, (batch_id, start, attempt, engine_id, version, tokens, logprobs, url) = params
+                conn.execute(
+                    "INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        sample_id,
+                        batch_id,
+                        start,
+                        attempt,
+                        engine_id,
+                        url,
+                        version,
+                        _ints(tokens),
+                        _floats(logprobs),
+                    ),
+                )
+            else:
+                conn.execute(sql, params)
+        conn.execute("COMMIT")
+        self.num_commits += 1
+
+    def _committed(self, tokens: int, waiters: list[asyncio.Future]) -> None:
+        self.unflushed_tokens -= tokens
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
