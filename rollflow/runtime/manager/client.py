@@ -93,7 +93,7 @@ class ManagerClient:
                 self._reached = True
                 return result
             except _Disconnected as exc:
-                if not self._reached or (exc.sent and not idempotent):
+                if not self._reached or not self.reconnect_s or (exc.sent and not idempotent):
                     raise ManagerUnreachable(f"cannot reach the manager at {self.url}: {exc}") from None
                 now = time.monotonic()
                 if deadline is None:
@@ -109,29 +109,15 @@ class ManagerClient:
                 time.sleep(min(pause, max(0.0, deadline - now)))
                 pause = min(2 * pause, RETRY_PAUSE_S[1])
 
-    def _open(self, method: str, path: str, body: Any = None, headers: dict | None = None):
+    def _open(self, method: str, path: str, body: Any = None):
+        """The manager's response, open; ManagerError for a 4xx/5xx, _Disconnected when none came."""
         data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json", **(headers or {})}
+        headers = {"Content-Type": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
             return urllib.request.urlopen(req, timeout=self.timeout_s)
-        except urllib.error.HTTPError:
-            raise
-        except urllib.error.URLError as exc:
-            refused = isinstance(exc.reason, ConnectionRefusedError)
-            raise _Disconnected(exc.reason, sent=not refused) from None
-        except (http.client.HTTPException, ConnectionError) as exc:
-            raise _Disconnected(exc or type(exc).__name__, sent=True) from None
-
-    def _send_once(self, method: str, path: str, body: Any = None) -> bytes:
-        try:
-            with self._open(method, path, body) as response:
-                try:
-                    return response.read()
-                except (http.client.HTTPException, ConnectionError) as exc:
-                    raise _Disconnected(exc or type(exc).__name__, sent=True) from None
         except urllib.error.HTTPError as exc:
             raw = exc.read()
             try:
@@ -139,6 +125,20 @@ class ManagerClient:
             except (ValueError, KeyError, TypeError):
                 message = raw.decode(errors="replace")
             raise ManagerError(exc.code, message) from None
+        except urllib.error.URLError as exc:
+            if isinstance(exc.reason, TimeoutError):
+                raise ManagerUnreachable(f"the manager at {self.url} did not answer: {exc.reason}") from None
+            refused = isinstance(exc.reason, ConnectionRefusedError)
+            raise _Disconnected(exc.reason, sent=not refused) from None
+        except (http.client.HTTPException, ConnectionError) as exc:
+            raise _Disconnected(exc or type(exc).__name__, sent=True) from None
+
+    def _send_once(self, method: str, path: str, body: Any = None) -> bytes:
+        with self._open(method, path, body) as response:
+            try:
+                return response.read()
+            except (http.client.HTTPException, ConnectionError) as exc:
+                raise _Disconnected(exc or type(exc).__name__, sent=True) from None
 
     def submit(
         self, prompts: list[list[int]], n: int = 1, allow_off_policy: bool = False, **sampling_params: Any
@@ -158,7 +158,7 @@ class ManagerClient:
             },
             idempotent=True,
         )
-        return BatchHandle(self, status["batch_id"], status["num_groups"])
+        return BatchHandle(self, status["batch_id"], status["num_groups"], status["num_samples"])
 
     def generate(self, input_ids: list[int], return_logprob: bool = True, **sampling_params: Any) -> dict:
         body = {"input_ids": input_ids, "sampling_params": sampling_params, "return_logprob": return_logprob}
@@ -226,10 +226,11 @@ class ManagerClient:
 
 
 class BatchHandle:
-    def __init__(self, client: ManagerClient, batch_id: str, num_groups: int) -> None:
+    def __init__(self, client: ManagerClient, batch_id: str, num_groups: int, num_samples: int) -> None:
         self.client = client
         self.batch_id = batch_id
         self.num_groups = num_groups
+        self.num_samples = num_samples
         self.num_received = 0  # micro-batches received: the index of the next one asked for
 
     def micro_batches(
@@ -273,9 +274,10 @@ class BatchHandle:
                                 raise ManagerError(410, sample["error"]["message"])
                             received += 1
                             yield sample
-                return
             except (http.client.HTTPException, ConnectionError) as exc:
                 log.warning("the sample stream of batch %s broke (%s); opening it again", self.batch_id, exc)
+            if received == self.num_samples:
+                return
 
     def flush(self) -> list[list[dict]]:
         return self.client.request("POST", f"/batches/{self.batch_id}/flush")["groups"]

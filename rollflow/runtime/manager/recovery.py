@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -97,9 +98,9 @@ async def restore(manager: RolloutManager) -> Snapshot:
 
 def _restore_counters(manager: RolloutManager, snapshot: Snapshot) -> None:
     state = snapshot.state
-    manager.registry.continue_ids(state.get("next_engine_id", 0))
+    manager.registry.next_id = state.get("next_engine_id", 0)  # ids in journaled spans stay unique
     seqs = [row["seq"] for row in snapshot.samples.values()]
-    manager._seq = iter(range(max(seqs, default=-1) + 1, 1 << 62))
+    manager._seq = itertools.count(max(seqs, default=-1) + 1)
     reports = state.get("step_reports")
     if reports is not None:
         manager.num_step_reports = reports["num_step_reports"]
@@ -188,7 +189,9 @@ def _restore_sample(
 
 async def _abort_left_running(manager: RolloutManager, snapshot: Snapshot) -> None:
     """Engines may still be generating for the dead manager: stop them, so they serve the live one."""
-    engines = {entry.url: entry for entry in manager.config.engines}
+    from rollflow.runtime.manager.service import normalise_url  # service imports this module
+
+    engines = {normalise_url(entry.url): entry for entry in manager.config.engines}
     known = {record["url"]: record for record in snapshot.engines}
 
     async def abort(attempt: dict) -> None:
@@ -210,7 +213,7 @@ async def _abort_left_running(manager: RolloutManager, snapshot: Snapshot) -> No
 
 async def rejoin_engines(manager: RolloutManager, snapshot: Snapshot) -> None:
     """Register again the engines that joined at run time (those of `engines:` joined already)."""
-    from rollflow.runtime.manager.service import EngineUnavailable, normalise_url
+    from rollflow.runtime.manager.service import EngineUnavailable, normalise_url  # (as above)
 
     configured = {normalise_url(entry.url) for entry in manager.config.engines}
     for record in snapshot.engines:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -68,16 +67,13 @@ class Registry:
 
     def __init__(self) -> None:
         self._engines: dict[int, EngineRecord] = {}
-        self._ids = itertools.count()
+        self.next_id = 0  # the id the next engine gets
 
     def add(self, **fields) -> EngineRecord:
-        record = EngineRecord(engine_id=next(self._ids), **fields)
+        record = EngineRecord(engine_id=self.next_id, **fields)
+        self.next_id += 1
         self._engines[record.engine_id] = record
         return record
-
-    def continue_ids(self, next_id: int) -> None:
-        """Number new engines from `next_id` on (a restarted manager: ids in journaled spans stay unique)."""
-        self._ids = itertools.count(next_id)
 
     def get(self, engine_id: int) -> EngineRecord | None:
         return self._engines.get(engine_id)

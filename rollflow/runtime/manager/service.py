@@ -286,6 +286,7 @@ class RolloutManager:
         )
         engine.state = "failed"
         self._open_breaker(engine)
+        self._journal_engine(engine)
         return engine
 
     async def remove_engine(self, engine_id: int) -> EngineRecord:
@@ -351,7 +352,7 @@ class RolloutManager:
     def _journal_engine(self, engine: EngineRecord) -> None:
         if self.journal is not None:
             self.journal.engine_registered(engine.url, recovery.engine_record(engine))
-            self.journal.set_state("next_engine_id", engine.engine_id + 1)
+            self.journal.set_state("next_engine_id", self.registry.next_id)
 
     def _retire(self, engine: EngineRecord, state: str, reason: str) -> None:
         if engine.state in ("failed", "removed"):

@@ -19,17 +19,24 @@ from tests.runtime.manager.helpers import (
 from tests.runtime.processes import Process, http, rollflow, start_manager
 
 PROMPTS = [[5 + i, 40 + 3 * i, 7, 90 + i] for i in range(4)]
+STREAMED_PROMPTS = [[60 + i, 9, 4 * i] for i in range(2)]
 MAX_NEW_TOKENS = 96
 MAX_UNFLUSHED = 24
 _SEEN = contextvars.ContextVar("seen")
 
 
 class CountingProxy(EngineProxy):
-    """Relays an engine and counts the tokens it streamed to the manager: all of them, kept or lost."""
+    """Relays an engine, counts the tokens it streamed to the manager (all of them, kept or lost)
+    and notes the request ids the manager aborted."""
 
-    relayed = 0
+    def __init__(self, backend_url: str) -> None:
+        super().__init__(backend_url)
+        self.relayed = 0
+        self.aborted: list[str] = []
 
     async def handle(self, request, body):
+        if request.path == "/abort_request":
+            self.aborted.append(json.loads(body)["rid"])
         _SEEN.set([0])  # this request's own count (each request runs in a task of its own)
         return await super().handle(request, body)
 
@@ -75,18 +82,27 @@ def test_manager_killed_twice_mid_batch_finishes_every_sample_exactly(processes,
     manager = start_manager(tmp_path, config)
     client = ManagerClient(manager.url, reconnect_s=120)
     batch = client.submit(PROMPTS, n=2, max_new_tokens=MAX_NEW_TOKENS, temperature=0, ignore_eos=True)
+    streamed_batch = client.submit(
+        STREAMED_PROMPTS, n=2, max_new_tokens=MAX_NEW_TOKENS, temperature=0, ignore_eos=True
+    )
 
     received: list[list[dict]] = []  # a trainer's loop: one group per micro-batch, as they come
-    reader = threading.Thread(
-        target=lambda: received.extend(mb for mb in batch.micro_batches(min_groups=1, max_groups=1))
-    )
-    reader.start()
+    streamed: list[dict] = []  # a reader of the sample stream, line by line
+    readers = [
+        threading.Thread(
+            target=lambda: received.extend(mb for mb in batch.micro_batches(min_groups=1, max_groups=1))
+        ),
+        threading.Thread(target=lambda: streamed.extend(streamed_batch.samples())),
+    ]
+    for reader in readers:
+        reader.start()
     try:
         for kill in range(2):
             wait_until(lambda m=manager: _running_tokens(m) >= 40, what=f"tokens before kill {kill + 1}")
             manager = _restart(tmp_path, manager, config)
-        reader.join(timeout=300)
-        assert not reader.is_alive(), "the trainer's loop did not end"
+        for reader in readers:
+            reader.join(timeout=300)
+            assert not reader.is_alive(), "a reader did not end"
     finally:
         manager.stop()
         for proxy in proxies:
@@ -94,17 +110,24 @@ def test_manager_killed_twice_mid_batch_finishes_every_sample_exactly(processes,
 
     groups = [group for micro_batch in received for group in micro_batch]
     assert sorted(group[0]["group_index"] for group in groups) == list(range(len(PROMPTS)))  # each once
-    samples = [sample for group in groups for sample in group]
-    assert len(samples) == len(PROMPTS) * 2
+    assert sorted(s["sample_id"] for s in streamed) == [
+        f"{streamed_batch.batch_id}-{g}-{i}" for g in range(len(STREAMED_PROMPTS)) for i in range(2)
+    ]  # every line once: the stream went on after the lines it had
+    samples = [sample for group in groups for sample in group] + streamed
+    assert len(samples) == (len(PROMPTS) + len(STREAMED_PROMPTS)) * 2
     for sample in samples:
         assert sample["state"] == "finished", sample
         assert sample["output_ids"] == greedy_reference(engines[0], sample["prompt_ids"], MAX_NEW_TOKENS)
         assert_spans_tile_the_output(sample)
         assert sample["regenerated_tokens"] == 0
     assert any(sample["resumes"] > 0 for sample in samples), "no sample was running at a kill"
+    # the requests the dead manager left running were aborted on their engines by the next one
+    aborted = [rid for proxy in proxies for rid in proxy.aborted]
+    ids = {sample["sample_id"] for sample in samples}
+    assert aborted and all(rid.split(".")[0] in ids for rid in aborted), aborted
     kept = sum(len(sample["output_ids"]) for sample in samples)
     regenerated = sum(proxy.relayed for proxy in proxies) - kept
-    # per kill: the journal's bound, plus a token per running sample that was on its way
+    # per kill: the journal's bound, plus a token or two per sample on their way (relayed, not yet read)
     bound = 2 * (MAX_UNFLUSHED + 2 * len(samples))
     print(f"\ntokens regenerated after 2 kills: {regenerated} (bound {bound}; {kept} kept)")
     assert 0 <= regenerated <= bound
