@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import sys
@@ -78,11 +79,16 @@ class StreamingEngine:
         n = body["sampling_params"]["max_new_tokens"]
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
+        with contextlib.suppress(ConnectionResetError):  # the manager went away (killed on purpose)
+            await self._stream(response, body["rid"], n)
+        return response
+
+    async def _stream(self, response: web.StreamResponse, rid: str, n: int) -> None:
         entries = []
         for index in range(n):
             entries.append([-0.5, 1 + index % 100, None])
             meta = {
-                "id": body["rid"],
+                "id": rid,
                 "completion_tokens": index + 1,
                 "finish_reason": {"type": "length"} if index == n - 1 else None,
                 "output_token_logprobs": entries[-1:],
@@ -92,7 +98,6 @@ class StreamingEngine:
             if self.token_delay_s:
                 await asyncio.sleep(self.token_delay_s)
         await response.write(b"data: [DONE]\n\n")
-        return response
 
 
 def _start_manager(tmp: Path, engines: list[StreamingEngine], journal: Path | None, port: int) -> Process:
@@ -179,17 +184,19 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--latency-batches", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each, alternating; medians shown")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
-        rows = {
-            "journal off": measure(args, tmp, journal=False),
-            "journal on": measure(args, tmp, journal=True),
-        }
+        runs: dict[str, list[dict]] = {"journal off": [], "journal on": []}
+        for _ in range(args.repeats):  # alternating, so that load from elsewhere falls on both alike
+            runs["journal off"].append(measure(args, tmp, journal=False))
+            runs["journal on"].append(measure(args, tmp, journal=True))
+        rows = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
         answering, first_token = restart(tmp)
     print(
         f"\n{args.batches} batches x {args.prompts} prompts x n={args.n} x {args.tokens} tokens, "
-        "one token per event (one run)"
+        f"one token per event (medians of {args.repeats} runs each)"
     )
     print(f"{'':<14}{'p50 ms':>10}{'p99 ms':>10}{'tokens/s':>12}")
     for name, row in rows.items():

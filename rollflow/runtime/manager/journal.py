@@ -60,6 +60,9 @@ CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
+INSERT_CHUNK = "INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+
+
 class JournalRefused(UserError):
     """A journal this manager must not continue from (another config, another schema, unreadable)."""
 
@@ -199,7 +202,7 @@ class Journal:
         self._conn = conn
         self._interval_s = flush_interval_ms / 1000
         self.max_unflushed_tokens = max_unflushed_tokens
-        self._lock = threading.Condition()
+        self._lock = threading.Condition(threading.Lock())
         self._ops: list[tuple[str, tuple]] = []
         self._ops_tokens = 0  # tokens in `_ops`
         self._urgent = False
@@ -234,8 +237,6 @@ class Journal:
         if self._failed is not None:
             return  # the writer stopped (logged when it did); the manager serves on without a journal
         with self._lock:
-            if not self._ops:
-                self._lock.notify()
             self._ops.extend(ops)
             self._ops_tokens += tokens
             self.unflushed_tokens += tokens
@@ -256,7 +257,11 @@ class Journal:
         """Append a sample's new tokens (and, in the same transaction, its row when it just ended).
 
         Consecutive chunks of one attempt on one version, queued within one flush, become one row.
+        Called for every chunk every engine streams, so it takes the lock once and allocates little.
         """
+        if self._failed is not None:
+            return
+        num_tokens = len(chunk.token_ids)
         with self._lock:
             queued = self._open_chunks.get(sample_id)
             if (
@@ -267,7 +272,6 @@ class Journal:
             ):
                 queued[5].extend(chunk.token_ids)
                 queued[6].extend(chunk.logprobs)
-                ops = []
             else:
                 queued = [
                     batch_id,
@@ -280,10 +284,19 @@ class Journal:
                     chunk.engine_url,
                 ]
                 self._open_chunks[sample_id] = queued
-                ops = [("chunk", (sample_id, queued))]
-        if sample_row is not None:
-            ops.append(sample_row)
-        self._put(*ops, tokens=len(chunk.token_ids))
+                self._ops.append(("chunk", (sample_id, queued)))
+            if sample_row is not None:
+                self._ops.append(sample_row)
+            self._ops_tokens += num_tokens
+            self.unflushed_tokens += num_tokens
+            if self.unflushed_tokens >= self.max_unflushed_tokens and not self._urgent:
+                self._urgent = True
+                self._lock.notify()
+
+    @property
+    def full(self) -> bool:
+        """More tokens than the bound wait to be written: streams should `await room()`."""
+        return self.unflushed_tokens >= self.max_unflushed_tokens
 
     # ------------------------------------------------------------------ the manager's events
 
@@ -410,8 +423,8 @@ class Journal:
     def _write_forever(self) -> None:
         while True:
             with self._lock:
-                while not self._ops and not self._waiters and not self._closing:
-                    self._lock.wait()
+                # a round every interval, sooner when woken for a bound or a durable() (queueing an
+                # op wakes no one: a wake-up per flush would cost the loop more than the op itself)
                 deadline = time.monotonic() + self._interval_s
                 while not self._urgent and not self._closing and (left := deadline - time.monotonic()) > 0:
                     self._lock.wait(left)
@@ -421,6 +434,8 @@ class Journal:
                 self._open_chunks.clear()
                 self._urgent = False
                 closing = self._closing
+            if not ops and not waiters and not closing:
+                continue
             if ops:
                 try:
                     self._commit(ops)
@@ -439,12 +454,12 @@ class Journal:
 
     def _commit(self, ops: list[tuple[str, tuple]]) -> None:
         conn = self._conn
+        chunks: list[tuple] = []  # consecutive chunk rows, written in one executemany
         conn.execute("BEGIN")
         for sql, params in ops:
             if sql == "chunk":
                 sample_id, (batch_id, start, attempt, engine_id, version, tokens, logprobs, url) = params
-                conn.execute(
-                    "INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                chunks.append(
                     (
                         sample_id,
                         batch_id,
@@ -455,10 +470,15 @@ class Journal:
                         version,
                         _ints(tokens),
                         _floats(logprobs),
-                    ),
+                    )
                 )
-            else:
-                conn.execute(sql, params)
+                continue
+            if chunks:
+                conn.executemany(INSERT_CHUNK, chunks)
+                chunks = []
+            conn.execute(sql, params)
+        if chunks:
+            conn.executemany(INSERT_CHUNK, chunks)
         conn.execute("COMMIT")
         self.num_commits += 1
 

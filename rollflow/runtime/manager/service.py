@@ -793,7 +793,7 @@ class RolloutManager:
                 if ended:
                     engine.consecutive_failures = 0  # the breaker's count: it served a whole sample
                     return None
-                if self.journal is not None:
+                if self.journal is not None and self.journal.full:
                     await self.journal.room()  # a crash may lose no more than the journal's bound
         finally:
             if pending is not None:
