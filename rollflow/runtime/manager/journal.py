@@ -14,7 +14,6 @@ so a journal cut off mid-write (power loss, a truncated WAL) opens at its last c
 
 from __future__ import annotations
 
-import array
 import asyncio
 import json
 import logging
@@ -39,18 +38,18 @@ UNFINGERPRINTED_KEYS = frozenset(
 """Config keys a restart may change (where it listens, its secret, how it journals); any other change
 means another manager's journal."""
 
-BATCH_TABLES = ("batches", "samples", "chunks", "attempts", "handouts")
-"""Tables whose rows belong to one batch (a `batch_id` column), compacted away with it."""
+BATCH_TABLES = ("batches", "samples", "attempts", "handouts", "token_log_batches")
+"""Tables whose rows belong to one batch (a `batch_id` column), compacted away with it; the token log's
+rows go once no batch of theirs is left."""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS batches (batch_id TEXT PRIMARY KEY, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS samples (
     sample_id TEXT PRIMARY KEY, batch_id TEXT NOT NULL, body TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS chunks (
-    sample_id TEXT NOT NULL, batch_id TEXT NOT NULL, start INTEGER NOT NULL, attempt INTEGER NOT NULL,
-    engine_id INTEGER NOT NULL, engine_url TEXT NOT NULL, weight_version INTEGER,
-    token_ids BLOB NOT NULL, logprobs BLOB NOT NULL, PRIMARY KEY (sample_id, start));
+CREATE TABLE IF NOT EXISTS token_log (id INTEGER PRIMARY KEY, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS token_log_batches (log_id INTEGER NOT NULL, batch_id TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS token_log_batches_by_batch ON token_log_batches (batch_id);
 CREATE TABLE IF NOT EXISTS attempts (
     sample_id TEXT PRIMARY KEY, batch_id TEXT NOT NULL, rid TEXT NOT NULL, engine_url TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS handouts (
@@ -58,9 +57,6 @@ CREATE TABLE IF NOT EXISTS handouts (
 CREATE TABLE IF NOT EXISTS engines (url TEXT PRIMARY KEY, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
-
-
-INSERT_CHUNK = "INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 
 
 class JournalRefused(UserError):
@@ -84,6 +80,7 @@ class Chunk:
 class Snapshot:
     """What a journal holds, read back at start."""
 
+    path: str  # the journal's file
     restarts: int  # how many managers opened this journal before this one
     batches: dict[str, dict] = field(default_factory=dict)  # batch id -> its submission
     samples: dict[str, dict] = field(default_factory=dict)  # sample id -> its scalar state
@@ -97,14 +94,6 @@ class Snapshot:
 def fingerprint(config_dump: dict) -> dict:
     """The part of a manager config that must match for a journal to be continued."""
     return {key: value for key, value in config_dump.items() if key not in UNFINGERPRINTED_KEYS}
-
-
-def _ints(values: list[int]) -> bytes:
-    return array.array("q", values).tobytes()
-
-
-def _floats(values: list[float]) -> bytes:
-    return array.array("d", values).tobytes()
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -139,7 +128,7 @@ def open_journal(path: str, config_dump: dict) -> tuple[sqlite3.Connection, Snap
             conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             conn.execute("INSERT INTO meta VALUES ('config', ?)", (json.dumps(expected, sort_keys=True),))
             conn.execute("INSERT INTO meta VALUES ('restarts', '0')")
-        return conn, Snapshot(restarts=0)
+        return conn, Snapshot(path, restarts=0)
     version = int(meta.get("schema_version", "-1"))
     if version != SCHEMA_VERSION:
         conn.close()
@@ -155,34 +144,23 @@ def open_journal(path: str, config_dump: dict) -> tuple[sqlite3.Connection, Snap
             f"journal {path} was written by a manager with another config (differs in: {', '.join(differs)}); "
             "restart with that config, or give this one a journal of its own"
         )
-    snapshot = _read(conn, restarts=int(meta["restarts"]) + 1)
+    snapshot = _read(conn, path, restarts=int(meta["restarts"]) + 1)
     with conn:
         conn.execute("BEGIN")
         conn.execute("UPDATE meta SET value = ? WHERE key = 'restarts'", (str(snapshot.restarts),))
     return conn, snapshot
 
 
-def _read(conn: sqlite3.Connection, restarts: int) -> Snapshot:
-    snapshot = Snapshot(restarts=restarts)
+def _read(conn: sqlite3.Connection, path: str, restarts: int) -> Snapshot:
+    snapshot = Snapshot(path, restarts=restarts)
     for batch_id, body in conn.execute("SELECT batch_id, body FROM batches"):
         snapshot.batches[batch_id] = json.loads(body)
     for sample_id, body in conn.execute("SELECT sample_id, body FROM samples"):
         snapshot.samples[sample_id] = json.loads(body)
-    rows = conn.execute(
-        "SELECT sample_id, start, attempt, engine_id, engine_url, weight_version, token_ids, logprobs "
-        "FROM chunks ORDER BY sample_id, start"
-    )
-    for sample_id, start, attempt, engine_id, url, version, tokens, logprobs in rows:
-        chunk = Chunk(
-            start,
-            attempt,
-            engine_id,
-            url,
-            version,
-            array.array("q", tokens).tolist(),
-            array.array("d", logprobs).tolist(),
-        )
-        snapshot.chunks.setdefault(sample_id, []).append(chunk)
+    for (body,) in conn.execute("SELECT body FROM token_log ORDER BY id"):
+        for sample_id, start, attempt, engine_id, url, version, tokens, logprobs in json.loads(body):
+            chunk = Chunk(start, attempt, engine_id, url, version, tokens, logprobs)
+            snapshot.chunks.setdefault(sample_id, []).append(chunk)
     for sample_id, rid, url in conn.execute("SELECT sample_id, rid, engine_url FROM attempts"):
         snapshot.attempts.append({"sample_id": sample_id, "rid": rid, "engine_url": url})
     for batch_id, _, groups in conn.execute(
@@ -204,10 +182,12 @@ class Journal:
         self.max_unflushed_tokens = max_unflushed_tokens
         self._lock = threading.Condition(threading.Lock())
         self._ops: list[tuple[str, tuple]] = []
-        self._ops_tokens = 0  # tokens in `_ops`
+        # tokens as the engines stream them, one entry per chunk: (batch id, [sample id, start,
+        # attempt, engine id, engine url, weight version, token ids, logprobs]); appended without
+        # the lock (an append is atomic) and written as one row per flush, the cheapest per token
+        self._chunks: list[tuple[str, list]] = []
         self._urgent = False
         self._closing = False
-        self._open_chunks: dict[str, list] = {}  # sample id -> its last queued chunk's parameters
         self._waiters: list[asyncio.Future] = []  # durable() callers of ops queued so far
         self.unflushed_tokens = 0  # tokens queued or being written (loop side)
         self.num_commits = 0
@@ -233,65 +213,14 @@ class Journal:
 
     # ------------------------------------------------------------------ queueing (loop thread)
 
-    def _put(self, *ops: tuple[str, tuple], tokens: int = 0) -> None:
+    def _put(self, *ops: tuple[str, tuple]) -> None:
         if self._failed is not None:
             return  # the writer stopped (logged when it did); the manager serves on without a journal
         with self._lock:
             self._ops.extend(ops)
-            self._ops_tokens += tokens
-            self.unflushed_tokens += tokens
-            if self.unflushed_tokens >= self.max_unflushed_tokens and not self._urgent:
-                self._urgent = True
-                self._lock.notify()
 
     def put(self, sql: str, params: tuple = ()) -> None:
         self._put((sql, params))
-
-    def put_tokens(
-        self,
-        sample_id: str,
-        batch_id: str,
-        chunk: Chunk,
-        sample_row: tuple[str, tuple] | None = None,
-    ) -> None:
-        """Append a sample's new tokens (and, in the same transaction, its row when it just ended).
-
-        Consecutive chunks of one attempt on one version, queued within one flush, become one row.
-        Called for every chunk every engine streams, so it takes the lock once and allocates little.
-        """
-        if self._failed is not None:
-            return
-        num_tokens = len(chunk.token_ids)
-        with self._lock:
-            queued = self._open_chunks.get(sample_id)
-            if (
-                queued is not None
-                and queued[1] + len(queued[5]) == chunk.start
-                and queued[2] == chunk.attempt
-                and queued[4] == chunk.weight_version
-            ):
-                queued[5].extend(chunk.token_ids)
-                queued[6].extend(chunk.logprobs)
-            else:
-                queued = [
-                    batch_id,
-                    chunk.start,
-                    chunk.attempt,
-                    chunk.engine_id,
-                    chunk.weight_version,
-                    list(chunk.token_ids),
-                    list(chunk.logprobs),
-                    chunk.engine_url,
-                ]
-                self._open_chunks[sample_id] = queued
-                self._ops.append(("chunk", (sample_id, queued)))
-            if sample_row is not None:
-                self._ops.append(sample_row)
-            self._ops_tokens += num_tokens
-            self.unflushed_tokens += num_tokens
-            if self.unflushed_tokens >= self.max_unflushed_tokens and not self._urgent:
-                self._urgent = True
-                self._lock.notify()
 
     @property
     def full(self) -> bool:
@@ -313,7 +242,9 @@ class Journal:
 
     def batch_gone(self, batch_id: str) -> None:
         """Compaction: a delivered or deleted batch leaves nothing behind."""
-        self._put(*((f"DELETE FROM {table} WHERE batch_id = ?", (batch_id,)) for table in BATCH_TABLES))
+        ops = [(f"DELETE FROM {table} WHERE batch_id = ?", (batch_id,)) for table in BATCH_TABLES]
+        ops.append(("DELETE FROM token_log WHERE id NOT IN (SELECT log_id FROM token_log_batches)", ()))
+        self._put(*ops)
 
     @staticmethod
     def sample_row(sample: Sample, completed: int | None = None) -> tuple[str, tuple]:
@@ -343,28 +274,35 @@ class Journal:
     def tokens(self, sample: Sample, start: int, engine_id: int, engine_url: str, ended: bool) -> None:
         """The tokens `sample` holds from `start` on, just recorded; `ended`: the attempt ends with them
         (the sample's finish reason goes in the same transaction, so a restart never resumes a sample
-        that had finished)."""
-        if sample.batch_id is None:
+        that had finished). Called for every chunk every engine streams: it only appends."""
+        if sample.batch_id is None or self._failed is not None:
             return
-        if start == len(sample.output_ids):
-            self.sample_changed(sample)
-            return
-        version = sample.spans[-1].weight_version
-        chunk = Chunk(
-            start,
-            sample.attempts,
-            engine_id,
-            engine_url,
-            version,
-            sample.output_ids[start:],
-            sample.output_logprobs[start:],
-        )
-        self.put_tokens(sample.sample_id, sample.batch_id, chunk, self.sample_row(sample) if ended else None)
+        num_tokens = len(sample.output_ids) - start
+        if num_tokens:
+            entry = [
+                sample.sample_id,
+                start,
+                sample.attempts,
+                engine_id,
+                engine_url,
+                sample.spans[-1].weight_version,
+                sample.output_ids[start:],
+                sample.output_logprobs[start:],
+            ]
+            self._chunks.append((sample.batch_id, entry))
+            self.unflushed_tokens += num_tokens
+            if self.full and not self._urgent:
+                with self._lock:
+                    self._urgent = True
+                    self._lock.notify()
+        if ended or not num_tokens:
+            self._put(self.sample_row(sample))  # after its tokens, so in their transaction or a later one
 
     def output_discarded(self, sample: Sample) -> None:
         if sample.batch_id is None:
             return
-        self._put(("DELETE FROM chunks WHERE sample_id = ?", (sample.sample_id,)), self.sample_row(sample))
+        # the token log is append-only: the sample's next tokens, from 0 again, replace these at restore
+        self._put(self.sample_row(sample))
 
     def attempt_started(self, sample: Sample, rid: str, engine_url: str) -> None:
         if sample.batch_id is None:
@@ -429,16 +367,17 @@ class Journal:
                 while not self._urgent and not self._closing and (left := deadline - time.monotonic()) > 0:
                     self._lock.wait(left)
                 ops, self._ops = self._ops, []
-                tokens, self._ops_tokens = self._ops_tokens, 0
+                # after the ops: every chunk appended before an op (its sample's end) is in this round
+                chunks, self._chunks = self._chunks, []
                 waiters, self._waiters = self._waiters, []
-                self._open_chunks.clear()
                 self._urgent = False
                 closing = self._closing
-            if not ops and not waiters and not closing:
+            tokens = sum(len(entry[6]) for _, entry in chunks)
+            if not ops and not chunks and not waiters and not closing:
                 continue
-            if ops:
+            if ops or chunks:
                 try:
-                    self._commit(ops)
+                    self._commit(ops, chunks)
                 except Exception as exc:  # a full disk, a file removed: logged, then journaling stops
                     log.exception("journal write failed; the manager goes on without it")
                     with self._lock:
@@ -452,33 +391,19 @@ class Journal:
                     if not self._ops:
                         return
 
-    def _commit(self, ops: list[tuple[str, tuple]]) -> None:
+    def _commit(self, ops: list[tuple[str, tuple]], chunks: list[tuple[str, list]]) -> None:
         conn = self._conn
-        chunks: list[tuple] = []  # consecutive chunk rows, written in one executemany
         conn.execute("BEGIN")
+        if chunks:  # first: a batch compacted by this round's ops takes its tokens with it
+            log_id = conn.execute(
+                "INSERT INTO token_log (body) VALUES (?)", (json.dumps([entry for _, entry in chunks]),)
+            ).lastrowid
+            batch_ids = {batch_id for batch_id, _ in chunks}
+            conn.executemany(
+                "INSERT INTO token_log_batches VALUES (?, ?)", [(log_id, batch_id) for batch_id in batch_ids]
+            )
         for sql, params in ops:
-            if sql == "chunk":
-                sample_id, (batch_id, start, attempt, engine_id, version, tokens, logprobs, url) = params
-                chunks.append(
-                    (
-                        sample_id,
-                        batch_id,
-                        start,
-                        attempt,
-                        engine_id,
-                        url,
-                        version,
-                        _ints(tokens),
-                        _floats(logprobs),
-                    )
-                )
-                continue
-            if chunks:
-                conn.executemany(INSERT_CHUNK, chunks)
-                chunks = []
             conn.execute(sql, params)
-        if chunks:
-            conn.executemany(INSERT_CHUNK, chunks)
         conn.execute("COMMIT")
         self.num_commits += 1
 

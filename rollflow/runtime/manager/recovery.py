@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.engines.clients import make_client
-from rollflow.runtime.manager.journal import Journal, Snapshot, open_journal
+from rollflow.runtime.manager.journal import Journal, JournalRefused, Snapshot, open_journal
 from rollflow.runtime.manager.packing import GroupPacker
 from rollflow.runtime.manager.samples import Sample, SampleRun, SampleState
 
@@ -170,8 +170,13 @@ def _restore_sample(
         group_index=group,
     )
     for chunk in snapshot.chunks.get(sample_id, []):
+        if chunk.start == 0 and sample.output_ids:  # `resume: restart` threw these away
+            sample.discard_output()
         if chunk.start != len(sample.output_ids):
-            raise ValueError(f"journal: sample {sample_id} has a gap at token {len(sample.output_ids)}")
+            raise JournalRefused(
+                f"journal {snapshot.path}: sample {sample_id} has a gap at token {len(sample.output_ids)}; "
+                "move it away to start afresh"
+            )
         sample.attempts = chunk.attempt  # spans are per attempt: rebuilt exactly as they were recorded
         sample.record(
             chunk.engine_id, chunk.engine_url, chunk.weight_version, chunk.token_ids, chunk.logprobs

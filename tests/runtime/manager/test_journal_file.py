@@ -9,8 +9,10 @@ import sqlite3
 import pytest
 
 from rollflow.config import ConfigError, load_config
+from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.config import ManagerConfig
-from rollflow.runtime.manager.journal import SCHEMA_VERSION, Chunk, Journal, JournalRefused, open_journal
+from rollflow.runtime.manager.journal import SCHEMA_VERSION, Journal, JournalRefused, open_journal
+from rollflow.runtime.manager.samples import Sample
 
 CONFIG = ManagerConfig().model_dump(mode="json")
 
@@ -105,13 +107,26 @@ def test_the_writer_batches_many_writes_into_few_commits(tmp_path):
     assert rows == 500
 
 
+def _sample(index: int) -> Sample:
+    sample = Sample(index, f"b-{index}-0", [1, 2], SamplingParams(max_new_tokens=1000), batch_id="b")
+    sample.begin_attempt(0)
+    return sample
+
+
+def _stream(journal: Journal, sample: Sample, num_tokens: int) -> None:
+    """`num_tokens` tokens recorded one at a time, as an engine streams them, each journaled."""
+    for _ in range(num_tokens):
+        start = len(sample.output_ids)
+        sample.record(0, "http://e", 0, [start + 10], [-0.5])
+        journal.tokens(sample, start, 0, "http://e", ended=False)
+
+
 def test_tokens_past_the_bound_are_written_at_once_not_at_the_interval(tmp_path):
     async def run() -> tuple[int, int]:
         conn, _ = open_journal(str(tmp_path / "j.db"), CONFIG)
         journal = Journal(conn, flush_interval_ms=60_000, max_unflushed_tokens=10)
         journal.start()
-        journal.put_tokens("s", "b", Chunk(0, 1, 0, "http://e", 0, list(range(6)), [0.0] * 6))
-        journal.put_tokens("s", "b", Chunk(6, 1, 0, "http://e", 0, list(range(6)), [0.0] * 6))
+        _stream(journal, _sample(0), 12)
         before = journal.unflushed_tokens
         await asyncio.wait_for(journal.room(), 30)  # an hour-long interval would hang here
         after = journal.unflushed_tokens
@@ -119,7 +134,28 @@ def test_tokens_past_the_bound_are_written_at_once_not_at_the_interval(tmp_path)
         return before, after
 
     assert asyncio.run(run()) == (12, 0)
-    rows = (
-        sqlite3.connect(tmp_path / "j.db").execute("SELECT start, length(token_ids) FROM chunks").fetchall()
-    )
-    assert rows == [(0, 12 * 8)]  # the two chunks of one attempt became one row
+    conn, snapshot = open_journal(str(tmp_path / "j.db"), CONFIG)
+    conn.close()
+    assert [token for chunk in snapshot.chunks["b-0-0"] for token in chunk.token_ids] == list(range(10, 22))
+
+
+def test_tokens_go_in_one_row_per_flush_and_leave_with_their_batch(tmp_path):
+    async def run() -> tuple[int, int]:
+        conn, _ = open_journal(str(tmp_path / "j.db"), CONFIG)
+        journal = Journal(conn, flush_interval_ms=60_000, max_unflushed_tokens=10_000)
+        journal.start()
+        for index in range(50):
+            _stream(journal, _sample(index), 20)
+        await journal.durable()
+        rows = _count(conn, "token_log")
+        journal.batch_gone("b")
+        await journal.durable()
+        left = _count(conn, "token_log")
+        await journal.close()
+        return rows, left
+
+    assert asyncio.run(run()) == (1, 0)
+
+
+def _count(conn: sqlite3.Connection, table: str) -> int:
+    return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
