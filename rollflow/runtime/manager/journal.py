@@ -2,8 +2,9 @@
 where it was, and the tokens its engines generated are not generated again.
 
 One writer thread owns the connection. The event loop hands it small operations (an SQL statement
-and its parameters) through a list under a lock and never waits on disk: the thread commits what has
-gathered every `journal_flush_interval_ms`, at once when more than `journal_max_unflushed_tokens`
+and its parameters) through a list under a lock, and the tokens engines stream through an append-only
+list (one append per chunk, written as one row per flush); it never waits on disk. The thread commits
+what has gathered every `journal_flush_interval_ms`, at once when more than `journal_max_unflushed_tokens`
 tokens wait (the manager's streams then pause until they are written, which bounds what a crash can
 lose), or when a caller needs what it is about to answer to be on disk first (`durable()`: a
 micro-batch handed out, a line of the sample stream).

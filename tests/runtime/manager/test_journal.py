@@ -8,7 +8,11 @@ import json
 import threading
 from pathlib import Path
 
+import pytest
+
+from rollflow.policy.offload import OffloadBalancer, StepReport
 from rollflow.runtime.manager.client import ManagerClient
+from rollflow.runtime.manager.config import OffloadSection
 from tests.runtime.manager.helpers import (
     EngineProxy,
     assert_spans_tile_the_output,
@@ -58,9 +62,11 @@ def _restart(tmp_path: Path, manager: Process, config: dict) -> Process:
 
 
 def _manager_on(tmp_path: Path, config: dict, port: int, wait: bool = True) -> Process:
+    """The manager as a user restarts it: its config file, the journal given on the command line."""
     config_path = tmp_path / "manager.yaml"
-    config_path.write_text(json.dumps(config))
+    config_path.write_text(json.dumps({k: v for k, v in config.items() if k != "journal"}))
     args = ["manager", "serve", "--config", str(config_path), "--port", str(port), "--log-format", "json"]
+    args += ["--journal", config["journal"]]
     log_path = tmp_path / f"manager-{port}-{len(list(tmp_path.glob('manager-*.log')))}.log"
     return Process(rollflow(*args), port, log_path, wait=wait)
 
@@ -135,7 +141,11 @@ def test_manager_killed_twice_mid_batch_finishes_every_sample_exactly(processes,
 
 def test_engines_deletions_and_a_torn_journal_survive_a_restart(processes, tmp_path):
     engine = processes.engine()
-    config = {"journal": str(tmp_path / "manager.journal"), "journal_flush_interval_ms": 20}
+    config = {
+        "journal": str(tmp_path / "manager.journal"),
+        "journal_flush_interval_ms": 20,
+        "offload": {"enabled": True},
+    }
     manager = processes.manager(**config)
     client = ManagerClient(manager.url)
     joined = client.add_worker(engine.url, kind="spot", engine_type="builtin", capacity=3)
@@ -145,8 +155,9 @@ def test_engines_deletions_and_a_torn_journal_survive_a_restart(processes, tmp_p
     kept = client.submit([[4, 5, 6]], n=1, max_new_tokens=8, temperature=0, ignore_eos=True)
     wait_until(lambda: kept.status()["states"]["finished"] == 1, what="the kept batch to finish")
     wait_until(lambda: _wal(config).stat().st_size > 0, what="the journal's WAL")
+    client.report_step(2.0, 0.5)  # the offload balancer adapts; journaled
     threading.Event().wait(0.3)  # the last commits are in
-    client.report_step(2.0, 0.5)  # the last transaction: torn below, so it is lost
+    client.report_step(3.0, 1.5)  # the last transaction: torn below, so it is lost
     threading.Event().wait(0.3)
     manager.kill()
     wal = _wal(config)
@@ -160,7 +171,12 @@ def test_engines_deletions_and_a_torn_journal_survive_a_restart(processes, tmp_p
         assert http("GET", f"{manager.url}/batches/{deleted.batch_id}")[0] == 404
         (group,) = next(kept.micro_batches())
         assert group[0]["output_ids"] == greedy_reference(engine, [4, 5, 6], 8)
-        assert client.last_step_report() == (0, None)  # the torn transaction, and only it, is gone
+        # the torn transaction, and only it, is gone: the balancer is as after the first report
+        steps, last = client.last_step_report()
+        assert (steps, last["step_time_s"], last["bubble_s"]) == (1, 2.0, 0.5)
+        balancer = OffloadBalancer(OffloadSection(enabled=True).settings())
+        balancer.update(StepReport(2.0, 0.5))
+        assert client.report_step(2.0, 0.2) == pytest.approx(balancer.update(StepReport(2.0, 0.2)))
     finally:
         manager.stop()
 
