@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rollflow.policy.offload import OffloadBalancer, StepReport
-from rollflow.runtime.manager.client import ManagerClient
+from rollflow.runtime.manager.client import ManagerClient, ManagerUnreachable
 from rollflow.runtime.manager.config import OffloadSection
 from tests.runtime.manager.helpers import (
     EngineProxy,
@@ -194,3 +194,20 @@ def test_a_journal_of_another_config_is_refused_naming_it(processes, tmp_path):
     assert f"journal {journal} was written by a manager with another config (differs in: router)" in (
         refused.log()
     )
+
+
+def test_repeated_calls_find_what_they_made_and_a_manager_gone_for_good_is_named(processes):
+    manager = processes.manager()
+    body = {"batch_id": "step1", "prompts": [[1, 2]], "n": 2}
+    first, again = (http("POST", manager.url + "/batches", body) for _ in range(2))
+    assert (first[0], again[0]) == (201, 200) and first[1] == again[1]
+    status, answer = http("POST", manager.url + "/batches/step1/next", {"micro_batch": 1, "timeout_s": 0})
+    assert status == 409 and "micro_batch 1 asked, but only 0 were handed out" in answer["error"]["message"]
+
+    client = ManagerClient(manager.url, reconnect_s=1)
+    assert client.workers() == []
+    manager.kill()
+    with pytest.raises(ManagerUnreachable, match=r"did not come back within 1s \(reconnect_s\)"):
+        client.workers()
+    with pytest.raises(ManagerUnreachable, match="cannot reach the manager"):  # never reached: at once
+        ManagerClient(manager.url, reconnect_s=60).workers()
