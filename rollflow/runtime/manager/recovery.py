@@ -134,15 +134,16 @@ def _restore_batch(manager: RolloutManager, snapshot: Snapshot, batch_id: str, s
         batch.completed.append(sample)
         batch.packer.sample_done(sample)
     batch.packer.restore_delivered([index for handout in batch.handouts for index in handout])
+    running = {attempt["sample_id"] for attempt in snapshot.attempts}
     for sample in samples:
         if sample.state >= SampleState.FINISHED:
             continue
         manager._runs[sample.sample_id] = SampleRun(sample)
         if sample.finish_reason is not None:  # its last tokens ended it; the manager died before noting it
             manager._finish(sample)
-        elif sample.attempts:
+        elif sample.sample_id in running:  # cut off mid-attempt: resumed as from a failed engine
             manager._resume(sample, RESTART_REASON)
-        else:
+        else:  # queued (its tokens, if any, are part of its next input all the same)
             manager._enqueue(sample)
     budget = submission["budget_s"]
     if budget is not None and not batch.offloaded and not batch.done:
