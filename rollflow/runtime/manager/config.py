@@ -76,8 +76,8 @@ class ManagerConfig(StrictModel):
     """How often the journal's writer thread commits what has gathered (its cost against a crash's loss)."""
     journal_max_unflushed_tokens: int = Field(4096, ge=1)
     """Most generated tokens waiting to be written: past it the writer commits at once and the manager's
-    streams wait for it, so a crash makes engines regenerate at most this many (plus one chunk per
-    running sample)."""
+    streams wait for it, so a crash loses at most this many of the tokens the manager had received
+    (plus one chunk per running sample)."""
     offload: OffloadSection = OffloadSection()
     engines: list[EngineEntry] = Field(default_factory=list)
 
