@@ -115,6 +115,14 @@ class OffloadBalancer:
         self._budget_s = min(s.max_budget_s, max(s.min_budget_s, scaled))
         return self._budget_s
 
+    def state(self) -> dict:
+        """What `load_state` needs to continue adapting where this balancer left off."""
+        return {"budget_s": self._budget_s, "bubble_fraction": self._bubble_fraction}
+
+    def load_state(self, state: dict) -> None:
+        self._budget_s = float(state["budget_s"])
+        self._bubble_fraction = state["bubble_fraction"]
+
     def expired(self, now: float, step_started_at: float) -> bool:
         """Whether local instances have used up this step's budget."""
         return now - step_started_at >= self._budget_s

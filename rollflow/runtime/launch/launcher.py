@@ -273,7 +273,8 @@ class Launcher:
         self.manager_slot.start(argv, log_path, env, rollflow=True, files={config_path: config_text})
         url = f"http://{host}:{port}"
         self._wait_healthy(self.manager_slot, url)
-        self.manager = ManagerClient(url, token=config.token, timeout_s=60.0)
+        # the launcher owns the manager's process: gone, it is not coming back, so no call waits for it
+        self.manager = ManagerClient(url, token=config.token, timeout_s=60.0, reconnect_s=0)
         logger.info("manager up on %s", url)
 
     def _start_weight_server(self) -> None:

@@ -11,6 +11,8 @@ EXAMPLES = """examples:
   rollflow manager serve --port 30100
   rollflow manager serve --config examples/manager/local.yaml --token "$ROLLFLOW_MANAGER_TOKEN"
   rollflow manager serve --config examples/manager/local.yaml router=least_tokens offload.enabled=true
+  rollflow manager serve --config examples/manager/local.yaml --journal run/manager.journal
+      (killed, the same command carries on from the journal: batches, tokens, engines)
 
 then, from anywhere on the machine:
   curl -X POST localhost:30100/workers -H 'Authorization: Bearer T' -d '{"url": "http://127.0.0.1:30000", "kind": "spot"}'
@@ -40,6 +42,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="bearer token for the admin and trainer routes: workers, batches, step reports "
         "(default: $ROLLFLOW_MANAGER_TOKEN)",
     )
+    serve.add_argument(
+        "--journal",
+        metavar="PATH",
+        help="SQLite journal of the manager's state (config key `journal`); started again on it, the "
+        "manager carries on from where it stopped",
+    )
     serve.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format")
     serve.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     serve.set_defaults(handler=_serve)
@@ -54,7 +62,7 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
     from rollflow.runtime.manager.server import serve
 
     overrides = list(args.overrides)
-    for key in ("host", "port"):
+    for key in ("host", "port", "journal"):
         value = getattr(args, key)
         if value is not None:
             overrides.append(f"{key}={value}")

@@ -6,13 +6,22 @@ Blocking and dependency-free (urllib), because trainers are synchronous loops:
     batch = client.submit(prompts, n=8, max_new_tokens=256, temperature=1.0)
     for groups in batch.micro_batches(min_groups=4):
         train_on(groups)          # each group: the n samples (dicts) of one prompt
+
+A manager that restarts from its journal is waited for (up to `reconnect_s`) once the client has
+reached it: calls that are safe to repeat are repeated, and a batch's micro-batches and sample
+stream carry on where they were, none handed out twice.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
+import logging
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,14 +40,34 @@ class ManagerUnreachable(UserError):
     """No manager answers at the client's url (a wrong url, or the manager is down)."""
 
 
+class _Disconnected(Exception):
+    """No answer: `sent` when the manager may have acted on the request before it went away."""
+
+    def __init__(self, reason: object, sent: bool) -> None:
+        super().__init__(str(reason))
+        self.sent = sent
+
+
+log = logging.getLogger(__name__)
+RETRY_PAUSE_S = (0.1, 2.0)
+"""First and longest pause between tries to reach a manager that went away (doubling in between)."""
+
+
 class ManagerClient:
-    def __init__(self, url: str, token: str | None = None, timeout_s: float = 3600.0) -> None:
+    def __init__(
+        self, url: str, token: str | None = None, timeout_s: float = 3600.0, reconnect_s: float = 120.0
+    ) -> None:
+        """`reconnect_s`: how long to wait for a manager that went away (a restart) before giving up."""
         self.url = url.rstrip("/")
         self.token = token
         self.timeout_s = timeout_s
+        self.reconnect_s = reconnect_s
+        self._reached = False  # a wrong url fails at once; a manager reached before is waited for
 
-    def request(self, method: str, path: str, body: Any = None) -> Any:
-        return json.loads(self._send(method, path, body))
+    def request(self, method: str, path: str, body: Any = None, idempotent: bool | None = None) -> Any:
+        """`idempotent` (default: GET only): the call may be repeated when the manager went away
+        after it was sent."""
+        return json.loads(self._send(method, path, body, idempotent))
 
     def metrics(self) -> dict[str, float]:
         """The manager's Prometheus counters and gauges, each summed over its labels."""
@@ -50,15 +79,45 @@ class ManagerClient:
                 totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
         return totals
 
-    def _send(self, method: str, path: str, body: Any = None) -> bytes:
+    def _send(self, method: str, path: str, body: Any = None, idempotent: bool | None = None) -> bytes:
+        return self._retrying(lambda: self._send_once(method, path, body), idempotent or method == "GET")
+
+    def _retrying(self, call, idempotent: bool):
+        """`call()`, tried again while a manager that was reached before is away, for `reconnect_s`
+        at most; a call that is not idempotent is tried again only if it never reached the manager."""
+        deadline = None
+        pause = RETRY_PAUSE_S[0]
+        while True:
+            try:
+                result = call()
+                self._reached = True
+                return result
+            except _Disconnected as exc:
+                if not self._reached or not self.reconnect_s or (exc.sent and not idempotent):
+                    raise ManagerUnreachable(f"cannot reach the manager at {self.url}: {exc}") from None
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self.reconnect_s
+                    log.warning(
+                        "the manager at %s went away (%s); waiting for it to come back", self.url, exc
+                    )
+                if now >= deadline:
+                    raise ManagerUnreachable(
+                        f"the manager at {self.url} did not come back within {self.reconnect_s:g}s "
+                        f"(reconnect_s); last error: {exc}"
+                    ) from None
+                time.sleep(min(pause, max(0.0, deadline - now)))
+                pause = min(2 * pause, RETRY_PAUSE_S[1])
+
+    def _open(self, method: str, path: str, body: Any = None):
+        """The manager's response, open; ManagerError for a 4xx/5xx, _Disconnected when none came."""
         data = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as response:
-                return response.read()
+            return urllib.request.urlopen(req, timeout=self.timeout_s)
         except urllib.error.HTTPError as exc:
             raw = exc.read()
             try:
@@ -67,12 +126,26 @@ class ManagerClient:
                 message = raw.decode(errors="replace")
             raise ManagerError(exc.code, message) from None
         except urllib.error.URLError as exc:
-            raise ManagerUnreachable(f"cannot reach the manager at {self.url}: {exc.reason}") from None
+            if isinstance(exc.reason, TimeoutError):
+                raise ManagerUnreachable(f"the manager at {self.url} did not answer: {exc.reason}") from None
+            refused = isinstance(exc.reason, ConnectionRefusedError)
+            raise _Disconnected(exc.reason, sent=not refused) from None
+        except (http.client.HTTPException, ConnectionError) as exc:
+            raise _Disconnected(exc or type(exc).__name__, sent=True) from None
+
+    def _send_once(self, method: str, path: str, body: Any = None) -> bytes:
+        with self._open(method, path, body) as response:
+            try:
+                return response.read()
+            except (http.client.HTTPException, ConnectionError) as exc:
+                raise _Disconnected(exc or type(exc).__name__, sent=True) from None
 
     def submit(
         self, prompts: list[list[int]], n: int = 1, allow_off_policy: bool = False, **sampling_params: Any
     ) -> BatchHandle:
-        """Submit prompts x n samples; `sampling_params` are SGLang's (max_new_tokens, temperature, ...)."""
+        """Submit prompts x n samples; `sampling_params` are SGLang's (max_new_tokens, temperature, ...).
+
+        The batch id is the client's, so a submission repeated across a manager restart finds its batch."""
         status = self.request(
             "POST",
             "/batches",
@@ -81,9 +154,11 @@ class ManagerClient:
                 "n": n,
                 "sampling_params": sampling_params,
                 "allow_off_policy": allow_off_policy,
+                "batch_id": uuid.uuid4().hex[:12],
             },
+            idempotent=True,
         )
-        return BatchHandle(self, status["batch_id"], status["num_groups"])
+        return BatchHandle(self, status["batch_id"], status["num_groups"], status["num_samples"])
 
     def generate(self, input_ids: list[int], return_logprob: bool = True, **sampling_params: Any) -> dict:
         body = {"input_ids": input_ids, "sampling_params": sampling_params, "return_logprob": return_logprob}
@@ -142,7 +217,8 @@ class ManagerClient:
 
         `rollout_s` (the step's rollout time) is what a launcher's autoscaler reads back."""
         body = {"step_time_s": step_time_s, "bubble_s": bubble_s, "rollout_s": rollout_s}
-        return self.request("POST", "/step_report", body)["budget_s"]
+        # repeated across a manager restart, a report may count twice: a nudge to the budget, no more
+        return self.request("POST", "/step_report", body, idempotent=True)["budget_s"]
 
     def last_step_report(self) -> tuple[int, dict | None]:
         """(steps reported so far, the last report or None)."""
@@ -151,10 +227,12 @@ class ManagerClient:
 
 
 class BatchHandle:
-    def __init__(self, client: ManagerClient, batch_id: str, num_groups: int) -> None:
+    def __init__(self, client: ManagerClient, batch_id: str, num_groups: int, num_samples: int) -> None:
         self.client = client
         self.batch_id = batch_id
         self.num_groups = num_groups
+        self.num_samples = num_samples
+        self.num_received = 0  # micro-batches received: the index of the next one asked for
 
     def micro_batches(
         self, min_groups: int = 1, max_groups: int | None = None, timeout_s: float | None = None
@@ -169,10 +247,37 @@ class BatchHandle:
         if max_groups is not None:
             body["max_groups"] = max_groups
         while True:
-            answer = self.client.request("POST", f"/batches/{self.batch_id}/next", body)
+            body["micro_batch"] = self.num_received
+            answer = self.client.request("POST", f"/batches/{self.batch_id}/next", body, idempotent=True)
+            if answer["groups"]:
+                self.num_received += 1
             if answer["groups"] or not answer["exhausted"]:
                 yield answer["groups"]
             if answer["exhausted"]:
+                return
+
+    def samples(self, order: str = "completion") -> Iterator[dict]:
+        """Every sample of the batch as it finishes (`order="submission"`: in submission order); a
+        stream broken by a manager restart is opened again after the last line received."""
+        received = 0
+        while True:
+            query = urllib.parse.urlencode({"order": order, "after": received})
+            lines = self.client._retrying(
+                lambda query=query: self.client._open("GET", f"/batches/{self.batch_id}/samples?{query}"),
+                idempotent=True,
+            )
+            try:
+                with lines:
+                    for line in lines:
+                        if line.strip():
+                            sample = json.loads(line)
+                            if "error" in sample and "sample_id" not in sample:
+                                raise ManagerError(410, sample["error"]["message"])
+                            received += 1
+                            yield sample
+            except (http.client.HTTPException, ConnectionError) as exc:
+                log.warning("the sample stream of batch %s broke (%s); opening it again", self.batch_id, exc)
+            if received == self.num_samples:
                 return
 
     def flush(self) -> list[list[dict]]:

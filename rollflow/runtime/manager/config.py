@@ -69,6 +69,16 @@ class ManagerConfig(StrictModel):
     """Largest request body in MiB (413 above it); a batch of 64 prompts of 128k tokens fits."""
     tokenizer: str | None = None
     """Optional tokenizer folder: lets `/generate` accept `text` and answer with text."""
+    journal: str | None = None
+    """SQLite file (WAL mode) the manager journals its state to: batches, every sample's state and
+    tokens, engines registered at run time, the offload balancer. A manager started on an existing
+    journal carries on from it; unset, a manager that dies loses every batch in flight."""
+    journal_flush_interval_ms: int = Field(50, ge=1, le=60_000)
+    """How often the journal's writer thread commits what has gathered (its cost against a crash's loss)."""
+    journal_max_unflushed_tokens: int = Field(4096, ge=1)
+    """Most generated tokens waiting to be written: past it the writer commits at once and the manager's
+    streams wait for it, so a crash loses at most this many of the tokens the manager had received
+    (plus one chunk per running sample)."""
     offload: OffloadSection = OffloadSection()
     engines: list[EngineEntry] = Field(default_factory=list)
 
@@ -78,4 +88,6 @@ class ManagerConfig(StrictModel):
             raise ValueError("router: learned needs router_path set to an exported policy.npz")
         if self.router != "learned" and self.router_path:
             raise ValueError("router_path is only read by router: learned")
+        if self.journal is not None and not self.journal.strip():
+            raise ValueError("journal is empty: give a file path, or leave journal unset")
         return self

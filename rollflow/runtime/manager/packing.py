@@ -71,6 +71,12 @@ class GroupPacker:
                 return []
         return self._take(max_groups)
 
+    def restore_delivered(self, group_indexes: list[int]) -> None:
+        """A restarted manager's packer: these groups were handed out before the restart."""
+        delivered = set(group_indexes)
+        self._ready = deque(index for index in self._ready if index not in delivered)
+        self._delivered += len(delivered)
+
     def flush(self, max_groups: int | None = None) -> list[list[Sample]]:
         """Whatever groups are ready now, without waiting."""
         return self._take(max_groups if max_groups is not None else len(self._ready))

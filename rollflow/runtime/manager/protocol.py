@@ -42,6 +42,9 @@ class BatchBody(StrictModel):
     n: int = Field(1, ge=1, le=4096)
     sampling_params: SamplingBody = SamplingBody()
     allow_off_policy: bool = False
+    batch_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.]{1,64}$")
+    """The client's id for the batch, so that a submission retried across a manager restart finds the
+    batch it made rather than making a second one (letters, digits, `_` and `.`)."""
 
     @model_validator(mode="after")
     def _non_empty_prompts(self) -> BatchBody:
@@ -59,6 +62,9 @@ class NextMicroBatchBody(StrictModel):
     min_groups: int = Field(1, ge=1)
     max_groups: int = Field(1 << 30, ge=1)
     timeout_s: float | None = Field(None, ge=0, le=3600)
+    micro_batch: int | None = Field(None, ge=0)
+    """Index of the micro-batch asked for (how many the client holds already): one handed out before
+    is answered again, so a call retried across a manager restart hands no group out twice."""
 
     @model_validator(mode="after")
     def _ordered(self) -> NextMicroBatchBody:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -68,10 +67,11 @@ class Registry:
 
     def __init__(self) -> None:
         self._engines: dict[int, EngineRecord] = {}
-        self._ids = itertools.count()
+        self.next_id = 0  # the id the next engine gets
 
     def add(self, **fields) -> EngineRecord:
-        record = EngineRecord(engine_id=next(self._ids), **fields)
+        record = EngineRecord(engine_id=self.next_id, **fields)
+        self.next_id += 1
         self._engines[record.engine_id] = record
         return record
 

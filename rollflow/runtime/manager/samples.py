@@ -7,6 +7,7 @@ rewritten, which is what makes "nothing regenerated" checkable rather than a pro
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from dataclasses import dataclass, field
 
@@ -138,3 +139,15 @@ class Sample:
             "resumes": self.resumes,
             "regenerated_tokens": self.regenerated_tokens,
         }
+
+
+@dataclass
+class SampleRun:
+    """The manager's live state of one sample it tracks, beside the sample's own record: one
+    record per sample rather than a map per concern, so ending a sample forgets all of it at once."""
+
+    sample: Sample
+    task: asyncio.Task | None = None  # the running attempt
+    move_reason: str | None = None  # why the manager is ending that attempt early, once it is
+    watcher: asyncio.Event | None = None  # set at every update; a single request's caller waits on it
+    resumed_at: float | None = None  # loop time its last attempt ended early (for the resume delay)

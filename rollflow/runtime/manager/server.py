@@ -9,7 +9,8 @@ POST   /batches                   prompts x n samples -> batch id (trainer API)
 GET    /batches/{id}              counts by state
 POST   /batches/{id}/next         next micro-batch: blocks until min_groups groups are done
 POST   /batches/{id}/flush        whatever groups are done, now
-GET    /batches/{id}/samples      NDJSON stream of samples, ?order=completion|submission
+GET    /batches/{id}/samples      NDJSON stream of samples, ?order=completion|submission; ?after=N
+                                  (or Last-Event-ID: N) starts after the N lines seen already
 DELETE /batches/{id}              stop and forget a batch; its waiting /next (410) and sample
                                   streams (a last {"error": ...} line) end with a message
 POST   /step_report               trainer's step time and bubble -> next local budget
@@ -102,11 +103,15 @@ async def submit_batch(request: web.Request) -> web.Response:
     body = await parse_body(request, BatchBody)
     for index, prompt in enumerate(body.prompts):
         sglang_api.check_prompt(prompt, manager.config, f"prompts[{index}]")
+    known = manager.batches.get(body.batch_id) if body.batch_id is not None else None
+    if known is not None:  # a retried submission: the batch it made already
+        return web.json_response(known.status())
     batch = manager.submit_batch(
         body.prompts,
         body.n,
         sglang_api.sampling_params(body.sampling_params, manager.config),
         body.allow_off_policy,
+        batch_id=body.batch_id,
     )
     return web.json_response(batch.status(), status=201)
 
@@ -126,27 +131,44 @@ def _micro_batch_payload(manager: RolloutManager, batch, groups) -> dict:
 async def next_micro_batch(request: web.Request) -> web.Response:
     manager, batch = _batch(request)
     body = await parse_body(request, NextMicroBatchBody)
+    handed_out = len(batch.handouts)
+    if body.micro_batch is not None and body.micro_batch < handed_out:  # asked again: the same answer
+        groups = [batch.groups[index] for index in batch.handouts[body.micro_batch]]
+        last = body.micro_batch == handed_out - 1 and batch.packer.exhausted
+        return web.json_response(
+            {"groups": [[s.to_json() for s in group] for group in groups], "exhausted": last}
+        )
+    if body.micro_batch is not None and body.micro_batch > handed_out:
+        message = (
+            f"micro_batch {body.micro_batch} asked, but only {handed_out} were handed out of "
+            f"batch {batch.batch_id}"
+        )
+        raise http_error(web.HTTPConflict, message)
     try:
         groups = await batch.packer.next(body.min_groups, body.max_groups, body.timeout_s)
     except BatchDeleted as exc:
         raise http_error(web.HTTPGone, str(exc)) from None
+    await manager.hand_out(batch, groups)
     return web.json_response(_micro_batch_payload(manager, batch, groups))
 
 
 async def flush_batch(request: web.Request) -> web.Response:
     manager, batch = _batch(request)
-    return web.json_response(_micro_batch_payload(manager, batch, batch.packer.flush()))
+    groups = batch.packer.flush()
+    await manager.hand_out(batch, groups)
+    return web.json_response(_micro_batch_payload(manager, batch, groups))
 
 
 async def stream_samples(request: web.Request) -> web.StreamResponse:
     _, batch = _batch(request)
+    manager = request.app[MANAGER_KEY]
     order = request.query.get("order", "completion")
     if order not in ("completion", "submission"):
         raise BadRequest(f"order must be 'completion' or 'submission', got {order!r}")
+    pending = batch.samples
+    sent = _stream_cursor(request, len(pending))
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await response.prepare(request)
-    pending = batch.samples
-    sent = 0
     while True:
         changed = batch.changed()  # taken before reading: a change from here on wakes us
         if batch.deleted is not None:
@@ -161,6 +183,8 @@ async def stream_samples(request: web.Request) -> web.StreamResponse:
                 if sample.state < SampleState.FINISHED:
                     break
                 ready.append(sample)
+        if ready and manager.journal is not None:
+            await manager.journal.durable()  # a line the client sees is one a restart keeps in its place
         for sample in ready:
             await response.write(json.dumps(sample.to_json()).encode() + b"\n")
         sent += len(ready)
@@ -169,6 +193,19 @@ async def stream_samples(request: web.Request) -> web.StreamResponse:
         await changed
     await response.write_eof()
     return response
+
+
+def _stream_cursor(request: web.Request, num_samples: int) -> int:
+    """Lines of the stream the client has seen already (`?after=N`, or SSE's `Last-Event-ID: N`
+    header): a stream resumed after a manager restart starts after them."""
+    raw = request.query.get("after", request.headers.get("Last-Event-ID", "0"))
+    try:
+        after = int(raw)
+    except ValueError:
+        raise BadRequest(f"after (or Last-Event-ID) must be a number of lines, got {raw!r}") from None
+    if not 0 <= after <= num_samples:
+        raise BadRequest(f"after={after} is outside 0..{num_samples}, the batch's number of samples")
+    return after
 
 
 async def delete_batch(request: web.Request) -> web.Response:

@@ -43,11 +43,13 @@ from rollflow.runtime.engines.base import (
     SamplingParams,
 )
 from rollflow.runtime.engines.clients import make_client
+from rollflow.runtime.manager import recovery
 from rollflow.runtime.manager.config import ManagerConfig
+from rollflow.runtime.manager.journal import Journal
 from rollflow.runtime.manager.metrics import ManagerMetrics
 from rollflow.runtime.manager.packing import GroupPacker
 from rollflow.runtime.manager.registry import EngineRecord, Registry
-from rollflow.runtime.manager.samples import Sample, SampleState
+from rollflow.runtime.manager.samples import Sample, SampleRun, SampleState
 
 log = logging.getLogger("rollflow.manager")
 
@@ -94,6 +96,7 @@ class Batch:
     offloaded: bool = False
     completed: list[Sample] = field(default_factory=list)  # samples in completion order
     deleted: str | None = None  # why the batch went away (DELETE /batches/{id}), once it did
+    handouts: list[list[int]] = field(default_factory=list)  # group indexes of each micro-batch handed out
     _waiters: list[asyncio.Future] = field(default_factory=list)
 
     def changed(self) -> asyncio.Future:
@@ -146,10 +149,9 @@ class RolloutManager:
         self.balancer = OffloadBalancer(config.offload.settings()) if config.offload.enabled else None
         self.batches: dict[str, Batch] = {}
         self._queue: deque[Sample] = deque()
-        self._attempts: dict[str, asyncio.Task] = {}
-        self._move_reasons: dict[str, str] = {}
-        self._watchers: dict[str, asyncio.Event] = {}
-        self._resumed_at: dict[str, float] = {}  # sample id -> when its last attempt ended early
+        self._runs: dict[str, SampleRun] = {}  # sample id -> live state, while the manager tracks it
+        self.journal: Journal | None = None  # with `journal:` set, from start() on
+        self._restarts = 0  # managers that ran on this journal before this one (a part of each rid)
         self._seq = itertools.count()
         self._wake = asyncio.Event()
         self._background: set[asyncio.Task] = set()
@@ -164,12 +166,15 @@ class RolloutManager:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s)
         self._session = aiohttp.ClientSession(connector=connector, timeout=timeout)
         self._last_tick = asyncio.get_running_loop().time()
+        snapshot = await recovery.restore(self) if self.config.journal else None
         self._spawn(self._dispatch_loop())
         self._spawn(self._health_loop())
         self._spawn(self._loop_watch())
         try:
             for entry in self.config.engines:
                 await self._add_configured_engine(entry)
+            if snapshot is not None:
+                await recovery.rejoin_engines(self, snapshot)
         except BaseException:
             await self.close()  # no task or session outlives a manager that failed to start
             raise
@@ -200,10 +205,12 @@ class RolloutManager:
                 await asyncio.sleep(min(ENGINE_STARTUP_POLL_S, max(0.0, deadline - loop.time())))
 
     async def close(self) -> None:
-        tasks = [*self._background, *self._attempts.values()]
+        tasks = [*self._background, *(run.task for run in self._runs.values() if run.task is not None)]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self.journal is not None:
+            await self.journal.close()
         if self._session is not None:
             await self._session.close()
 
@@ -257,11 +264,32 @@ class RolloutManager:
             api_key=api_key,
         )
         log.info("engine %d joined: %s kind=%s version=%s", engine.engine_id, url, kind, version)
+        self._journal_engine(engine)
         if kind != "local":
             for batch in self.batches.values():
                 if batch.offloaded:
                     self._move_local_samples(batch)
         self._wake.set()
+        return engine
+
+    def add_failed_engine(
+        self, url: str, kind: InstanceKind, engine_type: str, capacity: int, api_key: str | None
+    ) -> EngineRecord:
+        """An engine known from before a restart that does not answer yet: set aside in the circuit
+        breaker, whose half-open checks register it again once it answers."""
+        client = make_client(engine_type, url, self._session, api_key=api_key)
+        engine = self.registry.add(
+            url=url,
+            kind=kind,
+            engine_type=engine_type,
+            capacity=capacity,
+            client=client,
+            weight_version=None,
+            api_key=api_key,
+        )
+        engine.state = "failed"
+        self._open_breaker(engine)
+        self._journal_engine(engine)
         return engine
 
     async def remove_engine(self, engine_id: int) -> EngineRecord:
@@ -273,6 +301,8 @@ class RolloutManager:
         self._retire(engine, "removed", reason="engine_removed")
         engine.state = "removed"  # a failed engine is removed too
         self.registry.forget(engine_id)
+        if self.journal is not None:
+            self.journal.engine_removed(engine.url)
         self._update_gauges()
         return engine
 
@@ -318,6 +348,7 @@ class RolloutManager:
             raise EngineUnavailable(f"engine {engine_id} reports version {loaded} after loading {version}")
         engine.weight_version = version
         engine.state = "healthy"
+        self._journal_engine(engine)
         self._wake.set()
         return engine
 
@@ -326,6 +357,11 @@ class RolloutManager:
         `/update_weights_from_disk`): route by its new version at once."""
         engine.weight_version = version
         self._wake.set()
+
+    def _journal_engine(self, engine: EngineRecord) -> None:
+        if self.journal is not None:
+            self.journal.engine_registered(engine.url, recovery.engine_record(engine))
+            self.journal.set_state("next_engine_id", self.registry.next_id)
 
     def _retire(self, engine: EngineRecord, state: str, reason: str) -> None:
         if engine.state in ("failed", "removed"):
@@ -387,12 +423,18 @@ class RolloutManager:
                 )
             last = now
             engines = self.registry.live()
+            checked_at = loop.time()
             results = await asyncio.gather(
                 *(asyncio.wait_for(e.client.health(), interval) for e in engines), return_exceptions=True
             )
+            # a check that timed out while the manager's own loop was blocked (a big body parsed, a
+            # starved CPU) says nothing about the engine: its answer may be waiting unread
+            blocked = self._loop_blocked_at >= checked_at or self._manager_stalled_now()
             for engine, healthy in zip(engines, results, strict=True):
                 if healthy is True:
                     engine.health_failures = 0
+                    continue
+                if blocked and isinstance(healthy, TimeoutError):
                     continue
                 engine.health_failures += 1
                 if engine.health_failures >= self.config.health_failures_to_remove:
@@ -418,8 +460,11 @@ class RolloutManager:
     def _manager_stalled(self) -> bool:
         """True when the manager's loop was blocked within the last stall window (or is just now)."""
         now = asyncio.get_running_loop().time()
-        recently = now - self._loop_blocked_at < self.config.stall_timeout_s
-        return recently or now - self._last_tick > LOOP_BEAT_S + LOOP_BLOCKED_S
+        return now - self._loop_blocked_at < self.config.stall_timeout_s or self._manager_stalled_now()
+
+    def _manager_stalled_now(self) -> bool:
+        """True when the loop's last beat is overdue: it is blocked now, before the watch notes it."""
+        return asyncio.get_running_loop().time() - self._last_tick > LOOP_BEAT_S + LOOP_BLOCKED_S
 
     def _update_gauges(self) -> None:
         counts = {"healthy": 0, "updating": 0, "failed": 0, "removed": 0}
@@ -428,7 +473,7 @@ class RolloutManager:
         for state, count in counts.items():
             self.metrics.engines.labels(state).set(count)
         self.metrics.queue_depth.set(len(self._queue))
-        self.metrics.running_samples.set(len(self._attempts))
+        self.metrics.running_samples.set(sum(len(e.running) for e in self.registry.all()))
 
     # ------------------------------------------------------------------ samples
 
@@ -451,14 +496,21 @@ class RolloutManager:
             sampling=sampling,
             allow_off_policy=allow_off_policy,
         )
-        self._watchers[sample.sample_id] = asyncio.Event()
+        self._runs[sample.sample_id] = SampleRun(sample, watcher=asyncio.Event())
         self._enqueue(sample)
         return sample
 
     def submit_batch(
-        self, prompts: list[list[int]], n: int, sampling: SamplingParams, allow_off_policy: bool = False
+        self,
+        prompts: list[list[int]],
+        n: int,
+        sampling: SamplingParams,
+        allow_off_policy: bool = False,
+        batch_id: str | None = None,
     ) -> Batch:
-        batch_id = uuid.uuid4().hex[:12]
+        """A batch of `n` samples per prompt; `batch_id` (the client's, so that a retried submission
+        finds its batch) must be new."""
+        batch_id = batch_id or uuid.uuid4().hex[:12]
         groups = [
             [
                 Sample(
@@ -478,7 +530,12 @@ class RolloutManager:
         budget = self.balancer.budget_s if self.balancer is not None else None
         batch = Batch(batch_id, groups, GroupPacker(groups), budget)
         self.batches[batch_id] = batch
+        for sample in batch.samples:
+            self._runs[sample.sample_id] = SampleRun(sample)
         self._queue.extend(batch.samples)
+        if self.journal is not None:
+            submission = recovery.batch_submission(prompts, n, sampling, allow_off_policy, budget)
+            self.journal.batch_submitted(batch_id, submission, batch.samples)
         if budget is not None:
             loop.call_later(budget, self._expire_budget, batch)
         self._wake.set()
@@ -489,6 +546,8 @@ class RolloutManager:
         samples stop). `deleted` says why a batch was dropped unfinished: its waiting `next` calls
         and sample streams end with that message."""
         batch = self.batches.pop(batch_id)
+        if self.journal is not None:
+            self.journal.batch_gone(batch_id)
         if deleted is not None:
             batch.deleted = deleted
             batch.packer.cancel(deleted)
@@ -498,6 +557,7 @@ class RolloutManager:
                 self._move(sample.sample_id, "cancelled")
                 sample.state = SampleState.FAILED
                 sample.error = "batch cancelled"
+            self._runs.pop(sample.sample_id, None)
         self._queue = deque(s for s in self._queue if s.batch_id != batch_id)
 
     def report_step(
@@ -506,13 +566,26 @@ class RolloutManager:
         """The trainer's measurement of one step; returns the next local budget (None if offload is off)."""
         self.num_step_reports += 1
         self.last_step_report = {"step_time_s": step_time_s, "bubble_s": bubble_s, "rollout_s": rollout_s}
-        if self.balancer is None:
-            return None
-        return self.balancer.update(StepReport(step_time_s, bubble_s))
+        budget = (
+            self.balancer.update(StepReport(step_time_s, bubble_s)) if self.balancer is not None else None
+        )
+        if self.journal is not None:
+            self.journal.set_state("step_reports", recovery.step_reports(self))
+        return budget
+
+    async def hand_out(self, batch: Batch, groups: list[list[Sample]]) -> None:
+        """Note a micro-batch handed to the trainer; with a journal, it is on disk before the trainer
+        hears of it, so a restarted manager never hands those groups out again."""
+        if not groups:
+            return
+        batch.handouts.append([group[0].group_index for group in groups])
+        if self.journal is not None:
+            self.journal.handed_out(batch.batch_id, len(batch.handouts) - 1, batch.handouts[-1])
+            await self.journal.durable()
 
     async def wait_for_update(self, sample: Sample) -> None:
         """Return once the sample has new tokens or a final state."""
-        event = self._watchers[sample.sample_id]
+        event = self._runs[sample.sample_id].watcher
         await event.wait()
         event.clear()
 
@@ -523,7 +596,7 @@ class RolloutManager:
             sample.state = SampleState.FAILED
             sample.error = "client went away"
             self._queue = deque(s for s in self._queue if s is not sample)
-        self._watchers.pop(sample.sample_id, None)
+        self._runs.pop(sample.sample_id, None)
 
     def _enqueue(self, sample: Sample, front: bool = False) -> None:
         sample.state = SampleState.WAITING
@@ -535,9 +608,9 @@ class RolloutManager:
         self._wake.set()
 
     def _notify(self, sample: Sample) -> None:
-        event = self._watchers.get(sample.sample_id)
-        if event is not None:
-            event.set()
+        run = self._runs.get(sample.sample_id)
+        if run is not None and run.watcher is not None:
+            run.watcher.set()
 
     # ----------------------------------------------------------------- dispatch
 
@@ -596,25 +669,35 @@ class RolloutManager:
             engines = [e for e in engines if e.kind != "local"]
         return engines
 
+    def _rid(self, sample: Sample) -> str:
+        """The engine's request id of the sample's current attempt, unique across manager restarts."""
+        rid = f"{sample.sample_id}.{sample.attempts}"
+        return f"{rid}.r{self._restarts}" if self._restarts else rid
+
     def _start_attempt(self, sample: Sample, engine: EngineRecord) -> None:
         sample.begin_attempt(engine.engine_id)
         engine.running[sample.sample_id] = sample.remaining_tokens
-        task = asyncio.get_running_loop().create_task(self._run_attempt(sample, engine))
-        self._attempts[sample.sample_id] = task
+        if self.journal is not None:
+            self.journal.attempt_started(sample, self._rid(sample), engine.url)
+        run = self._runs[sample.sample_id]
+        run.task = asyncio.get_running_loop().create_task(self._run_attempt(run, engine))
 
     def _move(self, sample_id: str, reason: str) -> None:
         """End a running attempt early; `_run_attempt` puts the sample back in the queue."""
-        task = self._attempts.get(sample_id)
-        if task is asyncio.current_task():
-            return  # the attempt that noticed the failure resumes its own sample
-        if task is not None and not task.done() and sample_id not in self._move_reasons:
-            self._move_reasons[sample_id] = reason
+        run = self._runs.get(sample_id)
+        task = run.task if run is not None else None
+        if task is None or task is asyncio.current_task():
+            return  # no attempt, or the attempt that noticed the failure resumes its own sample
+        if not task.done() and run.move_reason is None:
+            run.move_reason = reason
             task.cancel()
 
     def _expire_budget(self, batch: Batch) -> None:
         if self.batches.get(batch.batch_id) is not batch or batch.done:
             return
         batch.offloaded = True
+        if self.journal is not None:
+            self.journal.batch_offloaded(batch.batch_id)
         log.info("batch %s: local budget of %.2fs expired", batch.batch_id, batch.budget_s)
         self._move_local_samples(batch)
         self._wake.set()
@@ -629,19 +712,22 @@ class RolloutManager:
 
     # ------------------------------------------------------------------ streaming
 
-    async def _run_attempt(self, sample: Sample, engine: EngineRecord) -> None:
-        rid = f"{sample.sample_id}.{sample.attempts}"
+    async def _run_attempt(self, run: SampleRun, engine: EngineRecord) -> None:
+        sample = run.sample
+        rid = self._rid(sample)
         try:
-            outcome = await self._stream(sample, engine, rid)
+            outcome = await self._stream(run, engine, rid)
         except asyncio.CancelledError:
-            outcome = self._move_reasons.pop(sample.sample_id, None)
+            outcome, run.move_reason = run.move_reason, None
             if outcome is None:
                 raise  # the manager is shutting down
             asyncio.current_task().uncancel()
             self._spawn(self._abort_quietly(engine, rid))
         finally:
             engine.running.pop(sample.sample_id, None)
-            self._attempts.pop(sample.sample_id, None)
+            run.task = None
+            if self.journal is not None:
+                self.journal.attempt_ended(sample)
             self._wake.set()
         if outcome == "cancelled":
             return
@@ -665,8 +751,9 @@ class RolloutManager:
         else:
             self._resume(sample, outcome)
 
-    async def _stream(self, sample: Sample, engine: EngineRecord, rid: str) -> str | None:
+    async def _stream(self, run: SampleRun, engine: EngineRecord, rid: str) -> str | None:
         """Stream one attempt; return None when the sample finished, else why it must resume."""
+        sample = run.sample
         params = dataclasses.replace(
             sample.sampling,
             max_new_tokens=sample.remaining_tokens,
@@ -707,10 +794,11 @@ class RolloutManager:
                 if chunk.text is not None:
                     sample.engine_texts[sample.attempts] = chunk.text
                 tokens = chunk.token_ids[: sample.remaining_tokens]
+                start = len(sample.output_ids)
                 if tokens:
-                    resumed_at = self._resumed_at.pop(sample.sample_id, None)
-                    if resumed_at is not None:
-                        self.metrics.resume_delay.observe(asyncio.get_running_loop().time() - resumed_at)
+                    if run.resumed_at is not None:
+                        self.metrics.resume_delay.observe(asyncio.get_running_loop().time() - run.resumed_at)
+                        run.resumed_at = None
                     sample.record(
                         engine.engine_id,
                         engine.url,
@@ -723,6 +811,13 @@ class RolloutManager:
                     engine.window_tokens += len(tokens)
                     self.metrics.generated_tokens.labels(str(engine.engine_id)).inc(len(tokens))
                     self._notify(sample)
+                ended = chunk.finish_reason != "abort" and (
+                    chunk.finish_reason is not None or sample.remaining_tokens <= 0
+                )
+                if ended:
+                    sample.finish_reason = chunk.finish_reason or "length"
+                if self.journal is not None and (tokens or ended):
+                    self.journal.tokens(sample, start, engine.engine_id, engine.url, ended)
                 if chunk.finish_reason == "abort" and chunk.status_code is not None:
                     # the engine blames the request (SGLang's status_code): another engine may agree
                     why = chunk.message or "no reason given"
@@ -733,10 +828,11 @@ class RolloutManager:
                     # (slime's abort_all to every worker, a pause that aborts): the client's abort
                     sample.error = chunk.message or f"aborted on engine {engine.engine_id}"
                     return "client_abort"
-                if chunk.finish_reason is not None or sample.remaining_tokens <= 0:
-                    sample.finish_reason = chunk.finish_reason or "length"
+                if ended:
                     engine.consecutive_failures = 0  # the breaker's count: it served a whole sample
                     return None
+                if self.journal is not None and self.journal.full:
+                    await self.journal.room()  # a crash may lose no more than the journal's bound
         finally:
             if pending is not None:
                 pending.cancel()
@@ -756,6 +852,8 @@ class RolloutManager:
         if self.config.resume == "restart" and sample.output_ids:
             self.metrics.regenerated_tokens.inc(len(sample.output_ids))
             sample.discard_output()
+            if self.journal is not None:
+                self.journal.output_discarded(sample)
         if sample.attempts >= self.config.max_attempts:
             sample.state = SampleState.FAILED
             sample.error = f"gave up after {sample.attempts} attempts (last: {reason})"
@@ -765,7 +863,9 @@ class RolloutManager:
         log.info(
             "sample %s resumes (%s) with %d tokens kept", sample.sample_id, reason, len(sample.output_ids)
         )
-        self._resumed_at[sample.sample_id] = asyncio.get_running_loop().time()
+        self._runs[sample.sample_id].resumed_at = asyncio.get_running_loop().time()
+        if self.journal is not None:
+            self.journal.sample_changed(sample)
         self._enqueue(sample, front=True)
 
     def abort_sample(self, sample: Sample, message: str = "aborted by request") -> None:
@@ -774,11 +874,11 @@ class RolloutManager:
         if sample.state >= SampleState.FINISHED:
             return
         sample.error = message
-        task = self._attempts.get(sample.sample_id)
-        if task is not None and not task.done():
+        run = self._runs.get(sample.sample_id)
+        if run is not None and run.task is not None and not run.task.done():
             # `_run_attempt` aborts it on its engine and ends it, whatever move was pending
-            self._move_reasons[sample.sample_id] = "client_abort"
-            task.cancel()
+            run.move_reason = "client_abort"
+            run.task.cancel()
             return
         self._queue = deque(s for s in self._queue if s is not sample)
         self._end_aborted(sample, message)
@@ -797,11 +897,15 @@ class RolloutManager:
 
     def _complete(self, sample: Sample) -> None:
         sample.engine_id = None
-        self._resumed_at.pop(sample.sample_id, None)
+        run = self._runs.get(sample.sample_id)
+        if run is not None and run.watcher is None:
+            del self._runs[sample.sample_id]  # a batch's sample: its batch holds it from here on
         self.metrics.finished_samples.labels(sample.state.name.lower()).inc()
         batch = self.batches.get(sample.batch_id)
         if batch is not None:
             batch.completed.append(sample)
+            if self.journal is not None:
+                self.journal.sample_changed(sample, completed=len(batch.completed) - 1)
             batch.packer.sample_done(sample)
             batch.notify()
         self._notify(sample)

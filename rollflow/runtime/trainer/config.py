@@ -20,6 +20,9 @@ class TrainConfig(StrictModel):
     `rollflow launch up` sets for its trainer command), else http://127.0.0.1:30100."""
     manager_token: str | None = None
     """Bearer token for the manager's admin routes (weight updates); default $ROLLFLOW_MANAGER_TOKEN."""
+    manager_reconnect_s: float = Field(120.0, ge=0)
+    """How long the trainer waits for a manager that went away (restarting from its journal) before it
+    stops with an error; it then carries on with the same batch. 0: stop at once."""
     model: str
     """Checkpoint folder of the initial policy (also the frozen reference model); engines start on it."""
     algorithm: Literal["grpo", "ppo"] = "grpo"

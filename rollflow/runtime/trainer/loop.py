@@ -92,7 +92,7 @@ class Trainer:
         self.reward_fn = load_callable(config.reward, "reward")
         self.prompts_fn = load_callable(config.prompts, "prompts")
         token = config.manager_token or os.environ.get("ROLLFLOW_MANAGER_TOKEN")
-        self.client = ManagerClient(config.manager_url, token=token)
+        self.client = ManagerClient(config.manager_url, token=token, reconnect_s=config.manager_reconnect_s)
         torch.manual_seed(config.seed)
 
         self.parallel = parallel

@@ -1,0 +1,215 @@
+"""What the manager's journal costs, and how fast a manager killed mid-batch is generating again.
+
+    python benchmarks/manager_journal.py [--batches 40] [--prompts 8] [--n 4] [--tokens 64]
+
+The engines are HTTP servers on 127.0.0.1 that stream SGLang's /generate one token per event with
+no model behind them (`--token-delay-ms` between tokens, 0 by default), so the numbers are the
+manager's and its journal's, not a model's. Each run starts a fresh `rollflow manager serve`,
+with the journal on (the default flush interval) or off, and measures through `ManagerClient`:
+
+- latency: one small batch at a time (1 prompt, n=1), submit -> its micro-batch received, p50/p99;
+- throughput: `--batches` batches of `--prompts` x `--n` samples submitted at once, tokens/s until
+  every micro-batch is received.
+
+Then the restart: a batch of long samples (engines slowed to 5 ms a token), the manager killed
+with SIGKILL mid-batch and started again on its journal; printed are the time from starting the
+new process to it answering, and to its first resumed token (generated again by the engines).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from aiohttp import web
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from rollflow.runtime.manager.client import ManagerClient  # noqa: E402
+from tests.runtime.processes import Process, free_port, http, rollflow  # noqa: E402
+
+
+class StreamingEngine:
+    """SGLang's /generate streamed one token per event, on its own thread and event loop."""
+
+    def __init__(self, token_delay_s: float) -> None:
+        self.token_delay_s = token_delay_s
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        threading.Thread(target=self._run, args=(ready,), daemon=True).start()
+        ready.wait(10)
+
+    def _run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self._loop)
+        app = web.Application()
+        app.add_routes(
+            [
+                web.post("/generate", self._generate),
+                web.get("/health", self._ok),
+                web.get("/get_weight_version", self._version),
+                web.post("/abort_request", self._ok),
+            ]
+        )
+        runner = web.AppRunner(app, access_log=None)
+        self._loop.run_until_complete(runner.setup())
+        self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
+        ready.set()
+        self._loop.run_forever()
+
+    async def _ok(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _version(self, request: web.Request) -> web.Response:
+        return web.json_response({"weight_version": 0})
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        n = body["sampling_params"]["max_new_tokens"]
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        with contextlib.suppress(ConnectionResetError):  # the manager went away (killed on purpose)
+            await self._stream(response, body["rid"], n)
+        return response
+
+    async def _stream(self, response: web.StreamResponse, rid: str, n: int) -> None:
+        entries = []
+        for index in range(n):
+            entries.append([-0.5, 1 + index % 100, None])
+            meta = {
+                "id": rid,
+                "completion_tokens": index + 1,
+                "finish_reason": {"type": "length"} if index == n - 1 else None,
+                "output_token_logprobs": entries[-1:],
+                "weight_version": 0,
+            }
+            await response.write(f"data: {json.dumps({'text': '', 'meta_info': meta})}\n\n".encode())
+            if self.token_delay_s:
+                await asyncio.sleep(self.token_delay_s)
+        await response.write(b"data: [DONE]\n\n")
+
+
+def _start_manager(tmp: Path, engines: list[StreamingEngine], journal: Path | None, port: int) -> Process:
+    config: dict = {"engines": [{"url": e.url, "capacity": 1024} for e in engines]}
+    if journal is not None:
+        config["journal"] = str(journal)
+    path = tmp / f"manager-{port}.yaml"
+    path.write_text(json.dumps(config))
+    args = rollflow("manager", "serve", "--config", str(path), "--port", str(port))
+    return Process(args, port, tmp / f"manager-{port}-{time.monotonic_ns()}.log")
+
+
+def _drain(client: ManagerClient, prompts: list[list[int]], n: int, tokens: int) -> int:
+    batch = client.submit(prompts, n=n, max_new_tokens=tokens, temperature=0)
+    return sum(len(s["output_ids"]) for mb in batch.micro_batches() for g in mb for s in g)
+
+
+def measure(args: argparse.Namespace, tmp: Path, journal: bool) -> dict:
+    engines = [StreamingEngine(0.0) for _ in range(2)]
+    port = free_port()
+    manager = _start_manager(tmp, engines, tmp / f"journal-{port}.db" if journal else None, port)
+    client = ManagerClient(manager.url)
+    try:
+        for _ in range(5):  # warm up
+            _drain(client, [[1, 2, 3]], 1, args.tokens)
+        latencies = []
+        for i in range(args.latency_batches):
+            started = time.perf_counter()
+            _drain(client, [[1, 2, i % 50]], 1, args.tokens)
+            latencies.append(time.perf_counter() - started)
+        prompts = [[4, 5, i] for i in range(args.prompts)]
+        started = time.perf_counter()
+        with ThreadPoolExecutor(args.batches) as pool:
+            tokens = sum(
+                pool.map(lambda _: _drain(client, prompts, args.n, args.tokens), range(args.batches))
+            )
+        elapsed = time.perf_counter() - started
+    finally:
+        manager.stop()
+    latencies.sort()
+    return {
+        "p50_ms": 1000 * statistics.median(latencies),
+        "p99_ms": 1000 * latencies[int(0.99 * (len(latencies) - 1))],
+        "tokens_per_s": tokens / elapsed,
+    }
+
+
+def restart(tmp: Path) -> tuple[float, float]:
+    """(s to answering, s to the first resumed token) of a manager started again after a SIGKILL."""
+    engines = [StreamingEngine(0.005) for _ in range(2)]
+    port = free_port()
+    journal = tmp / "restart.db"
+    manager = _start_manager(tmp, engines, journal, port)
+    batch = ManagerClient(manager.url).submit([[i, 2, 3] for i in range(8)], n=4, max_new_tokens=2000)
+    deadline = time.monotonic() + 60
+    while _tokens(manager) < 4000 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    manager.kill()
+    manager.stop()
+    started = time.perf_counter()
+    manager = _start_manager(tmp, engines, journal, port)
+    answering = time.perf_counter() - started
+    try:
+        while _tokens(manager) == 0:
+            time.sleep(0.002)
+        first_token = time.perf_counter() - started
+        batch.cancel()
+    finally:
+        manager.stop()
+    return answering, first_token
+
+
+def _tokens(manager: Process) -> int:
+    status, body = http("GET", manager.url + "/workers")
+    return sum(w["tokens_generated"] for w in body["workers"]) if status == 200 else 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--batches", type=int, default=16)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--n", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--latency-batches", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each, alternating; medians shown")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        tmp = Path(folder)
+        runs: dict[str, list[dict]] = {"journal off": [], "journal on": []}
+        for _ in range(args.repeats):  # alternating, so that load from elsewhere falls on both alike
+            runs["journal off"].append(measure(args, tmp, journal=False))
+            runs["journal on"].append(measure(args, tmp, journal=True))
+        rows = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
+        answering, first_token = restart(tmp)
+    print(
+        f"\n{args.batches} batches x {args.prompts} prompts x n={args.n} x {args.tokens} tokens, "
+        f"one token per event (medians of {args.repeats} runs each)"
+    )
+    print(f"{'':<14}{'p50 ms':>10}{'p99 ms':>10}{'tokens/s':>12}")
+    for name, row in rows.items():
+        print(f"{name:<14}{row['p50_ms']:>10.2f}{row['p99_ms']:>10.2f}{row['tokens_per_s']:>12.0f}")
+    off, on = rows["journal off"], rows["journal on"]
+    print(
+        f"\nlatency p50 on/off: {on['p50_ms'] / off['p50_ms']:.3f}x (added {on['p50_ms'] - off['p50_ms']:.2f} ms)"
+    )
+    print(f"throughput on/off: {on['tokens_per_s'] / off['tokens_per_s']:.3f}x (goal >= 0.90x)")
+    print(
+        f"restart after SIGKILL: answering in {answering:.2f} s, first resumed token at {first_token:.2f} s"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""A manager started on an existing journal carries on where the last one stopped.
+
+open the journal (off the loop)  -> refuse another config's or schema's journal
+batches and samples              -> rebuilt with their journaled tokens and spans; finished samples
+                                    served again, unfinished ones resumed from their tokens by the
+                                    same path as an engine failure, so nothing journaled is
+                                    regenerated; micro-batches handed out stay handed out
+attempts running at the crash    -> aborted on their engines (POST /abort_request with their rid)
+engines registered at run time   -> registered again, health-checked; one that is down waits in
+                                    the circuit breaker as a failed engine would
+balancer, step reports, ids      -> as they were
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from rollflow.runtime.engines.base import SamplingParams
+from rollflow.runtime.engines.clients import make_client
+from rollflow.runtime.manager.journal import Journal, JournalRefused, Snapshot, open_journal
+from rollflow.runtime.manager.packing import GroupPacker
+from rollflow.runtime.manager.samples import Sample, SampleRun, SampleState
+
+if TYPE_CHECKING:
+    from rollflow.runtime.manager.registry import EngineRecord
+    from rollflow.runtime.manager.service import RolloutManager
+
+log = logging.getLogger(__name__)
+
+RESTART_REASON = "manager_restarted"
+"""The resume reason (and `rollflow_resumed_samples_total` label) of samples a restart resumed."""
+
+
+def batch_submission(
+    prompts: list[list[int]], n: int, sampling: SamplingParams, allow_off_policy: bool, budget_s: float | None
+) -> dict:
+    """A batch as the journal keeps it: what was asked, and when (its local budget runs on wall time)."""
+    return {
+        "prompts": prompts,
+        "n": n,
+        "sampling": dataclasses.asdict(sampling),
+        "allow_off_policy": allow_off_policy,
+        "budget_s": budget_s,
+        "submitted_at": time.time(),
+        "offloaded": False,
+    }
+
+
+def engine_record(engine: EngineRecord) -> dict:
+    return {
+        "url": engine.url,
+        "kind": engine.kind,
+        "engine_type": engine.engine_type,
+        "capacity": engine.capacity,
+        "api_key": engine.api_key,
+        "weight_version": engine.weight_version,
+        "engine_id": engine.engine_id,
+    }
+
+
+def step_reports(manager: RolloutManager) -> dict:
+    return {
+        "num_step_reports": manager.num_step_reports,
+        "last_step_report": manager.last_step_report,
+        "balancer": manager.balancer.state() if manager.balancer is not None else None,
+    }
+
+
+async def restore(manager: RolloutManager) -> Snapshot:
+    """Open the manager's journal, put its state back, abort the attempts the last manager left running."""
+    config = manager.config
+    conn, snapshot = await asyncio.to_thread(open_journal, config.journal, config.model_dump(mode="json"))
+    manager.journal = Journal(conn, config.journal_flush_interval_ms, config.journal_max_unflushed_tokens)
+    manager.journal.start()
+    manager._restarts = snapshot.restarts
+    if snapshot.restarts == 0:
+        return snapshot
+    _restore_counters(manager, snapshot)
+    for batch_id, submission in snapshot.batches.items():
+        _restore_batch(manager, snapshot, batch_id, submission)
+    await _abort_left_running(manager, snapshot)
+    log.info(
+        "restored from journal %s (restart %d): %d batches, %d samples, %d engines to register again",
+        config.journal,
+        snapshot.restarts,
+        len(snapshot.batches),
+        len(snapshot.samples),
+        len(snapshot.engines),
+    )
+    manager._wake.set()
+    return snapshot
+
+
+def _restore_counters(manager: RolloutManager, snapshot: Snapshot) -> None:
+    state = snapshot.state
+    manager.registry.next_id = state.get("next_engine_id", 0)  # ids in journaled spans stay unique
+    seqs = [row["seq"] for row in snapshot.samples.values()]
+    manager._seq = itertools.count(max(seqs, default=-1) + 1)
+    reports = state.get("step_reports")
+    if reports is not None:
+        manager.num_step_reports = reports["num_step_reports"]
+        manager.last_step_report = reports["last_step_report"]
+        if manager.balancer is not None and reports["balancer"] is not None:
+            manager.balancer.load_state(reports["balancer"])
+
+
+def _restore_batch(manager: RolloutManager, snapshot: Snapshot, batch_id: str, submission: dict) -> None:
+    from rollflow.runtime.manager.service import Batch  # service imports this module
+
+    sampling = SamplingParams(
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in submission["sampling"].items()}
+    )
+    groups = [
+        [
+            _restore_sample(snapshot, batch_id, f"{batch_id}-{g}-{i}", prompt, sampling, submission, g)
+            for i in range(submission["n"])
+        ]
+        for g, prompt in enumerate(submission["prompts"])
+    ]
+    batch = Batch(batch_id, groups, GroupPacker(groups), submission["budget_s"], submission["offloaded"])
+    batch.handouts = snapshot.handouts.get(batch_id, [])
+    manager.batches[batch_id] = batch
+    samples = batch.samples
+    completed = sorted(
+        (s for s in samples if s.state >= SampleState.FINISHED),
+        key=lambda s: snapshot.samples[s.sample_id]["completed"],
+    )
+    for sample in completed:
+        batch.completed.append(sample)
+        batch.packer.sample_done(sample)
+    batch.packer.restore_delivered([index for handout in batch.handouts for index in handout])
+    running = {attempt["sample_id"] for attempt in snapshot.attempts}
+    for sample in samples:
+        if sample.state >= SampleState.FINISHED:
+            continue
+        manager._runs[sample.sample_id] = SampleRun(sample)
+        if sample.finish_reason is not None:  # its last tokens ended it; the manager died before noting it
+            manager._finish(sample)
+        elif sample.sample_id in running:  # cut off mid-attempt: resumed as from a failed engine
+            manager._resume(sample, RESTART_REASON)
+        else:  # queued (its tokens, if any, are part of its next input all the same)
+            manager._enqueue(sample)
+    budget = submission["budget_s"]
+    if budget is not None and not batch.offloaded and not batch.done:
+        left = budget - (time.time() - submission["submitted_at"])
+        asyncio.get_running_loop().call_later(max(0.0, left), manager._expire_budget, batch)
+
+
+def _restore_sample(
+    snapshot: Snapshot,
+    batch_id: str,
+    sample_id: str,
+    prompt: list[int],
+    sampling: SamplingParams,
+    submission: dict,
+    group: int,
+) -> Sample:
+    row = snapshot.samples[sample_id]
+    sample = Sample(
+        seq=row["seq"],
+        sample_id=sample_id,
+        prompt_ids=list(prompt),
+        sampling=sampling,
+        allow_off_policy=submission["allow_off_policy"],
+        batch_id=batch_id,
+        group_index=group,
+    )
+    for chunk in snapshot.chunks.get(sample_id, []):
+        if chunk.start == 0 and sample.output_ids:  # `resume: restart` threw these away
+            sample.discard_output()
+        if chunk.start != len(sample.output_ids):
+            raise JournalRefused(
+                f"journal {snapshot.path}: sample {sample_id} has a gap at token {len(sample.output_ids)}; "
+                "move it away to start afresh"
+            )
+        sample.attempts = chunk.attempt  # spans are per attempt: rebuilt exactly as they were recorded
+        sample.record(
+            chunk.engine_id, chunk.engine_url, chunk.weight_version, chunk.token_ids, chunk.logprobs
+        )
+    sample.attempts = row["attempts"]
+    sample.resumes = row["resumes"]
+    sample.request_failures = row["request_failures"]
+    sample.regenerated_tokens = row["regenerated_tokens"]
+    sample.finish_reason = row["finish_reason"]
+    sample.error = row["error"]
+    state = SampleState[row["state"].upper()]
+    sample.state = state if state >= SampleState.FINISHED else SampleState.WAITING
+    return sample
+
+
+async def _abort_left_running(manager: RolloutManager, snapshot: Snapshot) -> None:
+    """Engines may still be generating for the dead manager: stop them, so they serve the live one."""
+    from rollflow.runtime.manager.service import normalise_url  # service imports this module
+
+    engines = {normalise_url(entry.url): entry for entry in manager.config.engines}
+    known = {record["url"]: record for record in snapshot.engines}
+
+    async def abort(attempt: dict) -> None:
+        url = attempt["engine_url"]
+        entry = known.get(url) or (engines[url].model_dump() if url in engines else None)
+        if entry is None:
+            return  # an engine removed since: not the manager's to call any more
+        client = make_client(entry["engine_type"], url, manager._session, api_key=entry.get("api_key"))
+        try:
+            await asyncio.wait_for(client.abort(attempt["rid"]), manager.config.connect_timeout_s)
+            log.info("aborted %s on %s, left running by the last manager", attempt["rid"], url)
+        except Exception as exc:  # an engine that is down has nothing running either
+            log.info("could not abort %s on %s: %s", attempt["rid"], url, exc)
+        finally:
+            await client.close()
+
+    await asyncio.gather(*(abort(attempt) for attempt in snapshot.attempts))
+
+
+async def rejoin_engines(manager: RolloutManager, snapshot: Snapshot) -> None:
+    """Register again the engines that joined at run time (those of `engines:` joined already)."""
+    from rollflow.runtime.manager.service import EngineUnavailable, normalise_url  # (as above)
+
+    configured = {normalise_url(entry.url) for entry in manager.config.engines}
+    for record in snapshot.engines:
+        if record["url"] in configured or manager.registry.by_url(record["url"]) is not None:
+            continue
+        args = (record["url"], record["kind"], record["engine_type"], record["capacity"], record["api_key"])
+        try:
+            await manager.add_engine(*args)
+        except EngineUnavailable as exc:
+            log.warning(
+                "engine %s did not come back (%s); the health checker tries it again", record["url"], exc
+            )
+            manager.add_failed_engine(*args)

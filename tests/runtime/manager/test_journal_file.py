@@ -1,0 +1,161 @@
+"""The journal file on its own: what it refuses, what a torn write leaves, how its writer batches."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sqlite3
+
+import pytest
+
+from rollflow.config import ConfigError, load_config
+from rollflow.runtime.engines.base import SamplingParams
+from rollflow.runtime.manager.config import ManagerConfig
+from rollflow.runtime.manager.journal import SCHEMA_VERSION, Journal, JournalRefused, open_journal
+from rollflow.runtime.manager.samples import Sample
+
+CONFIG = ManagerConfig().model_dump(mode="json")
+
+
+def test_a_journal_of_another_schema_version_is_refused_naming_both(tmp_path):
+    path = str(tmp_path / "j.db")
+    conn, _ = open_journal(path, CONFIG)
+    conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    conn.close()
+    with pytest.raises(
+        JournalRefused,
+        match=f"journal {path} has schema version 99; this rollflow reads version {SCHEMA_VERSION}",
+    ):
+        open_journal(path, CONFIG)
+
+
+def test_a_file_that_is_no_journal_is_refused_naming_it(tmp_path):
+    path = tmp_path / "j.db"
+    path.write_bytes(b"not a database, " * 512)
+    with pytest.raises(JournalRefused, match=f"journal {path} cannot be read"):
+        open_journal(str(path), CONFIG)
+
+
+def test_a_restart_may_change_where_the_manager_listens_but_not_what_it_does(tmp_path):
+    path = str(tmp_path / "j.db")
+    open_journal(path, CONFIG)[0].close()
+    moved = CONFIG | {"port": 40000, "token": "t", "journal_flush_interval_ms": 5}
+    conn, snapshot = open_journal(path, moved)
+    conn.close()
+    assert snapshot.restarts == 1
+    with pytest.raises(JournalRefused, match=r"differs in: max_attempts, resume\)"):
+        open_journal(path, CONFIG | {"resume": "restart", "max_attempts": 3})
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("journal_flush_interval_ms=0", "journal_flush_interval_ms"),
+        ("journal_max_unflushed_tokens=0", "journal_max_unflushed_tokens"),
+        ("journal=' '", "journal"),
+    ],
+)
+def test_bad_journal_settings_are_named(override, key):
+    with pytest.raises(ConfigError, match=key):
+        load_config(ManagerConfig, None, [override])
+
+
+def _write_two_transactions(path: str, crash_copy: str) -> None:
+    """Two commits through the writer thread; the files are copied while the connection is open,
+    as a crash leaves them (the WAL not yet folded into the database)."""
+
+    async def run() -> None:
+        conn, _ = open_journal(path, CONFIG)
+        journal = Journal(conn, flush_interval_ms=10, max_unflushed_tokens=1000)
+        journal.start()
+        journal.set_state("first", 1)
+        await journal.durable()
+        journal.set_state("second", "x" * 5000)  # a transaction of more than one page
+        await journal.durable()
+        for suffix in ("", "-wal"):
+            shutil.copy(path + suffix, crash_copy + suffix)
+        await journal.close()
+
+    asyncio.run(run())
+
+
+def test_a_wal_torn_mid_transaction_opens_at_the_last_whole_one(tmp_path):
+    path, crash = str(tmp_path / "j.db"), str(tmp_path / "crash.db")
+    _write_two_transactions(path, crash)
+    wal = tmp_path / "crash.db-wal"
+    whole = wal.read_bytes()
+    wal.write_bytes(whole[: len(whole) - 2000])  # the second transaction's last frame cut short
+    conn, snapshot = open_journal(crash, CONFIG)
+    conn.close()
+    assert snapshot.state == {"first": 1}
+
+
+def test_the_writer_batches_many_writes_into_few_commits(tmp_path):
+    async def run() -> int:
+        conn, _ = open_journal(str(tmp_path / "j.db"), CONFIG)
+        journal = Journal(conn, flush_interval_ms=200, max_unflushed_tokens=10_000)
+        journal.start()
+        for index in range(500):
+            journal.set_state(f"key{index}", index)
+        await journal.durable()
+        commits = journal.num_commits
+        await journal.close()
+        return commits
+
+    assert asyncio.run(run()) <= 2
+    rows = sqlite3.connect(tmp_path / "j.db").execute("SELECT count(*) FROM state").fetchone()[0]
+    assert rows == 500
+
+
+def _sample(index: int) -> Sample:
+    sample = Sample(index, f"b-{index}-0", [1, 2], SamplingParams(max_new_tokens=1000), batch_id="b")
+    sample.begin_attempt(0)
+    return sample
+
+
+def _stream(journal: Journal, sample: Sample, num_tokens: int) -> None:
+    """`num_tokens` tokens recorded one at a time, as an engine streams them, each journaled."""
+    for _ in range(num_tokens):
+        start = len(sample.output_ids)
+        sample.record(0, "http://e", 0, [start + 10], [-0.5])
+        journal.tokens(sample, start, 0, "http://e", ended=False)
+
+
+def test_tokens_past_the_bound_are_written_at_once_not_at_the_interval(tmp_path):
+    async def run() -> tuple[int, int]:
+        conn, _ = open_journal(str(tmp_path / "j.db"), CONFIG)
+        journal = Journal(conn, flush_interval_ms=60_000, max_unflushed_tokens=10)
+        journal.start()
+        _stream(journal, _sample(0), 12)
+        before = journal.unflushed_tokens
+        await asyncio.wait_for(journal.room(), 30)  # an hour-long interval would hang here
+        after = journal.unflushed_tokens
+        await journal.close()
+        return before, after
+
+    assert asyncio.run(run()) == (12, 0)
+    conn, snapshot = open_journal(str(tmp_path / "j.db"), CONFIG)
+    conn.close()
+    assert [token for chunk in snapshot.chunks["b-0-0"] for token in chunk.token_ids] == list(range(10, 22))
+
+
+def test_tokens_go_in_one_row_per_flush_and_leave_with_their_batch(tmp_path):
+    async def run() -> tuple[int, int]:
+        conn, _ = open_journal(str(tmp_path / "j.db"), CONFIG)
+        journal = Journal(conn, flush_interval_ms=60_000, max_unflushed_tokens=10_000)
+        journal.start()
+        for index in range(50):
+            _stream(journal, _sample(index), 20)
+        await journal.durable()
+        rows = _count(conn, "token_log")
+        journal.batch_gone("b")
+        await journal.durable()
+        left = _count(conn, "token_log")
+        await journal.close()
+        return rows, left
+
+    assert asyncio.run(run()) == (1, 0)
+
+
+def _count(conn: sqlite3.Connection, table: str) -> int:
+    return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
