@@ -123,8 +123,11 @@ class ElasticSpec:
     join_timeout_s: float = 60.0  # how long a joining rank may take to load rank 0's state
 
 
-def spec_from_cluster(cluster: ClusterConfig, join_timeout_s: float = 60.0) -> ElasticSpec:
-    """The actor starts on its placement's devices and may grow over every device (auto_scheduler)."""
+def spec_from_cluster(
+    cluster: ClusterConfig, may_grow: bool | None = None, join_timeout_s: float = 60.0
+) -> ElasticSpec:
+    """The actor starts on its placement's devices; it may grow over every device when `may_grow`
+    (default: with auto_scheduler), so a rank is started on each of them."""
     if cluster.num_nodes != 1:
         from rollflow.errors import UserError
 
@@ -132,13 +135,16 @@ def spec_from_cluster(cluster: ClusterConfig, join_timeout_s: float = 60.0) -> E
             f"config error: cluster.num_nodes: live runs use one machine (got {cluster.num_nodes})"
         )
     actor = cluster.ranges()["actor"]
-    num_ranks = cluster.total_devices if cluster.auto_scheduler else actor.count
+    may_grow = cluster.auto_scheduler if may_grow is None else may_grow
+    num_ranks = cluster.total_devices if may_grow else actor.count
     devices = tuple("cpu" if cluster.device == "cpu" else f"cuda:{i}" for i in range(num_ranks))
     return ElasticSpec(devices, actor.count, cluster.threads_per_device, join_timeout_s)
 
 
 def start_elastic(trainer: Trainer, cluster: ClusterConfig | ElasticSpec) -> ElasticActor:
-    """Start the actor's other ranks and make `trainer` their leader (sets `trainer.actor`)."""
+    """Start the actor's other ranks and make `trainer` their leader (sets `trainer.actor`).
+
+    `cluster`: usually `trainer.config.cluster`; an ElasticSpec places the ranks by hand."""
     spec = cluster if isinstance(cluster, ElasticSpec) else spec_from_cluster(cluster)
     actor = ElasticActor.start(trainer, spec)
     trainer.actor = actor

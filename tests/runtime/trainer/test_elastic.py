@@ -9,11 +9,13 @@ import sys
 
 import pytest
 import torch
+import yaml
 
-from tests.runtime.processes import ENV, REPO
+from tests.runtime.processes import ENV, REPO, rollflow
 from tests.runtime.trainer import elastic_run
 from tests.runtime.trainer.ddp_ranks import initial_parameters, parameters
 from tests.runtime.trainer.test_distributed import assert_close
+from tests.runtime.trainer.test_train_e2e import base_config, engine_versions, rows, train
 
 
 @pytest.fixture(scope="module")
@@ -67,3 +69,34 @@ def test_a_rank_killed_while_joining_leaves_the_step_on_the_ranks_it_had(elastic
     failed = [m for m in log["moves"] if not m["ok"]]
     assert [(m["step"], m["requested"], m["to_ranks"]) for m in failed] == [(2, 3, 2)]
     assert failed[0]["reason"].startswith("rank 2 died")
+
+
+def test_rollflow_train_with_a_cluster_section_trains_on_the_actors_device_slots(
+    processes, tiny_model, tmp_path
+):
+    manager = processes.manager(engines=[{"url": processes.engine().url}])
+    output = tmp_path / "run"
+    placement = {"actor": "0-1", "rollout": "2"}
+    config = base_config(manager, tiny_model, output, cluster={"component_placement": placement})
+    result = train(config, tmp_path, "--resume", "never")
+    assert "elastic actor: 2 ranks started (cpu, cpu), 2 active at each step start" in result.stderr
+    assert [int(r["step"]) for r in rows(output)] == [1, 2]
+    assert all(int(r["samples"]) == 16 and int(r["tokens"]) > 0 for r in rows(output))
+    assert engine_versions(manager) == [2]
+
+
+def test_a_cluster_whose_actor_does_not_divide_the_mini_batch_is_one_line(tiny_model, tmp_path):
+    placement = {"actor": "0-2", "rollout": "3"}
+    config = {"model": str(tiny_model), "n_samples": 4, "cluster": {"component_placement": placement}}
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
+    result = subprocess.run(
+        rollflow("train", "--config", str(tmp_path / "train.yaml")),
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert "cluster.component_placement.actor: rule 'actor data-parallel size divides the mini-batch'" in line
+    assert "do not divide the 16-sample mini-batch" in line
