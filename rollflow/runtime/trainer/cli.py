@@ -73,6 +73,10 @@ def _train(args: argparse.Namespace, started_at: float) -> None:
         trainer = Trainer(config, resume=args.resume == "auto", parallel=parallel)
         if config.cluster is not None:
             _start_actor(trainer)
+            if "inference" in config.cluster.component_placement:
+                from rollflow.runtime.inference.workers import start_inference
+
+                start_inference(trainer, config.cluster)
         if not leader:  # rank 0 shows progress and writes the metrics
             trainer.run()
             return

@@ -46,6 +46,7 @@ from rollflow.runtime.weights.checkpoint import publish_checkpoint, published_ve
 from rollflow.runtime.weights.cli import TOKEN_ENV as WEIGHTS_TOKEN_ENV
 
 if TYPE_CHECKING:
+    from rollflow.runtime.inference.workers import InferencePool
     from rollflow.runtime.trainer.elastic import ElasticActor
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,7 @@ class Trainer:
 
         self.parallel = parallel
         self.actor: ElasticActor | None = None  # set by elastic.start_elastic: this process leads it
+        self.inference: InferencePool | None = None  # set by inference.workers.start_inference
         # each called as hook(step being trained, optimizer steps done in it) between mini-batches
         self.minibatch_end_hooks: list[Callable[[int, int], None]] = []
         self.timer = PhaseTimer()  # rollout (waiting), training, sync: the RL simulator's phase names
@@ -115,7 +117,9 @@ class Trainer:
         self.device = parallel.device if parallel is not None else torch.device(config.device)
         self.policy = load_policy(start_from).to(self.device)
         self.policy.train()
-        self.reference = load_reference(config.model).to(self.device)
+        # with an inference placement, inference workers give the reference log-probs (start_inference)
+        places_inference = config.cluster is not None and "inference" in config.cluster.component_placement
+        self.reference = None if places_inference else load_reference(config.model).to(self.device)
         self.critic = None
         parameters = list(self.policy.parameters())
         if config.algorithm == "ppo":
@@ -182,6 +186,8 @@ class Trainer:
         finally:
             if self.actor is not None:
                 self.actor.close()
+            if self.inference is not None:
+                self.inference.close()
             metrics.close()
             # once per run, not per step: rewriting every span of the run each step grows quadratically
             write_chrome_trace(self.output_dir / "chrome_trace.json", self._phase_spans)
@@ -281,6 +287,8 @@ class Trainer:
         """
         size = self.config.micro_batch_groups
         iterator = batch.micro_batches(min_groups=size, max_groups=size)
+        if self.inference is not None:  # rollout -> inference -> actor
+            iterator = self.inference.stream(iterator, self.tokenizer.pad_token_id)
         while True:
             with self.timer.phase("rollout", num_gpus=self._num_ranks(), label="waiting for micro-batch"):
                 groups = next(iterator, None)

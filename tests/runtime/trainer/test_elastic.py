@@ -71,15 +71,17 @@ def test_a_rank_killed_while_joining_leaves_the_step_on_the_ranks_it_had(elastic
     assert failed[0]["reason"].startswith("rank 2 died")
 
 
-def test_rollflow_train_with_a_cluster_section_trains_on_the_actors_device_slots(
+def test_rollflow_train_with_a_cluster_section_trains_on_the_actors_device_slots_fed_by_inference(
     processes, tiny_model, tmp_path
 ):
     manager = processes.manager(engines=[{"url": processes.engine().url}])
     output = tmp_path / "run"
-    placement = {"actor": "0-1", "rollout": "2"}
+    placement = {"actor": "0-1", "rollout": "2", "inference": "3"}
     config = base_config(manager, tiny_model, output, cluster={"component_placement": placement})
     result = train(config, tmp_path, "--resume", "never")
     assert "elastic actor: 2 ranks started (cpu, cpu), 2 active at each step start" in result.stderr
+    assert "inference: 1 worker(s) started (cpu)" in result.stderr
+    assert result.stderr.count("inference: 16 samples processed; devices released") == 2
     assert [int(r["step"]) for r in rows(output)] == [1, 2]
     assert all(int(r["samples"]) == 16 and int(r["tokens"]) > 0 for r in rows(output))
     assert engine_versions(manager) == [2]
@@ -100,3 +102,27 @@ def test_a_cluster_whose_actor_does_not_divide_the_mini_batch_is_one_line(tiny_m
     (line,) = result.stderr.strip().splitlines()
     assert "cluster.component_placement.actor: rule 'actor data-parallel size divides the mini-batch'" in line
     assert "do not divide the 16-sample mini-batch" in line
+
+
+def test_inference_workers_give_the_reference_log_probs_the_trainer_would_compute(
+    single, tiny_model, tmp_path
+):
+    from rollflow.runtime.inference.workers import start_inference
+    from rollflow.runtime.trainer.loop import Trainer
+
+    torch.manual_seed(0)
+    placement = {"actor": "0", "rollout": "1", "inference": "2-3"}
+    config = elastic_run.config(str(tiny_model), tmp_path, "grpo")
+    config = config.model_validate({**config.model_dump(), "cluster": {"component_placement": placement}})
+    trainer = Trainer(config, resume=False)
+    assert trainer.reference is None  # the trainer holds no reference model of its own
+    pool = start_inference(trainer, config.cluster)
+    try:
+        elastic_run.train(trainer)
+    finally:
+        pool.close()
+    assert (
+        len(pool.releases) == 2 and pool.step_done
+    )  # released once per step, when every sample was processed
+    assert pool.samples_done == sum(len(group) for group in elastic_run.STEP_GROUPS[-1])
+    assert_close(parameters(trainer), single)
