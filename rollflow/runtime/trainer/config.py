@@ -119,10 +119,10 @@ class TrainConfig(StrictModel):
             raise ValueError(f"{problem} (micro_batch_groups x mini_batch_micro_batches x n_samples)")
         import torch
 
-        first = "cpu" if self.cluster.device == "cpu" else "cuda:0"
-        if torch.device(self.device) != torch.device(first):
+        if torch.device(self.device).type != self.cluster.device:
+            first = "cpu" if self.cluster.device == "cpu" else "cuda:0"
             raise ValueError(
-                f"device: {self.device!r}, but rank 0 of cluster.device={self.cluster.device} sits on {first}; "
+                f"device: {self.device!r}, but cluster.device={self.cluster.device} (rank 0 sits on {first}); "
                 f"set device: {first}"
             )
         return self

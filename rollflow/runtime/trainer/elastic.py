@@ -265,7 +265,13 @@ class ElasticActor:
             ", ".join(spec.devices),
             spec.base_ranks,
         )
-        return cls(trainer, spec, ranks, groups, listener, active_ranks=spec.base_ranks, max_ranks=world)
+        actor = cls(trainer, spec, ranks, groups, listener, active_ranks=1, max_ranks=world)
+        # the base ranks start from rank 0's state too (a resumed run restored it on rank 0 alone)
+        problem = actor._grow(spec.base_ranks)
+        if problem:
+            actor.close()
+            raise RuntimeError(f"elastic actor: rank(s) of its base size could not start: {problem}")
+        return actor
 
     def resize(self, active_ranks: int) -> float:
         """Train the next mini-batch on `active_ranks` ranks; the seconds the move took."""
