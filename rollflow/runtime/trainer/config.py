@@ -110,6 +110,12 @@ class TrainConfig(StrictModel):
         """Samples in one mini-batch (one optimizer step): what the actor's data-parallel size must divide."""
         return self.micro_batch_groups * self.mini_batch_micro_batches * self.n_samples
 
+    @property
+    def minibatches_per_step(self) -> int:
+        """Optimizer steps in one training step (the last mini-batch may be partial)."""
+        micro_batches = -(-self.prompts_per_step // self.micro_batch_groups)
+        return -(-micro_batches // self.mini_batch_micro_batches)
+
     @model_validator(mode="after")
     def _placement_fits(self) -> TrainConfig:
         if self.cluster is None:

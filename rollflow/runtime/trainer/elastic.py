@@ -36,7 +36,8 @@ How the live executor uses it (rank 0 is the `Trainer` in the executor's process
 - `actor.moves`: every `Resize` (step, mini-batches done, from, to, seconds, ok, reason).
 - `pool.samples_done` (samples of the current step through inference), `pool.step_done` (all of them,
   and the workers have released their devices), `pool.releases` (seconds of each step's release).
-- `trainer.config.minibatch_samples`: the mini-batch's samples (ResourceSnapshot.minibatch_samples).
+- `trainer.config.minibatch_samples`, `trainer.config.minibatches_per_step`: ResourceSnapshot's
+  minibatch_samples and num_minibatches (a step's groups fill micro-batches of `micro_batch_groups`).
 
 The ranks are started once, in one gloo process group on 127.0.0.1 (each with the device slot's thread
 budget, or its GPU), and stay up for the run: a mini-batch on k ranks splits each micro-batch's groups
