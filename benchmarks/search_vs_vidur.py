@@ -149,12 +149,12 @@ def run_vidur(args: argparse.Namespace, workdir: Path, trace: Path) -> dict:
 
 
 def rollflow_config(
-    workdir: Path, trace: Path, num_requests: int, tp: int, replicas: int, workers: int
+    workdir: Path, trace: Path, num_requests: int, tp: int, replicas: int, workers: int, seed: int
 ) -> dict:
     tables = workdir / "data" / "profiling"
     return {
         "simulation": {
-            "seed": 42,
+            "seed": seed,
             "cluster": {"model": MODEL, "device": "a100", "network_device": "a100_pairwise_nvlink"},
             "scheduler": {"max_tokens_in_batch": 4096},
             "execution": {
