@@ -25,8 +25,9 @@ output writing (Vidur's `_write_output`, which it otherwise runs from an atexit 
 rollflow's requests.csv and chrome trace) and peak memory, with their ratios; rollflow also
 with its two plots (the flags turn plots off on both sides). Without Vidur's source, only
 rollflow's side of the speed case runs.
-Vidur's random-forest training is cached in the work folder after the first run; `--cold`
-measures it once with an empty cache. No Vidur code is copied: it runs from the checkout.
+Vidur trains its random forests on its first run in a work folder and caches them there; the
+benchmark makes that run a 100-request warm-up before timing anything, so every timed Vidur run
+is warm. `--cold` measures a cold start once with an empty cache. No Vidur code is copied: it runs from the checkout.
 """
 
 from __future__ import annotations
