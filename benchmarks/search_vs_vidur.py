@@ -263,7 +263,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--seeds",
-        default="42,1,2,3",
+        default="42,1,2,3,4,5",
         help="rollflow workload seeds: the first is timed against Vidur (Vidur's seed is 42, with its "
         "own generator); all give each configuration's range of max QPS under sampling noise",
     )
