@@ -60,7 +60,7 @@ def simulate_steps(
             config, index, start, costs, scheduler, balancer, market, groups, lanes_free_at, sync_ends
         ).run()
         if balancer is not None:
-            balancer.update(StepReport(step.step_time_s, step.bubble_s))
+            balancer.update(StepReport(step.interval_s, step.bubble_s))  # the time it added
         steps.append(step)
         if on_step is not None:
             on_step(step)

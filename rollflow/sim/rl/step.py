@@ -124,7 +124,14 @@ class StepSimulator:
         self.rollout_done = False
         self.rollout_end: float | None = None
         self.held: list[SimRequest] = []  # samples waiting for the local instances (off-policy, collocated)
-        self.hold_cap = min(config.rollout.scheduler.batch_size_cap, config.rollout.execution.max_batch_size)
+        # Off-policy, collocated: what an early (preemptible) instance gets before the local ones join:
+        # its share of the step were every instance up, and no more than it can batch.
+        num_instances = config.num_gpus // config.rollout.tensor_parallel + config.spot.instances
+        self.hold_cap = min(
+            config.rollout.scheduler.batch_size_cap,
+            config.rollout.execution.max_batch_size,
+            -(-self.num_samples // num_instances),
+        )
         self.inference_done = False
         self.minibatches: list[list[int]] = []
         self.actor_sizes: list[int] = []
