@@ -56,7 +56,7 @@ def test_compare_writes_every_policy_of_the_spot_example(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     table = json.loads((tmp_path / "compare.json").read_text())
-    assert list(table) == ["on-demand", "spot-migrate", "spot-restart"]
+    assert list(table) == ["on-demand", "spot-migrate", "spot-restart", "spot-off-policy"]
     for row in table.values():
         assert set(row) >= {
             "step_time_s",
@@ -68,7 +68,10 @@ def test_compare_writes_every_policy_of_the_spot_example(tmp_path):
     assert table["on-demand"]["regenerated_tokens"] == table["spot-migrate"]["regenerated_tokens"] == 0
     assert (tmp_path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "spot-restart" / "summary.json").is_file()
-    assert "spot-migrate" in proc.stdout and "tokens/s" in proc.stdout
+    assert "spot-migrate" in proc.stdout and "tokens/s" in proc.stdout and "tokens/$ vs first" in proc.stdout
+    assert table["spot-off-policy"]["off_policy"] == 1 and table["spot-migrate"]["off_policy"] == 0
+    assert set(table["spot-off-policy"]["tokens_by_staleness"]) <= {"0", "1"}
+    assert table["spot-off-policy"]["tokens_per_usd"] > 0
 
 
 def test_a_bad_placement_is_a_one_line_error_naming_the_key():
