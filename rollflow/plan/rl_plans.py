@@ -24,8 +24,7 @@ def expand_plans(space: RLSearchSpace) -> list[dict[str, Any]]:
         for bound in space.off_policy:
             if bound and (
                 plan["scheduling"] != "static"
-                or plan["placement"] == "collocated"
-                and not plan["spot_instances"]
+                or (plan["placement"] == "collocated" and not plan["spot_instances"])
             ):
                 continue
             plans.append(plan | {"off_policy": bound})
