@@ -108,3 +108,25 @@ def test_no_plots_writes_the_numbers_without_any_figure(tmp_path):
     assert json.loads((tmp_path / "compare.json").read_text())
     assert not list(tmp_path.rglob("*.png"))
     assert list(tmp_path.rglob("summary.json"))
+
+
+def test_an_off_policy_run_reports_its_steady_state_and_tokens_per_staleness(tmp_path):
+    overrides = [*SHORT, "steps=3", "scheduling.kind=static", "off_policy=1"]
+    proc = _rollflow(
+        "rl-sim",
+        "run",
+        "--config",
+        "examples/rl/rlinf_dynamic.yaml",
+        "--output-dir",
+        str(tmp_path),
+        *overrides,
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["off_policy"] == 1 and summary["max_sample_staleness"] <= 1
+    assert summary["steady_state_step_time_s"] > 0 and summary["tokens_per_usd"] > 0
+    by_staleness = summary["tokens_by_staleness"]
+    assert set(by_staleness) <= {"0", "1"}
+    assert sum(by_staleness.values()) == sum(s["generated_tokens"] for s in summary["steps"])
+    assert "off-policy (bound 1): steady-state step" in proc.stdout
+    assert (tmp_path / "gantt.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
