@@ -1,7 +1,18 @@
 """rollflow versus Vidur on the same requests, tables and scheduler settings: fidelity and speed.
 
-    python benchmarks/vidur_compare.py --vidur ~/src/vidur --vidur-python ~/vidur-venv/bin/python
+    python benchmarks/vidur_compare.py --vidur-src ~/src/vidur --vidur-python ~/vidur-venv/bin/python
+    VIDUR_SRC=... VIDUR_PYTHON=... python benchmarks/vidur_compare.py   # the same, from the environment
     python benchmarks/vidur_compare.py            # rollflow's side of the speed case only
+
+Vidur is not a dependency of rollflow; it runs from its own source tree in its own virtual
+environment, built once (Python 3.10+; its requirements.txt, no GPU needed):
+
+    git clone https://github.com/microsoft/vidur ~/src/vidur   # only vidur/ and requirements.txt are used
+    python3.11 -m venv ~/vidur-venv
+    ~/vidur-venv/bin/pip install -r ~/src/vidur/requirements.txt
+
+The source tree goes on Vidur's PYTHONPATH (not installed), rollflow's own tree on rollflow's,
+so each side imports its own code.
 
 Both simulators get the same `python -m vidur.main` flags (rollflow through `rollflow sim
 from-vidur`), run from one work folder whose `data/profiling/...` holds Vidur's public MLP
@@ -12,9 +23,11 @@ whole-process wall time, start-up before the loop, the simulation loop (Vidur's
 `Simulator.run()` versus rollflow's event loop, both without start-up or predictor loading),
 output writing (Vidur's `_write_output`, which it otherwise runs from an atexit hook, versus
 rollflow's requests.csv and chrome trace) and peak memory, with their ratios; rollflow also
-with its two plots (the flags turn plots off on both sides). Without `--vidur`, only rollflow's side of the speed case runs.
-Vidur's random-forest training is cached in the work folder after the first run; `--cold`
-measures it once with an empty cache. No Vidur code is copied: it runs from the checkout.
+with its two plots (the flags turn plots off on both sides). Without Vidur's source, only
+rollflow's side of the speed case runs.
+Vidur trains its random forests on its first run in a work folder and caches them there; the
+benchmark makes that run a 100-request warm-up before timing anything, so every timed Vidur run
+is warm. `--cold` measures a cold start once with an empty cache. No Vidur code is copied: it runs from the checkout.
 """
 
 from __future__ import annotations
@@ -43,6 +56,15 @@ COMMON = [
     "--request_generator_config_type", "trace_replay",
     "--trace_request_generator_config_max_tokens", "4096",
     "--no-metrics_config_store_plots",
+]  # fmt: skip
+# `--vidur-quick-training`: one random-forest setting instead of Vidur's 27-point grid with 10-fold
+# cross-validation. It changes only Vidur's cold start (training and the cached prediction
+# tables) and so its execution times a little; its warm start-up and loop do the same work.
+QUICK_TRAINING = [
+    "--random_forrest_execution_time_predictor_config_num_estimators", "250",
+    "--random_forrest_execution_time_predictor_config_max_depth", "32",
+    "--random_forrest_execution_time_predictor_config_min_samples_split", "2",
+    "--random_forrest_execution_time_predictor_config_k_fold_cv_splits", "2",
 ]  # fmt: skip
 METRICS = {  # summary.json key -> Vidur request_metrics.csv column
     "ttft": "prefill_e2e_time",
@@ -162,9 +184,10 @@ def distribution(values: np.ndarray) -> dict[str, float]:
 
 
 def run_vidur(case: Case, args: argparse.Namespace, workdir: Path, trace: Path, tag: str, env: dict) -> Run:
+    """Vidur's whole process (`VIDUR_TIMER`), from its own source tree and Python."""
     out = workdir / "out" / f"vidur-{tag}"
     timings = workdir / f"vidur-{tag}-timings.json"
-    cmd = [args.vidur_python, "-c", VIDUR_TIMER, str(timings), *case.flags(trace),
+    cmd = [args.vidur_python, "-c", VIDUR_TIMER, str(timings), *case.flags(trace), *vidur_training(args),
            "--metrics_config_output_dir", str(out)]  # fmt: skip
     wall, rss = measure(cmd, workdir, env, workdir / f"vidur-{tag}.log")
     info = json.loads(timings.read_text())
@@ -173,6 +196,10 @@ def run_vidur(case: Case, args: argparse.Namespace, workdir: Path, trace: Path, 
     summary = {key: distribution(np.array([float(r[col]) for r in rows])) for key, col in METRICS.items()}
     summary["num_requests"] = len(rows)
     return Run(summary, wall, info["sim_loop_s"], info["setup_s"], info["output_s"], rss)
+
+
+def vidur_training(args: argparse.Namespace) -> list[str]:
+    return QUICK_TRAINING if args.vidur_quick_training else []
 
 
 def run_rollflow(case: Case, workdir: Path, trace: Path, tag: str, env: dict, plots: bool = False) -> Run:
@@ -229,9 +256,23 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--vidur", type=Path, help="checkout of microsoft/vidur (omit: rollflow's speed case only)"
+        "--vidur-src",
+        type=Path,
+        default=os.environ.get("VIDUR_SRC"),
+        help="source tree of microsoft/vidur, the folder holding vidur/ (default: $VIDUR_SRC; "
+        "omit both: rollflow's speed case only)",
     )
-    parser.add_argument("--vidur-python", default=sys.executable, help="python with Vidur's requirements")
+    parser.add_argument(
+        "--vidur-python",
+        default=os.environ.get("VIDUR_PYTHON", sys.executable),
+        help="python of a virtual environment with Vidur's requirements.txt (default: $VIDUR_PYTHON)",
+    )
+    parser.add_argument(
+        "--vidur-quick-training",
+        action="store_true",
+        help="train Vidur's random forests with one setting and 2-fold CV instead of its grid "
+        "(a cold start of minutes instead of most of an hour; the speed figures are warm)",
+    )
     parser.add_argument(
         "--data", type=Path, default=SHARED / "data" / "vidur", help="Vidur's public data folder"
     )
@@ -246,19 +287,32 @@ def main() -> None:
     workdir = args.workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     prepare_workdir(workdir, args.data.resolve())
-    env = {**os.environ, "WANDB_MODE": "disabled", "COLUMNS": "120"}
-    if args.vidur is not None:
-        env["PYTHONPATH"] = str(args.vidur.resolve())
+    base = {**os.environ, "WANDB_MODE": "disabled", "COLUMNS": "120"}
+    env = {**base, "PYTHONPATH": str(REPO)}  # rollflow's side: this tree, not an installed copy
+    vidur_env = None
+    if args.vidur_src is not None:
+        if not (args.vidur_src / "vidur" / "main.py").is_file():
+            sys.exit(f"--vidur-src {args.vidur_src}: no vidur/main.py there")
+        vidur_env = {**base, "PYTHONPATH": str(args.vidur_src.resolve())}
     else:
-        env["PYTHONPATH"] = str(REPO)
-        print("no --vidur: Vidur does not run; fidelity skipped, speed case measured for rollflow only")
+        print("no --vidur-src: Vidur does not run; fidelity skipped, speed case measured for rollflow only")
 
-    if not args.skip_fidelity and args.vidur is not None:
+    if vidur_env is not None and not any((workdir / "cache").glob("*_predictions.pkl")):
+        # Vidur's first run trains its random forests and caches them in workdir/cache.
+        warm_case = Case("cache warm-up", "sarathi", 1, 100, 1.0)
+        print("Vidur's cache is empty: training its random forests once (cold start) ...", flush=True)
+        start = time.perf_counter()
+        run_vidur(
+            warm_case, args, workdir, trace_for(warm_case, workdir, args.data.resolve()), "warmup", vidur_env
+        )
+        print(f"Vidur cold start incl. random-forest training: {time.perf_counter() - start:.0f} s")
+
+    if not args.skip_fidelity and vidur_env is not None:
         rows = []
         for i, case in enumerate(FIDELITY_CASES):
             trace = trace_for(case, workdir, args.data.resolve())
             print(f"[{i + 1}/{len(FIDELITY_CASES)}] {case.name} ...", flush=True)
-            rows.append((case.name, run_vidur(case, args, workdir, trace, f"f{i}", env),
+            rows.append((case.name, run_vidur(case, args, workdir, trace, f"f{i}", vidur_env),
                          run_rollflow(case, workdir, trace, f"f{i}", env)))  # fmt: skip
         print("\nFidelity (seconds; diff = rollflow vs Vidur)\n" + fidelity_table(rows))
 
@@ -267,17 +321,17 @@ def main() -> None:
         trace = trace_for(case, workdir, args.data.resolve())
         print(f"\n{case.name} ...", flush=True)
         runs: dict[str, Run] = {}
-        if args.vidur is not None:
-            runs["Vidur"] = run_vidur(case, args, workdir, trace, "speed", env)
+        if vidur_env is not None:
+            runs["Vidur"] = run_vidur(case, args, workdir, trace, "speed", vidur_env)
         runs["rollflow"] = run_rollflow(case, workdir, trace, "speed", env)
         runs["rollflow, with plots"] = run_rollflow(case, workdir, trace, "speed-plots", env, plots=True)
         print("\n" + speed_table(runs))
-        if args.cold and args.vidur is not None:
+        if args.cold and vidur_env is not None:
             with tempfile.TemporaryDirectory() as cache:
                 cold_case_flags = ["--metrics_config_cache_dir", cache]
                 cmd = [args.vidur_python, "-c", VIDUR_TIMER, str(workdir / "cold.json"), *case.flags(trace),
-                       *cold_case_flags, "--metrics_config_output_dir", str(workdir / "out" / "vidur-cold")]  # fmt: skip
-                wall, _ = measure(cmd, workdir, env, workdir / "vidur-cold.log")
+                       *vidur_training(args), *cold_case_flags, "--metrics_config_output_dir", str(workdir / "out" / "vidur-cold")]  # fmt: skip
+                wall, _ = measure(cmd, workdir, vidur_env, workdir / "vidur-cold.log")
             print(f"| Vidur cold start incl. random-forest training (s) | {wall:.0f} | | |")
 
 

@@ -35,6 +35,9 @@ class RLSearchSpace(StrictModel):
     """Preemptible rollout instances (collocated placements only)."""
     local_budget_s: list[float] = Field([60.0], min_length=1)
     """Initial local-rollout time budget before the tail goes to preemptible instances."""
+    off_policy: list[int] = Field([0], min_length=1)
+    """Staleness bounds tried (`off_policy` of `rl-sim run`; 0: on-policy). Off-policy plans need static
+    scheduling, and a collocated one needs preemptible instances (nothing else rolls out while it trains)."""
 
     @model_validator(mode="after")
     def _splits_for_disaggregated(self) -> RLSearchSpace:
@@ -44,6 +47,8 @@ class RLSearchSpace(StrictModel):
             )
         if any(n < 1 for n in self.num_gpus) or any(n < 0 for n in self.spot_instances):
             raise ValueError("num_gpus must be >= 1 and spot_instances >= 0")
+        if any(n < 0 for n in self.off_policy):
+            raise ValueError(f"off_policy: staleness bounds must be >= 0, got {self.off_policy}")
         return self
 
 

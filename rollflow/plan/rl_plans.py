@@ -17,7 +17,21 @@ SCHEDULING = {
 
 def expand_plans(space: RLSearchSpace) -> list[dict[str, Any]]:
     """Every plan as knob values; combinations a placement cannot take are left out, not skipped
-    (dynamic policies need a pipelined disaggregated placement; spot needs a collocated one)."""
+    (dynamic policies need a pipelined disaggregated placement; spot needs a collocated one;
+    off-policy needs static scheduling and, collocated, spot instances to roll out while it trains)."""
+    plans = []
+    for plan in _placement_plans(space):
+        for bound in space.off_policy:
+            if bound and (
+                plan["scheduling"] != "static"
+                or (plan["placement"] == "collocated" and not plan["spot_instances"])
+            ):
+                continue
+            plans.append(plan | {"off_policy": bound})
+    return plans
+
+
+def _placement_plans(space: RLSearchSpace) -> list[dict[str, Any]]:
     plans = []
     for num_gpus, placement in itertools.product(space.num_gpus, space.placement):
         if placement == "collocated":
@@ -71,6 +85,7 @@ def plan_config(base: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
     spot["instances"] = plan["spot_instances"]
     if plan["local_budget_s"] is not None:
         spot.setdefault("offload", {})["initial_budget_s"] = plan["local_budget_s"]
+    raw["off_policy"] = plan["off_policy"]
     raw.pop("compare", None)
     return raw
 
@@ -81,6 +96,11 @@ def _range(start: int, stop: int) -> str:
 
 
 def plan_label(plan: dict[str, Any]) -> str:
+    off = f" off-policy {plan['off_policy']}" if plan.get("off_policy") else ""
+    return _placement_label(plan) + off
+
+
+def _placement_label(plan: dict[str, Any]) -> str:
     if plan["placement"] == "collocated":
         spot = (
             f" +{plan['spot_instances']} spot (budget {plan['local_budget_s']:g} s)"

@@ -1,18 +1,19 @@
 """PNG figures of a simulation: latency CDFs, and queue depth and KV use over time per replica.
 
 Curves are downsampled before they are drawn (a figure is about a thousand pixels wide; a run
-has hundreds of thousands of samples), which keeps writing plots a small part of a run.
+has hundreds of thousands of samples), which keeps writing plots a small part of a run. Figures
+are drawn on matplotlib's Agg canvas directly, without pyplot (a tenth of a second less to
+import, no global figure registry), and with fixed margins: `tight_layout` would draw every
+figure twice, once to measure its labels.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 from rollflow.sim.metrics import RequestTable
 from rollflow.sim.simulator import SimResult
@@ -27,7 +28,9 @@ CDF_PANELS = (
 
 
 def plot_latency_cdfs(path: Path, table: RequestTable) -> Path:
-    fig, axes = plt.subplots(1, len(CDF_PANELS), figsize=(13, 3.6))
+    fig = Figure(figsize=(13, 3.6))
+    axes = fig.subplots(1, len(CDF_PANELS))
+    fig.subplots_adjust(left=0.05, right=0.99, bottom=0.15, top=0.88, wspace=0.22)
     for ax, (column, label) in zip(axes, CDF_PANELS, strict=True):
         values = np.sort(table.columns[column])
         if len(values):
@@ -40,14 +43,13 @@ def plot_latency_cdfs(path: Path, table: RequestTable) -> Path:
         ax.set_ylabel("fraction of requests")
         ax.grid(alpha=0.3)
     fig.suptitle(f"Latency CDFs ({len(table)} requests; dotted: p50, p90, p99)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_replica_timelines(path: Path, result: SimResult) -> Path:
-    fig, (ax_queue, ax_kv) = plt.subplots(2, 1, figsize=(11, 5.5), sharex=True)
+    fig = Figure(figsize=(11, 5.5))
+    ax_queue, ax_kv = fig.subplots(2, 1, sharex=True)
+    fig.subplots_adjust(left=0.07, right=0.99, bottom=0.09, top=0.93, hspace=0.08)
     for replica in result.replicas:
         samples = np.array(replica.stats.kv_samples) if replica.stats.kv_samples else np.zeros((0, 4))
         if not len(samples):
@@ -63,9 +65,12 @@ def plot_replica_timelines(path: Path, result: SimResult) -> Path:
     if len(result.replicas) <= 8:
         ax_queue.legend(loc="upper left", fontsize=8, ncol=4)
     fig.suptitle("Queue depth and KV-cache use over time")
-    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    FigureCanvasAgg(fig)  # the canvas attaches itself to the figure
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 

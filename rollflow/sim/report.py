@@ -8,7 +8,6 @@ DIR/plots/*.png        latency CDFs; queue depth and KV use over time
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
@@ -68,16 +67,18 @@ def write_outputs(
 
 
 def _write_requests(path: Path, table: RequestTable) -> Path:
-    columns = [table.columns[name] for name in REQUEST_COLUMNS]
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(REQUEST_COLUMNS)
-        writer.writerows(zip(*(col.tolist() for col in columns), strict=True))
+    """Every value as Python writes it (`repr`: exact floats); one string join, no csv quoting,
+    since every column is a number."""
+    columns = [list(map(repr, table.columns[name].tolist())) for name in REQUEST_COLUMNS]
+    with path.open("w") as handle:
+        handle.write(",".join(REQUEST_COLUMNS) + "\n")
+        handle.writelines(",".join(row) + "\n" for row in zip(*columns, strict=True))
     return path
 
 
 def _write_chrome_trace(path: Path, result: SimResult) -> Path:
-    """Streams events to the file, formatted directly: runs have hundreds of thousands of batches."""
+    """Streamed per replica, each event %-formatted from one template: runs have hundreds of
+    thousands of batches. Timestamps are microseconds to the nanosecond."""
     with path.open("w") as out:
         out.write('{"displayTimeUnit": "ms", "traceEvents": [\n')
         for replica in result.replicas:
@@ -85,22 +86,39 @@ def _write_chrome_trace(path: Path, result: SimResult) -> Path:
             out.write(
                 f'{{"name": "process_name", "ph": "M", "pid": {pid}, "args": {{"name": "replica {pid}"}}}}'
             )
-            for start, duration, size, tokens, prefill_tokens, iterations in replica.stats.batches:
-                kind = "prefill" if prefill_tokens == tokens else "decode" if prefill_tokens == 0 else "mixed"
-                name = f"{kind} x{iterations}" if iterations > 1 else kind
-                out.write(
-                    f',\n{{"name": "{name}", "ph": "X", "pid": {pid}, "tid": 0, "ts": {start * 1e6!r}, '
-                    f'"dur": {duration * 1e6!r}, "args": {{"batch_size": {size}, "tokens_per_iteration": {tokens}, '
-                    f'"prefill_tokens": {prefill_tokens}, "iterations": {iterations}}}}}'
+            batch = (
+                ',\n{"name": "%s", "ph": "X", "pid": ' + str(pid) + ', "tid": 0, "ts": %.3f, "dur": %.3f, '
+                '"args": {"batch_size": %d, "tokens_per_iteration": %d, "prefill_tokens": %d, "iterations": %d}}'
+            )
+            out.write(
+                "".join(
+                    [
+                        batch % (_batch_name(tokens, prefill, iterations), start * 1e6, duration * 1e6, size,
+                                 tokens, prefill, iterations)
+                        for start, duration, size, tokens, prefill, iterations in replica.stats.batches
+                    ]
                 )
-            for time, kv_use, waiting, resident in replica.stats.kv_samples:
-                out.write(
-                    f',\n{{"name": "load", "ph": "C", "pid": {pid}, "ts": {time * 1e6!r}, "args": '
-                    f'{{"kv_use_pct": {round(100 * kv_use, 2)!r}, "waiting": {waiting}, "resident": {resident}}}}}'
+            )  # fmt: skip
+            load = (
+                ',\n{"name": "load", "ph": "C", "pid": ' + str(pid) + ', "ts": %.3f, '
+                '"args": {"kv_use_pct": %.2f, "waiting": %d, "resident": %d}}'
+            )
+            out.write(
+                "".join(
+                    [
+                        load % (time * 1e6, 100 * kv_use, waiting, resident)
+                        for time, kv_use, waiting, resident in replica.stats.kv_samples
+                    ]
                 )
+            )
             out.write(",\n")
         out.write('{"name": "trace_end", "ph": "i", "pid": 0, "ts": 0, "s": "g"}\n]}\n')
     return path
+
+
+def _batch_name(tokens: int, prefill_tokens: int, iterations: int) -> str:
+    kind = "prefill" if prefill_tokens == tokens else "decode" if prefill_tokens == 0 else "mixed"
+    return f"{kind} x{iterations}" if iterations > 1 else kind
 
 
 def print_summary(summary: dict, console: Console | None = None) -> None:

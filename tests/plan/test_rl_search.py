@@ -86,6 +86,7 @@ def test_rl_search_reports_every_plan_and_its_best_plan_reruns_with_the_same_ste
         ("space.scheduling=[]", "space.scheduling"),
         ("space.splits=[]", "splits: placement disaggregated needs at least one split"),
         ("space.scheduling=[fastest]", "space.scheduling[0]: Input should be 'static'"),
+        ("space.off_policy=[-1]", "off_policy: staleness bounds must be >= 0"),
     ],
 )
 def test_bad_rl_search_configs_are_one_line_errors(tmp_path, override, expected):
@@ -93,3 +94,35 @@ def test_bad_rl_search_configs_are_one_line_errors(tmp_path, override, expected)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], result.stderr
+
+
+def test_off_policy_is_a_knob_of_the_rl_search_and_never_slower_than_its_on_policy_twin(tmp_path):
+    result = rollflow(
+        "rl-sim",
+        "search",
+        "--config",
+        str(rl_search_config(tmp_path)),
+        "space.placement=[disaggregated]",
+        "space.off_policy=[0, 1]",
+    )
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / "rl"
+    rows = json.loads((out / "results.json").read_text())
+    # 3 splits x (static, pipelined static, pipelined pre_process) on-policy, static ones off-policy too
+    assert len(rows) == 9 + 6
+    assert all(r["scheduling"] == "static" for r in rows if r["off_policy"])
+    ran = {
+        (r["actor_gpus"], r["inference_gpus"], r["pipelining"], r["scheduling"], r["off_policy"]): r
+        for r in rows
+        if not r["skipped"]
+    }
+    twins = [(key, row) for key, row in ran.items() if key[-1] == 1]
+    assert twins
+    for key, off in twins:
+        on = ran[(*key[:-1], 0)]
+        assert off["step_time_s"] <= on["step_time_s"] + 1e-9
+    assert any(off["step_time_s"] < ran[(*key[:-1], 0)]["step_time_s"] for key, off in twins)
+    assert "off-policy 1" in result.stderr + result.stdout
+    best = yaml.safe_load((out / "best.yaml").read_text())
+    best_row = max(ran.values(), key=lambda r: r["throughput_tokens_per_s"])  # the default objective
+    assert best["off_policy"] == best_row["off_policy"]

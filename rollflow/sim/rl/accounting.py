@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rollflow.phases import PHASES, Span
 from rollflow.sim.rl.config import RLSimConfig
+from rollflow.sim.rl.staleness import tokens_by_staleness
 from rollflow.sim.rl.trace import StepResult, StepTrace
 
 COMPONENTS = PHASES
@@ -46,21 +47,26 @@ def summarize_step(trace: StepTrace) -> StepResult:
         if s.gpu_start == 0 and s.component in ("inference", "training", "reshard") and s.end > actor_free
     )
     bubble = max(0.0, (last_train - actor_free) - actor_work)
-    reserved_gpu_s = config.num_gpus * (end - start)
+    # Paid from the previous step's end: overlapping off-policy steps do not pay twice.
+    paid_from = trace.paid_from
+    reserved_gpu_s = config.num_gpus * (end - paid_from)
     spot_gpu_s = 0.0
     market = trace.spot_market
     if market is not None:
         tp = config.rollout.tensor_parallel
-        spot_gpu_s = tp * sum(market.alive_seconds(s, start, end) for s in range(market.num_slots))
+        spot_gpu_s = tp * sum(market.alive_seconds(s, paid_from, end) for s in range(market.num_slots))
     price = config.cost
     cost = (
         reserved_gpu_s * price.on_demand_usd_per_gpu_hour + spot_gpu_s * price.spot_usd_per_gpu_hour
     ) / 3600
     requests = trace.requests
+    by_staleness, stalest = tokens_by_staleness(requests, trace.index, trace.sync_ends)
     return StepResult(
         index=trace.index,
         start=start,
         end=end,
+        paid_from=paid_from,
+        rollout_end=trace.rollout_end,
         num_samples=len(requests),
         trained_tokens=sum(r.prompt_tokens + r.output_tokens for r in requests),
         generated_tokens=sum(r.output_tokens for r in requests),
@@ -83,19 +89,27 @@ def summarize_step(trace: StepTrace) -> StepResult:
         ],
         minibatches=trace.minibatches,
         actor_sizes=trace.actor_sizes,
+        tokens_by_staleness=by_staleness,
+        max_sample_staleness=stalest,
     )
 
 
 def summarize_run(config: RLSimConfig, steps: list[StepResult], wall_s: float) -> dict:
     """summary.json: totals over the steps (ratios of sums), and each step's breakdown."""
-    total_time = sum(s.step_time_s for s in steps)
+    total_time = sum(s.interval_s for s in steps)  # the run's span: off-policy steps overlap
     tokens = sum(s.trained_tokens for s in steps)
     paid = sum(s.reserved_gpu_s + s.spot_gpu_s for s in steps)
     busy = sum(sum(s.busy_gpu_s.values()) for s in steps)
     cost = sum(s.cost_usd for s in steps)
+    staleness: dict[int, int] = {}
+    for step in steps:
+        for key, count in step.tokens_by_staleness.items():
+            staleness[key] = staleness.get(key, 0) + count
     return {
         "step_time_s": total_time / len(steps),
+        "steady_state_step_time_s": _mean([s.interval_s for s in steps[1:]]),
         "throughput_tokens_per_s": tokens / total_time,
+        "tokens_per_usd": _ratio(tokens, cost),
         "gpu_utilization": busy / paid,
         "spot_gpu_utilization": _ratio(
             sum(s.busy_gpu_s["rollout_spot"] for s in steps), sum(s.spot_gpu_s for s in steps)
@@ -109,6 +123,9 @@ def summarize_run(config: RLSimConfig, steps: list[StepResult], wall_s: float) -
         "migrated_sequences": sum(s.num_migrated for s in steps),
         "preemptions": sum(s.num_preemptions for s in steps),
         "preempted_sequences": sum(s.preempted_sequences for s in steps),
+        "off_policy": config.off_policy,
+        "tokens_by_staleness": {str(k): v for k, v in sorted(staleness.items())},
+        "max_sample_staleness": max(s.max_sample_staleness for s in steps),
         "num_steps": len(steps),
         "num_gpus": config.num_gpus,
         "samples_per_step": steps[0].num_samples,
@@ -122,6 +139,8 @@ def step_summary(step: StepResult) -> dict:
         "step": step.index,
         "start_s": step.start,
         "step_time_s": step.step_time_s,
+        "interval_s": step.interval_s,
+        "rollout_end_s": step.rollout_end - step.start,
         "components": {
             name: {
                 "start_s": step.windows[name][0] - step.start,
@@ -146,7 +165,13 @@ def step_summary(step: StepResult) -> dict:
         "cost_usd": step.cost_usd,
         "offload_budget_s": step.offload_budget_s,
         "actor_gpus_per_minibatch": step.actor_sizes,
+        "tokens_by_staleness": {str(k): v for k, v in step.tokens_by_staleness.items()},
     }
+
+
+def _mean(values: list[float]) -> float | None:
+    """The mean, or None (null in JSON) for no values, e.g. the steady state of a one-step run."""
+    return sum(values) / len(values) if values else None
 
 
 def _ratio(part: float, whole: float) -> float | None:

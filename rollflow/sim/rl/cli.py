@@ -9,6 +9,7 @@ from rollflow.cli_util import add_command_group, print_yaml
 EXAMPLES = """examples:
   rollflow rl-sim run --config examples/rl/rlinf_dynamic.yaml --output-dir out/rl
   rollflow rl-sim run --config examples/rl/rlinf_dynamic.yaml scheduling.kind=static workload.num_prompts=128
+  rollflow rl-sim run --config examples/rl/rlinf_dynamic.yaml scheduling.kind=static off_policy=1
   rollflow rl-sim compare --config examples/rl/rlboost_spot.yaml --output-dir out/spot
   rollflow rl-sim config --config examples/rl/rlboost_spot.yaml spot.on_preemption=restart
   rollflow rl-sim search --config examples/search/rl_budget.yaml --output-dir outputs/search/rl

@@ -33,6 +33,10 @@ def run_compare(
         console.print(f"[bold]{variant.name}[/bold]: {' '.join(variant.overrides) or '(config as is)'}")
         summary = run_rl(config, console=console, print_tables=False)
         results[variant.name] = {key: summary[key] for key, _, _ in COMPARE_METRICS} | {
+            "steady_state_step_time_s": summary["steady_state_step_time_s"],
+            "tokens_per_usd": summary["tokens_per_usd"],
+            "off_policy": summary["off_policy"],
+            "tokens_by_staleness": summary["tokens_by_staleness"],
             "idle_gpu_s_per_step": summary["idle_gpu_s_per_step"],
             "trainer_bubble_s_per_step": summary["trainer_bubble_s_per_step"],
             "cost_usd_per_step": summary["cost_usd_per_step"],

@@ -217,6 +217,11 @@ class RLSimConfig(Section):
     seed: int = 42
     steps: int = Field(3, ge=1)
     """Training steps to simulate (each draws new output lengths; the offload budget adapts between them)."""
+    off_policy: int = Field(0, ge=0)
+    """Staleness bound (AReaL's `max_head_offpolicyness`): a sample may be generated on weights at most
+    this many versions older than the step that trains on it. 0: on-policy, steps run one after another;
+    >= 1: the next step's rollout starts as soon as this one's is done (and the bound allows), on the
+    instances that are not training (collocated: only preemptible ones; disaggregated: all)."""
     num_gpus: int = Field(8, ge=1)
     """Reserved (on-demand) GPUs."""
     model: str = "meta-llama/Meta-Llama-3-8B"
@@ -277,6 +282,11 @@ class RLSimConfig(Section):
             if self.spot.instances:
                 raise ValueError(
                     "spot.instances needs placement.kind=collocated (RLBoost's reserved cluster)"
+                )
+            if self.off_policy and scheduling.kind == "dynamic":
+                raise ValueError(
+                    f"off_policy={self.off_policy} needs scheduling.kind=static (a growing actor would take "
+                    "GPUs the next step's rollout is already using); or set off_policy=0"
                 )
             if scheduling.kind == "dynamic" and not placement.pipelining:
                 raise ValueError("scheduling.kind=dynamic needs placement.pipelining=true")

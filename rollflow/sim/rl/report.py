@@ -105,6 +105,14 @@ def print_run(summary: dict, console: Console) -> None:
         f"${summary['cost_usd_per_step']:.2f}/step (${summary['cost_usd_per_mtok']:.3f}/1M tokens), "
         f"{summary['regenerated_tokens']} tokens regenerated; simulated in {summary['wall_time_s']:.2f} s"
     )
+    if summary["off_policy"]:
+        steady = summary["steady_state_step_time_s"]
+        by_staleness = ", ".join(f"{k}: {v}" for k, v in summary["tokens_by_staleness"].items())
+        console.print(
+            f"off-policy (bound {summary['off_policy']}): steady-state step "
+            + (f"{steady:.1f} s" if steady is not None else "n/a (one step)")
+            + f"; response tokens trained per staleness {{{by_staleness}}}"
+        )
 
 
 COMPARE_METRICS = (
@@ -121,11 +129,18 @@ def print_compare(results: dict[str, dict], console: Console) -> None:
     table.add_column("policy", no_wrap=True)
     for _, label, _ in COMPARE_METRICS:
         table.add_column(label, justify="right")
-    table.add_column("step vs first", justify="right", no_wrap=True)
-    base = next(iter(results.values()))["step_time_s"]
+    for label in ("step vs first", "tokens/s vs first", "tokens/$ vs first"):
+        table.add_column(label, justify="right", no_wrap=True)
+    base = next(iter(results.values()))
     for name, row in results.items():
         cells = [fmt.format(row[key]) for key, _, fmt in COMPARE_METRICS]
-        table.add_row(name, *cells, f"{row['step_time_s'] / base - 1:+.1%}")
+        table.add_row(
+            name,
+            *cells,
+            f"{row['step_time_s'] / base['step_time_s'] - 1:+.1%}",
+            f"{row['throughput_tokens_per_s'] / base['throughput_tokens_per_s']:.2f}x",
+            f"{base['cost_usd_per_mtok'] / row['cost_usd_per_mtok'] - 1:+.1%}",  # tokens per $, relative
+        )
     console.print(table)
 
 

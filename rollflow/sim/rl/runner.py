@@ -30,6 +30,17 @@ def make_resource_scheduler(scheduling: SchedulingConfig) -> ResourceScheduler:
     )
 
 
+def rollout_start(steps: list[StepResult], off_policy: int) -> float:
+    """When the next step's rollout may start: after the previous rollout (its instances are busy
+    until then) and once weights at most `off_policy` versions behind the next step are out, i.e.
+    after step `len(steps) - 1 - off_policy` has synced (off_policy=0: after the previous step)."""
+    if not steps:
+        return 0.0
+    needed = len(steps) - 1 - off_policy
+    synced = steps[needed].end if needed >= 0 else 0.0
+    return max(steps[-1].rollout_end, synced)
+
+
 def simulate_steps(
     config: RLSimConfig, on_step: Callable[[StepResult], None] | None = None
 ) -> list[StepResult]:
@@ -41,13 +52,16 @@ def simulate_steps(
         market = SpotMarket(config.spot, config.seed)
     groups = build_groups(config.rollout_sim_config())  # operator grids, once per run
     steps: list[StepResult] = []
-    clock = 0.0
     for index in range(config.steps):
-        step = StepSimulator(config, index, clock, costs, scheduler, balancer, market, groups).run()
+        start = rollout_start(steps, config.off_policy)
+        lanes_free_at = steps[-1].end if steps else start
+        sync_ends = [s.end for s in steps]
+        step = StepSimulator(
+            config, index, start, costs, scheduler, balancer, market, groups, lanes_free_at, sync_ends
+        ).run()
         if balancer is not None:
-            balancer.update(StepReport(step.step_time_s, step.bubble_s))
+            balancer.update(StepReport(step.interval_s, step.bubble_s))  # the time it added
         steps.append(step)
-        clock = step.end
         if on_step is not None:
             on_step(step)
     return steps

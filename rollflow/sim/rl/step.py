@@ -9,6 +9,11 @@
     after each  snapshot -> ResourceScheduler.decide -> apply (release + migrate, grow the actor)
     end         last mini-batch -> weight sync
 
+Off-policy (`off_policy` >= 1): the runner starts a step's rollout before the previous step has
+trained (`lanes_free_at` > `start`). Until then the lanes wait, and so do the rollout instances on
+the actor's GPUs: a collocated step starts on its preemptible instances alone, holding back the
+samples they cannot batch yet, and adds its local instances when the previous step's sync ends.
+
 GPU work other than rollout runs on *lanes*: the actor's GPUs (a prefix that can grow) and,
 when placed apart, the inference GPUs; without them inference runs on the actor's lane first.
 A lane waits while a live rollout instance sits on its GPUs (collocated or borrowed rollout).
@@ -69,11 +74,18 @@ class StepSimulator:
         balancer: OffloadBalancer | None = None,
         market: SpotMarket | None = None,
         groups: list[GroupPlan] | None = None,
+        lanes_free_at: float | None = None,
+        sync_ends: Sequence[float] = (),
     ) -> None:
-        """`groups`: the rollout cluster's built replica groups, shared by a run's steps."""
+        """`groups`: the rollout cluster's built replica groups, shared by a run's steps.
+        `lanes_free_at`: when the previous step's training and sync end (off-policy: after `start`).
+        `sync_ends`: when each earlier step's weights reached rollout, for the tokens' versions."""
         self.config = config
         self.index = index
         self.start = start
+        self.lanes_free_at = start if lanes_free_at is None else max(start, lanes_free_at)
+        self.late = self.lanes_free_at > start  # the previous step still trains when this one starts
+        self.sync_ends = tuple(sync_ends)
         self.costs = costs
         self.scheduler = scheduler
         self.balancer = balancer
@@ -110,6 +122,16 @@ class StepSimulator:
         self.ready: list[int] = []
         self.inferred: list[int] = []
         self.rollout_done = False
+        self.rollout_end: float | None = None
+        self.held: list[SimRequest] = []  # samples waiting for the local instances (off-policy, collocated)
+        # Off-policy, collocated: what an early (preemptible) instance gets before the local ones join:
+        # its share of the step were every instance up, and no more than it can batch.
+        num_instances = config.num_gpus // config.rollout.tensor_parallel + config.spot.instances
+        self.hold_cap = min(
+            config.rollout.scheduler.batch_size_cap,
+            config.rollout.execution.max_batch_size,
+            -(-self.num_samples // num_instances),
+        )
         self.inference_done = False
         self.minibatches: list[list[int]] = []
         self.actor_sizes: list[int] = []
@@ -160,9 +182,11 @@ class StepSimulator:
         config, pool = self.config, self.pool
         tp = config.rollout.tensor_parallel
         ranges = config.gpu_ranges()
+        if self.late:
+            self._emit(self.lanes_free_at, Phase.MOVE, self._on_lanes_free)
         if self.collocated:
-            for gpu in range(0, config.num_gpus, tp):
-                pool.add_instance(gpu, "local", borrowed=True)
+            if not self.late:
+                self._add_collocated_instances()
         else:
             if config.scheduling.kind == "dynamic" and config.scheduling.pre_process:
                 for gpu in range(0, self.actor.num_gpus - tp + 1, tp):
@@ -173,11 +197,35 @@ class StepSimulator:
         if self.spot:
             for slot in range(self.market.num_slots):
                 self._schedule_slot(slot, self.start, at_start=True)
-            self._emit(self.start + self.balancer.budget_s, Phase.MOVE, self._on_budget)
+            self._emit(self.lanes_free_at + self.balancer.budget_s, Phase.MOVE, self._on_budget)
         pool.check_servable(self.requests)
-        for request in self.requests:
-            pool.submit(request)
+        if self.collocated and self.late:
+            self.held = list(self.requests)
+            self._release_held(self.hold_cap * len(pool.accepting_ids()))
+        else:
+            for request in self.requests:
+                pool.submit(request)
         self._decide("step_start")
+
+    def _add_collocated_instances(self) -> None:
+        tp = self.config.rollout.tensor_parallel
+        for gpu in range(0, self.config.num_gpus, tp):
+            self.pool.add_instance(gpu, "local", borrowed=True)
+
+    def _release_held(self, count: int) -> None:
+        """Submit up to `count` held samples: early instances get what they can batch, no queue the
+        local instances could not take from them later (instances do not steal work)."""
+        released, self.held = self.held[:count], self.held[count:]
+        for request in released:
+            self.pool.submit(request)
+
+    def _on_lanes_free(self, event: Event) -> list[Event]:
+        """The previous step's sync is done: its GPUs train this step and, collocated, roll it out."""
+        if self.collocated and not self.rollout_done and not self.offloaded:
+            self._add_collocated_instances()
+        self._release_held(len(self.held))
+        self._dispatch()
+        return self._emitted()
 
     # -- rollout progress ---------------------------------------------------------------------------
     def _on_batch_completed(self, requests: list[SimRequest], now: float) -> Sequence[Event]:
@@ -195,9 +243,12 @@ class StepSimulator:
                 self._emit(reward_at, Phase.REWARD, self._on_group_ready, group)
         if self.num_done == self.num_samples:
             self.rollout_done = True
+            self.rollout_end = self.now
             self._decide("rollout_done")
         elif self.spot and not self.offloaded:
             self._release_idle_local()
+        if self.held and self.now < self.lanes_free_at:
+            self._release_held(len(requests))
         self._dispatch()
         return self._emitted()
 
@@ -302,6 +353,8 @@ class StepSimulator:
 
     # -- lanes: inference, training, resharding -------------------------------------------------------
     def _dispatch(self) -> None:
+        if self.now < self.lanes_free_at:
+            return  # the previous step still trains; `_on_lanes_free` dispatches
         if self.inference is not None and not self.inference.busy and not self.inference.released:
             self._try_inference(self.inference)
         lane = self.actor
@@ -415,7 +468,9 @@ class StepSimulator:
         self._emit(stop, Phase.MOVE, self._on_spot_notice, instance_id)
         self._emit(life[1], Phase.MOVE, self._on_spot_kill, (slot, life))
         self._submit_parked()
-        if self.budget_spent or self.balancer.expired(self.now, self.start):
+        if self.held and self.now < self.lanes_free_at:
+            self._release_held(self.hold_cap)
+        if self.budget_spent or self.balancer.expired(self.now, self.lanes_free_at):
             self._offload()
 
     def _on_spot_notice(self, event: Event) -> list[Event]:
@@ -478,6 +533,9 @@ class StepSimulator:
             index=self.index,
             start=self.start,
             end=self.end,
+            paid_from=self.lanes_free_at,
+            rollout_end=self.rollout_end if self.rollout_end is not None else self.end,
+            sync_ends=self.sync_ends,
             requests=self.requests,
             spans=self.timer.spans,
             instances=[

@@ -20,6 +20,8 @@ class StepResult:
     index: int
     start: float
     end: float
+    paid_from: float  # the previous step's end (off-policy: after `start`); paid for from here to `end`
+    rollout_end: float  # the last sample generated
     num_samples: int
     trained_tokens: int  # prompt + response tokens of every trained sample
     generated_tokens: int  # response tokens kept
@@ -39,10 +41,17 @@ class StepResult:
     instance_windows: list[tuple[int, int, str, float, float]]  # gpu_start, gpus, kind, start, end
     minibatches: list[list[int]]  # sample ids trained by each mini-batch
     actor_sizes: list[int]  # actor GPUs of each mini-batch
+    tokens_by_staleness: dict[int, int]  # response tokens per weight versions behind the trainer
+    max_sample_staleness: int  # the stalest token of any sample
 
     @property
     def step_time_s(self) -> float:
         return self.end - self.start
+
+    @property
+    def interval_s(self) -> float:
+        """Time this step adds to the run: from the previous step's end (on-policy: its step time)."""
+        return self.end - self.paid_from
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,9 @@ class StepTrace:
     index: int
     start: float
     end: float
+    paid_from: float
+    rollout_end: float
+    sync_ends: tuple[float, ...]  # when each earlier step's weights reached rollout (version i+1)
     requests: list[SimRequest]  # the step's samples, in id order
     spans: list[Span]  # the step's own GPU work: inference, training, reshards, sync
     instances: list[InstanceTrace]

@@ -56,7 +56,7 @@ def test_compare_writes_every_policy_of_the_spot_example(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     table = json.loads((tmp_path / "compare.json").read_text())
-    assert list(table) == ["on-demand", "spot-migrate", "spot-restart"]
+    assert list(table) == ["on-demand", "spot-migrate", "spot-restart", "spot-off-policy"]
     for row in table.values():
         assert set(row) >= {
             "step_time_s",
@@ -68,7 +68,10 @@ def test_compare_writes_every_policy_of_the_spot_example(tmp_path):
     assert table["on-demand"]["regenerated_tokens"] == table["spot-migrate"]["regenerated_tokens"] == 0
     assert (tmp_path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "spot-restart" / "summary.json").is_file()
-    assert "spot-migrate" in proc.stdout and "tokens/s" in proc.stdout
+    assert "spot-migrate" in proc.stdout and "tokens/s" in proc.stdout and "tokens/$ vs first" in proc.stdout
+    assert table["spot-off-policy"]["off_policy"] == 1 and table["spot-migrate"]["off_policy"] == 0
+    assert set(table["spot-off-policy"]["tokens_by_staleness"]) <= {"0", "1"}
+    assert table["spot-off-policy"]["tokens_per_usd"] > 0
 
 
 def test_a_bad_placement_is_a_one_line_error_naming_the_key():
@@ -134,3 +137,25 @@ def test_rlinf_cluster_section_simulates_the_plan_written_with_placement_and_sch
     first, second = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("a", "b"))
     assert first["step_time_s"] == second["step_time_s"] > 0
     assert first["steps"] == second["steps"]
+
+
+def test_an_off_policy_run_reports_its_steady_state_and_tokens_per_staleness(tmp_path):
+    overrides = [*SHORT, "steps=3", "scheduling.kind=static", "off_policy=1"]
+    proc = _rollflow(
+        "rl-sim",
+        "run",
+        "--config",
+        "examples/rl/rlinf_dynamic.yaml",
+        "--output-dir",
+        str(tmp_path),
+        *overrides,
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["off_policy"] == 1 and summary["max_sample_staleness"] <= 1
+    assert summary["steady_state_step_time_s"] > 0 and summary["tokens_per_usd"] > 0
+    by_staleness = summary["tokens_by_staleness"]
+    assert set(by_staleness) <= {"0", "1"}
+    assert sum(by_staleness.values()) == sum(s["generated_tokens"] for s in summary["steps"])
+    assert "off-policy (bound 1): steady-state step" in proc.stdout
+    assert (tmp_path / "gantt.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

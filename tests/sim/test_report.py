@@ -1,0 +1,58 @@
+"""The output folder holds exactly what the simulation computed: exact request times, every batch."""
+
+import csv
+import json
+
+from rollflow.sim.metrics import request_table
+from rollflow.sim.report import REQUEST_COLUMNS, write_outputs
+from tests.factories import make_config, simulate
+
+SYNTHETIC = {"kind": "synthetic", "num_requests": 150, "intervals": {"kind": "poisson", "qps": 30}}
+
+
+def _outputs(tmp_path, plots=False):
+    result = simulate(make_config(workload=SYNTHETIC, cluster={"replicas": 2}))
+    table = request_table(result)
+    written = write_outputs(tmp_path, table, result, plots=plots)
+    return result, table, written
+
+
+def test_requests_csv_holds_every_completed_request_with_exact_times(tmp_path):
+    _, table, _ = _outputs(tmp_path)
+    with (tmp_path / "requests.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert tuple(rows[0]) == REQUEST_COLUMNS
+    assert len(rows) == len(table) == 150
+    for name in REQUEST_COLUMNS:
+        written = [float(row[name]) for row in rows]
+        assert written == table.columns[name].tolist(), name  # repr round-trips floats exactly
+
+
+def test_chrome_trace_has_one_slice_per_batch_and_one_counter_per_load_sample(tmp_path):
+    result, _, _ = _outputs(tmp_path)
+    events = json.loads((tmp_path / "chrome_trace.json").read_text())["traceEvents"]
+    for replica in result.replicas:
+        slices = [e for e in events if e["ph"] == "X" and e["pid"] == replica.id]
+        counters = [e for e in events if e["ph"] == "C" and e["pid"] == replica.id]
+        assert len(slices) == len(replica.stats.batches) > 0
+        assert len(counters) == len(replica.stats.kv_samples)
+        for event, (start, duration, size, tokens, prefill, iterations) in zip(
+            slices, replica.stats.batches, strict=True
+        ):
+            assert abs(event["ts"] - start * 1e6) <= 5e-4 and abs(event["dur"] - duration * 1e6) <= 5e-4
+            assert event["args"] == {
+                "batch_size": size,
+                "tokens_per_iteration": tokens,
+                "prefill_tokens": prefill,
+                "iterations": iterations,
+            }
+            kind = "prefill" if prefill == tokens else "decode" if prefill == 0 else "mixed"
+            assert event["name"] == (f"{kind} x{iterations}" if iterations > 1 else kind)
+
+
+def test_plots_are_written_as_pngs(tmp_path):
+    _, _, written = _outputs(tmp_path, plots=True)
+    pngs = [path for path in written if path.suffix == ".png"]
+    assert [p.name for p in pngs] == ["latency_cdf.png", "queue_and_kv.png"]
+    for path in pngs:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
