@@ -228,5 +228,9 @@ def _engine(args: argparse.Namespace, started_at: float) -> None:
         print(f"decode batch {batch}: {sorted(gaps)[len(gaps) // 2] * 1e3:.2f} ms per iteration")
     for length, ttfts in times.prefill_s.items():
         print(f"prompt {length} tokens: {sorted(ttfts)[len(ttfts) // 2] * 1e3:.2f} ms to first token")
-    print(f"request round trip {round_trip_s(times) * 1e3:.2f} ms, taken out of the prefill times")
+    round_trip_ms = round_trip_s(times) * 1e3
+    print(
+        f"request round trip {round_trip_ms:.2f} ms, taken out of the prefill times "
+        f"(simulate it with execution.request_overhead_ms={round_trip_ms:.2f})"
+    )
     print(f"measured in {times.elapsed_s:.1f} s; wrote {out / 'mlp.csv'}, {out / 'attention.csv'}")
