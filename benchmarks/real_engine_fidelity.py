@@ -163,8 +163,8 @@ def num_parameters(config: dict) -> int:
     return layers * per_layer + embeddings
 
 
-def profile(url: str, model: Path, tables: Path) -> tuple[float, float]:
-    """Profile the server; (seconds it took, the round trip it measured in ms)."""
+def profile(url: str, model: Path, tables: Path) -> tuple[float, float, float]:
+    """Profile the server; (seconds it took, round trip in ms, batch-MAX_NUM_SEQS iteration in s)."""
     started = time.perf_counter()
     out = rollflow(
         "profile", "engine", "--url", url, "--kind", "vllm", "--model-config", str(model),
@@ -172,17 +172,14 @@ def profile(url: str, model: Path, tables: Path) -> tuple[float, float]:
         "--prompt-lengths", f"16,64,{MAX_BATCHED_TOKENS}", "--decode-tokens", "32", "--repeats", "3",
     )  # fmt: skip
     elapsed = time.perf_counter() - started
-    [line] = [x for x in out.splitlines() if x.startswith("request round trip ")]
-    return elapsed, float(line.split()[3])
+    [round_trip] = [x for x in out.splitlines() if x.startswith("request round trip ")]
+    [iteration] = [x for x in out.splitlines() if x.startswith(f"decode batch {MAX_NUM_SEQS}: ")]
+    return elapsed, float(round_trip.split()[3]), float(iteration.split()[3]) * 1e-3
 
 
 def compare(name: str, url: str, model: Path, work: Path, args: argparse.Namespace) -> None:
-    profile_s, round_trip_ms = profile(url, model, work / "tables")
-    with (work / "tables" / "mlp.csv").open(newline="") as handle:
-        rows = {int(r["num_tokens"]): r for r in csv.DictReader(handle)}
+    profile_s, round_trip_ms, iteration_s = profile(url, model, work / "tables")
     model_config = json.loads((model / "config.json").read_text())
-    iteration_s = float(rows[MAX_NUM_SEQS]["time_stats.attn_pre_proj.median"]) * 1e-3
-    iteration_s *= model_config["num_hidden_layers"]
     base = load_trace(args.num_requests, max_prompt=MAX_BATCHED_TOKENS, max_decode=64)
     mean_decode = float(np.mean([d for _, _, d in base]))
     capacity_qps = MAX_NUM_SEQS / iteration_s / mean_decode  # requests/s the decode batch sustains
