@@ -169,7 +169,7 @@ def profile(url: str, model: Path, tables: Path) -> tuple[float, float, float]:
     out = rollflow(
         "profile", "engine", "--url", url, "--kind", "vllm", "--model-config", str(model),
         "--out", str(tables), "--batch-sizes", f"1,4,{MAX_NUM_SEQS}",
-        "--prompt-lengths", f"16,64,{MAX_BATCHED_TOKENS}", "--decode-tokens", "32", "--repeats", "3",
+        "--prompt-lengths", f"1,16,64,{MAX_BATCHED_TOKENS}", "--decode-tokens", "32", "--repeats", "3",
     )  # fmt: skip
     elapsed = time.perf_counter() - started
     [round_trip] = [x for x in out.splitlines() if x.startswith("request round trip ")]

@@ -72,7 +72,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     engine.add_argument("--out", required=True, help="output folder for mlp.csv, attention.csv")
     engine.add_argument("--batch-sizes", default="1,2,4,8,16", help="concurrent decodes (default 1,2,4,8,16)")
     engine.add_argument(
-        "--prompt-lengths", default="16,64,256,1024", help="prompt tokens (default 16,64,256,1024)"
+        "--prompt-lengths",
+        default="1,16,64,256,1024",
+        help="prompt tokens (default 1,16,64,256,1024; the shortest, best 1, measures the round trip)",
     )
     engine.add_argument(
         "--decode-tokens", type=int, default=32, help="tokens per decoding request (default 32)"

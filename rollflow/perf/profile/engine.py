@@ -152,9 +152,12 @@ def _steady_gaps(streams: list[list[float]]) -> list[float]:
 def round_trip_s(times: EngineTimes) -> float:
     """What a lone request's TTFT holds besides its prefill iteration (HTTP, tokenizer, queue hand-off).
 
-    The shortest prompt's prefill costs about one decode iteration at batch 1 (both are a few
-    tokens through the weights), so the rest of its TTFT is the round trip, taken out of every
-    prefill time: the simulator's iterations have no round trip. 0 without batch-1 decodes.
+    A one-token prompt's prefill costs one decode iteration at batch 1 (one token through the
+    weights), so the rest of its TTFT is the round trip, taken out of every prefill time: the
+    simulator's iterations have none (it adds the round trip per request instead, with
+    execution.request_overhead_ms). The shortest prompt stands in for one token: the longer it is,
+    the more of its prefill is counted as round trip on a model whose compute matters. 0 without
+    batch-1 decodes.
     """
     if 1 not in times.decode_s:
         return 0.0
