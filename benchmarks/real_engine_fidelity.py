@@ -1,14 +1,18 @@
 """rollflow's simulator against a real vLLM CPU server: the same trace replayed on both.
 
-    .venv/bin/python benchmarks/real_engine_fidelity.py [--url URL --model DIR] [--num-requests 60]
+    .venv/bin/python benchmarks/real_engine_fidelity.py [--models tiny,100m] [--num-requests 40] [--repeats 2]
 
-Starts `.venv-vllm`'s OpenAI server on the tiny model (or uses --url), profiles it with
-`rollflow profile engine --kind vllm`, replays the first requests of Vidur's Splitwise
-conversation trace (lengths clipped to the tiny model; arrivals time-scaled to a light and a
-near-saturating load of this machine, from the profile's decode throughput) against the server
-with real arrival times, records TTFT, TPOT and E2E from each stream, simulates the same requests
-with `rollflow sim serve` on the profiled tables (sarathi chunking at the server's
-max_num_batched_tokens, batch cap at its max_num_seqs), and prints p50/p90 real against simulated.
+For each model (the tiny one of `rollflow engine init-model`, and a ~100M-parameter one built with
+its options: 16 layers, 12 heads of 64, float32), starts `.venv-vllm`'s OpenAI server, profiles it
+with `rollflow profile engine --kind vllm`, replays the first requests of Vidur's Splitwise
+conversation trace (lengths clipped; arrivals time-scaled to a light and a near-saturating load of
+this machine, from the profile's decode throughput) against the server with real arrival times,
+`--repeats` times, records TTFT, TPOT and E2E from each stream, simulates the same requests with
+`rollflow sim serve` on the profiled tables (sarathi chunking at the server's
+max_num_batched_tokens, batch cap at its max_num_seqs, and the profiled round trip as
+execution.request_overhead_ms), and prints p50/p90 real (the median over repeats, with their
+range) against simulated. The machine's load average is printed with each model, since on a
+shared CPU it moves every timing.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ TRACE = REPO.parent / "shared" / "data" / "vidur" / "processed_traces" / "splitw
 MAX_NUM_SEQS = 16
 MAX_BATCHED_TOKENS = 256
 METRICS = ("ttft", "tpot", "e2e")
+# `rollflow engine init-model` options of each model; hidden = 64 * heads, MLP = 2 * hidden
+MODELS = {"tiny": [], "100m": ["--layers", "16", "--heads", "12"]}
 
 
 def rollflow(*args: str) -> str:
@@ -111,7 +117,9 @@ async def replay(url: str, requests: list[tuple[float, int, int]]) -> list[dict[
         await client.close()
 
 
-def simulate(tables: Path, model_config: dict, requests: list[tuple[float, int, int]], work: Path) -> dict:
+def simulate(
+    tables: Path, model_config: dict, requests: list[tuple[float, int, int]], overhead_ms: float, work: Path
+) -> dict:
     trace = work / "trace.csv"
     with trace.open("w", newline="") as handle:
         writer = csv.writer(handle)
@@ -135,6 +143,7 @@ def simulate(tables: Path, model_config: dict, requests: list[tuple[float, int, 
             "compute_table": str(tables / "mlp.csv"),
             "attention_table": str(tables / "attention.csv"),
             "max_batch_size": MAX_NUM_SEQS,
+            "request_overhead_ms": overhead_ms,
         },
         "workload": {"kind": "trace", "file": str(trace)},
         "output": {"plots": False, "chrome_trace": False, "progress": False},
@@ -146,57 +155,93 @@ def simulate(tables: Path, model_config: dict, requests: list[tuple[float, int, 
     return {m: np.array([float(r[m]) for r in rows]) for m in METRICS}
 
 
+def num_parameters(config: dict) -> int:
+    hidden, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
+    kv = config["num_key_value_heads"] * hidden // config["num_attention_heads"]
+    per_layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * config["intermediate_size"]
+    embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings") else 2)
+    return layers * per_layer + embeddings
+
+
+def profile(url: str, model: Path, tables: Path) -> tuple[float, float, float]:
+    """Profile the server; (seconds it took, round trip in ms, batch-MAX_NUM_SEQS iteration in s)."""
+    started = time.perf_counter()
+    out = rollflow(
+        "profile", "engine", "--url", url, "--kind", "vllm", "--model-config", str(model),
+        "--out", str(tables), "--batch-sizes", f"1,4,{MAX_NUM_SEQS}",
+        "--prompt-lengths", f"1,16,64,{MAX_BATCHED_TOKENS}", "--decode-tokens", "32", "--repeats", "3",
+    )  # fmt: skip
+    elapsed = time.perf_counter() - started
+    [round_trip] = [x for x in out.splitlines() if x.startswith("request round trip ")]
+    [iteration] = [x for x in out.splitlines() if x.startswith(f"decode batch {MAX_NUM_SEQS}: ")]
+    return elapsed, float(round_trip.split()[3]), float(iteration.split()[3]) * 1e-3
+
+
+def compare(name: str, url: str, model: Path, work: Path, args: argparse.Namespace) -> None:
+    profile_s, round_trip_ms, iteration_s = profile(url, model, work / "tables")
+    model_config = json.loads((model / "config.json").read_text())
+    base = load_trace(args.num_requests, max_prompt=MAX_BATCHED_TOKENS, max_decode=64)
+    mean_decode = float(np.mean([d for _, _, d in base]))
+    capacity_qps = MAX_NUM_SEQS / iteration_s / mean_decode  # requests/s the decode batch sustains
+    native_qps = (len(base) - 1) / (base[-1][0] - base[0][0])
+    print(
+        f"\n{name}: {num_parameters(model_config) / 1e6:.1f}M parameters; load average "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; profiled in {profile_s:.1f} s "
+        f"(round trip {round_trip_ms:.2f} ms, batch-{MAX_NUM_SEQS} iteration {iteration_s * 1e3:.1f} ms); "
+        f"capacity about {capacity_qps:.2f} requests/s; real = median of {args.repeats} replays [min-max]"
+    )
+    print("| load | metric | real p50 | sim p50 | diff | real p90 | sim p90 | diff |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for load in (float(x) for x in args.loads.split(",")):
+        scale = native_qps / (load * capacity_qps)
+        requests = [((a - base[0][0]) * scale, p, d) for a, p, d in base]
+        runs = []
+        for _ in range(args.repeats):
+            rows_ = asyncio.run(replay(url, requests))
+            runs.append({m: np.array([r[m] for r in rows_]) for m in METRICS})
+        load_dir = work / f"load{load}"
+        load_dir.mkdir()
+        sim = simulate(work / "tables", model_config, requests, round_trip_ms, load_dir)
+        for metric in METRICS:
+            cells = []
+            for q in (50, 90):
+                reals = [float(np.percentile(run[metric], q)) for run in runs]
+                r, s = float(np.median(reals)), float(np.percentile(sim[metric], q))
+                cells += [
+                    f"{r:.4f} [{min(reals):.4f}-{max(reals):.4f}]",
+                    f"{s:.4f}",
+                    f"{(s - r) / r * 100:+.1f}%",
+                ]
+            print(f"| {load:.0%} of capacity | {metric} | " + " | ".join(cells) + " |")
+        print(f"(load average {os.getloadavg()[0]:.1f} after this load)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", help="a running vLLM server (default: start one on --model)")
-    parser.add_argument("--model", help="model folder (default: a tiny model made here)")
-    parser.add_argument("--num-requests", type=int, default=60)
+    parser.add_argument("--url", help="a running vLLM server (default: start one per model)")
+    parser.add_argument("--model", help="model folder served at --url (default: the models of --models)")
+    parser.add_argument(
+        "--models", default="tiny,100m", help=f"models to build and serve, of {sorted(MODELS)}"
+    )
+    parser.add_argument("--num-requests", type=int, default=40)
     parser.add_argument("--loads", default="0.2,0.8", help="fractions of the profiled capacity")
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="real replays per load (the spread is printed)"
+    )
     args = parser.parse_args()
+    if args.url and not args.model:
+        raise SystemExit("--url needs --model, the folder of the model it serves")
     work = Path(tempfile.mkdtemp(prefix="fidelity-"))
-    model = Path(args.model) if args.model else work / "tiny"
-    if not args.model:
-        rollflow("engine", "init-model", str(model))
-    server = None
-    url = args.url
-    if not url:
-        server, url = start_vllm(model, work)
-    try:
-        started = time.perf_counter()
-        rollflow(
-            "profile", "engine", "--url", url, "--kind", "vllm", "--model-config", str(model),
-            "--out", str(work / "tables"), "--batch-sizes", f"1,4,{MAX_NUM_SEQS}",
-            "--prompt-lengths", f"16,64,{MAX_BATCHED_TOKENS}", "--decode-tokens", "32",
-        )  # fmt: skip
-        profile_s = time.perf_counter() - started
-        with (work / "tables" / "mlp.csv").open(newline="") as handle:
-            rows = {int(r["num_tokens"]): r for r in csv.DictReader(handle)}
-        model_config = json.loads((model / "config.json").read_text())
-        iteration_s = float(rows[MAX_NUM_SEQS]["time_stats.attn_pre_proj.median"]) * 1e-3
-        iteration_s *= model_config["num_hidden_layers"]
-        base = load_trace(args.num_requests, max_prompt=MAX_BATCHED_TOKENS, max_decode=64)
-        mean_decode = float(np.mean([d for _, _, d in base]))
-        capacity_qps = MAX_NUM_SEQS / iteration_s / mean_decode  # requests/s the decode batch sustains
-        native_qps = (len(base) - 1) / (base[-1][0] - base[0][0])
-        print(f"profiled the engine in {profile_s:.1f} s; capacity about {capacity_qps:.1f} requests/s")
-        print("| load | metric | real p50 | sim p50 | diff | real p90 | sim p90 | diff |")
-        print("|---|---|---:|---:|---:|---:|---:|---:|")
-        for load in (float(x) for x in args.loads.split(",")):
-            scale = native_qps / (load * capacity_qps)
-            requests = [((a - base[0][0]) * scale, p, d) for a, p, d in base]
-            real_rows = asyncio.run(replay(url, requests))
-            real = {m: np.array([r[m] for r in real_rows]) for m in METRICS}
-            load_dir = work / f"load{load}"
-            load_dir.mkdir()
-            sim = simulate(work / "tables", model_config, requests, load_dir)
-            for metric in METRICS:
-                cells = []
-                for q in (50, 90):
-                    r, s = np.percentile(real[metric], q), np.percentile(sim[metric], q)
-                    cells += [f"{r:.4f}", f"{s:.4f}", f"{(s - r) / r * 100:+.1f}%"]
-                print(f"| {load:.0%} of capacity | {metric} | " + " | ".join(cells) + " |")
-    finally:
-        if server is not None:
+    if args.url:
+        compare(Path(args.model).name, args.url, Path(args.model), work, args)
+        return
+    for name in args.models.split(","):
+        model = work / name / "model"
+        rollflow("engine", "init-model", str(model), *MODELS[name])
+        server, url = start_vllm(model, work / name)
+        try:
+            compare(name, url, model, work / name, args)
+        finally:
             server.terminate()
             server.wait(30)
 

@@ -12,6 +12,7 @@ EXAMPLES = """examples:
   rollflow sim from-vidur --output-dir out/ -- --replica_scheduler_config_type vllm --cluster_config_num_replicas 2
   rollflow sim serve --config examples/sim/demo.yaml --no-plots
   rollflow sim config --config examples/sim/demo.yaml workload.intervals.qps=20
+  rollflow sim replay --from-manager-log requests.jsonl --config sim.yaml --output-dir out/replay
   rollflow sim search --config examples/search/llama2_7b_a100.yaml --output-dir outputs/search/7b
 """
 
@@ -49,6 +50,20 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     vidur.add_argument("vidur_flags", nargs=argparse.REMAINDER, help="Vidur flags, after --")
     vidur.set_defaults(handler=_from_vidur)
+
+    replay = sim_commands.add_parser(
+        "replay",
+        help="replay a manager's request log in the simulator; print simulated against recorded latencies",
+        description="Replay the finished samples of a manager's request log (its `request_log:` file) at "
+        "their recorded arrival times on the cluster, scheduler and profile tables of --config (its "
+        "workload is ignored), and print simulated against recorded TTFT, TPOT and E2E at p50 and p90. "
+        "--output-dir (or output.dir) gets replay.json.",
+    )
+    replay.add_argument("--from-manager-log", required=True, metavar="FILE", help="the manager's request log")
+    replay.add_argument("--config", required=True, help="sim YAML config describing the engines")
+    replay.add_argument("--output-dir", help="output folder (overrides output.dir)")
+    replay.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides")
+    replay.set_defaults(handler=_replay)
 
     from rollflow.plan.cli import add_serve_search
 
@@ -102,6 +117,15 @@ def _from_vidur(args: argparse.Namespace, started_at: float) -> None:
     from rollflow.sim.runner import run_simulation
 
     run_simulation(config, started_at=started_at)
+
+
+def _replay(args: argparse.Namespace, started_at: float) -> None:
+    from rollflow.sim.replay import format_report, replay_manager_log, write_report
+
+    config = _load_sim_config(args.config, args.overrides, args.output_dir)
+    report = replay_manager_log(config, args.from_manager_log)
+    print(format_report(report))
+    print(f"wrote {write_report(config.output.dir, report)}")
 
 
 def _config(args: argparse.Namespace, started_at: float) -> None:

@@ -207,6 +207,11 @@ class ExecutionConfig(Section):
     """roofline (and attention_table: roofline): achieved fraction of peak FLOP/s."""
     memory_efficiency: float = Field(0.7, gt=0.0, le=1.0)
     """roofline (and attention_table: roofline): achieved fraction of peak HBM bandwidth."""
+    request_overhead_ms: float = Field(0.0, ge=0.0)
+    """Time each request of the workload spends outside the engine's iterations (client to engine
+    and back: HTTP, tokenizer, hand-off to the scheduler): it reaches its replica this long after it
+    arrives, so TTFT and E2E include it and TPOT does not. `rollflow profile engine` prints the
+    round trip it measured; 0 (Vidur's model) counts none."""
 
 
 class TraceLengths(Section):

@@ -90,7 +90,7 @@ class ServingSimulator:
         self.check_servable(self.requests)
         self._accepting: list[int] | None = None
         if self.requests:  # arrivals are events, fed one at a time (each handler adds the next)
-            self.events.push(self.events.event(self.requests[0].arrived_at, Phase.ARRIVAL, self._on_arrival))
+            self.events.push(self.events.event(self._reaches_replica(0), Phase.ARRIVAL, self._on_arrival))
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self, on_progress: Callable[[int], None] | None = None) -> SimResult:
@@ -225,13 +225,18 @@ class ServingSimulator:
         self._accepting = None
 
     # -- handlers ---------------------------------------------------------------------------
+    def _reaches_replica(self, index: int) -> float:
+        """When the workload's request `index` reaches the cluster: its arrival plus the request
+        overhead (its latencies still count from its arrival)."""
+        return self.requests[index].arrived_at + self.config.execution.request_overhead_ms * 1e-3
+
     def _on_arrival(self, event: Event) -> list[Event]:
         index = event.target
         events = self._route(self.requests[index], None)
         index += 1
         if index < len(self.requests):
             events.append(
-                self.events.event(self.requests[index].arrived_at, Phase.ARRIVAL, self._on_arrival, index)
+                self.events.event(self._reaches_replica(index), Phase.ARRIVAL, self._on_arrival, index)
             )
         return events
 

@@ -37,8 +37,16 @@ def read_rows(path: Path) -> list[dict]:
 
 def simulate_one_prompt(tables: Path, prompt_tokens: int, work_dir: Path) -> dict:
     """`rollflow sim serve` of one prompt on the tables in `tables`; its row of requests.csv."""
+    [request] = simulate_requests(tables, [(0.0, prompt_tokens, 1)], work_dir)
+    return request
+
+
+def simulate_requests(tables: Path, requests: list[tuple[float, int, int]], work_dir: Path) -> list[dict]:
+    """`rollflow sim serve` of (arrival, prompt, output) requests on the tables in `tables`; the
+    rows of requests.csv."""
     (work_dir / "trace.csv").write_text(
-        f"arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,{prompt_tokens},1\n"
+        "arrived_at,num_prefill_tokens,num_decode_tokens\n"
+        + "".join(f"{arrival},{prompt},{output}\n" for arrival, prompt, output in requests)
     )
     config = {
         "cluster": {"model": "tiny", "model_shape": TINY_SHAPE},
@@ -56,5 +64,4 @@ def simulate_one_prompt(tables: Path, prompt_tokens: int, work_dir: Path) -> dic
         "sim", "serve", "--config", str(work_dir / "sim.yaml"), "--output-dir", str(work_dir / "sim")
     )
     assert proc.returncode == 0, proc.stderr
-    [request] = read_rows(work_dir / "sim" / "requests.csv")
-    return request
+    return read_rows(work_dir / "sim" / "requests.csv")

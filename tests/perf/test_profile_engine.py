@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.perf.profiling import read_rows, run_rollflow, simulate_one_prompt
+from rollflow.perf.profile.engine import least_disturbed
+from tests.perf.profiling import read_rows, run_rollflow, simulate_one_prompt, simulate_requests
 from tests.runtime.engines.processes import EngineProcess
 from tests.runtime.processes import free_port
 
@@ -30,14 +31,37 @@ def test_engine_profile_writes_tables_whose_simulation_gives_the_measured_times(
     assert proc.returncode == 0, proc.stderr
     assert "decode batch 4:" in proc.stdout and "prompt 128 tokens:" in proc.stdout
     rows = {int(r["num_tokens"]): r for r in read_rows(tmp_path / "tables" / "mlp.csv")}
-    assert sorted(rows) == [1, 4, 16, 128]
+    assert sorted(rows) == [16, 128]  # tokens' cost, from the prompts
     assert all(float(r["time_stats.attn_pre_proj.median"]) > 0 for r in rows.values())
+    decode = {
+        int(r["batch_size"]): float(r["time_stats.attn_decode.median"])
+        for r in read_rows(tmp_path / "tables" / "attention.csv")
+        if r["is_prefill"] == "False"
+    }
+    assert sorted(decode) == [1, 4] and all(value >= 0 for value in decode.values())
 
     # One request of 128 prompt tokens is one 128-token iteration: the simulator must take the
     # engine's measured time for it (iteration time per layer x 2 layers).
     request = simulate_one_prompt(tmp_path / "tables", 128, tmp_path)
     measured_ms = 2 * float(rows[128]["time_stats.attn_pre_proj.median"])
     assert float(request["ttft"]) * 1e3 == pytest.approx(measured_ms, rel=1e-9)
+
+    # Four 16-token prompts prefill together, then decode their second tokens as a batch of 4: that
+    # iteration must take what the engine took per iteration at decode batch 4 (its printed median),
+    # or its four tokens' cost through the weights (the 16-token row: rounded up to 8, clamped) when
+    # a loaded machine measured the batch faster than that.
+    [printed] = [line for line in proc.stdout.splitlines() if line.startswith("decode batch 4:")]
+    decode_4_ms = float(printed.split()[3])
+    tokens_ms = 2 * float(rows[16]["time_stats.attn_pre_proj.median"])
+    (tmp_path / "decode").mkdir()
+    batch = simulate_requests(tmp_path / "tables", [(0.0, 16, 2)] * 4, tmp_path / "decode")
+    for request in batch:
+        iteration_ms = (float(request["completed_at"]) - float(request["first_token_at"])) * 1e3
+        assert iteration_ms == pytest.approx(max(decode_4_ms, tokens_ms), abs=0.006)  # printed to 0.01 ms
+    if decode_4_ms > tokens_ms + 0.01:
+        assert decode[4] > 0
+    elif decode_4_ms < tokens_ms - 0.01:
+        assert decode[4] == 0
 
 
 def test_an_engine_that_is_not_there_is_a_one_line_error(tiny, tmp_path):
@@ -48,3 +72,9 @@ def test_an_engine_that_is_not_there_is_a_one_line_error(tiny, tmp_path):
     assert proc.returncode == 2
     [line] = proc.stderr.strip().splitlines()[-1:]
     assert line.startswith("rollflow: engine at http://127.0.0.1:")
+
+
+def test_each_mix_keeps_its_least_disturbed_round():
+    # a burst of other work slowed most of round 1 and one gap of round 2: round 2 is kept
+    assert least_disturbed([[5.0, 6.0, 7.0], [1.0, 2.0, 30.0], [3.0, 3.0, 3.0]]) == [1.0, 2.0, 30.0]
+    assert least_disturbed([[0.9], [0.4], [0.7]]) == [0.4]  # one time to first token per round

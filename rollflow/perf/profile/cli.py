@@ -72,12 +72,19 @@ def register(commands: argparse._SubParsersAction) -> None:
     engine.add_argument("--out", required=True, help="output folder for mlp.csv, attention.csv")
     engine.add_argument("--batch-sizes", default="1,2,4,8,16", help="concurrent decodes (default 1,2,4,8,16)")
     engine.add_argument(
-        "--prompt-lengths", default="16,64,256,1024", help="prompt tokens (default 16,64,256,1024)"
+        "--prompt-lengths",
+        default="1,16,64,256,1024",
+        help="prompt tokens (default 1,16,64,256,1024; the shortest, best 1, measures the round trip)",
     )
     engine.add_argument(
         "--decode-tokens", type=int, default=32, help="tokens per decoding request (default 32)"
     )
-    engine.add_argument("--repeats", type=int, default=3, help="prefill measurements per length (default 3)")
+    engine.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="rounds of every request mix; each mix keeps its fastest round (default 3)",
+    )
     engine.add_argument(
         "--block-size", type=int, default=16, help="KV block size in attention.csv (default 16)"
     )
@@ -183,6 +190,7 @@ def _int_list(flag: str, value: str) -> tuple[int, ...]:
 
 def _engine(args: argparse.Namespace, started_at: float) -> None:
     import asyncio
+    import statistics
     from pathlib import Path
 
     from rich.console import Console
@@ -208,7 +216,7 @@ def _engine(args: argparse.Namespace, started_at: float) -> None:
     console = Console(stderr=True)
     console.print(
         f"profiling the {args.kind} engine at {probe.url}: {len(probe.batch_sizes)} decode batches "
-        f"x {args.decode_tokens} tokens, {len(probe.prompt_lengths)} prompt lengths x {args.repeats}"
+        f"x {args.decode_tokens} tokens, {len(probe.prompt_lengths)} prompt lengths; {args.repeats} rounds"
     )
     with Progress(
         TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
@@ -225,8 +233,12 @@ def _engine(args: argparse.Namespace, started_at: float) -> None:
     out = Path(args.out)
     write_engine_tables(out, model, times, args.block_size)
     for batch, gaps in times.decode_s.items():
-        print(f"decode batch {batch}: {sorted(gaps)[len(gaps) // 2] * 1e3:.2f} ms per iteration")
+        print(f"decode batch {batch}: {statistics.median(gaps) * 1e3:.2f} ms per iteration")
     for length, ttfts in times.prefill_s.items():
-        print(f"prompt {length} tokens: {sorted(ttfts)[len(ttfts) // 2] * 1e3:.2f} ms to first token")
-    print(f"request round trip {round_trip_s(times) * 1e3:.2f} ms, taken out of the prefill times")
+        print(f"prompt {length} tokens: {statistics.median(ttfts) * 1e3:.2f} ms to first token")
+    round_trip_ms = round_trip_s(times) * 1e3
+    print(
+        f"request round trip {round_trip_ms:.2f} ms, taken out of the prefill times "
+        f"(simulate it with execution.request_overhead_ms={round_trip_ms:.2f})"
+    )
     print(f"measured in {times.elapsed_s:.1f} s; wrote {out / 'mlp.csv'}, {out / 'attention.csv'}")

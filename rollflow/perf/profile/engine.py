@@ -4,16 +4,23 @@ An engine's iteration is what the simulator times, and a client sees iterations 
 arrivals: while B requests decode together, each stream receives one token per iteration, so
 the gaps between a stream's tokens are the iteration time at decode batch B; a lone request's
 time to first token is its prefill iteration plus the request's round trip (estimated from the
-shortest prompt and taken out, see `round_trip_s`). The profiler sends
-such controlled mixes (B concurrent decodes for each batch size; one prompt of P tokens for each
-prompt length), reads the timings from the streams, and writes them as Vidur-format tables: the
-whole iteration time, divided by the model's layers, as the per-token operator time at that
-batch's token count. A CPU engine, whose time is mostly fixed per-iteration overhead, gets a
-faithful table that way; operator profiles would miss the overhead.
+shortest prompt and taken out, see `round_trip_s`). The profiler sends such controlled mixes
+(B concurrent decodes for each batch size; one prompt of P tokens for each prompt length) and
+reads the timings from the streams.
+
+It writes them as Vidur-format tables split the way the simulator composes an iteration (per
+layer: linear operators at the batch's token count + decode attention at the decode batch size +
+prefill attention): the prefill iterations, divided by the model's layers, are the per-token
+cost in `mlp.csv` (what every token pays going through the weights, with the iteration's fixed
+overhead); what a decode batch of B costs beyond B such tokens (attention over each sequence's
+KV, sampling, per-sequence bookkeeping) is decode attention at batch B in `attention.csv`. A
+decode-only or prefill-only iteration is then charged what the engine took for it, and a mixed
+one (B decodes beside a prefill chunk of P tokens) the tokens' cost at B + P plus the B decodes'
+own cost, rather than the token count alone. A CPU engine, whose time is mostly fixed
+per-iteration overhead, gets a faithful table that way; operator profiles would miss the overhead.
 
 What the tables cannot say: attention's dependence on KV length (decodes are measured at one
-prompt length, and the attention tables are written as zero), and the split of a mixed
-prefill+decode iteration (modelled, as the simulator does, by the batch's token count).
+prompt length; prefill attention is written as zero).
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from rollflow.perf.profile.hf_config import ProfiledModel
 from rollflow.perf.profile.operators import ATTENTION_OPS, MLP_OPS
@@ -42,13 +51,13 @@ class EngineProbe:
     prompt_lengths: tuple[int, ...]  # prompt tokens of the prefill measurements
     decode_prompt_tokens: int  # prompt length of the decoding requests
     decode_tokens: int  # tokens each decoding request generates
-    repeats: int  # prefill measurements per prompt length
+    repeats: int  # rounds of every mix
 
 
 @dataclass(frozen=True)
 class EngineTimes:
-    decode_s: dict[int, list[float]]  # batch size -> steady-state inter-token gaps
-    prefill_s: dict[int, list[float]]  # prompt tokens -> times to first token
+    decode_s: dict[int, list[float]]  # batch size -> steady-state inter-token gaps of its best round
+    prefill_s: dict[int, list[float]]  # prompt tokens -> [time to first token of its best round]
     elapsed_s: float
 
 
@@ -70,46 +79,59 @@ async def _stream_times(client, rid: str, prompt: list[int], num_tokens: int, st
 
 
 async def measure_engine(probe: EngineProbe, on_step=lambda done, total: None) -> EngineTimes:
-    """Run the request mixes one after another (never overlapping) and collect their timings."""
+    """Run the request mixes one after another (never overlapping), `repeats` rounds of every mix,
+    and keep each mix's least disturbed round (see `least_disturbed`)."""
     from rollflow.runtime.engines.clients import make_client
 
     client = make_client(probe.kind, probe.url)
-    total = len(probe.batch_sizes) + len(probe.prompt_lengths) * probe.repeats
+    total = (len(probe.batch_sizes) + len(probe.prompt_lengths)) * probe.repeats
     done, salt = 0, 0
     started = time.perf_counter()
-    decode: dict[int, list[float]] = {}
-    prefill: dict[int, list[float]] = {}
+    decode: dict[int, list[list[float]]] = {}
+    prefill: dict[int, list[list[float]]] = {}
     try:
         await _stream_times(client, "profile-warmup", _prompt(8, 0), 4, time.perf_counter())
-        for batch in probe.batch_sizes:
-            start = time.perf_counter()
-            streams = await asyncio.gather(
-                *(
-                    _stream_times(
-                        client,
-                        f"profile-d{batch}-{i}",
-                        _prompt(probe.decode_prompt_tokens, salt := salt + 1),
-                        probe.decode_tokens,
-                        start,
+        # rounds, not repeats in a row: a burst of other work on the machine then disturbs one
+        # round of several mixes rather than every round of one
+        for _ in range(probe.repeats):
+            for batch in probe.batch_sizes:
+                start = time.perf_counter()
+                streams = await asyncio.gather(
+                    *(
+                        _stream_times(
+                            client,
+                            f"profile-d{batch}-{salt}-{i}",
+                            _prompt(probe.decode_prompt_tokens, salt := salt + 1),
+                            probe.decode_tokens,
+                            start,
+                        )
+                        for i in range(batch)
                     )
-                    for i in range(batch)
                 )
-            )
-            decode[batch] = _steady_gaps(streams)
-            done += 1
-            on_step(done, total)
-        for length in probe.prompt_lengths:
-            for _ in range(probe.repeats):
+                decode.setdefault(batch, []).append(_steady_gaps(streams))
+                done += 1
+                on_step(done, total)
+            for length in probe.prompt_lengths:
                 start = time.perf_counter()
                 times = await _stream_times(
                     client, f"profile-p{length}-{salt}", _prompt(length, salt := salt + 1), 1, start
                 )
-                prefill.setdefault(length, []).append(times[1] - times[0])
+                prefill.setdefault(length, []).append([times[1] - times[0]])
                 done += 1
                 on_step(done, total)
     finally:
         await client.close()
-    return EngineTimes(decode, prefill, time.perf_counter() - started)
+    return EngineTimes(
+        {batch: least_disturbed(rounds) for batch, rounds in decode.items()},
+        {length: least_disturbed(rounds) for length, rounds in prefill.items()},
+        time.perf_counter() - started,
+    )
+
+
+def least_disturbed(rounds: list[list[float]]) -> list[float]:
+    """The round with the lowest median: other processes on the machine only ever add time to an
+    iteration, so the fastest round is the engine's own time, the others the engine plus them."""
+    return min(rounds, key=statistics.median)
 
 
 def _steady_gaps(streams: list[list[float]]) -> list[float]:
@@ -130,9 +152,12 @@ def _steady_gaps(streams: list[list[float]]) -> list[float]:
 def round_trip_s(times: EngineTimes) -> float:
     """What a lone request's TTFT holds besides its prefill iteration (HTTP, tokenizer, queue hand-off).
 
-    The shortest prompt's prefill costs about one decode iteration at batch 1 (both are a few
-    tokens through the weights), so the rest of its TTFT is the round trip, taken out of every
-    prefill time: the simulator's iterations have no round trip. 0 without batch-1 decodes.
+    A one-token prompt's prefill costs one decode iteration at batch 1 (one token through the
+    weights), so the rest of its TTFT is the round trip, taken out of every prefill time: the
+    simulator's iterations have none (it adds the round trip per request instead, with
+    execution.request_overhead_ms). The shortest prompt stands in for one token: the longer it is,
+    the more of its prefill is counted as round trip on a model whose compute matters. 0 without
+    batch-1 decodes.
     """
     if 1 not in times.decode_s:
         return 0.0
@@ -140,17 +165,41 @@ def round_trip_s(times: EngineTimes) -> float:
     return max(shortest - statistics.median(times.decode_s[1]), 0.0)
 
 
+def _stats(values_ms: list[float]) -> dict[str, float]:
+    return {
+        "min": min(values_ms),
+        "max": max(values_ms),
+        "mean": statistics.fmean(values_ms),
+        "median": statistics.median(values_ms),
+        "std": statistics.pstdev(values_ms),
+    }
+
+
+def _token_cost(prefill_ms: dict[int, list[float]], num_tokens: int) -> float:
+    """Per-layer cost of `num_tokens` tokens through the weights, as the simulator reads mlp.csv:
+    rounded up to a multiple of 8, linear between the prompt lengths, clamped at both ends."""
+    lengths = sorted(prefill_ms)
+    medians = [statistics.median(prefill_ms[n]) for n in lengths]
+    return float(np.interp((num_tokens + 7) // 8 * 8, lengths, medians))
+
+
 def write_engine_tables(out: Path, model: ProfiledModel, times: EngineTimes, block_size: int) -> None:
-    """mlp.csv: iteration time / layers at each batch's token count; attention.csv: zeros."""
+    """mlp.csv: prefill iteration time / layers at each prompt length; attention.csv: each decode
+    batch's time beyond its tokens' cost, as decode attention at that batch size."""
     out.mkdir(parents=True, exist_ok=True)
-    points = {batch: gaps for batch, gaps in times.decode_s.items()}
     round_trip = round_trip_s(times)
     # No iteration is shorter than a one-token decode: the floor keeps a noisy TTFT (a busy CPU
     # can make a short prompt's round trip look longer than a long prompt's) from a zero time.
     floor = statistics.median(times.decode_s[1]) if 1 in times.decode_s else 0.0
-    for length, ttfts in times.prefill_s.items():
-        # a decode batch and a prompt of equal tokens share a row
-        points.setdefault(length, []).extend(max(ttft - round_trip, floor) for ttft in ttfts)
+    layers = model.num_layers
+    prefill_ms = {
+        length: [max(ttft - round_trip, floor) * 1e3 / layers for ttft in ttfts]
+        for length, ttfts in times.prefill_s.items()
+    }
+    decode_ms = {}
+    for batch, gaps in times.decode_s.items():
+        tokens_ms = _token_cost(prefill_ms, batch)
+        decode_ms[batch] = [max(gap * 1e3 / layers - tokens_ms, 0.0) for gap in gaps]
     with (out / "mlp.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(
@@ -160,15 +209,8 @@ def write_engine_tables(out: Path, model: ProfiledModel, times: EngineTimes, blo
                 "num_tokens", "num_tensor_parallel_workers",
             ]
         )  # fmt: skip
-        for num_tokens in sorted(points):
-            per_layer_ms = [gap * 1e3 / model.num_layers for gap in points[num_tokens]]
-            stats = {
-                "min": min(per_layer_ms),
-                "max": max(per_layer_ms),
-                "mean": statistics.fmean(per_layer_ms),
-                "median": statistics.median(per_layer_ms),
-                "std": statistics.pstdev(per_layer_ms),
-            }
+        for num_tokens in sorted(prefill_ms):
+            stats = _stats(prefill_ms[num_tokens])
             writer.writerow(
                 [
                     *(stats[stat] if op == ITERATION_COLUMN else 0.0 for op in MLP_OPS for stat in STATS),
@@ -186,12 +228,16 @@ def write_engine_tables(out: Path, model: ProfiledModel, times: EngineTimes, blo
             ]
         )  # fmt: skip
         zeros = [0.0] * len(STATS)
-        for batch, chunk in ((1, 0), (max(times.decode_s), 0), (1, 1), (1, max(times.prefill_s))):
-            attention = (zeros, zeros, [""] * len(STATS)) if chunk else ([""] * len(STATS), zeros, zeros)
+        blank = [""] * len(STATS)
+        rows = [(batch, 0, [_stats(ms)[stat] for stat in STATS]) for batch, ms in sorted(decode_ms.items())]
+        rows += [(1, 1, zeros), (1, max(prefill_ms), zeros)]
+        for batch, chunk, values in rows:
+            # column groups: prefill, kv-cache save, decode (as ATTENTION_OPS orders them)
+            attention = (zeros, zeros, blank) if chunk else (blank, zeros, values)
             writer.writerow(
                 [
                     *(value for column in attention for value in column),
                     model.embedding_dim, model.num_q_heads, model.num_kv_heads, block_size, 1,
-                    batch, chunk, 0, bool(chunk), "engine (included in mlp.csv)",
+                    batch, chunk, 0, bool(chunk), "engine (tokens in mlp.csv)",
                 ]
             )  # fmt: skip

@@ -67,6 +67,9 @@ class ManagerConfig(StrictModel):
     """A connection that sends no whole request head, or stalls its body, this long is closed."""
     max_body_mb: float = Field(64.0, gt=0)
     """Largest request body in MiB (413 above it); a batch of 64 prompts of 128k tokens fits."""
+    request_log: str | None = None
+    """JSONL file to append one line to per sample that ends (arrival, first token, finish, lengths,
+    spans with their engines and times), for `rollflow sim replay --from-manager-log`. Off when unset."""
     tokenizer: str | None = None
     """Optional tokenizer folder: lets `/generate` accept `text` and answer with text."""
     journal: str | None = None

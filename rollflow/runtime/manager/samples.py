@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import time
 from dataclasses import dataclass, field
 
 from rollflow.runtime.engines.base import SamplingParams
@@ -35,6 +36,9 @@ class Span:
     attempt: int  # 1-based attempt of the sample that made these tokens
     start: int
     end: int
+    started_at: float = 0.0  # wall-clock time (time.time()) the attempt was sent to the engine
+    first_token_at: float = 0.0  # when this span's first token arrived
+    ended_at: float = 0.0  # when its last token arrived
 
     def to_json(self) -> dict:
         return {
@@ -69,6 +73,9 @@ class Sample:
     engine_id: int | None = None  # engine of the running attempt
     refused: bool = False  # failed because an engine refused the request itself (a 4xx): its own fault
     engine_texts: dict[int, str] = field(default_factory=dict)  # attempt -> the engine's text of it
+    arrived_at: float = field(default_factory=time.time)  # wall-clock time the manager took it in
+    attempt_started_at: float = 0.0  # when the running (or last) attempt was sent to its engine
+    first_token_at: float | None = None  # when the first output token arrived (kept across resumes)
 
     @property
     def engine_text(self) -> str:
@@ -90,6 +97,7 @@ class Sample:
     def begin_attempt(self, engine_id: int) -> None:
         self.attempts += 1
         self.engine_id = engine_id
+        self.attempt_started_at = time.time()
         self.state = SampleState.RUNNING
 
     def record(
@@ -103,15 +111,29 @@ class Sample:
         """Append tokens from the running attempt, extending its span or opening a new one."""
         if not token_ids:
             return
+        now = time.time()
+        if self.first_token_at is None:
+            self.first_token_at = now
         start = len(self.output_ids)
         self.output_ids.extend(token_ids)
         self.output_logprobs.extend(logprobs)
         last = self.spans[-1] if self.spans else None
         if last is not None and last.attempt == self.attempts and last.weight_version == version:
             last.end = len(self.output_ids)
+            last.ended_at = now
         else:
             self.spans.append(
-                Span(engine_id, engine_url, version, self.attempts, start, len(self.output_ids))
+                Span(
+                    engine_id,
+                    engine_url,
+                    version,
+                    self.attempts,
+                    start,
+                    len(self.output_ids),
+                    started_at=self.attempt_started_at,
+                    first_token_at=now,
+                    ended_at=now,
+                )
             )
 
     def discard_output(self) -> None:

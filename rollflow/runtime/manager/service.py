@@ -49,6 +49,7 @@ from rollflow.runtime.manager.journal import Journal
 from rollflow.runtime.manager.metrics import ManagerMetrics
 from rollflow.runtime.manager.packing import GroupPacker
 from rollflow.runtime.manager.registry import EngineRecord, Registry
+from rollflow.runtime.manager.request_log import RequestLog
 from rollflow.runtime.manager.samples import Sample, SampleRun, SampleState
 
 log = logging.getLogger("rollflow.manager")
@@ -158,6 +159,7 @@ class RolloutManager:
         self._session: aiohttp.ClientSession | None = None
         self._last_tick = 0.0  # last beat of the loop watch
         self._loop_blocked_at = float("-inf")  # when the manager's own loop was last seen blocked
+        self.request_log = RequestLog(config.request_log) if config.request_log else None
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -213,6 +215,8 @@ class RolloutManager:
             await self.journal.close()
         if self._session is not None:
             await self._session.close()
+        if self.request_log is not None:
+            await asyncio.to_thread(self.request_log.close)
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -901,6 +905,8 @@ class RolloutManager:
         if run is not None and run.watcher is None:
             del self._runs[sample.sample_id]  # a batch's sample: its batch holds it from here on
         self.metrics.finished_samples.labels(sample.state.name.lower()).inc()
+        if self.request_log is not None:
+            self.request_log.record(sample)
         batch = self.batches.get(sample.batch_id)
         if batch is not None:
             batch.completed.append(sample)
