@@ -6,6 +6,7 @@ import argparse
 import os
 
 from rollflow.cli_util import add_command_group
+from rollflow.runtime.engines.builtin import DEFAULT_MAX_RUNNING_REQUESTS
 
 EXAMPLES = """examples:
   rollflow engine init-model models/tiny
@@ -46,7 +47,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         description="Serve a model on CPU with transformers behind the part of SGLang's HTTP API that the "
         "rollout manager uses: /generate (streaming, logprobs), /abort_request, /health, /health_generate, "
         "/get_model_info, /get_weight_version, /update_weights_from_disk, /update_weights_from_safetensors, "
-        "/pause_generation, /continue_generation. Prints `serving on http://HOST:PORT` when ready.",
+        "/pause_generation, /continue_generation, /v1/loads, /get_load. Prints `serving on http://HOST:PORT` when ready.",
         epilog="example: rollflow engine serve --model models/tiny --port 30000",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -83,6 +84,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         type=float,
         default=30.0,
         help="close a connection that sends no whole request head, or stalls its body, this long (default 30)",
+    )
+    serve.add_argument(
+        "--max-running-requests",
+        type=int,
+        default=DEFAULT_MAX_RUNNING_REQUESTS,
+        help="requests decoding at once; later ones wait in the engine's queue, first come first served "
+        f"(SGLang's flag; default {DEFAULT_MAX_RUNNING_REQUESTS})",
     )
     serve.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(handler=_serve)
@@ -121,4 +129,5 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
         api_key=args.api_key,
         max_body_bytes=int(args.max_body_mb * (1 << 20)),
         read_timeout_s=args.read_timeout_s,
+        max_running_requests=args.max_running_requests,
     )

@@ -45,6 +45,7 @@ from rollflow.runtime.manager.metrics import ManagerMetrics
 from rollflow.runtime.manager.packing import GroupPacker
 from rollflow.runtime.manager.registry import EngineRecord, Registry
 from rollflow.runtime.manager.samples import Sample, SampleState
+from rollflow.runtime.manager.view import refresh_load
 
 log = logging.getLogger("rollflow.manager")
 
@@ -163,6 +164,7 @@ class RolloutManager:
         self._last_tick = asyncio.get_running_loop().time()
         self._spawn(self._dispatch_loop())
         self._spawn(self._health_loop())
+        self._spawn(self._load_loop())
         self._spawn(self._loop_watch())
         try:
             for entry in self.config.engines:
@@ -392,6 +394,13 @@ class RolloutManager:
             await asyncio.gather(*(self._half_open(engine) for engine in due))
             self._update_gauges()
 
+    async def _load_loop(self) -> None:
+        """Ask every live engine what it holds, every `load_poll_interval_s` (see view.py)."""
+        while True:
+            await asyncio.sleep(self.config.load_poll_interval_s)
+            engines = self.registry.live()
+            await asyncio.gather(*(refresh_load(e, self.config.load_poll_interval_s) for e in engines))
+
     async def _loop_watch(self) -> None:
         """Beat every LOOP_BEAT_S and note when a beat came late: the manager itself was blocked
         (a big body, a slow callback), so a stream that sent nothing meanwhile is not a hung engine."""
@@ -584,7 +593,9 @@ class RolloutManager:
 
     def _start_attempt(self, sample: Sample, engine: EngineRecord) -> None:
         sample.begin_attempt(engine.engine_id)
-        engine.running[sample.sample_id] = sample.remaining_tokens
+        engine.dispatched(
+            sample.sample_id, len(sample.prompt_ids) + len(sample.output_ids), sample.remaining_tokens
+        )
         task = asyncio.get_running_loop().create_task(self._run_attempt(sample, engine))
         self._attempts[sample.sample_id] = task
 
@@ -626,7 +637,7 @@ class RolloutManager:
             asyncio.current_task().uncancel()
             self._spawn(self._abort_quietly(engine, rid))
         finally:
-            engine.running.pop(sample.sample_id, None)
+            engine.ended(sample.sample_id)
             self._attempts.pop(sample.sample_id, None)
             self._wake.set()
         if outcome == "cancelled":
@@ -694,7 +705,7 @@ class RolloutManager:
                         tokens,
                         chunk.logprobs[: len(tokens)],
                     )
-                    engine.running[sample.sample_id] = sample.remaining_tokens
+                    engine.progressed(sample.sample_id, sample.remaining_tokens)
                     engine.tokens_generated += len(tokens)
                     engine.window_tokens += len(tokens)
                     self.metrics.generated_tokens.labels(str(engine.engine_id)).inc(len(tokens))

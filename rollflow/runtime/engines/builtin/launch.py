@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from rollflow.errors import UserError
+from rollflow.runtime.engines.builtin import DEFAULT_MAX_RUNNING_REQUESTS
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +25,7 @@ def serve_engine(
     api_key: str | None = None,
     max_body_bytes: int = 64 << 20,
     read_timeout_s: float = 30.0,
+    max_running_requests: int = DEFAULT_MAX_RUNNING_REQUESTS,
 ) -> None:
     """Serve until interrupted; prints `serving on http://HOST:PORT` once requests are accepted.
     With `api_key`, every route but /health needs `Authorization: Bearer <api_key>`."""
@@ -57,7 +59,9 @@ def serve_engine(
         vocab_size=config.vocab_size,
         max_context_length=config.max_position_embeddings,
     )
-    worker = GenerationWorker(model, eos_ids, weight_version=weight_version, seed=seed)
+    worker = GenerationWorker(
+        model, eos_ids, weight_version=weight_version, seed=seed, max_running_requests=max_running_requests
+    )
     # A folder written by a pull holds its version exactly as published: the base of the first delta.
     pulled = read_saved_weights(model_dir)
     if pulled is not None and pulled.version != weight_version:

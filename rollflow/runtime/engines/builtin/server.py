@@ -44,6 +44,7 @@ from rollflow.runtime.engines.builtin.weights import (
     read_safetensors_path,
 )
 from rollflow.runtime.engines.builtin.worker import GenerationWorker, Sequence, TokenEvent
+from rollflow.runtime.engines.load import sglang_get_load_body, sglang_loads_body
 from rollflow.runtime.http.auth import bearer_middleware
 from rollflow.runtime.http.body import read_body, read_json_object
 from rollflow.runtime.weights import (
@@ -144,6 +145,8 @@ class EngineServer:
                 web.get("/health_generate", self.health_generate),
                 web.get("/get_model_info", self.get_model_info),
                 web.get("/get_weight_version", self.get_weight_version),
+                web.get("/v1/loads", self.loads),
+                web.get("/get_load", self.get_load),
                 web.post("/update_weights_from_disk", self.update_weights_from_disk),
                 web.post("/update_weights_from_safetensors", self.update_weights_from_safetensors),
                 web.post("/update_weights_from_server", self.update_weights_from_server),
@@ -326,6 +329,26 @@ class EngineServer:
 
     async def get_weight_version(self, request: web.Request) -> web.Response:
         return web.json_response({"weight_version": self._worker.weight_version})
+
+    # ---- load ---------------------------------------------------------------------------------
+    def load_report(self) -> tuple[int, int, int, int]:
+        """(running, waiting, KV tokens in use, KV token capacity): what SGLang's load routes report.
+        The capacity is what the running places can hold at full context length."""
+        running, waiting, kv_tokens = self._worker.load()
+        return (
+            running,
+            waiting,
+            kv_tokens,
+            self._worker.max_running_requests * self._served.max_context_length,
+        )
+
+    async def loads(self, request: web.Request) -> web.Response:
+        """SGLang's `/v1/loads`: one data-parallel rank."""
+        return web.json_response(sglang_loads_body(*self.load_report()))
+
+    async def get_load(self, request: web.Request) -> web.Response:
+        """SGLang's older `/get_load`."""
+        return web.json_response(sglang_get_load_body(*self.load_report()[:3]))
 
     # ---- weights and pausing ------------------------------------------------------------------
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:

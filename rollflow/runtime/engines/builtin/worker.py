@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from typing import Any
 
 import torch
 
+from rollflow.runtime.engines.builtin import DEFAULT_MAX_RUNNING_REQUESTS
 from rollflow.runtime.engines.builtin.sampling import GREEDY_BELOW, SamplingOptions, sample_next_token
 
 logger = logging.getLogger(__name__)
@@ -59,11 +61,24 @@ class Sequence:
 class GenerationWorker:
     """Owns the model and runs every request on one thread; the other threads send it commands."""
 
-    def __init__(self, model: Any, eos_token_ids: set[int], weight_version: int, seed: int) -> None:
+    def __init__(
+        self,
+        model: Any,
+        eos_token_ids: set[int],
+        weight_version: int,
+        seed: int,
+        max_running_requests: int = DEFAULT_MAX_RUNNING_REQUESTS,
+    ) -> None:
         self._model = model
         self._eos_token_ids = eos_token_ids
-        # all three are changed only by the generation thread
+        self.max_running_requests = max_running_requests
+        # changed only by the generation thread: requests decoding, and those waiting (first come,
+        # first served) for one of the `max_running_requests` places
         self._running: dict[str, Sequence] = {}
+        self._waiting: deque[Sequence] = deque()
+        # (running, waiting, tokens in the KV caches), replaced whole by the generation thread
+        # after every change so another thread reads one consistent triple
+        self._load_snapshot = (0, 0, 0)
         self._paused = False
         self._weight_version = weight_version
         self._seeds = torch.Generator().manual_seed(seed)
@@ -86,6 +101,10 @@ class GenerationWorker:
     def num_running(self) -> int:
         return len(self._running)
 
+    def load(self) -> tuple[int, int, int]:
+        """(requests running, requests waiting, tokens held in KV caches), as of the last step."""
+        return self._load_snapshot
+
     def submit(self, seq: Sequence) -> None:
         self._commands.put(lambda: self._add(seq))
 
@@ -93,7 +112,7 @@ class GenerationWorker:
         self._commands.put(lambda: self._finish_aborted([rid], message))
 
     def abort_all(self, message: str = "aborted by request") -> None:
-        self._commands.put(lambda: self._finish_aborted(list(self._running), message))
+        self._commands.put(lambda: self._finish_aborted(self._all_rids(), message))
 
     def pause(self, mode: str) -> Future[None]:
         return self._call(lambda: self._pause(mode))
@@ -127,13 +146,29 @@ class GenerationWorker:
     def _run(self) -> None:
         with torch.inference_mode():
             while not self._stopped:
-                self._run_commands(block=self._paused or not self._running)
+                self._run_commands(block=self._paused or not (self._running or self._waiting))
+                self._admit()
                 for seq in list(self._running.values()):
                     if self._stopped or self._paused:
                         break
                     if seq.rid in self._running:
                         self._step_alone(seq)
                     self._run_commands(block=False)
+                self._publish_load()
+
+    def _admit(self) -> None:
+        """Move waiting requests into the places that finished requests freed."""
+        while self._waiting and len(self._running) < self.max_running_requests:
+            seq = self._waiting.popleft()
+            self._running[seq.rid] = seq
+        self._publish_load()
+
+    def _publish_load(self) -> None:
+        kv_tokens = sum(seq.num_cached for seq in self._running.values())
+        self._load_snapshot = (len(self._running), len(self._waiting), kv_tokens)
+
+    def _all_rids(self) -> list[str]:
+        return [*self._running, *(seq.rid for seq in self._waiting)]
 
     def _run_commands(self, block: bool) -> None:
         try:
@@ -148,7 +183,7 @@ class GenerationWorker:
                 return
 
     def _add(self, seq: Sequence) -> None:
-        if seq.rid in self._running:
+        if seq.rid in self._running or any(waiting.rid == seq.rid for waiting in self._waiting):
             seq.emit(self._abort_event(f"request id {seq.rid!r} is already running"))
             return
         if seq.sampling.temperature >= GREEDY_BELOW:
@@ -163,7 +198,8 @@ class GenerationWorker:
         if seq.sampling.max_new_tokens == 0:
             seq.emit(TokenEvent(None, None, self._weight_version, {"type": "length", "length": 0}))
             return
-        self._running[seq.rid] = seq
+        self._waiting.append(seq)
+        self._admit()
 
     def _step_alone(self, seq: Sequence) -> None:
         """`_step`, where an exception ends this request with an error and never the thread.
@@ -215,14 +251,17 @@ class GenerationWorker:
         return TokenEvent(None, None, self._weight_version, finish)
 
     def _finish_aborted(self, rids: list[str], message: str) -> None:
-        for rid in rids:
-            seq = self._running.pop(rid, None)
-            if seq is not None:
-                seq.emit(self._abort_event(message))
+        wanted = set(rids)
+        waiting = [seq for seq in self._waiting if seq.rid in wanted]
+        if waiting:
+            self._waiting = deque(seq for seq in self._waiting if seq.rid not in wanted)
+        for seq in [*(self._running.pop(rid) for rid in rids if rid in self._running), *waiting]:
+            seq.emit(self._abort_event(message))
+        self._admit()
 
     def _pause(self, mode: str) -> None:
         if mode == "abort":
-            self._finish_aborted(list(self._running), "aborted by pause_generation")
+            self._finish_aborted(self._all_rids(), "aborted by pause_generation")
         elif mode == "retract":
             self._drop_caches()
         self._paused = True
@@ -245,5 +284,5 @@ class GenerationWorker:
             seq.num_cached = 0
 
     def _stop(self) -> None:
-        self._finish_aborted(list(self._running), "engine is shutting down")
+        self._finish_aborted(self._all_rids(), "engine is shutting down")
         self._stopped = True
