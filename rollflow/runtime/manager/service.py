@@ -45,6 +45,7 @@ from rollflow.runtime.manager.metrics import ManagerMetrics
 from rollflow.runtime.manager.packing import GroupPacker
 from rollflow.runtime.manager.registry import EngineRecord, Registry
 from rollflow.runtime.manager.samples import Sample, SampleState
+from rollflow.runtime.manager.stall import StallWatch
 from rollflow.runtime.manager.view import refresh_load
 
 log = logging.getLogger("rollflow.manager")
@@ -422,11 +423,11 @@ class RolloutManager:
         return recently or now - self._last_tick > LOOP_BEAT_S + LOOP_BLOCKED_S
 
     def _update_gauges(self) -> None:
-        counts = {"healthy": 0, "updating": 0, "failed": 0, "removed": 0}
+        counts = dict.fromkeys(self.metrics.engines_by_state, 0)
         for engine in self.registry.all():
             counts[engine.state] += 1
         for state, count in counts.items():
-            self.metrics.engines.labels(state).set(count)
+            self.metrics.engines_by_state[state].set(count)
         self.metrics.queue_depth.set(len(self._queue))
         self.metrics.running_samples.set(len(self._attempts))
 
@@ -662,21 +663,16 @@ class RolloutManager:
         """Stream one attempt; return None when the sample finished, else why it must resume."""
         params = dataclasses.replace(sample.sampling, max_new_tokens=sample.remaining_tokens)
         stream = engine.client.generate(rid, sample.prompt_ids + sample.output_ids, params)
-        # the next chunk is awaited as a task so that a stall window can pass without cancelling it
-        pending: asyncio.Task | None = None
+        # one timer notices a silent engine; the read itself is never raced against a timeout
+        watch = StallWatch(
+            self.config.stall_timeout_s,
+            lambda: self._retire(engine, "failed", reason="hung"),  # moves this sample too
+            self._manager_stalled,  # the manager, not the engine, was silent: another window
+        )
         try:
             while True:
-                if pending is None:
-                    pending = asyncio.ensure_future(anext(stream))
-                done, _ = await asyncio.wait({pending}, timeout=self.config.stall_timeout_s)
-                if not done:
-                    if self._manager_stalled():
-                        continue  # the manager, not the engine, was silent: give it another window
-                    self._retire(engine, "failed", reason="hung")
-                    return "engine_hung"
-                task, pending = pending, None
                 try:
-                    chunk = task.result()
+                    chunk = await anext(stream)
                 except StopAsyncIteration:
                     self._retire(engine, "failed", reason="stream_ended")
                     return "engine_failed"
@@ -691,6 +687,7 @@ class RolloutManager:
                     log.warning("engine %d failed on %s: %s", engine.engine_id, rid, exc)
                     self._retire(engine, "failed", reason="stream_error")
                     return "engine_failed"
+                watch.progressed()
                 if chunk.weight_version is not None:
                     engine.weight_version = chunk.weight_version
                 tokens = chunk.token_ids[: sample.remaining_tokens]
@@ -708,7 +705,7 @@ class RolloutManager:
                     engine.progressed(sample.sample_id, sample.remaining_tokens)
                     engine.tokens_generated += len(tokens)
                     engine.window_tokens += len(tokens)
-                    self.metrics.generated_tokens.labels(str(engine.engine_id)).inc(len(tokens))
+                    self.metrics.generated_tokens_of(engine.engine_id).inc(len(tokens))
                     self._notify(sample)
                 if chunk.finish_reason == "abort":
                     # the manager's own aborts cancel the attempt first, so this one is the engine's
@@ -720,9 +717,7 @@ class RolloutManager:
                     engine.consecutive_failures = 0  # the breaker's count: it served a whole sample
                     return None
         finally:
-            if pending is not None:
-                pending.cancel()
-                await asyncio.wait({pending})  # the generator must stop running before it is closed
+            watch.cancel()
             await stream.aclose()
 
     async def _abort_quietly(self, engine: EngineRecord, rid: str) -> None:

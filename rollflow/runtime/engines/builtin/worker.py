@@ -214,6 +214,7 @@ class GenerationWorker:
         except Exception as exc:
             logger.exception("request %s failed in the generation thread; the engine carries on", seq.rid)
             if self._running.pop(seq.rid, None) is not None:
+                self._publish_load()
                 seq.emit(
                     self._request_error_event(f"request failed in the engine: {type(exc).__name__}: {exc}")
                 )
@@ -230,6 +231,7 @@ class GenerationWorker:
         finish = self._finish_reason(seq, token_id)
         if finish is not None:
             del self._running[seq.rid]
+            self._publish_load()  # a client told the request is over sees it gone from the load
         seq.emit(TokenEvent(token_id, logprob, self._weight_version, finish))
 
     def _finish_reason(self, seq: Sequence, token_id: int) -> dict[str, Any] | None:
@@ -255,9 +257,10 @@ class GenerationWorker:
         waiting = [seq for seq in self._waiting if seq.rid in wanted]
         if waiting:
             self._waiting = deque(seq for seq in self._waiting if seq.rid not in wanted)
-        for seq in [*(self._running.pop(rid) for rid in rids if rid in self._running), *waiting]:
+        ended = [*(self._running.pop(rid) for rid in rids if rid in self._running), *waiting]
+        self._admit()  # publishes the load before the clients hear of the ends
+        for seq in ended:
             seq.emit(self._abort_event(message))
-        self._admit()
 
     def _pause(self, mode: str) -> None:
         if mode == "abort":
