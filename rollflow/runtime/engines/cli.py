@@ -6,7 +6,7 @@ import argparse
 import os
 
 from rollflow.cli_util import add_command_group
-from rollflow.runtime.engines.builtin import DEFAULT_MAX_RUNNING_REQUESTS
+from rollflow.runtime.engines.builtin import DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_PREFIX_CACHE_TOKENS
 
 EXAMPLES = """examples:
   rollflow engine init-model models/tiny
@@ -92,6 +92,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="requests decoding at once; later ones wait in the engine's queue, first come first served "
         f"(SGLang's flag; default {DEFAULT_MAX_RUNNING_REQUESTS})",
     )
+    serve.add_argument(
+        "--prefix-cache-tokens",
+        type=int,
+        default=DEFAULT_PREFIX_CACHE_TOKENS,
+        help="tokens of prompt-prefix KV kept for later requests that start the same way, least "
+        f"recently used evicted first; 0 turns the cache off (default {DEFAULT_PREFIX_CACHE_TOKENS})",
+    )
     serve.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(handler=_serve)
 
@@ -130,4 +137,5 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
         max_body_bytes=int(args.max_body_mb * (1 << 20)),
         read_timeout_s=args.read_timeout_s,
         max_running_requests=args.max_running_requests,
+        prefix_cache_tokens=args.prefix_cache_tokens,
     )

@@ -80,12 +80,14 @@ class _Output:
     logprobs: list[float] = field(default_factory=list)
     weight_version: int | None = None
     finish_reason: dict[str, Any] | None = None
+    cached_tokens: int = 0
 
     def add(self, event: TokenEvent) -> None:
         if event.token_id is not None:
             self.output_ids.append(event.token_id)
             self.logprobs.append(event.logprob)
         self.weight_version = event.weight_version
+        self.cached_tokens = max(self.cached_tokens, event.cached_tokens)
         self.finish_reason = event.finish_reason
 
 
@@ -268,7 +270,7 @@ class EngineServer:
             "finish_reason": out.finish_reason,
             "prompt_tokens": out.num_prompt_tokens,
             "completion_tokens": len(out.output_ids),
-            "cached_tokens": 0,
+            "cached_tokens": out.cached_tokens,
             "weight_version": out.weight_version,
             "e2e_latency": time.perf_counter() - out.started_at,
         }
@@ -343,8 +345,16 @@ class EngineServer:
         )
 
     async def loads(self, request: web.Request) -> web.Response:
-        """SGLang's `/v1/loads`: one data-parallel rank."""
-        return web.json_response(sglang_loads_body(*self.load_report()))
+        """SGLang's `/v1/loads`: one data-parallel rank, with its prefix cache's hit rate (prompt
+        tokens served from the cache over those looked up) and, rollflow's own, the prompt tokens
+        its prefills computed."""
+        body = sglang_loads_body(*self.load_report())
+        looked_up, hits, computed = self._worker.cache_stats()
+        body["loads"][0] |= {
+            "cache_hit_rate": round(hits / looked_up, 6) if looked_up else 0.0,
+            "prefill_tokens_computed": computed,
+        }
+        return web.json_response(body)
 
     async def get_load(self, request: web.Request) -> web.Response:
         """SGLang's older `/get_load`."""

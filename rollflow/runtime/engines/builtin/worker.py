@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from rollflow.runtime.engines.builtin import DEFAULT_MAX_RUNNING_REQUESTS
+from rollflow.runtime.engines.builtin import DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_PREFIX_CACHE_TOKENS
+from rollflow.runtime.engines.builtin.prefix_cache import PrefixCache
 from rollflow.runtime.engines.builtin.sampling import GREEDY_BELOW, SamplingOptions, sample_next_token
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,8 @@ class TokenEvent:
     weight_version: int
     # SGLang's finish_reason dict ({"type": "stop"|"length"|"abort", ...}); None while running
     finish_reason: dict[str, Any] | None = None
+    # prompt tokens whose KV came from the prefix cache instead of being computed
+    cached_tokens: int = 0
 
 
 @dataclass
@@ -56,6 +59,8 @@ class Sequence:
     # KV cache of token_ids[:num_cached]; None means the next step prefills the whole sequence
     past_key_values: Any = None
     num_cached: int = 0
+    # prompt tokens the prefix cache supplied at its first step
+    cached_tokens: int = 0
 
 
 class GenerationWorker:
@@ -68,6 +73,7 @@ class GenerationWorker:
         weight_version: int,
         seed: int,
         max_running_requests: int = DEFAULT_MAX_RUNNING_REQUESTS,
+        prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
     ) -> None:
         self._model = model
         self._eos_token_ids = eos_token_ids
@@ -79,6 +85,10 @@ class GenerationWorker:
         # (running, waiting, tokens in the KV caches), replaced whole by the generation thread
         # after every change so another thread reads one consistent triple
         self._load_snapshot = (0, 0, 0)
+        # KV of prompt prefixes for later requests that share them; None when disabled
+        self._prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens > 0 else None
+        # (prompt tokens looked up, served from the cache, computed by prefills): replaced whole
+        self._cache_stats = (0, 0, 0)
         self._paused = False
         self._weight_version = weight_version
         self._seeds = torch.Generator().manual_seed(seed)
@@ -104,6 +114,10 @@ class GenerationWorker:
     def load(self) -> tuple[int, int, int]:
         """(requests running, requests waiting, tokens held in KV caches), as of the last step."""
         return self._load_snapshot
+
+    def cache_stats(self) -> tuple[int, int, int]:
+        """(prompt tokens looked up in the prefix cache, tokens it served, tokens prefills computed)."""
+        return self._cache_stats
 
     def submit(self, seq: Sequence) -> None:
         self._commands.put(lambda: self._add(seq))
@@ -221,10 +235,21 @@ class GenerationWorker:
 
     def _step(self, seq: Sequence) -> None:
         """Run the model on the tokens not yet in the cache and append one sampled token."""
+        cache = self._prefix_cache
+        if seq.past_key_values is None and cache is not None:  # a prefill: start from a cached prefix
+            seq.num_cached, seq.past_key_values = cache.lookup(seq.token_ids)
+            if seq.num_generated == 0:
+                seq.cached_tokens = seq.num_cached
+        num_new = len(seq.token_ids) - seq.num_cached
         new_ids = torch.tensor([seq.token_ids[seq.num_cached :]], dtype=torch.long)
         out = self._model(input_ids=new_ids, past_key_values=seq.past_key_values, use_cache=True)
         seq.past_key_values = out.past_key_values
         seq.num_cached = len(seq.token_ids)
+        if num_new > 1:
+            if cache is not None:
+                cache.insert(seq.token_ids, seq.past_key_values)
+            looked_up, hits = (cache.num_lookup_tokens, cache.num_hit_tokens) if cache is not None else (0, 0)
+            self._cache_stats = (looked_up, hits, self._cache_stats[2] + num_new)
         token_id, logprob = sample_next_token(out.logits[0, -1], seq.sampling, seq.generator)
         seq.token_ids.append(token_id)
         seq.num_generated += 1
@@ -232,7 +257,7 @@ class GenerationWorker:
         if finish is not None:
             del self._running[seq.rid]
             self._publish_load()  # a client told the request is over sees it gone from the load
-        seq.emit(TokenEvent(token_id, logprob, self._weight_version, finish))
+        seq.emit(TokenEvent(token_id, logprob, self._weight_version, finish, seq.cached_tokens))
 
     def _finish_reason(self, seq: Sequence, token_id: int) -> dict[str, Any] | None:
         if token_id in seq.sampling.stop_token_ids or (
@@ -282,6 +307,8 @@ class GenerationWorker:
         logger.info("loaded %d tensors, weight version %d", len(tensors), weight_version)
 
     def _drop_caches(self) -> None:
+        if self._prefix_cache is not None:
+            self._prefix_cache.clear()
         for seq in self._running.values():
             seq.past_key_values = None
             seq.num_cached = 0
