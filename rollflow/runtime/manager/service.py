@@ -46,7 +46,7 @@ from rollflow.runtime.manager.packing import GroupPacker
 from rollflow.runtime.manager.registry import EngineRecord, Registry
 from rollflow.runtime.manager.samples import Sample, SampleState
 from rollflow.runtime.manager.stall import StallWatch
-from rollflow.runtime.manager.view import refresh_load
+from rollflow.runtime.manager.view import refresh_load, route_inputs
 
 log = logging.getLogger("rollflow.manager")
 
@@ -138,6 +138,7 @@ class RolloutManager:
         self.config = config
         self.router = router or make_router(config.router, seed=config.seed, path=config.router_path)
         self._fallback_router = make_router("least_outstanding")
+        self._reads_cache = getattr(self.router, "reads_cache", False)  # fill the view's cached_tokens
         self.registry = Registry()
         self.metrics = ManagerMetrics()
         self.num_step_reports = 0
@@ -556,12 +557,8 @@ class RolloutManager:
             if not candidates:
                 blocked.append(sample)
                 continue
-            request = RouteRequest(
-                sample.seq, len(sample.prompt_ids) + len(sample.output_ids), sample.remaining_tokens
-            )
-            self._start_attempt(
-                sample, self._route(request, ClusterView(now, [e.view() for e in candidates]))
-            )
+            request, view = route_inputs(sample, candidates, now, self._reads_cache)
+            self._start_attempt(sample, self._route(request, view), request.prefix_key)
             if not any(e.routable for e in self.registry.live()):
                 break
         blocked.extend(self._queue)
@@ -592,8 +589,9 @@ class RolloutManager:
             engines = [e for e in engines if e.kind != "local"]
         return engines
 
-    def _start_attempt(self, sample: Sample, engine: EngineRecord) -> None:
+    def _start_attempt(self, sample: Sample, engine: EngineRecord, prefix_key: int) -> None:
         sample.begin_attempt(engine.engine_id)
+        engine.prefixes.sent(prefix_key, sample.prompt_ids)
         engine.dispatched(
             sample.sample_id, len(sample.prompt_ids) + len(sample.output_ids), sample.remaining_tokens
         )

@@ -20,6 +20,9 @@ tuned or learned in the simulator reads the same numbers live:
   vLLM's `kv_cache_usage_perc`); for an engine that reports none, the manager's samples over its
   `capacity`, the closest share the manager knows.
 - `tokens_per_s`: tokens the manager received from the engine over the last health interval.
+- `cached_tokens` (filled for routers that read it, as in the simulator): prompt tokens of the
+  request being routed that the engine probably caches, from the manager's record of the prompts
+  it sent there (`prefixes.py`); the simulator's is its exact prefix cache.
 
 A sample with no token yet may already be prefilling in the engine: it counts as queued until its
 first token (or the next report) says otherwise, as a simulated request counts as waiting until its
@@ -30,15 +33,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import aiohttp
 
-from rollflow.policy.view import InstanceView
+from rollflow.policy.view import ClusterView, InstanceView, RouteRequest
 from rollflow.runtime.engines.base import EngineError
+from rollflow.runtime.manager.prefixes import prefix_key
 
 if TYPE_CHECKING:
     from rollflow.runtime.manager.registry import EngineRecord
+    from rollflow.runtime.manager.samples import Sample
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +61,24 @@ async def refresh_load(engine: EngineRecord, timeout_s: float) -> None:
     engine.reported, engine.own_at_report = report, asked
 
 
-def instance_view(engine: EngineRecord) -> InstanceView:
+def route_inputs(
+    sample: Sample, engines: Sequence[EngineRecord], now: float, reads_cache: bool
+) -> tuple[RouteRequest, ClusterView]:
+    """What a router is given for one sample: the request (with its prefix key: its GRPO group, or
+    its prompt's start) and the view of the eligible engines, each with the prompt tokens it
+    probably caches (from the manager's record of what it sent where) when the router reads them."""
+    key = prefix_key(sample.batch_id, sample.group_index, sample.prompt_ids)
+    request = RouteRequest(
+        sample.seq, len(sample.prompt_ids) + len(sample.output_ids), sample.remaining_tokens, key
+    )
+    if reads_cache:
+        views = [instance_view(e, e.prefixes.cached_tokens(key, sample.prompt_ids)) for e in engines]
+    else:
+        views = [instance_view(e) for e in engines]
+    return request, ClusterView(now, views)
+
+
+def instance_view(engine: EngineRecord, cached_tokens: int = 0) -> InstanceView:
     """The engine now: its last report moved by the manager's own changes since it was asked for."""
     unstarted = engine.unstarted
     own_queued = len(unstarted)
@@ -82,4 +105,5 @@ def instance_view(engine: EngineRecord) -> InstanceView:
         engine.tokens_per_s,
         engine.kind,
         engine.weight_version or 0,
+        cached_tokens,
     )
