@@ -36,6 +36,8 @@ def test_a_cached_prefix_gives_the_logits_of_a_full_prefill(tiny_model):
     reused, kv = cache.lookup([*first[:12], 5])
     assert reused == 12
     assert cache.lookup([99] * 14) == (0, None)
+    # a prompt that is all cached blocks: every token but the last comes from the cache
+    assert cache.lookup(first[:12])[0] == 11
 
 
 def test_the_least_recently_used_prefix_is_evicted_first(tiny_model):

@@ -44,14 +44,17 @@ class PrefixCache:
         that leaves at least one token to compute; (0, None) on a miss."""
         self.num_lookup_tokens += len(token_ids)
         best: tuple[int, int] | None = None  # (tokens, entry id)
-        for num_blocks, block_hash in enumerate(self._hashes(token_ids, len(token_ids) - 1), start=1):
+        for num_blocks, block_hash in enumerate(self._hashes(token_ids, len(token_ids)), start=1):
             entry_id = self._by_hash.get(block_hash)
             if entry_id is None:
                 break
             best = (num_blocks * self.block_size, entry_id)
         if best is None:
             return 0, None
-        num_tokens, entry_id = best
+        # a prompt cached whole still computes its last token, which yields the first output token
+        num_tokens, entry_id = min(best[0], len(token_ids) - 1), best[1]
+        if num_tokens <= 0:
+            return 0, None
         entry = self._entries[entry_id]
         if entry.token_ids[:num_tokens] != tuple(token_ids[:num_tokens]):  # a hash collision
             return 0, None

@@ -236,7 +236,8 @@ class GenerationWorker:
     def _step(self, seq: Sequence) -> None:
         """Run the model on the tokens not yet in the cache and append one sampled token."""
         cache = self._prefix_cache
-        if seq.past_key_values is None and cache is not None:  # a prefill: start from a cached prefix
+        prefilling = seq.past_key_values is None
+        if prefilling and cache is not None:  # start from the longest cached prefix
             seq.num_cached, seq.past_key_values = cache.lookup(seq.token_ids)
             if seq.num_generated == 0:
                 seq.cached_tokens = seq.num_cached
@@ -245,7 +246,7 @@ class GenerationWorker:
         out = self._model(input_ids=new_ids, past_key_values=seq.past_key_values, use_cache=True)
         seq.past_key_values = out.past_key_values
         seq.num_cached = len(seq.token_ids)
-        if num_new > 1:
+        if prefilling:
             if cache is not None:
                 cache.insert(seq.token_ids, seq.past_key_values)
             looked_up, hits = (cache.num_lookup_tokens, cache.num_hit_tokens) if cache is not None else (0, 0)
