@@ -7,6 +7,7 @@ import asyncio
 
 from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.config import EngineEntry, ManagerConfig
+from rollflow.runtime.manager.prefixes import PrefixRecord, prefix_key
 from rollflow.runtime.manager.service import RolloutManager
 from tests.runtime.processes import http, start_engine
 
@@ -60,3 +61,15 @@ def test_prefix_affinity_keeps_groups_on_one_engine_and_halves_the_prefill(tmp_p
     # per group, one full prefill of 40 tokens and three of the 8 past the cached 32: 3 x 64,
     # against 3 x 128 when each engine computes each prompt it gets at least once
     assert computed == {"round_robin": 384, "prefix_affinity": 192}
+
+
+def test_the_managers_record_reads_the_common_prefix_and_forgets_the_oldest_keys():
+    record = PrefixRecord(max_keys=2)
+    record.sent(1, [5, 6, 7, 8])
+    record.sent(2, [9, 9])
+    assert record.cached_tokens(1, [5, 6, 0, 8]) == 2 and record.cached_tokens(3, [5, 6]) == 0
+    record.sent(3, [1])  # a third key: the oldest (1) is forgotten
+    assert record.cached_tokens(1, [5, 6, 7, 8]) == 0 and record.cached_tokens(2, [9, 9, 9]) == 2
+    # a batch sample's key is its group; a single request's, its prompt's first 64 tokens
+    assert prefix_key("b1", 0, [1]) == prefix_key("b1", 0, [2]) != prefix_key("b1", 1, [1])
+    assert prefix_key(None, 0, [7] * 64 + [1]) == prefix_key(None, 0, [7] * 64 + [2]) > 0
