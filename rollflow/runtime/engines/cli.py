@@ -87,20 +87,35 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     serve.add_argument(
         "--max-running-requests",
-        type=int,
+        type=_at_least(1),
         default=DEFAULT_MAX_RUNNING_REQUESTS,
         help="requests decoding at once; later ones wait in the engine's queue, first come first served "
         f"(SGLang's flag; default {DEFAULT_MAX_RUNNING_REQUESTS})",
     )
     serve.add_argument(
         "--prefix-cache-tokens",
-        type=int,
+        type=_at_least(0),
         default=DEFAULT_PREFIX_CACHE_TOKENS,
         help="tokens of prompt-prefix KV kept for later requests that start the same way, least "
         f"recently used evicted first; 0 turns the cache off (default {DEFAULT_PREFIX_CACHE_TOKENS})",
     )
     serve.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(handler=_serve)
+
+
+def _at_least(low: int):
+    """An argparse type: an integer >= `low`, else a one-line error naming the bound."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below {low}")
+        return value
+
+    return parse
 
 
 def _init_model(args: argparse.Namespace, started_at: float) -> None:
