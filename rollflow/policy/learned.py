@@ -7,6 +7,21 @@ mean load, and the arriving request's lengths. The same `encode_observation` fee
 Gymnasium environment during training and this router at run time, so what the policy saw in
 the simulator is what it sees in the live manager.
 
+An instance's eight load features, each meaning the same in the simulator (a replica's scheduler)
+and live (`rollflow/runtime/manager/view.py`: the engine's load report plus the manager's own
+dispatches since):
+1. queued requests: routed to the instance, not yet admitted (live: in the engine's queue, or
+   sent and without a token yet)
+2. running requests: admitted, holding KV (prefilling or decoding)
+3. queued tokens: prompt + expected output tokens of the queued requests
+4. running tokens: tokens the running requests still have to process (live: their remaining
+   `max_new_tokens`; their prompts are done)
+5. KV use: fraction of the KV cache in use (live: the engine's report, SGLang's used/total tokens,
+   vLLM's `kv_cache_usage_perc`)
+6. measured generation throughput, tokens/s
+7. token load: queued + running tokens
+8. seconds to drain the token load at the measured throughput
+
     router = load_learned_router("examples/router/heterogeneous.policy.npz")
     router = make_router("learned", path="examples/router/heterogeneous.policy.npz")  # same thing
 """

@@ -131,3 +131,21 @@ def test_reload_weights_from_disk_changes_outputs_and_the_version(vllm_server, t
 
 async def _drain(stream):
     return [chunk async for chunk in stream]
+
+
+def test_the_load_report_reads_vllms_metrics_while_a_request_runs(vllm_server):
+    async def go():
+        client = _client(vllm_server)
+        try:
+            idle = await client.load()
+            stream = client.generate("load", PROMPT, greedy(400))
+            await anext(stream)
+            busy = await client.load()
+            await stream.aclose()
+            return idle, busy
+        finally:
+            await client.close()
+
+    idle, busy = run(go())
+    assert (idle.num_running, idle.num_queued) == (0, 0) and idle.kv_usage is not None
+    assert busy.num_running == 1 and busy.num_queued == 0 and 0 < busy.kv_usage <= 1

@@ -113,11 +113,16 @@ class Process:
 
 
 def start_engine(
-    model_dir: Path, tmp_path: Path, weight_version: int = 0, name: str = "engine", wait: bool = True
+    model_dir: Path,
+    tmp_path: Path,
+    weight_version: int = 0,
+    name: str = "engine",
+    wait: bool = True,
+    extra_args: tuple[str, ...] = (),
 ) -> Process:
     port = free_port()
     args = ["engine", "serve", "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
-    args += ["--weight-version", str(weight_version)]
+    args += ["--weight-version", str(weight_version), *extra_args]
     return Process(rollflow(*args), port, tmp_path / f"{name}-{port}.log", wait=wait)
 
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from rollflow.runtime.engines.load import EngineLoad
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -113,6 +116,11 @@ class EngineClient(Protocol):
 
     async def health(self) -> bool:
         """True when the engine answers its health check."""
+        ...
+
+    async def load(self) -> EngineLoad | None:
+        """What the engine holds now (running and waiting requests, KV use), from its load or
+        metrics endpoint; None when it has none."""
         ...
 
     async def weight_version(self) -> int | None:

@@ -6,6 +6,7 @@ import argparse
 import os
 
 from rollflow.cli_util import add_command_group
+from rollflow.runtime.engines.builtin import DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_PREFIX_CACHE_TOKENS
 
 EXAMPLES = """examples:
   rollflow engine init-model models/tiny
@@ -47,7 +48,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "rollout manager uses: /generate (streaming, logprobs, batches), /abort_request, /v1/loads, /get_load, "
         "/health, /health_generate, "
         "/get_model_info, /get_weight_version, /update_weights_from_disk, /update_weights_from_safetensors, "
-        "/pause_generation, /continue_generation. Prints `serving on http://HOST:PORT` when ready.",
+        "/pause_generation, /continue_generation, /v1/loads, /get_load. Prints `serving on http://HOST:PORT` when ready.",
         epilog="example: rollflow engine serve --model models/tiny --port 30000",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -89,8 +90,37 @@ def register(commands: argparse._SubParsersAction) -> None:
         default=30.0,
         help="close a connection that sends no whole request head, or stalls its body, this long (default 30)",
     )
+    serve.add_argument(
+        "--max-running-requests",
+        type=_at_least(1),
+        default=DEFAULT_MAX_RUNNING_REQUESTS,
+        help="requests decoding at once; later ones wait in the engine's queue, first come first served "
+        f"(SGLang's flag; default {DEFAULT_MAX_RUNNING_REQUESTS})",
+    )
+    serve.add_argument(
+        "--prefix-cache-tokens",
+        type=_at_least(0),
+        default=DEFAULT_PREFIX_CACHE_TOKENS,
+        help="tokens of prompt-prefix KV kept for later requests that start the same way, least "
+        f"recently used evicted first; 0 turns the cache off (default {DEFAULT_PREFIX_CACHE_TOKENS})",
+    )
     serve.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(handler=_serve)
+
+
+def _at_least(low: int):
+    """An argparse type: an integer >= `low`, else a one-line error naming the bound."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below {low}")
+        return value
+
+    return parse
 
 
 def _init_model(args: argparse.Namespace, started_at: float) -> None:
@@ -126,4 +156,6 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
         api_key=args.api_key,
         max_body_bytes=int(args.max_body_mb * (1 << 20)),
         read_timeout_s=args.read_timeout_s,
+        max_running_requests=args.max_running_requests,
+        prefix_cache_tokens=args.prefix_cache_tokens,
     )

@@ -43,6 +43,10 @@ class HttpEngine:
     async def get_json(self, path: str, timeout_s: float = 10.0) -> Any:
         return await self._request("GET", path, None, timeout_s)
 
+    async def get_text(self, path: str, timeout_s: float = 10.0) -> str:
+        """The body of a GET as text (a Prometheus exposition, say); errors as `get_json`'s."""
+        return await self._request("GET", path, None, timeout_s, as_json=False)
+
     async def post_json(self, path: str, body: Any, timeout_s: float = 60.0) -> Any:
         return await self._request("POST", path, body, timeout_s)
 
@@ -57,7 +61,9 @@ class HttpEngine:
         except (aiohttp.ClientError, TimeoutError, OSError):
             return None
 
-    async def _request(self, method: str, path: str, body: Any, timeout_s: float) -> Any:
+    async def _request(
+        self, method: str, path: str, body: Any, timeout_s: float, as_json: bool = True
+    ) -> Any:
         try:
             async with self.session.request(
                 method,
@@ -70,6 +76,8 @@ class HttpEngine:
                 text = await resp.text()
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise EngineError(f"{method} {self.url}{path} failed: {exc!r}") from exc
+        if not as_json:
+            return text
         if not text.strip():
             return None
         try:

@@ -22,15 +22,28 @@ from rollflow.runtime.engines.base import (
     SamplingParams,
 )
 from rollflow.runtime.engines.http import HttpEngine, iter_sse_json, parse_weight_version, raise_for_status
+from rollflow.runtime.engines.load import EngineLoad, parse_sglang_get_load, parse_sglang_loads
 
 if TYPE_CHECKING:
     import torch
 
 FINISH_TYPES = frozenset({"stop", "length", "abort"})
+LOAD_ROUTES = (("/v1/loads", parse_sglang_loads), ("/get_load", parse_sglang_get_load))  # newest first
+LOAD_TIMEOUT_S = 2.0
 
 
 class SGLangClient(HttpEngine):
     """An SGLang server (or the built-in engine) at `url`."""
+
+    def __init__(
+        self,
+        url: str,
+        session: aiohttp.ClientSession | None = None,
+        read_timeout_s: float | None = None,
+        api_key: str | None = None,
+    ) -> None:
+        super().__init__(url, session, read_timeout_s, api_key)
+        self._missing_load_routes: set[str] = set()  # load routes this server answered 4xx to
 
     async def generate(
         self, rid: str, input_ids: list[int], sampling: SamplingParams
@@ -68,6 +81,23 @@ class SGLangClient(HttpEngine):
 
     async def abort(self, rid: str) -> None:
         await self.post_json("/abort_request", {"rid": rid})
+
+    async def load(self) -> EngineLoad | None:
+        """SGLang's `/v1/loads`, else its older `/get_load`; None when the server has neither (a
+        route that answered 404 once is not asked again)."""
+        for path, parse in LOAD_ROUTES:
+            if path in self._missing_load_routes:
+                continue
+            try:
+                payload = await self.get_json(path, timeout_s=LOAD_TIMEOUT_S)
+            except EngineRejectedError:
+                self._missing_load_routes.add(path)
+                continue
+            try:
+                return parse(payload)
+            except ValueError as exc:
+                raise EngineResponseError(f"{self.url}{path}: {exc}") from None
+        return None
 
     async def health(self) -> bool:
         return await self.status("/health") == 200

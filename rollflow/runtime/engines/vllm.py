@@ -25,8 +25,10 @@ from rollflow.runtime.engines.base import (
     SamplingParams,
 )
 from rollflow.runtime.engines.http import HttpEngine, iter_sse_json, parse_weight_version, raise_for_status
+from rollflow.runtime.engines.load import EngineLoad, parse_vllm_metrics
 
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
+LOAD_TIMEOUT_S = 2.0
 DEV_MODE_HINT = "start vLLM with VLLM_SERVER_DEV_MODE=1 to enable it"
 
 
@@ -110,6 +112,17 @@ class VLLMClient(HttpEngine):
 
     async def health(self) -> bool:
         return await self.status("/health") == 200
+
+    async def load(self) -> EngineLoad | None:
+        """The running/waiting/KV gauges of vLLM's Prometheus `/metrics`; None when it serves none."""
+        try:
+            text = await self.get_text("/metrics", timeout_s=LOAD_TIMEOUT_S)
+        except EngineRejectedError:
+            return None
+        try:
+            return parse_vllm_metrics(text)
+        except ValueError as exc:
+            raise EngineResponseError(f"{self.url}/metrics: {exc}") from None
 
     async def weight_version(self) -> int | None:
         if await self.status("/weight_info") != 200:

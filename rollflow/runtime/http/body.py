@@ -33,6 +33,12 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     declared = request.content_length
     if declared is not None and declared > limit:
         raise _too_large(declared, limit)
+    content = request.content
+    if content.is_eof():  # the whole body came with the head (most requests): nothing to wait for
+        raw = content.read_nowait()
+        if len(raw) > limit:
+            raise _too_large(len(raw), limit)
+        return raw
     chunks, size = [], 0
     async for chunk in iter_body(request):
         size += len(chunk)

@@ -54,6 +54,9 @@ class ManagerConfig(StrictModel):
     """How long the manager waits at start for each engine of `engines:` to answer (they take
     seconds to load); past it, the manager exits naming the engine."""
     health_interval_s: float = Field(2.0, gt=0)
+    load_poll_interval_s: float = Field(0.5, gt=0)
+    """How often each engine is asked what it holds (SGLang's /v1/loads, vLLM's /metrics) for the
+    routers' view; between two answers the manager counts what it dispatched itself."""
     health_failures_to_remove: int = Field(2, ge=1)
     breaker_pause_s: float = Field(30.0, gt=0)
     """Circuit breaker (as sgl-router's): a failed engine is set aside this long, then the health

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+ENGINE_STATES = ("healthy", "updating", "failed", "removed")
 RESUME_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 5.0, 30.0)
 
 
@@ -49,6 +50,17 @@ class ManagerMetrics:
         for reason in ("engine_failed", "engine_hung", "engine_aborted", "engine_removed", "offloaded"):
             self.resumed_samples.labels(reason)
         self.regenerated_tokens.inc(0)
+        # labelled children looked up once: `labels()` takes a lock and builds a key on every call,
+        # and these are touched per dispatch or per streamed chunk
+        self.engines_by_state = {state: self.engines.labels(state) for state in ENGINE_STATES}
+        self._generated_by_engine: dict[int, Counter] = {}
+
+    def generated_tokens_of(self, engine_id: int) -> Counter:
+        """The `rollflow_generated_tokens_total` child of one engine."""
+        child = self._generated_by_engine.get(engine_id)
+        if child is None:
+            child = self._generated_by_engine[engine_id] = self.generated_tokens.labels(str(engine_id))
+        return child
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

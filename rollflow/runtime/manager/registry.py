@@ -7,6 +7,9 @@ from typing import Literal
 
 from rollflow.policy.view import InstanceKind, InstanceView
 from rollflow.runtime.engines.base import EngineClient
+from rollflow.runtime.engines.load import EngineLoad
+from rollflow.runtime.manager.prefixes import PrefixRecord
+from rollflow.runtime.manager.view import instance_view
 
 EngineState = Literal["healthy", "updating", "failed", "removed"]
 
@@ -22,6 +25,11 @@ class EngineRecord:
     weight_version: int | None
     state: EngineState = "healthy"
     running: dict[str, int] = field(default_factory=dict)  # sample id -> tokens it still may generate
+    # the samples of `running` that have no token yet: sample id -> input + remaining tokens
+    unstarted: dict[str, int] = field(default_factory=dict)
+    reported: EngineLoad | None = None  # the engine's last load report, None before one (or if none)
+    own_at_report: tuple[int, int] = (0, 0)  # (running, unstarted) of the manager's when it was asked
+    prefixes: PrefixRecord = field(default_factory=PrefixRecord)  # what was sent here, by prefix key
     health_failures: int = 0
     api_key: str | None = None  # sent on every call to the engine; kept to reconnect after a failure
     consecutive_failures: int = 0  # failures since a sample last finished on it (the breaker's count)
@@ -35,17 +43,26 @@ class EngineRecord:
         return self.state == "healthy" and len(self.running) < self.capacity
 
     def view(self) -> InstanceView:
-        return InstanceView(
-            instance_id=self.engine_id,
-            num_running=len(self.running),
-            num_queued=0,
-            queued_tokens=0,
-            running_tokens=sum(self.running.values()),
-            kv_usage=len(self.running) / self.capacity,
-            tokens_per_s=self.tokens_per_s,
-            kind=self.kind,
-            weight_version=self.weight_version or 0,
-        )
+        return instance_view(self)
+
+    def dispatched(self, sample_id: str, input_tokens: int, remaining_tokens: int) -> None:
+        """A sample was sent here: it holds a place and counts as queued until its first token."""
+        self.running[sample_id] = remaining_tokens
+        self.unstarted[sample_id] = input_tokens + remaining_tokens
+
+    def progressed(self, sample_id: str, remaining_tokens: int) -> None:
+        """Tokens of the sample arrived: it is running, with `remaining_tokens` left to generate."""
+        self.running[sample_id] = remaining_tokens
+        self.unstarted.pop(sample_id, None)
+
+    def ended(self, sample_id: str) -> None:
+        """The sample's attempt here is over (finished, failed or moved)."""
+        self.running.pop(sample_id, None)
+        self.unstarted.pop(sample_id, None)
+
+    def own_counts(self) -> tuple[int, int]:
+        """(running, unstarted) samples of the manager's on this engine."""
+        return len(self.running) - len(self.unstarted), len(self.unstarted)
 
     def to_json(self) -> dict:
         return {

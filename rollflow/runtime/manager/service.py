@@ -51,6 +51,8 @@ from rollflow.runtime.manager.packing import GroupPacker
 from rollflow.runtime.manager.registry import EngineRecord, Registry
 from rollflow.runtime.manager.request_log import RequestLog
 from rollflow.runtime.manager.samples import Sample, SampleRun, SampleState
+from rollflow.runtime.manager.stall import StallWatch
+from rollflow.runtime.manager.view import refresh_load, route_inputs
 
 log = logging.getLogger("rollflow.manager")
 
@@ -143,6 +145,7 @@ class RolloutManager:
         self.config = config
         self.router = router or make_router(config.router, seed=config.seed, path=config.router_path)
         self._fallback_router = make_router("least_outstanding")
+        self._reads_cache = getattr(self.router, "reads_cache", False)  # fill the view's cached_tokens
         self.registry = Registry()
         self.metrics = ManagerMetrics()
         self.num_step_reports = 0
@@ -171,6 +174,7 @@ class RolloutManager:
         snapshot = await recovery.restore(self) if self.config.journal else None
         self._spawn(self._dispatch_loop())
         self._spawn(self._health_loop())
+        self._spawn(self._load_loop())
         self._spawn(self._loop_watch())
         try:
             for entry in self.config.engines:
@@ -447,6 +451,13 @@ class RolloutManager:
             await asyncio.gather(*(self._half_open(engine) for engine in due))
             self._update_gauges()
 
+    async def _load_loop(self) -> None:
+        """Ask every live engine what it holds, every `load_poll_interval_s` (see view.py)."""
+        while True:
+            await asyncio.sleep(self.config.load_poll_interval_s)
+            engines = self.registry.live()
+            await asyncio.gather(*(refresh_load(e, self.config.load_poll_interval_s) for e in engines))
+
     async def _loop_watch(self) -> None:
         """Beat every LOOP_BEAT_S and note when a beat came late: the manager itself was blocked
         (a big body, a slow callback), so a stream that sent nothing meanwhile is not a hung engine."""
@@ -471,11 +482,11 @@ class RolloutManager:
         return asyncio.get_running_loop().time() - self._last_tick > LOOP_BEAT_S + LOOP_BLOCKED_S
 
     def _update_gauges(self) -> None:
-        counts = {"healthy": 0, "updating": 0, "failed": 0, "removed": 0}
+        counts = dict.fromkeys(self.metrics.engines_by_state, 0)
         for engine in self.registry.all():
             counts[engine.state] += 1
         for state, count in counts.items():
-            self.metrics.engines.labels(state).set(count)
+            self.metrics.engines_by_state[state].set(count)
         self.metrics.queue_depth.set(len(self._queue))
         self.metrics.running_samples.set(sum(len(e.running) for e in self.registry.all()))
 
@@ -637,12 +648,8 @@ class RolloutManager:
             if not candidates:
                 blocked.append(sample)
                 continue
-            request = RouteRequest(
-                sample.seq, len(sample.prompt_ids) + len(sample.output_ids), sample.remaining_tokens
-            )
-            self._start_attempt(
-                sample, self._route(request, ClusterView(now, [e.view() for e in candidates]))
-            )
+            request, view = route_inputs(sample, candidates, now, self._reads_cache)
+            self._start_attempt(sample, self._route(request, view), request.prefix_key)
             if not any(e.routable for e in self.registry.live()):
                 break
         blocked.extend(self._queue)
@@ -678,9 +685,12 @@ class RolloutManager:
         rid = f"{sample.sample_id}.{sample.attempts}"
         return f"{rid}.r{self._restarts}" if self._restarts else rid
 
-    def _start_attempt(self, sample: Sample, engine: EngineRecord) -> None:
+    def _start_attempt(self, sample: Sample, engine: EngineRecord, prefix_key: int) -> None:
         sample.begin_attempt(engine.engine_id)
-        engine.running[sample.sample_id] = sample.remaining_tokens
+        engine.prefixes.sent(prefix_key, sample.prompt_ids)
+        engine.dispatched(
+            sample.sample_id, len(sample.prompt_ids) + len(sample.output_ids), sample.remaining_tokens
+        )
         if self.journal is not None:
             self.journal.attempt_started(sample, self._rid(sample), engine.url)
         run = self._runs[sample.sample_id]
@@ -728,7 +738,7 @@ class RolloutManager:
             asyncio.current_task().uncancel()
             self._spawn(self._abort_quietly(engine, rid))
         finally:
-            engine.running.pop(sample.sample_id, None)
+            engine.ended(sample.sample_id)
             run.task = None
             if self.journal is not None:
                 self.journal.attempt_ended(sample)
@@ -764,21 +774,16 @@ class RolloutManager:
             min_new_tokens=max(0, sample.sampling.min_new_tokens - len(sample.output_ids)),
         )
         stream = engine.client.generate(rid, sample.prompt_ids + sample.output_ids, params)
-        # the next chunk is awaited as a task so that a stall window can pass without cancelling it
-        pending: asyncio.Task | None = None
+        # one timer notices a silent engine; the read itself is never raced against a timeout
+        watch = StallWatch(
+            self.config.stall_timeout_s,
+            lambda: self._retire(engine, "failed", reason="hung"),  # moves this sample too
+            self._manager_stalled,  # the manager, not the engine, was silent: another window
+        )
         try:
             while True:
-                if pending is None:
-                    pending = asyncio.ensure_future(anext(stream))
-                done, _ = await asyncio.wait({pending}, timeout=self.config.stall_timeout_s)
-                if not done:
-                    if self._manager_stalled():
-                        continue  # the manager, not the engine, was silent: give it another window
-                    self._retire(engine, "failed", reason="hung")
-                    return "engine_hung"
-                task, pending = pending, None
                 try:
-                    chunk = task.result()
+                    chunk = await anext(stream)
                 except StopAsyncIteration:
                     self._retire(engine, "failed", reason="stream_ended")
                     return "engine_failed"
@@ -793,6 +798,7 @@ class RolloutManager:
                     log.warning("engine %d failed on %s: %s", engine.engine_id, rid, exc)
                     self._retire(engine, "failed", reason="stream_error")
                     return "engine_failed"
+                watch.progressed()
                 if chunk.weight_version is not None:
                     engine.weight_version = chunk.weight_version
                 if chunk.text is not None:
@@ -810,10 +816,10 @@ class RolloutManager:
                         tokens,
                         chunk.logprobs[: len(tokens)],
                     )
-                    engine.running[sample.sample_id] = sample.remaining_tokens
+                    engine.progressed(sample.sample_id, sample.remaining_tokens)
                     engine.tokens_generated += len(tokens)
                     engine.window_tokens += len(tokens)
-                    self.metrics.generated_tokens.labels(str(engine.engine_id)).inc(len(tokens))
+                    self.metrics.generated_tokens_of(engine.engine_id).inc(len(tokens))
                     self._notify(sample)
                 ended = chunk.finish_reason != "abort" and (
                     chunk.finish_reason is not None or sample.remaining_tokens <= 0
@@ -838,9 +844,7 @@ class RolloutManager:
                 if self.journal is not None and self.journal.full:
                     await self.journal.room()  # a crash may lose no more than the journal's bound
         finally:
-            if pending is not None:
-                pending.cancel()
-                await asyncio.wait({pending})  # the generator must stop running before it is closed
+            watch.cancel()
             await stream.aclose()
 
     async def _abort_quietly(self, engine: EngineRecord, rid: str) -> None:

@@ -40,3 +40,9 @@ def test_bad_engine_arguments_are_one_line_errors(tmp_path):
     proc = _rollflow("engine", "serve", "--model", str(tmp_path / "none"))
     assert proc.returncode == 2 and "no config.json there" in proc.stderr
     assert proc.stderr.strip().count("\n") == 0
+    for flag, value, bound in (
+        ("--max-running-requests", "0", "below 1"),
+        ("--prefix-cache-tokens", "-1", "below 0"),
+    ):
+        proc = _rollflow("engine", "serve", "--model", str(tmp_path / "none"), flag, value)
+        assert proc.returncode == 2 and f"argument {flag}: {value} is {bound}" in proc.stderr

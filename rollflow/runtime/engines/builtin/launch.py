@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from rollflow.errors import UserError
+from rollflow.runtime.engines.builtin import DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_PREFIX_CACHE_TOKENS
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +25,8 @@ def serve_engine(
     api_key: str | None = None,
     max_body_bytes: int = 64 << 20,
     read_timeout_s: float = 30.0,
+    max_running_requests: int = DEFAULT_MAX_RUNNING_REQUESTS,
+    prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
 ) -> None:
     """Serve until interrupted; prints `serving on http://HOST:PORT` once requests are accepted.
     With `api_key`, every route but /health needs `Authorization: Bearer <api_key>`.
@@ -70,6 +73,8 @@ def serve_engine(
         weight_version=weight_version,
         seed=seed,
         decode=lambda ids, params: decode_text(tokenizer, ids, params),
+        max_running_requests=max_running_requests,
+        prefix_cache_tokens=prefix_cache_tokens,
     )
     # A folder written by a pull holds its version exactly as published: the base of the first delta.
     pulled = read_saved_weights(model_dir)

@@ -3,7 +3,7 @@
 POST /v1/completions, /v1/chat/completions   OpenAI's, streaming or not (rollflow.runtime.openai)
 GET  /v1/models                              the one model served, named by its folder
 GET  /get_server_info                        how the engine was started and what it holds now
-POST /flush_cache                            SGLang's; this engine keeps no cache across requests
+POST /flush_cache                            SGLang's: empties the prefix cache
 """
 
 from __future__ import annotations
@@ -120,10 +120,8 @@ def openai_routes(server: EngineServer) -> list[web.RouteDef]:
         )
 
     async def flush_cache(request: web.Request) -> web.Response:
-        # Each request's KV cache lives and dies with the request: there is nothing shared to flush.
-        return web.json_response(
-            {"success": True, "message": "Cache flushed (no cache is kept across requests)."}
-        )
+        await asyncio.wrap_future(server.worker.flush_prefix_cache())
+        return web.json_response({"success": True, "message": "Cache flushed."})
 
     return [
         web.post("/v1/completions", completions),

@@ -48,6 +48,7 @@ from rollflow.runtime.engines.builtin.weights import (
     read_safetensors_path,
 )
 from rollflow.runtime.engines.builtin.worker import GenerationWorker, Sequence, TokenEvent
+from rollflow.runtime.engines.load import sglang_get_load_body, sglang_loads_body
 from rollflow.runtime.engines.sglang_io import GenerateBody, split_batch
 from rollflow.runtime.http.auth import bearer_middleware
 from rollflow.runtime.http.body import read_body, read_json_object
@@ -86,12 +87,14 @@ class _Output:
     logprobs: list[float] = field(default_factory=list)
     weight_version: int | None = None
     finish_reason: dict[str, Any] | None = None
+    cached_tokens: int = 0
 
     def add(self, event: TokenEvent) -> None:
         if event.token_id is not None:
             self.output_ids.append(event.token_id)
             self.logprobs.append(event.logprob)
         self.weight_version = event.weight_version
+        self.cached_tokens = max(self.cached_tokens, event.cached_tokens)
         self.finish_reason = event.finish_reason
 
 
@@ -161,10 +164,10 @@ class EngineServer:
                 web.post("/abort_request", self.abort_request),
                 web.get("/health", self.health),
                 web.get("/health_generate", self.health_generate),
-                web.get("/v1/loads", self.loads),
-                web.get("/get_load", self.get_load),
                 web.get("/get_model_info", self.get_model_info),
                 web.get("/get_weight_version", self.get_weight_version),
+                web.get("/v1/loads", self.loads),
+                web.get("/get_load", self.get_load),
                 web.post("/update_weights_from_disk", self.update_weights_from_disk),
                 web.post("/update_weights_from_safetensors", self.update_weights_from_safetensors),
                 web.post("/update_weights_from_server", self.update_weights_from_server),
@@ -296,7 +299,7 @@ class EngineServer:
             "finish_reason": out.finish_reason,
             "prompt_tokens": out.num_prompt_tokens,
             "completion_tokens": len(out.output_ids),
-            "cached_tokens": 0,
+            "cached_tokens": out.cached_tokens,
             "weight_version": out.weight_version,
             "e2e_latency": time.perf_counter() - out.started_at,
         }
@@ -326,39 +329,6 @@ class EngineServer:
         if not self._worker.is_alive():
             return error_response(503, "generation thread died")
         return web.Response(text="")
-
-    def _rank_load(self) -> dict[str, Any]:
-        """This engine's one data-parallel rank, in SGLang's load fields (nothing waits: every
-        request the engine accepts runs at once, one decode step each in turn)."""
-        running = self._worker.num_running
-        return {
-            "dp_rank": 0,
-            "num_running_reqs": running,
-            "num_waiting_reqs": 0,
-            "num_total_reqs": running,
-            "num_used_tokens": self._worker.num_tokens,
-            "max_total_num_tokens": self._served.max_context_length * max(running, 1),
-            "weight_version": self._worker.weight_version,
-        }
-
-    async def loads(self, request: web.Request) -> web.Response:
-        """SGLang's `GET /v1/loads` (its `include=` selector is accepted; every field is sent)."""
-        now = datetime.datetime.now(datetime.UTC).isoformat()
-        return web.json_response({"timestamp": now, "dp_rank_count": 1, "loads": [self._rank_load()]})
-
-    async def get_load(self, request: web.Request) -> web.Response:
-        """SGLang's older `GET /get_load`: one entry per data-parallel rank."""
-        load = self._rank_load()
-        return web.json_response(
-            [
-                {
-                    "dp_rank": 0,
-                    "num_reqs": load["num_total_reqs"],
-                    "num_waiting_reqs": 0,
-                    "num_tokens": load["num_used_tokens"],
-                }
-            ]
-        )
 
     async def health_generate(self, request: web.Request) -> web.Response:
         body = GenerateBody(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0})
@@ -393,6 +363,34 @@ class EngineServer:
 
     async def get_weight_version(self, request: web.Request) -> web.Response:
         return web.json_response({"weight_version": self._worker.weight_version})
+
+    # ---- load ---------------------------------------------------------------------------------
+    def load_report(self) -> tuple[int, int, int, int]:
+        """(running, waiting, KV tokens in use, KV token capacity): what SGLang's load routes report.
+        The capacity is what the running places can hold at full context length."""
+        running, waiting, kv_tokens = self._worker.load()
+        return (
+            running,
+            waiting,
+            kv_tokens,
+            self._worker.max_running_requests * self._served.max_context_length,
+        )
+
+    async def loads(self, request: web.Request) -> web.Response:
+        """SGLang's `/v1/loads`: one data-parallel rank, with its prefix cache's hit rate (prompt
+        tokens served from the cache over those looked up) and, rollflow's own, the prompt tokens
+        its prefills computed."""
+        body = sglang_loads_body(*self.load_report())
+        looked_up, hits, computed = self._worker.cache_stats()
+        body["loads"][0] |= {
+            "cache_hit_rate": round(hits / looked_up, 6) if looked_up else 0.0,
+            "prefill_tokens_computed": computed,
+        }
+        return web.json_response(body)
+
+    async def get_load(self, request: web.Request) -> web.Response:
+        """SGLang's older `/get_load`."""
+        return web.json_response(sglang_get_load_body(*self.load_report()[:3]))
 
     # ---- weights and pausing ------------------------------------------------------------------
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:

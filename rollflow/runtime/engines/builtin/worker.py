@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from typing import Any
 import torch
 
 from rollflow.runtime.engines.base import SamplingParams
+from rollflow.runtime.engines.builtin import DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_PREFIX_CACHE_TOKENS
+from rollflow.runtime.engines.builtin.prefix_cache import PrefixCache
 from rollflow.runtime.engines.builtin.sampling import GREEDY_BELOW, sample_next_token
 
 logger = logging.getLogger(__name__)
@@ -38,6 +41,8 @@ class TokenEvent:
     weight_version: int
     # SGLang's finish_reason dict ({"type": "stop"|"length"|"abort", ...}); None while running
     finish_reason: dict[str, Any] | None = None
+    # prompt tokens whose KV came from the prefix cache instead of being computed
+    cached_tokens: int = 0
 
 
 @dataclass
@@ -55,6 +60,8 @@ class Sequence:
     # KV cache of token_ids[:num_cached]; None means the next step prefills the whole sequence
     past_key_values: Any = None
     num_cached: int = 0
+    # prompt tokens the prefix cache supplied at its first step
+    cached_tokens: int = 0
 
     @property
     def generated(self) -> list[int]:
@@ -75,13 +82,25 @@ class GenerationWorker:
         weight_version: int,
         seed: int,
         decode: Decode | None = None,
+        max_running_requests: int = DEFAULT_MAX_RUNNING_REQUESTS,
+        prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
     ) -> None:
         """`decode` turns output tokens into text for stop strings; without it they are refused."""
         self._model = model
         self._eos_token_ids = eos_token_ids
         self._decode = decode
-        # all three are changed only by the generation thread
+        self.max_running_requests = max_running_requests
+        # changed only by the generation thread: requests decoding, and those waiting (first come,
+        # first served) for one of the `max_running_requests` places
         self._running: dict[str, Sequence] = {}
+        self._waiting: deque[Sequence] = deque()
+        # (running, waiting, tokens in the KV caches), replaced whole by the generation thread
+        # after every change so another thread reads one consistent triple
+        self._load_snapshot = (0, 0, 0)
+        # KV of prompt prefixes for later requests that share them; None when disabled
+        self._prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens > 0 else None
+        # (prompt tokens looked up, served from the cache, computed by prefills): replaced whole
+        self._cache_stats = (0, 0, 0)
         self._paused = False
         self._weight_version = weight_version
         self._seeds = torch.Generator().manual_seed(seed)
@@ -108,10 +127,13 @@ class GenerationWorker:
     def paused(self) -> bool:
         return self._paused
 
-    @property
-    def num_tokens(self) -> int:
-        """Tokens (prompt and generated) of the running requests: what their KV caches hold."""
-        return sum(len(seq.token_ids) for seq in list(self._running.values()))
+    def load(self) -> tuple[int, int, int]:
+        """(requests running, requests waiting, tokens held in KV caches), as of the last step."""
+        return self._load_snapshot
+
+    def cache_stats(self) -> tuple[int, int, int]:
+        """(prompt tokens looked up in the prefix cache, tokens it served, tokens prefills computed)."""
+        return self._cache_stats
 
     def submit(self, seq: Sequence) -> None:
         self._commands.put(lambda: self._add(seq))
@@ -120,7 +142,7 @@ class GenerationWorker:
         self._commands.put(lambda: self._finish_aborted([rid], message))
 
     def abort_all(self, message: str = "aborted by request") -> None:
-        self._commands.put(lambda: self._finish_aborted(list(self._running), message))
+        self._commands.put(lambda: self._finish_aborted(self._all_rids(), message))
 
     def pause(self, mode: str) -> Future[None]:
         return self._call(lambda: self._pause(mode))
@@ -131,6 +153,10 @@ class GenerationWorker:
     def load_weights(self, tensors: dict[str, torch.Tensor], weight_version: int) -> Future[None]:
         """Copy `tensors` (already checked against the model) into the model between two steps."""
         return self._call(lambda: self._load(tensors, weight_version))
+
+    def flush_prefix_cache(self) -> Future[None]:
+        """Forget every cached prompt prefix (SGLang's /flush_cache); running requests keep their KV."""
+        return self._call(lambda: self._prefix_cache is not None and self._prefix_cache.clear())
 
     def stop(self) -> None:
         self._commands.put(self._stop)
@@ -154,13 +180,29 @@ class GenerationWorker:
     def _run(self) -> None:
         with torch.inference_mode():
             while not self._stopped:
-                self._run_commands(block=self._paused or not self._running)
+                self._run_commands(block=self._paused or not (self._running or self._waiting))
+                self._admit()
                 for seq in list(self._running.values()):
                     if self._stopped or self._paused:
                         break
                     if seq.rid in self._running:
                         self._step_alone(seq)
                     self._run_commands(block=False)
+                self._publish_load()
+
+    def _admit(self) -> None:
+        """Move waiting requests into the places that finished requests freed."""
+        while self._waiting and len(self._running) < self.max_running_requests:
+            seq = self._waiting.popleft()
+            self._running[seq.rid] = seq
+        self._publish_load()
+
+    def _publish_load(self) -> None:
+        kv_tokens = sum(seq.num_cached for seq in self._running.values())
+        self._load_snapshot = (len(self._running), len(self._waiting), kv_tokens)
+
+    def _all_rids(self) -> list[str]:
+        return [*self._running, *(seq.rid for seq in self._waiting)]
 
     def _run_commands(self, block: bool) -> None:
         try:
@@ -175,7 +217,7 @@ class GenerationWorker:
                 return
 
     def _add(self, seq: Sequence) -> None:
-        if seq.rid in self._running:
+        if seq.rid in self._running or any(waiting.rid == seq.rid for waiting in self._waiting):
             seq.emit(self._abort_event(f"request id {seq.rid!r} is already running"))
             return
         if seq.sampling.temperature >= GREEDY_BELOW:
@@ -193,7 +235,8 @@ class GenerationWorker:
         if seq.sampling.max_new_tokens == 0:
             seq.emit(TokenEvent(None, None, self._weight_version, {"type": "length", "length": 0}))
             return
-        self._running[seq.rid] = seq
+        self._waiting.append(seq)
+        self._admit()
 
     def _step_alone(self, seq: Sequence) -> None:
         """`_step`, where an exception ends this request with an error and never the thread.
@@ -208,16 +251,29 @@ class GenerationWorker:
         except Exception as exc:
             logger.exception("request %s failed in the generation thread; the engine carries on", seq.rid)
             if self._running.pop(seq.rid, None) is not None:
+                self._publish_load()
                 seq.emit(
                     self._request_error_event(f"request failed in the engine: {type(exc).__name__}: {exc}")
                 )
 
     def _step(self, seq: Sequence) -> None:
         """Run the model on the tokens not yet in the cache and append one sampled token."""
+        cache = self._prefix_cache
+        prefilling = seq.past_key_values is None
+        if prefilling and cache is not None:  # start from the longest cached prefix
+            seq.num_cached, seq.past_key_values = cache.lookup(seq.token_ids)
+            if seq.num_generated == 0:
+                seq.cached_tokens = seq.num_cached
+        num_new = len(seq.token_ids) - seq.num_cached
         new_ids = torch.tensor([seq.token_ids[seq.num_cached :]], dtype=torch.long)
         out = self._model(input_ids=new_ids, past_key_values=seq.past_key_values, use_cache=True)
         seq.past_key_values = out.past_key_values
         seq.num_cached = len(seq.token_ids)
+        if prefilling:
+            if cache is not None:
+                cache.insert(seq.token_ids, seq.past_key_values)
+            looked_up, hits = (cache.num_lookup_tokens, cache.num_hit_tokens) if cache is not None else (0, 0)
+            self._cache_stats = (looked_up, hits, self._cache_stats[2] + num_new)
         token_id, logprob = sample_next_token(
             out.logits[0, -1], seq.sampling, seq.generator, seq.generated, self._banned(seq)
         )
@@ -226,7 +282,8 @@ class GenerationWorker:
         finish = self._finish_reason(seq, token_id)
         if finish is not None:
             del self._running[seq.rid]
-        seq.emit(TokenEvent(token_id, logprob, self._weight_version, finish))
+            self._publish_load()  # a client told the request is over sees it gone from the load
+        seq.emit(TokenEvent(token_id, logprob, self._weight_version, finish, seq.cached_tokens))
 
     def _banned(self, seq: Sequence) -> set[int]:
         """Tokens that would end the request before its min_new_tokens: they cannot be drawn."""
@@ -264,14 +321,18 @@ class GenerationWorker:
         return TokenEvent(None, None, self._weight_version, finish)
 
     def _finish_aborted(self, rids: list[str], message: str) -> None:
-        for rid in rids:
-            seq = self._running.pop(rid, None)
-            if seq is not None:
-                seq.emit(self._abort_event(message))
+        wanted = set(rids)
+        waiting = [seq for seq in self._waiting if seq.rid in wanted]
+        if waiting:
+            self._waiting = deque(seq for seq in self._waiting if seq.rid not in wanted)
+        ended = [*(self._running.pop(rid) for rid in rids if rid in self._running), *waiting]
+        self._admit()  # publishes the load before the clients hear of the ends
+        for seq in ended:
+            seq.emit(self._abort_event(message))
 
     def _pause(self, mode: str) -> None:
         if mode == "abort":
-            self._finish_aborted(list(self._running), "aborted by pause_generation")
+            self._finish_aborted(self._all_rids(), "aborted by pause_generation")
         elif mode == "retract":
             self._drop_caches()
         self._paused = True
@@ -289,10 +350,12 @@ class GenerationWorker:
         logger.info("loaded %d tensors, weight version %d", len(tensors), weight_version)
 
     def _drop_caches(self) -> None:
+        if self._prefix_cache is not None:
+            self._prefix_cache.clear()
         for seq in self._running.values():
             seq.past_key_values = None
             seq.num_cached = 0
 
     def _stop(self) -> None:
-        self._finish_aborted(list(self._running), "engine is shutting down")
+        self._finish_aborted(self._all_rids(), "engine is shutting down")
         self._stopped = True
