@@ -21,7 +21,6 @@ disconnects aborts its request (the server runs with handler cancellation on).
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 import time
 import uuid
