@@ -46,7 +46,14 @@ class ManagerMetrics:
             buckets=RESUME_BUCKETS,
             registry=r,
         )
-        for reason in ("engine_failed", "engine_hung", "engine_aborted", "engine_removed", "offloaded"):
+        for reason in (
+            "engine_failed",
+            "engine_hung",
+            "engine_aborted",
+            "engine_removed",
+            "engine_released",
+            "offloaded",
+        ):
             self.resumed_samples.labels(reason)
         self.regenerated_tokens.inc(0)
 

@@ -9,7 +9,8 @@ from typing import Literal
 from rollflow.policy.view import InstanceKind, InstanceView
 from rollflow.runtime.engines.base import EngineClient
 
-EngineState = Literal["healthy", "updating", "failed", "removed"]
+EngineState = Literal["healthy", "updating", "failed", "removed", "releasing", "released", "resuming"]
+"""releasing / released / resuming: the engine gives its device back and takes it again (memory.py)."""
 
 
 @dataclass

@@ -15,6 +15,11 @@ GET    /workers                   engines and their state
 DELETE /workers/{id}              deregister; its samples resume elsewhere (token)
 POST   /workers/{id}/update_weights  load weights from model_path or pull them from weights_url;
                                   held out of the pool meanwhile (token)
+POST   /workers/{id}/release      drain (its samples resume elsewhere from their tokens), then the
+                                  engine frees its memory and stays out of the pool (token)
+POST   /workers/{id}/resume       wake a released engine, load the newest weights, rejoin (token)
+POST   /release_memory_occupation release every healthy engine (sgl-router's fan-out) (token)
+POST   /resume_memory_occupation  wake every released engine (token)
 GET    /weight_versions           engine id -> weight version
 GET    /metrics                   Prometheus
 GET    /health
@@ -36,12 +41,14 @@ from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.http.auth import require_bearer
 from rollflow.runtime.http.body import read_json_object
 from rollflow.runtime.http.serve import GuardedRunner
+from rollflow.runtime.manager import memory
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.packing import BatchDeleted
 from rollflow.runtime.manager.protocol import (
     BatchBody,
     GenerateBody,
     NextMicroBatchBody,
+    ResumeWorkerBody,
     SamplingBody,
     StepReportBody,
     UpdateWeightsBody,
@@ -118,7 +125,7 @@ def _protected(request: web.Request) -> bool:
     path, method = request.path, request.method
     if path.startswith("/workers"):
         return method in ("POST", "DELETE")
-    if path.startswith("/batches"):
+    if path.startswith("/batches") or path in ("/release_memory_occupation", "/resume_memory_occupation"):
         return True
     return path == "/step_report" and method == "POST"
 
@@ -362,6 +369,68 @@ async def update_worker_weights(request: web.Request) -> web.Response:
     return web.json_response(engine.to_json())
 
 
+def _json_error(cls: type[web.HTTPError], message: str) -> web.HTTPError:
+    return cls(text=json.dumps({"error": {"message": message}}), content_type="application/json")
+
+
+async def release_worker(request: web.Request) -> web.Response:
+    manager = request.app[MANAGER_KEY]
+    engine_id = _engine_id(request)
+    try:
+        move = await memory.release_engine(manager, engine_id)
+    except KeyError:
+        raise _not_found(f"unknown engine id {engine_id}") from None
+    except (memory.EngineNotReleasable, memory.EngineWontSleep) as exc:
+        raise _json_error(web.HTTPConflict, str(exc)) from None
+    except EngineUnavailable as exc:
+        raise _json_error(web.HTTPBadGateway, str(exc)) from None
+    return web.json_response(manager.registry.get(engine_id).to_json() | {"move": move.to_json()})
+
+
+async def resume_worker(request: web.Request) -> web.Response:
+    manager = request.app[MANAGER_KEY]
+    engine_id = _engine_id(request)
+    body = await _parse(request, ResumeWorkerBody) if request.can_read_body else ResumeWorkerBody()
+    try:
+        move = await memory.resume_engine(manager, engine_id, _weight_source(body))
+    except KeyError:
+        raise _not_found(f"unknown engine id {engine_id}") from None
+    except memory.EngineNotReleasable as exc:
+        raise _json_error(web.HTTPConflict, str(exc)) from None
+    except WeightUpdateNotSupported as exc:
+        raise _json_error(web.HTTPConflict, str(exc)) from None
+    except (EngineUnavailable, memory.WeightSourceUnavailable) as exc:
+        raise _json_error(web.HTTPBadGateway, str(exc)) from None
+    return web.json_response(manager.registry.get(engine_id).to_json() | {"move": move.to_json()})
+
+
+def _weight_source(body: ResumeWorkerBody) -> memory.WeightSource | None:
+    if body.model_path is None and body.weights_url is None:
+        return None
+    return memory.WeightSource(body.weight_version, body.model_path, body.weights_url, body.codec)
+
+
+async def release_all(request: web.Request) -> web.Response:
+    results = await memory.release_all(request.app[MANAGER_KEY])
+    return _fan_out_answer(results)
+
+
+async def resume_all(request: web.Request) -> web.Response:
+    results = await memory.resume_all(request.app[MANAGER_KEY])
+    return _fan_out_answer(results)
+
+
+def _fan_out_answer(results: list) -> web.Response:
+    errors = [r for r in results if isinstance(r, str)]
+    return web.json_response(
+        {
+            "success": not errors,
+            "message": "; ".join(errors),
+            "moves": [r.to_json() for r in results if not isinstance(r, str)],
+        }
+    )
+
+
 async def weight_versions(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
     return web.json_response({str(e.engine_id): e.weight_version for e in manager.registry.live()})
@@ -413,6 +482,10 @@ def create_app(manager: RolloutManager) -> web.Application:
             web.get("/workers", list_workers),
             web.delete("/workers/{engine_id}", delete_worker),
             web.post("/workers/{engine_id}/update_weights", update_worker_weights),
+            web.post("/workers/{engine_id}/release", release_worker),
+            web.post("/workers/{engine_id}/resume", resume_worker),
+            web.post("/release_memory_occupation", release_all),
+            web.post("/resume_memory_occupation", resume_all),
             web.get("/weight_versions", weight_versions),
             web.get("/metrics", metrics),
             web.get("/health", health),

@@ -24,6 +24,7 @@ import logging
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
+from typing import get_args
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
@@ -43,7 +44,7 @@ from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.metrics import ManagerMetrics
 from rollflow.runtime.manager.packing import GroupPacker
-from rollflow.runtime.manager.registry import EngineRecord, Registry
+from rollflow.runtime.manager.registry import EngineRecord, EngineState, Registry
 from rollflow.runtime.manager.samples import Sample, SampleState
 
 log = logging.getLogger("rollflow.manager")
@@ -318,6 +319,35 @@ class RolloutManager:
         self._wake.set()
         return engine
 
+    async def drain_engine(self, engine: EngineRecord, reason: str) -> int:
+        """End every attempt running on an engine already out of routing; the samples resume
+        elsewhere from their tokens. Returns once all of them have left it: how many there were."""
+        moved = list(engine.running)
+        for sample_id in moved:
+            self._move(sample_id, reason)
+        tasks = [self._attempts[s] for s in moved if s in self._attempts]
+        if tasks:
+            await asyncio.wait(tasks)
+        return len(moved)
+
+    def route_again(self) -> None:
+        """An engine came back into routing: dispatch what waits."""
+        self._wake.set()
+        self._update_gauges()
+
+    def refresh_gauges(self) -> None:
+        self._update_gauges()
+
+    def retire(self, engine: EngineRecord, reason: str) -> None:
+        """Take a failed engine out of the pool (its samples resume elsewhere); the breaker retries it."""
+        self._retire(engine, "failed", reason)
+
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        """The manager's one HTTP session."""
+        assert self._session is not None, "the manager is not started"
+        return self._session
+
     def _retire(self, engine: EngineRecord, state: str, reason: str) -> None:
         if engine.state in ("failed", "removed"):
             return
@@ -413,7 +443,7 @@ class RolloutManager:
         return recently or now - self._last_tick > LOOP_BEAT_S + LOOP_BLOCKED_S
 
     def _update_gauges(self) -> None:
-        counts = {"healthy": 0, "updating": 0, "failed": 0, "removed": 0}
+        counts = dict.fromkeys(get_args(EngineState), 0)
         for engine in self.registry.all():
             counts[engine.state] += 1
         for state, count in counts.items():
@@ -715,7 +745,7 @@ class RolloutManager:
             await stream.aclose()
 
     async def _abort_quietly(self, engine: EngineRecord, rid: str) -> None:
-        if engine.state in ("healthy", "updating"):
+        if engine.state in ("healthy", "updating", "releasing"):
             try:
                 await asyncio.wait_for(engine.client.abort(rid), self.config.connect_timeout_s)
             except (*ENGINE_ERRORS, TimeoutError) as exc:

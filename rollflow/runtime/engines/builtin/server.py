@@ -8,6 +8,10 @@
     POST /update_weights_from_safetensors?weight_version=N   body: safetensors bytes (all or some tensors)
     POST /update_weights_from_server  {"url", "weight_version", "codec"}: pull from a weight server (rollflow)
     POST /pause_generation {"mode": "abort"|"in_place"|"retract"}, POST /continue_generation
+    POST /release_memory_occupation {"tags": [...]|null}: abort running requests, drop the model and
+                                      its caches (the process stays up and answers /health)
+    POST /resume_memory_occupation  {"tags": [...]|null}: rebuild the model at the version it served
+    GET  /is_sleeping               {"is_sleeping", "released_tags", "weights_bytes", "cached_sequences"}
 
 With an api key (`--api-key`, as SGLang's), every route but /health needs
 `Authorization: Bearer KEY`. Handlers validate, hand the work to the generation thread and relay its events. A client that
@@ -33,6 +37,7 @@ from rollflow.errors import UserError
 from rollflow.runtime.engines.builtin.io import (
     AbortBody,
     GenerateBody,
+    MemoryOccupationBody,
     PauseBody,
     UpdateWeightsFromDiskBody,
     UpdateWeightsFromServerBody,
@@ -66,6 +71,10 @@ WEIGHTS_BODY_HEADROOM = 16 << 20
 
 class BadRequest(Exception):
     """Input that gets a 400 with this message."""
+
+
+class MemoryReleased(Exception):
+    """A request that needs the model while its memory is released: a 503 (come back later)."""
 
 
 @dataclass
@@ -149,6 +158,9 @@ class EngineServer:
                 web.post("/update_weights_from_server", self.update_weights_from_server),
                 web.post("/pause_generation", self.pause_generation),
                 web.post("/continue_generation", self.continue_generation),
+                web.post("/release_memory_occupation", self.release_memory_occupation),
+                web.post("/resume_memory_occupation", self.resume_memory_occupation),
+                web.get("/is_sleeping", self.is_sleeping),
             ]
         )
         return app
@@ -156,6 +168,7 @@ class EngineServer:
     # ---- generation --------------------------------------------------------------------------
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await _parse(request, GenerateBody, self._max_body)
+        self._require_memory()
         input_ids = self._prompt_ids(body)
         rid = body.rid or uuid.uuid4().hex
         if rid in self._active_rids:
@@ -392,6 +405,7 @@ class EngineServer:
     ) -> dict[str, Any]:
         checked = await asyncio.to_thread(self._checker.check, tensors, full)
         async with self._weights_lock:
+            self._require_memory()
             new_version = self._worker.weight_version + 1 if version is None else version
             if abort:
                 self._worker.abort_all("aborted for a weight update")
@@ -407,6 +421,57 @@ class EngineServer:
     async def continue_generation(self, request: web.Request) -> web.Response:
         await asyncio.wrap_future(self._worker.resume())
         return web.json_response({"success": True})
+
+    # ---- memory occupation ---------------------------------------------------------------------
+    async def release_memory_occupation(self, request: web.Request) -> web.Response:
+        body = await _parse(request, MemoryOccupationBody, self._max_body, allow_empty=True)
+        if not self._worker.can_release:
+            raise BadRequest("this engine cannot release its memory (it has no model folder to reload from)")
+        tags = _memory_tags(body)
+        async with self._weights_lock:
+            await asyncio.wrap_future(self._worker.release_memory(tags, self._backup_path))
+            if "weights" in tags:
+                self._pulled = None  # the delta base is a copy of the weights: it goes too
+        return web.json_response({"success": True, "message": f"released {', '.join(sorted(tags))}"})
+
+    async def resume_memory_occupation(self, request: web.Request) -> web.Response:
+        body = await _parse(request, MemoryOccupationBody, self._max_body, allow_empty=True)
+        tags = _memory_tags(body)
+        async with self._weights_lock:
+            await asyncio.wrap_future(self._worker.resume_memory(tags, self._backup_path))
+        return web.json_response(
+            {
+                "success": True,
+                "message": f"resumed {', '.join(sorted(tags))}",
+                "weight_version": self._worker.weight_version,
+            }
+        )
+
+    async def is_sleeping(self, request: web.Request) -> web.Response:
+        released = self._worker.released
+        return web.json_response(
+            {
+                "is_sleeping": bool(released),
+                "released_tags": sorted(released),
+                "weights_bytes": self._worker.weights_bytes(),
+                "cached_sequences": self._worker.num_cached_sequences(),
+            }
+        )
+
+    @property
+    def _backup_path(self) -> Path:
+        return self._pull_cache_dir / "released-weights.safetensors"
+
+    def _require_memory(self) -> None:
+        if self._worker.released:
+            raise MemoryReleased(
+                "the engine has released its memory; POST /resume_memory_occupation before using it"
+            )
+
+
+def _memory_tags(body: MemoryOccupationBody) -> frozenset[str]:
+    tags = frozenset(body.tags) if body.tags is not None else frozenset({"weights", "kv_cache"})
+    return tags - {"cuda_graph"}
 
 
 async def _parse(request: web.Request, model: type[ModelT], limit: int, allow_empty: bool = False) -> ModelT:
@@ -450,3 +515,5 @@ async def _errors_as_json(
         return await handler(request)
     except (BadRequest, UserError) as exc:
         return web.json_response({"error": {"message": str(exc)}, "success": False}, status=400)
+    except MemoryReleased as exc:
+        return web.json_response({"error": {"message": str(exc)}, "success": False}, status=503)

@@ -4,19 +4,26 @@ Every request keeps its own transformers KV cache, so requests of any length int
 padding, and a request's tokens depend only on its own sequence: a request resumed from prompt +
 generated prefix produces, greedily, exactly the tokens the uninterrupted one would have. All engine
 state is owned by this thread; the HTTP side talks to it only through `submit`, `abort`, `pause`,
-`resume` and `load_weights`, which queue a command that the thread runs between two decode steps
-(so an abort lands within one step of one request). Each produced token is handed back through the
-request's `emit` callback, with the weight version that produced it.
+`resume`, `load_weights` and `release_memory`/`resume_memory`, which queue a command that the
+thread runs between two decode steps (so an abort lands within one step of one request). Each
+produced token is handed back through the request's `emit` callback, with the weight version that
+produced it.
+
+Releasing memory (SGLang's `release_memory_occupation`, for a device handed to the trainer) drops
+the model and every KV cache; weights changed since start-up are first written to a backup file,
+so that resuming rebuilds the model from its folder and restores exactly the version it served.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -59,8 +66,22 @@ class Sequence:
 class GenerationWorker:
     """Owns the model and runs every request on one thread; the other threads send it commands."""
 
-    def __init__(self, model: Any, eos_token_ids: set[int], weight_version: int, seed: int) -> None:
+    def __init__(
+        self,
+        model: Any,
+        eos_token_ids: set[int],
+        weight_version: int,
+        seed: int,
+        reload_model: Callable[[], Any] | None = None,
+    ) -> None:
+        """`reload_model` builds the model afresh from its folder (what resuming after a release
+        runs); None: the engine cannot release its memory."""
         self._model = model
+        self._reload_model = reload_model
+        # memory regions given back ("weights", "kv_cache"); changed only by the generation thread
+        self._released: frozenset[str] = frozenset()
+        # the weights differ from the model folder's (a load happened): a release must back them up
+        self._weights_changed = False
         self._eos_token_ids = eos_token_ids
         # all three are changed only by the generation thread
         self._running: dict[str, Sequence] = {}
@@ -86,6 +107,27 @@ class GenerationWorker:
     def num_running(self) -> int:
         return len(self._running)
 
+    @property
+    def released(self) -> frozenset[str]:
+        """Memory regions given back by `release_memory`; empty while the engine can serve."""
+        return self._released
+
+    @property
+    def can_release(self) -> bool:
+        return self._reload_model is not None
+
+    def weights_bytes(self) -> int:
+        """Bytes of parameters and buffers the engine holds now (0 once its weights are released)."""
+        model = self._model
+        if model is None:
+            return 0
+        tensors = {t.data_ptr(): t for t in [*model.parameters(), *model.buffers()]}
+        return sum(t.numel() * t.element_size() for t in tensors.values())
+
+    def num_cached_sequences(self) -> int:
+        """Requests holding a KV cache now."""
+        return sum(1 for seq in list(self._running.values()) if seq.past_key_values is not None)
+
     def submit(self, seq: Sequence) -> None:
         self._commands.put(lambda: self._add(seq))
 
@@ -104,6 +146,15 @@ class GenerationWorker:
     def load_weights(self, tensors: dict[str, torch.Tensor], weight_version: int) -> Future[None]:
         """Copy `tensors` (already checked against the model) into the model between two steps."""
         return self._call(lambda: self._load(tensors, weight_version))
+
+    def release_memory(self, tags: frozenset[str], backup: Path) -> Future[None]:
+        """Abort every running request and drop the regions in `tags` ("weights", "kv_cache");
+        changed weights are saved to `backup` first."""
+        return self._call(lambda: self._release(tags, backup))
+
+    def resume_memory(self, tags: frozenset[str], backup: Path) -> Future[None]:
+        """Take the regions in `tags` back: the model is rebuilt from its folder, plus `backup`."""
+        return self._call(lambda: self._resume_memory(tags, backup))
 
     def stop(self) -> None:
         self._commands.put(self._stop)
@@ -148,6 +199,9 @@ class GenerationWorker:
                 return
 
     def _add(self, seq: Sequence) -> None:
+        if self._released:
+            seq.emit(self._abort_event("the engine has released its memory (resume_memory_occupation first)"))
+            return
         if seq.rid in self._running:
             seq.emit(self._abort_event(f"request id {seq.rid!r} is already running"))
             return
@@ -235,9 +289,39 @@ class GenerationWorker:
         for name, tensor in tensors.items():
             params[name].copy_(tensor)
         self._weight_version = weight_version
+        self._weights_changed = True
         # The caches hold keys and values of the old weights: recompute them with the new ones.
         self._drop_caches()
         logger.info("loaded %d tensors, weight version %d", len(tensors), weight_version)
+
+    def _release(self, tags: frozenset[str], backup: Path) -> None:
+        if self._reload_model is None:
+            raise RuntimeError("this engine was started without a way to reload its model")
+        self._finish_aborted(list(self._running), "aborted: the engine releases its memory")
+        if "weights" in tags and self._model is not None:
+            if self._weights_changed:
+                from safetensors.torch import save_file
+
+                # clones: tied tensors share storage, which safetensors refuses to write twice
+                save_file({n: t.detach().clone() for n, t in self._model.state_dict().items()}, backup)
+            self._model = None
+        self._released = self._released | tags
+        gc.collect()
+        logger.info("released %s", ", ".join(sorted(tags)))
+
+    def _resume_memory(self, tags: frozenset[str], backup: Path) -> None:
+        if "weights" in tags and self._model is None:
+            model = self._reload_model()
+            if self._weights_changed:
+                from safetensors.torch import load_file
+
+                params = model.state_dict()
+                for name, tensor in load_file(backup).items():
+                    params[name].copy_(tensor)
+                backup.unlink()
+            self._model = model
+        self._released = self._released - tags
+        logger.info("resumed %s at weight version %d", ", ".join(sorted(tags)), self._weight_version)
 
     def _drop_caches(self) -> None:
         for seq in self._running.values():
