@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import itertools
 import logging
 import uuid
@@ -69,6 +70,15 @@ def normalise_url(url: str) -> str:
     port = parts.port
     netloc = host if port is None or port == {"http": 80, "https": 443}.get(scheme) else f"{host}:{port}"
     return urlunsplit((scheme, netloc, parts.path.rstrip("/"), parts.query, ""))
+
+
+def sample_sampling(sampling: SamplingParams, group: int, index: int) -> SamplingParams:
+    """A batch's seed made one per sample (the samples of a group must differ), derived from the seed
+    and the sample's place in the batch, so a batch submitted twice draws the same samples."""
+    if sampling.seed is None:
+        return sampling
+    digest = hashlib.blake2b(f"{sampling.seed}:{group}:{index}".encode(), digest_size=8).digest()
+    return dataclasses.replace(sampling, seed=int.from_bytes(digest, "little"))
 
 
 class EngineUnavailable(UserError):
@@ -481,7 +491,7 @@ class RolloutManager:
                     seq=next(self._seq),
                     sample_id=f"{batch_id}-{g}-{i}",
                     prompt_ids=list(prompt),
-                    sampling=sampling,
+                    sampling=sample_sampling(sampling, g, i),
                     allow_off_policy=allow_off_policy,
                     batch_id=batch_id,
                     group_index=g,

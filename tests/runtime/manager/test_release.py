@@ -10,7 +10,9 @@ import torch
 from aiohttp import web
 from safetensors.torch import load_file, save_file
 
+from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.client import ManagerClient, ManagerError
+from rollflow.runtime.manager.service import sample_sampling
 from tests.runtime.manager.helpers import (
     EngineProxy,
     assert_spans_tile_the_output,
@@ -193,3 +195,33 @@ def test_fan_out_routes_release_and_resume_every_engine_behind_the_token(process
         "POST", manager.url + "/generate", {"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 4}}
     )
     assert status == 200 and len(body["output_ids"]) == 4, body
+
+
+def test_seeded_sampled_samples_moved_by_a_release_draw_what_they_would_have(processes):
+    """Each draw of a seeded request is keyed by (seed, position): a sample resumed elsewhere from its
+    tokens continues exactly as it would have, so a release changes nothing about what is sampled."""
+    released, survivor = processes.engine(), processes.engine()
+    manager = processes.manager(engines=[{"url": e.url, "capacity": 3} for e in (released, survivor)])
+    client = ManagerClient(manager.url)
+    sampling = {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 1.0, "ignore_eos": True, "sampling_seed": 7}
+    batch = client.submit(PROMPTS, n=2, **sampling)
+    reader, samples = _collect(batch)
+    _busy(manager, released)
+    client.release_worker(_engine_id(manager, released))
+    reader.join(timeout=300)
+    assert len(samples) == 2 * len(PROMPTS)
+    moved = [s for s in samples if s["resumes"] > 0]
+    assert moved
+    for sample in samples:
+        group, index = (int(part) for part in sample["sample_id"].rsplit("-", 2)[1:])
+        seed = sample_sampling(SamplingParams(MAX_NEW_TOKENS, seed=7), group, index).seed
+        status, alone = http(
+            "POST",
+            survivor.url + "/generate",
+            {"input_ids": sample["prompt_ids"], "sampling_params": {**sampling, "sampling_seed": seed}},
+        )
+        assert status == 200 and sample["output_ids"] == alone["output_ids"], sample["sample_id"]
+    groups = {}
+    for sample in samples:
+        groups.setdefault(sample["group_index"], []).append(sample["output_ids"])
+    assert all(a != b for a, b in groups.values())  # the samples of a group differ

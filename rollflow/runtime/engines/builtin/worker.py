@@ -2,7 +2,8 @@
 
 Every request keeps its own transformers KV cache, so requests of any length interleave without
 padding, and a request's tokens depend only on its own sequence: a request resumed from prompt +
-generated prefix produces, greedily, exactly the tokens the uninterrupted one would have. All engine
+generated prefix produces, greedily, exactly the tokens the uninterrupted one would have; sampled,
+too, when it carries its seed (each draw is seeded by the seed and the token's position). All engine
 state is owned by this thread; the HTTP side talks to it only through `submit`, `abort`, `pause`,
 `resume`, `load_weights` and `release_memory`/`resume_memory`, which queue a command that the
 thread runs between two decode steps (so an abort lands within one step of one request). Each
@@ -28,7 +29,12 @@ from typing import Any
 
 import torch
 
-from rollflow.runtime.engines.builtin.sampling import GREEDY_BELOW, SamplingOptions, sample_next_token
+from rollflow.runtime.engines.builtin.sampling import (
+    GREEDY_BELOW,
+    SamplingOptions,
+    position_seed,
+    sample_next_token,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +63,7 @@ class Sequence:
     # called from the generation thread with each event; must be thread-safe and non-blocking
     emit: Callable[[TokenEvent], None]
     generator: torch.Generator | None = None
+    seed: int = 0  # of the sampler; each draw reseeds `generator` with (seed, position)
     num_generated: int = 0
     # KV cache of token_ids[:num_cached]; None means the next step prefills the whole sequence
     past_key_values: Any = None
@@ -211,6 +218,7 @@ class GenerationWorker:
                 seed = int(torch.randint(0, 2**62, (1,), generator=self._seeds))
             try:
                 seq.generator = torch.Generator().manual_seed(seed)
+                seq.seed = seed
             except (RuntimeError, OverflowError) as exc:
                 seq.emit(self._request_error_event(f"sampling_seed {seed} cannot seed a generator: {exc}"))
                 return
@@ -242,6 +250,8 @@ class GenerationWorker:
         out = self._model(input_ids=new_ids, past_key_values=seq.past_key_values, use_cache=True)
         seq.past_key_values = out.past_key_values
         seq.num_cached = len(seq.token_ids)
+        if seq.generator is not None:
+            seq.generator.manual_seed(position_seed(seq.seed, len(seq.token_ids)))
         token_id, logprob = sample_next_token(out.logits[0, -1], seq.sampling, seq.generator)
         seq.token_ids.append(token_id)
         seq.num_generated += 1
