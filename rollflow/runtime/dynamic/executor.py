@@ -92,7 +92,7 @@ class DynamicExecutor:
         self._poll_interval_s = poll_interval_s
         self._resume_weights = resume_weights or dict
         self._lock = threading.RLock()
-        self._clock0 = time.monotonic()
+        self.clock0 = time.perf_counter()  # time 0 of moves, holdings and step records
         self.ledger = DeviceLedger(_owners(layout))
         self.steps: list[StepRecord] = []
         self.decisions: list[tuple[ResourceSnapshot, ResourcePlan]] = []
@@ -106,7 +106,7 @@ class DynamicExecutor:
         """A step's batch was submitted: follow it until `end_step`."""
         with self._lock:
             self._step = inputs
-            self._record = StepRecord(inputs.step)
+            self._record = StepRecord(inputs.step, started_s=self._t())
             self.steps.append(self._record)
             self.layout = self.base
             self._released: list[EngineSlot] = []
@@ -115,7 +115,7 @@ class DynamicExecutor:
             self._finished_at_minibatch = 0
             self._target = self.base.actor_devices
             self._rollout_done = self._inference_seen = False
-            self._step_started = time.monotonic()
+            self._step_started = time.perf_counter()
             borrowed = [d for e in self.base.engines if e.borrowed for d in _slot_devices(e)]
             self.ledger.assign(borrowed, "rollout", self._t())
             self.decide("step_start")
@@ -130,7 +130,7 @@ class DynamicExecutor:
         last = index == step.num_minibatches - 1
         hold = self.decisions and self.decisions[-1][1].hold_last_minibatch
         if last and hold:
-            waited = time.monotonic()
+            waited = time.perf_counter()
             while not (self._rollout_done and self._inference_finished()):
                 time.sleep(self._poll_interval_s)
             with self._lock:
@@ -138,7 +138,7 @@ class DynamicExecutor:
                 self._grow("wait_before_last_iter", waited)
         else:
             with self._lock:
-                self._grow("grow_actor", time.monotonic())
+                self._grow("grow_actor", time.perf_counter())
         size = self.actor.num_devices
         self._record.actor_sizes.append(size)
         return size
@@ -156,7 +156,7 @@ class DynamicExecutor:
         if self._watch is not None:
             self._watch.join()
         with self._lock:
-            now = time.monotonic()
+            now = time.perf_counter()
             if self.actor.num_devices != self.base.actor_devices:
                 self._timed(
                     "shrink_actor",
@@ -172,6 +172,7 @@ class DynamicExecutor:
             if self.base.inference_range is not None:
                 self.ledger.assign(_devices(self.base, "inference"), "inference", self._t())
             self._step = None
+            self._record.ended_s = self._t()
             return self._record
 
     # ------------------------------------------------------------------ deciding
@@ -200,10 +201,11 @@ class DynamicExecutor:
                 running[worker["id"]] = worker["running"]
         self._num_finished = states["finished"] + states["failed"]
         unfinished = step.num_samples - self._num_finished
-        if unfinished == 0:
+        if unfinished == 0 and not self._rollout_done:
             self._rollout_done = True
+            self._record.rollout_done_s = self._t()
         return LiveProgress(
-            now=time.monotonic() - self._step_started,
+            now=time.perf_counter() - self._step_started,
             engine_unfinished=spread_queue(running, states["waiting"]),
             num_samples=step.num_samples,
             num_unfinished=unfinished,
@@ -301,7 +303,7 @@ class DynamicExecutor:
         started: float | None = None,
     ) -> bool:
         """Run one move, log it with its seconds; a failure is logged and reported, never raised."""
-        started = time.monotonic() if started is None else started
+        started = time.perf_counter() if started is None else started
         try:
             action()
         except (ManagerError, ManagerUnreachable, RuntimeError, OSError) as exc:
@@ -309,14 +311,16 @@ class DynamicExecutor:
             log.warning("step %d: %s %s", self._record.step, kind, detail)
         else:
             ok = True
-            log.info("step %d: %s %s in %.3fs", self._record.step, kind, detail, time.monotonic() - started)
+            log.info(
+                "step %d: %s %s in %.3fs", self._record.step, kind, detail, time.perf_counter() - started
+            )
         self._record.moves.append(
             Move(
                 self._record.step,
                 kind,
                 trigger,
-                started - self._clock0,
-                time.monotonic() - started,
+                started - self.clock0,
+                time.perf_counter() - started,
                 tuple(devices),
                 ok,
                 detail,
@@ -343,6 +347,7 @@ class DynamicExecutor:
                 seen = progress.num_unfinished
                 if not inference_was and self.base.inference_range is not None and self._inference_finished():
                     self._inference_seen = True
+                    self._record.inference_done_s = self._t()
                     self.decide("inference_done")
                 if self._rollout_done and (self._inference_seen or self.base.inference_range is None):
                     return
@@ -353,7 +358,7 @@ class DynamicExecutor:
         return self._step
 
     def _t(self) -> float:
-        return time.monotonic() - self._clock0
+        return time.perf_counter() - self.clock0
 
     def holdings(self):
         return self.ledger.close(self._t())

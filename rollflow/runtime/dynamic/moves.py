@@ -51,6 +51,10 @@ class Holding:
 @dataclass
 class StepRecord:
     step: int
+    started_s: float = 0.0  # the executor's clock, as Move.started_s
+    rollout_done_s: float | None = None  # every sample of the step generated
+    inference_done_s: float | None = None  # inference processed every sample
+    ended_s: float | None = None
     actor_sizes: list[int] = field(default_factory=list)  # devices the actor trained each mini-batch on
     engines_released: list[int] = field(default_factory=list)  # engine ids released within the step
     moves: list[Move] = field(default_factory=list)
@@ -58,6 +62,9 @@ class StepRecord:
     def to_json(self) -> dict:
         return {
             "step": self.step,
+            "started_s": round(self.started_s, 4),
+            "rollout_done_s": None if self.rollout_done_s is None else round(self.rollout_done_s, 4),
+            "ended_s": None if self.ended_s is None else round(self.ended_s, 4),
             "actor_sizes": self.actor_sizes,
             "engines_released": self.engines_released,
             "moves": [m.to_json() for m in self.moves],
