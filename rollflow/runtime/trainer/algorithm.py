@@ -48,19 +48,28 @@ def token_rewards(rewards: torch.Tensor, rollout: RolloutTensors) -> torch.Tenso
 
 def backward_micro_batch(
     policy: nn.Module,
-    reference: nn.Module,
+    reference: nn.Module | None,
     critic: Critic | None,
     rollout: RolloutTensors,
     rewards: torch.Tensor,
     settings: LossSettings,
     scale: float,
 ) -> MicroBatchStats:
-    """Accumulate this micro-batch's gradient (times `scale`, 1/micro-batches per mini-batch)."""
+    """Accumulate this micro-batch's gradient (times `scale`, 1/micro-batches per mini-batch).
+
+    The reference log-probs come with the rollout when inference workers computed them (RLinf's
+    rollout -> inference -> actor); otherwise the `reference` model gives them here."""
     mask = rollout.mask
-    with torch.no_grad():
-        ref_logprobs = token_logprobs(
-            reference, rollout.input_ids, rollout.attention_mask, settings.temperature
-        )
+    ref_logprobs = rollout.ref_logprobs
+    if ref_logprobs is None:
+        if reference is None:
+            raise RuntimeError(
+                "no reference log-probs: the samples carry none and this trainer holds no reference"
+            )
+        with torch.no_grad():
+            ref_logprobs = token_logprobs(
+                reference, rollout.input_ids, rollout.attention_mask, settings.temperature
+            )
     value_loss = torch.zeros((), device=mask.device)
     if settings.algorithm == "grpo":
         advantages = grpo_advantages(rewards, rollout.group_ids)[:, None] * mask

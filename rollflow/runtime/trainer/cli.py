@@ -9,6 +9,7 @@ EXAMPLES = """examples:
   rollflow train --config examples/train/grpo_tiny.yaml algorithm=ppo steps=20 output_dir=outputs/ppo
   rollflow train --config examples/train/grpo_tiny.yaml --resume never off_policy=true max_staleness=1
   torchrun --nproc-per-node 2 --no-python rollflow train --config examples/train/grpo_tiny.yaml device=cuda
+  rollflow train --config examples/train/grpo_tiny.yaml cluster.component_placement.actor=0-1 cluster.component_placement.rollout=2
 
 the manager and its engines must be running first (README, section Trainer).
 """
@@ -56,6 +57,10 @@ def _train(args: argparse.Namespace, started_at: float) -> None:
     from rollflow.runtime.trainer.distributed import init_from_env
 
     parallel = init_from_env(config.device, config.distributed_timeout_s)  # None outside torchrun
+    if parallel is not None and config.cluster is not None:
+        from rollflow.errors import UserError
+
+        raise UserError("config error: cluster: starts its own actor processes; run without torchrun")
     leader = parallel is None or parallel.is_leader
     if args.resume == "never" and leader:
         from rollflow.runtime.trainer.checkpoints import clear_outputs
@@ -66,6 +71,12 @@ def _train(args: argparse.Namespace, started_at: float) -> None:
 
     try:
         trainer = Trainer(config, resume=args.resume == "auto", parallel=parallel)
+        if config.cluster is not None:
+            _start_actor(trainer)
+            if "inference" in config.cluster.component_placement:
+                from rollflow.runtime.inference.workers import start_inference
+
+                start_inference(trainer, config.cluster)
         if not leader:  # rank 0 shows progress and writes the metrics
             trainer.run()
             return
@@ -75,3 +86,19 @@ def _train(args: argparse.Namespace, started_at: float) -> None:
         if parallel is not None:
             parallel.close()
     print(f"trained to step {trainer.step}; metrics in {Path(config.output_dir) / 'metrics.csv'}")
+
+
+def _start_actor(trainer) -> None:
+    """The placement's actor, at its placed size: only a live executor (`rollflow demo run`) moves devices."""
+    import logging
+
+    from rollflow.runtime.trainer.elastic import spec_from_cluster, start_elastic
+
+    cluster = trainer.config.cluster
+    if cluster.auto_scheduler:
+        logging.getLogger(__name__).info(
+            "cluster.auto_scheduler: rollflow train keeps the actor on its %d device(s); "
+            "`rollflow demo run` moves devices between components",
+            cluster.ranges()["actor"].count,
+        )
+    start_elastic(trainer, spec_from_cluster(cluster, may_grow=False))

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from rollflow.config import StrictModel
+from rollflow.policy.placement import ClusterConfig
 
 DEFAULT_MANAGER_URL = "http://127.0.0.1:30100"
 
@@ -77,6 +78,10 @@ class TrainConfig(StrictModel):
     device: str = "cpu"
     """torch device of the trainer's models: cpu, cuda, cuda:1, ... (under torchrun: cpu, or cuda for
     cuda:LOCAL_RANK on each rank)."""
+    cluster: ClusterConfig | None = None
+    """Where the components sit (RLinf's `cluster:` section, README section Placement): the actor trains as an
+    elastic actor, one process per device of its range (cpu: device slots of `threads_per_device` threads;
+    cuda: GPU i), rank 0 being this process. Leave out to train in this one process (or under torchrun)."""
     distributed_timeout_s: float = Field(1800.0, gt=0)
     """Under torchrun: how long a rank waits on the others (rank 0 meanwhile waits for rollouts and pushes
     weights) before it fails the job instead of hanging."""
@@ -99,6 +104,28 @@ class TrainConfig(StrictModel):
         from rollflow.runtime.weights.codecs import CodecSpec
 
         return CodecSpec.parse(value).name
+
+    @property
+    def minibatch_samples(self) -> int:
+        """Samples in one mini-batch (one optimizer step): what the actor's data-parallel size must divide."""
+        return self.micro_batch_groups * self.mini_batch_micro_batches * self.n_samples
+
+    @model_validator(mode="after")
+    def _placement_fits(self) -> TrainConfig:
+        if self.cluster is None:
+            return self
+        problem = self.cluster.actor_size_problem(self.minibatch_samples)
+        if problem is not None:
+            raise ValueError(f"{problem} (micro_batch_groups x mini_batch_micro_batches x n_samples)")
+        import torch
+
+        first = "cpu" if self.cluster.device == "cpu" else "cuda:0"
+        if torch.device(self.device) != torch.device(first):
+            raise ValueError(
+                f"device: {self.device!r}, but rank 0 of cluster.device={self.cluster.device} sits on {first}; "
+                f"set device: {first}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _grpo_needs_groups(self) -> TrainConfig:

@@ -13,7 +13,9 @@ keeps the version that made it, samples older than `max_staleness` are dropped, 
 ratio uses the engines' recorded log-probs token by token.
 
 Under torchrun, rank 0 runs this loop and every other rank only `_obey`s it: a backward of its share
-of each micro-batch, an optimizer step when told (distributed.py).
+of each micro-batch, an optimizer step when told (distributed.py). With an elastic actor (elastic.py,
+`trainer.actor`) this process is its rank 0, and each mini-batch trains on the ranks active for it;
+`minibatch_end_hooks` run between mini-batches, where a live executor resizes the actor.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -41,6 +44,10 @@ from rollflow.runtime.trainer.rollouts import filter_stale, to_tensors
 from rollflow.runtime.trainer.tasks import load_callable
 from rollflow.runtime.weights.checkpoint import publish_checkpoint, published_versions
 from rollflow.runtime.weights.cli import TOKEN_ENV as WEIGHTS_TOKEN_ENV
+
+if TYPE_CHECKING:
+    from rollflow.runtime.inference.workers import InferencePool
+    from rollflow.runtime.trainer.elastic import ElasticActor
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +103,10 @@ class Trainer:
         torch.manual_seed(config.seed)
 
         self.parallel = parallel
-        self._world_size = parallel.world_size if parallel is not None else 1
+        self.actor: ElasticActor | None = None  # set by elastic.start_elastic: this process leads it
+        self.inference: InferencePool | None = None  # set by inference.workers.start_inference
+        # each called as hook(step being trained, optimizer steps done in it) between mini-batches
+        self.minibatch_end_hooks: list[Callable[[int, int], None]] = []
         self.timer = PhaseTimer()  # rollout (waiting), training, sync: the RL simulator's phase names
         self._phase_spans: list[tuple[int, Span]] = []  # (step, span) for chrome_trace.json
         checkpoint = checkpoints.latest_checkpoint(self.output_dir) if resume else None
@@ -107,7 +117,9 @@ class Trainer:
         self.device = parallel.device if parallel is not None else torch.device(config.device)
         self.policy = load_policy(start_from).to(self.device)
         self.policy.train()
-        self.reference = load_reference(config.model).to(self.device)
+        # with an inference placement, inference workers give the reference log-probs (start_inference)
+        places_inference = config.cluster is not None and "inference" in config.cluster.component_placement
+        self.reference = None if places_inference else load_reference(config.model).to(self.device)
         self.critic = None
         parameters = list(self.policy.parameters())
         if config.algorithm == "ppo":
@@ -172,12 +184,21 @@ class Trainer:
             if self.parallel is not None:
                 self.parallel.tell_all(Command.STOP)
         finally:
+            if self.actor is not None:
+                self.actor.close()
+            if self.inference is not None:
+                self.inference.close()
             metrics.close()
             # once per run, not per step: rewriting every span of the run each step grows quadratically
             write_chrome_trace(self.output_dir / "chrome_trace.json", self._phase_spans)
             if pending is not None:  # interrupted: stop the manager generating for a step that won't come
                 with contextlib.suppress(OSError, ManagerError, ManagerUnreachable):
                     pending.cancel()
+
+    def _num_ranks(self) -> int:
+        if self.actor is not None:
+            return self.actor.active_ranks
+        return self.parallel.world_size if self.parallel is not None else 1
 
     def _submit(self) -> BatchHandle:
         prompts = self.prompts_fn(self.tokenizer, self.config.prompts_per_step, self.rng)
@@ -193,7 +214,7 @@ class Trainer:
         started = self.timer.clock()
         totals = self._train_on(batch)
         self.step += 1
-        with self.timer.phase("sync", num_gpus=self._world_size, label=f"update weights v{self.step}"):
+        with self.timer.phase("sync", num_gpus=self._num_ranks(), label=f"update weights v{self.step}"):
             self._push_weights()
         step_time = self.timer.clock() - started
         seconds = self.timer.totals_since(started)
@@ -229,6 +250,7 @@ class Trainer:
         `mini_batch_micro_batches` of them and one after the last (a partial mini-batch)."""
         totals = StepTotals()
         pending_micro_batches = 0
+        minibatches_done = 0
         per_mini_batch = self.config.mini_batch_micro_batches
         for groups in self._timed_micro_batches(batch):
             totals.last_arrival = self.timer.clock()
@@ -236,15 +258,23 @@ class Trainer:
             totals.rejected += rejected
             if not groups:
                 continue
-            with self.timer.phase("training", num_gpus=self._world_size, label="micro-batch"):
+            with self.timer.phase("training", num_gpus=self._num_ranks(), label="micro-batch"):
                 self._train_micro_batch(groups, totals, scale=1.0 / per_mini_batch)
                 pending_micro_batches += 1
                 if pending_micro_batches == per_mini_batch:
                     self._optimizer_step()
                     pending_micro_batches = 0
+            if pending_micro_batches == 0:
+                minibatches_done += 1
+                for hook in self.minibatch_end_hooks:
+                    hook(self.step + 1, minibatches_done)
         if pending_micro_batches:
-            with self.timer.phase("training", num_gpus=self._world_size, label="optimizer step"):
+            with self.timer.phase("training", num_gpus=self._num_ranks(), label="optimizer step"):
                 self._optimizer_step()
+            for hook in self.minibatch_end_hooks:
+                hook(self.step + 1, minibatches_done + 1)
+        if self.actor is not None:
+            self.actor.end_step()
         return totals
 
     def _timed_micro_batches(self, batch: BatchHandle) -> Iterator[list[list[dict]]]:
@@ -257,8 +287,10 @@ class Trainer:
         """
         size = self.config.micro_batch_groups
         iterator = batch.micro_batches(min_groups=size, max_groups=size)
+        if self.inference is not None:  # rollout -> inference -> actor
+            iterator = self.inference.stream(iterator, self.tokenizer.pad_token_id)
         while True:
-            with self.timer.phase("rollout", num_gpus=self._world_size, label="waiting for micro-batch"):
+            with self.timer.phase("rollout", num_gpus=self._num_ranks(), label="waiting for micro-batch"):
                 groups = next(iterator, None)
             if groups is None:
                 return
@@ -274,6 +306,9 @@ class Trainer:
         return filter_stale([g for g in finished if g], self.step, bound)
 
     def _train_micro_batch(self, groups: list[list[dict]], totals: StepTotals, scale: float) -> None:
+        if self.actor is not None:
+            self.actor.train_micro_batch(groups, totals, scale)
+            return
         if self.parallel is None:
             totals.add(self._backward(groups, scale))
             return
@@ -316,6 +351,8 @@ class Trainer:
     def _optimizer_step(self) -> None:
         if self.parallel is not None and self.parallel.is_leader:
             self.parallel.tell_all(Command.OPTIMIZER_STEP)
+        if self.actor is not None:
+            self.actor.sum_gradients()
         torch.nn.utils.clip_grad_norm_(self.parameters, self.config.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -50,9 +50,13 @@ class RolloutTensors:
     old_logprobs: torch.Tensor  # [B, T-1] the engine's recorded logprob of token t+1 (0 off the mask)
     group_ids: torch.Tensor  # [B] index of the sample's group in the micro-batch
     last_index: torch.Tensor  # [B] position in the [B, T-1] rows of the sample's last output token
+    ref_logprobs: torch.Tensor | None = (
+        None  # [B, T-1] the reference model's, when inference workers gave them
+    )
 
     def to(self, device: torch.device | str) -> RolloutTensors:
-        return RolloutTensors(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
+        fields = (getattr(self, f.name) for f in dataclasses.fields(self))
+        return RolloutTensors(*(None if t is None else t.to(device) for t in fields))
 
 
 def to_tensors(groups: list[list[dict]], pad_id: int) -> RolloutTensors:
@@ -63,6 +67,9 @@ def to_tensors(groups: list[list[dict]], pad_id: int) -> RolloutTensors:
     attention_mask = torch.zeros((batch, length), dtype=torch.long)
     mask = torch.zeros((batch, length - 1))
     old_logprobs = torch.zeros((batch, length - 1))
+    # the reference's log-probs, when inference workers computed them (every sample has them, or none)
+    given_ref = all("ref_logprobs" in sample for _, sample in samples)
+    ref_logprobs = torch.zeros((batch, length - 1)) if given_ref else None
     last_index = torch.zeros(batch, dtype=torch.long)
     for row, (_, sample) in enumerate(samples):
         prompt, output = sample["prompt_ids"], sample["output_ids"]
@@ -72,6 +79,8 @@ def to_tensors(groups: list[list[dict]], pad_id: int) -> RolloutTensors:
         start, end = len(prompt) - 1, len(tokens) - 1
         mask[row, start:end] = 1
         old_logprobs[row, start:end] = torch.tensor(sample["output_logprobs"], dtype=torch.float32)
+        if ref_logprobs is not None:
+            ref_logprobs[row, start:end] = torch.tensor(sample["ref_logprobs"], dtype=torch.float32)
         last_index[row] = max(end - 1, start)
     group_ids = torch.tensor([g for g, _ in samples])
-    return RolloutTensors(input_ids, attention_mask, mask, old_logprobs, group_ids, last_index)
+    return RolloutTensors(input_ids, attention_mask, mask, old_logprobs, group_ids, last_index, ref_logprobs)

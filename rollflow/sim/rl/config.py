@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from rollflow.perf.specs import GPUS, MODELS, NODES
 from rollflow.policy.offload import OffloadConfig
+from rollflow.policy.placement import ClusterConfig, parse_device_range
 from rollflow.policy.resources import valid_actor_sizes
 from rollflow.policy.routing import ROUTERS
 from rollflow.sim.config import (
@@ -27,15 +28,52 @@ from rollflow.sim.config import (
 
 def parse_gpu_range(text: str) -> tuple[int, int]:
     """`"2-5"` -> (2, 4): first GPU and count, as RLinf's `component_placement` writes ranges."""
-    first, sep, last = str(text).partition("-")
+    return tuple(parse_device_range(text))
+
+
+def cluster_to_sections(data: dict) -> dict:
+    """RLinf's `cluster:` section as this simulator's num_gpus, placement and scheduling keys.
+
+    A plan simulated is a plan run: the live executor reads the same section. A key set both in
+    `cluster` and in its own section must agree (else one of them would be silently ignored).
+    """
     try:
-        start = int(first)
-        end = int(last) if sep else start
-    except ValueError:
-        raise ValueError(f"GPU range {text!r} must look like '0-7' or '3'") from None
-    if start < 0 or end < start:
-        raise ValueError(f"GPU range {text!r} must have 0 <= first <= last")
-    return start, end - start + 1
+        cluster = ClusterConfig.model_validate(data["cluster"])
+    except ValidationError:
+        return data  # the `cluster` field's own validation names the key
+    ranges = cluster.ranges()
+    derived = {
+        "num_gpus": cluster.total_devices,
+        "placement": {
+            "kind": "disaggregated",
+            "pipelining": True,
+            **{name: str(span) for name, span in ranges.items()},
+        },
+        "scheduling": {
+            "kind": "dynamic" if cluster.auto_scheduler else "static",
+            "pre_process": cluster.auto_scheduler and cluster.use_pre_process_policy,
+            "wait_before_last_iter": cluster.auto_scheduler and cluster.use_wait_before_last_iter_policy,
+        },
+    }
+    merged = dict(data)
+    for key, value in derived.items():
+        if not isinstance(value, dict):
+            if key in data and data[key] != value:
+                raise ValueError(
+                    f"{key}={data[key]!r} disagrees with cluster ({key}={value!r}); set it in one place"
+                )
+            merged[key] = value
+            continue
+        given = dict(data.get(key) or {})
+        for sub, sub_value in value.items():
+            if sub in given and str(given[sub]) != str(sub_value):
+                raise ValueError(
+                    f"{key}.{sub}={given[sub]!r} disagrees with cluster ({key}.{sub}={sub_value!r}); "
+                    "set it in one place"
+                )
+            given[sub] = sub_value
+        merged[key] = given
+    return merged
 
 
 class RolloutConfig(Section):
@@ -201,12 +239,17 @@ class RLSimConfig(Section):
     output: RLOutputConfig = Field(default_factory=RLOutputConfig)
     compare: list[Variant] = Field(default_factory=list)
     """Policies `rollflow rl-sim compare` runs side by side on this workload."""
+    cluster: ClusterConfig | None = None
+    """RLinf's `cluster:` section (rollflow.policy.placement), as a live run reads it: sets num_gpus,
+    placement (disaggregated, pipelined) and scheduling (auto_scheduler and its two policies)."""
 
     @model_validator(mode="before")
     @classmethod
     def _default_kinds(cls, data: object) -> object:
         if isinstance(data, dict) and isinstance(data.get("workload"), dict):
             data = {**data, "workload": {"kind": "rl_burst", **data["workload"]}}
+        if isinstance(data, dict) and isinstance(data.get("cluster"), dict):
+            data = cluster_to_sections(data)
         return data
 
     @model_validator(mode="after")
@@ -240,6 +283,10 @@ class RLSimConfig(Section):
         actor_gpus = self.gpu_ranges()["actor"][1]
         minibatch = samples // self.training.num_minibatches
         valid = valid_actor_sizes(self.num_gpus, self.training.model_parallel, minibatch)
+        if self.cluster is not None:
+            problem = self.cluster.actor_size_problem(minibatch, self.training.model_parallel)
+            if problem is not None:
+                raise ValueError(problem)
         if actor_gpus not in valid:
             key = "num_gpus" if placement.kind == "collocated" else "placement.actor"
             raise ValueError(

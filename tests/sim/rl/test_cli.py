@@ -105,3 +105,32 @@ def test_no_plots_writes_the_numbers_without_any_figure(tmp_path):
     assert json.loads((tmp_path / "compare.json").read_text())
     assert not list(tmp_path.rglob("*.png"))
     assert list(tmp_path.rglob("summary.json"))
+
+
+def test_rlinf_cluster_section_simulates_the_plan_written_with_placement_and_scheduling(tmp_path):
+    # examples/rl/rlinf_cluster.yaml is rlinf_dynamic.yaml's plan with both policies, as RLinf's `cluster:` section
+    pasted = _rollflow(
+        "rl-sim",
+        "run",
+        "--config",
+        "examples/rl/rlinf_cluster.yaml",
+        "--output-dir",
+        str(tmp_path / "a"),
+        *SHORT,
+    )
+    assert pasted.returncode == 0, pasted.stderr
+    by_hand = _rollflow(
+        "rl-sim",
+        "run",
+        "--config",
+        "examples/rl/rlinf_dynamic.yaml",
+        "--output-dir",
+        str(tmp_path / "b"),
+        *SHORT,
+        "scheduling.pre_process=true",
+        "scheduling.wait_before_last_iter=true",
+    )
+    assert by_hand.returncode == 0, by_hand.stderr
+    first, second = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("a", "b"))
+    assert first["step_time_s"] == second["step_time_s"] > 0
+    assert first["steps"] == second["steps"]

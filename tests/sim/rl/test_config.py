@@ -30,3 +30,51 @@ def test_config_error_names_the_problem(overrides, message):
     with pytest.raises(ConfigError) as error:
         rl_config(*overrides)
     assert message in str(error.value)
+
+
+def test_rlinf_cluster_section_is_the_same_plan_as_placement_and_scheduling():
+    from rollflow.sim.rl.runner import make_resource_scheduler
+
+    section = [
+        "cluster.auto_scheduler=true",
+        "cluster.use_wait_before_last_iter_policy=false",
+        "cluster.component_placement.actor=0-1",
+        "cluster.component_placement.rollout=2-5",
+        "cluster.component_placement.inference=6-7",
+    ]
+    from_cluster = rl_config(*section)
+    by_hand = rl_config(
+        *DISAGGREGATED,
+        "placement.pipelining=true",
+        "scheduling.kind=dynamic",
+        "scheduling.pre_process=true",
+    )
+    assert from_cluster.model_dump(exclude={"cluster"}) == by_hand.model_dump(exclude={"cluster"})
+    assert make_resource_scheduler(from_cluster.scheduling) == from_cluster.cluster.scheduler()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["scheduling.kind=static"], "scheduling.kind='static' disagrees with cluster"),
+        (["num_gpus=4"], "num_gpus=4 disagrees with cluster (num_gpus=8)"),
+        (
+            ["cluster.component_placement.actor=0-2", "cluster.component_placement.rollout=3-5"],
+            "rule 'actor data-parallel size divides the mini-batch'",
+        ),
+        (
+            ["cluster.component_placement.rollout=1-5"],
+            "cluster: Value error, component_placement: rule 'no overlap'",
+        ),
+    ],
+)
+def test_a_cluster_section_that_disagrees_or_breaks_a_rule_is_one_line(overrides, message):
+    section = [
+        "cluster.auto_scheduler=true",
+        "cluster.component_placement.actor=0-1",
+        "cluster.component_placement.rollout=2-5",
+        "cluster.component_placement.inference=6-7",
+    ]
+    with pytest.raises(ConfigError) as error:
+        rl_config(*section, *overrides)
+    assert message in str(error.value) and "\n" not in str(error.value)
