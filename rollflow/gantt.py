@@ -45,7 +45,7 @@ def draw_gantt(
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    fig, ax = plt.subplots(figsize=(13, max(3.0, min(12.0, 0.12 * num_rows + 2))))
+    fig, ax = plt.subplots(figsize=(13, max(3.6, min(12.0, 0.12 * num_rows + 2))))
     for bar in sorted(bars, key=lambda b: b.component is not None):  # held first, work on top
         color = HELD if bar.component is None else COLORS[bar.component]
         ax.broken_barh([(bar.start, bar.end - bar.start)], (bar.row, bar.rows), color=color, lw=0)
@@ -54,6 +54,8 @@ def draw_gantt(
     if divider_row is not None:
         ax.axhline(divider_row, color="black", lw=0.8)
     ax.set_ylim(num_rows, 0)
+    if num_rows <= 16:  # few rows: name each one
+        ax.set_yticks([row + 0.5 for row in range(num_rows)], [str(row) for row in range(num_rows)])
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     handles = [Patch(color=c, label=n) for n, c in COLORS.items()]

@@ -76,12 +76,13 @@ class DynamicExecutor:
         layout: LiveLayout,
         actor: ElasticActor,
         inference_done: Callable[[], bool] | None = None,
-        release_inference: Callable[[], None] | None = None,
+        release_inference: Callable[[], float | None] | None = None,
         poll_interval_s: float = 0.05,
         resume_weights: Callable[[], dict] | None = None,
     ) -> None:
         """`layout`: where things sit at every step start. `inference_done`/`release_inference`: the
-        live inference component (None: none placed; the actor computes log-probs itself).
+        live inference component (None: none placed; the actor computes log-probs itself);
+        `release_inference` may return the seconds the release took, when inference released itself.
         `resume_weights()`: the source a woken engine loads (ManagerClient.resume_worker's keywords)."""
         self.policy = policy
         self.manager = manager
@@ -133,12 +134,15 @@ class DynamicExecutor:
             waited = time.perf_counter()
             while not (self._rollout_done and self._inference_finished()):
                 time.sleep(self._poll_interval_s)
+            waited_s = time.perf_counter() - waited
             with self._lock:
                 self.decide("rollout_done" if not self._inference_seen else "inference_done")
-                self._grow("wait_before_last_iter", waited)
+                self._grow(
+                    "wait_before_last_iter", f"after waiting {waited_s:.2f}s for rollout and inference"
+                )
         else:
             with self._lock:
-                self._grow("grow_actor", time.perf_counter())
+                self._grow("grow_actor")
         size = self.actor.num_devices
         self._record.actor_sizes.append(size)
         return size
@@ -265,7 +269,7 @@ class DynamicExecutor:
         self._record.engines_released.append(slot.engine_id)
         self.ledger.assign(devices, "actor" if slot.borrowed else "idle", self._t())
 
-    def _grow(self, kind: MoveKind, started: float) -> None:
+    def _grow(self, kind: MoveKind, note: str = "") -> None:
         current = self.actor.num_devices
         if self._target <= current:
             return
@@ -275,8 +279,7 @@ class DynamicExecutor:
             "minibatch_end" if kind == "grow_actor" else "rollout_done",
             range(current, target),
             lambda: self.actor.resize(target),
-            f"actor {current} -> {target} devices",
-            started=started,
+            f"actor {current} -> {target} devices" + (f" {note}" if note else ""),
         )
         if ok:
             self.layout = dataclasses.replace(self.layout, actor_devices=target)
@@ -302,25 +305,27 @@ class DynamicExecutor:
         detail: str,
         started: float | None = None,
     ) -> bool:
-        """Run one move, log it with its seconds; a failure is logged and reported, never raised."""
+        """Run one move, log it with its seconds (those `action` returns, when it returns a number: a
+        component that moved by itself says how long it took); a failure is logged, never raised."""
         started = time.perf_counter() if started is None else started
+        took: object = None
         try:
-            action()
+            took = action()
         except (ManagerError, ManagerUnreachable, RuntimeError, OSError) as exc:
             ok, detail = False, f"{detail}: failed ({exc}); the step goes on with what it had"
             log.warning("step %d: %s %s", self._record.step, kind, detail)
         else:
             ok = True
-            log.info(
-                "step %d: %s %s in %.3fs", self._record.step, kind, detail, time.perf_counter() - started
-            )
+        seconds = took if isinstance(took, float) else time.perf_counter() - started
+        if ok:
+            log.info("step %d: %s %s in %.3fs", self._record.step, kind, detail, seconds)
         self._record.moves.append(
             Move(
                 self._record.step,
                 kind,
                 trigger,
                 started - self.clock0,
-                time.perf_counter() - started,
+                seconds,
                 tuple(devices),
                 ok,
                 detail,
@@ -359,9 +364,6 @@ class DynamicExecutor:
 
     def _t(self) -> float:
         return time.perf_counter() - self.clock0
-
-    def holdings(self):
-        return self.ledger.close(self._t())
 
 
 def _slot_devices(slot: EngineSlot) -> range:
