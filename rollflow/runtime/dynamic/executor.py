@@ -9,8 +9,8 @@ policy object `rollflow rl-sim` uses, and applies the plan:
                               -> release inference -> actor target size (grown between mini-batches)
 
 A move that fails (an engine that will not sleep or dies while releasing, an actor that cannot
-grow) is logged and the step goes on with what it had. At step end released engines wake on the
-newest weights and the actor returns to its base size.
+grow) is logged and the step goes on with what it had. At step end the actor returns to its base
+size and released engines wake and rejoin, before the trainer pushes the new weights to every engine.
 """
 
 from __future__ import annotations
@@ -78,12 +78,12 @@ class DynamicExecutor:
         inference_done: Callable[[], bool] | None = None,
         release_inference: Callable[[], float | None] | None = None,
         poll_interval_s: float = 0.05,
-        resume_weights: Callable[[], dict] | None = None,
     ) -> None:
         """`layout`: where things sit at every step start. `inference_done`/`release_inference`: the
         live inference component (None: none placed; the actor computes log-probs itself);
         `release_inference` may return the seconds the release took, when inference released itself.
-        `resume_weights()`: the source a woken engine loads (ManagerClient.resume_worker's keywords)."""
+        Woken engines rejoin on the weights they held; the trainer's push at step end (after
+        `end_step`) brings them to the new version with the others."""
         self.policy = policy
         self.manager = manager
         self.base = layout
@@ -91,7 +91,6 @@ class DynamicExecutor:
         self._inference_done = inference_done
         self._release_inference = release_inference
         self._poll_interval_s = poll_interval_s
-        self._resume_weights = resume_weights or dict
         self._lock = threading.RLock()
         self.clock0 = time.perf_counter()  # time 0 of moves, holdings and step records
         self.ledger = DeviceLedger(_owners(layout))
@@ -155,7 +154,8 @@ class DynamicExecutor:
             self._finished_at_minibatch = self._num_finished
 
     def end_step(self) -> StepRecord:
-        """Stop following the step: released engines wake on the newest weights, the actor shrinks back."""
+        """Stop following the step: the actor shrinks back and released engines wake and rejoin (call it
+        before the weights are pushed, so the push reaches them)."""
         self._stop_watch.set()
         if self._watch is not None:
             self._watch.join()
@@ -292,7 +292,7 @@ class DynamicExecutor:
             "resume_engine",
             "step_end",
             _slot_devices(slot),
-            lambda: self.manager.resume_worker(slot.engine_id, **self._resume_weights()),
+            lambda: self.manager.resume_worker(slot.engine_id),
             f"engine {slot.engine_id}",
         )
 
