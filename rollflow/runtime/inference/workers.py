@@ -1,4 +1,4 @@
-"""Inference workers: each micro-batch's reference log-probs, computed between the manager and the actor.
+"""Inference workers: each micro-batch's reference (and PPO's old-policy) log-probs, between manager and actor.
 
 RLinf's pipeline is rollout -> inference -> actor: finished groups go to inference, which adds the
 frozen reference model's per-token log-probs, then to the actor, which then needs no reference model of
@@ -46,16 +46,27 @@ START_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
+class OldPolicy:
+    """PPO: the policy version the step's samples were generated with, and its weights folder."""
+
+    folder: str
+    version: int
+
+
+@dataclass(frozen=True)
 class Compute:
-    """The reference log-probs of a micro-batch's samples."""
+    """The reference (and, with `old_policy`, the old policy's) log-probs of a micro-batch's samples."""
 
     groups: list[list[dict]]
     pad_id: int
+    old_policy: OldPolicy | None
+    recompute: list[list[bool]]  # [group][sample]: the old policy made all of its tokens (PPO only)
 
 
 @dataclass(frozen=True)
 class Computed:
     ref_logprobs: list[list[list[float]]]  # [group][sample][output token]
+    old_logprobs: list[list[list[float] | None]] | None  # the same from the old policy; None: not recomputed
 
 
 @dataclass(frozen=True)
@@ -86,7 +97,7 @@ class InferencePool:
     config: TrainConfig
     workers: list[_Worker]
     listener: Listener
-    samples_done: int = 0  # samples of the current step processed so far
+    samples_done: int = 0  # samples of the current step whose log-probs the workers computed so far
     step_done: bool = False  # every sample of the current step is processed (and the devices released)
     releases: list[float] = field(default_factory=list)  # seconds of each release, one per step
 
@@ -115,8 +126,14 @@ class InferencePool:
         log.info("inference: %d worker(s) started (%s)", len(workers), ", ".join(devices))
         return pool
 
-    def stream(self, micro_batches: Iterator[list[list[dict]]], pad_id: int) -> Iterator[list[list[dict]]]:
-        """The step's micro-batches, each sample with its `ref_logprobs`, in the order they arrived."""
+    def stream(
+        self, micro_batches: Iterator[list[list[dict]]], pad_id: int, old_policy: OldPolicy | None = None
+    ) -> Iterator[list[list[dict]]]:
+        """The step's micro-batches, each sample with its `ref_logprobs`, in the order they arrived.
+
+        With `old_policy` (PPO) a sample whose every token that version made also gets `old_logprobs`,
+        recomputed by the trainer's own model code (RLinf's recomputed "prev" log-probs), which the
+        importance ratio then uses instead of the engine's recorded ones."""
         self.samples_done, self.step_done = 0, False
         tasks: queue.Queue = queue.Queue(maxsize=len(self.workers))
         results: dict[int, Any] = {}
@@ -125,11 +142,16 @@ class InferencePool:
             threading.Thread(target=self._read, args=(micro_batches, tasks, results, ready), daemon=True)
         ]
         threads += [
-            threading.Thread(target=self._serve, args=(worker, tasks, results, ready, pad_id), daemon=True)
+            threading.Thread(
+                target=self._serve, args=(worker, tasks, results, ready, pad_id, old_policy), daemon=True
+            )
             for worker in self.workers
         ]
         for thread in threads:
             thread.start()
+        # release as soon as every sample is processed, while the actor may still be training on them
+        finisher = threading.Thread(target=self._release_after, args=(threads,), daemon=True)
+        finisher.start()
         index = 0
         while True:
             with ready:
@@ -139,12 +161,9 @@ class InferencePool:
                 raise result
             if result is None:  # the manager has no more micro-batches for this step
                 break
-            self.samples_done += sum(len(group) for group in result)
             yield result
             index += 1
-        for thread in threads:
-            thread.join()
-        self._release()
+        finisher.join()
 
     def close(self) -> None:
         for worker in self.workers:
@@ -181,36 +200,49 @@ class InferencePool:
             tasks.put(None)
 
     def _serve(
-        self, worker: _Worker, tasks: queue.Queue, results: dict, ready: threading.Condition, pad_id: int
+        self,
+        worker: _Worker,
+        tasks: queue.Queue,
+        results: dict,
+        ready: threading.Condition,
+        pad_id: int,
+        old_policy: OldPolicy | None,
     ) -> None:
         """One worker's thread: send it the next micro-batch, put back the annotated groups."""
         assert worker.connection is not None
         while (task := tasks.get()) is not None:
             index, groups = task
+            recompute = [[_made_by(sample, old_policy) for sample in group] for group in groups]
             try:
-                send(worker.connection, Compute(groups, pad_id))
+                send(worker.connection, Compute(groups, pad_id, old_policy, recompute))
                 answer: Computed = receive(worker.connection)
-                annotated = [
-                    [{**sample, "ref_logprobs": ref} for sample, ref in zip(group, refs, strict=True)]
-                    for group, refs in zip(groups, answer.ref_logprobs, strict=True)
-                ]
+                annotated = _annotate(groups, answer)
             except (EOFError, OSError) as exc:
                 annotated = RuntimeError(
                     f"inference worker died (exit status {worker.process.poll()}): {exc}"
                 )
             with ready:
+                if not isinstance(annotated, BaseException):
+                    self.samples_done += sum(len(group) for group in groups)
                 results[index] = annotated
                 ready.notify_all()
 
-    def _release(self) -> None:
-        """Every sample of the step is processed: the workers free their devices."""
+    def _release_after(self, threads: list[threading.Thread]) -> None:
+        """Every sample of the step is processed (the feeder and every worker's thread are done): the
+        workers free their devices."""
+        for thread in threads:
+            thread.join()
         started = time.monotonic()
-        for worker in self.workers:
-            assert worker.connection is not None
-            send(worker.connection, Release())
-        for worker in self.workers:
-            assert worker.connection is not None
-            receive(worker.connection)
+        try:
+            for worker in self.workers:
+                assert worker.connection is not None
+                send(worker.connection, Release())
+            for worker in self.workers:
+                assert worker.connection is not None
+                receive(worker.connection)
+        except (EOFError, OSError) as exc:
+            log.warning("inference: a worker is gone, its device was not released: %s", exc)
+            return
         seconds = time.monotonic() - started
         self.releases.append(seconds)
         self.step_done = True
@@ -224,6 +256,27 @@ class InferencePool:
             self.workers[index].connection = connection
 
 
+def _made_by(sample: dict, old_policy: OldPolicy | None) -> bool:
+    """Every token of the sample came from the old policy's version (so recomputing its log-probs is right)."""
+    if old_policy is None:
+        return False
+    versions = {span["weight_version"] for span in sample.get("spans", [])}
+    return versions == {old_policy.version}
+
+
+def _annotate(groups: list[list[dict]], answer: Computed) -> list[list[dict]]:
+    annotated = []
+    for g, group in enumerate(groups):
+        samples = []
+        for i, sample in enumerate(group):
+            extra: dict[str, Any] = {"ref_logprobs": answer.ref_logprobs[g][i]}
+            if answer.old_logprobs is not None and answer.old_logprobs[g][i] is not None:
+                extra["old_logprobs"] = answer.old_logprobs[g][i]
+            samples.append({**sample, **extra})
+        annotated.append(samples)
+    return annotated
+
+
 def start_inference(trainer: Trainer, cluster: ClusterConfig) -> InferencePool:
     """One worker per device of the placement's inference range; sets `trainer.inference`."""
     span = cluster.ranges()["inference"]
@@ -233,38 +286,60 @@ def start_inference(trainer: Trainer, cluster: ClusterConfig) -> InferencePool:
     return pool
 
 
-class _Reference:
-    """A worker's reference model, loaded on first use and dropped on release."""
+class _Models:
+    """A worker's reference model (and PPO's old policy), loaded on first use and dropped on release."""
 
     def __init__(self, config: TrainConfig) -> None:
         self.config = config
         self.model: torch.nn.Module | None = None
+        self.old_policy: torch.nn.Module | None = None
+        self.old_version: int | None = None
 
     def logprobs(self, message: Compute) -> Computed:
-        from rollflow.runtime.trainer.models import load_reference, token_logprobs
+        from rollflow.runtime.trainer.models import load_reference
         from rollflow.runtime.trainer.rollouts import to_tensors
 
         if self.model is None:
             self.model = load_reference(self.config.model).to(self.config.device)
         rollout = to_tensors(message.groups, message.pad_id).to(self.config.device)
+        ref = self._per_sample(self.model, rollout, message.groups)
+        old = None
+        wanted = message.old_policy
+        if wanted is not None and any(any(flags) for flags in message.recompute):
+            if self.old_version != wanted.version or self.old_policy is None:
+                self.old_policy = load_reference(wanted.folder).to(self.config.device)
+                self.old_version = wanted.version
+            rows = self._per_sample(self.old_policy, rollout, message.groups)
+            old = [
+                [row if flag else None for row, flag in zip(group_rows, flags, strict=True)]
+                for group_rows, flags in zip(rows, message.recompute, strict=True)
+            ]
+        return Computed(ref, old)
+
+    def _per_sample(
+        self, model: torch.nn.Module, rollout: Any, groups: list[list[dict]]
+    ) -> list[list[list[float]]]:
+        """Each sample's log-probs of its output tokens under `model`."""
+        from rollflow.runtime.trainer.models import token_logprobs
+
         with torch.no_grad():
             rows = token_logprobs(
-                self.model, rollout.input_ids, rollout.attention_mask, self.config.temperature
-            )
-        rows = rows.cpu()
+                model, rollout.input_ids, rollout.attention_mask, self.config.temperature
+            ).cpu()
         out, row = [], 0
-        for group in message.groups:
-            refs = []
+        for group in groups:
+            per_group = []
             for sample in group:
                 start = len(sample["prompt_ids"]) - 1
-                refs.append(rows[row, start : start + len(sample["output_ids"])].tolist())
+                per_group.append(rows[row, start : start + len(sample["output_ids"])].tolist())
                 row += 1
-            out.append(refs)
-        return Computed(out)
+            out.append(per_group)
+        return out
 
     def release(self) -> Released:
         started = time.monotonic()
-        self.model = None
+        self.model = self.old_policy = None
+        self.old_version = None
         gc.collect()
         if torch.device(self.config.device).type == "cuda":
             torch.cuda.empty_cache()
@@ -281,7 +356,7 @@ def main() -> None:
     torch.set_num_threads(int(env["THREADS"]))
     raw = json.loads(env["CONFIG"])
     config = TrainConfig.model_validate({**raw, "device": env["DEVICE"], "cluster": None})
-    reference = _Reference(config)
+    models = _Models(config)
     connection = Client(("127.0.0.1", int(env["CONTROL_PORT"])), authkey=bytes.fromhex(env["AUTHKEY"]))
     connection.send(int(env["INDEX"]))
     while True:
@@ -292,9 +367,9 @@ def main() -> None:
         if isinstance(message, Stop):
             return
         if isinstance(message, Compute):
-            send(connection, reference.logprobs(message))
+            send(connection, models.logprobs(message))
         elif isinstance(message, Release):
-            send(connection, reference.release())
+            send(connection, models.release())
         else:
             raise RuntimeError(f"inference worker: unexpected message {message!r}")
 

@@ -110,6 +110,12 @@ class TrainConfig(StrictModel):
         """Samples in one mini-batch (one optimizer step): what the actor's data-parallel size must divide."""
         return self.micro_batch_groups * self.mini_batch_micro_batches * self.n_samples
 
+    @property
+    def minibatches_per_step(self) -> int:
+        """Optimizer steps in one training step (the last mini-batch may be partial)."""
+        micro_batches = -(-self.prompts_per_step // self.micro_batch_groups)
+        return -(-micro_batches // self.mini_batch_micro_batches)
+
     @model_validator(mode="after")
     def _placement_fits(self) -> TrainConfig:
         if self.cluster is None:
@@ -119,10 +125,10 @@ class TrainConfig(StrictModel):
             raise ValueError(f"{problem} (micro_batch_groups x mini_batch_micro_batches x n_samples)")
         import torch
 
-        first = "cpu" if self.cluster.device == "cpu" else "cuda:0"
-        if torch.device(self.device) != torch.device(first):
+        if torch.device(self.device).type != self.cluster.device:
+            first = "cpu" if self.cluster.device == "cpu" else "cuda:0"
             raise ValueError(
-                f"device: {self.device!r}, but rank 0 of cluster.device={self.cluster.device} sits on {first}; "
+                f"device: {self.device!r}, but cluster.device={self.cluster.device} (rank 0 sits on {first}); "
                 f"set device: {first}"
             )
         return self

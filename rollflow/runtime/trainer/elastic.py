@@ -2,16 +2,26 @@
 
 How the live executor uses it (rank 0 is the `Trainer` in the executor's process):
 
+    from rollflow.runtime.inference.workers import start_inference
+    from rollflow.runtime.trainer.config import TrainConfig
     from rollflow.runtime.trainer.elastic import start_elastic
+    from rollflow.runtime.trainer.loop import Trainer
 
+    config = TrainConfig(..., cluster={...})                # RLinf's section: rollflow.policy.placement.ClusterConfig
+    cluster = config.cluster                                # .ranges() -> {"actor": DeviceRange(0, 1), ...}
+    scheduler = cluster.scheduler()                         # the policy object rl-sim decides with, too
     trainer = Trainer(config, resume=False)                 # rank 0, the leader: talks to the manager
-    actor = start_elastic(trainer, cluster)                 # cluster: rollflow.policy.placement.ClusterConfig
+    actor = start_elastic(trainer, cluster)                 # a rank per device (auto_scheduler), actor's size active
+    if "inference" in cluster.component_placement:          # else the trainer computes reference log-probs itself
+        pool = start_inference(trainer, cluster)            # = trainer.inference
     trainer.minibatch_end_hooks.append(on_minibatch_end)    # called as hook(step, minibatches_done)
-    trainer.run()                                           # closes the actor when the run ends
+    trainer.run(on_step)                                    # closes the actor and the pool when the run ends
 
     def on_minibatch_end(step: int, minibatches_done: int) -> None:
-        # between two mini-batches of `step` (after the optimizer step of the `minibatches_done`th)
-        plan = scheduler.decide(snapshot)                   # ResourceSnapshot(actor_gpus=actor.active_ranks, ...)
+        # between two mini-batches of `step` (after the optimizer step of the `minibatches_done`th;
+        # also once after the step's last one, before the actor returns to its base size)
+        plan = scheduler.decide(snapshot)                   # ResourceSnapshot(actor_gpus=actor.active_ranks,
+                                                            #   minibatches_done=..., inference_done=pool.step_done)
         seconds = actor.resize(plan.actor_gpus)             # grow (or shrink): the next mini-batch trains on them
         ...                                                 # actor.moves[-1] is the Resize record of this call
 
@@ -24,6 +34,10 @@ How the live executor uses it (rank 0 is the `Trainer` in the executor's process
 - `actor.step_sizes`: the active size of each optimizer step (mini-batch) of the step so far;
   `actor.sizes_by_step[i]`: the same for step i + 1 once it ended (summary.json's `actor_sizes`).
 - `actor.moves`: every `Resize` (step, mini-batches done, from, to, seconds, ok, reason).
+- `pool.samples_done` (samples of the current step through inference), `pool.step_done` (all of them,
+  and the workers have released their devices), `pool.releases` (seconds of each step's release).
+- `trainer.config.minibatch_samples`, `trainer.config.minibatches_per_step`: ResourceSnapshot's
+  minibatch_samples and num_minibatches (a step's groups fill micro-batches of `micro_batch_groups`).
 
 The ranks are started once, in one gloo process group on 127.0.0.1 (each with the device slot's thread
 budget, or its GPU), and stay up for the run: a mini-batch on k ranks splits each micro-batch's groups
@@ -252,7 +266,13 @@ class ElasticActor:
             ", ".join(spec.devices),
             spec.base_ranks,
         )
-        return cls(trainer, spec, ranks, groups, listener, active_ranks=spec.base_ranks, max_ranks=world)
+        actor = cls(trainer, spec, ranks, groups, listener, active_ranks=1, max_ranks=world)
+        # the base ranks start from rank 0's state too (a resumed run restored it on rank 0 alone)
+        problem = actor._grow(spec.base_ranks)
+        if problem:
+            actor.close()
+            raise RuntimeError(f"elastic actor: rank(s) of its base size could not start: {problem}")
+        return actor
 
     def resize(self, active_ranks: int) -> float:
         """Train the next mini-batch on `active_ranks` ranks; the seconds the move took."""

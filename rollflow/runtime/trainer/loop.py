@@ -46,7 +46,7 @@ from rollflow.runtime.weights.checkpoint import publish_checkpoint, published_ve
 from rollflow.runtime.weights.cli import TOKEN_ENV as WEIGHTS_TOKEN_ENV
 
 if TYPE_CHECKING:
-    from rollflow.runtime.inference.workers import InferencePool
+    from rollflow.runtime.inference.workers import InferencePool, OldPolicy
     from rollflow.runtime.trainer.elastic import ElasticActor
 
 log = logging.getLogger(__name__)
@@ -288,13 +288,23 @@ class Trainer:
         size = self.config.micro_batch_groups
         iterator = batch.micro_batches(min_groups=size, max_groups=size)
         if self.inference is not None:  # rollout -> inference -> actor
-            iterator = self.inference.stream(iterator, self.tokenizer.pad_token_id)
+            iterator = self.inference.stream(iterator, self.tokenizer.pad_token_id, self._old_policy())
         while True:
             with self.timer.phase("rollout", num_gpus=self._num_ranks(), label="waiting for micro-batch"):
                 groups = next(iterator, None)
             if groups is None:
                 return
             yield groups
+
+    def _old_policy(self) -> OldPolicy | None:
+        """PPO with inference workers: the version this step's samples come from, for its recomputed
+        log-probs (on-policy, the trainer's current one; its folder was written by the last push)."""
+        if self.config.algorithm != "ppo":
+            return None
+        from rollflow.runtime.inference.workers import OldPolicy
+
+        folder = checkpoints.weights_folder(self.output_dir, self.step)
+        return OldPolicy(str(folder.resolve()), self.step) if folder.is_dir() else None
 
     def _accept(self, groups: list[list[dict]]) -> tuple[list[list[dict]], int]:
         """Finished samples within the staleness bound (on-policy: from the current version only)."""

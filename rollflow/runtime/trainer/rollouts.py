@@ -78,7 +78,9 @@ def to_tensors(groups: list[list[dict]], pad_id: int) -> RolloutTensors:
         attention_mask[row, : len(tokens)] = 1
         start, end = len(prompt) - 1, len(tokens) - 1
         mask[row, start:end] = 1
-        old_logprobs[row, start:end] = torch.tensor(sample["output_logprobs"], dtype=torch.float32)
+        # inference workers' recomputed old-policy log-probs (PPO), else the engine's recorded ones
+        old = sample["old_logprobs"] if "old_logprobs" in sample else sample["output_logprobs"]
+        old_logprobs[row, start:end] = torch.tensor(old, dtype=torch.float32)
         if ref_logprobs is not None:
             ref_logprobs[row, start:end] = torch.tensor(sample["ref_logprobs"], dtype=torch.float32)
         last_index[row] = max(end - 1, start)

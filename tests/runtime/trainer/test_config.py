@@ -19,3 +19,10 @@ def test_without_a_launcher_the_defaults_are_the_local_manager_and_disk_weights(
     monkeypatch.delenv("ROLLFLOW_WEIGHTS_URL", raising=False)
     config = TrainConfig(model="m")
     assert (config.manager_url, config.weights_url) == (DEFAULT_MANAGER_URL, None)
+
+
+def test_a_step_of_5_prompts_in_micro_batches_of_2_groups_two_per_mini_batch_takes_2_optimizer_steps():
+    config = TrainConfig(
+        model="m", prompts_per_step=5, micro_batch_groups=2, mini_batch_micro_batches=2, n_samples=4
+    )
+    assert (config.minibatches_per_step, config.minibatch_samples) == (2, 16)

@@ -126,3 +126,43 @@ def test_inference_workers_give_the_reference_log_probs_the_trainer_would_comput
     )  # released once per step, when every sample was processed
     assert pool.samples_done == sum(len(group) for group in elastic_run.STEP_GROUPS[-1])
     assert_close(parameters(trainer), single)
+
+
+def test_ppo_inference_recomputes_old_policy_log_probs_for_samples_that_version_made(tiny_model, tmp_path):
+    from rollflow.runtime.inference.workers import InferencePool, OldPolicy
+    from rollflow.runtime.trainer.models import load_policy, load_reference, token_logprobs
+    from rollflow.runtime.trainer.rollouts import to_tensors
+
+    old = load_policy(tiny_model)  # the old policy: the model after a made-up step
+    with torch.no_grad():
+        for param in old.parameters():
+            param.add_(0.05 * torch.randn_like(param))
+    old.save_pretrained(tmp_path / "v3")
+    groups = elastic_run.STEP_GROUPS[0][:3]
+    spans = [[{"weight_version": 3 if i % 2 == 0 else 2}] for i in range(sum(len(g) for g in groups))]
+    flat = iter(spans)
+    groups = [[{**s, "state": "finished", "spans": next(flat)} for s in group] for group in groups]
+    config = elastic_run.config(str(tiny_model), tmp_path / "run", "ppo")
+    pool = InferencePool.start(config, ("cpu",), threads=1)
+    try:
+        (annotated,) = list(
+            pool.stream(iter([groups]), pad_id=0, old_policy=OldPolicy(str(tmp_path / "v3"), 3))
+        )
+    finally:
+        pool.close()
+    rollout = to_tensors(groups, pad_id=0)
+    with torch.no_grad():
+        expected = {
+            name: token_logprobs(model, rollout.input_ids, rollout.attention_mask, config.temperature)
+            for name, model in (("ref", load_reference(tiny_model)), ("old", old))
+        }
+    samples = [s for group in annotated for s in group]
+    for row, sample in enumerate(samples):
+        start, end = len(sample["prompt_ids"]) - 1, len(sample["prompt_ids"]) + len(sample["output_ids"]) - 1
+        torch.testing.assert_close(torch.tensor(sample["ref_logprobs"]), expected["ref"][row, start:end])
+        if sample["spans"][0]["weight_version"] == 3:
+            torch.testing.assert_close(torch.tensor(sample["old_logprobs"]), expected["old"][row, start:end])
+            assert not torch.allclose(expected["old"][row, start:end], expected["ref"][row, start:end])
+        else:  # made by another version: the engine's recorded log-probs stay the old ones
+            assert "old_logprobs" not in sample
+    assert pool.step_done and pool.samples_done == len(samples)
