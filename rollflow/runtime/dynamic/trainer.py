@@ -13,9 +13,6 @@ Three things differ from `Trainer`, each so that a dynamic run learns exactly wh
 
 from __future__ import annotations
 
-import math
-import queue
-import threading
 from collections.abc import Iterator
 
 from rollflow.runtime.dynamic.executor import DynamicExecutor, StepInputs
@@ -40,8 +37,7 @@ class DynamicTrainer(Trainer):
 
     @property
     def num_minibatches(self) -> int:
-        groups_per_minibatch = self.config.micro_batch_groups * self.config.mini_batch_micro_batches
-        return math.ceil(self.config.prompts_per_step / groups_per_minibatch)
+        return self.config.minibatches_per_step
 
     def follow(self, executor: DynamicExecutor) -> None:
         """Let `executor` move devices during every step from now on."""
@@ -85,15 +81,13 @@ class DynamicTrainer(Trainer):
             self.executor.before_minibatch(minibatches_done)
 
     def _timed_micro_batches(self, batch: BatchHandle) -> Iterator[list[list[dict]]]:
-        """Micro-batches of `micro_batch_groups` groups in submission order, each wait timed as `rollout`.
-
-        With inference workers, the micro-batches go through them as soon as they are whole, and their
-        results are read ahead of the actor, so inference finishes (and gives its devices back) once it
-        has processed every sample, not when the actor asks for its last micro-batch.
-        """
+        """Micro-batches of `micro_batch_groups` groups in submission order, each wait timed as `rollout`
+        (through the inference workers first, when the placement has them)."""
         micro_batches = in_submission_order(batch, self.config.micro_batch_groups)
         if self.inference is not None:  # rollout -> inference -> actor
-            micro_batches = read_ahead(self.inference.stream(micro_batches, self.tokenizer.pad_token_id))
+            micro_batches = self.inference.stream(
+                micro_batches, self.tokenizer.pad_token_id, self._old_policy()
+            )
         while True:
             with self.timer.phase("rollout", num_gpus=self._num_ranks(), label="waiting for micro-batch"):
                 groups = next(micro_batches, None)
@@ -114,22 +108,3 @@ def in_submission_order(batch: BatchHandle, size: int) -> Iterator[list[list[dic
                 raise RuntimeError(f"batch {batch.batch_id} ended without groups {list(wanted)}")
             ready |= {group[0]["group_index"]: group for group in groups}
         yield [ready.pop(index) for index in wanted]
-
-
-def read_ahead(items: Iterator[list[list[dict]]]) -> Iterator[list[list[dict]]]:
-    """Drain `items` on a thread of its own as fast as it yields; hand them over in order."""
-    buffer: queue.Queue = queue.Queue()
-
-    def drain() -> None:
-        try:
-            for item in items:
-                buffer.put(item)
-        except BaseException as exc:  # handed to the consumer, which raises it
-            buffer.put(exc)
-        buffer.put(None)
-
-    threading.Thread(target=drain, name="rollflow-read-ahead", daemon=True).start()
-    while (item := buffer.get()) is not None:
-        if isinstance(item, BaseException):
-            raise item
-        yield item
