@@ -8,6 +8,7 @@ from rollflow.cli_util import add_command_group
 
 EXAMPLES = """examples:
   rollflow demo run --config examples/demo/preemption.yaml --output-dir outputs/demo
+  rollflow demo run --config examples/demo/dynamic.yaml --output-dir outputs/dynamic
   rollflow demo run --config examples/demo/preemption.yaml --output-dir outputs/demo train.steps=10 demo.preemption.step=3
   rollflow demo show --config examples/demo/preemption.yaml
 """
@@ -15,7 +16,10 @@ EXAMPLES = """examples:
 
 def register(commands: argparse._SubParsersAction) -> None:
     sub = add_command_group(
-        commands, "demo", "RL training that survives a spot preemption, end to end", EXAMPLES
+        commands,
+        "demo",
+        "RL training end to end: through a spot preemption, or with devices moving between components",
+        EXAMPLES,
     )
     run = sub.add_parser(
         "run",
@@ -25,7 +29,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         "demo.preemption.step one engine of the preempted pool (default: the first spot pool) is killed with "
         "SIGKILL while it streams half-done samples; the manager resumes them elsewhere from their tokens, and a "
         "new engine pulls the newest weights and joins. Ends with a summary table, summary.json and "
-        "timeline.png in --output-dir.",
+        "timeline.png in --output-dir. A config with RLinf's cluster: section (examples/demo/dynamic.yaml) "
+        "runs the dynamic-scheduling demo instead: devices move between actor and rollout within each step "
+        "(summary.json and gantt.png).",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -64,6 +70,12 @@ def _run(args: argparse.Namespace, started_at: float) -> None:
     setup_logging("text")
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop the children on SIGTERM too
     output_dir = Path(args.output_dir)
+    if config.cluster is not None:
+        from rollflow.runtime.demo.dynamic import check_dynamic, print_dynamic, run_dynamic_demo
+
+        check_dynamic(config)
+        print_dynamic(run_dynamic_demo(config, output_dir))
+        return
     summary = run_demo(config, output_dir, tty=sys.stderr.isatty())
     print_summary(summary, output_dir)
 

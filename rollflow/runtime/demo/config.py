@@ -1,7 +1,10 @@
-"""The demo's config file: a `launch:` section, a `train:` section and a `demo:` section.
+"""The demo's config file: a `launch:` section, a `train:` section, a `demo:` section, and for the
+dynamic-scheduling demo RLinf's `cluster:` section.
 
 The launch and train sections are exactly what `rollflow launch up` and `rollflow train` read,
 so a demo config is also a template for a real run; the demo section only says when to preempt.
+With `cluster:` (rollflow.policy.placement, as `rollflow rl-sim` reads it) the demo is the dynamic
+one: devices move between actor and rollout within each step, and nothing is preempted.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from rollflow.config import StrictModel, load_config
+from rollflow.policy.placement import ClusterConfig
 from rollflow.runtime.launch.config import LaunchSection
 from rollflow.runtime.trainer.config import TrainConfig
 
@@ -40,6 +44,8 @@ class DemoFile(StrictModel):
     launch: LaunchSection
     train: TrainConfig
     demo: DemoSection = DemoSection()
+    cluster: ClusterConfig | None = None
+    """RLinf's `cluster:` section: the dynamic-scheduling demo (examples/demo/dynamic.yaml)."""
 
     @property
     def preempted_pool(self) -> int:
@@ -50,6 +56,8 @@ class DemoFile(StrictModel):
 
     @model_validator(mode="after")
     def _preemption_fits(self) -> DemoFile:
+        if self.cluster is not None:
+            return self  # the dynamic demo preempts nothing
         pools = self.launch.engines
         index = self.demo.preemption.pool
         if index is None and not any(pool.kind == "spot" for pool in pools):

@@ -50,7 +50,7 @@ def run_demo(config: DemoFile, output_dir: Path, tty: bool = False) -> DemoSumma
     from rollflow.runtime.trainer.loop import Trainer
     from rollflow.runtime.trainer.progress import show_progress
 
-    _prepare_model(config)
+    prepare_model(config)
     clear_outputs(Path(config.train.output_dir))  # the demo always starts from the initial model
     output_dir.mkdir(parents=True, exist_ok=True)
     timeline = Timeline()
@@ -99,7 +99,7 @@ def run_demo(config: DemoFile, output_dir: Path, tty: bool = False) -> DemoSumma
     return summary
 
 
-def _prepare_model(config: DemoFile) -> None:
+def prepare_model(config: DemoFile) -> None:
     model = Path(config.train.model)
     if model.is_dir():
         return

@@ -143,6 +143,16 @@ class EngineClient(Protocol):
 
     async def resume(self) -> None: ...
 
+    async def release_memory_occupation(self) -> None:
+        """Give the device back: drop weights and KV cache, staying up and answering health checks
+        (SGLang `/release_memory_occupation`, vLLM `/sleep`). Running requests end with "abort"."""
+        ...
+
+    async def resume_memory_occupation(self) -> None:
+        """Take the device again, serving the weights held before the release (SGLang
+        `/resume_memory_occupation`, vLLM `/wake_up`)."""
+        ...
+
     async def close(self) -> None:
         """Release the HTTP session (when the client owns it)."""
         ...

@@ -131,6 +131,17 @@ class SGLangClient(HttpEngine):
     async def resume(self) -> None:
         await self.post_json("/continue_generation", {})
 
+    async def release_memory_occupation(self) -> None:
+        # SGLang answers with an empty body; the built-in engine with {"success": ...}
+        answer = await self.post_json("/release_memory_occupation", {"tags": None}, timeout_s=600)
+        if answer is not None:
+            _check_success(answer, self.url, "release_memory_occupation")
+
+    async def resume_memory_occupation(self) -> None:
+        answer = await self.post_json("/resume_memory_occupation", {"tags": None}, timeout_s=600)
+        if answer is not None:
+            _check_success(answer, self.url, "resume_memory_occupation")
+
 
 class BuiltinEngineClient(SGLangClient):
     """The built-in engine, which also takes weights pushed over HTTP or pulls them itself."""

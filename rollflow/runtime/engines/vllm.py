@@ -2,10 +2,10 @@
 
 Each streamed choice carries the new `token_ids` (`return_token_ids`) and the sampled tokens'
 logprobs (`logprobs: 0`). Aborting is closing the stream: vLLM aborts a request whose client went
-away. Pausing, weight versions and reloading weights from disk use the RL endpoints vLLM serves
+away. Pausing, weight versions, reloading weights from disk and sleeping use the RL endpoints vLLM serves
 when started with `VLLM_SERVER_DEV_MODE=1` (`/pause?mode=keep`, `/resume`, `/weight_info`,
-`/update_weight_version`, `/collective_rpc` -> `reload_weights`); without it those calls raise
-NotSupportedError saying so.
+`/update_weight_version`, `/collective_rpc` -> `reload_weights`, `/sleep?level=1` and `/wake_up`
+with `--enable-sleep-mode`); without it those calls raise NotSupportedError saying so.
 """
 
 from __future__ import annotations
@@ -155,6 +155,13 @@ class VLLMClient(HttpEngine):
 
     async def resume(self) -> None:
         await self._dev_post("/resume", None, "resuming")
+
+    async def release_memory_occupation(self) -> None:
+        # level 1: weights move to CPU memory, the KV cache is dropped (needs --enable-sleep-mode)
+        await self._dev_post("/sleep?level=1", None, "sleep mode")
+
+    async def resume_memory_occupation(self) -> None:
+        await self._dev_post("/wake_up", None, "sleep mode")
 
     async def _dev_post(self, path: str, body: Any, what: str) -> Any:
         try:

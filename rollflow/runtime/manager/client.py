@@ -207,6 +207,31 @@ class ManagerClient:
             body["codec"] = codec
         return self.request("POST", f"/workers/{engine_id}/update_weights", body)
 
+    def release_worker(self, engine_id: int) -> dict:
+        """Drain one engine (its samples resume elsewhere) and have it free its memory; the answer's
+        `move` says how many samples moved and how long it took."""
+        return self.request("POST", f"/workers/{engine_id}/release", {})
+
+    def resume_worker(
+        self,
+        engine_id: int,
+        *,
+        model_path: str | None = None,
+        weights_url: str | None = None,
+        weight_version: int | None = None,
+    ) -> dict:
+        """Wake a released engine; with a source it loads that (or the newest) version, then rejoins."""
+        body = {
+            key: value
+            for key, value in (
+                ("model_path", model_path),
+                ("weights_url", weights_url),
+                ("weight_version", weight_version),
+            )
+            if value is not None
+        }
+        return self.request("POST", f"/workers/{engine_id}/resume", body)
+
     def weight_versions(self) -> dict[int, int | None]:
         return {int(k): v for k, v in self.request("GET", "/weight_versions").items()}
 

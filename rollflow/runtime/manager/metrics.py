@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-ENGINE_STATES = ("healthy", "updating", "failed", "removed")
+from rollflow.runtime.manager.registry import EngineState
+
+ENGINE_STATES = get_args(EngineState)
 RESUME_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 5.0, 30.0)
 
 
@@ -47,7 +51,14 @@ class ManagerMetrics:
             buckets=RESUME_BUCKETS,
             registry=r,
         )
-        for reason in ("engine_failed", "engine_hung", "engine_aborted", "engine_removed", "offloaded"):
+        for reason in (
+            "engine_failed",
+            "engine_hung",
+            "engine_aborted",
+            "engine_removed",
+            "engine_released",
+            "offloaded",
+        ):
             self.resumed_samples.labels(reason)
         self.regenerated_tokens.inc(0)
         # labelled children looked up once: `labels()` takes a lock and builds a key on every call,

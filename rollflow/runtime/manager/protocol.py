@@ -141,3 +141,29 @@ class UpdateWeightsBody(StrictModel):
             return CodecSpec.parse(value).name
         except CodecError as exc:
             raise ValueError(str(exc)) from None
+
+
+class ResumeWorkerBody(StrictModel):
+    """Waking a released engine; with a weight source it loads the newest version before it rejoins."""
+
+    model_path: str | None = Field(None, min_length=1)
+    """Checkpoint folder of `weight_version` on a disk the engine can read."""
+    weights_url: str | None = Field(None, pattern=r"^https?://[^\s/]+(/.*)?$")
+    """Weight server the engine pulls from (built-in engines); the newest version unless `weight_version`."""
+    codec: str | None = None
+    """Pull codec (with weights_url only); the engine's default when absent."""
+    weight_version: int | None = Field(None, ge=0)
+    """Version to serve once awake; none given: the version it held when released (or the weight
+    server's newest with weights_url)."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ResumeWorkerBody:
+        if self.model_path is not None and self.weights_url is not None:
+            raise ValueError("give at most one of model_path and weights_url")
+        if self.model_path is not None and self.weight_version is None:
+            raise ValueError("model_path needs the weight_version it holds")
+        if self.codec is not None and self.weights_url is None:
+            raise ValueError("codec applies to weights_url only, not to model_path")
+        if self.weight_version is not None and self.model_path is None and self.weights_url is None:
+            raise ValueError("weight_version needs a source: model_path or weights_url")
+        return self

@@ -110,14 +110,22 @@ def _restore_counters(manager: RolloutManager, snapshot: Snapshot) -> None:
 
 
 def _restore_batch(manager: RolloutManager, snapshot: Snapshot, batch_id: str, submission: dict) -> None:
-    from rollflow.runtime.manager.service import Batch  # service imports this module
+    from rollflow.runtime.manager.service import Batch, sample_sampling  # service imports this module
 
     sampling = SamplingParams(
         **{k: tuple(v) if isinstance(v, list) else v for k, v in submission["sampling"].items()}
     )
     groups = [
         [
-            _restore_sample(snapshot, batch_id, f"{batch_id}-{g}-{i}", prompt, sampling, submission, g)
+            _restore_sample(
+                snapshot,
+                batch_id,
+                f"{batch_id}-{g}-{i}",
+                prompt,
+                sample_sampling(sampling, g, i),
+                submission,
+                g,
+            )
             for i in range(submission["n"])
         ]
         for g, prompt in enumerate(submission["prompts"])

@@ -11,7 +11,8 @@ from rollflow.runtime.engines.load import EngineLoad
 from rollflow.runtime.manager.prefixes import PrefixRecord
 from rollflow.runtime.manager.view import instance_view
 
-EngineState = Literal["healthy", "updating", "failed", "removed"]
+EngineState = Literal["healthy", "updating", "failed", "removed", "releasing", "released", "resuming"]
+"""releasing / released / resuming: the engine gives its device back and takes it again (memory.py)."""
 
 
 @dataclass

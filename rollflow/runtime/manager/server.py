@@ -17,6 +17,11 @@ POST   /step_report               trainer's step time and bubble -> next local b
 GET    /step_report               number of steps reported and the last report (the autoscaler reads it)
 POST   /workers/{id}/update_weights  load weights from model_path or pull them from weights_url;
                                   held out of the pool meanwhile (token)
+POST   /workers/{id}/release      drain (its samples resume elsewhere from their tokens), then the
+                                  engine frees its memory and stays out of the pool (token)
+POST   /workers/{id}/resume       wake a released engine, load the newest weights, rejoin (token)
+POST   /release_memory_occupation release every healthy engine (sgl-router's fan-out) (token)
+POST   /resume_memory_occupation  wake every released engine (token)
 GET    /weight_versions           engine id -> weight version
 GET    /metrics                   Prometheus
 GET    /health
@@ -38,7 +43,7 @@ from aiohttp import web
 from rollflow.runtime.http.auth import require_bearer
 from rollflow.runtime.http.errors import error_body, http_error
 from rollflow.runtime.http.serve import GuardedRunner
-from rollflow.runtime.manager import sglang_api, workers_api
+from rollflow.runtime.manager import memory, sglang_api, workers_api
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.edge import MANAGER_KEY, TOKENIZER_KEY, BadRequest, not_found, parse_body
 from rollflow.runtime.manager.openai_routes import openai_routes
@@ -47,6 +52,7 @@ from rollflow.runtime.manager.passthrough import ADMIN_PATHS, passthrough_routes
 from rollflow.runtime.manager.protocol import (
     BatchBody,
     NextMicroBatchBody,
+    ResumeWorkerBody,
     StepReportBody,
     UpdateWeightsBody,
 )
@@ -74,7 +80,7 @@ def _protected(request: web.Request) -> bool:
     path, method = request.path, request.method
     if workers_api.is_admin(path, method):
         return True
-    if path.startswith("/batches") or path in ADMIN_PATHS:
+    if path.startswith("/batches") or path in ADMIN_PATHS or path in memory.ADMIN_PATHS:
         return True
     return path == "/step_report" and method == "POST"
 
@@ -254,6 +260,64 @@ async def update_worker_weights(request: web.Request) -> web.Response:
     return web.json_response(engine.to_json())
 
 
+async def release_worker(request: web.Request) -> web.Response:
+    manager = request.app[MANAGER_KEY]
+    engine_id = workers_api.engine_id(request)
+    try:
+        move = await memory.release_engine(manager, engine_id)
+    except KeyError:
+        raise not_found(f"unknown engine id {engine_id}") from None
+    except (memory.EngineNotReleasable, memory.EngineWontSleep) as exc:
+        raise http_error(web.HTTPConflict, str(exc)) from None
+    except EngineUnavailable as exc:
+        raise http_error(web.HTTPBadGateway, str(exc)) from None
+    return web.json_response(manager.registry.get(engine_id).to_json() | {"move": move.to_json()})
+
+
+async def resume_worker(request: web.Request) -> web.Response:
+    manager = request.app[MANAGER_KEY]
+    engine_id = workers_api.engine_id(request)
+    body = await parse_body(request, ResumeWorkerBody) if request.can_read_body else ResumeWorkerBody()
+    try:
+        move = await memory.resume_engine(manager, engine_id, _weight_source(body))
+    except KeyError:
+        raise not_found(f"unknown engine id {engine_id}") from None
+    except memory.EngineNotReleasable as exc:
+        raise http_error(web.HTTPConflict, str(exc)) from None
+    except WeightUpdateNotSupported as exc:
+        raise http_error(web.HTTPConflict, str(exc)) from None
+    except (EngineUnavailable, memory.WeightSourceUnavailable) as exc:
+        raise http_error(web.HTTPBadGateway, str(exc)) from None
+    return web.json_response(manager.registry.get(engine_id).to_json() | {"move": move.to_json()})
+
+
+def _weight_source(body: ResumeWorkerBody) -> memory.WeightSource | None:
+    if body.model_path is None and body.weights_url is None:
+        return None
+    return memory.WeightSource(body.weight_version, body.model_path, body.weights_url, body.codec)
+
+
+async def release_all(request: web.Request) -> web.Response:
+    results = await memory.release_all(request.app[MANAGER_KEY])
+    return _fan_out_answer(results)
+
+
+async def resume_all(request: web.Request) -> web.Response:
+    results = await memory.resume_all(request.app[MANAGER_KEY])
+    return _fan_out_answer(results)
+
+
+def _fan_out_answer(results: list) -> web.Response:
+    errors = [r for r in results if isinstance(r, str)]
+    return web.json_response(
+        {
+            "success": not errors,
+            "message": "; ".join(errors),
+            "moves": [r.to_json() for r in results if not isinstance(r, str)],
+        }
+    )
+
+
 async def weight_versions(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
     return web.json_response({str(e.engine_id): e.weight_version for e in manager.registry.live()})
@@ -303,6 +367,10 @@ def create_app(manager: RolloutManager) -> web.Application:
             web.post("/step_report", step_report),
             web.get("/step_report", last_step_report),
             web.post("/workers/{engine_id}/update_weights", update_worker_weights),
+            web.post("/workers/{engine_id}/release", release_worker),
+            web.post("/workers/{engine_id}/resume", resume_worker),
+            web.post("/release_memory_occupation", release_all),
+            web.post("/resume_memory_occupation", resume_all),
             web.get("/weight_versions", weight_versions),
             web.get("/metrics", metrics),
             web.get("/health", health),

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import itertools
 import logging
 import uuid
@@ -76,6 +77,15 @@ def normalise_url(url: str) -> str:
     port = parts.port
     netloc = host if port is None or port == {"http": 80, "https": 443}.get(scheme) else f"{host}:{port}"
     return urlunsplit((scheme, netloc, parts.path.rstrip("/"), parts.query, ""))
+
+
+def sample_sampling(sampling: SamplingParams, group: int, index: int) -> SamplingParams:
+    """A batch's seed made one per sample (the samples of a group must differ), derived from the seed
+    and the sample's place in the batch, so a batch submitted twice draws the same samples."""
+    if sampling.seed is None:
+        return sampling
+    digest = hashlib.blake2b(f"{sampling.seed}:{group}:{index}".encode(), digest_size=8).digest()
+    return dataclasses.replace(sampling, seed=int.from_bytes(digest, "little"))
 
 
 class EngineUnavailable(UserError):
@@ -371,6 +381,36 @@ class RolloutManager:
             self.journal.engine_registered(engine.url, recovery.engine_record(engine))
             self.journal.set_state("next_engine_id", self.registry.next_id)
 
+    async def drain_engine(self, engine: EngineRecord, reason: str) -> int:
+        """End every attempt running on an engine already out of routing; the samples resume
+        elsewhere from their tokens. Returns once all of them have left it: how many there were."""
+        moved = list(engine.running)
+        for sample_id in moved:
+            self._move(sample_id, reason)
+        runs = [self._runs.get(s) for s in moved]
+        tasks = [run.task for run in runs if run is not None and run.task is not None]
+        if tasks:
+            await asyncio.wait(tasks)
+        return len(moved)
+
+    def route_again(self) -> None:
+        """An engine came back into routing: dispatch what waits."""
+        self._wake.set()
+        self._update_gauges()
+
+    def refresh_gauges(self) -> None:
+        self._update_gauges()
+
+    def retire(self, engine: EngineRecord, reason: str) -> None:
+        """Take a failed engine out of the pool (its samples resume elsewhere); the breaker retries it."""
+        self._retire(engine, "failed", reason)
+
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        """The manager's one HTTP session."""
+        assert self._session is not None, "the manager is not started"
+        return self._session
+
     def _retire(self, engine: EngineRecord, state: str, reason: str) -> None:
         if engine.state in ("failed", "removed"):
             return
@@ -532,7 +572,7 @@ class RolloutManager:
                     seq=next(self._seq),
                     sample_id=f"{batch_id}-{g}-{i}",
                     prompt_ids=list(prompt),
-                    sampling=sampling,
+                    sampling=sample_sampling(sampling, g, i),
                     allow_off_policy=allow_off_policy,
                     batch_id=batch_id,
                     group_index=g,
@@ -848,7 +888,7 @@ class RolloutManager:
             await stream.aclose()
 
     async def _abort_quietly(self, engine: EngineRecord, rid: str) -> None:
-        if engine.state in ("healthy", "updating"):
+        if engine.state in ("healthy", "updating", "releasing"):
             try:
                 await asyncio.wait_for(engine.client.abort(rid), self.config.connect_timeout_s)
             except (*ENGINE_ERRORS, TimeoutError) as exc:

@@ -14,18 +14,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from rollflow.gantt import Bar, draw_gantt
 from rollflow.phases import write_chrome_trace as write_phase_trace
 from rollflow.sim.rl.config import RLSimConfig
 from rollflow.sim.rl.trace import StepResult
-
-COLORS = {
-    "rollout": "#4C72B0",
-    "rollout_spot": "#8172B2",
-    "inference": "#55A868",
-    "training": "#C44E52",
-    "reshard": "#DD8452",
-    "sync": "#937860",
-}
 
 
 def write_run(out_dir: Path, config: RLSimConfig, steps: list[StepResult], summary: dict) -> list[Path]:
@@ -42,38 +34,27 @@ def write_run(out_dir: Path, config: RLSimConfig, steps: list[StepResult], summa
 
 
 def plot_gantt(path: Path, config: RLSimConfig, steps: list[StepResult]) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    num_rows = config.num_gpus + config.spot.instances * config.rollout.tensor_parallel
-    fig, ax = plt.subplots(figsize=(13, max(3.0, min(12.0, 0.12 * num_rows + 2))))
-    for step in steps:
-        for gpu_start, gpus, _, start, end in step.instance_windows:
-            ax.broken_barh([(start, end - start)], (gpu_start, gpus), color="#DDDDDD", lw=0)
-        for span in step.spans:
-            ax.broken_barh(
-                [(span.start, span.end - span.start)],
-                (span.gpu_start, span.num_gpus),
-                color=COLORS[span.component],
-                lw=0,
-            )
-        ax.axvline(step.end, color="black", lw=0.6, ls=":")
-    if config.spot.instances:
-        ax.axhline(config.num_gpus, color="black", lw=0.8)
-    ax.set_ylim(num_rows, 0)
-    ax.set_xlabel("simulated time (s)")
-    ax.set_ylabel("GPU" + (" (below the line: preemptible)" if config.spot.instances else ""))
-    handles = [Patch(color=c, label=n) for n, c in COLORS.items()]
-    handles.append(Patch(color="#DDDDDD", label="rollout instance idle"))
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=7, fontsize=8)
-    ax.set_title(f"GPU timeline, {len(steps)} steps (dotted: step ends)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    bars = [
+        Bar(gpu_start, gpus, start, end, None)
+        for step in steps
+        for gpu_start, gpus, _, start, end in step.instance_windows
+    ]
+    bars += [
+        Bar(span.gpu_start, span.num_gpus, span.start, span.end, span.component)
+        for step in steps
+        for span in step.spans
+    ]
+    spot = config.spot.instances
+    return draw_gantt(
+        path,
+        config.num_gpus + spot * config.rollout.tensor_parallel,
+        bars,
+        [step.end for step in steps],
+        xlabel="simulated time (s)",
+        ylabel="GPU" + (" (below the line: preemptible)" if spot else ""),
+        title=f"GPU timeline, {len(steps)} steps (dotted: step ends)",
+        divider_row=config.num_gpus if spot else None,
+    )
 
 
 def write_chrome_trace(path: Path, steps: list[StepResult]) -> Path:

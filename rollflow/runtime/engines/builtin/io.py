@@ -58,3 +58,14 @@ class PauseBody(_Body):
     mode: Literal["abort", "retract", "in_place"] = "abort"
     """abort: end in-flight requests with finish_reason abort; in_place: keep them, frozen;
     retract: keep them but drop their KV caches (recomputed on continue)."""
+
+
+MemoryTag = Literal["weights", "kv_cache", "cuda_graph"]
+
+
+class MemoryOccupationBody(_Body):
+    """SGLang's `/release_memory_occupation` and `/resume_memory_occupation` body."""
+
+    tags: list[MemoryTag] | None = None
+    """Regions to release or take back; None is all of them. `cuda_graph` is accepted and has
+    nothing to free on a CPU engine."""

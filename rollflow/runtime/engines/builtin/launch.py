@@ -52,7 +52,11 @@ def serve_engine(
     if num_threads:
         torch.set_num_threads(num_threads)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+    def load_model():
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+    model = load_model()
     config = model.config
     eos = model.generation_config.eos_token_id
     if eos is None:
@@ -75,7 +79,10 @@ def serve_engine(
         decode=lambda ids, params: decode_text(tokenizer, ids, params),
         max_running_requests=max_running_requests,
         prefix_cache_tokens=prefix_cache_tokens,
+        reload_model=load_model,
     )
+    checker = WeightChecker(model)
+    del model  # the worker holds the only reference, so releasing its memory frees it
     # A folder written by a pull holds its version exactly as published: the base of the first delta.
     pulled = read_saved_weights(model_dir)
     if pulled is not None and pulled.version != weight_version:
@@ -84,13 +91,14 @@ def serve_engine(
         server = EngineServer(
             served,
             worker,
-            WeightChecker(model),
+            checker,
             pull_cache,
             incremental_streaming_output,
             pulled,
             api_key,
             max_body_bytes,
         )
+        del pulled  # the server holds it, and drops it when the engine releases its memory
         worker.start()
         try:
             asyncio.run(_serve(server, host, port, read_timeout_s))

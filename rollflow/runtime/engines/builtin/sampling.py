@@ -42,6 +42,15 @@ def penalised_logits(
     return logits
 
 
+def position_seed(seed: int, position: int) -> int:
+    """Seed of the draw for the token at `position` (prompt included) of a request seeded `seed`.
+
+    Keyed by position, a request resumed from prompt + generated tokens, with the same seed, draws
+    the tokens the uninterrupted one would have: a sample moved between engines stays reproducible.
+    """
+    return (seed * 6364136223846793005 + position * 1442695040888963407 + 1) % 2**64
+
+
 def sample_next_token(
     logits: torch.Tensor,
     params: SamplingParams,

@@ -12,6 +12,10 @@
     POST /pause_generation {"mode": "abort"|"in_place"|"retract"}, POST /continue_generation
     POST /v1/completions, /v1/chat/completions, GET /v1/models, GET /get_server_info, POST /flush_cache
                                       (openai_routes.py)
+    POST /release_memory_occupation {"tags": [...]|null}: abort running requests, drop the model and
+                                      its caches (the process stays up and answers /health)
+    POST /resume_memory_occupation  {"tags": [...]|null}: rebuild the model at the version it served
+    GET  /is_sleeping               {"is_sleeping", "released_tags", "weights_bytes", "cached_sequences"}
 
 With an api key (`--api-key`, as SGLang's), every route but /health needs
 `Authorization: Bearer KEY`. Handlers validate, hand the work to the generation thread and relay its events. A client that
@@ -36,6 +40,7 @@ from rollflow.errors import UserError
 from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.engines.builtin.io import (
     AbortBody,
+    MemoryOccupationBody,
     PauseBody,
     UpdateWeightsFromDiskBody,
     UpdateWeightsFromServerBody,
@@ -73,6 +78,10 @@ WEIGHTS_BODY_HEADROOM = 16 << 20
 
 class BadRequest(Exception):
     """Input that gets a 400 with this message."""
+
+
+class MemoryReleased(Exception):
+    """A request that needs the model while its memory is released: a 503 (come back later)."""
 
 
 @dataclass
@@ -173,6 +182,9 @@ class EngineServer:
                 web.post("/pause_generation", self.pause_generation),
                 web.post("/continue_generation", self.continue_generation),
                 *openai_routes(self),
+                web.post("/release_memory_occupation", self.release_memory_occupation),
+                web.post("/resume_memory_occupation", self.resume_memory_occupation),
+                web.get("/is_sleeping", self.is_sleeping),
             ]
         )
         return app
@@ -180,6 +192,7 @@ class EngineServer:
     # ---- generation --------------------------------------------------------------------------
     async def generate(self, request: web.Request) -> web.StreamResponse:
         items = await _parse_generate(request, self._max_body)
+        self._require_memory()
         if isinstance(items, list):
             prompts = [self._prompt_ids(item) for item in items]  # every prompt checked before any runs
             answers = await asyncio.gather(*map(self._generate_one, items, prompts))
@@ -456,6 +469,7 @@ class EngineServer:
     ) -> dict[str, Any]:
         checked = await asyncio.to_thread(self._checker.check, tensors, full)
         async with self._weights_lock:
+            self._require_memory()
             new_version = self._worker.weight_version + 1 if version is None else version
             if abort:
                 self._worker.abort_all("aborted for a weight update")
@@ -471,6 +485,57 @@ class EngineServer:
     async def continue_generation(self, request: web.Request) -> web.Response:
         await asyncio.wrap_future(self._worker.resume())
         return web.json_response({"success": True})
+
+    # ---- memory occupation ---------------------------------------------------------------------
+    async def release_memory_occupation(self, request: web.Request) -> web.Response:
+        body = await _parse(request, MemoryOccupationBody, self._max_body, allow_empty=True)
+        if not self._worker.can_release:
+            raise BadRequest("this engine cannot release its memory (it has no model folder to reload from)")
+        tags = _memory_tags(body)
+        async with self._weights_lock:
+            await asyncio.wrap_future(self._worker.release_memory(tags, self._backup_path))
+            if "weights" in tags:
+                self._pulled = None  # the delta base is a copy of the weights: it goes too
+        return web.json_response({"success": True, "message": f"released {', '.join(sorted(tags))}"})
+
+    async def resume_memory_occupation(self, request: web.Request) -> web.Response:
+        body = await _parse(request, MemoryOccupationBody, self._max_body, allow_empty=True)
+        tags = _memory_tags(body)
+        async with self._weights_lock:
+            await asyncio.wrap_future(self._worker.resume_memory(tags, self._backup_path))
+        return web.json_response(
+            {
+                "success": True,
+                "message": f"resumed {', '.join(sorted(tags))}",
+                "weight_version": self._worker.weight_version,
+            }
+        )
+
+    async def is_sleeping(self, request: web.Request) -> web.Response:
+        released = self._worker.released
+        return web.json_response(
+            {
+                "is_sleeping": bool(released),
+                "released_tags": sorted(released),
+                "weights_bytes": self._worker.weights_bytes(),
+                "cached_sequences": self._worker.num_cached_sequences(),
+            }
+        )
+
+    @property
+    def _backup_path(self) -> Path:
+        return self._pull_cache_dir / "released-weights.safetensors"
+
+    def _require_memory(self) -> None:
+        if self._worker.released:
+            raise MemoryReleased(
+                "the engine has released its memory; POST /resume_memory_occupation before using it"
+            )
+
+
+def _memory_tags(body: MemoryOccupationBody) -> frozenset[str]:
+    tags = frozenset(body.tags) if body.tags is not None else frozenset({"weights", "kv_cache"})
+    return tags - {"cuda_graph"}
 
 
 async def _parse(request: web.Request, model: type[ModelT], limit: int, allow_empty: bool = False) -> ModelT:
@@ -533,3 +598,5 @@ async def _errors_as_json(
         return await handler(request)
     except (BadRequest, UserError) as exc:
         return error_response(400, str(exc))
+    except MemoryReleased as exc:
+        return error_response(503, str(exc))

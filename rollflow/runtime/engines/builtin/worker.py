@@ -2,15 +2,22 @@
 
 Every request keeps its own transformers KV cache, so requests of any length interleave without
 padding, and a request's tokens depend only on its own sequence: a request resumed from prompt +
-generated prefix produces, greedily, exactly the tokens the uninterrupted one would have. All engine
+generated prefix produces, greedily, exactly the tokens the uninterrupted one would have; sampled,
+too, when it carries its seed (each draw is seeded by the seed and the token's position). All engine
 state is owned by this thread; the HTTP side talks to it only through `submit`, `abort`, `pause`,
-`resume` and `load_weights`, which queue a command that the thread runs between two decode steps
-(so an abort lands within one step of one request). Each produced token is handed back through the
-request's `emit` callback, with the weight version that produced it.
+`resume`, `load_weights` and `release_memory`/`resume_memory`, which queue a command that the
+thread runs between two decode steps (so an abort lands within one step of one request). Each
+produced token is handed back through the request's `emit` callback, with the weight version that
+produced it.
+
+Releasing memory (SGLang's `release_memory_occupation`, for a device handed to the trainer) drops
+the model and every KV cache; weights changed since start-up are first written to a backup file,
+so that resuming rebuilds the model from its folder and restores exactly the version it served.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import queue
 import threading
@@ -18,6 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,7 +33,7 @@ import torch
 from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.engines.builtin import DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_PREFIX_CACHE_TOKENS
 from rollflow.runtime.engines.builtin.prefix_cache import PrefixCache
-from rollflow.runtime.engines.builtin.sampling import GREEDY_BELOW, sample_next_token
+from rollflow.runtime.engines.builtin.sampling import GREEDY_BELOW, position_seed, sample_next_token
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +64,7 @@ class Sequence:
     # called from the generation thread with each event; must be thread-safe and non-blocking
     emit: Callable[[TokenEvent], None]
     generator: torch.Generator | None = None
+    seed: int = 0  # of the sampler; each draw reseeds `generator` with (seed, position)
     num_generated: int = 0
     # KV cache of token_ids[:num_cached]; None means the next step prefills the whole sequence
     past_key_values: Any = None
@@ -84,9 +93,17 @@ class GenerationWorker:
         decode: Decode | None = None,
         max_running_requests: int = DEFAULT_MAX_RUNNING_REQUESTS,
         prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
+        reload_model: Callable[[], Any] | None = None,
     ) -> None:
-        """`decode` turns output tokens into text for stop strings; without it they are refused."""
+        """`decode` turns output tokens into text for stop strings; without it they are refused.
+        `reload_model` builds the model afresh from its folder (what resuming after a release
+        runs); None: the engine cannot release its memory."""
         self._model = model
+        self._reload_model = reload_model
+        # memory regions given back ("weights", "kv_cache"); changed only by the generation thread
+        self._released: frozenset[str] = frozenset()
+        # the weights differ from the model folder's (a load happened): a release must back them up
+        self._weights_changed = False
         self._eos_token_ids = eos_token_ids
         self._decode = decode
         self.max_running_requests = max_running_requests
@@ -135,6 +152,27 @@ class GenerationWorker:
         """(prompt tokens looked up in the prefix cache, tokens it served, tokens prefills computed)."""
         return self._cache_stats
 
+    @property
+    def released(self) -> frozenset[str]:
+        """Memory regions given back by `release_memory`; empty while the engine can serve."""
+        return self._released
+
+    @property
+    def can_release(self) -> bool:
+        return self._reload_model is not None
+
+    def weights_bytes(self) -> int:
+        """Bytes of parameters and buffers the engine holds now (0 once its weights are released)."""
+        model = self._model
+        if model is None:
+            return 0
+        tensors = {t.data_ptr(): t for t in [*model.parameters(), *model.buffers()]}
+        return sum(t.numel() * t.element_size() for t in tensors.values())
+
+    def num_cached_sequences(self) -> int:
+        """Requests holding a KV cache now."""
+        return sum(1 for seq in list(self._running.values()) if seq.past_key_values is not None)
+
     def submit(self, seq: Sequence) -> None:
         self._commands.put(lambda: self._add(seq))
 
@@ -157,6 +195,15 @@ class GenerationWorker:
     def flush_prefix_cache(self) -> Future[None]:
         """Forget every cached prompt prefix (SGLang's /flush_cache); running requests keep their KV."""
         return self._call(lambda: self._prefix_cache is not None and self._prefix_cache.clear())
+
+    def release_memory(self, tags: frozenset[str], backup: Path) -> Future[None]:
+        """Abort every running request and drop the regions in `tags` ("weights", "kv_cache");
+        changed weights are saved to `backup` first."""
+        return self._call(lambda: self._release(tags, backup))
+
+    def resume_memory(self, tags: frozenset[str], backup: Path) -> Future[None]:
+        """Take the regions in `tags` back: the model is rebuilt from its folder, plus `backup`."""
+        return self._call(lambda: self._resume_memory(tags, backup))
 
     def stop(self) -> None:
         self._commands.put(self._stop)
@@ -217,6 +264,9 @@ class GenerationWorker:
                 return
 
     def _add(self, seq: Sequence) -> None:
+        if self._released:
+            seq.emit(self._abort_event("the engine has released its memory (resume_memory_occupation first)"))
+            return
         if seq.rid in self._running or any(waiting.rid == seq.rid for waiting in self._waiting):
             seq.emit(self._abort_event(f"request id {seq.rid!r} is already running"))
             return
@@ -226,6 +276,7 @@ class GenerationWorker:
                 seed = int(torch.randint(0, 2**62, (1,), generator=self._seeds))
             try:
                 seq.generator = torch.Generator().manual_seed(seed)
+                seq.seed = seed
             except (RuntimeError, OverflowError) as exc:
                 seq.emit(self._request_error_event(f"sampling_seed {seed} cannot seed a generator: {exc}"))
                 return
@@ -274,6 +325,8 @@ class GenerationWorker:
                 cache.insert(seq.token_ids, seq.past_key_values)
             looked_up, hits = (cache.num_lookup_tokens, cache.num_hit_tokens) if cache is not None else (0, 0)
             self._cache_stats = (looked_up, hits, self._cache_stats[2] + num_new)
+        if seq.generator is not None:
+            seq.generator.manual_seed(position_seed(seq.seed, len(seq.token_ids)))
         token_id, logprob = sample_next_token(
             out.logits[0, -1], seq.sampling, seq.generator, seq.generated, self._banned(seq)
         )
@@ -345,9 +398,41 @@ class GenerationWorker:
         for name, tensor in tensors.items():
             params[name].copy_(tensor)
         self._weight_version = weight_version
+        self._weights_changed = True
         # The caches hold keys and values of the old weights: recompute them with the new ones.
         self._drop_caches()
         logger.info("loaded %d tensors, weight version %d", len(tensors), weight_version)
+
+    def _release(self, tags: frozenset[str], backup: Path) -> None:
+        if self._reload_model is None:
+            raise RuntimeError("this engine was started without a way to reload its model")
+        self._finish_aborted(self._all_rids(), "aborted: the engine releases its memory")
+        if "weights" in tags and self._model is not None:
+            if self._weights_changed:
+                from safetensors.torch import save_file
+
+                # clones: tied tensors share storage, which safetensors refuses to write twice
+                save_file({n: t.detach().clone() for n, t in self._model.state_dict().items()}, backup)
+            self._model = None
+        if self._prefix_cache is not None:
+            self._prefix_cache.clear()  # its keys and values are KV memory too
+        self._released = self._released | tags
+        gc.collect()
+        logger.info("released %s", ", ".join(sorted(tags)))
+
+    def _resume_memory(self, tags: frozenset[str], backup: Path) -> None:
+        if "weights" in tags and self._model is None:
+            model = self._reload_model()
+            if self._weights_changed:
+                from safetensors.torch import load_file
+
+                params = model.state_dict()
+                for name, tensor in load_file(backup).items():
+                    params[name].copy_(tensor)
+                backup.unlink()
+            self._model = model
+        self._released = self._released - tags
+        logger.info("resumed %s at weight version %d", ", ".join(sorted(tags)), self._weight_version)
 
     def _drop_caches(self) -> None:
         if self._prefix_cache is not None:

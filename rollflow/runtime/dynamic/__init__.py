@@ -1,0 +1,1 @@
+"""Live executor of the resource policy's plans (drain, sleep, wake, grow, shrink)."""

@@ -1,0 +1,110 @@
+"""The trainer of a run whose devices move: the streaming trainer, followed step by step by the executor.
+
+Three things differ from `Trainer`, each so that a dynamic run learns exactly what a static one does:
+
+- each step's batch carries a sampling seed (from `seed` and the step), and the manager derives one
+  per sample, so two runs draw the same samples, however often a sample moves between engines;
+- micro-batches are taken in submission order (groups 0..k-1, then k..2k-1, ...) rather than as
+  groups finish, so the mini-batches, and the optimizer steps, are the same in both runs;
+- the executor follows each step: it starts when the step's training does, decides at every
+  mini-batch end (rollout may release engines, the actor grows for the next mini-batch), and at
+  step end wakes released engines before the weights are pushed, so they load the new version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from rollflow.runtime.dynamic.executor import DynamicExecutor, StepInputs
+from rollflow.runtime.manager.client import BatchHandle
+from rollflow.runtime.trainer.loop import StepTotals, Trainer
+
+SEED_STRIDE = 1_000_003  # step seeds of runs with neighbouring `seed`s do not meet for a million steps
+
+
+class DynamicTrainer(Trainer):
+    executor: DynamicExecutor | None = None  # None: a static run (the same samples and mini-batches)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # the manager's counters at each step's end, before the next batch is submitted
+        self.step_counters: list[dict[str, float]] = []
+
+    @property
+    def minibatch_samples(self) -> int:
+        config = self.config
+        return config.micro_batch_groups * config.mini_batch_micro_batches * config.n_samples
+
+    @property
+    def num_minibatches(self) -> int:
+        return self.config.minibatches_per_step
+
+    def follow(self, executor: DynamicExecutor) -> None:
+        """Let `executor` move devices during every step from now on."""
+        self.executor = executor
+        self.minibatch_end_hooks.append(self._on_minibatch_end)
+
+    def _submit(self) -> BatchHandle:
+        prompts = self.prompts_fn(self.tokenizer, self.config.prompts_per_step, self.rng)
+        return self.client.submit(
+            prompts,
+            n=self.config.n_samples,
+            allow_off_policy=self.config.off_policy,
+            max_new_tokens=self.config.max_new_tokens,
+            temperature=self.config.temperature,
+            sampling_seed=self.config.seed * SEED_STRIDE + self.step,
+        )
+
+    def _train_on(self, batch: BatchHandle) -> StepTotals:
+        totals = self._follow(batch) if self.executor is not None else super()._train_on(batch)
+        self.step_counters.append(self.client.metrics())
+        return totals
+
+    def _follow(self, batch: BatchHandle) -> StepTotals:
+        num_samples = batch.num_groups * self.config.n_samples
+        inputs = StepInputs(
+            self.step + 1, batch.batch_id, num_samples, self.minibatch_samples, self.num_minibatches
+        )
+        if self.inference is not None:
+            self.inference.step_done = False  # the last step's, until this step's stream starts
+        self.executor.begin_step(inputs)
+        self.executor.before_minibatch(0)
+        try:
+            totals = super()._train_on(batch)
+        finally:
+            self.executor.end_step()
+        return totals
+
+    def _on_minibatch_end(self, step: int, minibatches_done: int) -> None:
+        self.executor.minibatch_end()
+        if minibatches_done < self.num_minibatches:
+            self.executor.before_minibatch(minibatches_done)
+
+    def _timed_micro_batches(self, batch: BatchHandle) -> Iterator[list[list[dict]]]:
+        """Micro-batches of `micro_batch_groups` groups in submission order, each wait timed as `rollout`
+        (through the inference workers first, when the placement has them)."""
+        micro_batches = in_submission_order(batch, self.config.micro_batch_groups)
+        if self.inference is not None:  # rollout -> inference -> actor
+            micro_batches = self.inference.stream(
+                micro_batches, self.tokenizer.pad_token_id, self._old_policy()
+            )
+        while True:
+            with self.timer.phase("rollout", num_gpus=self._num_ranks(), label="waiting for micro-batch"):
+                groups = next(micro_batches, None)
+            if groups is None:
+                return
+            yield groups
+
+
+def in_submission_order(batch: BatchHandle, size: int) -> Iterator[list[list[dict]]]:
+    """Groups 0..size-1, then size..2*size-1, ...: each micro-batch as soon as all of its groups are done."""
+    arriving = batch.micro_batches(min_groups=1)
+    ready: dict[int, list[dict]] = {}
+    for first in range(0, batch.num_groups, size):
+        wanted = range(first, min(first + size, batch.num_groups))
+        while any(index not in ready for index in wanted):
+            groups = next(arriving, None)
+            if groups is None:
+                raise RuntimeError(f"batch {batch.batch_id} ended without groups {list(wanted)}")
+            ready |= {group[0]["group_index"]: group for group in groups}
+        yield [ready.pop(index) for index in wanted]
