@@ -14,6 +14,7 @@ Three things differ from `Trainer`, each so that a dynamic run learns exactly wh
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from rollflow.runtime.dynamic.executor import DynamicExecutor, StepInputs
 from rollflow.runtime.manager.client import BatchHandle
@@ -44,16 +45,9 @@ class DynamicTrainer(Trainer):
         self.executor = executor
         self.minibatch_end_hooks.append(self._on_minibatch_end)
 
-    def _submit(self) -> BatchHandle:
-        prompts = self.prompts_fn(self.tokenizer, self.config.prompts_per_step, self.rng)
-        return self.client.submit(
-            prompts,
-            n=self.config.n_samples,
-            allow_off_policy=self.config.off_policy,
-            max_new_tokens=self.config.max_new_tokens,
-            temperature=self.config.temperature,
-            sampling_seed=self.config.seed * SEED_STRIDE + self.step,
-        )
+    def _sampling_params(self) -> dict[str, Any]:
+        # seeded per step, so a static and a dynamic run draw the same samples
+        return super()._sampling_params() | {"sampling_seed": self.config.seed * SEED_STRIDE + self.step}
 
     def _train_on(self, batch: BatchHandle) -> StepTotals:
         totals = self._follow(batch) if self.executor is not None else super()._train_on(batch)

@@ -27,7 +27,7 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -206,9 +206,12 @@ class Trainer:
             prompts,
             n=self.config.n_samples,
             allow_off_policy=self.config.off_policy,
-            max_new_tokens=self.config.max_new_tokens,
-            temperature=self.config.temperature,
+            **self._sampling_params(),
         )
+
+    def _sampling_params(self) -> dict[str, Any]:
+        """SGLang sampling params of the step's batch."""
+        return {"max_new_tokens": self.config.max_new_tokens, "temperature": self.config.temperature}
 
     def _train_step(self, batch: BatchHandle) -> StepMetrics:
         started = self.timer.clock()
