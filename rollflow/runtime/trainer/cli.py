@@ -69,6 +69,7 @@ def _train(args: argparse.Namespace, started_at: float) -> None:
     from rollflow.runtime.trainer.loop import Trainer
     from rollflow.runtime.trainer.progress import show_progress
 
+    finished = False
     try:
         trainer = Trainer(config, resume=args.resume == "auto", parallel=parallel)
         if config.cluster is not None:
@@ -77,15 +78,19 @@ def _train(args: argparse.Namespace, started_at: float) -> None:
                 from rollflow.runtime.inference.workers import start_inference
 
                 start_inference(trainer, config.cluster)
-        if not leader:  # rank 0 shows progress and writes the metrics
+        if leader:  # rank 0 shows progress and writes the metrics
+            with show_progress(config.steps, trainer.step, sys.stderr.isatty()) as on_step:
+                trainer.run(on_step)
+        else:
             trainer.run()
-            return
-        with show_progress(config.steps, trainer.step, sys.stderr.isatty()) as on_step:
-            trainer.run(on_step)
+        step = trainer.step
+        del trainer  # its DDP modules hold the process group, which close() frees
+        finished = True
     finally:
         if parallel is not None:
-            parallel.close()
-    print(f"trained to step {trainer.step}; metrics in {Path(config.output_dir) / 'metrics.csv'}")
+            parallel.close(wait_for_peers=finished)
+    if leader:
+        print(f"trained to step {step}; metrics in {Path(config.output_dir) / 'metrics.csv'}")
 
 
 def _start_actor(trainer) -> None:

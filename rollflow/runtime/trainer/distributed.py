@@ -13,6 +13,7 @@ to stop, so all ranks step together and their weights stay equal.
 from __future__ import annotations
 
 import enum
+import gc
 import logging
 import os
 from dataclasses import dataclass
@@ -121,7 +122,17 @@ class DataParallel:
         self._collective(dist.gather_object, value, gathered, dst=0)
         return gathered or []
 
-    def close(self) -> None:
+    def close(self, wait_for_peers: bool) -> None:
+        """Leave the job; after a clean run, only once every rank has finished.
+
+        gloo's threads abort the process ("terminate called without an active exception") when a
+        peer tears its sockets down while work is in flight, or when the group is first freed during
+        interpreter teardown (pytorch#179291). So every rank meets at a barrier, then frees the group
+        while the interpreter is whole. After an error nobody waits: the peers may be gone.
+        """
+        if wait_for_peers:
+            self._collective(dist.barrier)
+        gc.collect()  # the caller dropped its DDP modules; collect any cycle still holding the group
         dist.destroy_process_group()
 
     def _collective(self, fn: Any, *args: Any, **kwargs: Any) -> None:

@@ -181,6 +181,7 @@ def main() -> None:
     model, out = sys.argv[1], Path(sys.argv[2])
     parallel = init_from_env("cpu", timeout_s=120)
     assert parallel is not None
+    finished = False
     try:
         for algorithm in ("grpo", "ppo"):
             torch.manual_seed(0)
@@ -193,8 +194,10 @@ def main() -> None:
             config = trainer_config(model, folder, algorithm, lr=STEP_LR)
             stepper = Trainer(config, resume=False, parallel=parallel)
             run_step(stepper, folder, parallel.rank, all_ready=False)
+            del trainer, stepper  # their DDP modules hold the process group
+        finished = True
     finally:
-        parallel.close()
+        parallel.close(wait_for_peers=finished)
 
 
 if __name__ == "__main__":
