@@ -109,7 +109,7 @@ def describe_validation_error(
             name = str(error["loc"][-1])
             close = difflib.get_close_matches(name, fields, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            lines.append(f"{dotted}: unknown key{hint} allowed keys: {', '.join(sorted(fields))}")
+            lines.append(f"{dotted}: unknown key{hint} (allowed keys: {', '.join(sorted(fields))})")
             continue
         got = error.get("input")
         shown = "" if isinstance(got, dict) or got is None else f" (got {got!r})"
