@@ -141,7 +141,9 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
     import logging
 
     from rollflow.runtime.engines.builtin.launch import serve_engine
+    from rollflow.runtime.signals import stop_on_sigterm
 
+    stop_on_sigterm()  # the worker stops and the pull cache's temporary folder is removed
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -44,17 +44,16 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _up(args: argparse.Namespace, started_at: float) -> None:
-    import signal
     import sys
 
     from rollflow.runtime.launch.config import load_launch_config
     from rollflow.runtime.launch.launcher import Launcher
     from rollflow.runtime.logs import setup_logging
+    from rollflow.runtime.signals import stop_on_sigterm
 
     config = load_launch_config(args.config, args.overrides)
     setup_logging("text")
-    # SIGTERM takes the same way out as Ctrl-C, so the children are stopped
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    stop_on_sigterm()  # the children are stopped on the way out
     with Launcher(config) as launch:
         print(f"manager on {launch.manager_url}; {len(launch.engines)} engines registered", flush=True)
         try:

@@ -60,6 +60,7 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
     from rollflow.runtime.logs import setup_logging
     from rollflow.runtime.manager.config import ManagerConfig
     from rollflow.runtime.manager.server import serve
+    from rollflow.runtime.signals import stop_on_sigterm
 
     overrides = list(args.overrides)
     for key in ("host", "port", "journal"):
@@ -70,4 +71,5 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
     if args.token:
         config = config.model_copy(update={"token": args.token})
     setup_logging(args.log_format)
+    stop_on_sigterm()  # the manager closes on its way out: the journal and request log are flushed
     asyncio.run(serve(config))

@@ -105,6 +105,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 def _serve(args: argparse.Namespace, started_at: float) -> None:
     import asyncio
 
+    from rollflow.runtime.signals import stop_on_sigterm
     from rollflow.runtime.weights.server import WeightServer
     from rollflow.runtime.weights.store import WeightStore
 
@@ -132,6 +133,7 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
         finally:
             await server.stop()
 
+    stop_on_sigterm()
     asyncio.run(run())
 
 
