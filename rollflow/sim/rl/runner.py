@@ -15,6 +15,7 @@ from rollflow.sim.build import build_groups
 from rollflow.sim.rl.accounting import summarize_run
 from rollflow.sim.rl.config import RLSimConfig, SchedulingConfig
 from rollflow.sim.rl.costs import StepCosts
+from rollflow.sim.rl.partial import CarriedSample
 from rollflow.sim.rl.spot import SpotMarket
 from rollflow.sim.rl.step import StepSimulator
 from rollflow.sim.rl.trace import StepResult
@@ -52,13 +53,26 @@ def simulate_steps(
         market = SpotMarket(config.spot, config.seed)
     groups = build_groups(config.rollout_sim_config())  # operator grids, once per run
     steps: list[StepResult] = []
+    carried: list[CarriedSample] = []
     for index in range(config.steps):
         start = rollout_start(steps, config.off_policy)
         lanes_free_at = steps[-1].end if steps else start
         sync_ends = [s.end for s in steps]
-        step = StepSimulator(
-            config, index, start, costs, scheduler, balancer, market, groups, lanes_free_at, sync_ends
-        ).run()
+        simulator = StepSimulator(
+            config,
+            index,
+            start,
+            costs,
+            scheduler,
+            balancer,
+            market,
+            groups,
+            lanes_free_at,
+            sync_ends,
+            carried,
+        )
+        step = simulator.run()
+        carried = simulator.carried_out
         if balancer is not None:
             balancer.update(StepReport(step.interval_s, step.bubble_s))  # the time it added
         steps.append(step)

@@ -9,6 +9,11 @@
     after each  snapshot -> ResourceScheduler.decide -> apply (release + migrate, grow the actor)
     end         last mini-batch -> weight sync
 
+Partial rollout (`partial_rollout` > 0): the step generates its carried-over samples and enough
+new groups to keep `num_prompts + partial_rollout` groups going; when `num_prompts` groups have
+finished the batch is full, every instance stops at its next iteration boundary and the samples
+of the other groups are handed to the next step (`carried_out`, see `rollflow.sim.rl.partial`).
+
 Off-policy (`off_policy` >= 1): the runner starts a step's rollout before the previous step has
 trained (`lanes_free_at` > `start`). Until then the lanes wait, and so do the rollout instances on
 the actor's GPUs: a collocated step starts on its preemptible instances alone, holding back the
@@ -46,8 +51,10 @@ from rollflow.sim.request import SimRequest
 from rollflow.sim.rl.accounting import summarize_step
 from rollflow.sim.rl.config import RLSimConfig
 from rollflow.sim.rl.costs import StepCosts
+from rollflow.sim.rl.partial import CarriedSample, stop_sample
 from rollflow.sim.rl.rollout import ResumeMode, RolloutPool, resume
 from rollflow.sim.rl.spot import SpotMarket, serving_window
+from rollflow.sim.rl.staleness import sample_versions
 from rollflow.sim.rl.trace import InstanceTrace, StepResult, StepTrace
 from rollflow.sim.workload import build_requests
 
@@ -76,10 +83,12 @@ class StepSimulator:
         groups: list[GroupPlan] | None = None,
         lanes_free_at: float | None = None,
         sync_ends: Sequence[float] = (),
+        carried: Sequence[CarriedSample] = (),
     ) -> None:
         """`groups`: the rollout cluster's built replica groups, shared by a run's steps.
         `lanes_free_at`: when the previous step's training and sync end (off-policy: after `start`).
-        `sync_ends`: when each earlier step's weights reached rollout, for the tokens' versions."""
+        `sync_ends`: when each earlier step's weights reached rollout, for the tokens' versions.
+        `carried`: the previous step's unfinished groups (partial rollout), generated first."""
         self.config = config
         self.index = index
         self.start = start
@@ -92,10 +101,14 @@ class StepSimulator:
         self.market = market
         workload = config.workload
         self.group_size = workload.samples_per_prompt
-        self.requests = build_requests(workload, config.seed + index)
+        self.partial = config.partial_rollout > 0
+        self.requests, self.earlier_versions = self._samples(carried)
+        # carried-over samples re-prefill their prompt and the tokens they generated
+        self.reprefill = sum(r.num_prefill for r in self.requests[: len(carried)] if not r.completed)
         for request in self.requests:
-            request.arrived_at = start
-        self.num_samples = len(self.requests)
+            if not request.completed:
+                request.arrived_at = start
+        self.num_samples = workload.num_prompts * self.group_size  # the samples it trains
         self.minibatch_samples = self.num_samples // config.training.num_minibatches
         rollout_config = config.rollout_sim_config()
         groups = groups if groups is not None else build_groups(rollout_config)
@@ -116,7 +129,9 @@ class StepSimulator:
         self.hold_last = False
         self.end: float | None = None
         # progress
-        self.group_left = [self.group_size] * workload.num_prompts
+        self.group_left = [self.group_size] * (len(self.requests) // self.group_size)
+        self.trained_groups: list[int] = []  # in the order they finished
+        self.carried_out: list[CarriedSample] = []  # partial rollout: for the next step
         self.num_done = 0
         self.done_at_last_minibatch = 0
         self.ready: list[int] = []
@@ -143,7 +158,6 @@ class StepSimulator:
         # accounting
         self.timer = PhaseTimer(clock=lambda: self.now)  # the step's own phases, on the simulated clock
         self.regenerated = 0
-        self.reprefill = 0
         self.migrated = 0
         self.preemptions = 0
         self.preempted_sequences = 0
@@ -198,14 +212,40 @@ class StepSimulator:
             for slot in range(self.market.num_slots):
                 self._schedule_slot(slot, self.start, at_start=True)
             self._emit(self.lanes_free_at + self.balancer.budget_s, Phase.MOVE, self._on_budget)
-        pool.check_servable(self.requests)
+        unfinished = [r for r in self.requests if not r.completed]
+        pool.check_servable(unfinished)
         if self.collocated and self.late:
-            self.held = list(self.requests)
+            self.held = unfinished
             self._release_held(self.hold_cap * len(pool.accepting_ids()))
         else:
-            for request in self.requests:
+            for request in unfinished:
                 pool.submit(request)
         self._decide("step_start")
+        finished = [r for r in self.requests if r.completed]  # carried over finished
+        if finished:
+            self._count_done(finished, self.start + self.config.reward_s)
+
+    def _samples(
+        self, carried: Sequence[CarriedSample]
+    ) -> tuple[list[SimRequest], dict[int, dict[int, int]]]:
+        """The step's samples, numbered so that sample i is in group i // group_size: the carried
+        groups first, then new ones up to num_prompts + partial_rollout groups in all. Also the
+        tokens each carried sample made in earlier steps, by its new id."""
+        workload = self.config.workload
+        carried = sorted(carried, key=lambda c: (c.group, c.request.id))
+        num_carried_groups = len(carried) // self.group_size
+        fresh = workload.num_prompts + self.config.partial_rollout - num_carried_groups
+        requests = [c.request for c in carried]
+        if fresh > 0:
+            requests += build_requests(
+                workload.model_copy(update={"num_prompts": fresh}), self.config.seed + self.index
+            )
+        for new_id, request in enumerate(requests):
+            request.id = new_id
+        return requests, {new_id: c.versions for new_id, c in enumerate(carried)}
+
+    def _group(self, group: int) -> list[SimRequest]:
+        return self.requests[group * self.group_size : (group + 1) * self.group_size]
 
     def _add_collocated_instances(self) -> None:
         tp = self.config.rollout.tensor_parallel
@@ -232,16 +272,51 @@ class StepSimulator:
         # Called from inside the pool's batch handling: act on it as the step's own event.
         return (self.queue.event(now, Phase.ROLLOUT, self._on_samples_done, payload=requests),)
 
-    def _on_samples_done(self, event: Event) -> list[Event]:
-        requests: list[SimRequest] = event.payload
-        reward_at = self.now + self.config.reward_s
+    def _count_done(self, requests: list[SimRequest], reward_at: float) -> None:
+        """Finished samples: a finished group is trained (rewarded first) until the batch is full."""
         for request in requests:
             self.num_done += 1
             group = request.id // self.group_size
             self.group_left[group] -= 1
-            if self.group_left[group] == 0:
+            if self.group_left[group] == 0 and len(self.trained_groups) < self.config.workload.num_prompts:
+                self.trained_groups.append(group)
                 self._emit(reward_at, Phase.REWARD, self._on_group_ready, group)
-        if self.num_done == self.num_samples:
+                if self.partial and len(self.trained_groups) == self.config.workload.num_prompts:
+                    self._batch_full()
+
+    def _batch_full(self) -> None:
+        """Partial rollout: the other groups stop where they are and wait for the next step.
+        Every instance stops first, so the resource scheduler finds none left to release."""
+        self.rollout_done = True
+        self.rollout_end = self.now
+        held, self.held = self.held, []
+        self._carry(held)
+        for instance_id in self.pool.live_ids():
+            self.pool.retire(
+                instance_id,
+                lambda requests: (
+                    self.queue.event(self.now, Phase.MOVE, self._on_aborted, payload=requests),
+                ),
+            )
+        self._decide("rollout_done")
+
+    def _on_aborted(self, event: Event) -> list[Event]:
+        self._carry(event.payload)
+        self.rollout_end = max(self.rollout_end or self.now, self.now)  # instances busy until here
+        self._dispatch()
+        return self._emitted()
+
+    def _carry(self, requests: list[SimRequest]) -> None:
+        for request in requests:
+            earlier = self.earlier_versions.get(request.id, {})
+            self.carried_out.append(
+                stop_sample(request, request.id // self.group_size, earlier, self.now, self.sync_ends)
+            )
+
+    def _on_samples_done(self, event: Event) -> list[Event]:
+        requests: list[SimRequest] = event.payload
+        self._count_done(requests, self.now + self.config.reward_s)
+        if not self.partial and self.num_done == self.num_samples:
             self.rollout_done = True
             self.rollout_end = self.now
             self._decide("rollout_done")
@@ -344,12 +419,19 @@ class StepSimulator:
             num_minibatches=self.config.training.num_minibatches,
             minibatches_done=len(self.minibatches),
             rollout_instances=instances,
-            unfinished_fraction=(self.num_samples - self.num_done) / self.num_samples,
+            unfinished_fraction=self._unfinished_fraction(),
             samples_per_instance_per_minibatch=(self.num_done - self.done_at_last_minibatch)
             / max(1, len(local)),
             inference_range=(inference.gpu_start, inference.num_gpus) if live_inference else None,
             inference_done=self.inference_done,
         )
+
+    def _unfinished_fraction(self) -> float:
+        """Of the batch, the share not generated yet (partial rollout: of its groups)."""
+        if self.partial:
+            num_prompts = self.config.workload.num_prompts
+            return (num_prompts - len(self.trained_groups)) / num_prompts
+        return (self.num_samples - self.num_done) / self.num_samples
 
     # -- lanes: inference, training, resharding -------------------------------------------------------
     def _dispatch(self) -> None:
@@ -523,6 +605,20 @@ class StepSimulator:
     def _on_step_end(self, event: Event) -> list[Event]:
         self.end = self.now
         self.pool.close()
+        if self.partial:
+            trained = set(self.trained_groups)
+            for request in self.requests:
+                group = request.id // self.group_size
+                if request.completed and group not in trained:
+                    versions = self.earlier_versions.get(request.id)
+                    self.carried_out.append(
+                        CarriedSample(request, group, sample_versions(request, self.sync_ends, versions))
+                    )
+            if len(self.carried_out) != len(self.requests) - self.num_samples:
+                raise RuntimeError(
+                    f"step {self.index}: {len(self.carried_out)} samples carried over, expected "
+                    f"{len(self.requests) - self.num_samples} (an instance had not stopped by the step's end)"
+                )
         return self._emitted()
 
     def trace(self) -> StepTrace:
@@ -536,7 +632,9 @@ class StepSimulator:
             paid_from=self.lanes_free_at,
             rollout_end=self.rollout_end if self.rollout_end is not None else self.end,
             sync_ends=self.sync_ends,
-            requests=self.requests,
+            requests=[r for g in sorted(self.trained_groups) for r in self._group(g)],
+            earlier_versions=self.earlier_versions,
+            num_carried_out=len(self.carried_out),
             spans=self.timer.spans,
             instances=[
                 InstanceTrace(
