@@ -36,8 +36,8 @@ class RLSearchSpace(StrictModel):
     local_budget_s: list[float] = Field([60.0], min_length=1)
     """Initial local-rollout time budget before the tail goes to preemptible instances."""
     off_policy: list[int] = Field([0], min_length=1)
-    """Staleness bounds tried (`off_policy` of `rl-sim run`; 0: on-policy). Off-policy plans need static
-    scheduling, and a collocated one needs preemptible instances (nothing else rolls out while it trains)."""
+    """Staleness bounds tried (`off_policy` of `rl-sim run`; 0: on-policy). A collocated off-policy plan
+    needs preemptible instances (nothing else rolls out while it trains)."""
     partial_rollout: list[int] = Field([0], min_length=1)
     """Extra prompts kept generating (`partial_rollout` of `rl-sim run`; 0: off): a full batch leaves
     the other groups' samples to the next step. Tried with static scheduling without preemptible

@@ -18,16 +18,13 @@ SCHEDULING = {
 def expand_plans(space: RLSearchSpace) -> list[dict[str, Any]]:
     """Every plan as knob values; combinations a placement cannot take are left out, not skipped
     (dynamic policies need a pipelined disaggregated placement; spot needs a collocated one;
-    off-policy needs static scheduling and, collocated, spot instances to roll out while it trains;
-    partial rollout needs static scheduling and no spot instances)."""
+    off-policy, collocated, needs spot instances to roll out while it trains; partial rollout needs
+    static scheduling and no spot instances)."""
     plans = []
     for plan, bound, extra in itertools.product(
         _placement_plans(space), space.off_policy, space.partial_rollout
     ):
-        if bound and (
-            plan["scheduling"] != "static"
-            or (plan["placement"] == "collocated" and not plan["spot_instances"])
-        ):
+        if bound and plan["placement"] == "collocated" and not plan["spot_instances"]:
             continue
         if extra and (plan["scheduling"] != "static" or plan["spot_instances"]):
             continue

@@ -108,9 +108,9 @@ def test_off_policy_is_a_knob_of_the_rl_search_and_never_slower_than_its_on_poli
     assert result.returncode == 0, result.stderr
     out = tmp_path / "rl"
     rows = json.loads((out / "results.json").read_text())
-    # 3 splits x (static, pipelined static, pipelined pre_process) on-policy, static ones off-policy too
-    assert len(rows) == 9 + 6
-    assert all(r["scheduling"] == "static" for r in rows if r["off_policy"])
+    # 3 splits x (static, pipelined static, pipelined pre_process), each on- and off-policy
+    assert len(rows) == 9 + 9
+    assert {r["scheduling"] for r in rows if r["off_policy"]} == {"static", "pre_process"}
     ran = {
         (r["actor_gpus"], r["inference_gpus"], r["pipelining"], r["scheduling"], r["off_policy"]): r
         for r in rows

@@ -42,6 +42,18 @@ def rollout_start(steps: list[StepResult], off_policy: int) -> float:
     return max(steps[-1].rollout_end, synced)
 
 
+def lanes_busy_until(step: StepResult, num_gpus: int) -> list[float]:
+    """Per reserved GPU, when the step's inference, training and reshards last use it (a dynamic
+    actor grows onto rollout GPUs). The sync is left out: rollout keeps generating through it, as
+    off-policy rollout on a static placement does."""
+    busy = [0.0] * num_gpus
+    for span in step.spans:
+        if span.component in ("inference", "training", "reshard"):
+            for gpu in range(span.gpu_start, min(span.gpu_start + span.num_gpus, num_gpus)):
+                busy[gpu] = max(busy[gpu], span.end)
+    return busy
+
+
 def simulate_steps(
     config: RLSimConfig, on_step: Callable[[StepResult], None] | None = None
 ) -> list[StepResult]:
@@ -58,6 +70,7 @@ def simulate_steps(
         start = rollout_start(steps, config.off_policy)
         lanes_free_at = steps[-1].end if steps else start
         sync_ends = [s.end for s in steps]
+        gpus_free_at = lanes_busy_until(steps[-1], config.num_gpus) if steps else []
         simulator = StepSimulator(
             config,
             index,
@@ -70,6 +83,7 @@ def simulate_steps(
             lanes_free_at,
             sync_ends,
             carried,
+            gpus_free_at,
         )
         step = simulator.run()
         carried = simulator.carried_out

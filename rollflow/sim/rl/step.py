@@ -18,6 +18,9 @@ Off-policy (`off_policy` >= 1): the runner starts a step's rollout before the pr
 trained (`lanes_free_at` > `start`). Until then the lanes wait, and so do the rollout instances on
 the actor's GPUs: a collocated step starts on its preemptible instances alone, holding back the
 samples they cannot batch yet, and adds its local instances when the previous step's sync ends.
+A disaggregated step starts each rollout instance once the previous step's lanes have left its
+GPUs (`gpus_free_at`: a dynamic actor that grew onto rollout GPUs keeps them until its last
+mini-batch), holding back the samples the instances up so far cannot batch.
 
 GPU work other than rollout runs on *lanes*: the actor's GPUs (a prefix that can grow) and,
 when placed apart, the inference GPUs; without them inference runs on the actor's lane first.
@@ -84,17 +87,24 @@ class StepSimulator:
         lanes_free_at: float | None = None,
         sync_ends: Sequence[float] = (),
         carried: Sequence[CarriedSample] = (),
+        gpus_free_at: Sequence[float] = (),
     ) -> None:
         """`groups`: the rollout cluster's built replica groups, shared by a run's steps.
         `lanes_free_at`: when the previous step's training and sync end (off-policy: after `start`).
         `sync_ends`: when each earlier step's weights reached rollout, for the tokens' versions.
-        `carried`: the previous step's unfinished groups (partial rollout), generated first."""
+        `carried`: the previous step's unfinished groups (partial rollout), generated first.
+        `gpus_free_at`: per reserved GPU, when the previous step's lanes last use it (off-policy: a
+        disaggregated rollout instance starts on its GPUs no earlier, e.g. after a grown actor)."""
         self.config = config
         self.index = index
         self.start = start
         self.lanes_free_at = start if lanes_free_at is None else max(start, lanes_free_at)
         self.late = self.lanes_free_at > start  # the previous step still trains when this one starts
         self.sync_ends = tuple(sync_ends)
+        self.gpus_free_at = tuple(gpus_free_at)
+        self.num_joins_pending = (
+            0  # rollout instances waiting for the previous step's lanes to leave their GPUs
+        )
         self.costs = costs
         self.scheduler = scheduler
         self.balancer = balancer
@@ -202,19 +212,26 @@ class StepSimulator:
             if not self.late:
                 self._add_collocated_instances()
         else:
+            places = []
             if config.scheduling.kind == "dynamic" and config.scheduling.pre_process:
-                for gpu in range(0, self.actor.num_gpus - tp + 1, tp):
-                    pool.add_instance(gpu, "local", borrowed=True)
+                places += [(gpu, True) for gpu in range(0, self.actor.num_gpus - tp + 1, tp)]
             start, count = ranges["rollout"]
-            for gpu in range(start, start + count, tp):
-                pool.add_instance(gpu, "local")
+            places += [(gpu, False) for gpu in range(start, start + count, tp)]
+            self.hold_cap = min(self.hold_cap, -(-self.num_samples // len(places)))
+            for gpu, borrowed in places:
+                free_at = max(self.gpus_free_at[gpu : gpu + tp], default=0.0)
+                if free_at <= self.start:
+                    pool.add_instance(gpu, "local", borrowed=borrowed)
+                else:
+                    self.num_joins_pending += 1
+                    self._emit(free_at, Phase.MOVE, self._on_gpus_free, (gpu, borrowed))
         if self.spot:
             for slot in range(self.market.num_slots):
                 self._schedule_slot(slot, self.start, at_start=True)
             self._emit(self.lanes_free_at + self.balancer.budget_s, Phase.MOVE, self._on_budget)
         unfinished = [r for r in self.requests if not r.completed]
         pool.check_servable(unfinished)
-        if self.collocated and self.late:
+        if self.late and (self.collocated or self.num_joins_pending):
             self.held = unfinished
             self._release_held(self.hold_cap * len(pool.accepting_ids()))
         else:
@@ -258,6 +275,15 @@ class StepSimulator:
         released, self.held = self.held[:count], self.held[count:]
         for request in released:
             self.pool.submit(request)
+
+    def _on_gpus_free(self, event: Event) -> list[Event]:
+        """The previous step's lanes left these GPUs: this step's rollout instance starts there."""
+        gpu, borrowed = event.payload
+        self.num_joins_pending -= 1
+        if not self.rollout_done:
+            self.pool.add_instance(gpu, "local", borrowed=borrowed)
+            self._release_held(len(self.held) if not self.num_joins_pending else self.hold_cap)
+        return self._emitted()
 
     def _on_lanes_free(self, event: Event) -> list[Event]:
         """The previous step's sync is done: its GPUs train this step and, collocated, roll it out."""
