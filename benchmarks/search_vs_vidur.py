@@ -23,19 +23,25 @@ is dropped from its command lines: `vidur.main` at the same commit no longer acc
 every run failed. rollflow's side runs `rollflow sim search` through its CLI, once per
 (tensor parallel, replicas) pair, from scratch (`--resume never`).
 
-The two do not see the same requests: each samples its own lengths and arrival times from
-the same trace and rate (Vidur with its seed, rollflow with its own generator), so their
-max QPS differ by sampling noise as well as by simulator. rollflow's search therefore runs
-once per `--seeds` (its first seed is the one timed), and the table gives each configuration's
-range over them, to show how much of a difference the sampling alone makes. The bisections also
-differ (Vidur's starts from 0..2 x start_qps and widens by 2x or 4x when the delay is far under
-the SLO; rollflow doubles from start_qps, see rollflow/plan/bisect.py), each stopping within 2.5%.
-`--reuse-vidur` prints the table again from the last Vidur search's results and wall time.
+Both see the same requests: rollflow's workload takes `rng: vidur` (Vidur's own random streams
+for seed 42: gaps from Python's `random`, the trace shuffled by numpy's legacy RandomState) and
+`max_gap_factor: 3` (Vidur's Poisson generator clips every gap at 3 mean gaps, so its requests
+arrive about 5% faster than the QPS it is given), so at every rate both simulate one list. After
+the searches, every rate Vidur probed is simulated again by rollflow on the same requests, and the
+scheduling delay P99 of both is printed side by side with their pass/fail verdicts: that
+separates the simulators from the bisections. The bisections differ (Vidur's starts from
+0..2 x start_qps and widens by 2x or 4x when the delay is far under the SLO; rollflow doubles from
+start_qps, see rollflow/plan/bisect.py), each stopping within 2.5%. `--seeds` adds rollflow
+searches with its own sampler (numpy, exact Poisson) for those seeds, to show how far sampling
+alone moves a max QPS. `--reuse-vidur` prints the tables again from the last Vidur search's
+results, run folders and wall time.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -43,6 +49,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -60,6 +67,8 @@ PRICE_PER_GPU_HOUR = 2.0  # a100; only ratios matter for the pick
 # Flags the explorer (at Vidur's HEAD) still writes but `vidur.main` no longer accepts: every
 # run would fail with "unrecognized arguments". It has no effect on a trace-length workload.
 STALE_EXPLORER_FLAGS = ["--synthetic_request_generator_config_max_tokens"]
+VIDUR_SEED = 42  # Vidur's default request-generator seed, which its explorer keeps
+VIDUR_MAX_GAP_FACTOR = 3.0  # its Poisson generator clips every gap at 3 mean gaps
 
 # Runs Vidur's CapacitySearch per configuration in a process pool; writes results and wall time.
 VIDUR_DRIVER = """
@@ -149,12 +158,14 @@ def run_vidur(args: argparse.Namespace, workdir: Path, trace: Path) -> dict:
 
 
 def rollflow_config(
-    workdir: Path, trace: Path, num_requests: int, tp: int, replicas: int, workers: int, seed: int
+    workdir: Path, trace: Path, num_requests: int, tp: int, replicas: int, workers: int, seed: int | None
 ) -> dict:
+    """The search in rollflow's format; seed None: Vidur's requests (seed 42, Vidur's draws)."""
     tables = workdir / "data" / "profiling"
+    vidurs = seed is None
     return {
         "simulation": {
-            "seed": seed,
+            "seed": VIDUR_SEED if vidurs else seed,
             "cluster": {"model": MODEL, "device": "a100", "network_device": "a100_pairwise_nvlink"},
             "scheduler": {"max_tokens_in_batch": 4096},
             "execution": {
@@ -169,7 +180,11 @@ def rollflow_config(
                 "num_requests": num_requests,
                 "max_tokens": 4096,
                 "lengths": {"kind": "trace", "file": str(trace)},
-                "intervals": {"kind": "poisson"},
+                "intervals": {
+                    "kind": "poisson",
+                    **({"max_gap_factor": VIDUR_MAX_GAP_FACTOR} if vidurs else {}),
+                },
+                "rng": "vidur" if vidurs else "numpy",
             },
             "simulator": {"time_limit_s": 1800.0},
         },
@@ -188,13 +203,15 @@ def rollflow_config(
     }
 
 
-def run_rollflow(args: argparse.Namespace, workdir: Path, trace: Path, seed: int) -> tuple[float, list[dict]]:
-    """One whole search (every layout) with workload seed `seed`: its wall time and rows."""
+def run_rollflow(
+    args: argparse.Namespace, workdir: Path, trace: Path, seed: int | None
+) -> tuple[float, list[dict]]:
+    """One whole search (every layout): its wall time and rows. Seed None: Vidur's requests."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     rows: list[dict] = []
     start = time.perf_counter()
     for tp, replicas in LAYOUTS:
-        name = f"rollflow-search-seed{seed}-tp{tp}"
+        name = f"rollflow-search-{'vidur-requests' if seed is None else f'seed{seed}'}-tp{tp}"
         config = workdir / f"{name}.yaml"
         raw = rollflow_config(workdir, trace, args.num_requests, tp, replicas, args.workers, seed)
         config.write_text(yaml.safe_dump(raw))
@@ -233,6 +250,69 @@ def rollflow_rows(rows: list[dict]) -> dict[str, tuple[float | None, float]]:
     return table
 
 
+def vidur_probes(workdir: Path) -> list[tuple[str, float, float]]:
+    """Every rate Vidur's searches simulated: (configuration, QPS, its scheduling delay P99).
+
+    The P99 is what `CapacitySearch._is_under_sla` computes: pandas' linear quantile over every
+    request in its run's plots/request_scheduling_delay.csv (every completed request).
+    """
+    probes = []
+    for result in sorted(
+        (workdir / "vidur-search" / "runs").glob("*/*/*/plots/request_scheduling_delay.csv")
+    ):
+        run = result.parents[1]
+        config = json.loads((run / "config.json").read_text())["cluster_config"]
+        scheduler = config["replica_scheduler_config"]
+        name = key(
+            config["replica_config"]["tensor_parallel_size"], scheduler["name"], scheduler.get("chunk_size")
+        )
+        delays = np.loadtxt(result, delimiter=",", skiprows=1, usecols=2, ndmin=1)
+        probes.append((name, float(run.parent.name), float(np.percentile(delays, 99))))
+    return sorted(probes)
+
+
+def rollflow_p99(workdir: Path, trace: Path, num_requests: int, name: str, qps: float) -> float:
+    """rollflow's scheduling delay P99 for configuration `name` at `qps`, on Vidur's requests."""
+    from rollflow.config import validate_config
+    from rollflow.plan.space import apply_knobs
+    from rollflow.sim.config import SimConfig
+    from rollflow.sim.runner import run_simulation
+
+    tp = int(name[2])
+    kind, _, chunk = name.split(", ")[1].partition("/")
+    raw = rollflow_config(workdir, trace, num_requests, tp, NUM_GPUS // tp, 1, None)
+    knobs = {"device": "a100", "tensor_parallel": tp, "pipeline_stages": 1, "replicas": NUM_GPUS // tp,
+             "router": "round_robin", "scheduler": kind, "batch_size_cap": BATCH_SIZE_CAP,
+             "chunk_size": int(chunk) if chunk else None}  # fmt: skip
+    sim = apply_knobs(raw["simulation"], knobs, qps)
+    sim["output"] = {"dir": str(workdir / "rollflow-probe"), "plots": False, "chrome_trace": False,
+                     "requests_csv": False, "progress": False}  # fmt: skip
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        summary = run_simulation(validate_config(SimConfig, sim))
+    return float(summary["scheduling_delay"]["p99"])
+
+
+def print_probe_table(workdir: Path, trace: Path, num_requests: int) -> None:
+    """Vidur's P99 at every rate it probed beside rollflow's on the same requests, and verdicts."""
+    probes = vidur_probes(workdir)
+    print(f"\nscheduling delay P99 (s) at every rate Vidur probed, same requests (SLO {SLO_S:g} s)")
+    print("| configuration | QPS | Vidur P99 | rollflow P99 | diff | verdicts |")
+    print("|---|---:|---:|---:|---:|---|")
+    agree, diffs = 0, []
+    for name, qps, theirs in probes:
+        mine = rollflow_p99(workdir, trace, num_requests, name, qps)
+        same = (mine <= SLO_S) == (theirs <= SLO_S)
+        agree += same
+        diff = f"{100 * (mine - theirs) / theirs:+.1f}%" if theirs > 0 else ""
+        if theirs > 0:
+            diffs.append((mine - theirs) / theirs)
+        verdict = ("both pass" if mine <= SLO_S else "both fail") if same else "differ"
+        print(f"| {name} | {qps:g} | {theirs:.3f} | {mine:.3f} | {diff} | {verdict} |")
+    if diffs:
+        print(f"verdicts agree at {agree} of {len(probes)} rates; P99 diff (rollflow against Vidur) "
+              f"median {100 * float(np.median(diffs)):+.1f}%, range {100 * min(diffs):+.1f}% to {100 * max(diffs):+.1f}%")  # fmt: skip
+
+
 def best(table: dict[str, tuple[float | None, float]]) -> str:
     """Capacity per dollar: every configuration uses NUM_GPUS GPUs at one price, so the highest QPS."""
     return max((k for k, (qps, _) in table.items() if qps), key=lambda k: table[k][0])
@@ -263,9 +343,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--seeds",
-        default="42,1,2,3,4,5",
-        help="rollflow workload seeds: the first is timed against Vidur (Vidur's seed is 42, with its "
-        "own generator); all give each configuration's range of max QPS under sampling noise",
+        default="",
+        help="also search with rollflow's own sampler (numpy, exact Poisson) at these comma-separated "
+        "seeds, for each configuration's range of max QPS under sampling noise (default: none)",
     )
     args = parser.parse_args()
 
@@ -274,7 +354,7 @@ def main() -> None:
     data = args.data.resolve()
     prepare_workdir(workdir, data)
     trace = data / "processed_traces" / "splitwise_conv.csv"
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",") if s]
 
     theirs: dict[str, tuple[float | None, float]] = {}
     vidur_wall = float("nan")
@@ -286,39 +366,36 @@ def main() -> None:
         vidur = json.loads(last.read_text()) if args.reuse_vidur else run_vidur(args, workdir, trace)
         vidur_wall = vidur["wall_s"]
         theirs = vidur_rows(vidur["results"])
+    print("rollflow sim search on Vidur's requests ...", flush=True)
+    wall, rows = run_rollflow(args, workdir, trace, None)
+    ours = rollflow_rows(rows)
     by_seed: list[dict[str, tuple[float | None, float]]] = []
-    walls: list[float] = []
     for seed in seeds:
-        print(f"rollflow sim search, seed {seed} ...", flush=True)
-        wall, rows = run_rollflow(args, workdir, trace, seed)
-        walls.append(wall)
-        by_seed.append(rollflow_rows(rows))
-    ours = by_seed[0]
-    mean_qps = {name: sum(t[name][0] or 0.0 for t in by_seed) / len(by_seed) for name in ours}
+        print(f"rollflow sim search, own sampler, seed {seed} ...", flush=True)
+        by_seed.append(rollflow_rows(run_rollflow(args, workdir, trace, seed)[1]))
 
     print(f"\nmax QPS with scheduling delay P99 <= {SLO_S:g} s ({args.num_requests} requests per simulation)")
-    print(f"| configuration | Vidur | rollflow, seed {seeds[0]} | diff | rollflow, seeds {args.seeds}: min-max (mean) "
-          "| Vidur s | rollflow s |")  # fmt: skip
-    print("|---|---:|---:|---:|---|---:|---:|")
-    inside = 0
+    ranges = f" rollflow's sampler, seeds {args.seeds}: min-max |" if seeds else ""
+    print(f"| configuration | Vidur | rollflow, same requests | diff |{ranges} Vidur s | rollflow s |")
+    print("|---|---:|---:|---:|" + ("---|" if seeds else "") + "---:|---:|")
+    within = 0
     for name in sorted(ours):
         mine, mine_s = ours[name]
         other, other_s = theirs.get(name, (None, float("nan")))
-        values = [t[name][0] or 0.0 for t in by_seed]
-        inside += bool(other) and min(values) <= other <= max(values)
+        within += bool(mine and other) and abs(mine - other) <= 0.05 * other
         diff = f"{100 * (mine - other) / other:+.1f}%" if mine and other else ""
-        cells = [f"{other:.2f}" if other else "-", f"{mine:.2f}" if mine else "-", diff,
-                 f"{min(values):.2f}-{max(values):.2f} ({mean_qps[name]:.2f})", f"{other_s:.0f}", f"{mine_s:.1f}"]  # fmt: skip
-        print(f"| {name} | " + " | ".join(cells) + " |")
+        cells = [f"{other:.2f}" if other else "-", f"{mine:.2f}" if mine else "-", diff]
+        if seeds:
+            values = [t[name][0] or 0.0 for t in by_seed]
+            cells.append(f"{min(values):.2f}-{max(values):.2f}")
+        print(f"| {name} | " + " | ".join([*cells, f"{other_s:.0f}", f"{mine_s:.1f}"]) + " |")
     print(f"\nbest by QPS per dollar (all use {NUM_GPUS} GPUs at one price: the highest QPS): "
-          f"rollflow seed {seeds[0]}: {best(ours)}; rollflow mean over seeds: "
-          f"{max(mean_qps, key=mean_qps.get)}" + (f"; Vidur: {best(theirs)}" if theirs else ""))  # fmt: skip
-    print(
-        f"rollflow, one search (seed {seeds[0]}): {walls[0]:.1f} s wall; all {len(seeds)} seeds: {sum(walls):.1f} s"
-    )
+          f"rollflow: {best(ours)}" + (f"; Vidur: {best(theirs)}" if theirs else ""))  # fmt: skip
+    print(f"rollflow's search: {wall:.1f} s wall")
     if theirs:
-        print(f"Vidur's search: {vidur_wall:.0f} s wall; Vidur / rollflow (one search) {vidur_wall / walls[0]:.1f}x; "
-              f"Vidur's max QPS inside rollflow's seed range for {inside} of {len(ours)} configurations")  # fmt: skip
+        print(f"Vidur's search: {vidur_wall:.0f} s wall; Vidur / rollflow {vidur_wall / wall:.1f}x; "
+              f"max QPS within 5% of Vidur's for {within} of {len(ours)} configurations")  # fmt: skip
+        print_probe_table(workdir, trace, args.num_requests)
 
 
 if __name__ == "__main__":

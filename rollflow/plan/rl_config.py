@@ -36,8 +36,12 @@ class RLSearchSpace(StrictModel):
     local_budget_s: list[float] = Field([60.0], min_length=1)
     """Initial local-rollout time budget before the tail goes to preemptible instances."""
     off_policy: list[int] = Field([0], min_length=1)
-    """Staleness bounds tried (`off_policy` of `rl-sim run`; 0: on-policy). Off-policy plans need static
-    scheduling, and a collocated one needs preemptible instances (nothing else rolls out while it trains)."""
+    """Staleness bounds tried (`off_policy` of `rl-sim run`; 0: on-policy). A collocated off-policy plan
+    needs preemptible instances (nothing else rolls out while it trains)."""
+    partial_rollout: list[int] = Field([0], min_length=1)
+    """Extra prompts kept generating (`partial_rollout` of `rl-sim run`; 0: off): a full batch leaves
+    the other groups' samples to the next step. Tried with static scheduling without preemptible
+    instances only."""
 
     @model_validator(mode="after")
     def _splits_for_disaggregated(self) -> RLSearchSpace:
@@ -49,6 +53,8 @@ class RLSearchSpace(StrictModel):
             raise ValueError("num_gpus must be >= 1 and spot_instances >= 0")
         if any(n < 0 for n in self.off_policy):
             raise ValueError(f"off_policy: staleness bounds must be >= 0, got {self.off_policy}")
+        if any(n < 0 for n in self.partial_rollout):
+            raise ValueError(f"partial_rollout: extra prompts must be >= 0, got {self.partial_rollout}")
         return self
 
 

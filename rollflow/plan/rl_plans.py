@@ -18,16 +18,17 @@ SCHEDULING = {
 def expand_plans(space: RLSearchSpace) -> list[dict[str, Any]]:
     """Every plan as knob values; combinations a placement cannot take are left out, not skipped
     (dynamic policies need a pipelined disaggregated placement; spot needs a collocated one;
-    off-policy needs static scheduling and, collocated, spot instances to roll out while it trains)."""
+    off-policy, collocated, needs spot instances to roll out while it trains; partial rollout needs
+    static scheduling and no spot instances)."""
     plans = []
-    for plan in _placement_plans(space):
-        for bound in space.off_policy:
-            if bound and (
-                plan["scheduling"] != "static"
-                or (plan["placement"] == "collocated" and not plan["spot_instances"])
-            ):
-                continue
-            plans.append(plan | {"off_policy": bound})
+    for plan, bound, extra in itertools.product(
+        _placement_plans(space), space.off_policy, space.partial_rollout
+    ):
+        if bound and plan["placement"] == "collocated" and not plan["spot_instances"]:
+            continue
+        if extra and (plan["scheduling"] != "static" or plan["spot_instances"]):
+            continue
+        plans.append(plan | {"off_policy": bound, "partial_rollout": extra})
     return plans
 
 
@@ -86,6 +87,7 @@ def plan_config(base: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
     if plan["local_budget_s"] is not None:
         spot.setdefault("offload", {})["initial_budget_s"] = plan["local_budget_s"]
     raw["off_policy"] = plan["off_policy"]
+    raw["partial_rollout"] = plan.get("partial_rollout", 0)
     raw.pop("compare", None)
     return raw
 
@@ -97,7 +99,8 @@ def _range(start: int, stop: int) -> str:
 
 def plan_label(plan: dict[str, Any]) -> str:
     off = f" off-policy {plan['off_policy']}" if plan.get("off_policy") else ""
-    return _placement_label(plan) + off
+    partial = f" partial +{plan['partial_rollout']}" if plan.get("partial_rollout") else ""
+    return _placement_label(plan) + off + partial
 
 
 def _placement_label(plan: dict[str, Any]) -> str:

@@ -251,6 +251,10 @@ LengthConfig = Annotated[
 class PoissonIntervals(Section):
     kind: Literal["poisson"] = "poisson"
     qps: float = Field(1.0, gt=0.0)
+    max_gap_factor: float | None = Field(None, gt=0.0)
+    """Clip every gap at this multiple of the mean gap 1/qps. Unset: exact Poisson. Vidur's
+    generator clips at 3, which drops the long gaps: its requests arrive about 5% faster than
+    `qps` (mean gap (1 - e^-3)/qps)."""
 
 
 class GammaIntervals(Section):
@@ -312,6 +316,11 @@ class SyntheticWorkload(Section):
     max_tokens: int = Field(4096, ge=2)
     lengths: LengthConfig = Field(default_factory=FixedLengths)
     intervals: IntervalConfig = Field(default_factory=PoissonIntervals)
+    rng: Literal["numpy", "vidur"] = "numpy"
+    """numpy: gaps, then lengths, from one numpy Generator(seed). vidur: the requests Vidur's
+    synthetic generator draws for the same seed (gaps from Python's random.Random(seed), the
+    trace shuffled by numpy's legacy RandomState(seed)), so both simulators see the same list;
+    trace or fixed lengths with poisson or static intervals and num_requests only."""
     system_prompt_tokens: int = Field(0, ge=0)
     """A system prompt every request starts with (part of its prompt length)."""
     groups: GroupsConfig | None = None
@@ -330,7 +339,21 @@ class SyntheticWorkload(Section):
             raise ValueError("set workload.groups or workload.sessions, not both")
         if self.system_prompt_tokens + 2 > self.max_tokens:
             raise ValueError("system_prompt_tokens must leave room for a prompt token and an output token")
+        if self.rng == "vidur":
+            _check_vidur_draws(self)
         return self
+
+
+def _check_vidur_draws(workload: SyntheticWorkload) -> None:
+    """`rng: vidur` reproduces only what Vidur's synthetic generator draws in the shapes it has."""
+    if workload.lengths.kind not in ("trace", "fixed"):
+        raise ValueError(f"rng=vidur takes lengths.kind trace or fixed, not {workload.lengths.kind}")
+    if workload.intervals.kind not in ("poisson", "static"):
+        raise ValueError(f"rng=vidur takes intervals.kind poisson or static, not {workload.intervals.kind}")
+    if workload.duration_s is not None or workload.num_requests is None:
+        raise ValueError("rng=vidur takes num_requests, not duration_s")
+    if workload.system_prompt_tokens or workload.groups is not None or workload.sessions is not None:
+        raise ValueError("rng=vidur takes no system_prompt_tokens, groups or sessions (Vidur has none)")
 
 
 class RolloutBurstWorkload(Section):

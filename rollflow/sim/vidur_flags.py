@@ -29,6 +29,8 @@ VIDUR_DEFAULTS: dict[str, Any] = {
 }
 
 # Flags that shape only Vidur's predictor training or its logging: no effect on the simulation.
+# Vidur's Poisson generator clips every gap at 3 mean gaps (see PoissonIntervals.max_gap_factor).
+VIDUR_MAX_GAP_FACTOR = 3.0
 VIDUR_ATTENTION_TABLE = "./data/profiling/compute/{DEVICE}/{MODEL}/attention.csv"
 NO_EFFECT_SUFFIXES = (
     "k_fold_cv_splits",
@@ -236,6 +238,7 @@ def _workload(take: _Taker) -> dict[str, Any]:
         workload["intervals"] = {
             "kind": "poisson",
             "qps": take.as_float(prefix + "qps", VIDUR_DEFAULTS["qps"]),
+            "max_gap_factor": VIDUR_MAX_GAP_FACTOR,
         }
     elif intervals == "gamma":
         workload["intervals"] = {
@@ -245,6 +248,8 @@ def _workload(take: _Taker) -> dict[str, Any]:
         }
     else:
         workload["intervals"] = {"kind": "static"}
+    if lengths in ("trace", "fixed") and intervals in ("poisson", "static") and duration is None:
+        workload["rng"] = "vidur"  # the very requests Vidur draws for the seed
     return workload
 
 

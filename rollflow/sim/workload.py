@@ -7,6 +7,8 @@ arrival time, with prompt + output <= the workload's max_tokens.
 from __future__ import annotations
 
 import csv
+import math
+import random
 from pathlib import Path
 
 import numpy as np
@@ -164,6 +166,8 @@ def replay_trace(workload: TraceWorkload) -> tuple[np.ndarray, np.ndarray, np.nd
 
 
 def synthesize(workload: SyntheticWorkload, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if workload.rng == "vidur":
+        return _vidur_draws(workload, seed)
     rng = np.random.default_rng(seed)
     if workload.duration_s is not None:
         intervals = _intervals(workload.intervals, rng, _duration_budget(workload))
@@ -177,6 +181,27 @@ def synthesize(workload: SyntheticWorkload, seed: int) -> tuple[np.ndarray, np.n
     return arrivals, prompts, outputs
 
 
+def _vidur_draws(workload: SyntheticWorkload, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The list Vidur's SyntheticRequestGenerator makes for `seed`, draw for draw.
+
+    Vidur seeds Python's `random` with the seed and takes one `random.random()` per gap, and
+    shuffles the length trace with pandas' `sample(frac=1, random_state=seed)`, which is numpy's
+    legacy RandomState(seed).permutation; request i takes the i-th shuffled row.
+    """
+    count = workload.num_requests or 1
+    intervals = workload.intervals
+    if isinstance(intervals, PoissonIntervals):
+        draws = random.Random(seed)
+        cap = math.inf if intervals.max_gap_factor is None else intervals.max_gap_factor / intervals.qps
+        gaps = [min(-math.log(1.0 - draws.random()) / intervals.qps, cap) for _ in range(count)]
+        arrivals = np.cumsum(gaps)
+    else:
+        arrivals = np.zeros(count)
+    legacy = np.random.RandomState(seed)  # Vidur's shuffle draws from the legacy generator
+    prompts, outputs = _lengths(workload.lengths, count, workload.max_tokens, legacy)
+    return arrivals, prompts, outputs
+
+
 def _duration_budget(workload: SyntheticWorkload) -> int:
     qps = getattr(workload.intervals, "qps", 1.0)
     return int(workload.duration_s * qps * 2 + 100)
@@ -184,7 +209,10 @@ def _duration_budget(workload: SyntheticWorkload) -> int:
 
 def _intervals(config: object, rng: np.random.Generator, count: int) -> np.ndarray:
     if isinstance(config, PoissonIntervals):
-        return rng.exponential(1.0 / config.qps, count)
+        gaps = rng.exponential(1.0 / config.qps, count)
+        if config.max_gap_factor is not None:
+            gaps = np.minimum(gaps, config.max_gap_factor / config.qps)
+        return gaps
     if isinstance(config, GammaIntervals):
         shape = 1.0 / config.cv**2
         return rng.gamma(shape, 1.0 / (config.qps * shape), count)
@@ -194,7 +222,7 @@ def _intervals(config: object, rng: np.random.Generator, count: int) -> np.ndarr
 
 
 def _lengths(
-    config: object, count: int, max_tokens: int, rng: np.random.Generator
+    config: object, count: int, max_tokens: int, rng: np.random.Generator | np.random.RandomState
 ) -> tuple[np.ndarray, np.ndarray]:
     if isinstance(config, FixedLengths):
         prompts = np.full(count, config.prefill_tokens)
@@ -219,10 +247,12 @@ def _lengths(
         raise TypeError(f"unknown length config {config!r}")
     prompts = np.maximum(np.asarray(prompts).astype(np.int64), 1)
     outputs = np.maximum(np.asarray(outputs).astype(np.int64), 1)
-    excess = np.maximum(prompts + outputs - max_tokens, 0)
-    share = prompts / (prompts + outputs)
-    prompts = np.maximum(prompts - np.ceil(excess * share).astype(np.int64), 1)
-    outputs = np.maximum(outputs - np.ceil(excess * (1 - share)).astype(np.int64), 1)
+    total = prompts + outputs
+    excess = np.maximum(total - max_tokens, 0)  # taken from both in proportion, as Vidur does
+    prompts, outputs = (
+        np.maximum(prompts - np.ceil(excess * (prompts / total)).astype(np.int64), 1),
+        np.maximum(outputs - np.ceil(excess * (outputs / total)).astype(np.int64), 1),
+    )
     return prompts, outputs
 
 

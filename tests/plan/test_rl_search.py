@@ -108,9 +108,9 @@ def test_off_policy_is_a_knob_of_the_rl_search_and_never_slower_than_its_on_poli
     assert result.returncode == 0, result.stderr
     out = tmp_path / "rl"
     rows = json.loads((out / "results.json").read_text())
-    # 3 splits x (static, pipelined static, pipelined pre_process) on-policy, static ones off-policy too
-    assert len(rows) == 9 + 6
-    assert all(r["scheduling"] == "static" for r in rows if r["off_policy"])
+    # 3 splits x (static, pipelined static, pipelined pre_process), each on- and off-policy
+    assert len(rows) == 9 + 9
+    assert {r["scheduling"] for r in rows if r["off_policy"]} == {"static", "pre_process"}
     ran = {
         (r["actor_gpus"], r["inference_gpus"], r["pipelining"], r["scheduling"], r["off_policy"]): r
         for r in rows
@@ -126,3 +126,22 @@ def test_off_policy_is_a_knob_of_the_rl_search_and_never_slower_than_its_on_poli
     best = yaml.safe_load((out / "best.yaml").read_text())
     best_row = max(ran.values(), key=lambda r: r["throughput_tokens_per_s"])  # the default objective
     assert best["off_policy"] == best_row["off_policy"]
+
+
+def test_partial_rollout_is_a_knob_of_the_rl_search(tmp_path):
+    result = rollflow(
+        "rl-sim",
+        "search",
+        "--config",
+        str(rl_search_config(tmp_path)),
+        "space.placement=[collocated]",
+        "space.partial_rollout=[0, 4]",
+    )
+    assert result.returncode == 0, result.stderr
+    rows = json.loads((tmp_path / "rl" / "results.json").read_text())
+    # without preemptible instances, each collocated plan with and without partial rollout
+    by_extra = {r["partial_rollout"]: r for r in rows if not r["spot_instances"] and not r["skipped"]}
+    assert set(by_extra) == {0, 4}
+    assert all(r["partial_rollout"] == 0 for r in rows if r["spot_instances"])
+    assert by_extra[4]["throughput_tokens_per_s"] > by_extra[0]["throughput_tokens_per_s"]
+    assert "partial +4" in result.stderr + result.stdout

@@ -120,3 +120,14 @@ def test_attention_defaults_to_vidurs_path_where_it_exists_else_the_roofline(tmp
     assert vidur_flags_to_config([]).execution.attention_table == (
         "./data/profiling/compute/{DEVICE}/{MODEL}/attention.csv"
     )
+
+
+def test_synthetic_flags_draw_vidurs_own_requests():
+    """Poisson gaps clipped at 3 mean gaps and Vidur's random streams, where Vidur's shapes allow."""
+    config = vidur_flags_to_config(
+        ["--length_generator_config_type", "fixed", "--poisson_request_interval_generator_config_qps", "4"]
+    )
+    assert config.workload.rng == "vidur"
+    assert config.workload.intervals.qps == 4.0 and config.workload.intervals.max_gap_factor == 3.0
+    uniform = vidur_flags_to_config(["--length_generator_config_type", "uniform"])
+    assert uniform.workload.rng == "numpy" and uniform.workload.intervals.max_gap_factor == 3.0

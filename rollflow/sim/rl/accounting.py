@@ -60,7 +60,9 @@ def summarize_step(trace: StepTrace) -> StepResult:
         reserved_gpu_s * price.on_demand_usd_per_gpu_hour + spot_gpu_s * price.spot_usd_per_gpu_hour
     ) / 3600
     requests = trace.requests
-    by_staleness, stalest = tokens_by_staleness(requests, trace.index, trace.sync_ends)
+    by_staleness, stalest = tokens_by_staleness(
+        requests, trace.index, trace.sync_ends, trace.earlier_versions
+    )
     return StepResult(
         index=trace.index,
         start=start,
@@ -91,6 +93,7 @@ def summarize_step(trace: StepTrace) -> StepResult:
         actor_sizes=trace.actor_sizes,
         tokens_by_staleness=by_staleness,
         max_sample_staleness=stalest,
+        carried_samples=trace.num_carried_out,
     )
 
 
@@ -124,6 +127,8 @@ def summarize_run(config: RLSimConfig, steps: list[StepResult], wall_s: float) -
         "preemptions": sum(s.num_preemptions for s in steps),
         "preempted_sequences": sum(s.preempted_sequences for s in steps),
         "off_policy": config.off_policy,
+        "partial_rollout": config.partial_rollout,
+        "carried_samples": sum(s.carried_samples for s in steps),
         "tokens_by_staleness": {str(k): v for k, v in sorted(staleness.items())},
         "max_sample_staleness": max(s.max_sample_staleness for s in steps),
         "num_steps": len(steps),
@@ -166,6 +171,7 @@ def step_summary(step: StepResult) -> dict:
         "offload_budget_s": step.offload_budget_s,
         "actor_gpus_per_minibatch": step.actor_sizes,
         "tokens_by_staleness": {str(k): v for k, v in step.tokens_by_staleness.items()},
+        "carried_samples": step.carried_samples,
     }
 
 

@@ -221,7 +221,15 @@ class RLSimConfig(Section):
     """Staleness bound (AReaL's `max_head_offpolicyness`): a sample may be generated on weights at most
     this many versions older than the step that trains on it. 0: on-policy, steps run one after another;
     >= 1: the next step's rollout starts as soon as this one's is done (and the bound allows), on the
-    instances that are not training (collocated: only preemptible ones; disaggregated: all)."""
+    instances that are not training (collocated: only preemptible ones; disaggregated: all, each once
+    the previous step's inference, training and reshards have left its GPUs, which with dynamic
+    scheduling a grown actor holds until its last mini-batch)."""
+    partial_rollout: int = Field(0, ge=0)
+    """Partial rollout (slime's `--partial-rollout` with over-sampling): keep this many extra
+    prompts' groups generating. A step's batch is full once `workload.num_prompts` groups have
+    finished; every other sample then stops, keeps the tokens it generated and carries over to the
+    next step, which re-prefills its prompt plus those tokens and goes on generating on newer
+    weights (each token keeps the version that made it). 0: each step generates exactly its batch."""
     num_gpus: int = Field(8, ge=1)
     """Reserved (on-demand) GPUs."""
     model: str = "meta-llama/Meta-Llama-3-8B"
@@ -283,13 +291,13 @@ class RLSimConfig(Section):
                 raise ValueError(
                     "spot.instances needs placement.kind=collocated (RLBoost's reserved cluster)"
                 )
-            if self.off_policy and scheduling.kind == "dynamic":
-                raise ValueError(
-                    f"off_policy={self.off_policy} needs scheduling.kind=static (a growing actor would take "
-                    "GPUs the next step's rollout is already using); or set off_policy=0"
-                )
             if scheduling.kind == "dynamic" and not placement.pipelining:
                 raise ValueError("scheduling.kind=dynamic needs placement.pipelining=true")
+        if self.partial_rollout and (scheduling.kind != "static" or self.spot.instances):
+            raise ValueError(
+                f"partial_rollout={self.partial_rollout} needs scheduling.kind=static and spot.instances=0 "
+                "(the batch-full abort is not modelled with moving or preemptible instances); or set partial_rollout=0"
+            )
         actor_gpus = self.gpu_ranges()["actor"][1]
         minibatch = samples // self.training.num_minibatches
         valid = valid_actor_sizes(self.num_gpus, self.training.model_parallel, minibatch)

@@ -94,6 +94,13 @@ def print_run(summary: dict, console: Console) -> None:
             + (f"{steady:.1f} s" if steady is not None else "n/a (one step)")
             + f"; response tokens trained per staleness {{{by_staleness}}}"
         )
+    if summary["partial_rollout"]:
+        by_staleness = ", ".join(f"{k}: {v}" for k, v in summary["tokens_by_staleness"].items())
+        console.print(
+            f"partial rollout (+{summary['partial_rollout']} prompts): {summary['carried_samples']} samples "
+            f"carried to a next step, {summary['reprefill_tokens']} tokens re-prefilled; "
+            f"response tokens trained per staleness {{{by_staleness}}}"
+        )
 
 
 COMPARE_METRICS = (

@@ -15,6 +15,7 @@ from rollflow.sim.build import build_groups
 from rollflow.sim.rl.accounting import summarize_run
 from rollflow.sim.rl.config import RLSimConfig, SchedulingConfig
 from rollflow.sim.rl.costs import StepCosts
+from rollflow.sim.rl.partial import CarriedSample
 from rollflow.sim.rl.spot import SpotMarket
 from rollflow.sim.rl.step import StepSimulator
 from rollflow.sim.rl.trace import StepResult
@@ -41,6 +42,18 @@ def rollout_start(steps: list[StepResult], off_policy: int) -> float:
     return max(steps[-1].rollout_end, synced)
 
 
+def lanes_busy_until(step: StepResult, num_gpus: int) -> list[float]:
+    """Per reserved GPU, when the step's inference, training and reshards last use it (a dynamic
+    actor grows onto rollout GPUs). The sync is left out: rollout keeps generating through it, as
+    off-policy rollout on a static placement does."""
+    busy = [0.0] * num_gpus
+    for span in step.spans:
+        if span.component in ("inference", "training", "reshard"):
+            for gpu in range(span.gpu_start, min(span.gpu_start + span.num_gpus, num_gpus)):
+                busy[gpu] = max(busy[gpu], span.end)
+    return busy
+
+
 def simulate_steps(
     config: RLSimConfig, on_step: Callable[[StepResult], None] | None = None
 ) -> list[StepResult]:
@@ -52,13 +65,28 @@ def simulate_steps(
         market = SpotMarket(config.spot, config.seed)
     groups = build_groups(config.rollout_sim_config())  # operator grids, once per run
     steps: list[StepResult] = []
+    carried: list[CarriedSample] = []
     for index in range(config.steps):
         start = rollout_start(steps, config.off_policy)
         lanes_free_at = steps[-1].end if steps else start
         sync_ends = [s.end for s in steps]
-        step = StepSimulator(
-            config, index, start, costs, scheduler, balancer, market, groups, lanes_free_at, sync_ends
-        ).run()
+        gpus_free_at = lanes_busy_until(steps[-1], config.num_gpus) if steps else []
+        simulator = StepSimulator(
+            config,
+            index,
+            start,
+            costs,
+            scheduler,
+            balancer,
+            market,
+            groups,
+            lanes_free_at,
+            sync_ends,
+            carried,
+            gpus_free_at,
+        )
+        step = simulator.run()
+        carried = simulator.carried_out
         if balancer is not None:
             balancer.update(StepReport(step.interval_s, step.bubble_s))  # the time it added
         steps.append(step)

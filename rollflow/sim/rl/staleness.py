@@ -10,7 +10,7 @@ equally long within one batch; a sync inside the window splits its tokens at tha
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from rollflow.sim.request import SimRequest
 
@@ -20,12 +20,10 @@ def version_at(sync_ends: Sequence[float], time: float) -> int:
     return bisect_right(sync_ends, time)
 
 
-def sample_versions(request: SimRequest, sync_ends: Sequence[float]) -> dict[int, int]:
-    """Response tokens of one finished sample per weight version."""
-    end = request.completed_at
-    assert end is not None, f"sample {request.id} has not finished"
-    first = request.prefill_completed_at if request.prefill_completed_at is not None else end
-    total = request.output_tokens
+def spread_versions(first: float, end: float, total: int, sync_ends: Sequence[float]) -> dict[int, int]:
+    """`total` tokens made evenly from `first` to `end`, per weight version (a sync splits them)."""
+    if total <= 0:
+        return {}
     counts: dict[int, int] = {}
     done, since = 0, first
     for boundary in sync_ends:
@@ -42,14 +40,37 @@ def sample_versions(request: SimRequest, sync_ends: Sequence[float]) -> dict[int
     return counts
 
 
+def merge_versions(a: dict[int, int], b: dict[int, int]) -> dict[int, int]:
+    return {v: a.get(v, 0) + b.get(v, 0) for v in sorted(a.keys() | b.keys())}
+
+
+def sample_versions(
+    request: SimRequest, sync_ends: Sequence[float], earlier: dict[int, int] | None = None
+) -> dict[int, int]:
+    """Response tokens of one finished sample per weight version; `earlier`: those it made in
+    earlier steps (partial rollout), the rest spread over this step's decode window."""
+    end = request.completed_at
+    assert end is not None, f"sample {request.id} has not finished"
+    first = request.prefill_completed_at if request.prefill_completed_at is not None else end
+    earlier = earlier or {}
+    return merge_versions(
+        earlier, spread_versions(first, end, request.output_tokens - sum(earlier.values()), sync_ends)
+    )
+
+
 def tokens_by_staleness(
-    requests: Sequence[SimRequest], step_index: int, sync_ends: Sequence[float]
+    requests: Sequence[SimRequest],
+    step_index: int,
+    sync_ends: Sequence[float],
+    earlier: Mapping[int, dict[int, int]] | None = None,
 ) -> tuple[dict[int, int], int]:
-    """Response tokens the step trains per staleness, and the stalest sample's staleness."""
+    """Response tokens the step trains per staleness, and the stalest sample's staleness.
+    `earlier`: by request id, the tokens carried-over samples made in earlier steps."""
+    earlier = earlier or {}
     by_staleness: dict[int, int] = {}
     stalest = 0
     for request in requests:
-        for version, tokens in sample_versions(request, sync_ends).items():
+        for version, tokens in sample_versions(request, sync_ends, earlier.get(request.id)).items():
             staleness = step_index - version
             by_staleness[staleness] = by_staleness.get(staleness, 0) + tokens
             stalest = max(stalest, staleness)

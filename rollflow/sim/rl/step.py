@@ -9,10 +9,18 @@
     after each  snapshot -> ResourceScheduler.decide -> apply (release + migrate, grow the actor)
     end         last mini-batch -> weight sync
 
+Partial rollout (`partial_rollout` > 0): the step generates its carried-over samples and enough
+new groups to keep `num_prompts + partial_rollout` groups going; when `num_prompts` groups have
+finished the batch is full, every instance stops at its next iteration boundary and the samples
+of the other groups are handed to the next step (`carried_out`, see `rollflow.sim.rl.partial`).
+
 Off-policy (`off_policy` >= 1): the runner starts a step's rollout before the previous step has
 trained (`lanes_free_at` > `start`). Until then the lanes wait, and so do the rollout instances on
 the actor's GPUs: a collocated step starts on its preemptible instances alone, holding back the
 samples they cannot batch yet, and adds its local instances when the previous step's sync ends.
+A disaggregated step starts each rollout instance once the previous step's lanes have left its
+GPUs (`gpus_free_at`: a dynamic actor that grew onto rollout GPUs keeps them until its last
+mini-batch), holding back the samples the instances up so far cannot batch.
 
 GPU work other than rollout runs on *lanes*: the actor's GPUs (a prefix that can grow) and,
 when placed apart, the inference GPUs; without them inference runs on the actor's lane first.
@@ -46,8 +54,10 @@ from rollflow.sim.request import SimRequest
 from rollflow.sim.rl.accounting import summarize_step
 from rollflow.sim.rl.config import RLSimConfig
 from rollflow.sim.rl.costs import StepCosts
+from rollflow.sim.rl.partial import CarriedSample, stop_sample
 from rollflow.sim.rl.rollout import ResumeMode, RolloutPool, resume
 from rollflow.sim.rl.spot import SpotMarket, serving_window
+from rollflow.sim.rl.staleness import sample_versions
 from rollflow.sim.rl.trace import InstanceTrace, StepResult, StepTrace
 from rollflow.sim.workload import build_requests
 
@@ -76,26 +86,39 @@ class StepSimulator:
         groups: list[GroupPlan] | None = None,
         lanes_free_at: float | None = None,
         sync_ends: Sequence[float] = (),
+        carried: Sequence[CarriedSample] = (),
+        gpus_free_at: Sequence[float] = (),
     ) -> None:
         """`groups`: the rollout cluster's built replica groups, shared by a run's steps.
         `lanes_free_at`: when the previous step's training and sync end (off-policy: after `start`).
-        `sync_ends`: when each earlier step's weights reached rollout, for the tokens' versions."""
+        `sync_ends`: when each earlier step's weights reached rollout, for the tokens' versions.
+        `carried`: the previous step's unfinished groups (partial rollout), generated first.
+        `gpus_free_at`: per reserved GPU, when the previous step's lanes last use it (off-policy: a
+        disaggregated rollout instance starts on its GPUs no earlier, e.g. after a grown actor)."""
         self.config = config
         self.index = index
         self.start = start
         self.lanes_free_at = start if lanes_free_at is None else max(start, lanes_free_at)
         self.late = self.lanes_free_at > start  # the previous step still trains when this one starts
         self.sync_ends = tuple(sync_ends)
+        self.gpus_free_at = tuple(gpus_free_at)
+        self.num_joins_pending = (
+            0  # rollout instances waiting for the previous step's lanes to leave their GPUs
+        )
         self.costs = costs
         self.scheduler = scheduler
         self.balancer = balancer
         self.market = market
         workload = config.workload
         self.group_size = workload.samples_per_prompt
-        self.requests = build_requests(workload, config.seed + index)
+        self.partial = config.partial_rollout > 0
+        self.requests, self.earlier_versions = self._samples(carried)
+        # carried-over samples re-prefill their prompt and the tokens they generated
+        self.reprefill = sum(r.num_prefill for r in self.requests[: len(carried)] if not r.completed)
         for request in self.requests:
-            request.arrived_at = start
-        self.num_samples = len(self.requests)
+            if not request.completed:
+                request.arrived_at = start
+        self.num_samples = workload.num_prompts * self.group_size  # the samples it trains
         self.minibatch_samples = self.num_samples // config.training.num_minibatches
         rollout_config = config.rollout_sim_config()
         groups = groups if groups is not None else build_groups(rollout_config)
@@ -116,7 +139,9 @@ class StepSimulator:
         self.hold_last = False
         self.end: float | None = None
         # progress
-        self.group_left = [self.group_size] * workload.num_prompts
+        self.group_left = [self.group_size] * (len(self.requests) // self.group_size)
+        self.trained_groups: list[int] = []  # in the order they finished
+        self.carried_out: list[CarriedSample] = []  # partial rollout: for the next step
         self.num_done = 0
         self.done_at_last_minibatch = 0
         self.ready: list[int] = []
@@ -143,7 +168,6 @@ class StepSimulator:
         # accounting
         self.timer = PhaseTimer(clock=lambda: self.now)  # the step's own phases, on the simulated clock
         self.regenerated = 0
-        self.reprefill = 0
         self.migrated = 0
         self.preemptions = 0
         self.preempted_sequences = 0
@@ -188,24 +212,57 @@ class StepSimulator:
             if not self.late:
                 self._add_collocated_instances()
         else:
+            places = []
             if config.scheduling.kind == "dynamic" and config.scheduling.pre_process:
-                for gpu in range(0, self.actor.num_gpus - tp + 1, tp):
-                    pool.add_instance(gpu, "local", borrowed=True)
+                places += [(gpu, True) for gpu in range(0, self.actor.num_gpus - tp + 1, tp)]
             start, count = ranges["rollout"]
-            for gpu in range(start, start + count, tp):
-                pool.add_instance(gpu, "local")
+            places += [(gpu, False) for gpu in range(start, start + count, tp)]
+            self.hold_cap = min(self.hold_cap, -(-self.num_samples // len(places)))
+            for gpu, borrowed in places:
+                free_at = max(self.gpus_free_at[gpu : gpu + tp], default=0.0)
+                if free_at <= self.start:
+                    pool.add_instance(gpu, "local", borrowed=borrowed)
+                else:
+                    self.num_joins_pending += 1
+                    self._emit(free_at, Phase.MOVE, self._on_gpus_free, (gpu, borrowed))
         if self.spot:
             for slot in range(self.market.num_slots):
                 self._schedule_slot(slot, self.start, at_start=True)
             self._emit(self.lanes_free_at + self.balancer.budget_s, Phase.MOVE, self._on_budget)
-        pool.check_servable(self.requests)
-        if self.collocated and self.late:
-            self.held = list(self.requests)
+        unfinished = [r for r in self.requests if not r.completed]
+        pool.check_servable(unfinished)
+        if self.late and (self.collocated or self.num_joins_pending):
+            self.held = unfinished
             self._release_held(self.hold_cap * len(pool.accepting_ids()))
         else:
-            for request in self.requests:
+            for request in unfinished:
                 pool.submit(request)
         self._decide("step_start")
+        finished = [r for r in self.requests if r.completed]  # carried over finished
+        if finished:
+            self._count_done(finished, self.start + self.config.reward_s)
+
+    def _samples(
+        self, carried: Sequence[CarriedSample]
+    ) -> tuple[list[SimRequest], dict[int, dict[int, int]]]:
+        """The step's samples, numbered so that sample i is in group i // group_size: the carried
+        groups first, then new ones up to num_prompts + partial_rollout groups in all. Also the
+        tokens each carried sample made in earlier steps, by its new id."""
+        workload = self.config.workload
+        carried = sorted(carried, key=lambda c: (c.group, c.request.id))
+        num_carried_groups = len(carried) // self.group_size
+        fresh = workload.num_prompts + self.config.partial_rollout - num_carried_groups
+        requests = [c.request for c in carried]
+        if fresh > 0:
+            requests += build_requests(
+                workload.model_copy(update={"num_prompts": fresh}), self.config.seed + self.index
+            )
+        for new_id, request in enumerate(requests):
+            request.id = new_id
+        return requests, {new_id: c.versions for new_id, c in enumerate(carried)}
+
+    def _group(self, group: int) -> list[SimRequest]:
+        return self.requests[group * self.group_size : (group + 1) * self.group_size]
 
     def _add_collocated_instances(self) -> None:
         tp = self.config.rollout.tensor_parallel
@@ -218,6 +275,15 @@ class StepSimulator:
         released, self.held = self.held[:count], self.held[count:]
         for request in released:
             self.pool.submit(request)
+
+    def _on_gpus_free(self, event: Event) -> list[Event]:
+        """The previous step's lanes left these GPUs: this step's rollout instance starts there."""
+        gpu, borrowed = event.payload
+        self.num_joins_pending -= 1
+        if not self.rollout_done:
+            self.pool.add_instance(gpu, "local", borrowed=borrowed)
+            self._release_held(len(self.held) if not self.num_joins_pending else self.hold_cap)
+        return self._emitted()
 
     def _on_lanes_free(self, event: Event) -> list[Event]:
         """The previous step's sync is done: its GPUs train this step and, collocated, roll it out."""
@@ -232,16 +298,51 @@ class StepSimulator:
         # Called from inside the pool's batch handling: act on it as the step's own event.
         return (self.queue.event(now, Phase.ROLLOUT, self._on_samples_done, payload=requests),)
 
-    def _on_samples_done(self, event: Event) -> list[Event]:
-        requests: list[SimRequest] = event.payload
-        reward_at = self.now + self.config.reward_s
+    def _count_done(self, requests: list[SimRequest], reward_at: float) -> None:
+        """Finished samples: a finished group is trained (rewarded first) until the batch is full."""
         for request in requests:
             self.num_done += 1
             group = request.id // self.group_size
             self.group_left[group] -= 1
-            if self.group_left[group] == 0:
+            if self.group_left[group] == 0 and len(self.trained_groups) < self.config.workload.num_prompts:
+                self.trained_groups.append(group)
                 self._emit(reward_at, Phase.REWARD, self._on_group_ready, group)
-        if self.num_done == self.num_samples:
+                if self.partial and len(self.trained_groups) == self.config.workload.num_prompts:
+                    self._batch_full()
+
+    def _batch_full(self) -> None:
+        """Partial rollout: the other groups stop where they are and wait for the next step.
+        Every instance stops first, so the resource scheduler finds none left to release."""
+        self.rollout_done = True
+        self.rollout_end = self.now
+        held, self.held = self.held, []
+        self._carry(held)
+        for instance_id in self.pool.live_ids():
+            self.pool.retire(
+                instance_id,
+                lambda requests: (
+                    self.queue.event(self.now, Phase.MOVE, self._on_aborted, payload=requests),
+                ),
+            )
+        self._decide("rollout_done")
+
+    def _on_aborted(self, event: Event) -> list[Event]:
+        self._carry(event.payload)
+        self.rollout_end = max(self.rollout_end or self.now, self.now)  # instances busy until here
+        self._dispatch()
+        return self._emitted()
+
+    def _carry(self, requests: list[SimRequest]) -> None:
+        for request in requests:
+            earlier = self.earlier_versions.get(request.id, {})
+            self.carried_out.append(
+                stop_sample(request, request.id // self.group_size, earlier, self.now, self.sync_ends)
+            )
+
+    def _on_samples_done(self, event: Event) -> list[Event]:
+        requests: list[SimRequest] = event.payload
+        self._count_done(requests, self.now + self.config.reward_s)
+        if not self.partial and self.num_done == self.num_samples:
             self.rollout_done = True
             self.rollout_end = self.now
             self._decide("rollout_done")
@@ -344,12 +445,19 @@ class StepSimulator:
             num_minibatches=self.config.training.num_minibatches,
             minibatches_done=len(self.minibatches),
             rollout_instances=instances,
-            unfinished_fraction=(self.num_samples - self.num_done) / self.num_samples,
+            unfinished_fraction=self._unfinished_fraction(),
             samples_per_instance_per_minibatch=(self.num_done - self.done_at_last_minibatch)
             / max(1, len(local)),
             inference_range=(inference.gpu_start, inference.num_gpus) if live_inference else None,
             inference_done=self.inference_done,
         )
+
+    def _unfinished_fraction(self) -> float:
+        """Of the batch, the share not generated yet (partial rollout: of its groups)."""
+        if self.partial:
+            num_prompts = self.config.workload.num_prompts
+            return (num_prompts - len(self.trained_groups)) / num_prompts
+        return (self.num_samples - self.num_done) / self.num_samples
 
     # -- lanes: inference, training, resharding -------------------------------------------------------
     def _dispatch(self) -> None:
@@ -523,6 +631,20 @@ class StepSimulator:
     def _on_step_end(self, event: Event) -> list[Event]:
         self.end = self.now
         self.pool.close()
+        if self.partial:
+            trained = set(self.trained_groups)
+            for request in self.requests:
+                group = request.id // self.group_size
+                if request.completed and group not in trained:
+                    versions = self.earlier_versions.get(request.id)
+                    self.carried_out.append(
+                        CarriedSample(request, group, sample_versions(request, self.sync_ends, versions))
+                    )
+            if len(self.carried_out) != len(self.requests) - self.num_samples:
+                raise RuntimeError(
+                    f"step {self.index}: {len(self.carried_out)} samples carried over, expected "
+                    f"{len(self.requests) - self.num_samples} (an instance had not stopped by the step's end)"
+                )
         return self._emitted()
 
     def trace(self) -> StepTrace:
@@ -536,7 +658,9 @@ class StepSimulator:
             paid_from=self.lanes_free_at,
             rollout_end=self.rollout_end if self.rollout_end is not None else self.end,
             sync_ends=self.sync_ends,
-            requests=self.requests,
+            requests=[r for g in sorted(self.trained_groups) for r in self._group(g)],
+            earlier_versions=self.earlier_versions,
+            num_carried_out=len(self.carried_out),
             spans=self.timer.spans,
             instances=[
                 InstanceTrace(

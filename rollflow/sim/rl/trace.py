@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rollflow.phases import Span
 from rollflow.policy.view import InstanceKind
@@ -43,6 +43,7 @@ class StepResult:
     actor_sizes: list[int]  # actor GPUs of each mini-batch
     tokens_by_staleness: dict[int, int]  # response tokens per weight versions behind the trainer
     max_sample_staleness: int  # the stalest token of any sample
+    carried_samples: int = 0  # partial rollout: samples handed to the next step
 
     @property
     def step_time_s(self) -> float:
@@ -88,3 +89,7 @@ class StepTrace:
     preempted_sequences: int
     spot_market: SpotMarket | None  # None without preemptible instances
     offload_budget_s: float | None
+    earlier_versions: dict[int, dict[int, int]] = field(
+        default_factory=dict
+    )  # carried-in samples' tokens per version
+    num_carried_out: int = 0  # partial rollout: samples handed to the next step

@@ -10,7 +10,7 @@ from rollflow.policy.resources import StaticScheduler
 from rollflow.sim.build import build_groups
 from rollflow.sim.rl.accounting import summarize_run
 from rollflow.sim.rl.costs import StepCosts
-from rollflow.sim.rl.runner import simulate_steps
+from rollflow.sim.rl.runner import lanes_busy_until, simulate_steps
 from rollflow.sim.rl.spot import SpotMarket
 from rollflow.sim.rl.step import StepSimulator
 from tests.sim.rl.factories import DISAGGREGATED, rl_config
@@ -110,10 +110,6 @@ def test_no_sample_trains_staler_than_the_bound(name, bound):
         (["off_policy=-1"], "off_policy: Input should be greater than or equal to 0"),
         (["off_policy=1.5"], "off_policy: Input should be a valid integer"),
         (["off_policy=abc"], "off_policy: Input should be a valid integer"),
-        (
-            [*DISAGGREGATED, "placement.pipelining=true", "scheduling.kind=dynamic", "off_policy=1"],
-            "off_policy=1 needs scheduling.kind=static",
-        ),
     ],
 )
 def test_bad_off_policy_is_a_one_line_error_naming_the_key(overrides, message):
@@ -121,3 +117,22 @@ def test_bad_off_policy_is_a_one_line_error_naming_the_key(overrides, message):
         rl_config(*overrides)
     assert message in str(error.value)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "policy", [[], ["scheduling.pre_process=true"], ["scheduling.wait_before_last_iter=true"]]
+)
+def test_off_policy_composes_with_dynamic_scheduling(policy):
+    """The next rollout starts on each GPU only once the previous step's grown actor has left it."""
+    sections = [*DISAGGREGATED, "placement.pipelining=true", "scheduling.kind=dynamic", *policy]
+    on = simulate_steps(on_config := rl_config("steps=3", *sections))
+    off = simulate_steps(off_config := rl_config("steps=3", "off_policy=1", *sections))
+    assert any(max(s.actor_sizes) > 2 for s in off)  # the actor grew onto rollout GPUs
+    for before, after in itertools.pairwise(off):
+        assert after.start < before.end  # the next rollout overlaps this step's training
+        busy = lanes_busy_until(before, off_config.num_gpus)
+        for gpu_start, num_gpus, _, started, _ in after.instance_windows:
+            assert started >= max(busy[gpu_start : gpu_start + num_gpus]) - 1e-9
+    summary = summarize_run(off_config, off, 0.0)
+    assert summary["max_sample_staleness"] == 1
+    assert summary["throughput_tokens_per_s"] > summarize_run(on_config, on, 0.0)["throughput_tokens_per_s"]

@@ -1,0 +1,44 @@
+"""Partial rollout: samples a full batch leaves unfinished carry over to the next step.
+
+As slime's `--partial-rollout` (and AReaL's interruptible generation): a step keeps more groups
+generating than it trains on; once its batch is full the others stop at their instance's next
+iteration boundary, keep the tokens they generated, and the next step resumes them (prompt plus
+generated tokens re-prefilled, the rest generated on its weights). Samples of a group that is not
+trained carry over whether finished or not, so a group always trains whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from rollflow.sim.request import SimRequest
+from rollflow.sim.rl.rollout import resume
+from rollflow.sim.rl.staleness import merge_versions, spread_versions
+
+
+@dataclass
+class CarriedSample:
+    """A sample of a group the step did not train, handed to the next step."""
+
+    request: SimRequest  # finished, or reset to resume from its prompt plus generated tokens
+    group: int  # its group in the step it comes from (samples of one group stay together)
+    versions: dict[int, int] = field(
+        default_factory=dict
+    )  # response tokens generated so far, per weight version
+
+
+def stop_sample(
+    request: SimRequest, group: int, versions: dict[int, int], now: float, sync_ends: Sequence[float]
+) -> CarriedSample:
+    """A sample stopped at `now` with its tokens: which versions made this stint's, then reset it.
+
+    `versions`: its tokens from earlier steps. This stint's first token is its (re-)prefill's;
+    a sample stopped before that made none in it."""
+    generated = (request.processed if request.prefill_done else request.num_prefill) - request.prompt_tokens
+    made = max(0, generated - sum(versions.values()))
+    first = request.prefill_completed_at if request.prefill_completed_at is not None else now
+    stint = spread_versions(first, now, made, sync_ends)
+    resume(request, "migrate")
+    request.prefill_completed_at = None  # the next stint's first token starts its window
+    return CarriedSample(request, group, merge_versions(versions, stint))

@@ -1,0 +1,88 @@
+"""Partial rollout: a full batch stops the other groups, which carry over with their tokens."""
+
+import itertools
+
+import pytest
+
+from rollflow.config import ConfigError
+from rollflow.policy.resources import StaticScheduler
+from rollflow.sim.build import build_groups
+from rollflow.sim.rl.accounting import summarize_run
+from rollflow.sim.rl.costs import StepCosts
+from rollflow.sim.rl.runner import simulate_steps
+from rollflow.sim.rl.step import StepSimulator
+from tests.sim.rl.factories import DISAGGREGATED, rl_config
+
+GROUP = 4  # samples_per_prompt of the small config
+
+
+def _step(config, index, start, carried=(), sync_ends=()):
+    simulator = StepSimulator(
+        config,
+        index,
+        start,
+        StepCosts.from_config(config),
+        StaticScheduler(),
+        groups=build_groups(config.rollout_sim_config()),
+        sync_ends=sync_ends,
+        carried=carried,
+    )
+    return simulator, simulator.run()
+
+
+def test_a_full_batch_carries_the_other_groups_whole_with_the_tokens_they_made():
+    config = rl_config("partial_rollout=4")
+    first, result = _step(config, 0, 0.0)
+    assert result.num_samples == 64 and result.carried_samples == 16  # 16 prompts trained, 4 carried
+    groups = {}
+    for sample in first.carried_out:
+        groups.setdefault(sample.group, []).append(sample)
+    assert len(groups) == 4 and all(len(g) == GROUP for g in groups.values())
+    stopped = [s for s in first.carried_out if not s.request.completed]
+    assert stopped and any(sum(s.versions.values()) > 0 for s in stopped)  # generated before the stop
+    for sample in stopped:
+        made = sum(sample.versions.values())
+        assert set(sample.versions) <= {0}  # step 0's tokens: weights version 0
+        # resumed from prompt + generated tokens, the rest still to generate
+        assert sample.request.num_prefill == sample.request.prompt_tokens + made
+        assert sample.request.num_prefill + sample.request.num_decode == (
+            sample.request.prompt_tokens + sample.request.output_tokens
+        )
+
+    second, result = _step(config, 1, result.end, first.carried_out, sync_ends=(result.end,))
+    carried_in = second.requests[:16]
+    assert [r.id for r in carried_in] == list(range(16))  # carried groups come first
+    trained = {r.id for ids in result.minibatches for r in (second.requests[i] for i in ids)}
+    assert len(trained) == 64
+    # every trained token has its version; the carried ones keep step 0's (1 version stale)
+    expected = sum(second.requests[i].output_tokens for i in trained)
+    assert sum(result.tokens_by_staleness.values()) == expected
+    stale = sum(sum(second.earlier_versions[i].values()) for i in trained if i in second.earlier_versions)
+    assert result.tokens_by_staleness.get(1, 0) >= stale > 0
+
+
+@pytest.mark.parametrize("placement", [[], [*DISAGGREGATED, "placement.pipelining=true"]])
+def test_partial_rollout_cuts_the_long_tail_of_every_step(placement):
+    whole = rl_config("steps=4", *placement)
+    whole_run = summarize_run(whole, simulate_steps(whole), 0.0)
+    partial = rl_config("steps=4", "partial_rollout=4", *placement)
+    steps = simulate_steps(partial)
+    partial_run = summarize_run(partial, steps, 0.0)
+    assert all(s.num_samples == 64 for s in steps) and partial_run["carried_samples"] == 4 * 16
+    assert partial_run["throughput_tokens_per_s"] > whole_run["throughput_tokens_per_s"]
+    assert partial_run["max_sample_staleness"] >= 1 and whole_run["max_sample_staleness"] == 0
+    assert partial_run["reprefill_tokens"] > 0  # resumed samples re-prefill prompt + generated tokens
+
+
+def test_partial_rollout_composes_with_off_policy():
+    config = rl_config("steps=4", "partial_rollout=4", "off_policy=1", *DISAGGREGATED)
+    steps = simulate_steps(config)
+    assert all(b.start < a.end for a, b in itertools.pairwise(steps))  # rollouts overlap training
+    assert summarize_run(config, steps, 0.0)["max_sample_staleness"] >= 2
+
+
+def test_partial_rollout_refuses_moving_or_preemptible_instances():
+    with pytest.raises(
+        ConfigError, match=r"partial_rollout=4 needs scheduling\.kind=static and spot\.instances=0"
+    ):
+        rl_config("partial_rollout=4", "spot.instances=2")
