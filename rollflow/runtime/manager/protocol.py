@@ -167,3 +167,31 @@ class ResumeWorkerBody(StrictModel):
         if self.weight_version is not None and self.model_path is None and self.weights_url is None:
             raise ValueError("weight_version needs a source: model_path or weights_url")
         return self
+
+
+class OpenSessionBody(StrictModel):
+    """`POST /v1/sessions`: a multi-turn session (sessions.py)."""
+
+    session_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    """The client's id for the session (letters, digits, `_`, `.`, `-`); a new one when absent."""
+    weight_version: int | None = Field(None, ge=0)
+    """Hold the session to this weight version; absent: the version of its first token."""
+    allow_off_policy: bool = False
+    """Let later turns continue on engines of other weight versions (each token keeps its own)."""
+
+
+class TurnBody(StrictModel):
+    """`POST /v1/sessions/{id}/turns`: the first turn's input is the prompt; a later turn's is the
+    environment's (or tool's) tokens that follow the last output, masked out of the loss."""
+
+    input_ids: list[int] = Field(default_factory=list)
+    sampling_params: SamplingBody = SamplingBody()
+    return_logprob: bool = False
+    """Add `meta_info.output_token_logprobs` as [[logprob, token_id, null], ...], as /generate does."""
+
+    @field_validator("input_ids")
+    @classmethod
+    def _token_ids(cls, value: list[int]) -> list[int]:
+        if value and (min(value) < 0 or max(value) > MAX_TOKEN_ID):
+            raise ValueError(f"token ids must lie in [0, {MAX_TOKEN_ID}]")
+        return value

@@ -80,6 +80,7 @@ def generate_payload(sample: Sample, body: GenerateBody, rid: str, tokenizer: An
         "id": rid,
         "prompt_tokens": len(sample.prompt_ids),
         "completion_tokens": len(sample.output_ids),
+        "cached_tokens": sample.cached_tokens,
         "finish_reason": None,
         "weight_version": sample.weight_version,
         "spans": [span.to_json() for span in sample.spans],
