@@ -116,3 +116,17 @@ def test_bad_turns_get_a_clear_4xx(processes, tiny_model):
     assert turn["meta_info"]["weight_version"] == 1
     versions = [t["weight_version"] for t in client.session(free)["turns"]]
     assert versions == [0, 1]
+
+
+def test_generate_and_openai_answers_carry_the_engines_cached_tokens(processes, tiny_model):
+    engine = processes.engine()
+    manager = processes.manager(engines=[{"url": engine.url}], tokenizer=str(tiny_model))
+    body = {"input_ids": PROMPT, "sampling_params": SAMPLING}
+    first = http("POST", manager.url + "/generate", body)[1]["meta_info"]["cached_tokens"]
+    again = http("POST", manager.url + "/generate", body)[1]["meta_info"]["cached_tokens"]
+    assert (first, again) == (0, 16)  # the prompt's first 16-token block, cached by the first request
+    status, answer = http(
+        "POST", manager.url + "/v1/completions", {"model": "tiny", "prompt": PROMPT, "max_tokens": 2}
+    )
+    assert status == 200, answer
+    assert answer["usage"]["prompt_tokens_details"] == {"cached_tokens": 16}
