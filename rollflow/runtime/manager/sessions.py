@@ -72,6 +72,7 @@ class Turn:
     index: int  # 0-based
     sample: Sample  # the turn's manager sample; its prompt is the context before its output
     output_start: int  # where its output begins in the context
+    rid: str  # the client's request id of the turn (SGLang's), else the sample's id
 
     def to_json(self) -> dict:
         """The turn with its spans placed in the context (a span's start/end are context offsets)."""
@@ -83,6 +84,7 @@ class Turn:
             spans.append(entry)
         return {
             "turn": self.index,
+            "rid": self.rid,
             "sample_id": self.sample.sample_id,
             "output_start": self.output_start,
             "output_end": self.output_start + len(self.sample.output_ids),
@@ -177,11 +179,25 @@ class SessionStore:
         log.info("session %s closed after %d turns", session_id, len(session.turns))
         return session
 
-    async def turn(self, session_id: str, input_ids: list[int], sampling: SamplingParams) -> Turn:
+    async def turn(
+        self,
+        session_id: str,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        rid: str | None = None,
+        continues: str | None = None,
+    ) -> Turn:
         """Append `input_ids` (the prompt on the first turn, environment tokens after) and generate
-        the next output on the session's engine; returns once the turn has finished."""
+        the next output on the session's engine; returns once the turn has finished. `rid` names the
+        turn; `continues`, when given, must be the rid of the session's last turn."""
         session = self.get(session_id)
         self._check_turn(session, input_ids)
+        if continues is not None and (not session.turns or session.turns[-1].rid != continues):
+            last = session.turns[-1].rid if session.turns else None
+            raise SessionConflict(
+                f"session {session_id!r}: a turn must continue its last request ({last!r}), not "
+                f"{continues!r}; branching from an earlier turn is not served"
+            )
         role: Role = "prompt" if not session.turns else "env"
         sample = self.manager.submit_sample(
             session.context_ids + input_ids,
@@ -205,7 +221,7 @@ class SessionStore:
         if session.closed:
             raise SessionConflict(f"session {session_id!r} was closed during the turn")
         session.append(role, input_ids)
-        turn = Turn(len(session.turns), sample, len(session.context_ids))
+        turn = Turn(len(session.turns), sample, len(session.context_ids), rid or sample.sample_id)
         session.append("output", sample.output_ids, sample.output_logprobs)
         session.turns.append(turn)
         if session.weight_version is None:

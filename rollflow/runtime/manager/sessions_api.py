@@ -6,6 +6,14 @@ POST   /v1/sessions/{id}/turns     {input_ids, sampling_params, return_logprob?}
 GET    /v1/sessions/{id}           the whole context: ids, logprobs, loss_mask, segments, turns
 DELETE /v1/sessions/{id}           close it; answers the whole context once more
 
+SGLang's shapes of the same, for clients that drive SGLang's sessions (through sgl-router):
+
+POST   /open_session               {capacity_of_str_len, session_id?} -> the session id (a JSON string)
+POST   /generate                   with session_params {id, rid?}: the next turn, input_ids following
+                                   the context (append only: offset, replace, drop_previous_output
+                                   are refused; stream: false)
+POST   /close_session              {session_id} -> an empty 200
+
 Errors: an unknown session is a 404; a closed or busy session, or a turn on a weight version no
 engine serves (without allow_off_policy), a 409 that says what to do.
 """
@@ -16,8 +24,14 @@ from aiohttp import web
 
 from rollflow.runtime.http.errors import http_error
 from rollflow.runtime.manager import sglang_api
-from rollflow.runtime.manager.edge import MANAGER_KEY, BadRequest, not_found, parse_body
-from rollflow.runtime.manager.protocol import OpenSessionBody, TurnBody
+from rollflow.runtime.manager.edge import MANAGER_KEY, TOKENIZER_KEY, BadRequest, not_found, parse_body
+from rollflow.runtime.manager.protocol import (
+    CloseSGLangSessionBody,
+    GenerateBody,
+    OpenSessionBody,
+    OpenSGLangSessionBody,
+    TurnBody,
+)
 from rollflow.runtime.manager.sessions import (
     SessionConflict,
     SessionNotFound,
@@ -129,5 +143,49 @@ def setup(app: web.Application) -> None:
             web.post("/v1/sessions/{session_id}/turns", send_turn),
             web.get("/v1/sessions/{session_id}", get_session),
             web.delete("/v1/sessions/{session_id}", close_session),
+            web.post("/open_session", open_sglang_session),
+            web.post("/close_session", close_sglang_session),
         ]
     )
+
+
+# ------------------------------------------------------------------ SGLang's shapes of the same
+
+
+async def open_sglang_session(request: web.Request) -> web.Response:
+    """SGLang's `/open_session`: answers the session id as a JSON string."""
+    body = await parse_body(request, OpenSGLangSessionBody)
+    try:
+        session = _store(request).open(body.session_id)
+    except SessionConflict as exc:
+        raise _errors(exc) from None
+    return web.json_response(session.session_id)
+
+
+async def close_sglang_session(request: web.Request) -> web.Response:
+    """SGLang's `/close_session`: an empty 200."""
+    body = await parse_body(request, CloseSGLangSessionBody)
+    try:
+        _store(request).close(body.session_id)
+    except (SessionNotFound, SessionConflict) as exc:
+        raise _errors(exc) from None
+    return web.Response()
+
+
+async def generate_turn(request: web.Request, body: GenerateBody) -> web.Response:
+    """A `/generate` with `session_params`: the session's next turn, answered as SGLang answers it
+    (the turn's output only; `meta_info.id` is the rid the next turn continues)."""
+    manager = request.app[MANAGER_KEY]
+    if body.stream:
+        raise BadRequest("session_params with stream: true is not served; send stream: false")
+    if body.input_ids is None:
+        raise BadRequest("session_params needs input_ids (a session's turns are token ids)")
+    params = sglang_api.sampling_params(body.sampling_params, manager.config)
+    store = _store(request)
+    session_params = body.session_params
+    try:
+        turn = await store.turn(session_params.id, list(body.input_ids), params, body.rid, session_params.rid)
+    except (SessionNotFound, SessionConflict, TurnFailed) as exc:
+        raise _errors(exc) from None
+    payload = sglang_api.generate_payload(turn.sample, body, turn.rid, request.app[TOKENIZER_KEY])
+    return web.json_response(payload)

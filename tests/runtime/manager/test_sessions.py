@@ -130,3 +130,36 @@ def test_generate_and_openai_answers_carry_the_engines_cached_tokens(processes, 
     )
     assert status == 200, answer
     assert answer["usage"]["prompt_tokens_details"] == {"cached_tokens": 16}
+
+
+def test_sglang_session_shapes_drive_the_same_sessions(processes):
+    engine = processes.engine()
+    manager = processes.manager(engines=[{"url": engine.url}])
+    client = ManagerClient(manager.url)
+    reference = _run_turns(client, client.open_session(), range(2))
+
+    status, session_id = http("POST", manager.url + "/open_session", {"capacity_of_str_len": 1000})
+    assert status == 200 and isinstance(session_id, str)
+
+    def generate(input_ids, **session_params):
+        body = {"input_ids": input_ids, "sampling_params": SAMPLING, "session_params": session_params}
+        return http("POST", manager.url + "/generate", body)
+
+    status, first = generate(PROMPT, id=session_id)
+    assert status == 200, first
+    status, second = generate(ENV_TOKENS[1], id=session_id, rid=first["meta_info"]["id"])
+    assert status == 200, second
+    assert [first["output_ids"], second["output_ids"]] == [a["output_ids"] for a in reference]
+    assert second["meta_info"]["cached_tokens"] > 0
+    roles = [s["role"] for s in client.session(session_id)["segments"]]
+    assert roles == ["prompt", "output", "env", "output"]
+
+    status, answer = generate([4], id=session_id, rid=first["meta_info"]["id"])  # an earlier turn
+    assert status == 409 and "branching" in answer["error"]["message"]
+    status, answer = generate([4], id=session_id, offset=3)
+    assert status == 400 and "offset" in answer["error"]["message"]
+    status, answer = generate([4], id="nope")
+    assert status == 404
+    assert http("POST", manager.url + "/close_session", {"session_id": session_id})[0] == 200
+    status, answer = generate([4], id=session_id)
+    assert status == 409 and "is closed" in answer["error"]["message"]
