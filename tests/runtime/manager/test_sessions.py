@@ -4,7 +4,10 @@ are marked, and bad turns get a 4xx that says why."""
 
 from __future__ import annotations
 
+import threading
+
 from rollflow.runtime.manager.client import ManagerClient
+from tests.runtime.manager.helpers import greedy_reference, wait_until, workers
 from tests.runtime.processes import http
 
 PROMPT = [3 + 7 * i % 50 for i in range(20)]  # more than one of the built-in cache's 16-token blocks
@@ -163,3 +166,30 @@ def test_sglang_session_shapes_drive_the_same_sessions(processes):
     assert http("POST", manager.url + "/close_session", {"session_id": session_id})[0] == 200
     status, answer = generate([4], id=session_id)
     assert status == 409 and "is closed" in answer["error"]["message"]
+
+
+def test_an_engine_killed_mid_turn_hands_the_turn_on_with_its_tokens(processes):
+    engines = [processes.engine(), processes.engine()]
+    manager = processes.manager(engines=[{"url": e.url} for e in engines], health_interval_s=0.5)
+    client = ManagerClient(manager.url)
+    session_id = client.open_session()
+    first = client.send_turn(session_id, PROMPT, **SAMPLING)
+    (home,) = _engine_urls(first)
+    context = PROMPT + first["output_ids"] + ENV_TOKENS[1]
+    answers = []
+    turn = threading.Thread(
+        target=lambda: answers.append(
+            client.send_turn(session_id, ENV_TOKENS[1], max_new_tokens=300, temperature=0, ignore_eos=True)
+        )
+    )
+    turn.start()
+    wait_until(lambda: workers(manager)[home]["tokens_generated"] >= 6 + 8, what="the turn to stream")
+    by_url = {e.url: e for e in engines}
+    by_url[home].kill()
+    turn.join(timeout=300)
+    (survivor,) = [e for e in engines if e.url != home]
+    (second,) = answers
+    spans = second["meta_info"]["spans"]
+    assert [span["engine_url"] for span in spans] == [home, survivor.url]
+    assert second["meta_info"]["resumes"] == 1
+    assert second["output_ids"] == greedy_reference(survivor, context, 300)
