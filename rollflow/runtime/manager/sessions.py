@@ -170,8 +170,8 @@ class SessionStore:
         if session.closed:
             raise SessionConflict(f"session {session_id!r} is closed already")
         session.closed = True
-        if session.running is not None:
-            self.manager.release(session.running)
+        if session.running is not None:  # its caller hears of the close (a 409) and the turn is not kept
+            self.manager.abort_sample(session.running, f"session {session_id!r} closed")
         del self._open[session_id]
         self._closed[session_id] = session
         if len(self._closed) > MAX_CLOSED_SESSIONS:

@@ -120,6 +120,21 @@ def test_bad_turns_get_a_clear_4xx(processes, tiny_model):
     versions = [t["weight_version"] for t in client.session(free)["turns"]]
     assert versions == [0, 1]
 
+    # a session closed while a turn runs: the turn's caller gets a 409, and the turn is not kept
+    answers = []
+    long_turn = {"input_ids": [5], "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}
+    caller = threading.Thread(
+        target=lambda: answers.append(http("POST", f"{manager.url}/v1/sessions/{free}/turns", long_turn))
+    )
+    before = workers(manager)[engine.url]["tokens_generated"]
+    caller.start()
+    wait_until(lambda: workers(manager)[engine.url]["tokens_generated"] > before, what="the turn to stream")
+    record = client.close_session(free)
+    caller.join(timeout=60)
+    ((status, answer),) = answers
+    assert status == 409 and "closed during the turn" in answer["error"]["message"]
+    assert len(record["turns"]) == 2
+
 
 def test_generate_and_openai_answers_carry_the_engines_cached_tokens(processes, tiny_model):
     engine = processes.engine()
