@@ -76,6 +76,8 @@ class GenerateChunk:
     status_code: int | None = None
     # the engine's text of this attempt so far (cumulative), when it sends text
     text: str | None = None
+    # prompt tokens the engine served from its prefix cache for this request, when it says
+    cached_tokens: int | None = None
 
 
 class EngineError(Exception):

@@ -245,7 +245,9 @@ def parse_sglang_event(payload: dict[str, Any], num_seen: int, text_seen: str = 
         text = text_seen + text if incremental else text
     else:
         text = None
-    return GenerateChunk(token_ids, logprobs, finish_type, version, message, status_code, text)
+    cached = meta.get("cached_tokens")
+    cached = cached if isinstance(cached, int) and cached >= 0 else None
+    return GenerateChunk(token_ids, logprobs, finish_type, version, message, status_code, text, cached)
 
 
 def _check_success(answer: Any, url: str, what: str) -> None:

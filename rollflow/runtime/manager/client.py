@@ -164,6 +164,31 @@ class ManagerClient:
         body = {"input_ids": input_ids, "sampling_params": sampling_params, "return_logprob": return_logprob}
         return self.request("POST", "/generate", body)
 
+    def open_session(
+        self, weight_version: int | None = None, allow_off_policy: bool = False, session_id: str | None = None
+    ) -> str:
+        """Open a multi-turn session (its turns keep their engine); returns its id."""
+        body: dict[str, Any] = {"allow_off_policy": allow_off_policy}
+        if weight_version is not None:
+            body["weight_version"] = weight_version
+        if session_id is not None:
+            body["session_id"] = session_id
+        return self.request("POST", "/v1/sessions", body)["session_id"]
+
+    def send_turn(self, session_id: str, input_ids: list[int], **sampling_params: Any) -> dict:
+        """The next turn: `input_ids` are the prompt on the first turn, the environment's tokens after
+        (masked out of the loss); answers the turn's `output_ids` and `meta_info`."""
+        body = {"input_ids": input_ids, "sampling_params": sampling_params, "return_logprob": True}
+        return self.request("POST", f"/v1/sessions/{session_id}/turns", body)
+
+    def session(self, session_id: str) -> dict:
+        """The whole context so far: `context_ids`, `logprobs`, `loss_mask`, `segments`, `turns`."""
+        return self.request("GET", f"/v1/sessions/{session_id}")
+
+    def close_session(self, session_id: str) -> dict:
+        """Close the session; answers its whole context, as `session` does."""
+        return self.request("DELETE", f"/v1/sessions/{session_id}")
+
     def add_worker(
         self,
         url: str,

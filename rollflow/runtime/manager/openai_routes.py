@@ -72,7 +72,10 @@ class ManagerTokens:
                     ids = sample.output_ids[sent:]
                     logprobs = sample.output_logprobs[sent : sent + len(ids)]
                     sent += len(ids)
-                    yield Delta(ids, logprobs, (sample.finish_reason or "length") if done else None)
+                    finish = (sample.finish_reason or "length") if done else None
+                    yield Delta(
+                        ids, logprobs, finish, sample.cached_tokens if sample.cached_by_attempt else None
+                    )
                 if done:
                     return
                 await manager.wait_for_update(sample)

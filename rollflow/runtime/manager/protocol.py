@@ -7,24 +7,82 @@ sgl-router's `POST /workers` body.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from rollflow.config import StrictModel
-from rollflow.runtime.engines.sglang_io import MAX_TOKEN_ID, SamplingParamsBody
+from rollflow.runtime.engines.sglang_io import (
+    MAX_TOKEN_ID,
+    TOP_LEVEL_NEUTRAL,
+    SamplingParamsBody,
+    drop_neutral,
+)
 from rollflow.runtime.engines.sglang_io import GenerateBody as SGLangGenerateBody
 
 SamplingBody = SamplingParamsBody
 """`sampling_params` of every manager route: SGLang's, shared with the built-in engine."""
 
 
+class SessionParamsBody(StrictModel):
+    """SGLang's `session_params` of a `/generate`: the request is the next turn of session `id`
+    (opened with `/open_session`); its `input_ids` follow the session's whole context."""
+
+    id: str = Field(min_length=1, max_length=64)
+    rid: str | None = None
+    """The request it continues: null or the session's last request (branching is not served)."""
+    offset: int | None = None
+    """Where in that request's context to append: null or 0, its end (cutting it is not served)."""
+    replace: bool | None = None
+    drop_previous_output: bool | None = None
+
+    @model_validator(mode="after")
+    def _append_only(self) -> SessionParamsBody:
+        if self.offset not in (None, 0):
+            raise ValueError(
+                f"offset={self.offset}: only appending to the session's end is served; send null"
+            )
+        if self.replace or self.drop_previous_output:
+            field = "replace" if self.replace else "drop_previous_output"
+            raise ValueError(f"{field}=true: only appending to the session's end is served; send false")
+        return self
+
+
 class GenerateBody(SGLangGenerateBody):
     """SGLang's `/generate` body as clients send it (`rollflow.runtime.engines.sglang_io`), plus
-    rollflow's own field."""
+    rollflow's own field and SGLang's sessions (sessions_api.py)."""
 
     allow_off_policy: bool = False
     """rollflow extension: the sample may continue on an engine with other weights."""
+    session_params: SessionParamsBody | None = None
+    """The request is the next turn of a session (SGLang's shape; see sessions_api.py)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _neutral(cls, data: Any) -> Any:
+        """The engine's neutral-field rule, except that the manager serves `session_params`."""
+        if not isinstance(data, dict) or data.get("session_params") is None:
+            return drop_neutral(data, TOP_LEVEL_NEUTRAL, "")
+        rest = drop_neutral({k: v for k, v in data.items() if k != "session_params"}, TOP_LEVEL_NEUTRAL, "")
+        return rest | {"session_params": data["session_params"]}
+
+
+class OpenSGLangSessionBody(StrictModel):
+    """SGLang's `/open_session` body."""
+
+    capacity_of_str_len: int = Field(0, ge=0)
+    """SGLang's bound on the session's text; the manager's bound is max_prompt_tokens."""
+    session_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    streaming: bool | None = None
+    """SGLang's append-only sessions: the manager's sessions are append-only either way."""
+    timeout: float | None = Field(None, gt=0)
+    """SGLang reaps an idle session after this long; the manager keeps it until closed (accepted, unused)."""
+
+
+class CloseSGLangSessionBody(StrictModel):
+    """SGLang's `/close_session` body."""
+
+    session_id: str = Field(min_length=1, max_length=64)
 
 
 class AbortBody(StrictModel):
@@ -167,3 +225,31 @@ class ResumeWorkerBody(StrictModel):
         if self.weight_version is not None and self.model_path is None and self.weights_url is None:
             raise ValueError("weight_version needs a source: model_path or weights_url")
         return self
+
+
+class OpenSessionBody(StrictModel):
+    """`POST /v1/sessions`: a multi-turn session (sessions.py)."""
+
+    session_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    """The client's id for the session (letters, digits, `_`, `.`, `-`); a new one when absent."""
+    weight_version: int | None = Field(None, ge=0)
+    """Hold the session to this weight version; absent: the version of its first token."""
+    allow_off_policy: bool = False
+    """Let later turns continue on engines of other weight versions (each token keeps its own)."""
+
+
+class TurnBody(StrictModel):
+    """`POST /v1/sessions/{id}/turns`: the first turn's input is the prompt; a later turn's is the
+    environment's (or tool's) tokens that follow the last output, masked out of the loss."""
+
+    input_ids: list[int] = Field(default_factory=list)
+    sampling_params: SamplingBody = SamplingBody()
+    return_logprob: bool = False
+    """Add `meta_info.output_token_logprobs` as [[logprob, token_id, null], ...], as /generate does."""
+
+    @field_validator("input_ids")
+    @classmethod
+    def _token_ids(cls, value: list[int]) -> list[int]:
+        if value and (min(value) < 0 or max(value) > MAX_TOKEN_ID):
+            raise ValueError(f"token ids must lie in [0, {MAX_TOKEN_ID}]")
+        return value

@@ -76,6 +76,13 @@ class Sample:
     arrived_at: float = field(default_factory=time.time)  # wall-clock time the manager took it in
     attempt_started_at: float = 0.0  # when the running (or last) attempt was sent to its engine
     first_token_at: float | None = None  # when the first output token arrived (kept across resumes)
+    cached_by_attempt: dict[int, int] = field(
+        default_factory=dict
+    )  # attempt -> prompt tokens its engine had cached
+    session_id: str | None = (
+        None  # the session whose turn this is (sessions.py): routed by the session policy
+    )
+    pinned_version: int | None = None  # a session's weight version, before the turn has a token of its own
 
     @property
     def engine_text(self) -> str:
@@ -87,12 +94,18 @@ class Sample:
         return self.sampling.max_new_tokens - len(self.output_ids)
 
     @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens its engines served from their prefix caches, over all its attempts."""
+        return sum(self.cached_by_attempt.values())
+
+    @property
     def weight_version(self) -> int | None:
-        """The version the sample is pinned to: that of its first span (None before any token)."""
+        """The version the sample is pinned to: that of its first span, else its session's (None before
+        any token)."""
         for span in self.spans:
             if span.weight_version is not None:
                 return span.weight_version
-        return None
+        return self.pinned_version
 
     def begin_attempt(self, engine_id: int) -> None:
         self.attempts += 1
@@ -160,6 +173,7 @@ class Sample:
             "attempts": self.attempts,
             "resumes": self.resumes,
             "regenerated_tokens": self.regenerated_tokens,
+            "cached_tokens": self.cached_tokens,
         }
 
 

@@ -26,6 +26,8 @@ GET    /weight_versions           engine id -> weight version
 GET    /metrics                   Prometheus
 GET    /health
 POST   /v1/completions, /v1/chat/completions    OpenAI's, one manager sample each (openai_routes.py)
+POST   /v1/sessions, /v1/sessions/{id}/turns; GET, DELETE /v1/sessions/{id}: multi-turn sessions
+                                  that keep their engine (sessions_api.py)
 GET    /get_model_info, /get_server_info, /v1/models, /health_generate; POST /flush_cache,
        /pause_generation, /continue_generation, /update_weights_from_disk: to every engine
                                   (passthrough.py; the POSTs need the token)
@@ -43,7 +45,7 @@ from aiohttp import web
 from rollflow.runtime.http.auth import require_bearer
 from rollflow.runtime.http.errors import error_body, http_error
 from rollflow.runtime.http.serve import GuardedRunner
-from rollflow.runtime.manager import memory, sglang_api, workers_api
+from rollflow.runtime.manager import memory, sessions_api, sglang_api, workers_api
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.edge import MANAGER_KEY, TOKENIZER_KEY, BadRequest, not_found, parse_body
 from rollflow.runtime.manager.openai_routes import openai_routes
@@ -356,6 +358,7 @@ def create_app(manager: RolloutManager) -> web.Application:
     app.cleanup_ctx.append(lifecycle)
     sglang_api.setup(app)
     workers_api.setup(app)
+    sessions_api.setup(app)
     app.add_routes(
         [
             web.post("/batches", submit_batch),

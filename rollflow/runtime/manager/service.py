@@ -156,6 +156,7 @@ class RolloutManager:
         self.router = router or make_router(config.router, seed=config.seed, path=config.router_path)
         self._fallback_router = make_router("least_outstanding")
         self._reads_cache = getattr(self.router, "reads_cache", False)  # fill the view's cached_tokens
+        self.session_router = make_router("session", seed=config.seed)  # routes sessions' turns (sessions.py)
         self.registry = Registry()
         self.metrics = ManagerMetrics()
         self.num_step_reports = 0
@@ -543,13 +544,19 @@ class RolloutManager:
         sampling: SamplingParams,
         allow_off_policy: bool = False,
         sample_id: str | None = None,
+        session_id: str | None = None,
+        pinned_version: int | None = None,
     ) -> Sample:
+        """One request a caller waits on; a session's turn names its session (routed by
+        `session_router`) and the weight version the session holds to."""
         sample = Sample(
             seq=next(self._seq),
             sample_id=sample_id or uuid.uuid4().hex,
             prompt_ids=list(prompt_ids),
             sampling=sampling,
             allow_off_policy=allow_off_policy,
+            session_id=session_id,
+            pinned_version=pinned_version,
         )
         self._runs[sample.sample_id] = SampleRun(sample, watcher=asyncio.Event())
         self._enqueue(sample)
@@ -688,25 +695,30 @@ class RolloutManager:
             if not candidates:
                 blocked.append(sample)
                 continue
-            request, view = route_inputs(sample, candidates, now, self._reads_cache)
-            self._start_attempt(sample, self._route(request, view), request.prefix_key)
+            router, reads_cache = (
+                (self.router, self._reads_cache)
+                if sample.session_id is None
+                else (self.session_router, False)
+            )
+            request, view = route_inputs(sample, candidates, now, reads_cache)
+            self._start_attempt(sample, self._route(request, view, router), request.prefix_key)
             if not any(e.routable for e in self.registry.live()):
                 break
         blocked.extend(self._queue)
         self._queue = blocked
 
-    def _route(self, request: RouteRequest, view: ClusterView) -> EngineRecord:
+    def _route(self, request: RouteRequest, view: ClusterView, router: Router) -> EngineRecord:
         """The router's pick; a router that fails or picks outside the view is logged, counted and
         overruled by least-outstanding, because one bad policy must not stop every rollout."""
         try:
-            chosen = self.router.pick(request, view)
+            chosen = router.pick(request, view)
             if all(inst.instance_id != chosen for inst in view.instances):
                 raise ValueError(
                     f"picked engine {chosen}, not among {[i.instance_id for i in view.instances]}"
                 )
         except Exception as exc:  # any policy failure takes the same fallback
             self.metrics.router_errors.inc()
-            log.error("router %s failed (%s); routing by least outstanding", self.router.name, exc)
+            log.error("router %s failed (%s); routing by least outstanding", router.name, exc)
             chosen = self._fallback_router.pick(request, view)
         return self.registry.get(chosen)
 
@@ -843,6 +855,8 @@ class RolloutManager:
                     engine.weight_version = chunk.weight_version
                 if chunk.text is not None:
                     sample.engine_texts[sample.attempts] = chunk.text
+                if chunk.cached_tokens is not None:
+                    sample.cached_by_attempt[sample.attempts] = chunk.cached_tokens
                 tokens = chunk.token_ids[: sample.remaining_tokens]
                 start = len(sample.output_ids)
                 if tokens:

@@ -80,6 +80,7 @@ def generate_payload(sample: Sample, body: GenerateBody, rid: str, tokenizer: An
         "id": rid,
         "prompt_tokens": len(sample.prompt_ids),
         "completion_tokens": len(sample.output_ids),
+        "cached_tokens": sample.cached_tokens,
         "finish_reason": None,
         "weight_version": sample.weight_version,
         "spans": [span.to_json() for span in sample.spans],
@@ -162,6 +163,12 @@ async def _finished(manager: RolloutManager, sample: Sample) -> None:
 async def generate(request: web.Request) -> web.StreamResponse:
     manager = request.app[MANAGER_KEY]
     bodies, batched = await read_json_object(request, body_limit(request), _generate_bodies)
+    if any(body.session_params is not None for body in bodies):
+        from rollflow.runtime.manager import sessions_api  # it builds on this module
+
+        if batched:
+            raise BadRequest("session_params is served for one prompt per request, not a batch")
+        return await sessions_api.generate_turn(request, bodies[0])
     requests = [_Request(request, body) for body in bodies]  # every prompt checked before any runs
     for req in requests:
         req.submit(manager)

@@ -64,10 +64,11 @@ async def refresh_load(engine: EngineRecord, timeout_s: float) -> None:
 def route_inputs(
     sample: Sample, engines: Sequence[EngineRecord], now: float, reads_cache: bool
 ) -> tuple[RouteRequest, ClusterView]:
-    """What a router is given for one sample: the request (with its prefix key: its GRPO group, or
-    its prompt's start) and the view of the eligible engines, each with the prompt tokens it
+    """What a router is given for one sample: the request (with its prefix key: its GRPO group, its
+    session, or its prompt's start) and the view of the eligible engines, each with the prompt tokens it
     probably caches (from the manager's record of what it sent where) when the router reads them."""
-    key = prefix_key(sample.batch_id, sample.group_index, sample.prompt_ids)
+    group = sample.batch_id if sample.session_id is None else f"session/{sample.session_id}"
+    key = prefix_key(group, sample.group_index, sample.prompt_ids)
     request = RouteRequest(
         sample.seq, len(sample.prompt_ids) + len(sample.output_ids), sample.remaining_tokens, key
     )

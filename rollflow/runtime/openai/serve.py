@@ -33,6 +33,8 @@ class Delta:
     logprobs: list[float]
     # "stop" | "length" | "abort" on the last delta, None before
     finish_reason: str | None
+    # prompt tokens the engine served from its prefix cache, when the source knows
+    cached_tokens: int | None = None
 
 
 class TokenSource(Protocol):
@@ -121,6 +123,11 @@ class _Request:
     want_logprobs: bool
     rid: str
     created: int
+    cached_tokens: int | None = None  # the source's last word on it: usage.prompt_tokens_details
+
+    def note(self, delta: Delta) -> None:
+        if delta.cached_tokens is not None:
+            self.cached_tokens = delta.cached_tokens
 
 
 def _prompt_ids(body: CompletionBody | ChatBody, tokenizer: Tokenizer) -> list[int]:
@@ -178,6 +185,7 @@ async def _whole(
     finish = None
     try:
         async for delta in stream:
+            req.note(delta)
             assembler.add(delta.token_ids, final=delta.finish_reason is not None)
             logprobs.extend(delta.logprobs)
             finish = "stop" if assembler.stopped else delta.finish_reason
@@ -234,6 +242,7 @@ async def _stream(
     logprobs: list[float] = []
     try:
         async for delta in stream:
+            req.note(delta)
             logprobs.extend(delta.logprobs)
             piece = assembler.add(delta.token_ids, final=delta.finish_reason is not None)
             finish = "stop" if assembler.stopped else delta.finish_reason
@@ -274,13 +283,16 @@ def _envelope(req: _Request, kind: str, choices: list[dict[str, Any]]) -> dict[s
     }
 
 
-def _usage(req: _Request, num_completion: int) -> dict[str, int]:
+def _usage(req: _Request, num_completion: int) -> dict[str, Any]:
     num_prompt = len(req.prompt_ids)
-    return {
+    usage: dict[str, Any] = {
         "prompt_tokens": num_prompt,
         "completion_tokens": num_completion,
         "total_tokens": num_prompt + num_completion,
     }
+    if req.cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": req.cached_tokens}
+    return usage
 
 
 def _add_token_ids(req: _Request, choice: dict[str, Any], ids: list[int], with_prompt: bool = True) -> None:

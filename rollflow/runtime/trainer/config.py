@@ -64,6 +64,13 @@ class TrainConfig(StrictModel):
     """'module:function' (prompt_ids, output_ids, tokenizer) -> float; see rollflow/runtime/trainer/tasks.py."""
     prompts: str = "rollflow.runtime.trainer.tasks:random_prompts"
     """'module:function' (tokenizer, num, rng) -> list of prompt token-id lists."""
+    environment: str | None = None
+    """'module:function' (prompt_ids, turns, tokenizer) -> the environment's token ids after the model's
+    last turn, or None to end the episode. Set, every sample is a multi-turn episode on a manager
+    session (rollflow/runtime/trainer/episodes.py): the environment's tokens are masked out of the
+    loss and the reward sees the model's own tokens. Example: rollflow.runtime.trainer.tasks:calculator."""
+    max_turns: int = Field(4, ge=1)
+    """With `environment`: turns an episode takes at most."""
     output_dir: str = "outputs/train"
     """metrics.csv, tensorboard/, weights/v{N}/ pushed to engines, checkpoints/step_{N}/."""
     checkpoint_every: int = Field(1, ge=1)

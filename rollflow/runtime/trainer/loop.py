@@ -38,9 +38,10 @@ from rollflow.runtime.trainer import checkpoints
 from rollflow.runtime.trainer.algorithm import LossSettings, MicroBatchStats, backward_micro_batch
 from rollflow.runtime.trainer.config import TrainConfig
 from rollflow.runtime.trainer.distributed import Command, DataParallel, Share, idle_rollout, split_micro_batch
+from rollflow.runtime.trainer.episodes import EpisodeBatch
 from rollflow.runtime.trainer.metrics import MetricsWriter, StepMetrics
 from rollflow.runtime.trainer.models import Critic, load_policy, load_reference
-from rollflow.runtime.trainer.rollouts import filter_stale, to_tensors
+from rollflow.runtime.trainer.rollouts import filter_stale, model_output, to_tensors
 from rollflow.runtime.trainer.tasks import load_callable
 from rollflow.runtime.weights.checkpoint import publish_checkpoint, published_versions
 from rollflow.runtime.weights.cli import TOKEN_ENV as WEIGHTS_TOKEN_ENV
@@ -98,6 +99,7 @@ class Trainer:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.reward_fn = load_callable(config.reward, "reward")
         self.prompts_fn = load_callable(config.prompts, "prompts")
+        self.environment_fn = load_callable(config.environment, "environment") if config.environment else None
         token = config.manager_token or os.environ.get("ROLLFLOW_MANAGER_TOKEN")
         self.client = ManagerClient(config.manager_url, token=token, reconnect_s=config.manager_reconnect_s)
         torch.manual_seed(config.seed)
@@ -200,8 +202,19 @@ class Trainer:
             return self.actor.active_ranks
         return self.parallel.world_size if self.parallel is not None else 1
 
-    def _submit(self) -> BatchHandle:
+    def _submit(self) -> BatchHandle | EpisodeBatch:
         prompts = self.prompts_fn(self.tokenizer, self.config.prompts_per_step, self.rng)
+        if self.environment_fn is not None:
+            return EpisodeBatch(
+                self.client,
+                prompts,
+                self.config.n_samples,
+                self.environment_fn,
+                self.tokenizer,
+                self.config.max_turns,
+                self._sampling_params(),
+                allow_off_policy=self.config.off_policy,
+            )
         return self.client.submit(
             prompts,
             n=self.config.n_samples,
@@ -343,7 +356,7 @@ class Trainer:
 
     def _backward(self, groups: list[list[dict]], scale: float) -> MicroBatchRecord:
         samples = [s for group in groups for s in group]
-        rewards = [float(self.reward_fn(s["prompt_ids"], s["output_ids"], self.tokenizer)) for s in samples]
+        rewards = [float(self.reward_fn(s["prompt_ids"], model_output(s), self.tokenizer)) for s in samples]
         if samples:
             rollout = to_tensors(groups, self.tokenizer.pad_token_id).to(self.device)
         else:  # an empty share under torchrun: join the gradient all-reduce with nothing
@@ -357,7 +370,7 @@ class Trainer:
             self.settings,
             scale,
         )
-        tokens = sum(len(s["output_ids"]) for s in samples)
+        tokens = sum(len(model_output(s)) for s in samples)
         resumed = sum(s["resumes"] > 0 for s in samples)
         return MicroBatchRecord(rewards, stats if samples else None, tokens, resumed)
 

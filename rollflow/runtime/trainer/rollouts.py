@@ -1,7 +1,9 @@
 """Samples from the manager -> what the trainer accepts -> padded tensors.
 
 A sample dict is the manager's (`prompt_ids`, `output_ids`, `output_logprobs`, `spans`, ...); each
-span names the weight version that made its tokens, so staleness is decided per token range.
+span names the weight version that made its tokens, so staleness is decided per token range. A
+multi-turn episode's (episodes.py) adds `loss_mask` over its output: 0 on the environment's tokens,
+which are context for the model but not its actions, so no loss, KL or advantage falls on them.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class RolloutTensors:
 
     input_ids: torch.Tensor  # [B, T] prompt then output tokens, pad_id after
     attention_mask: torch.Tensor  # [B, T] 1 on real tokens
-    mask: torch.Tensor  # [B, T-1] 1 where the predicted token (t+1) is an output token
+    mask: torch.Tensor  # [B, T-1] 1 where the predicted token (t+1) is a generated output token
     old_logprobs: torch.Tensor  # [B, T-1] the engine's recorded logprob of token t+1 (0 off the mask)
     group_ids: torch.Tensor  # [B] index of the sample's group in the micro-batch
     last_index: torch.Tensor  # [B] position in the [B, T-1] rows of the sample's last output token
@@ -57,6 +59,14 @@ class RolloutTensors:
     def to(self, device: torch.device | str) -> RolloutTensors:
         fields = (getattr(self, f.name) for f in dataclasses.fields(self))
         return RolloutTensors(*(None if t is None else t.to(device) for t in fields))
+
+
+def model_output(sample: dict) -> list[int]:
+    """The tokens the model generated: the output less the environment's tokens of an episode."""
+    mask = sample.get("loss_mask")
+    if mask is None:
+        return sample["output_ids"]
+    return [token for token, keep in zip(sample["output_ids"], mask, strict=True) if keep]
 
 
 def to_tensors(groups: list[list[dict]], pad_id: int) -> RolloutTensors:
@@ -77,7 +87,9 @@ def to_tensors(groups: list[list[dict]], pad_id: int) -> RolloutTensors:
         input_ids[row, : len(tokens)] = torch.tensor(tokens)
         attention_mask[row, : len(tokens)] = 1
         start, end = len(prompt) - 1, len(tokens) - 1
-        mask[row, start:end] = 1
+        mask[row, start:end] = (
+            torch.tensor(sample["loss_mask"], dtype=mask.dtype) if "loss_mask" in sample else 1
+        )
         # inference workers' recomputed old-policy log-probs (PPO), else the engine's recorded ones
         old = sample["old_logprobs"] if "old_logprobs" in sample else sample["output_logprobs"]
         old_logprobs[row, start:end] = torch.tensor(old, dtype=torch.float32)
