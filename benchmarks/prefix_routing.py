@@ -19,13 +19,14 @@ cache_aware` (the peer), all in front of the same engines; every configuration g
 prompt of its own and the engines' caches are flushed between them. Per front it prints the prefix
 hit rate and the prompt tokens the engines' prefills computed (both from the engines' own
 `/v1/loads` counters, not from any router's beliefs), TTFT p50/p99 (request sent to first streamed
-token) and samples per second over the burst; beside them the simulator's prediction for the same
-burst (`workload.groups`, `system_prompt_tokens`, static arrivals) on as many replicas, with the
-profiled tables, the profiled round trip as `execution.request_overhead_ms`, sarathi batching with
-one whole prompt per chunk and late binding at the same capacity. The simulated replicas are
-independent; the live engines share this machine's cores (and its other jobs), so the live times
-are the longer. `--output-dir` gets `results.json` and `prefix_routing.png` (hit rate, prefill
-tokens and TTFT p50 per front, live beside simulated).
+token), samples per second over the burst and how many samples each engine prefilled (from the
+same counters); beside them the simulator's prediction for the same burst (`workload.groups`,
+`system_prompt_tokens`, static arrivals) on as many replicas, with the profiled tables, the
+profiled round trip as `execution.request_overhead_ms`, sarathi batching with one whole prompt per
+chunk and late binding at the same capacity. The simulated replicas are independent; the live
+engines share this machine's cores (and its other jobs), so the live times are the longer.
+`--output-dir` gets `results.json` and `prefix_routing.png` (hit rate, prefill tokens and TTFT
+p50 per front, live beside simulated).
 """
 
 from __future__ import annotations
@@ -67,6 +68,16 @@ def _prompts(run: int, groups: int, system_tokens: int, own_tokens: int) -> list
 
 def _engine_counter(engines: list[Process], key: str) -> int:
     return sum(http("GET", e.url + "/v1/loads")[1]["loads"][0][key] for e in engines)
+
+
+def _prompt_tokens_seen(engines: list[Process]) -> list[float]:
+    """Prompt tokens each engine's prefills have looked up in its prefix cache so far: the tokens
+    it computed over the share it did not find cached (every prefill looks its prompt up once)."""
+    seen = []
+    for engine in engines:
+        load = http("GET", engine.url + "/v1/loads")[1]["loads"][0]
+        seen.append(load["prefill_tokens_computed"] / (1 - load["cache_hit_rate"]))
+    return seen
 
 
 def _flush(engines: list[Process]) -> None:
@@ -184,12 +195,15 @@ def _start_sglang_router(engines: list[Process], tmp: Path) -> Process:
 def run_live(front: Process, engines: list[Process], prompts: list[list[int]], group_size: int) -> dict:
     """One burst through `front`; hit rate and prefill tokens from the engines' own counters."""
     computed_before = _engine_counter(engines, "prefill_tokens_computed")
+    seen_before = _prompt_tokens_seen(engines)
     ttfts, elapsed = asyncio.run(_burst(front.url, prompts, group_size))
     computed = _engine_counter(engines, "prefill_tokens_computed") - computed_before
+    seen = [after - before for after, before in zip(_prompt_tokens_seen(engines), seen_before, strict=True)]
     prompt_tokens = group_size * sum(len(p) for p in prompts)
     return {
         "hit_rate": 1 - computed / prompt_tokens,
         "prefill_tokens": computed,
+        "samples_per_engine": [round(tokens / len(prompts[0])) for tokens in seen],
         "ttft_p50_ms": 1000 * float(np.percentile(ttfts, 50)),
         "ttft_p99_ms": 1000 * float(np.percentile(ttfts, 99)),
         "samples_per_s": len(ttfts) / elapsed,
@@ -311,19 +325,20 @@ def _print(results: dict) -> None:
     )
     print(
         "| front | hit rate | prefill tokens | TTFT p50 / p99 ms | samples/s "
-        "| sim hit rate | sim prefill tokens | sim TTFT p50 / p99 ms | sim samples/s |"
+        "| samples per engine | sim hit rate | sim prefill tokens | sim TTFT p50 / p99 ms | sim samples/s |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|")
     for front, live in results["live"].items():
         sim = results["simulated"].get(front.removeprefix("manager "))
         cells = (
-            [f"failed: {live['error']}", "", "", ""]
+            [f"failed: {live['error']}", "", "", "", ""]
             if "error" in live
             else [
                 f"{live['hit_rate']:.3f}",
                 f"{live['prefill_tokens']:,}",
                 f"{live['ttft_p50_ms']:.0f} / {live['ttft_p99_ms']:.0f}",
                 f"{live['samples_per_s']:.1f}",
+                " ".join(map(str, live["samples_per_engine"])),
             ]
         )
         cells += (
