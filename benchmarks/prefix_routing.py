@@ -1,17 +1,32 @@
-"""Prefix-aware routing live: GRPO groups on built-in engines with prefix caches, router by router.
+"""Prefix-aware routing live: GRPO groups on built-in engines with prefix caches, front by front,
+beside the simulator's prediction for the same traffic on the same engines' profile.
 
-    python benchmarks/prefix_routing.py [--groups 6] [--group-size 8] [--engines 3]
+    .venv/bin/python benchmarks/prefix_routing.py [--groups 6] [--group-size 8] [--engines 3]
+        [--output-dir outputs/bench/prefix_routing] [--quick]
 
-A GRPO-shaped burst: `--groups` prompts, each sent `--group-size` times at once, every prompt
-starting with the same 32-token system prompt followed by 64 tokens of its own, 16 tokens
-generated greedily per sample. The burst goes through `rollflow manager` with `round_robin`, `lor`
-and `prefix_affinity`, and through the `sglang-router` package with `--policy cache_aware` (the
-peer), all in front of the same built-in engines (each configuration gets a system prompt of its
-own, so no run finds another's prefixes cached). Per configuration it prints the prefix hit rate
-(1 - the prompt tokens the engines' prefills computed, from their `/v1/loads`, over all prompt
-tokens), those prompt tokens computed, TTFT p50/p99 (request sent to first
-streamed token) and the burst's samples per second; then the simulator's prediction of the hit
-rate and prefill tokens for the same traffic on the same number of replicas.
+A GRPO-shaped burst: `--groups` prompts, each sent `--group-size` times at once, every prompt a
+256-token system prompt shared by all followed by 768 tokens of its own, 16 tokens generated
+greedily per sample, on built-in engines serving a 4-layer, 256-wide model (`rollflow engine
+init-model --layers 4 --heads 4`, one torch thread each): on this CPU a 1,024-token prefill costs
+about as much as the sample's 16 decode steps, so what a router saves in prefill shows in TTFT.
+
+First it checks that a cached prefix saves the engine compute time (the same prompt cold and then
+with all but its last token cached, TTFT of each), and profiles engine 0 with `rollflow profile
+engine --kind builtin`. Then the burst goes through `rollflow manager` with `round_robin`, `lor`
+and `prefix_affinity` (engine capacity 64, the engines' own batch limit, so the manager forwards
+every sample at once as sgl-router does), and through the `sglang-router` package with `--policy
+cache_aware` (the peer), all in front of the same engines; every configuration gets a system
+prompt of its own and the engines' caches are flushed between them. Per front it prints the prefix
+hit rate and the prompt tokens the engines' prefills computed (both from the engines' own
+`/v1/loads` counters, not from any router's beliefs), TTFT p50/p99 (request sent to first streamed
+token), samples per second over the burst and how many samples each engine prefilled (from the
+same counters); beside them the simulator's prediction for the same burst (`workload.groups`,
+`system_prompt_tokens`, static arrivals) on as many replicas, with the profiled tables, the
+profiled round trip as `execution.request_overhead_ms`, sarathi batching with one whole prompt per
+chunk and late binding at the same capacity. The simulated replicas are independent; the live
+engines share this machine's cores (and its other jobs), so the live times are the longer.
+`--output-dir` gets `results.json` and `prefix_routing.png` (hit rate, prefill tokens and TTFT
+p50 per front, live beside simulated).
 """
 
 from __future__ import annotations
@@ -19,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -27,25 +43,93 @@ import time
 from pathlib import Path
 
 import aiohttp
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.runtime.processes import ENV, Process, free_port, http, rollflow, start_engine  # noqa: E402
 
-SYSTEM_TOKENS, OWN_TOKENS, NEW_TOKENS = 32, 64, 16
+MODEL_ARGS = ("--layers", "4", "--heads", "4")
+SYSTEM_TOKENS, OWN_TOKENS, NEW_TOKENS = 256, 768, 16
+CAPACITY = 64  # the manager's per-engine capacity: the built-in engine's max_running_requests
 ROUTERS = ("round_robin", "lor", "prefix_affinity")
+PEER = "sglang-router cache_aware"
+VOCAB = 500  # prompt token ids stay in 3..VOCAB+2 of the model's 512
 
 
-def _prompts(run: int, groups: int) -> list[list[int]]:
+def _prompts(run: int, groups: int, system_tokens: int, own_tokens: int) -> list[list[int]]:
     """Prompts of one configuration: its own system prompt, then each group's own tokens."""
-    system = [1 + (run * 37 + i) % 500 for i in range(SYSTEM_TOKENS)]
-    return [system + [1 + (run * 101 + g * 67 + i) % 500 for i in range(OWN_TOKENS)] for g in range(groups)]
+    system = [3 + (run * 37 + i * 13) % VOCAB for i in range(system_tokens)]
+    return [
+        system + [3 + (run * 101 + g * 67 + i * 7) % VOCAB for i in range(own_tokens)] for g in range(groups)
+    ]
 
 
-def _prefill_computed(engines: list[Process]) -> int:
-    """Prompt tokens the engines' prefills computed so far (the rest came from their caches)."""
-    return sum(http("GET", e.url + "/v1/loads")[1]["loads"][0]["prefill_tokens_computed"] for e in engines)
+def _engine_counter(engines: list[Process], key: str) -> int:
+    return sum(http("GET", e.url + "/v1/loads")[1]["loads"][0][key] for e in engines)
+
+
+def _prompt_tokens_seen(engines: list[Process]) -> list[float]:
+    """Prompt tokens each engine's prefills have looked up in its prefix cache so far: the tokens
+    it computed over the share it did not find cached (every prefill looks its prompt up once)."""
+    seen = []
+    for engine in engines:
+        load = http("GET", engine.url + "/v1/loads")[1]["loads"][0]
+        seen.append(load["prefill_tokens_computed"] / (1 - load["cache_hit_rate"]))
+    return seen
+
+
+def _flush(engines: list[Process]) -> None:
+    for engine in engines:
+        status, body = http("POST", engine.url + "/flush_cache")
+        if status != 200:
+            raise RuntimeError(f"{engine.url}/flush_cache: HTTP {status}: {body}")
+
+
+def _timed_generate(url: str, prompt: list[int]) -> float:
+    """Seconds for one request of one new token (its prefill and a round trip)."""
+    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+    started = time.perf_counter()
+    status, output = http("POST", url + "/generate", body)
+    if status != 200:
+        raise RuntimeError(f"{url}/generate: HTTP {status}: {output}")
+    return time.perf_counter() - started
+
+
+def check_cached_prefill(engine: Process, prompt_tokens: int, repeats: int = 3) -> dict[str, float]:
+    """TTFT of a prompt computed whole, then of the same prompt again (all but its last token
+    cached), median of `repeats` fresh prompts; the engine's own count of the tokens each computed."""
+    cold, cached, computed = [], [], []
+    for r in range(repeats):
+        prompt = [3 + (9000 + r * 4099 + i * 11) % VOCAB for i in range(prompt_tokens)]
+        before = _engine_counter([engine], "prefill_tokens_computed")
+        cold.append(_timed_generate(engine.url, prompt))
+        middle = _engine_counter([engine], "prefill_tokens_computed")
+        cached.append(_timed_generate(engine.url, prompt))
+        computed.append((middle - before, _engine_counter([engine], "prefill_tokens_computed") - middle))
+    _flush([engine])
+    return {
+        "prompt_tokens": prompt_tokens,
+        "cold_ms": 1000 * statistics.median(cold),
+        "cached_ms": 1000 * statistics.median(cached),
+        "cold_computed": computed[0][0],
+        "cached_computed": computed[0][1],
+    }
+
+
+def profile(engine: Process, model: Path, out: Path, quick: bool) -> float:
+    """Profile the engine into Vidur-format tables under `out`; the request round trip in ms."""
+    lengths = "1,256,1024" if quick else "1,64,256,512,1024"
+    argv = rollflow(
+        "profile", "engine", "--url", engine.url, "--kind", "builtin",
+        "--model-config", str(model / "config.json"), "--out", str(out),
+        "--batch-sizes", "1,4,16" if quick else "1,4,8,16", "--prompt-lengths", lengths,
+        "--decode-tokens", "16", "--repeats", "1" if quick else "2",
+    )  # fmt: skip
+    printed = subprocess.run(argv, env=ENV, check=True, capture_output=True, text=True).stdout
+    [line] = [x for x in printed.splitlines() if x.startswith("request round trip ")]
+    return float(line.split()[3])
 
 
 async def _burst(url: str, prompts: list[list[int]], group_size: int) -> tuple[list[float], float]:
@@ -69,7 +153,8 @@ async def _burst(url: str, prompts: list[list[int]], group_size: int) -> tuple[l
             raise RuntimeError(f"{url}: a stream ended without a token")
         return ttft
 
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
         started = time.perf_counter()
         ttfts = await asyncio.gather(*(one(session, prompt) for prompt in prompts for _ in range(group_size)))
         elapsed = time.perf_counter() - started
@@ -81,7 +166,7 @@ def _start_manager(router: str, engines: list[Process], tmp: Path) -> Process:
 
     port = free_port()
     path = tmp / f"manager-{router}.yaml"
-    entries = [{"url": e.url, "engine_type": "builtin", "capacity": 8} for e in engines]
+    entries = [{"url": e.url, "engine_type": "builtin", "capacity": CAPACITY} for e in engines]
     path.write_text(yaml.safe_dump({"router": router, "engines": entries}))
     argv = rollflow("manager", "serve", "--config", str(path), "--port", str(port))
     return Process(argv, port, tmp / f"manager-{router}.log")
@@ -90,37 +175,183 @@ def _start_manager(router: str, engines: list[Process], tmp: Path) -> Process:
 def _start_sglang_router(engines: list[Process], tmp: Path) -> Process:
     port = free_port()
     argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--policy", "cache_aware", "--worker-urls", *(e.url for e in engines), "--disable-health-check"]
-    argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", "warn"]
-    return Process(argv, port, tmp / "sglang-router.log")
+    argv += ["--policy", "cache_aware", "--worker-urls", *(e.url for e in engines), "--log-level", "warn"]
+    argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+    process = Process(argv, port, tmp / "sglang-router.log", wait=False)
+    deadline = time.monotonic() + 120
+    while True:  # the router registers its workers in the background once it listens
+        try:
+            workers = http("GET", process.url + "/workers", timeout=2)[1]["workers"]
+            if len(workers) == len(engines) and all(w["is_healthy"] for w in workers):
+                return process
+        except (OSError, KeyError, TypeError):
+            pass
+        if process.proc.poll() is not None or time.monotonic() > deadline:
+            process.stop()
+            raise RuntimeError(f"sglang-router did not register its workers:\n{process.log()}")
+        time.sleep(0.2)
 
 
-def _simulated(router: str, groups: int, group_size: int, replicas: int) -> tuple[float, int]:
-    """The simulator's (prefix hit rate, prefill tokens computed) for the same burst."""
+def run_live(front: Process, engines: list[Process], prompts: list[list[int]], group_size: int) -> dict:
+    """One burst through `front`; hit rate and prefill tokens from the engines' own counters."""
+    computed_before = _engine_counter(engines, "prefill_tokens_computed")
+    seen_before = _prompt_tokens_seen(engines)
+    ttfts, elapsed = asyncio.run(_burst(front.url, prompts, group_size))
+    computed = _engine_counter(engines, "prefill_tokens_computed") - computed_before
+    seen = [after - before for after, before in zip(_prompt_tokens_seen(engines), seen_before, strict=True)]
+    prompt_tokens = group_size * sum(len(p) for p in prompts)
+    return {
+        "hit_rate": 1 - computed / prompt_tokens,
+        "prefill_tokens": computed,
+        "samples_per_engine": [round(tokens / len(prompts[0])) for tokens in seen],
+        "ttft_p50_ms": 1000 * float(np.percentile(ttfts, 50)),
+        "ttft_p99_ms": 1000 * float(np.percentile(ttfts, 99)),
+        "samples_per_s": len(ttfts) / elapsed,
+    }
+
+
+def simulate(router: str, args: argparse.Namespace, model: Path, tables: Path, round_trip_ms: float) -> dict:
+    """The simulator's figures for the same burst on `args.engines` replicas of the profiled engine."""
+    from rollflow.config import validate_config
+    from rollflow.sim.config import SimConfig
     from rollflow.sim.metrics import request_table, summarize
     from rollflow.sim.simulator import ServingSimulator
     from rollflow.sim.workload import build_requests
-    from tests.factories import make_config
 
-    config = make_config(
-        f"cluster.replicas={replicas}",
-        f"cluster.router={router}",
-        "cluster.dispatch=late_binding",
-        "cluster.capacity=8",
-        "scheduler.prefix_caching=true",
-        "workload.kind=synthetic",
-        f"workload.num_requests={groups}",
-        f"workload.groups.size={group_size}",
-        f"workload.system_prompt_tokens={SYSTEM_TOKENS}",
-        "workload.lengths.kind=fixed",
-        f"workload.lengths.prefill_tokens={OWN_TOKENS}",
-        f"workload.lengths.decode_tokens={NEW_TOKENS}",
-        "workload.intervals.kind=static",
-    )
+    shape = json.loads((model / "config.json").read_text())
+    prompt_tokens = args.system_tokens + args.own_tokens
+    raw = {
+        "cluster": {
+            "replicas": args.engines,
+            "model": "builtin-engine",
+            "model_shape": {
+                "num_layers": shape["num_hidden_layers"],
+                "num_q_heads": shape["num_attention_heads"],
+                "num_kv_heads": shape["num_key_value_heads"],
+                "embedding_dim": shape["hidden_size"],
+                "mlp_hidden_dim": shape["intermediate_size"],
+                "vocab_size": shape["vocab_size"],
+            },
+            "router": router,
+            "dispatch": "late_binding",
+            "capacity": CAPACITY,
+        },
+        # the built-in engine prefills a whole prompt in one step, one request after another: an
+        # iteration's chunk holds one whole uncached prompt (or several mostly cached ones)
+        "scheduler": {
+            "kind": "sarathi",
+            "chunk_size": prompt_tokens,
+            "batch_size_cap": 64,
+            "prefix_caching": True,
+        },
+        "execution": {
+            "kind": "tables",
+            "compute_table": str(tables / "mlp.csv"),
+            "attention_table": str(tables / "attention.csv"),
+            "max_batch_size": 64,
+            "request_overhead_ms": round_trip_ms,
+        },
+        "workload": {
+            "kind": "synthetic",
+            "num_requests": args.groups,
+            "max_tokens": prompt_tokens + NEW_TOKENS,
+            "system_prompt_tokens": args.system_tokens,
+            "groups": {"size": args.group_size},
+            "lengths": {"kind": "fixed", "prefill_tokens": args.own_tokens, "decode_tokens": NEW_TOKENS},
+            "intervals": {"kind": "static"},
+        },
+        "output": {"plots": False, "chrome_trace": False, "progress": False},
+    }
+    config = validate_config(SimConfig, raw)
     result = ServingSimulator(config, build_requests(config.workload, config.seed)).run()
-    summary = summarize(result, request_table(result), 0.0)
-    prompt_tokens = groups * group_size * (SYSTEM_TOKENS + OWN_TOKENS)
-    return summary["prefix_hit_rate"], round((1 - summary["prefix_hit_rate"]) * prompt_tokens)
+    table = request_table(result)
+    summary = summarize(result, table, 0.0)
+    ttfts = table.columns["ttft"]
+    return {
+        "hit_rate": summary["prefix_hit_rate"],
+        "prefill_tokens": summary["prefill_tokens_computed"],
+        "ttft_p50_ms": 1000 * float(np.percentile(ttfts, 50)),
+        "ttft_p99_ms": 1000 * float(np.percentile(ttfts, 99)),
+        "samples_per_s": len(ttfts) / float(table.columns["completed_at"].max()),
+    }
+
+
+def plot(results: dict, path: Path) -> Path:
+    """Hit rate, prefill tokens and TTFT p50 per front, live beside simulated (Agg, no pyplot)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fronts = list(results["live"])
+    panels = (
+        ("hit_rate", "prefix hit rate"),
+        ("prefill_tokens", "prompt tokens computed"),
+        ("ttft_p50_ms", "TTFT p50 (ms)"),
+    )
+    fig = Figure(figsize=(13, 3.8))
+    axes = fig.subplots(1, len(panels))
+    fig.subplots_adjust(left=0.05, right=0.98, bottom=0.17, top=0.86, wspace=0.25)
+    x = np.arange(len(fronts))
+    for ax, (key, label) in zip(axes, panels, strict=True):
+        live = [results["live"][f].get(key, np.nan) for f in fronts]
+        sim = [results["simulated"].get(f.removeprefix("manager "), {}).get(key, np.nan) for f in fronts]
+        ax.bar(x - 0.2, live, width=0.4, label="live", color="tab:blue")
+        ax.bar(x + 0.2, sim, width=0.4, label="simulated", color="tab:orange")
+        ax.set_xticks(x, [f.replace(" ", "\n", 1) for f in fronts], fontsize=8)
+        ax.set_title(label)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(loc="lower right", fontsize=8)
+    setup = results["setup"]
+    fig.suptitle(
+        f"GRPO burst: {setup['groups']} prompts x {setup['group_size']} samples, "
+        f"{setup['system_tokens']} shared + {setup['own_tokens']} own prompt tokens, "
+        f"{setup['engines']} built-in engines (load average {setup['load_average']:.1f})"
+    )
+    FigureCanvasAgg(fig)  # the canvas attaches itself to the figure
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def _print(results: dict) -> None:
+    setup, check = results["setup"], results["prefill_check"]
+    print(
+        f"\nprefill check on one engine: {check['prompt_tokens']} tokens cold {check['cold_ms']:.0f} ms "
+        f"({check['cold_computed']} computed), again with its prefix cached {check['cached_ms']:.0f} ms "
+        f"({check['cached_computed']} computed): {check['cold_ms'] / check['cached_ms']:.1f}x"
+    )
+    print(
+        f"{setup['groups']} groups x {setup['group_size']} samples, prompts of {setup['system_tokens']} shared + "
+        f"{setup['own_tokens']} own tokens, {NEW_TOKENS} generated, {setup['engines']} built-in engines; "
+        f"load average {setup['load_average']:.1f} on {os.cpu_count()} CPUs (one run)"
+    )
+    print(
+        "| front | hit rate | prefill tokens | TTFT p50 / p99 ms | samples/s "
+        "| samples per engine | sim hit rate | sim prefill tokens | sim TTFT p50 / p99 ms | sim samples/s |"
+    )
+    print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+    for front, live in results["live"].items():
+        sim = results["simulated"].get(front.removeprefix("manager "))
+        cells = (
+            [f"failed: {live['error']}", "", "", "", ""]
+            if "error" in live
+            else [
+                f"{live['hit_rate']:.3f}",
+                f"{live['prefill_tokens']:,}",
+                f"{live['ttft_p50_ms']:.0f} / {live['ttft_p99_ms']:.0f}",
+                f"{live['samples_per_s']:.1f}",
+                " ".join(map(str, live["samples_per_engine"])),
+            ]
+        )
+        cells += (
+            ["", "", "", ""]
+            if sim is None
+            else [
+                f"{sim['hit_rate']:.3f}",
+                f"{sim['prefill_tokens']:,}",
+                f"{sim['ttft_p50_ms']:.0f} / {sim['ttft_p99_ms']:.0f}",
+                f"{sim['samples_per_s']:.1f}",
+            ]
+        )
+        print(f"| {front} | " + " | ".join(cells) + " |")
 
 
 def main() -> None:
@@ -130,61 +361,74 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=6)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--engines", type=int, default=3)
+    parser.add_argument("--output-dir", type=Path, default=REPO / "outputs" / "bench" / "prefix_routing")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="3 groups of 4 on 2 engines, 64+192-token prompts, a short profile",
+    )
     args = parser.parse_args()
-    rows = {}
+    args.system_tokens, args.own_tokens = SYSTEM_TOKENS, OWN_TOKENS
+    if args.quick:
+        args.groups, args.group_size, args.engines = 3, 4, 2
+        args.system_tokens, args.own_tokens = 64, 192
+    results: dict = {"live": {}, "simulated": {}}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         model = tmp / "model"
-        subprocess.run(rollflow("engine", "init-model", str(model)), env=ENV, check=True, capture_output=True)
-        engines = [start_engine(model, tmp, name=f"engine{i}", wait=False) for i in range(args.engines)]
+        subprocess.run(
+            rollflow("engine", "init-model", str(model), *MODEL_ARGS),
+            env=ENV,
+            check=True,
+            capture_output=True,
+        )
+        engine_args = ("--threads", "1")
+        engines = [
+            start_engine(model, tmp, name=f"engine{i}", wait=False, extra_args=engine_args)
+            for i in range(args.engines)
+        ]
         try:
             for engine in engines:
                 engine.wait_ready()
+            prompt_tokens = args.system_tokens + args.own_tokens
+            results["prefill_check"] = check_cached_prefill(engines[0], prompt_tokens)
+            round_trip_ms = profile(engines[0], model, tmp / "tables", args.quick)
+            _flush(engines)
             configs = [(f"manager {r}", lambda r=r: _start_manager(r, engines, tmp)) for r in ROUTERS]
-            configs.append(("sglang-router cache_aware", lambda: _start_sglang_router(engines, tmp)))
+            configs.append((PEER, lambda: _start_sglang_router(engines, tmp)))
+            loads = []
             for run, (name, start) in enumerate(configs):
-                front = start()
+                prompts = _prompts(run, args.groups, args.system_tokens, args.own_tokens)
                 try:
-                    prompts = _prompts(run, args.groups)
-                    before = _prefill_computed(engines)
-                    ttfts, elapsed = asyncio.run(_burst(front.url, prompts, args.group_size))
-                    computed = _prefill_computed(engines) - before
+                    front = start()
+                    try:
+                        loads.append(os.getloadavg()[0])
+                        results["live"][name] = run_live(front, engines, prompts, args.group_size)
+                    finally:
+                        front.stop()
                 except RuntimeError as exc:  # the peer's requests refused by the engines, say
-                    rows[name] = {"error": str(exc)[:300]}
-                    continue
-                finally:
-                    front.stop()
-                prompt_tokens = args.groups * args.group_size * (SYSTEM_TOKENS + OWN_TOKENS)
-                ttfts.sort()
-                rows[name] = {
-                    "hit_rate": 1 - computed / prompt_tokens,
-                    "computed": computed,
-                    "ttft_p50_ms": 1000 * statistics.median(ttfts),
-                    "ttft_p99_ms": 1000 * ttfts[int(0.99 * (len(ttfts) - 1))],
-                    "samples_per_s": len(ttfts) / elapsed,
-                }
+                    results["live"][name] = {"error": str(exc)[:300]}
+                _flush(engines)
+            for router in ROUTERS:
+                results["simulated"][router] = simulate(router, args, model, tmp / "tables", round_trip_ms)
         finally:
             for engine in engines:
                 engine.stop()
-    samples = args.groups * args.group_size
-    print(
-        f"\n{args.groups} groups x {args.group_size} samples, prompts of {SYSTEM_TOKENS} shared + "
-        f"{OWN_TOKENS} own tokens, {NEW_TOKENS} generated, {args.engines} built-in engines (one run)"
-    )
-    header = f"{'front':<28}{'hit rate':>10}{'prefill tok':>13}{'TTFT p50 ms':>13}{'TTFT p99 ms':>13}{'samples/s':>11}"
-    print(header)
-    for name, row in rows.items():
-        if "error" in row:
-            print(f"{name:<28}failed: {row['error']}")
-            continue
-        print(
-            f"{name:<28}{row['hit_rate']:>10.3f}{row['computed']:>13}{row['ttft_p50_ms']:>13.0f}"
-            f"{row['ttft_p99_ms']:>13.0f}{row['samples_per_s']:>11.1f}"
-        )
-    print(f"\nsimulator, same burst ({samples} requests, {args.engines} replicas, exact prefix cache):")
-    for router in ROUTERS:
-        hit_rate, computed = _simulated(router, args.groups, args.group_size, args.engines)
-        print(f"{router:<28}{hit_rate:>10.3f}{computed:>13}")
+    results["setup"] = {
+        "groups": args.groups,
+        "group_size": args.group_size,
+        "engines": args.engines,
+        "system_tokens": args.system_tokens,
+        "own_tokens": args.own_tokens,
+        "new_tokens": NEW_TOKENS,
+        "round_trip_ms": round_trip_ms,
+        "load_average": statistics.mean(loads),
+    }
+    _print(results)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    (args.output_dir / "results.json").write_text(json.dumps(results, indent=2))
+    path = plot(results, args.output_dir / "prefix_routing.png")
+    print(f"\nwrote {args.output_dir / 'results.json'} and {path}")
 
 
 if __name__ == "__main__":
