@@ -1,5 +1,6 @@
 """The compiled execution-time lookups give exactly the pure-Python reference's seconds."""
 
+import pickle
 import random
 
 import pytest
@@ -77,3 +78,12 @@ def test_pure_python_when_asked_or_not_built(monkeypatch):
     predictor = build_groups(config)[0].predictor
     assert not predictor.compiled
     assert predictor.stage_seconds.__func__ is ExecutionTimePredictor.stage_seconds
+
+
+def test_a_pickled_predictor_binds_its_own_compiled_lookups():
+    predictor = build_groups(make_config())[0].predictor
+    copy = pickle.loads(pickle.dumps(predictor))
+    assert copy.compiled
+    assert copy.stage_seconds(300, 20, 20 * 900, [(64, 256)]) == predictor.stage_seconds(
+        300, 20, 20 * 900, [(64, 256)]
+    )
