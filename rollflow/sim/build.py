@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rollflow.config import ConfigError
+from rollflow.perf.grid_cache import cached_operator_times
 from rollflow.perf.memory import default_num_blocks, max_resident_requests
 from rollflow.perf.optimes import OperatorTimes
 from rollflow.perf.predictor import ExecutionTimePredictor
@@ -83,11 +84,11 @@ def build_operator_times(config: SimConfig, model: ModelSpec, layout: ParallelLa
             execution.all_reduce_table,
             execution.send_recv_table,
         ).resolve(model.name, cluster.device, cluster.network_device)
-        return load_operator_times(
-            paths,
-            model,
-            layout,
-            node,
+        arguments = dict(
+            paths=paths,
+            model=model,
+            layout=layout,
+            node=node,
             block_size=config.scheduler.block_size,
             max_tokens=max_tokens,
             max_batch_size=execution.max_batch_size,
@@ -100,6 +101,8 @@ def build_operator_times(config: SimConfig, model: ModelSpec, layout: ParallelLa
                 compute=execution.compute_efficiency, memory=execution.memory_efficiency
             ),
         )
+        files = (paths.compute, paths.attention, paths.all_reduce, paths.send_recv)
+        return cached_operator_times(files, arguments, lambda: load_operator_times(**arguments))
     return roofline_operator_times(
         model,
         GPUS[cluster.device],

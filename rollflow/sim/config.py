@@ -22,7 +22,7 @@ def fill_default_kinds(data: object, defaults: dict[str, str]) -> object:
 
 
 class Section(StrictModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ModelShape(Section):

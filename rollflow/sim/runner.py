@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rollflow.sim.config import SimConfig
 from rollflow.sim.metrics import request_table, summarize
@@ -27,6 +26,8 @@ def run_simulation(
     show_progress = config.output.progress and sys.stderr.isatty()
     loop_start = time.perf_counter()
     if show_progress:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
         with Progress(
             TextColumn("simulating"),
             BarColumn(),

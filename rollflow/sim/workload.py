@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import math
 import random
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -45,10 +46,8 @@ def build_requests(workload: WorkloadConfig, seed: int) -> list[SimRequest]:
     else:
         return _burst_requests(workload, seed)
     order = np.argsort(arrivals, kind="stable")
-    return [
-        SimRequest(i, float(arrivals[j]), int(prompts[j]), int(outputs[j]))
-        for i, j in enumerate(order.tolist())
-    ]
+    rows = zip(arrivals[order].tolist(), prompts[order].tolist(), outputs[order].tolist(), strict=True)
+    return [SimRequest(i, arrival, prompt, output) for i, (arrival, prompt, output) in enumerate(rows)]
 
 
 def _shares_prefixes(workload: SyntheticWorkload) -> bool:
@@ -138,18 +137,21 @@ def read_trace_columns(
         if missing:
             raise WorkloadError(f"{path} lacks column(s) {', '.join(missing)}; it has: {', '.join(header)}")
         index = [header.index(c) for c in columns]
-        rows = []
-        for number, row in enumerate(reader, start=2):
-            if limit is not None and len(rows) >= limit:
-                break
-            try:
-                rows.append([float(row[i]) for i in index])
-            except (ValueError, IndexError):
-                raise WorkloadError(f"{path}:{number}: expected numbers in {', '.join(columns)}") from None
+        rows = list(reader if limit is None else islice(reader, limit))
     if not rows:
         raise WorkloadError(f"{path} has no data rows")
-    data = np.array(rows)
-    return {name: data[:, k] for k, name in enumerate(columns)}
+    try:  # column by column: a few C-level passes instead of a Python loop per row
+        return {
+            name: np.fromiter(map(float, [row[i] for row in rows]), float, len(rows))
+            for name, i in zip(columns, index, strict=True)
+        }
+    except (ValueError, IndexError):
+        for number, row in enumerate(rows, start=2):
+            try:
+                [float(row[i]) for i in index]
+            except (ValueError, IndexError):
+                raise WorkloadError(f"{path}:{number}: expected numbers in {', '.join(columns)}") from None
+        raise
 
 
 def replay_trace(workload: TraceWorkload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
