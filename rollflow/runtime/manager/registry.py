@@ -30,7 +30,7 @@ class EngineRecord:
     unstarted: dict[str, int] = field(default_factory=dict)
     reported: EngineLoad | None = None  # the engine's last load report, None before one (or if none)
     own_at_report: tuple[int, int] = (0, 0)  # (running, unstarted) of the manager's when it was asked
-    prefixes: PrefixRecord = field(default_factory=PrefixRecord)  # what was sent here, by prefix key
+    prefixes: PrefixRecord = field(default_factory=PrefixRecord)  # the blocks sent here and answered
     health_failures: int = 0
     api_key: str | None = None  # sent on every call to the engine; kept to reconnect after a failure
     consecutive_failures: int = 0  # failures since a sample last finished on it (the breaker's count)

@@ -701,7 +701,7 @@ class RolloutManager:
                 else (self.session_router, False)
             )
             request, view = route_inputs(sample, candidates, now, reads_cache)
-            self._start_attempt(sample, self._route(request, view, router), request.prefix_key)
+            self._start_attempt(sample, self._route(request, view, router))
             if not any(e.routable for e in self.registry.live()):
                 break
         blocked.extend(self._queue)
@@ -737,9 +737,9 @@ class RolloutManager:
         rid = f"{sample.sample_id}.{sample.attempts}"
         return f"{rid}.r{self._restarts}" if self._restarts else rid
 
-    def _start_attempt(self, sample: Sample, engine: EngineRecord, prefix_key: int) -> None:
+    def _start_attempt(self, sample: Sample, engine: EngineRecord) -> None:
         sample.begin_attempt(engine.engine_id)
-        engine.prefixes.sent(prefix_key, sample.prompt_ids)
+        engine.prefixes.sent(sample.prompt_ids + sample.output_ids)  # a resume sends its tokens too
         engine.dispatched(
             sample.sample_id, len(sample.prompt_ids) + len(sample.output_ids), sample.remaining_tokens
         )
@@ -894,6 +894,7 @@ class RolloutManager:
                     return "client_abort"
                 if ended:
                     engine.consecutive_failures = 0  # the breaker's count: it served a whole sample
+                    engine.prefixes.sent(sample.prompt_ids + sample.output_ids)  # engines cache answers
                     return None
                 if self.journal is not None and self.journal.full:
                     await self.journal.room()  # a crash may lose no more than the journal's bound

@@ -40,7 +40,7 @@ import aiohttp
 
 from rollflow.policy.view import ClusterView, InstanceView, RouteRequest
 from rollflow.runtime.engines.base import EngineError
-from rollflow.runtime.manager.prefixes import prefix_key
+from rollflow.runtime.manager.prefixes import block_hashes, prefix_key
 
 if TYPE_CHECKING:
     from rollflow.runtime.manager.registry import EngineRecord
@@ -65,7 +65,7 @@ def route_inputs(
     sample: Sample, engines: Sequence[EngineRecord], now: float, reads_cache: bool
 ) -> tuple[RouteRequest, ClusterView]:
     """What a router is given for one sample: the request (with its prefix key: its GRPO group, its
-    session, or its prompt's start) and the view of the eligible engines, each with the prompt tokens it
+    session, or its whole prompt) and the view of the eligible engines, each with the prompt tokens it
     probably caches (from the manager's record of what it sent where) when the router reads them."""
     group = sample.batch_id if sample.session_id is None else f"session/{sample.session_id}"
     key = prefix_key(group, sample.group_index, sample.prompt_ids)
@@ -73,7 +73,8 @@ def route_inputs(
         sample.seq, len(sample.prompt_ids) + len(sample.output_ids), sample.remaining_tokens, key
     )
     if reads_cache:
-        views = [instance_view(e, e.prefixes.cached_tokens(key, sample.prompt_ids)) for e in engines]
+        hashes = block_hashes(sample.prompt_ids)
+        views = [instance_view(e, e.prefixes.cached_tokens(hashes)) for e in engines]
     else:
         views = [instance_view(e) for e in engines]
     return request, ClusterView(now, views)

@@ -7,7 +7,7 @@ import asyncio
 
 from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.config import EngineEntry, ManagerConfig
-from rollflow.runtime.manager.prefixes import PrefixRecord, prefix_key
+from rollflow.runtime.manager.prefixes import PrefixRecord, block_hashes, prefix_key
 from rollflow.runtime.manager.service import RolloutManager
 from tests.runtime.processes import http, start_engine
 
@@ -63,13 +63,23 @@ def test_prefix_affinity_keeps_groups_on_one_engine_and_halves_the_prefill(tmp_p
     assert computed == {"round_robin": 384, "prefix_affinity": 192}
 
 
-def test_the_managers_record_reads_the_common_prefix_and_forgets_the_oldest_keys():
-    record = PrefixRecord(max_keys=2)
-    record.sent(1, [5, 6, 7, 8])
-    record.sent(2, [9, 9])
-    assert record.cached_tokens(1, [5, 6, 0, 8]) == 2 and record.cached_tokens(3, [5, 6]) == 0
-    record.sent(3, [1])  # a third key: the oldest (1) is forgotten
-    assert record.cached_tokens(1, [5, 6, 7, 8]) == 0 and record.cached_tokens(2, [9, 9, 9]) == 2
-    # a batch sample's key is its group; a single request's, its prompt's first 64 tokens
+def test_the_managers_record_finds_leading_blocks_and_forgets_the_least_recently_sent():
+    record = PrefixRecord(max_blocks=4)
+    system = list(range(100, 132))  # two blocks shared by every prompt
+    record.sent(system + list(range(16)) + [7])  # three whole blocks; the partial one is not kept
+    assert record.cached_tokens(block_hashes(system + list(range(16)) + [9] * 20)) == 48
+    assert record.cached_tokens(block_hashes(system + [5] * 40)) == 32  # the shared system prompt
+    assert record.cached_tokens(block_hashes([1] * 48)) == 0
+    # a turn's whole context (the prompt and the answer) is found by the next turn, which extends it
+    turn = system + [3] * 16
+    record.sent(turn + [4] * 16)
+    assert record.cached_tokens(block_hashes(turn + [4] * 16 + [8] * 16)) == 64
+    # past four blocks the least recently sent go: the first prompt's third block
+    assert record.cached_tokens(block_hashes(system + list(range(16)))) == 32
+
+
+def test_a_single_requests_key_is_its_whole_prompt_and_a_batch_samples_its_group():
     assert prefix_key("b1", 0, [1]) == prefix_key("b1", 0, [2]) != prefix_key("b1", 1, [1])
-    assert prefix_key(None, 0, [7] * 64 + [1]) == prefix_key(None, 0, [7] * 64 + [2]) > 0
+    shared = [7] * 256  # a long system prompt: requests that share only it are no group
+    assert prefix_key(None, 0, [*shared, 1]) != prefix_key(None, 0, [*shared, 2])
+    assert prefix_key(None, 0, [*shared, 1]) == prefix_key(None, 3, [*shared, 1]) > 0
