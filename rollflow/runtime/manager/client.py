@@ -257,7 +257,7 @@ class BatchHandle:
         self.batch_id = batch_id
         self.num_groups = num_groups
         self.num_samples = num_samples
-        self.num_received = 0  # micro-batches received: the index of the next one asked for
+        self.received: list[list[int]] = []  # group indexes of each micro-batch received
 
     def micro_batches(
         self, min_groups: int = 1, max_groups: int | None = None, timeout_s: float | None = None
@@ -272,10 +272,13 @@ class BatchHandle:
         if max_groups is not None:
             body["max_groups"] = max_groups
         while True:
-            body["micro_batch"] = self.num_received
+            # the index asked for, and what the client holds: a restarted manager that lost the
+            # record of a hand-out (it answers before journaling it) takes it from here
+            body["micro_batch"] = len(self.received)
+            body["received"] = self.received
             answer = self.client.request("POST", f"/batches/{self.batch_id}/next", body, idempotent=True)
             if answer["groups"]:
-                self.num_received += 1
+                self.received.append([group[0]["group_index"] for group in answer["groups"]])
             if answer["groups"] or not answer["exhausted"]:
                 yield answer["groups"]
             if answer["exhausted"]:

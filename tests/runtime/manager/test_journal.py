@@ -214,6 +214,51 @@ def test_engines_deletions_and_a_torn_journal_survive_a_restart(processes, tmp_p
         manager.stop()
 
 
+def test_a_hand_out_not_yet_journaled_is_taken_from_the_client_and_not_handed_out_twice(processes, tmp_path):
+    engine = processes.engine()
+    config = {
+        "engines": [{"url": engine.url, "engine_type": "builtin"}],
+        "journal": str(tmp_path / "manager.journal"),
+        # nothing commits on its own: only what a stream line or a hand-out without `received` waits for
+        "journal_flush_interval_ms": 60_000,
+        "journal_max_unflushed_tokens": 100_000,
+    }
+    manager = start_manager(tmp_path, config)
+    client = ManagerClient(manager.url, reconnect_s=120)
+    kept = client.submit([[4, 5, 6], [7, 8, 9]], n=2, max_new_tokens=6, temperature=0, ignore_eos=True)
+    raw = client.submit([[1, 2, 3], [3, 2, 1]], n=2, max_new_tokens=6, temperature=0, ignore_eos=True)
+    for batch in (kept, raw):
+        assert len(list(batch.samples())) == 4  # every sample finished, and committed before the lines
+    # a client that sends no `received` (curl): its micro-batch is journaled before it is answered
+    status, answer = http(
+        "POST", f"{raw.client.url}/batches/{raw.batch_id}/next", {"max_groups": 1, "micro_batch": 0}
+    )
+    assert status == 200, answer
+    # the client keeps its hand-outs: micro-batch 0 is answered before it is journaled
+    # (after the one above, whose commit would take it along)
+    micro_batches = kept.micro_batches(min_groups=1, max_groups=1)
+    (first,) = next(micro_batches)
+    manager.kill()
+    manager.stop()
+
+    manager = _manager_on(tmp_path, config, manager.port)
+    try:
+        (second,) = next(micro_batches)  # micro-batch 1, from the restarted manager
+        assert {first[0]["group_index"], second[0]["group_index"]} == {0, 1}  # each group once
+        assert next(micro_batches, None) is None  # exhausted: nothing handed out twice
+        assert "1 micro-batches the client holds were handed out before a restart" in manager.log()
+        again = http(
+            "POST", f"{manager.url}/batches/{raw.batch_id}/next", {"max_groups": 1, "micro_batch": 0}
+        )
+        assert again == (200, answer)  # journaled before it was answered: the same groups again
+        status, conflict = http(
+            "POST", f"{manager.url}/batches/{raw.batch_id}/next", {"micro_batch": 1, "received": [[5]]}
+        )
+        assert status == 409 and "does not match the micro-batches" in conflict["error"]["message"]
+    finally:
+        manager.stop()
+
+
 def _wal(config: dict) -> Path:
     return Path(config["journal"] + "-wal")
 
