@@ -205,7 +205,8 @@ class ManagerClient:
             body["weights_url"] = weights_url
         if codec is not None:
             body["codec"] = codec
-        return self.request("POST", f"/workers/{engine_id}/update_weights", body)
+        # repeated across a manager restart, the engine loads the same version again: no harm done
+        return self.request("POST", f"/workers/{engine_id}/update_weights", body, idempotent=True)
 
     def release_worker(self, engine_id: int) -> dict:
         """Drain one engine (its samples resume elsewhere) and have it free its memory; the answer's

@@ -18,11 +18,12 @@ from tests.runtime.manager.helpers import (
     EngineProxy,
     assert_spans_tile_the_output,
     greedy_reference,
+    manager_on_journal,
     metric,
     wait_until,
     workers,
 )
-from tests.runtime.processes import Process, http, rollflow, start_manager
+from tests.runtime.processes import Process, http, start_manager
 
 PROMPTS = [[5 + i, 40 + 3 * i, 7, 90 + i] for i in range(4)]
 STREAMED_PROMPTS = [[60 + i, 9, 4 * i] for i in range(2)]
@@ -72,7 +73,7 @@ def _restart(
     manager.stop()
     for proxy in proxies:
         proxy.flowing.set()
-    return _manager_on(tmp_path, config, manager.port), int(received)
+    return manager_on_journal(tmp_path, config, manager.port), int(received)
 
 
 def _settled(read, interval_s: float = 0.2) -> float:
@@ -84,16 +85,6 @@ def _settled(read, interval_s: float = 0.2) -> float:
         if value == last:
             return value
         last = value
-
-
-def _manager_on(tmp_path: Path, config: dict, port: int, wait: bool = True) -> Process:
-    """The manager as a user restarts it: its config file, the journal given on the command line."""
-    config_path = tmp_path / "manager.yaml"
-    config_path.write_text(json.dumps({k: v for k, v in config.items() if k != "journal"}))
-    args = ["manager", "serve", "--config", str(config_path), "--port", str(port), "--log-format", "json"]
-    args += ["--journal", config["journal"]]
-    log_path = tmp_path / f"manager-{port}-{len(list(tmp_path.glob('manager-*.log')))}.log"
-    return Process(rollflow(*args), port, log_path, wait=wait)
 
 
 def _running_tokens(manager: Process) -> int:
@@ -196,7 +187,7 @@ def test_engines_deletions_and_a_torn_journal_survive_a_restart(processes, tmp_p
     wal = _wal(config)
     wal.write_bytes(wal.read_bytes()[:-100])  # power lost mid-write: the last frame is cut short
 
-    manager = _manager_on(tmp_path, config, manager.port)
+    manager = manager_on_journal(tmp_path, config, manager.port)
     try:
         back = workers(manager)[engine.url]
         assert (back["state"], back["kind"], back["capacity"]) == ("healthy", "spot", 3)
@@ -241,7 +232,7 @@ def test_a_hand_out_not_yet_journaled_is_taken_from_the_client_and_not_handed_ou
     manager.kill()
     manager.stop()
 
-    manager = _manager_on(tmp_path, config, manager.port)
+    manager = manager_on_journal(tmp_path, config, manager.port)
     try:
         (second,) = next(micro_batches)  # micro-batch 1, from the restarted manager
         assert {first[0]["group_index"], second[0]["group_index"]} == {0, 1}  # each group once
@@ -267,7 +258,9 @@ def test_a_journal_of_another_config_is_refused_naming_it(processes, tmp_path):
     journal = str(tmp_path / "manager.journal")
     manager = processes.manager(journal=journal, router="least_outstanding")
     manager.stop()
-    refused = _manager_on(tmp_path, {"journal": journal, "router": "round_robin"}, manager.port, wait=False)
+    refused = manager_on_journal(
+        tmp_path, {"journal": journal, "router": "round_robin"}, manager.port, wait=False
+    )
     assert refused.proc.wait(timeout=60) == 2
     assert f"journal {journal} was written by a manager with another config (differs in: router)" in (
         refused.log()
