@@ -97,7 +97,8 @@ def test_manager_killed_twice_mid_batch_finishes_every_sample_exactly(processes,
     config = {
         "engines": [{"url": p.url, "engine_type": "builtin", "capacity": 4} for p in proxies],
         "journal": str(tmp_path / "manager.journal"),
-        # commits come only from the bound (and from micro-batches and stream lines), so it is tested
+        # commits come only from the bound (and from stream lines: ManagerClient keeps its hand-outs), so
+        # it is tested
         "journal_flush_interval_ms": 60_000,
         "journal_max_unflushed_tokens": MAX_UNFLUSHED,
         "health_interval_s": 0.5,
