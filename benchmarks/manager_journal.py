@@ -9,7 +9,10 @@ with the journal on (the default flush interval) or off, and measures through `M
 
 - latency: one small batch at a time (1 prompt, n=1), submit -> its micro-batch received, p50/p99;
 - throughput: `--batches` batches of `--prompts` x `--n` samples submitted at once, tokens/s until
-  every micro-batch is received.
+  every micro-batch is received;
+- CPU: the manager process's CPU seconds (user + system, all its threads, from /proc) per token over
+  both, the journal's cost as the machine's other load touches it least (wall-clock ratios on a
+  shared machine swing with whatever else runs).
 
 Then the restart: a batch of long samples (engines slowed to 5 ms a token), the manager killed
 with SIGKILL mid-batch and started again on its journal; printed are the time from starting the
@@ -22,6 +25,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -115,6 +119,12 @@ def _drain(client: ManagerClient, prompts: list[list[int]], n: int, tokens: int)
     return sum(len(s["output_ids"]) for mb in batch.micro_batches() for g in mb for s in g)
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def measure(args: argparse.Namespace, tmp: Path, journal: bool) -> dict:
     engines = [StreamingEngine(0.0) for _ in range(2)]
     port = free_port()
@@ -123,6 +133,7 @@ def measure(args: argparse.Namespace, tmp: Path, journal: bool) -> dict:
     try:
         for _ in range(5):  # warm up
             _drain(client, [[1, 2, 3]], 1, args.tokens)
+        cpu_started = _cpu_s(manager.proc.pid)
         latencies = []
         for i in range(args.latency_batches):
             started = time.perf_counter()
@@ -135,6 +146,7 @@ def measure(args: argparse.Namespace, tmp: Path, journal: bool) -> dict:
                 pool.map(lambda _: _drain(client, prompts, args.n, args.tokens), range(args.batches))
             )
         elapsed = time.perf_counter() - started
+        cpu_s = _cpu_s(manager.proc.pid) - cpu_started
     finally:
         manager.stop()
     latencies.sort()
@@ -142,6 +154,7 @@ def measure(args: argparse.Namespace, tmp: Path, journal: bool) -> dict:
         "p50_ms": 1000 * statistics.median(latencies),
         "p99_ms": 1000 * latencies[int(0.99 * (len(latencies) - 1))],
         "tokens_per_s": tokens / elapsed,
+        "cpu_us_per_token": 1e6 * cpu_s / (tokens + args.latency_batches * args.tokens),
     }
 
 
@@ -198,14 +211,18 @@ def main() -> None:
         f"\n{args.batches} batches x {args.prompts} prompts x n={args.n} x {args.tokens} tokens, "
         f"one token per event (medians of {args.repeats} runs each)"
     )
-    print(f"{'':<14}{'p50 ms':>10}{'p99 ms':>10}{'tokens/s':>12}")
+    print(f"{'':<14}{'p50 ms':>10}{'p99 ms':>10}{'tokens/s':>12}{'CPU us/token':>14}")
     for name, row in rows.items():
-        print(f"{name:<14}{row['p50_ms']:>10.2f}{row['p99_ms']:>10.2f}{row['tokens_per_s']:>12.0f}")
+        print(
+            f"{name:<14}{row['p50_ms']:>10.2f}{row['p99_ms']:>10.2f}{row['tokens_per_s']:>12.0f}"
+            f"{row['cpu_us_per_token']:>14.1f}"
+        )
     off, on = rows["journal off"], rows["journal on"]
     print(
         f"\nlatency p50 on/off: {on['p50_ms'] / off['p50_ms']:.3f}x (added {on['p50_ms'] - off['p50_ms']:.2f} ms)"
     )
     print(f"throughput on/off: {on['tokens_per_s'] / off['tokens_per_s']:.3f}x (goal >= 0.90x)")
+    print(f"manager CPU per token on/off: {on['cpu_us_per_token'] / off['cpu_us_per_token']:.3f}x")
     print(
         f"restart after SIGKILL: answering in {answering:.2f} s, first resumed token at {first_token:.2f} s"
     )

@@ -230,7 +230,8 @@ class ManagerClient:
             body["weights_url"] = weights_url
         if codec is not None:
             body["codec"] = codec
-        return self.request("POST", f"/workers/{engine_id}/update_weights", body)
+        # repeated across a manager restart, the engine loads the same version again: no harm done
+        return self.request("POST", f"/workers/{engine_id}/update_weights", body, idempotent=True)
 
     def release_worker(self, engine_id: int) -> dict:
         """Drain one engine (its samples resume elsewhere) and have it free its memory; the answer's
@@ -282,7 +283,7 @@ class BatchHandle:
         self.batch_id = batch_id
         self.num_groups = num_groups
         self.num_samples = num_samples
-        self.num_received = 0  # micro-batches received: the index of the next one asked for
+        self.received: list[list[int]] = []  # group indexes of each micro-batch received
 
     def micro_batches(
         self, min_groups: int = 1, max_groups: int | None = None, timeout_s: float | None = None
@@ -297,10 +298,13 @@ class BatchHandle:
         if max_groups is not None:
             body["max_groups"] = max_groups
         while True:
-            body["micro_batch"] = self.num_received
+            # the index asked for, and what the client holds: a restarted manager that lost the
+            # record of a hand-out (it answers before journaling it) takes it from here
+            body["micro_batch"] = len(self.received)
+            body["received"] = self.received
             answer = self.client.request("POST", f"/batches/{self.batch_id}/next", body, idempotent=True)
             if answer["groups"]:
-                self.num_received += 1
+                self.received.append([group[0]["group_index"] for group in answer["groups"]])
             if answer["groups"] or not answer["exhausted"]:
                 yield answer["groups"]
             if answer["exhausted"]:

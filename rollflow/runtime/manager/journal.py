@@ -2,12 +2,15 @@
 where it was, and the tokens its engines generated are not generated again.
 
 One writer thread owns the connection. The event loop hands it small operations (an SQL statement
-and its parameters) through a list under a lock, and the tokens engines stream through an append-only
-list (one append per chunk, written as one row per flush); it never waits on disk. The thread commits
+and its parameters) through a list under a lock, and the tokens engines stream as one entry per
+sample per round (a chunk that continues its sample's run extends that entry; a round is written as
+one row); it never waits on disk. The thread commits
 what has gathered every `journal_flush_interval_ms`, at once when more than `journal_max_unflushed_tokens`
 tokens wait (the manager's streams then pause until they are written, which bounds what a crash can
-lose), or when a caller needs what it is about to answer to be on disk first (`durable()`: a
-micro-batch handed out, a line of the sample stream).
+lose), or when a caller needs what it is about to answer to be on disk first (`durable()`: a line
+of the sample stream, a micro-batch handed to a client that does not keep the record of its
+hand-outs itself; one that does, as `ManagerClient` does, is answered at once, see
+`RolloutManager.adopt_handouts`).
 
 A crash loses only what was not yet committed; SQLite's WAL replays to the last whole transaction,
 so a journal cut off mid-write (power loss, a truncated WAL) opens at its last commit.
@@ -16,8 +19,10 @@ so a journal cut off mid-write (power loss, a truncated WAL) opens at its last c
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
+import operator
 import sqlite3
 import threading
 import time
@@ -181,12 +186,14 @@ class Journal:
         self._conn = conn
         self._interval_s = flush_interval_ms / 1000
         self.max_unflushed_tokens = max_unflushed_tokens
-        self._lock = threading.Condition(threading.Lock())
+        self._mutex = threading.Lock()  # taken per streamed chunk: the C lock, not the Condition's wrapper
+        self._lock = threading.Condition(self._mutex)
         self._ops: list[tuple[str, tuple]] = []
-        # tokens as the engines stream them, one entry per chunk: (batch id, [sample id, start,
-        # attempt, engine id, engine url, weight version, token ids, logprobs]); appended without
-        # the lock (an append is atomic) and written as one row per flush, the cheapest per token
+        # tokens as the engines stream them: (batch id, [sample id, start, attempt, engine id, engine
+        # url, weight version, token ids, logprobs]), one entry per sample and round while its chunks
+        # run on (`_open`: sample id -> its entry of this round), written as one row per flush
         self._chunks: list[tuple[str, list]] = []
+        self._open: dict[str, list] = {}
         self._urgent = False
         self._closing = False
         self._waiters: list[asyncio.Future] = []  # durable() callers of ops queued so far
@@ -280,17 +287,31 @@ class Journal:
             return
         num_tokens = len(sample.output_ids) - start
         if num_tokens:
-            entry = [
-                sample.sample_id,
-                start,
-                sample.attempts,
-                engine_id,
-                engine_url,
-                sample.spans[-1].weight_version,
-                sample.output_ids[start:],
-                sample.output_logprobs[start:],
-            ]
-            self._chunks.append((sample.batch_id, entry))
+            version = sample.spans[-1].weight_version
+            with self._mutex:  # not while the writer takes this round's entries
+                entry = self._open.get(sample.sample_id)
+                if (
+                    entry is not None
+                    and entry[1] + len(entry[6]) == start
+                    and entry[2] == sample.attempts
+                    and entry[3] == engine_id
+                    and entry[5] == version
+                ):  # the same run of tokens: one entry (and one span) however many chunks it took
+                    entry[6] += sample.output_ids[start:]
+                    entry[7] += sample.output_logprobs[start:]
+                else:
+                    entry = [
+                        sample.sample_id,
+                        start,
+                        sample.attempts,
+                        engine_id,
+                        engine_url,
+                        version,
+                        sample.output_ids[start:],
+                        sample.output_logprobs[start:],
+                    ]
+                    self._open[sample.sample_id] = entry
+                    self._chunks.append((sample.batch_id, entry))
             self.unflushed_tokens += num_tokens
             if self.full and not self._urgent:
                 with self._lock:
@@ -370,6 +391,7 @@ class Journal:
                 ops, self._ops = self._ops, []
                 # after the ops: every chunk appended before an op (its sample's end) is in this round
                 chunks, self._chunks = self._chunks, []
+                self._open = {}
                 waiters, self._waiters = self._waiters, []
                 self._urgent = False
                 closing = self._closing
@@ -403,8 +425,10 @@ class Journal:
             conn.executemany(
                 "INSERT INTO token_log_batches VALUES (?, ?)", [(log_id, batch_id) for batch_id in batch_ids]
             )
-        for sql, params in ops:
-            conn.execute(sql, params)
+        # a run of the same statement (the sample rows of a round, mostly) is one executemany: in
+        # order, so the same as one by one, with one call from Python instead of one per row
+        for sql, run in itertools.groupby(ops, key=operator.itemgetter(0)):
+            conn.executemany(sql, [params for _, params in run])
         conn.execute("COMMIT")
         self.num_commits += 1
 

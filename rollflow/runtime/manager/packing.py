@@ -25,7 +25,7 @@ class GroupPacker:
         self._groups = groups
         self._unfinished = [len(group) for group in groups]
         self._ready: deque[int] = deque()  # group indexes, in completion order
-        self._delivered = 0
+        self._delivered: set[int] = set()  # group indexes handed to the trainer
         self._changed = asyncio.Event()
         self.deleted: str | None = None  # why the batch went away, once it did
 
@@ -41,12 +41,12 @@ class GroupPacker:
     @property
     def exhausted(self) -> bool:
         """Every group has been handed to the trainer."""
-        return self._delivered == len(self._groups)
+        return len(self._delivered) == len(self._groups)
 
     def sample_done(self, sample: Sample) -> None:
         assert sample.state >= SampleState.FINISHED
         self._unfinished[sample.group_index] -= 1
-        if self._unfinished[sample.group_index] == 0:
+        if self._unfinished[sample.group_index] == 0 and sample.group_index not in self._delivered:
             self._ready.append(sample.group_index)
             self._changed.set()
 
@@ -56,7 +56,7 @@ class GroupPacker:
         Returns an empty list on timeout, and once the batch is exhausted; raises BatchDeleted
         once the batch is deleted.
         """
-        wanted = max(1, min(min_groups, len(self._groups) - self._delivered))
+        wanted = max(1, min(min_groups, len(self._groups) - len(self._delivered)))
         deadline = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
         while len(self._ready) < wanted and not self.exhausted:
             if self.deleted is not None:
@@ -71,11 +71,14 @@ class GroupPacker:
                 return []
         return self._take(max_groups)
 
-    def restore_delivered(self, group_indexes: list[int]) -> None:
-        """A restarted manager's packer: these groups were handed out before the restart."""
-        delivered = set(group_indexes)
-        self._ready = deque(index for index in self._ready if index not in delivered)
-        self._delivered += len(delivered)
+    def mark_delivered(self, group_indexes: list[int]) -> None:
+        """These groups were handed out already (by a manager before a restart), finished here or not:
+        they are never handed out again."""
+        self._delivered.update(group_indexes)
+        self._ready = deque(index for index in self._ready if index not in self._delivered)
+
+    def delivered(self, group_index: int) -> bool:
+        return group_index in self._delivered
 
     def flush(self, max_groups: int | None = None) -> list[list[Sample]]:
         """Whatever groups are ready now, without waiting."""
@@ -84,6 +87,7 @@ class GroupPacker:
     def _take(self, max_groups: int) -> list[list[Sample]]:
         taken = []
         while self._ready and len(taken) < max_groups:
-            taken.append(self._groups[self._ready.popleft()])
-        self._delivered += len(taken)
+            index = self._ready.popleft()
+            self._delivered.add(index)
+            taken.append(self._groups[index])
         return taken

@@ -123,11 +123,22 @@ class NextMicroBatchBody(StrictModel):
     micro_batch: int | None = Field(None, ge=0)
     """Index of the micro-batch asked for (how many the client holds already): one handed out before
     is answered again, so a call retried across a manager restart hands no group out twice."""
+    received: list[list[int]] | None = Field(None, max_length=1 << 20)
+    """Group indexes of the micro-batches 0..micro_batch-1 as the client holds them. A client that
+    sends them keeps the record of its hand-outs itself: the manager answers without waiting for the
+    hand-out to be journaled, and a manager restarted before it was takes the client's word for them."""
 
     @model_validator(mode="after")
     def _ordered(self) -> NextMicroBatchBody:
         if self.max_groups < self.min_groups:
             raise ValueError(f"max_groups ({self.max_groups}) is below min_groups ({self.min_groups})")
+        if self.received is not None and self.micro_batch is None:
+            raise ValueError("received needs micro_batch, the index of the micro-batch asked for")
+        if self.received is not None and len(self.received) != self.micro_batch:
+            raise ValueError(
+                f"received holds {len(self.received)} micro-batches; it must hold micro_batch "
+                f"({self.micro_batch}), the ones before the one asked for"
+            )
         return self
 
 

@@ -141,7 +141,7 @@ def _restore_batch(manager: RolloutManager, snapshot: Snapshot, batch_id: str, s
     for sample in completed:
         batch.completed.append(sample)
         batch.packer.sample_done(sample)
-    batch.packer.restore_delivered([index for handout in batch.handouts for index in handout])
+    batch.packer.mark_delivered([index for handout in batch.handouts for index in handout])
     running = {attempt["sample_id"] for attempt in snapshot.attempts}
     for sample in samples:
         if sample.state >= SampleState.FINISHED:

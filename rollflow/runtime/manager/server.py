@@ -139,6 +139,11 @@ def _micro_batch_payload(manager: RolloutManager, batch, groups) -> dict:
 async def next_micro_batch(request: web.Request) -> web.Response:
     manager, batch = _batch(request)
     body = await parse_body(request, NextMicroBatchBody)
+    if body.received is not None:
+        try:
+            manager.adopt_handouts(batch, body.received)
+        except ValueError as exc:
+            raise http_error(web.HTTPConflict, str(exc)) from None
     handed_out = len(batch.handouts)
     if body.micro_batch is not None and body.micro_batch < handed_out:  # asked again: the same answer
         groups = [batch.groups[index] for index in batch.handouts[body.micro_batch]]
@@ -156,7 +161,7 @@ async def next_micro_batch(request: web.Request) -> web.Response:
         groups = await batch.packer.next(body.min_groups, body.max_groups, body.timeout_s)
     except BatchDeleted as exc:
         raise http_error(web.HTTPGone, str(exc)) from None
-    await manager.hand_out(batch, groups)
+    await manager.hand_out(batch, groups, client_keeps=body.received is not None)
     return web.json_response(_micro_batch_payload(manager, batch, groups))
 
 

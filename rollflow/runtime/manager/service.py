@@ -635,15 +635,50 @@ class RolloutManager:
             self.journal.set_state("step_reports", recovery.step_reports(self))
         return budget
 
-    async def hand_out(self, batch: Batch, groups: list[list[Sample]]) -> None:
-        """Note a micro-batch handed to the trainer; with a journal, it is on disk before the trainer
-        hears of it, so a restarted manager never hands those groups out again."""
+    async def hand_out(self, batch: Batch, groups: list[list[Sample]], client_keeps: bool = False) -> None:
+        """Note a micro-batch handed to the trainer, so that a restarted manager never hands those
+        groups out again. With a journal it is on disk before the trainer hears of it, unless the
+        client keeps the record itself (`client_keeps`: it sends the hand-outs it holds with its next
+        call, see `adopt_handouts`); then it rides the journal's next flush."""
         if not groups:
             return
         batch.handouts.append([group[0].group_index for group in groups])
         if self.journal is not None:
             self.journal.handed_out(batch.batch_id, len(batch.handouts) - 1, batch.handouts[-1])
-            await self.journal.durable()
+            if not client_keeps:
+                await self.journal.durable()
+
+    def adopt_handouts(self, batch: Batch, received: list[list[int]]) -> None:
+        """Take the client's word for the micro-batches it holds beyond those this manager knows of:
+        handed out by a manager that died before journaling them. Raises ValueError when `received`
+        contradicts what this manager handed out (another client took them, or a wrong batch)."""
+        known = batch.handouts
+        if received[: len(known)] != known[: len(received)]:
+            raise ValueError(
+                f"received does not match the micro-batches of batch {batch.batch_id} handed out so far"
+            )
+        new = received[len(known) :]
+        if not new:
+            return
+        indexes = [index for handout in new for index in handout]
+        if not all(handout for handout in new) or len(set(indexes)) != len(indexes):
+            raise ValueError("received holds an empty micro-batch or a group twice")
+        for index in indexes:
+            if not 0 <= index < len(batch.groups) or batch.packer.delivered(index):
+                raise ValueError(
+                    f"received holds group {index}: batch {batch.batch_id} has no such group, or "
+                    "handed it out in another micro-batch"
+                )
+        for handout in new:
+            known.append(list(handout))
+            if self.journal is not None:
+                self.journal.handed_out(batch.batch_id, len(known) - 1, known[-1])
+        batch.packer.mark_delivered(indexes)
+        log.info(
+            "batch %s: %d micro-batches the client holds were handed out before a restart, not journaled",
+            batch.batch_id,
+            len(new),
+        )
 
     async def wait_for_update(self, sample: Sample) -> None:
         """Return once the sample has new tokens or a final state."""

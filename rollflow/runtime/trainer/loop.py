@@ -414,14 +414,27 @@ class Trainer:
         workers = self.client.live_workers()
         if not workers:
             raise UserError(f"no healthy engine is registered with the manager at {self.config.manager_url}")
+        if skip_up_to_date:  # already on it
+            workers = [worker for worker in workers if worker["weight_version"] != self.step]
+        if self._update_each(workers, folder):
+            # a manager restarted from its journal mid-push registers its engines again under new ids:
+            # those the old ids missed are found (by their version) and updated once more
+            missed = [
+                worker for worker in self.client.live_workers() if worker["weight_version"] != self.step
+            ]
+            self._update_each(missed, folder)
+
+    def _update_each(self, workers: list[dict], folder: Path) -> bool:
+        """Update each engine; True when the manager knew one of their ids no longer."""
+        unknown = False
         for worker in workers:
-            if skip_up_to_date and worker["weight_version"] == self.step:  # already on it
-                continue
             try:
                 self._update_engine(worker["id"], folder)
             except ManagerError as exc:
                 # An engine that fails to load is retired by the manager; the others carry on.
                 log.warning("engine %s did not take version %d: %s", worker["id"], self.step, exc)
+                unknown |= exc.status == 404
+        return unknown
 
     def _update_engine(self, engine_id: int, folder: Path) -> None:
         """Have the engine pull the version from the weight server, or load it from `folder`."""

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
 
-from tests.runtime.processes import free_port, http
+from tests.runtime.processes import Process, free_port, http, rollflow
 
 
 def wait_until(condition, timeout: float = 60.0, interval: float = 0.02, what: str = "condition"):
@@ -20,6 +22,17 @@ def wait_until(condition, timeout: float = 60.0, interval: float = 0.02, what: s
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def manager_on_journal(tmp_path: Path, config: dict, port: int, wait: bool = True) -> Process:
+    """The manager as a user (re)starts it on its journal: its config file, the journal given on the
+    command line; on `port`, so that its clients find it again after a restart."""
+    config_path = tmp_path / "manager.yaml"
+    config_path.write_text(json.dumps({k: v for k, v in config.items() if k != "journal"}))
+    args = ["manager", "serve", "--config", str(config_path), "--port", str(port), "--log-format", "json"]
+    args += ["--journal", config["journal"]]
+    log_path = tmp_path / f"manager-{port}-{len(list(tmp_path.glob('manager-*.log')))}.log"
+    return Process(rollflow(*args), port, log_path, wait=wait)
 
 
 def workers(manager) -> dict[str, dict]:

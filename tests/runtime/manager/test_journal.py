@@ -18,11 +18,12 @@ from tests.runtime.manager.helpers import (
     EngineProxy,
     assert_spans_tile_the_output,
     greedy_reference,
+    manager_on_journal,
     metric,
     wait_until,
     workers,
 )
-from tests.runtime.processes import Process, http, rollflow, start_manager
+from tests.runtime.processes import Process, http, start_manager
 
 PROMPTS = [[5 + i, 40 + 3 * i, 7, 90 + i] for i in range(4)]
 STREAMED_PROMPTS = [[60 + i, 9, 4 * i] for i in range(2)]
@@ -72,7 +73,7 @@ def _restart(
     manager.stop()
     for proxy in proxies:
         proxy.flowing.set()
-    return _manager_on(tmp_path, config, manager.port), int(received)
+    return manager_on_journal(tmp_path, config, manager.port), int(received)
 
 
 def _settled(read, interval_s: float = 0.2) -> float:
@@ -86,16 +87,6 @@ def _settled(read, interval_s: float = 0.2) -> float:
         last = value
 
 
-def _manager_on(tmp_path: Path, config: dict, port: int, wait: bool = True) -> Process:
-    """The manager as a user restarts it: its config file, the journal given on the command line."""
-    config_path = tmp_path / "manager.yaml"
-    config_path.write_text(json.dumps({k: v for k, v in config.items() if k != "journal"}))
-    args = ["manager", "serve", "--config", str(config_path), "--port", str(port), "--log-format", "json"]
-    args += ["--journal", config["journal"]]
-    log_path = tmp_path / f"manager-{port}-{len(list(tmp_path.glob('manager-*.log')))}.log"
-    return Process(rollflow(*args), port, log_path, wait=wait)
-
-
 def _running_tokens(manager: Process) -> int:
     return sum(w["tokens_generated"] for w in workers(manager).values())
 
@@ -106,7 +97,8 @@ def test_manager_killed_twice_mid_batch_finishes_every_sample_exactly(processes,
     config = {
         "engines": [{"url": p.url, "engine_type": "builtin", "capacity": 4} for p in proxies],
         "journal": str(tmp_path / "manager.journal"),
-        # commits come only from the bound (and from micro-batches and stream lines), so it is tested
+        # commits come only from the bound (and from stream lines: ManagerClient keeps its hand-outs), so
+        # it is tested
         "journal_flush_interval_ms": 60_000,
         "journal_max_unflushed_tokens": MAX_UNFLUSHED,
         "health_interval_s": 0.5,
@@ -196,7 +188,7 @@ def test_engines_deletions_and_a_torn_journal_survive_a_restart(processes, tmp_p
     wal = _wal(config)
     wal.write_bytes(wal.read_bytes()[:-100])  # power lost mid-write: the last frame is cut short
 
-    manager = _manager_on(tmp_path, config, manager.port)
+    manager = manager_on_journal(tmp_path, config, manager.port)
     try:
         back = workers(manager)[engine.url]
         assert (back["state"], back["kind"], back["capacity"]) == ("healthy", "spot", 3)
@@ -214,6 +206,51 @@ def test_engines_deletions_and_a_torn_journal_survive_a_restart(processes, tmp_p
         manager.stop()
 
 
+def test_a_hand_out_not_yet_journaled_is_taken_from_the_client_and_not_handed_out_twice(processes, tmp_path):
+    engine = processes.engine()
+    config = {
+        "engines": [{"url": engine.url, "engine_type": "builtin"}],
+        "journal": str(tmp_path / "manager.journal"),
+        # nothing commits on its own: only what a stream line or a hand-out without `received` waits for
+        "journal_flush_interval_ms": 60_000,
+        "journal_max_unflushed_tokens": 100_000,
+    }
+    manager = start_manager(tmp_path, config)
+    client = ManagerClient(manager.url, reconnect_s=120)
+    kept = client.submit([[4, 5, 6], [7, 8, 9]], n=2, max_new_tokens=6, temperature=0, ignore_eos=True)
+    raw = client.submit([[1, 2, 3], [3, 2, 1]], n=2, max_new_tokens=6, temperature=0, ignore_eos=True)
+    for batch in (kept, raw):
+        assert len(list(batch.samples())) == 4  # every sample finished, and committed before the lines
+    # a client that sends no `received` (curl): its micro-batch is journaled before it is answered
+    status, answer = http(
+        "POST", f"{raw.client.url}/batches/{raw.batch_id}/next", {"max_groups": 1, "micro_batch": 0}
+    )
+    assert status == 200, answer
+    # the client keeps its hand-outs: micro-batch 0 is answered before it is journaled
+    # (after the one above, whose commit would take it along)
+    micro_batches = kept.micro_batches(min_groups=1, max_groups=1)
+    (first,) = next(micro_batches)
+    manager.kill()
+    manager.stop()
+
+    manager = manager_on_journal(tmp_path, config, manager.port)
+    try:
+        (second,) = next(micro_batches)  # micro-batch 1, from the restarted manager
+        assert {first[0]["group_index"], second[0]["group_index"]} == {0, 1}  # each group once
+        assert next(micro_batches, None) is None  # exhausted: nothing handed out twice
+        assert "1 micro-batches the client holds were handed out before a restart" in manager.log()
+        again = http(
+            "POST", f"{manager.url}/batches/{raw.batch_id}/next", {"max_groups": 1, "micro_batch": 0}
+        )
+        assert again == (200, answer)  # journaled before it was answered: the same groups again
+        status, conflict = http(
+            "POST", f"{manager.url}/batches/{raw.batch_id}/next", {"micro_batch": 1, "received": [[5]]}
+        )
+        assert status == 409 and "does not match the micro-batches" in conflict["error"]["message"]
+    finally:
+        manager.stop()
+
+
 def _wal(config: dict) -> Path:
     return Path(config["journal"] + "-wal")
 
@@ -222,7 +259,9 @@ def test_a_journal_of_another_config_is_refused_naming_it(processes, tmp_path):
     journal = str(tmp_path / "manager.journal")
     manager = processes.manager(journal=journal, router="least_outstanding")
     manager.stop()
-    refused = _manager_on(tmp_path, {"journal": journal, "router": "round_robin"}, manager.port, wait=False)
+    refused = manager_on_journal(
+        tmp_path, {"journal": journal, "router": "round_robin"}, manager.port, wait=False
+    )
     assert refused.proc.wait(timeout=60) == 2
     assert f"journal {journal} was written by a manager with another config (differs in: router)" in (
         refused.log()
