@@ -66,9 +66,14 @@ def test_the_engine_reuses_a_shared_prefix_with_the_outputs_of_no_cache(tiny_mod
     }
     try:
         answers, loads = {}, {}
+        turns = {}  # an agent's two turns: the second resends the first's prompt and answer
         for name, engine in engines.items():
             answers[name] = [_generate(engine.url, prompt) for prompt in prompts]
             loads[name] = http("GET", engine.url + "/v1/loads")[1]["loads"][0]
+            opening = [300 + i for i in range(20)]
+            first = _generate(engine.url, opening, max_new_tokens=30)
+            second = _generate(engine.url, [*opening, *first["output_ids"], 7, 8, 9])
+            turns[name] = (first, second)
         # SGLang's /flush_cache empties the cache: the group's prompt is computed whole again
         assert http("POST", engines["cache"].url + "/flush_cache", {})[0] == 200
         after_flush = _generate(engines["cache"].url, prompts[0])
@@ -80,6 +85,10 @@ def test_the_engine_reuses_a_shared_prefix_with_the_outputs_of_no_cache(tiny_mod
     assert cached == [0, 32, 32, 32, 32, 32, 32]  # whole 16-token blocks, the last token computed
     assert {a["meta_info"]["cached_tokens"] for a in answers["none"]} == {0}
     assert after_flush["meta_info"]["cached_tokens"] == 0
+    # the answer's KV is kept too (as SGLang's radix cache keeps it): of the first turn's 20 + 30
+    # tokens, the 49 whose KV was computed hold 3 whole blocks, where the prompt alone held 1
+    assert [answer["output_ids"] for answer in turns["cache"]] == [a["output_ids"] for a in turns["none"]]
+    assert turns["cache"][1]["meta_info"]["cached_tokens"] == 48
     assert after_flush["output_ids"] == answers["cache"][0]["output_ids"]
     total = sum(len(p) for p in prompts)
     assert loads["none"]["prefill_tokens_computed"] == total
@@ -87,10 +96,10 @@ def test_the_engine_reuses_a_shared_prefix_with_the_outputs_of_no_cache(tiny_mod
     assert loads["cache"]["cache_hit_rate"] == pytest.approx(sum(cached) / total, abs=1e-5)
 
 
-def _generate(url: str, prompt: list[int]) -> dict:
+def _generate(url: str, prompt: list[int], max_new_tokens: int = 12) -> dict:
     body = {
         "input_ids": prompt,
-        "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
+        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True},
     }
     status, answer = http("POST", url + "/generate", body)
     assert status == 200, answer

@@ -1,8 +1,9 @@
-"""The built-in engine's prefix cache: the KV of prompt prefixes, reused by later requests.
+"""The built-in engine's prefix cache: the KV of computed prefixes, reused by later requests.
 
 GRPO sends each prompt n times and agents resend a growing context, so most prompts start with
-tokens the engine has computed before. After a request's prompt is computed, the KV of its first
-`block_size`-aligned tokens is kept as an entry; a request whose prompt starts with a kept prefix
+tokens the engine has computed before. After a request's prompt is computed, and again when it
+finishes (its answer too: an agent's next turn resends it, as SGLang's radix cache assumes), the
+KV of its first `block_size`-aligned tokens is kept as an entry; a request whose prompt starts with a kept prefix
 starts from a copy of that KV and computes only the rest (at least its last token, which yields
 the first output token), as SGLang's radix cache and vLLM's automatic prefix caching do.
 

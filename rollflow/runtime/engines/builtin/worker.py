@@ -334,6 +334,8 @@ class GenerationWorker:
         seq.num_generated += 1
         finish = self._finish_reason(seq, token_id)
         if finish is not None:
+            if cache is not None:  # the answer's KV too: an agent's next turn resends it
+                cache.insert(seq.token_ids[: seq.num_cached], seq.past_key_values)
             del self._running[seq.rid]
             self._publish_load()  # a client told the request is over sees it gone from the load
         seq.emit(TokenEvent(token_id, logprob, self._weight_version, finish, seq.cached_tokens))
