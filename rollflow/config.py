@@ -111,6 +111,9 @@ def describe_validation_error(
             hint = f"; did you mean {close[0]!r}?" if close else ""
             lines.append(f"{dotted}: unknown key{hint} (allowed keys: {', '.join(sorted(fields))})")
             continue
+        if not dotted:  # a check across sections: its message names the keys itself
+            lines.append(message.removeprefix("Value error, "))
+            continue
         got = error.get("input")
         shown = "" if isinstance(got, dict) or got is None else f" (got {got!r})"
         lines.append(f"{dotted}: {message}{shown}")
@@ -130,6 +133,11 @@ def _walk_location(model_cls: type[BaseModel], loc: tuple[Any, ...]) -> tuple[st
         if isinstance(item, int):
             parts.append(f"[{item}]")
             current = _item_type(current)
+            continue
+        if typing.get_origin(current) is dict:  # a user's name for an entry, e.g. cluster.devices.<name>
+            parts.append(str(item))
+            current = _item_type(current)
+            fields = sorted({f for m in _model_options(current) for f in m.model_fields})
             continue
         options = _model_options(current)
         chosen = next((m for m in options if item in m.model_fields), None)

@@ -22,8 +22,16 @@ def probe_dir(output_dir: str, key: str, qps: float) -> Path:
     return Path(output_dir) / "runs" / key / f"qps_{qps:g}"
 
 
+def with_slo_percentiles(raw: dict[str, Any], slos: list[SLO]) -> dict[str, Any]:
+    """A run's config that also reports every SLO's percentile (beside its own) in its summary."""
+    output = raw.setdefault("output", {})
+    wanted = output.get("percentiles", [50.0, 90.0, 99.0])
+    output["percentiles"] = sorted({*wanted, *(slo.quantile for slo in slos)})
+    return raw
+
+
 def slo_metrics(summary: dict, slos: list[SLO]) -> dict[str, float]:
-    return {slo.name: float(summary[slo.summary_metric][f"p{slo.quantile}"]) for slo in slos}
+    return {slo.name: float(summary[slo.summary_metric][slo.summary_key]) for slo in slos}
 
 
 def meets(summary: dict, slos: list[SLO]) -> bool:
@@ -50,8 +58,8 @@ def search_configuration(job: dict[str, Any]) -> dict[str, Any]:
         return row | _empty(slos) | {"skipped": reason, "simulations": 0, "seconds": 0.0, "probes": []}
 
     def probe(qps: float) -> Probe:
-        raw = apply_knobs(base, knobs, qps)
-        output = raw.setdefault("output", {})
+        raw = with_slo_percentiles(apply_knobs(base, knobs, qps), slos)
+        output = raw["output"]
         output.update(
             dir=str(probe_dir(job["output_dir"], key, qps)),
             plots=False,

@@ -26,8 +26,9 @@ class SLO(StrictModel):
 
     metric: Literal[tuple(SLO_METRICS)]  # type: ignore[valid-type]
     """ttft, tbt (= tpot), tpot, e2e or scheduling_delay (Vidur's default: scheduling_delay p99)."""
-    quantile: Literal[50, 90, 99] = 99
-    """Percentile the simulator's summary reports."""
+    quantile: float = Field(99.0, gt=0.0, lt=100.0)
+    """Percentile of the metric over completed requests (e.g. 50, 95, 99.9), by numpy's linear
+    interpolation, as every summary.json reports it (the probes ask for it in output.percentiles)."""
     max_s: float = Field(gt=0.0)
 
     @property
@@ -35,14 +36,19 @@ class SLO(StrictModel):
         return SLO_METRICS[self.metric]
 
     @property
+    def summary_key(self) -> str:
+        return f"p{self.quantile:g}"
+
+    @property
     def name(self) -> str:
-        return f"{self.summary_metric}_p{self.quantile}"
+        return f"{self.summary_metric}_{self.summary_key}"
 
 
 class SearchSpace(StrictModel):
     """Every list is one knob; the search tries their cross product."""
 
     device: list[str] = Field(["a100"], min_length=1)
+    """Catalog devices (a100, h100, a40) or ones described under `simulation.cluster.devices`."""
     tensor_parallel: list[int] = Field([1], min_length=1)
     pipeline_stages: list[int] = Field([1], min_length=1)
     replicas: list[int] = Field([1], min_length=1)
@@ -51,14 +57,6 @@ class SearchSpace(StrictModel):
     chunk_size: list[int] = Field([512], min_length=1)
     """sarathi only: vllm and orca configurations do not multiply by it."""
     router: list[Literal[tuple(ROUTERS)]] = Field(["round_robin"], min_length=1)  # type: ignore[valid-type]
-
-    @field_validator("device")
-    @classmethod
-    def _known_devices(cls, devices: list[str]) -> list[str]:
-        unknown = [d for d in devices if d not in GPUS]
-        if unknown:
-            raise ValueError(f"unknown device {unknown[0]!r}; pick from: {', '.join(GPUS)}")
-        return devices
 
     @field_validator("tensor_parallel", "pipeline_stages", "replicas", "batch_size_cap", "chunk_size")
     @classmethod
@@ -97,6 +95,15 @@ class ServeSearchConfig(StrictModel):
 
     @model_validator(mode="after")
     def _priced(self) -> ServeSearchConfig:
+        cluster = self.simulation.get("cluster")
+        user = cluster.get("devices") if isinstance(cluster, dict) else None
+        known = [*GPUS, *(user if isinstance(user, dict) else {})]
+        unknown = [d for d in self.space.device if d not in known]
+        if unknown:
+            raise ValueError(
+                f"space.device: unknown device {unknown[0]!r}; pick from: {', '.join(known)}, "
+                "or describe it under simulation.cluster.devices"
+            )
         missing = [d for d in self.space.device if d not in self.prices]
         if missing:
             raise ValueError(f"prices: no $/GPU-hour for device {missing[0]!r}")

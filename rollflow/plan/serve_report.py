@@ -10,6 +10,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from rollflow.plan.evaluate import with_slo_percentiles
 from rollflow.plan.pareto import plot_front
 from rollflow.plan.serve_config import ServeSearchConfig
 from rollflow.plan.space import KNOBS, apply_knobs
@@ -87,7 +88,7 @@ def _print_table(rows: list[dict], metric_names: list[str], console: Console) ->
 
 
 def _print_best(out: Path, best: dict, config: ServeSearchConfig, console: Console) -> None:
-    raw = apply_knobs(config.simulation, best, best["max_qps"])
+    raw = with_slo_percentiles(apply_knobs(config.simulation, best, best["max_qps"]), config.slos)
     raw.setdefault("output", {})["dir"] = str(out / "best")
     path = out / "best.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from rollflow.perf.memory import max_resident_requests
-from rollflow.perf.specs import GPUS, MODELS, ModelSpec, ParallelLayout, validate_layout
+from rollflow.perf.specs import MODELS, ModelSpec, ParallelLayout, validate_layout
 from rollflow.plan.serve_config import SearchSpace
 from rollflow.sim.config import SimConfig
 
@@ -73,7 +73,7 @@ def unfit_reason(config: SimConfig) -> str | None:
     try:
         validate_layout(model, layout)
         max_resident_requests(
-            model, layout, GPUS[cluster.device], cluster.memory_margin_fraction, config.max_tokens
+            model, layout, cluster.gpu_spec(cluster.device), cluster.memory_margin_fraction, config.max_tokens
         )
     except ValueError as exc:
         return str(exc)

@@ -6,7 +6,8 @@ group) once; a simulator, or every step of an RL run, then makes cheap replicas 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from rollflow.config import ConfigError
 from rollflow.perf.grid_cache import cached_operator_times
@@ -14,7 +15,7 @@ from rollflow.perf.memory import default_num_blocks, max_resident_requests
 from rollflow.perf.optimes import OperatorTimes
 from rollflow.perf.predictor import ExecutionTimePredictor
 from rollflow.perf.roofline import RooflineEfficiency, roofline_operator_times
-from rollflow.perf.specs import GPUS, MODELS, NODES, ModelSpec, ParallelLayout, validate_layout
+from rollflow.perf.specs import MODELS, ModelSpec, ParallelLayout, validate_layout
 from rollflow.perf.tables import CommOverheads, TablePaths, load_operator_times
 from rollflow.sim.batching import OrcaScheduler, ReplicaScheduler, SarathiScheduler, VllmScheduler
 from rollflow.sim.config import ReplicaGroup, SimConfig
@@ -62,7 +63,7 @@ def _build_group(config: SimConfig, model: ModelSpec, group: ReplicaGroup) -> Gr
         execution.attention_prefill_overhead_fraction,
         max_batch_size=config.scheduler.batch_size_cap,
     )
-    peak = GPUS[group.device].fp16_tflops * 1e12
+    peak = config.cluster.gpu_spec(group.device).fp16_tflops * 1e12
     return GroupPlan(group_config, model, layout, predictor, times.source, peak, group.replicas)
 
 
@@ -74,9 +75,17 @@ def resolve_model(config: SimConfig) -> ModelSpec:
 
 
 def build_operator_times(config: SimConfig, model: ModelSpec, layout: ParallelLayout) -> OperatorTimes:
+    """Operator times from the profile tables (`execution.kind: tables`) or the roofline model.
+
+    A user's device (`cluster.devices`) with no compute table of its own takes the roofline, and
+    the times' source says so: its peak numbers are all rollflow knows of it.
+    """
     cluster, execution = config.cluster, config.execution
-    node = NODES[cluster.network_device]
+    gpu = cluster.gpu_spec(cluster.device)
+    node = cluster.node_spec(cluster.network_device)
     max_tokens = max(config.max_tokens, config.scheduler.max_tokens_in_batch, config.scheduler.chunk_size)
+    efficiency = RooflineEfficiency(compute=execution.compute_efficiency, memory=execution.memory_efficiency)
+    note = ""
     if execution.kind == "tables":
         paths = TablePaths(
             execution.compute_table,
@@ -84,43 +93,42 @@ def build_operator_times(config: SimConfig, model: ModelSpec, layout: ParallelLa
             execution.all_reduce_table,
             execution.send_recv_table,
         ).resolve(model.name, cluster.device, cluster.network_device)
-        arguments = dict(
-            paths=paths,
-            model=model,
-            layout=layout,
-            node=node,
-            block_size=config.scheduler.block_size,
-            max_tokens=max_tokens,
-            max_batch_size=execution.max_batch_size,
-            kv_granularity=execution.kv_cache_granularity,
-            overheads=CommOverheads(
-                execution.nccl_cpu_launch_overhead_ms, execution.nccl_cpu_skew_overhead_per_device_ms
-            ),
-            gpu=GPUS[cluster.device],
-            efficiency=RooflineEfficiency(
-                compute=execution.compute_efficiency, memory=execution.memory_efficiency
-            ),
-        )
-        files = (paths.compute, paths.attention, paths.all_reduce, paths.send_recv)
-        return cached_operator_times(files, arguments, lambda: load_operator_times(**arguments))
-    return roofline_operator_times(
+        if cluster.device not in cluster.devices or Path(paths.compute).is_file():
+            arguments = dict(
+                paths=paths,
+                model=model,
+                layout=layout,
+                node=node,
+                block_size=config.scheduler.block_size,
+                max_tokens=max_tokens,
+                max_batch_size=execution.max_batch_size,
+                kv_granularity=execution.kv_cache_granularity,
+                overheads=CommOverheads(
+                    execution.nccl_cpu_launch_overhead_ms, execution.nccl_cpu_skew_overhead_per_device_ms
+                ),
+                gpu=gpu,
+                efficiency=efficiency,
+            )
+            files = (paths.compute, paths.attention, paths.all_reduce, paths.send_recv)
+            return cached_operator_times(files, arguments, lambda: load_operator_times(**arguments))
+        note = f" (user device {cluster.device} has no profile table {paths.compute})"
+    times = roofline_operator_times(
         model,
-        GPUS[cluster.device],
+        gpu,
         layout,
         node,
         max_tokens=max_tokens,
         max_batch_size=max(execution.max_batch_size, config.scheduler.batch_size_cap),
         kv_granularity=execution.kv_cache_granularity,
-        efficiency=RooflineEfficiency(
-            compute=execution.compute_efficiency, memory=execution.memory_efficiency
-        ),
+        efficiency=efficiency,
     )
+    return replace(times, source=times.source + note) if note else times
 
 
 def build_scheduler(config: SimConfig, model: ModelSpec, layout: ParallelLayout) -> ReplicaScheduler:
     """The replica's batch scheduler; decode runs also aggregate decoding requests (same results)."""
     sched, cluster = config.scheduler, config.cluster
-    gpu = GPUS[cluster.device]
+    gpu = cluster.gpu_spec(cluster.device)
     num_blocks = sched.num_blocks or default_num_blocks(
         model, layout, gpu, cluster.memory_margin_fraction, config.max_tokens, sched.block_size
     )

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from rollflow.config import StrictModel
-from rollflow.perf.specs import GPUS, MODELS, NODES
+from rollflow.perf.specs import GPUS, MODELS, NODES, GpuSpec, NodeSpec
 from rollflow.policy.routing import ROUTERS
 
 
@@ -38,14 +38,39 @@ class ModelShape(Section):
     post_attn_norm: bool = True
 
 
+class DeviceSpec(Section):
+    """A GPU outside the built-in catalog: the peak numbers the roofline model divides work by
+    (the fields of rollflow.perf.specs.GpuSpec), and how many GPUs share a node."""
+
+    fp16_tflops: float = Field(gt=0.0)
+    """Peak dense fp16/bf16 throughput of one GPU, in TFLOP/s."""
+    memory_gb: float = Field(gt=0.0)
+    """Memory of one GPU in GiB (weights and KV cache share it)."""
+    hbm_gb_per_s: float = Field(gt=0.0)
+    """Memory bandwidth of one GPU, in GB/s."""
+    link_gb_per_s: float = Field(gt=0.0)
+    """Per-GPU bandwidth of the fastest link to a peer (NVLink), in GB/s: tensor-parallel
+    all-reduces and pipeline hops inside a node."""
+    devices_per_node: int = Field(8, ge=1)
+    """GPUs per node: a pipeline hop beyond them crosses the slower inter-node network."""
+
+    def gpu(self, name: str) -> GpuSpec:
+        return GpuSpec(name, self.fp16_tflops, self.memory_gb, self.hbm_gb_per_s, self.link_gb_per_s)
+
+
+def user_node_name(device: str) -> str:
+    """The node a user device brings, named as the catalog names its nodes."""
+    return f"{device}_pairwise_nvlink"
+
+
 class ReplicaGroup(Section):
     """Replicas that share a GPU type and sharding; a cluster may mix several groups."""
 
     replicas: int = Field(1, ge=1)
     """Number of replicas in this group."""
-    device: Literal[tuple(GPUS)] = "a100"  # type: ignore[valid-type]
-    """GPU type of this group's replicas."""
-    network_device: Literal[tuple(NODES)] | None = None  # type: ignore[valid-type]
+    device: str = "a100"
+    """GPU type of this group's replicas: a catalog device or one of `cluster.devices`."""
+    network_device: str | None = None
     """Node type of this group; default: `<device>_pairwise_nvlink`."""
     tensor_parallel: int = Field(1, ge=1)
     pipeline_stages: int = Field(1, ge=1)
@@ -65,6 +90,11 @@ class AffinityConfig(Section):
 
 
 class ClusterConfig(Section):
+    devices: dict[str, DeviceSpec] = Field(default_factory=dict)
+    """GPUs a user adds to the catalog (a100, h100, a40), by name: `device`, `groups` and a
+    search's `space.device` may then name them. Each brings its node, `<name>_pairwise_nvlink`.
+    With `execution.kind: tables` and no compute table of its own, its times come from the
+    roofline model (the summary's execution_model says so)."""
     replicas: int = Field(1, ge=1)
     """Number of identical model replicas behind the router (with `groups`: their total)."""
     groups: list[ReplicaGroup] | None = Field(None, min_length=1)
@@ -74,10 +104,11 @@ class ClusterConfig(Section):
     """Model name: one of the catalog (rollflow.perf.specs.MODELS) or any name with `model_shape` set."""
     model_shape: ModelShape | None = None
     """Shape of a model that is not in the catalog."""
-    device: Literal[tuple(GPUS)] = "a100"  # type: ignore[valid-type]
-    """GPU type of every replica."""
-    network_device: Literal[tuple(NODES)] = "a100_pairwise_nvlink"  # type: ignore[valid-type]
-    """Node type: decides GPUs per node and which network tables apply."""
+    device: str = "a100"
+    """GPU type of every replica: a catalog device (a100, h100, a40) or one of `devices`."""
+    network_device: str = "a100_pairwise_nvlink"
+    """Node type: decides GPUs per node and which network tables apply. Default for a device of
+    `devices`: its own node."""
     tensor_parallel: int = Field(1, ge=1)
     """GPUs per pipeline stage, splitting every layer."""
     pipeline_stages: int = Field(1, ge=1)
@@ -115,6 +146,53 @@ class ClusterConfig(Section):
             )
         return self
 
+    @field_validator("devices")
+    @classmethod
+    def _new_names(cls, devices: dict[str, DeviceSpec]) -> dict[str, DeviceSpec]:
+        clash = [name for name in devices if name in GPUS]
+        if clash:
+            raise ValueError(
+                f"{clash[0]!r} clashes with a catalog device ({', '.join(GPUS)}); pick another name"
+            )
+        return devices
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, device: str, info: ValidationInfo) -> str:
+        if "devices" in info.data:  # else the devices themselves failed, and that error says why
+            _check_device(device, info.data["devices"])
+        return device
+
+    @field_validator("network_device")
+    @classmethod
+    def _known_node(cls, node: str, info: ValidationInfo) -> str:
+        if "devices" in info.data:
+            _check_node(node, info.data["devices"])
+        return node
+
+    @field_validator("groups")
+    @classmethod
+    def _known_group_devices(cls, groups: list[ReplicaGroup] | None, info: ValidationInfo) -> object:
+        for number, group in enumerate(groups or []):
+            if "devices" in info.data:
+                try:
+                    _check_device(group.device, info.data["devices"])
+                    if group.network_device is not None:
+                        _check_node(group.network_device, info.data["devices"])
+                except ValueError as exc:
+                    raise ValueError(f"group {number}: {exc}") from None
+        return groups
+
+    @model_validator(mode="before")
+    @classmethod
+    def _user_device_node(cls, data: object) -> object:
+        """A device of `devices` runs in its own node unless network_device says otherwise."""
+        if isinstance(data, dict) and "network_device" not in data:
+            devices = data.get("devices")
+            if isinstance(devices, dict) and data.get("device") in devices:
+                data = {**data, "network_device": user_node_name(data["device"])}
+        return data
+
     @model_validator(mode="before")
     @classmethod
     def _replicas_from_groups(cls, data: object) -> object:
@@ -145,9 +223,35 @@ class ClusterConfig(Section):
     def num_replicas(self) -> int:
         return sum(g.replicas for g in self.replica_groups())
 
+    def gpu_spec(self, device: str) -> GpuSpec:
+        """The catalog's or the user's spec of `device`."""
+        user = self.devices.get(device)
+        return user.gpu(device) if user is not None else GPUS[device]
+
+    def node_spec(self, network_device: str) -> NodeSpec:
+        """The catalog's node, or the one a user device brings."""
+        for name, spec in self.devices.items():
+            if user_node_name(name) == network_device:
+                return NodeSpec(network_device, name, spec.devices_per_node)
+        return NODES[network_device]
+
 
 def _default_node(device: str) -> str:
     return f"{device}_pairwise_nvlink"
+
+
+def _check_device(device: str, devices: dict[str, DeviceSpec]) -> None:
+    if device not in GPUS and device not in devices:
+        known = ", ".join([*GPUS, *devices])
+        raise ValueError(
+            f"unknown device {device!r}; pick one of: {known}, or describe it under cluster.devices"
+        )
+
+
+def _check_node(node: str, devices: dict[str, DeviceSpec]) -> None:
+    known = [*NODES, *(user_node_name(name) for name in devices)]
+    if node not in known:
+        raise ValueError(f"unknown network_device {node!r}; pick one of: {', '.join(known)}")
 
 
 class SchedulerConfig(Section):
@@ -395,6 +499,17 @@ class OutputConfig(Section):
     requests_csv: bool = True
     progress: bool = True
     """Show a progress bar on long runs (off when not a terminal)."""
+    percentiles: list[float] = Field([50.0, 90.0, 99.0], min_length=1)
+    """Percentiles of every latency metric in summary.json and the printed table (keys p50,
+    p95, p99.9), by numpy's linear interpolation between order statistics."""
+
+    @field_validator("percentiles")
+    @classmethod
+    def _open_interval(cls, percentiles: list[float]) -> list[float]:
+        bad = [p for p in percentiles if not 0.0 < p < 100.0]
+        if bad:
+            raise ValueError(f"every percentile must be in (0, 100), got {bad[0]:g}")
+        return sorted(set(percentiles))
 
 
 class SimulatorConfig(Section):

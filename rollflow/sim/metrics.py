@@ -24,6 +24,11 @@ LATENCY_METRICS = ("ttft", "tpot", "e2e", "scheduling_delay")
 PERCENTILES = (50, 90, 99)
 
 
+def percentile_key(p: float) -> str:
+    """A percentile's key in the summary: p50, p95, p99.9."""
+    return f"p{p:g}"
+
+
 @dataclass(frozen=True)
 class RequestTable:
     """Columns over completed requests, in request-id order."""
@@ -60,11 +65,12 @@ def request_table(result: SimResult) -> RequestTable:
     )
 
 
-def distribution(values: np.ndarray) -> dict[str, float]:
+def distribution(values: np.ndarray, points: Sequence[float] = PERCENTILES) -> dict[str, float]:
+    """The percentiles (numpy's linear interpolation between order statistics) and the mean."""
     if len(values) == 0:
-        return {f"p{p}": float("nan") for p in PERCENTILES} | {"mean": float("nan")}
-    points = percentiles(values, PERCENTILES)
-    return {f"p{p}": v for p, v in zip(PERCENTILES, points, strict=True)} | {"mean": float(values.mean())}
+        return {percentile_key(p): float("nan") for p in points} | {"mean": float("nan")}
+    found = percentiles(values, points)
+    return {percentile_key(p): v for p, v in zip(points, found, strict=True)} | {"mean": float(values.mean())}
 
 
 def percentiles(values: np.ndarray, points: Sequence[float]) -> list[float]:
@@ -93,8 +99,11 @@ def percentiles(values: np.ndarray, points: Sequence[float]) -> list[float]:
     return result
 
 
-def summarize(result: SimResult, table: RequestTable, sim_loop_s: float) -> dict:
-    """The summary.json document; the caller adds `setup_s` and `wall_time_s`, known only at the end."""
+def summarize(
+    result: SimResult, table: RequestTable, sim_loop_s: float, percentiles: Sequence[float] = PERCENTILES
+) -> dict:
+    """The summary.json document; the caller adds `setup_s` and `wall_time_s`, known only at the end.
+    Latencies are summarised at `percentiles`; batch shapes at p50/p90/p99."""
     simulated = result.simulated_time_s
     cols = table.columns
     generated = int(cols["output_tokens"].sum())
@@ -122,7 +131,7 @@ def summarize(result: SimResult, table: RequestTable, sim_loop_s: float) -> dict
     batch_arr = np.array(all_batches) if all_batches else np.zeros((0, 6))
     weights = batch_arr[:, 5] if len(batch_arr) else np.zeros(0)
     return {
-        **{name: distribution(cols[name]) for name in LATENCY_METRICS},
+        **{name: distribution(cols[name], percentiles) for name in LATENCY_METRICS},
         "num_requests": len(result.requests),
         "num_completed": len(table),
         "simulated_time_s": simulated,

@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from rollflow.sim.metrics import LATENCY_METRICS, PERCENTILES, RequestTable
+from rollflow.sim.metrics import LATENCY_METRICS, RequestTable
 from rollflow.sim.simulator import SimResult
 
 REQUEST_COLUMNS = (
@@ -125,12 +125,13 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
     console = console or Console()
     table = Table(title="Latency (seconds)", title_justify="left")
     table.add_column("metric")
-    for p in PERCENTILES:
-        table.add_column(f"p{p}", justify="right")
+    keys = [key for key in summary[LATENCY_METRICS[0]] if key != "mean"]
+    for key in keys:
+        table.add_column(key, justify="right")
     table.add_column("mean", justify="right")
     for name in LATENCY_METRICS:
         dist = summary[name]
-        table.add_row(name, *(f"{dist[f'p{p}']:.4f}" for p in PERCENTILES), f"{dist['mean']:.4f}")
+        table.add_row(name, *(f"{dist[key]:.4f}" for key in keys), f"{dist['mean']:.4f}")
     console.print(table)
 
     replicas = Table(title="Replicas", title_justify="left")

@@ -43,7 +43,7 @@ def run_simulation(
         result = simulator.run()
     loop_s = time.perf_counter() - loop_start
     table = request_table(result)
-    summary = summarize(result, table, sim_loop_s=loop_s)
+    summary = summarize(result, table, sim_loop_s=loop_s, percentiles=config.output.percentiles)
     summary["setup_s"] = loop_start - started_at  # imports, config, workload and tables
     output_start = time.perf_counter()
     out_dir = Path(config.output.dir)

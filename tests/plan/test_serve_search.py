@@ -167,6 +167,8 @@ def test_max_qps_bisection_brackets_a_threshold():
         ("space.tensor_parallel=[]", "space.tensor_parallel"),
         ("space.device=[b200]", "unknown device 'b200'"),
         ("space.device=[h100]", "no $/GPU-hour for device 'h100'"),
+        ("slos.0.quantile=100", "slos[0].quantile: Input should be less than 100"),
+        ("slos.0.quantile=0", "slos[0].quantile: Input should be greater than 0"),
     ],
 )
 def test_bad_search_configs_are_one_line_errors(tmp_path, override, expected):
@@ -211,3 +213,65 @@ def test_ray_backend_on_a_local_head_finds_the_same_max_qps(searched):
         4: local[4],
         8: local[8],
     }
+
+
+def user_device_search(tmp_path: Path) -> Path:
+    """Llama-2-7B on the catalog's a100 and on a user's GPU with twice its FLOP/s and bandwidth,
+    under a scheduling-delay p95 and a TBT p99.9 SLO."""
+    config = yaml.safe_load(search_config(tmp_path).read_text())
+    a100 = {"fp16_tflops": 312, "memory_gb": 80, "hbm_gb_per_s": 2039, "link_gb_per_s": 300}
+    config["simulation"]["cluster"] = {
+        "model": "meta-llama/Llama-2-7b-hf",
+        "devices": {"a100x2": {**a100, "fp16_tflops": 624, "hbm_gb_per_s": 4078}},
+    }
+    config["slos"] = [
+        {"metric": "scheduling_delay", "quantile": 95, "max_s": 0.5},
+        {"metric": "tbt", "quantile": 99.9, "max_s": 0.1},
+    ]
+    config["prices"] = {"a100": 2.0, "a100x2": 3.0}
+    config["space"] = {"device": ["a100", "a100x2"], "scheduler": ["vllm"]}
+    config["output_dir"] = str(tmp_path / "search")
+    path = tmp_path / "devices.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_a_faster_user_device_has_a_higher_max_qps_at_its_own_price_and_chosen_quantiles(tmp_path):
+    result = rollflow("sim", "search", "--config", str(user_device_search(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / "search"
+    a100, fast = rows_of(out)
+    assert (a100["device"], fast["device"]) == ("a100", "a100x2")
+    assert fast["max_qps"] > a100["max_qps"] > 0
+    assert fast["qps_per_dollar"] == pytest.approx(fast["max_qps"] / 3.0)
+    assert fast["scheduling_delay_p95"] <= 0.5 and fast["tpot_p99.9"] <= 0.1
+    assert (out / "pareto_tpot_p99.9.png").stat().st_size > 0
+    # The best configuration's YAML reproduces its SLO metrics at the chosen quantiles.
+    best = yaml.safe_load((out / "best.yaml").read_text())
+    winner = max((a100, fast), key=lambda r: r["qps_per_dollar"])
+    assert best["cluster"]["device"] == winner["device"]
+    served = rollflow(
+        "sim", "serve", "--config", str(out / "best.yaml"), "--output-dir", str(tmp_path / "best")
+    )
+    assert served.returncode == 0, served.stderr
+    summary = json.loads((tmp_path / "best" / "summary.json").read_text())
+    assert summary["scheduling_delay"]["p95"] == winner["scheduling_delay_p95"]
+    assert summary["tpot"]["p99.9"] == winner["tpot_p99.9"]
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        (
+            "space.device=[a100,b200]",
+            "space.device: unknown device 'b200'; pick from: a100, h100, a40, a100x2",
+        ),
+        ("prices={a100: 2.0}", "no $/GPU-hour for device 'a100x2'"),
+        ("simulation.cluster.devices.a100x2.hbm_gb_per_s=-1", "cluster.devices.a100x2.hbm_gb_per_s"),
+    ],
+)
+def test_bad_user_devices_in_a_search_are_one_line_errors(tmp_path, override, expected):
+    result = rollflow("sim", "search", "--config", str(user_device_search(tmp_path)), override)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], result.stderr
