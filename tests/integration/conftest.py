@@ -68,6 +68,9 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
     cmd = [
         str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
         "--dtype", "float32", "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
+        # prefix caching is vLLM V1's default on x86 CPUs; said here because the tier tests it, and
+        # its hits reach usage.prompt_tokens_details.cached_tokens only with the second flag
+        "--enable-prefix-caching", "--enable-prompt-tokens-details",
     ]  # fmt: skip
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=model_dir.parent)

@@ -7,7 +7,9 @@ Three sources, one record:
   which gives no KV capacity). The built-in engine serves both shapes.
 - vLLM's Prometheus `/metrics`: the gauges `vllm:num_requests_running`, `vllm:num_requests_waiting`
   and `vllm:kv_cache_usage_perc` (`vllm:gpu_cache_usage_perc` before vLLM 0.10), one sample per
-  engine, summed (KV averaged) over engines.
+  engine, summed (KV averaged) over engines; and the counters `vllm:prefix_cache_hits` over
+  `vllm:prefix_cache_queries` (prompt tokens, exposed with Prometheus' `_total` suffix): the prefix
+  cache's hit rate since the server started.
 
 Parsers raise ValueError on a body of the wrong shape, so a client can tell "this engine has no
 such endpoint" (None) from "it answered nonsense" (an error).
@@ -23,7 +25,9 @@ from typing import Any
 VLLM_RUNNING = "vllm:num_requests_running"
 VLLM_WAITING = "vllm:num_requests_waiting"
 VLLM_KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # newest name first
-VLLM_GAUGES = (VLLM_RUNNING, VLLM_WAITING, *VLLM_KV_USAGE)
+VLLM_PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+VLLM_PREFIX_HITS = "vllm:prefix_cache_hits_total"
+VLLM_SAMPLES = (VLLM_RUNNING, VLLM_WAITING, *VLLM_KV_USAGE, VLLM_PREFIX_QUERIES, VLLM_PREFIX_HITS)
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,9 @@ class EngineLoad:
     num_queued: int
     # fraction of the KV cache in use, 0..1; None when the engine does not say
     kv_usage: float | None
+    # prompt tokens served from the prefix cache over those looked up, since the engine started;
+    # None when it does not say or has looked up none
+    prefix_hit_rate: float | None = None
 
 
 def parse_sglang_loads(payload: Any) -> EngineLoad:
@@ -67,19 +74,23 @@ def parse_sglang_get_load(payload: Any) -> EngineLoad:
 
 
 def parse_vllm_metrics(text: str) -> EngineLoad:
-    """vLLM's Prometheus exposition: the running/waiting gauges summed over engines, KV use averaged."""
+    """vLLM's Prometheus exposition: the running/waiting gauges summed over engines, KV use averaged,
+    the prefix cache's hits over its queries summed over engines."""
     samples: dict[str, list[float]] = {}
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in VLLM_GAUGES:
+        if name in VLLM_SAMPLES:
             samples.setdefault(name, []).append(_metric_value(line))
     if VLLM_RUNNING not in samples or VLLM_WAITING not in samples:
         raise ValueError(f"no {VLLM_RUNNING} / {VLLM_WAITING} gauges in the metrics")
     usage = next((samples[name] for name in VLLM_KV_USAGE if name in samples), None)
+    queries = sum(samples.get(VLLM_PREFIX_QUERIES, []))
+    hits = sum(samples.get(VLLM_PREFIX_HITS, []))
     return EngineLoad(
         num_running=int(sum(samples[VLLM_RUNNING])),
         num_queued=int(sum(samples[VLLM_WAITING])),
         kv_usage=_fraction(sum(usage) / len(usage)) if usage else None,
+        prefix_hit_rate=_fraction(hits / queries) if queries > 0 else None,
     )
 
 

@@ -1,7 +1,10 @@
 """Client for vLLM's OpenAI server: `/v1/completions` with a token-id prompt, streamed.
 
 Each streamed choice carries the new `token_ids` (`return_token_ids`) and the sampled tokens'
-logprobs (`logprobs: 0`). Aborting is closing the stream: vLLM aborts a request whose client went
+logprobs (`logprobs: 0`). The usage event after the last choice (`stream_options.include_usage`)
+says how many prompt tokens vLLM served from its prefix cache (`usage.prompt_tokens_details.
+cached_tokens`, when the server runs with `--enable-prompt-tokens-details`); the finishing chunk
+waits for it and carries that count. Aborting is closing the stream: vLLM aborts a request whose client went
 away. Pausing, weight versions, reloading weights from disk and sleeping use the RL endpoints vLLM serves
 when started with `VLLM_SERVER_DEV_MODE=1` (`/pause?mode=keep`, `/resume`, `/weight_info`,
 `/update_weight_version`, `/collective_rpc` -> `reload_weights`, `/sleep?level=1` and `/wake_up`
@@ -11,6 +14,7 @@ with `--enable-sleep-mode`); without it those calls raise NotSupportedError sayi
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -70,9 +74,11 @@ class VLLMClient(HttpEngine):
             "stream": True,
             "logprobs": 0,
             "return_token_ids": True,
+            "stream_options": {"include_usage": True},
             **vllm_sampling_params(sampling),
         }
         finished = False
+        final = GenerateChunk([], [], None, None)  # the finishing chunk, held for the usage event
         try:
             async with self.session.post(
                 self.url + "/v1/completions", json=body, headers=self.headers, timeout=self._stream_timeout
@@ -82,21 +88,28 @@ class VLLMClient(HttpEngine):
                 text = ""
                 try:
                     async for payload in iter_sse_json(resp):
+                        if finished:  # the usage event follows the finishing choice
+                            final = replace(final, cached_tokens=parse_vllm_cached_tokens(payload))
+                            break
                         chunk = parse_vllm_event(payload, text)
                         if chunk is None:
                             continue
                         text = chunk.text or text
-                        finished = chunk.finish_reason is not None
+                        if chunk.finish_reason is not None:
+                            final, finished = chunk, True
+                            continue
                         yield chunk
-                        if finished:
-                            return
                 finally:
                     self._open.pop(rid, None)
                     if not finished:
                         resp.close()
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            if rid not in self._aborted:
+            if not finished and rid not in self._aborted:
                 raise EngineError(f"stream of {rid!r} from {self.url} broke off: {exc!r}") from exc
+        if finished:  # a stream that broke after its last tokens loses only the usage
+            self._aborted.discard(rid)
+            yield final
+            return
         if rid in self._aborted:
             # abort() closed the stream; vLLM drops the request when its client goes away
             self._aborted.discard(rid)
@@ -233,3 +246,12 @@ def parse_vllm_event(payload: dict[str, Any], text_seen: str = "") -> GenerateCh
     text = choice.get("text")
     text = text_seen + text if isinstance(text, str) else None
     return GenerateChunk(token_ids, logprobs, FINISH_REASONS.get(finish) if finish else None, None, text=text)
+
+
+def parse_vllm_cached_tokens(payload: dict[str, Any]) -> int | None:
+    """Prompt tokens served from vLLM's prefix cache, from a usage event; None when it does not say
+    (a server without `--enable-prompt-tokens-details`, or no usage)."""
+    usage = payload.get("usage")
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return cached if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0 else None

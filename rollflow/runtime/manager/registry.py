@@ -77,6 +77,8 @@ class EngineRecord:
             "running": len(self.running),
             "tokens_generated": self.tokens_generated,
             "tokens_per_s": round(self.tokens_per_s, 3),
+            # the engine's own prefix cache hit rate, from its last load report (vLLM's /metrics)
+            "prefix_hit_rate": self.reported.prefix_hit_rate if self.reported else None,
         }
 
 

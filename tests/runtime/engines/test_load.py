@@ -94,16 +94,25 @@ vllm:num_requests_waiting_by_reason{engine="0",model_name="tiny",reason="capacit
 vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.5
 vllm:kv_cache_usage_perc{engine="1",model_name="tiny"} 0.25
 vllm:prompt_tokens_total{engine="0",model_name="tiny"} 1234.0
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="tiny"} 300.0
+vllm:prefix_cache_queries_total{engine="1",model_name="tiny"} 100.0
+vllm:prefix_cache_queries_created{engine="0",model_name="tiny"} 1.7e9
+vllm:prefix_cache_hits_total{engine="0",model_name="tiny"} 96.0
+vllm:prefix_cache_hits_total{engine="1",model_name="tiny"} 4.0
 """
 
 
-def test_vllm_gauges_sum_over_engines_and_kv_use_is_their_mean():
+def test_vllm_gauges_sum_over_engines_kv_use_is_their_mean_and_prefix_hits_their_share():
     load = parse_vllm_metrics(VLLM_METRICS)
     assert (load.num_running, load.num_queued, load.kv_usage) == (4, 2, 0.375)
+    assert load.prefix_hit_rate == 0.25  # 100 cached of 400 prompt tokens looked up, both engines
     older = parse_vllm_metrics(
         "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\nvllm:gpu_cache_usage_perc 0.125\n"
     )
     assert (older.num_running, older.num_queued, older.kv_usage) == (1, 0, 0.125)
+    assert older.prefix_hit_rate is None  # no prefix cache counters
 
 
 @pytest.mark.parametrize(
