@@ -57,10 +57,12 @@ def parse_sglang_loads(payload: Any) -> EngineLoad:
     else:  # a rank that gives its usage as a fraction only
         shares = [rank["token_usage"] for rank in ranks if _is_number(rank.get("token_usage"))]
         kv_usage = sum(shares) / len(shares) if shares else None
+    hit_rates = [rank["cache_hit_rate"] for rank in ranks if _is_number(rank.get("cache_hit_rate"))]
     return EngineLoad(
         num_running=sum(_count(rank, "num_running_reqs") for rank in ranks),
         num_queued=sum(_count(rank, "num_waiting_reqs") for rank in ranks),
         kv_usage=_fraction(kv_usage),
+        prefix_hit_rate=_fraction(sum(hit_rates) / len(hit_rates)) if hit_rates else None,
     )
 
 

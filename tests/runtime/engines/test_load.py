@@ -68,13 +68,16 @@ def test_sglang_loads_sum_ranks_and_take_kv_as_used_over_total_tokens():
         "dp_rank_count": 2,
         "loads": [
             {"dp_rank": 0, "num_running_reqs": 3, "num_waiting_reqs": 1, "num_used_tokens": 300,
-             "max_total_num_tokens": 1000, "token_usage": 0.3},
+             "max_total_num_tokens": 1000, "token_usage": 0.3, "cache_hit_rate": 0.5},
             {"dp_rank": 1, "num_running_reqs": 2, "num_waiting_reqs": 4, "num_used_tokens": 100,
-             "max_total_num_tokens": 1000, "token_usage": 0.1},
+             "max_total_num_tokens": 1000, "token_usage": 0.1, "cache_hit_rate": 0.25},
         ],
     }  # fmt: skip
     load = parse_sglang_loads(body)
-    assert (load.num_running, load.num_queued, load.kv_usage) == (5, 5, 0.2)
+    assert (load.num_running, load.num_queued, load.kv_usage, load.prefix_hit_rate) == (5, 5, 0.2, 0.375)
+    for rank in body["loads"]:
+        del rank["cache_hit_rate"]
+    assert parse_sglang_loads(body).prefix_hit_rate is None
     old = parse_sglang_get_load([{"dp_rank": 0, "num_reqs": 7, "num_waiting_reqs": 2, "num_tokens": 90}])
     assert (old.num_running, old.num_queued, old.kv_usage) == (5, 2, None)
 
