@@ -139,7 +139,10 @@ def sse_line_json(raw_line: bytes, url: str) -> Any:
     try:
         payload = orjson.loads(data)
     except ValueError:
-        raise EngineResponseError(f"{url} streamed non-JSON data: {data[:200]!r}") from None
+        try:  # NaN and Infinity, which Python's json writes and orjson refuses to read
+            payload = json.loads(data)
+        except ValueError:
+            raise EngineResponseError(f"{url} streamed non-JSON data: {data[:200]!r}") from None
     if not isinstance(payload, dict):
         raise EngineResponseError(f"{url} streamed {type(payload).__name__}, not an object")
     return payload
