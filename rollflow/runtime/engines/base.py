@@ -102,7 +102,8 @@ class NotSupportedError(EngineError):
 
 @runtime_checkable
 class EngineClient(Protocol):
-    """What the manager needs from an engine; one aiohttp session per client, reused by every call."""
+    """What the manager needs from an engine; one aiohttp session per client for its control calls
+    (SGLang's `/generate` streams go over the client's own kept-alive connections, `pool.py`)."""
 
     url: str
 

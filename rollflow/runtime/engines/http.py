@@ -1,4 +1,5 @@
-"""HTTP plumbing both clients share: one session per client, server-sent events, checked JSON."""
+"""HTTP plumbing both clients share: one session per client (and kept-alive connections for the hot
+path), server-sent events, checked JSON."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import orjson
 
 from rollflow.runtime.engines.base import EngineError, EngineRejectedError, EngineResponseError
+from rollflow.runtime.engines.pool import ConnectionPool
+
+CONNECT_TIMEOUT_S = 10.0
 
 
 class HttpEngine:
@@ -26,6 +31,8 @@ class HttpEngine:
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._session = session
         self._owns_session = session is None
+        self.read_timeout_s = read_timeout_s
+        self._pool: ConnectionPool | None = None
         # a stream that sends nothing for this long is treated as a dead engine
         self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_read=read_timeout_s)
 
@@ -35,7 +42,18 @@ class HttpEngine:
             self._session = aiohttp.ClientSession()
         return self._session
 
+    @property
+    def pool(self) -> ConnectionPool:
+        """Kept-alive connections for the hot path (`/generate`); aiohttp for everything else."""
+        if self._pool is None:
+            # a borrowed session's connect timeout is the manager's connect_timeout_s
+            timeout = self._session.timeout.sock_connect if self._session is not None else None
+            self._pool = ConnectionPool(self.url, timeout or CONNECT_TIMEOUT_S, self.read_timeout_s)
+        return self._pool
+
     async def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
         if self._owns_session and self._session is not None:
             await self._session.close()
             self._session = None
@@ -90,35 +108,86 @@ async def raise_for_status(resp: aiohttp.ClientResponse) -> None:
     """4xx -> EngineRejectedError (the request is at fault), other non-2xx -> EngineResponseError."""
     if resp.status < 300:
         return
-    text = (await resp.text(errors="replace"))[:500]
+    raise status_error(resp.method, str(resp.url), resp.status, await resp.text(errors="replace"))
+
+
+def status_error(method: str, url: str, status: int, text: str) -> EngineError:
+    """The error for a non-2xx answer, with the engine's message (its `error.message` when JSON)."""
+    text = text[:500]
     try:
         message = json.loads(text)["error"]["message"]
     except (ValueError, KeyError, TypeError):
         message = text
-    error = EngineRejectedError if 400 <= resp.status < 500 else EngineResponseError
-    raise error(f"{resp.method} {resp.url} -> HTTP {resp.status}: {message}")
+    error = EngineRejectedError if 400 <= status < 500 else EngineResponseError
+    return error(f"{method} {url} -> HTTP {status}: {message}")
+
+
+SSE_DONE = object()
+"""What `sse_line_json` returns for `data: [DONE]`."""
+
+
+def sse_line_json(raw_line: bytes, url: str) -> Any:
+    """The JSON object of one `data: {...}` line; None for a blank or comment line, SSE_DONE at the end."""
+    line = raw_line.strip()
+    if not line or line.startswith(b":"):
+        return None
+    if not line.startswith(b"data:"):
+        raise EngineResponseError(f"{url} streamed a line that is not an SSE data line: {line[:200]!r}")
+    data = line[5:].strip()
+    if data == b"[DONE]":
+        return SSE_DONE
+    try:
+        payload = orjson.loads(data)
+    except ValueError:
+        try:  # NaN and Infinity, which Python's json writes and orjson refuses to read
+            payload = json.loads(data)
+        except ValueError:
+            raise EngineResponseError(f"{url} streamed non-JSON data: {data[:200]!r}") from None
+    if not isinstance(payload, dict):
+        raise EngineResponseError(f"{url} streamed {type(payload).__name__}, not an object")
+    return payload
+
+
+class SseLines:
+    """Splits a body that arrives in arbitrary pieces into the JSON objects of its SSE data lines."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._rest = b""
+        self.done = False  # `data: [DONE]` was seen
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        lines = (self._rest + data).split(b"\n") if self._rest else data.split(b"\n")
+        self._rest = lines.pop()
+        return self._payloads(lines)
+
+    def end(self) -> list[dict[str, Any]]:
+        """The body ended: a last line without its newline still counts."""
+        lines, self._rest = [self._rest], b""
+        return self._payloads(lines)
+
+    def _payloads(self, lines: list[bytes]) -> list[dict[str, Any]]:
+        payloads = []
+        for line in lines:
+            if self.done:
+                break
+            payload = sse_line_json(line, self._url)
+            if payload is SSE_DONE:
+                self.done = True
+            elif payload is not None:
+                payloads.append(payload)
+        return payloads
 
 
 async def iter_sse_json(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
     """The JSON objects of a `data: {...}` event stream, until `data: [DONE]` or the end of the body."""
+    url = str(resp.url)
     async for raw_line in resp.content:
-        line = raw_line.strip()
-        if not line or line.startswith(b":"):
-            continue
-        if not line.startswith(b"data:"):
-            raise EngineResponseError(
-                f"{resp.url} streamed a line that is not an SSE data line: {line[:200]!r}"
-            )
-        data = line[5:].strip()
-        if data == b"[DONE]":
+        payload = sse_line_json(raw_line, url)
+        if payload is SSE_DONE:
             return
-        try:
-            payload = json.loads(data)
-        except ValueError:
-            raise EngineResponseError(f"{resp.url} streamed non-JSON data: {data[:200]!r}") from None
-        if not isinstance(payload, dict):
-            raise EngineResponseError(f"{resp.url} streamed {type(payload).__name__}, not an object")
-        yield payload
+        if payload is not None:
+            yield payload
 
 
 def parse_weight_version(value: Any) -> int | None:

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import orjson
 
 from rollflow.runtime.engines.base import (
     EngineError,
@@ -21,8 +22,15 @@ from rollflow.runtime.engines.base import (
     RequestFailedError,
     SamplingParams,
 )
-from rollflow.runtime.engines.http import HttpEngine, iter_sse_json, parse_weight_version, raise_for_status
+from rollflow.runtime.engines.http import (
+    HttpEngine,
+    SseLines,
+    parse_weight_version,
+    raise_for_status,
+    status_error,
+)
 from rollflow.runtime.engines.load import EngineLoad, parse_sglang_get_load, parse_sglang_loads
+from rollflow.runtime.engines.pool import ProtocolError
 
 if TYPE_CHECKING:
     import torch
@@ -57,13 +65,16 @@ class SGLangClient(HttpEngine):
         }
         finished = False
         try:
-            async with self.session.post(
-                self.url + "/generate", json=body, headers=self.headers, timeout=self._stream_timeout
-            ) as resp:
-                await raise_for_status(resp)
+            response = await self.pool.request("POST", "/generate", orjson.dumps(body), self.headers)
+            try:
+                if response.status >= 300:
+                    text = (await response.read()).decode(errors="replace")
+                    raise status_error("POST", self.url + "/generate", response.status, text)
+                events = SseLines(self.url + "/generate")
                 num_seen, text = 0, ""
-                try:
-                    async for payload in iter_sse_json(resp):
+                while not events.done:
+                    data = await response.read_chunk()
+                    for payload in events.feed(data) if data else events.end():
                         chunk = parse_sglang_event(payload, num_seen, text)
                         num_seen += len(chunk.token_ids)
                         text = chunk.text if chunk.text is not None else text
@@ -71,11 +82,14 @@ class SGLangClient(HttpEngine):
                         yield chunk
                         if finished:
                             return
-                finally:
-                    if not finished:
-                        # The server aborts a request whose client went away.
-                        resp.close()
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                    if not data:
+                        break
+            finally:
+                if finished:
+                    response.release()  # the rest is `data: [DONE]`: read it, and reuse the connection
+                else:
+                    response.close()  # the server aborts a request whose client went away
+        except (TimeoutError, OSError, ProtocolError) as exc:
             raise EngineError(f"stream of {rid!r} from {self.url} broke off: {exc!r}") from exc
         raise EngineResponseError(f"stream of {rid!r} from {self.url} ended without a finish_reason")
 

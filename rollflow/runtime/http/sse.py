@@ -3,10 +3,11 @@ vLLM and OpenAI stream, used by the manager and the built-in engine alike."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from aiohttp import web
+
+from rollflow.runtime.http.answer import dumps
 
 DONE = b"data: [DONE]\n\n"
 
@@ -19,7 +20,7 @@ async def open_sse(request: web.Request) -> web.StreamResponse:
 
 
 async def send_event(response: web.StreamResponse, payload: Any) -> None:
-    await response.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+    await response.write(b"data: " + dumps(payload) + b"\n\n")
 
 
 async def close_sse(response: web.StreamResponse) -> web.StreamResponse:

@@ -112,7 +112,6 @@ async def release_engine(manager: RolloutManager, engine_id: int) -> MemoryMove:
         )
         raise EngineUnavailable(f"engine {engine_id} failed while releasing its memory: {exc}") from None
     engine.state = "released"
-    manager.refresh_gauges()
     move = MemoryMove(engine_id, "release", moved, drained - started, loop.time() - started, None)
     log.info(
         "engine %d released: %d samples moved in %.3fs, memory freed in %.3fs",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from enum import Enum
 from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -13,7 +15,10 @@ RESUME_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 5.0
 
 
 class ManagerMetrics:
-    def __init__(self) -> None:
+    def __init__(self, before_render: Callable[[], None] = lambda: None) -> None:
+        """`before_render` sets the gauges of the manager's state, read only when they are scraped
+        (setting them at every dispatch cost more than the routing itself)."""
+        self._before_render = before_render
         self.registry = CollectorRegistry()
         r = self.registry
         self.queue_depth = Gauge("rollflow_queue_depth", "Samples waiting for an engine", registry=r)
@@ -65,6 +70,7 @@ class ManagerMetrics:
         # and these are touched per dispatch or per streamed chunk
         self.engines_by_state = {state: self.engines.labels(state) for state in ENGINE_STATES}
         self._generated_by_engine: dict[int, Counter] = {}
+        self._finished_by_state: dict[Enum, Counter] = {}
 
     def generated_tokens_of(self, engine_id: int) -> Counter:
         """The `rollflow_generated_tokens_total` child of one engine."""
@@ -73,5 +79,13 @@ class ManagerMetrics:
             child = self._generated_by_engine[engine_id] = self.generated_tokens.labels(str(engine_id))
         return child
 
+    def finished_of(self, state: Enum) -> Counter:
+        """The `rollflow_finished_samples_total` child of a sample's final state (one per sample)."""
+        child = self._finished_by_state.get(state)
+        if child is None:
+            child = self._finished_by_state[state] = self.finished_samples.labels(state.name.lower())
+        return child
+
     def render(self) -> bytes:
+        self._before_render()
         return generate_latest(self.registry)

@@ -38,6 +38,9 @@ class EngineRecord:
     tokens_generated: int = 0
     tokens_per_s: float = 0.0
     window_tokens: int = 0  # tokens since the last throughput tick
+    # sums kept as `running` and `unstarted` change (the view reads them for every routed sample):
+    queued_tokens: int = 0  # of `unstarted`'s values
+    running_tokens: int = 0  # of `running`'s values for samples not in `unstarted`
 
     @property
     def routable(self) -> bool:
@@ -48,18 +51,29 @@ class EngineRecord:
 
     def dispatched(self, sample_id: str, input_tokens: int, remaining_tokens: int) -> None:
         """A sample was sent here: it holds a place and counts as queued until its first token."""
+        self.ended(sample_id)
         self.running[sample_id] = remaining_tokens
         self.unstarted[sample_id] = input_tokens + remaining_tokens
+        self.queued_tokens += input_tokens + remaining_tokens
 
     def progressed(self, sample_id: str, remaining_tokens: int) -> None:
         """Tokens of the sample arrived: it is running, with `remaining_tokens` left to generate."""
+        queued = self.unstarted.pop(sample_id, None)
+        if queued is not None:
+            self.queued_tokens -= queued
+        else:
+            self.running_tokens -= self.running.get(sample_id, 0)
         self.running[sample_id] = remaining_tokens
-        self.unstarted.pop(sample_id, None)
+        self.running_tokens += remaining_tokens
 
     def ended(self, sample_id: str) -> None:
         """The sample's attempt here is over (finished, failed or moved)."""
-        self.running.pop(sample_id, None)
-        self.unstarted.pop(sample_id, None)
+        remaining = self.running.pop(sample_id, None)
+        queued = self.unstarted.pop(sample_id, None)
+        if queued is not None:
+            self.queued_tokens -= queued
+        elif remaining is not None:
+            self.running_tokens -= remaining
 
     def own_counts(self) -> tuple[int, int]:
         """(running, unstarted) samples of the manager's on this engine."""

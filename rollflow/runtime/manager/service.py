@@ -158,7 +158,7 @@ class RolloutManager:
         self._reads_cache = getattr(self.router, "reads_cache", False)  # fill the view's cached_tokens
         self.session_router = make_router("session", seed=config.seed)  # routes sessions' turns (sessions.py)
         self.registry = Registry()
-        self.metrics = ManagerMetrics()
+        self.metrics = ManagerMetrics(before_render=self._update_gauges)
         self.num_step_reports = 0
         self.last_step_report: dict | None = None  # what the trainer reported last
         self.balancer = OffloadBalancer(config.offload.settings()) if config.offload.enabled else None
@@ -322,7 +322,6 @@ class RolloutManager:
         self.registry.forget(engine_id)
         if self.journal is not None:
             self.journal.engine_removed(engine.url)
-        self._update_gauges()
         return engine
 
     async def update_engine_weights(
@@ -397,10 +396,6 @@ class RolloutManager:
     def route_again(self) -> None:
         """An engine came back into routing: dispatch what waits."""
         self._wake.set()
-        self._update_gauges()
-
-    def refresh_gauges(self) -> None:
-        self._update_gauges()
 
     def retire(self, engine: EngineRecord, reason: str) -> None:
         """Take a failed engine out of the pool (its samples resume elsewhere); the breaker retries it."""
@@ -490,7 +485,6 @@ class RolloutManager:
                     self._retire(engine, "failed", reason="health_check")
             due = [e for e in self.registry.failed() if e.retry_at <= loop.time()]
             await asyncio.gather(*(self._half_open(engine) for engine in due))
-            self._update_gauges()
 
     async def _load_loop(self) -> None:
         """Ask every live engine what it holds, every `load_poll_interval_s` (see view.py)."""
@@ -523,6 +517,7 @@ class RolloutManager:
         return asyncio.get_running_loop().time() - self._last_tick > LOOP_BEAT_S + LOOP_BLOCKED_S
 
     def _update_gauges(self) -> None:
+        """Set the state gauges; called as /metrics renders them, not at every change."""
         counts = dict.fromkeys(self.metrics.engines_by_state, 0)
         for engine in self.registry.all():
             counts[engine.state] += 1
@@ -560,6 +555,7 @@ class RolloutManager:
         )
         self._runs[sample.sample_id] = SampleRun(sample, watcher=asyncio.Event())
         self._enqueue(sample)
+        self._dispatch()  # routed now rather than a loop turn later: a request's latency is the manager's
         return sample
 
     def submit_batch(
@@ -716,7 +712,6 @@ class RolloutManager:
             await self._wake.wait()
             self._wake.clear()
             self._dispatch()
-            self._update_gauges()
 
     def _dispatch(self) -> None:
         """Route every queued sample that has an eligible engine, in queue order."""
@@ -855,11 +850,13 @@ class RolloutManager:
     async def _stream(self, run: SampleRun, engine: EngineRecord, rid: str) -> str | None:
         """Stream one attempt; return None when the sample finished, else why it must resume."""
         sample = run.sample
-        params = dataclasses.replace(
-            sample.sampling,
-            max_new_tokens=sample.remaining_tokens,
-            min_new_tokens=max(0, sample.sampling.min_new_tokens - len(sample.output_ids)),
-        )
+        params = sample.sampling
+        if sample.output_ids:  # a resumed sample asks only for what it still lacks
+            params = dataclasses.replace(
+                params,
+                max_new_tokens=sample.remaining_tokens,
+                min_new_tokens=max(0, params.min_new_tokens - len(sample.output_ids)),
+            )
         stream = engine.client.generate(rid, sample.prompt_ids + sample.output_ids, params)
         # one timer notices a silent engine; the read itself is never raced against a timeout
         watch = StallWatch(
@@ -998,7 +995,7 @@ class RolloutManager:
         run = self._runs.get(sample.sample_id)
         if run is not None and run.watcher is None:
             del self._runs[sample.sample_id]  # a batch's sample: its batch holds it from here on
-        self.metrics.finished_samples.labels(sample.state.name.lower()).inc()
+        self.metrics.finished_of(sample.state).inc()
         if self.request_log is not None:
             self.request_log.record(sample)
         batch = self.batches.get(sample.batch_id)

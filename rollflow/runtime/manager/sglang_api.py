@@ -21,6 +21,7 @@ from aiohttp import web
 
 from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.engines.sglang_io import SamplingParamsBody, split_batch
+from rollflow.runtime.http.answer import json_response
 from rollflow.runtime.http.auth import require_bearer
 from rollflow.runtime.http.body import read_json_object
 from rollflow.runtime.http.sse import close_sse, open_sse, send_event
@@ -175,13 +176,16 @@ async def generate(request: web.Request) -> web.StreamResponse:
     try:
         if not batched and bodies[0].stream:
             return await _stream(request, manager, requests[0])
-        await asyncio.gather(*(_finished(manager, req.sample) for req in requests))
+        if batched:
+            await asyncio.gather(*(_finished(manager, req.sample) for req in requests))
+        else:
+            await _finished(manager, requests[0].sample)  # no task of its own for one prompt
         refusal = next((r.refusal() for r in requests if r.refusal() is not None), None)
         if refusal is not None:
             raise refusal
         if batched:  # a batch answers a list, in prompt order
-            return web.json_response([req.payload() for req in requests])
-        return web.json_response(requests[0].payload())
+            return json_response([req.payload() for req in requests])
+        return json_response(requests[0].payload())
     finally:
         for req in requests:
             req.release(manager)

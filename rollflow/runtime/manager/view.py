@@ -82,11 +82,8 @@ def route_inputs(
 
 def instance_view(engine: EngineRecord, cached_tokens: int = 0) -> InstanceView:
     """The engine now: its last report moved by the manager's own changes since it was asked for."""
-    unstarted = engine.unstarted
-    own_queued = len(unstarted)
+    own_queued = len(engine.unstarted)
     own_running = len(engine.running) - own_queued
-    queued_tokens = sum(unstarted.values())
-    running_tokens = sum(engine.running.values()) - sum(engine.running[s] for s in unstarted)
     report = engine.reported
     if report is None:
         num_running, num_queued = own_running, own_queued
@@ -101,8 +98,8 @@ def instance_view(engine: EngineRecord, cached_tokens: int = 0) -> InstanceView:
         engine.engine_id,
         num_running,
         num_queued,
-        queued_tokens,
-        running_tokens,
+        engine.queued_tokens,
+        engine.running_tokens,
         min(1.0, kv_usage),
         engine.tokens_per_s,
         engine.kind,

@@ -1,0 +1,179 @@
+"""The manager's kept-alive HTTP/1.1 client (`pool.py`) against a raw server on 127.0.0.1 that
+writes exactly the bytes a test gives it, split where the test splits them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from rollflow.runtime.engines.pool import ConnectionPool, ProtocolError
+from tests.runtime.engines.helpers import run
+
+Answer = Callable[[int], list[bytes]]  # request number on the connection -> pieces to write
+
+
+@contextlib.asynccontextmanager
+async def raw_server(answer: Answer, close_after: int | None = None) -> AsyncIterator[dict]:
+    """Answers each request head with `answer(n)`; `close_after` closes a connection after that
+    many answers. Yields counters: connections accepted, requests seen, connections closed by the peer."""
+    seen = {"connections": 0, "requests": 0, "peer_closed": 0}
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen["connections"] += 1
+        served = 0
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length")
+                    ),
+                    0,
+                )
+                await reader.readexactly(length)
+                seen["requests"] += 1
+                for piece in answer(served):
+                    writer.write(piece)
+                    await writer.drain()
+                    await asyncio.sleep(0.01)
+                served += 1
+                if close_after is not None and served >= close_after:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            seen["peer_closed"] += 1
+        except asyncio.CancelledError:
+            pass  # the test is over
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    seen["url"] = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        yield seen
+    finally:
+        server.close()
+
+
+CHUNKED = [
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
+    b"6\r\ndata: \r\n",
+    b"3\r\n{}\n\r\n",  # one event split over two chunks, and a chunk split over two writes below
+    b"f\r\n\ndata",
+    b": [DONE]\n\n\r\n0\r\n\r\n",
+]
+
+
+def test_a_chunked_body_split_anywhere_is_read_whole_and_the_connection_is_reused():
+    async def go():
+        async with raw_server(lambda n: CHUNKED) as seen:
+            pool = ConnectionPool(seen["url"])
+            bodies = []
+            for _ in range(3):
+                response = await pool.request("POST", "/generate", b"{}")
+                assert response.status == 200
+                bodies.append(await response.read())
+            pool.close()
+            return bodies, seen
+
+    bodies, seen = run(go())
+    assert bodies == [b"data: {}\n\ndata: [DONE]\n\n"] * 3
+    assert seen["connections"] == 1 and seen["requests"] == 3
+
+
+def test_content_length_and_read_until_close_bodies():
+    fixed = [b"HTTP/1.1 400 Bad Request\r\nContent-Length: 11\r\n\r\nbad", b" request"]
+    until_close = [b"HTTP/1.0 200 OK\r\n\r\nall of it"]
+
+    async def go():
+        async with raw_server(lambda n: fixed) as seen:
+            pool = ConnectionPool(seen["url"])
+            response = await pool.request("GET", "/x")
+            first = (response.status, await response.read())
+        async with raw_server(lambda n: until_close, close_after=1) as seen:
+            pool = ConnectionPool(seen["url"])
+            response = await pool.request("GET", "/x")
+            second = (response.status, await response.read())
+        return first, second
+
+    assert run(go()) == ((400, b"bad request"), (200, b"all of it"))
+
+
+def test_an_idle_connection_the_engine_closed_is_replaced_without_losing_the_request():
+    ok = [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"]
+
+    async def go():
+        async with raw_server(lambda n: ok, close_after=1) as seen:  # closes after every answer
+            pool = ConnectionPool(seen["url"])
+            answers = []
+            for _ in range(3):
+                response = await pool.request("GET", "/x")
+                answers.append(await response.read())
+            return answers, seen
+
+    answers, seen = run(go())
+    assert answers == [b"ok"] * 3 and seen["requests"] == 3 and seen["connections"] == 3
+
+
+def test_a_caller_that_stops_early_closes_the_connection_and_one_that_has_enough_keeps_it():
+    def answer(n: int) -> list[bytes]:
+        return [*CHUNKED[:2], *([b"1\r\n.\r\n"] * 20), b"0\r\n\r\n"]
+
+    async def go():
+        async with raw_server(answer) as seen:
+            pool = ConnectionPool(seen["url"])
+            response = await pool.request("POST", "/generate", b"{}")
+            await response.read_chunk()
+            response.release()  # has what it needs: the rest is drained, the connection kept
+            await asyncio.sleep(0.5)  # the rest of the body comes in 0.2s
+            response = await pool.request("POST", "/generate", b"{}")
+            await response.read_chunk()
+            connections_after_release = seen["connections"]
+            response.close()  # stops early: the engine must see its client go
+            for _ in range(100):
+                if seen["peer_closed"]:
+                    break
+                await asyncio.sleep(0.01)
+            return connections_after_release, seen
+
+    connections_after_release, seen = run(go())
+    assert connections_after_release == 1
+    assert seen["peer_closed"] == 1
+
+
+def test_a_request_cancelled_before_its_answer_closes_the_connection():
+    async def go():
+        async with raw_server(lambda n: [b""] * 100) as seen:  # never answers
+            pool = ConnectionPool(seen["url"])
+            task = asyncio.ensure_future(pool.request("POST", "/generate", b"{}"))
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            for _ in range(100):
+                if seen["peer_closed"]:
+                    break
+                await asyncio.sleep(0.01)
+            return seen
+
+    assert run(go())["peer_closed"] == 1
+
+
+def test_garbage_and_silence_are_errors():
+    async def garbage():
+        async with raw_server(lambda n: [b"SSH-2.0-OpenSSH\r\n\r\n"]) as seen:
+            await ConnectionPool(seen["url"]).request("GET", "/x")
+
+    with pytest.raises(ProtocolError, match="status line"):
+        run(garbage())
+
+    async def silent():
+        async with raw_server(lambda n: [b""] * 100) as seen:
+            await ConnectionPool(seen["url"], read_timeout_s=0.2).request("GET", "/x")
+
+    with pytest.raises(TimeoutError):
+        run(silent())
