@@ -174,6 +174,9 @@ class RolloutManager:
         self._last_tick = 0.0  # last beat of the loop watch
         self._loop_blocked_at = float("-inf")  # when the manager's own loop was last seen blocked
         self.request_log = RequestLog(config.request_log) if config.request_log else None
+        from rollflow.runtime.manager.sessions import SessionStore  # sessions.py imports this module
+
+        self.sessions = SessionStore(self)  # multi-turn sessions, restored with the batches
 
     # ----------------------------------------------------------------- lifecycle
 
