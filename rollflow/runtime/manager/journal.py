@@ -437,6 +437,13 @@ class Journal:
             self._lock.notify()
         await waiter
 
+    def flush_soon(self) -> None:
+        """Start a round now, not waiting for it: for what should reach the disk before the next
+        interval though no caller waits on it (a turn cancelled by its caller's going away)."""
+        with self._lock:
+            self._urgent = True
+            self._lock.notify()
+
     async def room(self) -> None:
         """Wait while more tokens than the bound are unwritten: the streams' back-pressure."""
         while (

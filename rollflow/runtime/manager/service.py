@@ -225,6 +225,7 @@ class RolloutManager:
                 await asyncio.sleep(min(ENGINE_STARTUP_POLL_S, max(0.0, deadline - loop.time())))
 
     async def close(self) -> None:
+        self.sessions.stop()
         tasks = [*self._background, *(run.task for run in self._runs.values() if run.task is not None)]
         for task in tasks:
             task.cancel()

@@ -33,6 +33,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -221,6 +222,7 @@ class SessionStore:
         self.manager = manager
         self._open: dict[str, Session] = {}
         self._closed: OrderedDict[str, Session] = OrderedDict()
+        self._stopping = False
 
     async def open(
         self, session_id: str | None = None, weight_version: int | None = None, allow_off_policy: bool = False
@@ -287,11 +289,13 @@ class SessionStore:
         sampling: SamplingParams,
         rid: str | None = None,
         continues: str | None = None,
+        caller_gone: Callable[[], bool] = lambda: True,
     ) -> Turn:
         """Append `input_ids` (the prompt on the first turn, environment tokens after) and generate
         the next output on the session's engine; returns once the turn has finished. `rid` names the
         turn: sent again, it answers that turn rather than making another. `continues`, when given,
-        must be the rid of the session's last turn."""
+        must be the rid of the session's last turn. `caller_gone`: whether a cancel of this call is its
+        caller's going away (the turn is cancelled), not the manager's stopping (it is kept)."""
         session = self.get(session_id)
         if rid is not None:
             known = self._find(session, rid, input_ids)
@@ -320,7 +324,7 @@ class SessionStore:
         session.running = running
         if self.manager.journal is not None:
             self.manager.journal.session_changed(session_id, session.row(), running=sample)
-        return await self.drive(session, running)
+        return await self.drive(session, running, caller_gone)
 
     def _find(self, session: Session, rid: str, input_ids: list[int]) -> Turn | RunningTurn | None:
         """The turn of that rid, running or finished, when its input is the one sent again."""
@@ -340,17 +344,26 @@ class SessionStore:
             )
         return found
 
-    async def drive(self, session: Session, running: RunningTurn) -> Turn:
+    async def drive(
+        self, session: Session, running: RunningTurn, caller_gone: Callable[[], bool] = lambda: False
+    ) -> Turn:
         """Wait for the running turn's sample to end; a finished one joins the context, on disk
-        before anyone hears of it. The caller's going away (a cancel) cancels the turn."""
+        before anyone hears of it. Its caller's going away (a cancel when `caller_gone()`) cancels the
+        turn; a cancel by the manager's stopping leaves it journaled as running, resumed after a restart."""
         sample = running.sample
         try:
             try:
                 while sample.state < SampleState.FINISHED:
                     await self.manager.wait_for_update(sample)
-            finally:
-                self.manager.release(sample)  # a caller gone mid-turn cancels it; the context is unchanged
-                turn = self._end(session, running)
+            except asyncio.CancelledError:
+                if caller_gone() and not self._stopping:  # the context stays as it was
+                    self.manager.release(sample)
+                    self._end(session, running)
+                    if self.manager.journal is not None:
+                        self.manager.journal.flush_soon()  # a restart must not bring the turn back
+                raise
+            self.manager.release(sample)
+            turn = self._end(session, running)
             if sample.state == SampleState.FAILED:
                 raise TurnFailed(
                     f"turn {len(session.turns)} of session {session.session_id!r}: {sample.error}",
@@ -368,6 +381,11 @@ class SessionStore:
             raise
         running.done.set_result(turn)
         return turn
+
+    def stop(self) -> None:
+        """The manager is stopping: turns in flight are left as the journal has them (running), so a
+        manager restarted on it resumes them, as after a crash."""
+        self._stopping = True
 
     def _end(self, session: Session, running: RunningTurn) -> Turn | None:
         """The running turn's sample ended: a finished one joins the context (not in a closed

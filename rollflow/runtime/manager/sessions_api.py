@@ -25,6 +25,8 @@ engine serves (without allow_off_policy), a 409 that says what to do.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from aiohttp import web
 
 from rollflow.runtime.http.errors import http_error
@@ -50,6 +52,12 @@ SESSIONS_KEY = web.AppKey("sessions", SessionStore)
 
 def _store(request: web.Request) -> SessionStore:
     return request.app[SESSIONS_KEY]
+
+
+def _gone(request: web.Request) -> Callable[[], bool]:
+    """Whether the request's connection is lost: its handler's cancel is then its caller's going away
+    (aiohttp drops the transport before it cancels), not the manager's stopping."""
+    return lambda: request.transport is None or request.transport.is_closing()
 
 
 def _errors(exc: Exception) -> web.HTTPException:
@@ -91,7 +99,7 @@ async def send_turn(request: web.Request) -> web.Response:
                 f"the session's context would hold {context} tokens, above "
                 f"max_prompt_tokens={manager.config.max_prompt_tokens}; close it and open a new one"
             )
-        turn = await store.turn(session_id, body.input_ids, params, body.rid)
+        turn = await store.turn(session_id, body.input_ids, params, body.rid, caller_gone=_gone(request))
     except (SessionNotFound, SessionConflict, TurnFailed) as exc:
         raise _errors(exc) from None
     return web.json_response(turn_payload(session_id, turn, body.return_logprob))
@@ -144,6 +152,11 @@ async def close_session(request: web.Request) -> web.Response:
 
 def setup(app: web.Application) -> None:
     app[SESSIONS_KEY] = app[MANAGER_KEY].sessions
+
+    async def stopping(app: web.Application) -> None:  # before aiohttp cancels the turns' handlers
+        app[SESSIONS_KEY].stop()
+
+    app.on_shutdown.append(stopping)
     app.add_routes(
         [
             web.post("/v1/sessions", open_session),
@@ -191,7 +204,9 @@ async def generate_turn(request: web.Request, body: GenerateBody) -> web.Respons
     store = _store(request)
     session_params = body.session_params
     try:
-        turn = await store.turn(session_params.id, list(body.input_ids), params, body.rid, session_params.rid)
+        turn = await store.turn(
+            session_params.id, list(body.input_ids), params, body.rid, session_params.rid, _gone(request)
+        )
     except (SessionNotFound, SessionConflict, TurnFailed) as exc:
         raise _errors(exc) from None
     payload = sglang_api.generate_payload(turn.sample, body, turn.rid, request.app[TOKENIZER_KEY])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rollflow.runtime.manager.client import ManagerClient, ManagerError
+from rollflow.runtime.manager.client import ManagerClient, ManagerError, ManagerUnreachable
 from tests.runtime.manager.helpers import (
     CountingProxy,
     greedy_reference,
@@ -161,5 +161,55 @@ def test_a_turn_cut_off_by_the_kill_finishes_from_its_journaled_tokens_and_is_an
             "POST", f"{manager.url}/v1/sessions/{session_id}/turns", {"input_ids": [9], "rid": "turn-1"}
         )
         assert status == 409 and "other input_ids" in refused["error"]["message"]
+    finally:
+        manager.stop()
+
+
+def test_a_turn_running_when_the_manager_is_stopped_resumes_after_its_restart(processes, tmp_path):
+    engine = processes.engine()
+    config = _config(tmp_path, engine.url)
+    manager = start_manager(tmp_path, config)
+    client = ManagerClient(manager.url, reconnect_s=120)
+    try:
+        session_id = client.open_session()
+        (first,) = _turns(client, session_id, range(1))
+        answers = []
+        caller = threading.Thread(
+            target=lambda: answers.append(
+                client.send_turn(session_id, ENV_TOKENS[1], max_new_tokens=LONG_TURN, temperature=0)
+            )
+        )
+        caller.start()
+        wait_until(lambda: workers(manager)[engine.url]["tokens_generated"] >= 40, what="the turn to stream")
+        manager.stop()  # SIGTERM: its handlers are cancelled, as a caller's going away would cancel them
+        manager = manager_on_journal(tmp_path, config, manager.port)
+        caller.join(timeout=300)
+        (answer,) = answers
+        # carried on from the tokens it had (its attempt ended with the manager), not started again
+        spans = answer["meta_info"]["spans"]
+        assert [span["attempt"] for span in spans] == [1, 2] and spans[0]["end"] >= 1, spans
+        reference = greedy_reference(engine, PROMPT + first + ENV_TOKENS[1], LONG_TURN)
+        assert answer["output_ids"] == reference
+        assert len(client.session(session_id)["turns"]) == 2
+    finally:
+        manager.stop()
+
+
+def test_a_caller_gone_mid_turn_still_cancels_it_and_a_restart_does_not_bring_it_back(processes, tmp_path):
+    engine = processes.engine()
+    config = _config(tmp_path, engine.url)
+    manager = start_manager(tmp_path, config)
+    client = ManagerClient(manager.url, reconnect_s=120)
+    try:
+        session_id = client.open_session()
+        _turns(client, session_id, range(1))
+        impatient = ManagerClient(manager.url, timeout_s=1)
+        with pytest.raises((ManagerUnreachable, TimeoutError)):  # the caller hangs up
+            impatient.send_turn(session_id, ENV_TOKENS[1], max_new_tokens=2000, ignore_eos=True)
+        wait_until(lambda: workers(manager)[engine.url]["running"] == 0, what="the turn to be cancelled")
+        client.open_session()  # answered once on disk, with what came before it
+        manager = _kill_and_restart(tmp_path, manager, config)
+        assert len(client.session(session_id)["turns"]) == 1
+        assert client.send_turn(session_id, ENV_TOKENS[1], **SAMPLING)["turn"] == 1  # not busy
     finally:
         manager.stop()
