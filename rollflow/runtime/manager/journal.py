@@ -142,10 +142,18 @@ def open_journal(path: str, config_dump: dict) -> tuple[sqlite3.Connection, Snap
     expected = fingerprint(config_dump)
     try:
         conn = _connect(file)
-        conn.executescript(SCHEMA)
+        conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
     except sqlite3.DatabaseError as exc:
         raise JournalRefused(f"journal {path} cannot be read ({exc}); move it away to start afresh") from None
+    version = int(meta.get("schema_version", "-1")) if meta else SCHEMA_VERSION
+    if version != SCHEMA_VERSION:  # before any table is made: another version's file stays as it was
+        conn.close()
+        raise JournalRefused(
+            f"journal {path} has schema version {version}; this rollflow reads version {SCHEMA_VERSION}. "
+            "Finish its run with the rollflow that wrote it, or move it away to start afresh"
+        )
+    conn.executescript(SCHEMA)
     if not meta:
         with conn:
             conn.execute("BEGIN")
@@ -153,13 +161,6 @@ def open_journal(path: str, config_dump: dict) -> tuple[sqlite3.Connection, Snap
             conn.execute("INSERT INTO meta VALUES ('config', ?)", (json.dumps(expected, sort_keys=True),))
             conn.execute("INSERT INTO meta VALUES ('restarts', '0')")
         return conn, Snapshot(path, restarts=0)
-    version = int(meta.get("schema_version", "-1"))
-    if version != SCHEMA_VERSION:
-        conn.close()
-        raise JournalRefused(
-            f"journal {path} has schema version {version}; this rollflow reads version {SCHEMA_VERSION}. "
-            "Finish its run with the rollflow that wrote it, or move it away to start afresh"
-        )
     written = json.loads(meta["config"])
     differs = sorted(key for key in expected.keys() | written.keys() if expected.get(key) != written.get(key))
     if differs:

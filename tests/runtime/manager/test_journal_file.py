@@ -29,6 +29,26 @@ def test_a_journal_of_another_schema_version_is_refused_naming_both(tmp_path):
         open_journal(path, CONFIG)
 
 
+def test_a_journal_of_schema_version_1_no_sessions_yet_is_refused_and_left_as_it_was(tmp_path):
+    path = tmp_path / "j.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+    conn.execute(
+        "CREATE TABLE samples (sample_id TEXT PRIMARY KEY, batch_id TEXT NOT NULL, body TEXT NOT NULL)"
+    )
+    conn.commit()
+    conn.close()
+    with pytest.raises(
+        JournalRefused, match=f"has schema version 1; this rollflow reads version {SCHEMA_VERSION}"
+    ):
+        open_journal(str(path), CONFIG)
+    conn = sqlite3.connect(path)
+    tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    conn.close()
+    assert tables == {"meta", "samples"}
+
+
 def test_a_file_that_is_no_journal_is_refused_naming_it(tmp_path):
     path = tmp_path / "j.db"
     path.write_bytes(b"not a database, " * 512)
