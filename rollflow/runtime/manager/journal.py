@@ -14,8 +14,8 @@ hand-outs itself; one that does, as `ManagerClient` does, is answered at once, s
 
 Sessions (sessions.py) are journaled beside batches: a row per session (its pin, whether it is
 closed, the turn it is running), a row per finished turn (its input and its output with spans), and
-the running turn's sample as a batch's samples are (its rows owned by `session:<id>`, compacted once
-the turn ends). A session's open and close, and every turn's answer, are on disk before the caller
+the running turn's sample as a batch's samples are (its rows owned by `session:<id>#<seq>`,
+compacted once the turn ends). A session's open and close, and every turn's answer, are on disk before the caller
 hears of them, so a caller never holds a context the journal does not.
 
 A crash loses only what was not yet committed; SQLite's WAL replays to the last whole transaction,

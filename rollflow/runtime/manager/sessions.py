@@ -300,7 +300,13 @@ class SessionStore:
         if rid is not None:
             known = self._find(session, rid, input_ids)
             if isinstance(known, RunningTurn):
-                return await asyncio.shield(known.done)
+                try:
+                    return await asyncio.shield(known.done)
+                except asyncio.CancelledError:
+                    if not known.done.cancelled() or self._stopping:
+                        raise  # this caller went away, or the manager stops
+                # its first caller went away, cancelling it: this one sends it anew
+                return await self.turn(session_id, input_ids, sampling, rid, continues, caller_gone)
             if known is not None:
                 if self.manager.journal is not None:
                     await self.manager.journal.durable()  # a restored turn's end may be on its way to disk
@@ -404,7 +410,8 @@ class SessionStore:
         journal = self.manager.journal
         if journal is not None:
             row = turn_row(turn, running.input_ids) if turn is not None else None
-            journal.turn_ended(session.session_id, session.row(), sample, turn and turn.index, row)
+            index = turn.index if turn is not None else None
+            journal.turn_ended(session.session_id, session.row(), sample, index, row)
         return turn
 
     # ------------------------------------------------------------------ after a restart

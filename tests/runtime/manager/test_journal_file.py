@@ -177,5 +177,35 @@ def test_tokens_go_in_one_row_per_flush_and_leave_with_their_batch(tmp_path):
     assert asyncio.run(run()) == (1, 0)
 
 
+def test_a_turn_ended_and_the_next_begun_in_one_flush_keep_the_new_turns_tokens(tmp_path):
+    def turn(seq: int) -> Sample:
+        sample = Sample(seq, f"s.t{seq}", [1, 2], SamplingParams(max_new_tokens=1000), session_id="s")
+        sample.begin_attempt(0)
+        return sample
+
+    async def run() -> None:
+        conn, _ = open_journal(str(tmp_path / "j.db"), CONFIG)
+        journal = Journal(conn, flush_interval_ms=60_000, max_unflushed_tokens=10_000)
+        journal.start()
+        first, second = turn(0), turn(1)
+        journal.session_changed("s", {"running": 0}, running=first)
+        _stream(journal, first, 5)
+        await journal.durable()
+        # in one round: the first turn's tokens go with it, the second's (streamed first) stay
+        _stream(journal, second, 3)
+        journal.turn_ended("s", {"running": None}, first, 0, {"output_ids": first.output_ids})
+        journal.session_changed("s", {"running": 1}, running=second)
+        await journal.durable()
+        await journal.close()
+
+    asyncio.run(run())
+    conn, snapshot = open_journal(str(tmp_path / "j.db"), CONFIG)
+    conn.close()
+    assert snapshot.sessions == {"s": {"running": 1}}
+    assert snapshot.session_turns == {"s": [{"output_ids": [10, 11, 12, 13, 14]}]}
+    assert set(snapshot.chunks) == {"s.t1"} and set(snapshot.samples) == {"s.t1"}
+    assert [token for chunk in snapshot.chunks["s.t1"] for token in chunk.token_ids] == [10, 11, 12]
+
+
 def _count(conn: sqlite3.Connection, table: str) -> int:
     return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
