@@ -24,7 +24,7 @@ from tests.runtime.processes import Process, http, start_manager
 PROMPT = [3 + 7 * i % 50 for i in range(20)]
 ENV_TOKENS = [[60 + turn, 61 + turn, 62 + turn] for turn in range(3)]
 SAMPLING = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
-LONG_TURN = 160
+LONG_TURN = 240  # long enough to be cut off mid-way however fast the engine
 MAX_UNFLUSHED = 24
 
 
