@@ -167,27 +167,52 @@ class ManagerClient:
     def open_session(
         self, weight_version: int | None = None, allow_off_policy: bool = False, session_id: str | None = None
     ) -> str:
-        """Open a multi-turn session (its turns keep their engine); returns its id."""
-        body: dict[str, Any] = {"allow_off_policy": allow_off_policy}
+        """Open a multi-turn session (its turns keep their engine); returns its id. The id is the
+        client's (a new one when not given), so an open repeated across a manager restart finds it."""
+        body: dict[str, Any] = {
+            "allow_off_policy": allow_off_policy,
+            "session_id": session_id or uuid.uuid4().hex,
+        }
         if weight_version is not None:
             body["weight_version"] = weight_version
-        if session_id is not None:
-            body["session_id"] = session_id
-        return self.request("POST", "/v1/sessions", body)["session_id"]
+        return self.request("POST", "/v1/sessions", body, idempotent=True)["session_id"]
 
-    def send_turn(self, session_id: str, input_ids: list[int], **sampling_params: Any) -> dict:
+    def send_turn(
+        self, session_id: str, input_ids: list[int], rid: str | None = None, **sampling_params: Any
+    ) -> dict:
         """The next turn: `input_ids` are the prompt on the first turn, the environment's tokens after
-        (masked out of the loss); answers the turn's `output_ids` and `meta_info`."""
-        body = {"input_ids": input_ids, "sampling_params": sampling_params, "return_logprob": True}
-        return self.request("POST", f"/v1/sessions/{session_id}/turns", body)
+        (masked out of the loss); answers the turn's `output_ids` and `meta_info`.
+
+        The turn carries a `rid` (a new one when not given): sent again across a manager restart,
+        it answers the turn that was running or finished there, never a second turn."""
+        body = {
+            "input_ids": input_ids,
+            "sampling_params": sampling_params,
+            "return_logprob": True,
+            "rid": rid or uuid.uuid4().hex,
+        }
+        return self.request("POST", f"/v1/sessions/{session_id}/turns", body, idempotent=True)
 
     def session(self, session_id: str) -> dict:
         """The whole context so far: `context_ids`, `logprobs`, `loss_mask`, `segments`, `turns`."""
         return self.request("GET", f"/v1/sessions/{session_id}")
 
     def close_session(self, session_id: str) -> dict:
-        """Close the session; answers its whole context, as `session` does."""
-        return self.request("DELETE", f"/v1/sessions/{session_id}")
+        """Close the session; answers its whole context, as `session` does. Repeated across a manager
+        restart that had closed it already, it answers the closed session."""
+        tries = 0
+
+        def close() -> bytes:
+            nonlocal tries
+            tries += 1
+            return self._send_once("DELETE", f"/v1/sessions/{session_id}")
+
+        try:
+            return json.loads(self._retrying(close, idempotent=True))
+        except ManagerError as exc:
+            if exc.status != 409 or tries == 1:
+                raise
+            return self.session(session_id)  # this close's own first try closed it
 
     def add_worker(
         self,

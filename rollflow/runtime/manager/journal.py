@@ -12,6 +12,12 @@ of the sample stream, a micro-batch handed to a client that does not keep the re
 hand-outs itself; one that does, as `ManagerClient` does, is answered at once, see
 `RolloutManager.adopt_handouts`).
 
+Sessions (sessions.py) are journaled beside batches: a row per session (its pin, whether it is
+closed, the turn it is running), a row per finished turn (its input and its output with spans), and
+the running turn's sample as a batch's samples are (its rows owned by `session:<id>#<seq>`,
+compacted once the turn ends). A session's open and close, and every turn's answer, are on disk before the caller
+hears of them, so a caller never holds a context the journal does not.
+
 A crash loses only what was not yet committed; SQLite's WAL replays to the last whole transaction,
 so a journal cut off mid-write (power loss, a truncated WAL) opens at its last commit.
 """
@@ -35,7 +41,7 @@ from rollflow.runtime.manager.samples import Sample
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Bumped whenever a table changes shape; a journal of another version is refused, never guessed at."""
 
 UNFINGERPRINTED_KEYS = frozenset(
@@ -44,24 +50,34 @@ UNFINGERPRINTED_KEYS = frozenset(
 """Config keys a restart may change (where it listens, its secret, how it journals); any other change
 means another manager's journal."""
 
-BATCH_TABLES = ("batches", "samples", "attempts", "handouts", "token_log_batches")
-"""Tables whose rows belong to one batch (a `batch_id` column), compacted away with it; the token log's
-rows go once no batch of theirs is left."""
+BATCH_TABLES = ("batches", "handouts")
+"""Tables whose rows belong to one batch (a `batch_id` column), compacted away with it."""
+
+OWNED_TABLES = ("samples", "attempts", "token_log_owners")
+"""Tables of samples' rows, by their owner (a batch id, or `session:<id>` for a session's running turn),
+compacted away with it; the token log's rows go once no owner of theirs is left."""
+
+SESSION_OWNER = "session:"
+"""Prefix of a session turn's owner (`session:<session id>#<sample seq>`: one per turn tried, so a turn
+ended and the next begun in one flush never share rows); batch ids hold no `:`, so the two never meet."""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS batches (batch_id TEXT PRIMARY KEY, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS samples (
-    sample_id TEXT PRIMARY KEY, batch_id TEXT NOT NULL, body TEXT NOT NULL);
+    sample_id TEXT PRIMARY KEY, owner TEXT NOT NULL, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS token_log (id INTEGER PRIMARY KEY, body TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS token_log_batches (log_id INTEGER NOT NULL, batch_id TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS token_log_batches_by_batch ON token_log_batches (batch_id);
+CREATE TABLE IF NOT EXISTS token_log_owners (log_id INTEGER NOT NULL, owner TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS token_log_owners_by_owner ON token_log_owners (owner);
 CREATE TABLE IF NOT EXISTS attempts (
-    sample_id TEXT PRIMARY KEY, batch_id TEXT NOT NULL, rid TEXT NOT NULL, engine_url TEXT NOT NULL);
+    sample_id TEXT PRIMARY KEY, owner TEXT NOT NULL, rid TEXT NOT NULL, engine_url TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS handouts (
     batch_id TEXT NOT NULL, idx INTEGER NOT NULL, groups TEXT NOT NULL, PRIMARY KEY (batch_id, idx));
 CREATE TABLE IF NOT EXISTS engines (url TEXT PRIMARY KEY, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (session_id TEXT PRIMARY KEY, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS session_turns (
+    session_id TEXT NOT NULL, idx INTEGER NOT NULL, body TEXT NOT NULL, PRIMARY KEY (session_id, idx));
 """
 
 
@@ -95,6 +111,8 @@ class Snapshot:
     handouts: dict[str, list[list[int]]] = field(default_factory=dict)  # batch id -> group indexes
     engines: list[dict] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)  # balancer, step reports, id counters
+    sessions: dict[str, dict] = field(default_factory=dict)  # session id -> its row (running turn too)
+    session_turns: dict[str, list[dict]] = field(default_factory=dict)  # session id -> finished turns
 
 
 def fingerprint(config_dump: dict) -> dict:
@@ -124,10 +142,18 @@ def open_journal(path: str, config_dump: dict) -> tuple[sqlite3.Connection, Snap
     expected = fingerprint(config_dump)
     try:
         conn = _connect(file)
-        conn.executescript(SCHEMA)
+        conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
     except sqlite3.DatabaseError as exc:
         raise JournalRefused(f"journal {path} cannot be read ({exc}); move it away to start afresh") from None
+    version = int(meta.get("schema_version", "-1")) if meta else SCHEMA_VERSION
+    if version != SCHEMA_VERSION:  # before any table is made: another version's file stays as it was
+        conn.close()
+        raise JournalRefused(
+            f"journal {path} has schema version {version}; this rollflow reads version {SCHEMA_VERSION}. "
+            "Finish its run with the rollflow that wrote it, or move it away to start afresh"
+        )
+    conn.executescript(SCHEMA)
     if not meta:
         with conn:
             conn.execute("BEGIN")
@@ -135,13 +161,6 @@ def open_journal(path: str, config_dump: dict) -> tuple[sqlite3.Connection, Snap
             conn.execute("INSERT INTO meta VALUES ('config', ?)", (json.dumps(expected, sort_keys=True),))
             conn.execute("INSERT INTO meta VALUES ('restarts', '0')")
         return conn, Snapshot(path, restarts=0)
-    version = int(meta.get("schema_version", "-1"))
-    if version != SCHEMA_VERSION:
-        conn.close()
-        raise JournalRefused(
-            f"journal {path} has schema version {version}; this rollflow reads version {SCHEMA_VERSION}. "
-            "Finish its run with the rollflow that wrote it, or move it away to start afresh"
-        )
     written = json.loads(meta["config"])
     differs = sorted(key for key in expected.keys() | written.keys() if expected.get(key) != written.get(key))
     if differs:
@@ -175,7 +194,21 @@ def _read(conn: sqlite3.Connection, path: str, restarts: int) -> Snapshot:
         snapshot.handouts.setdefault(batch_id, []).append(json.loads(groups))
     snapshot.engines = [json.loads(body) for (body,) in conn.execute("SELECT body FROM engines")]
     snapshot.state = {key: json.loads(value) for key, value in conn.execute("SELECT key, value FROM state")}
+    for session_id, body in conn.execute("SELECT session_id, body FROM sessions"):
+        snapshot.sessions[session_id] = json.loads(body)
+    for session_id, _, body in conn.execute(
+        "SELECT session_id, idx, body FROM session_turns ORDER BY session_id, idx"
+    ):
+        snapshot.session_turns.setdefault(session_id, []).append(json.loads(body))
     return snapshot
+
+
+def owner(sample: Sample) -> str | None:
+    """Whose rows a sample's are: its batch's, its session's (the running turn), or none (a single
+    `/generate` request, whose caller's connection ends with the manager anyway)."""
+    if sample.batch_id is not None:
+        return sample.batch_id
+    return f"{SESSION_OWNER}{sample.session_id}#{sample.seq}" if sample.session_id is not None else None
 
 
 class Journal:
@@ -189,7 +222,7 @@ class Journal:
         self._mutex = threading.Lock()  # taken per streamed chunk: the C lock, not the Condition's wrapper
         self._lock = threading.Condition(self._mutex)
         self._ops: list[tuple[str, tuple]] = []
-        # tokens as the engines stream them: (batch id, [sample id, start, attempt, engine id, engine
+        # tokens as the engines stream them: (owner, [sample id, start, attempt, engine id, engine
         # url, weight version, token ids, logprobs]), one entry per sample and round while its chunks
         # run on (`_open`: sample id -> its entry of this round), written as one row per flush
         self._chunks: list[tuple[str, list]] = []
@@ -251,8 +284,13 @@ class Journal:
     def batch_gone(self, batch_id: str) -> None:
         """Compaction: a delivered or deleted batch leaves nothing behind."""
         ops = [(f"DELETE FROM {table} WHERE batch_id = ?", (batch_id,)) for table in BATCH_TABLES]
-        ops.append(("DELETE FROM token_log WHERE id NOT IN (SELECT log_id FROM token_log_batches)", ()))
-        self._put(*ops)
+        self._put(*ops, *self._owner_gone(batch_id))
+
+    @staticmethod
+    def _owner_gone(name: str) -> list[tuple[str, tuple]]:
+        ops = [(f"DELETE FROM {table} WHERE owner = ?", (name,)) for table in OWNED_TABLES]
+        ops.append(("DELETE FROM token_log WHERE id NOT IN (SELECT log_id FROM token_log_owners)", ()))
+        return ops
 
     @staticmethod
     def sample_row(sample: Sample, completed: int | None = None) -> tuple[str, tuple]:
@@ -270,20 +308,21 @@ class Journal:
         }
         return "INSERT OR REPLACE INTO samples VALUES (?, ?, ?)", (
             sample.sample_id,
-            sample.batch_id,
+            owner(sample),
             json.dumps(body),
         )
 
     def sample_changed(self, sample: Sample, completed: int | None = None) -> None:
-        if sample.batch_id is None:
-            return  # a single /generate request: its caller's connection ends with the manager anyway
+        if owner(sample) is None:
+            return
         self._put(self.sample_row(sample, completed))
 
     def tokens(self, sample: Sample, start: int, engine_id: int, engine_url: str, ended: bool) -> None:
         """The tokens `sample` holds from `start` on, just recorded; `ended`: the attempt ends with them
         (the sample's finish reason goes in the same transaction, so a restart never resumes a sample
         that had finished). Called for every chunk every engine streams: it only appends."""
-        if sample.batch_id is None or self._failed is not None:
+        name = owner(sample)
+        if name is None or self._failed is not None:
             return
         num_tokens = len(sample.output_ids) - start
         if num_tokens:
@@ -311,7 +350,7 @@ class Journal:
                         sample.output_logprobs[start:],
                     ]
                     self._open[sample.sample_id] = entry
-                    self._chunks.append((sample.batch_id, entry))
+                    self._chunks.append((name, entry))
             self.unflushed_tokens += num_tokens
             if self.full and not self._urgent:
                 with self._lock:
@@ -321,24 +360,24 @@ class Journal:
             self._put(self.sample_row(sample))  # after its tokens, so in their transaction or a later one
 
     def output_discarded(self, sample: Sample) -> None:
-        if sample.batch_id is None:
+        if owner(sample) is None:
             return
         # the token log is append-only: the sample's next tokens, from 0 again, replace these at restore
         self._put(self.sample_row(sample))
 
     def attempt_started(self, sample: Sample, rid: str, engine_url: str) -> None:
-        if sample.batch_id is None:
+        if owner(sample) is None:
             return
         self._put(
             (
                 "INSERT OR REPLACE INTO attempts VALUES (?, ?, ?, ?)",
-                (sample.sample_id, sample.batch_id, rid, engine_url),
+                (sample.sample_id, owner(sample), rid, engine_url),
             ),
             self.sample_row(sample),
         )
 
     def attempt_ended(self, sample: Sample) -> None:
-        if sample.batch_id is None:
+        if owner(sample) is None:
             return
         self.put("DELETE FROM attempts WHERE sample_id = ?", (sample.sample_id,))
 
@@ -352,6 +391,36 @@ class Journal:
 
     def engine_removed(self, url: str) -> None:
         self.put("DELETE FROM engines WHERE url = ?", (url,))
+
+    def session_changed(self, session_id: str, row: dict, running: Sample | None = None) -> None:
+        """A session opened, closed, or starting a turn (`running`: the turn's sample, journaled as a
+        batch's sample is from here on)."""
+        ops = [("INSERT OR REPLACE INTO sessions VALUES (?, ?)", (session_id, json.dumps(row)))]
+        if running is not None:
+            ops.append(self.sample_row(running))
+        self._put(*ops)
+
+    def turn_ended(
+        self, session_id: str, row: dict, sample: Sample, index: int | None = None, turn: dict | None = None
+    ) -> None:
+        """A session's running turn (`sample`) ended: finished (`turn`, the `index`th, joins its
+        context) or not; either way its sample's rows go, in the same transaction."""
+        ops = [("INSERT OR REPLACE INTO sessions VALUES (?, ?)", (session_id, json.dumps(row)))]
+        if turn is not None:
+            ops.append(
+                (
+                    "INSERT OR REPLACE INTO session_turns VALUES (?, ?, ?)",
+                    (session_id, index, json.dumps(turn)),
+                )
+            )
+        self._put(*ops, *self._owner_gone(owner(sample)))
+
+    def session_forgotten(self, session_id: str) -> None:
+        """A closed session dropped from the manager's memory: from the journal too."""
+        self._put(
+            ("DELETE FROM sessions WHERE session_id = ?", (session_id,)),
+            ("DELETE FROM session_turns WHERE session_id = ?", (session_id,)),
+        )
 
     def set_state(self, key: str, value: Any) -> None:
         self.put("INSERT OR REPLACE INTO state VALUES (?, ?)", (key, json.dumps(value)))
@@ -368,6 +437,13 @@ class Journal:
             self._urgent = True
             self._lock.notify()
         await waiter
+
+    def flush_soon(self) -> None:
+        """Start a round now, not waiting for it: for what should reach the disk before the next
+        interval though no caller waits on it (a turn cancelled by its caller's going away)."""
+        with self._lock:
+            self._urgent = True
+            self._lock.notify()
 
     async def room(self) -> None:
         """Wait while more tokens than the bound are unwritten: the streams' back-pressure."""
@@ -417,13 +493,13 @@ class Journal:
     def _commit(self, ops: list[tuple[str, tuple]], chunks: list[tuple[str, list]]) -> None:
         conn = self._conn
         conn.execute("BEGIN")
-        if chunks:  # first: a batch compacted by this round's ops takes its tokens with it
+        if chunks:  # first: an owner compacted by this round's ops takes its tokens with it
             log_id = conn.execute(
                 "INSERT INTO token_log (body) VALUES (?)", (json.dumps([entry for _, entry in chunks]),)
             ).lastrowid
-            batch_ids = {batch_id for batch_id, _ in chunks}
+            owners = {name for name, _ in chunks}
             conn.executemany(
-                "INSERT INTO token_log_batches VALUES (?, ?)", [(log_id, batch_id) for batch_id in batch_ids]
+                "INSERT INTO token_log_owners VALUES (?, ?)", [(log_id, name) for name in owners]
             )
         # a run of the same statement (the sample rows of a round, mostly) is one executemany: in
         # order, so the same as one by one, with one call from Python instead of one per row

@@ -257,6 +257,9 @@ class TurnBody(StrictModel):
     sampling_params: SamplingBody = SamplingBody()
     return_logprob: bool = False
     """Add `meta_info.output_token_logprobs` as [[logprob, token_id, null], ...], as /generate does."""
+    rid: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
+    """The turn's id, chosen by the client: the same turn sent again (after a manager restart) answers
+    the turn of this rid, running or finished, instead of starting another."""
 
     @field_validator("input_ids")
     @classmethod

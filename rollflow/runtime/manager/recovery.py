@@ -9,6 +9,9 @@ attempts running at the crash    -> aborted on their engines (POST /abort_reques
 engines registered at run time   -> registered again, health-checked; one that is down waits in
                                     the circuit breaker as a failed engine would
 balancer, step reports, ids      -> as they were
+sessions                         -> their contexts rebuilt turn by turn; a closed one stays closed; a
+                                    turn in flight resumes from its journaled tokens as a batch's
+                                    sample does, and finishes whether or not its caller sends it again
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.manager.journal import Journal, JournalRefused, Snapshot, open_journal
 from rollflow.runtime.manager.packing import GroupPacker
-from rollflow.runtime.manager.samples import Sample, SampleRun, SampleState
+from rollflow.runtime.manager.samples import Sample, SampleRun, SampleState, Span
 
 if TYPE_CHECKING:
     from rollflow.runtime.manager.registry import EngineRecord
@@ -83,13 +86,17 @@ async def restore(manager: RolloutManager) -> Snapshot:
     _restore_counters(manager, snapshot)
     for batch_id, submission in snapshot.batches.items():
         _restore_batch(manager, snapshot, batch_id, submission)
+    for session_id, row in sorted(snapshot.sessions.items(), key=lambda item: item[1]["closed_at"] or 0):
+        _restore_session(manager, snapshot, session_id, row)
     await _abort_left_running(manager, snapshot)
     log.info(
-        "restored from journal %s (restart %d): %d batches, %d samples, %d engines to register again",
+        "restored from journal %s (restart %d): %d batches, %d samples, %d sessions, %d engines to "
+        "register again",
         config.journal,
         snapshot.restarts,
         len(snapshot.batches),
         len(snapshot.samples),
+        len(snapshot.sessions),
         len(snapshot.engines),
     )
     manager._wake.set()
@@ -109,12 +116,14 @@ def _restore_counters(manager: RolloutManager, snapshot: Snapshot) -> None:
             manager.balancer.load_state(reports["balancer"])
 
 
+def _sampling(journaled: dict) -> SamplingParams:
+    return SamplingParams(**{k: tuple(v) if isinstance(v, list) else v for k, v in journaled.items()})
+
+
 def _restore_batch(manager: RolloutManager, snapshot: Snapshot, batch_id: str, submission: dict) -> None:
     from rollflow.runtime.manager.service import Batch, sample_sampling  # service imports this module
 
-    sampling = SamplingParams(
-        **{k: tuple(v) if isinstance(v, list) else v for k, v in submission["sampling"].items()}
-    )
+    sampling = _sampling(submission["sampling"])
     groups = [
         [
             _restore_sample(
@@ -147,16 +156,69 @@ def _restore_batch(manager: RolloutManager, snapshot: Snapshot, batch_id: str, s
         if sample.state >= SampleState.FINISHED:
             continue
         manager._runs[sample.sample_id] = SampleRun(sample)
-        if sample.finish_reason is not None:  # its last tokens ended it; the manager died before noting it
-            manager._finish(sample)
-        elif sample.sample_id in running:  # cut off mid-attempt: resumed as from a failed engine
-            manager._resume(sample, RESTART_REASON)
-        else:  # queued (its tokens, if any, are part of its next input all the same)
-            manager._enqueue(sample)
+        _carry_on(manager, sample, running)
     budget = submission["budget_s"]
     if budget is not None and not batch.offloaded and not batch.done:
         left = budget - (time.time() - submission["submitted_at"])
         asyncio.get_running_loop().call_later(max(0.0, left), manager._expire_budget, batch)
+
+
+def _carry_on(manager: RolloutManager, sample: Sample, running: set[str]) -> None:
+    """An unfinished sample goes on by the path it was on when the manager stopped."""
+    if sample.finish_reason is not None:  # its last tokens ended it; the manager died before noting it
+        manager._finish(sample)
+    elif sample.sample_id in running:  # cut off mid-attempt: resumed as from a failed engine
+        manager._resume(sample, RESTART_REASON)
+    else:  # queued (its tokens, if any, are part of its next input all the same)
+        manager._enqueue(sample)
+
+
+def _restore_session(manager: RolloutManager, snapshot: Snapshot, session_id: str, row: dict) -> None:
+    """A session's context, rebuilt turn by turn as it was built, and its turn in flight."""
+    from rollflow.runtime.manager.sessions import RunningTurn, Session, Turn, turn_future  # (as above)
+
+    session = Session(session_id, row["weight_version"], row["allow_off_policy"], closed_at=row["closed_at"])
+    for entry in snapshot.session_turns.get(session_id, []):
+        session.append("prompt" if not session.turns else "env", entry["input_ids"])
+        sample = Sample(
+            seq=entry["seq"],
+            sample_id=entry["sample_id"],
+            prompt_ids=list(session.context_ids),
+            sampling=_sampling(entry["sampling"]),
+            allow_off_policy=session.allow_off_policy,
+            session_id=session_id,
+            output_ids=entry["output_ids"],
+            output_logprobs=entry["output_logprobs"],
+            spans=[Span(**span) for span in entry["spans"]],
+            state=SampleState.FINISHED,
+            finish_reason=entry["finish_reason"],
+            attempts=entry["attempts"],
+            resumes=entry["resumes"],
+            regenerated_tokens=entry["regenerated_tokens"],
+            cached_by_attempt={int(k): v for k, v in entry["cached_by_attempt"].items()},
+        )
+        turn = Turn(len(session.turns), sample, len(session.context_ids), entry["rid"])
+        session.append("output", sample.output_ids, sample.output_logprobs)
+        session.turns.append(turn)
+    running = None
+    entry = row["running"]
+    if entry is not None and row["closed_at"] is None:
+        sample = Sample(
+            seq=entry["seq"],
+            sample_id=entry["sample_id"],
+            prompt_ids=session.context_ids + entry["input_ids"],
+            sampling=_sampling(entry["sampling"]),
+            allow_off_policy=session.allow_off_policy,
+            session_id=session_id,
+            pinned_version=None if session.allow_off_policy else session.weight_version,
+        )
+        if entry["sample_id"] in snapshot.samples:
+            _replay(snapshot, sample)
+        if sample.state < SampleState.FINISHED:
+            manager._runs[sample.sample_id] = SampleRun(sample, watcher=asyncio.Event())
+            _carry_on(manager, sample, {attempt["sample_id"] for attempt in snapshot.attempts})
+        running = RunningTurn(sample, entry["rid"], entry["input_ids"], turn_future())
+    manager.sessions.restore(session, running)
 
 
 def _restore_sample(
@@ -168,9 +230,8 @@ def _restore_sample(
     submission: dict,
     group: int,
 ) -> Sample:
-    row = snapshot.samples[sample_id]
     sample = Sample(
-        seq=row["seq"],
+        seq=snapshot.samples[sample_id]["seq"],
         sample_id=sample_id,
         prompt_ids=list(prompt),
         sampling=sampling,
@@ -178,6 +239,14 @@ def _restore_sample(
         batch_id=batch_id,
         group_index=group,
     )
+    _replay(snapshot, sample)
+    return sample
+
+
+def _replay(snapshot: Snapshot, sample: Sample) -> None:
+    """Put back a sample's journaled tokens (spans exactly as recorded) and its state."""
+    sample_id = sample.sample_id
+    row = snapshot.samples[sample_id]
     for chunk in snapshot.chunks.get(sample_id, []):
         if chunk.start == 0 and sample.output_ids:  # `resume: restart` threw these away
             sample.discard_output()
@@ -198,7 +267,6 @@ def _restore_sample(
     sample.error = row["error"]
     state = SampleState[row["state"].upper()]
     sample.state = state if state >= SampleState.FINISHED else SampleState.WAITING
-    return sample
 
 
 async def _abort_left_running(manager: RolloutManager, snapshot: Snapshot) -> None:

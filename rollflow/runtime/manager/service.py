@@ -174,6 +174,9 @@ class RolloutManager:
         self._last_tick = 0.0  # last beat of the loop watch
         self._loop_blocked_at = float("-inf")  # when the manager's own loop was last seen blocked
         self.request_log = RequestLog(config.request_log) if config.request_log else None
+        from rollflow.runtime.manager.sessions import SessionStore  # sessions.py imports this module
+
+        self.sessions = SessionStore(self)  # multi-turn sessions, restored with the batches
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -222,6 +225,7 @@ class RolloutManager:
                 await asyncio.sleep(min(ENGINE_STARTUP_POLL_S, max(0.0, deadline - loop.time())))
 
     async def close(self) -> None:
+        self.sessions.stop()
         tasks = [*self._background, *(run.task for run in self._runs.values() if run.task is not None)]
         for task in tasks:
             task.cancel()

@@ -16,13 +16,24 @@ version, rather than waiting for one that may never come back.
 
 The context is kept as segments of three roles, `prompt`, `output` (generated: trained on) and
 `env` (environment or tool tokens: masked out of the loss), so a trainer reads the loss mask off it.
+
+With a journal, sessions survive a manager crash (journal.py): a session's open, close and each
+turn's answer are on disk before the caller hears of them, and a turn in flight at the crash
+resumes from its journaled tokens. Its caller's connection died with the manager, so a turn carries
+the caller's `rid`: sent again with the same rid and input (as `ManagerClient.send_turn` does
+across a restart), it answers the turn that was running or finished, never a second turn. A turn
+restored from the journal finishes, and joins the context, whether or not its caller comes back.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
+import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -97,6 +108,16 @@ class Turn:
 
 
 @dataclass
+class RunningTurn:
+    """A turn in flight, and its end for callers who send it again (a retry across a restart)."""
+
+    sample: Sample
+    rid: str
+    input_ids: list[int]
+    done: asyncio.Future  # the Turn, or the error that ended it
+
+
+@dataclass
 class Session:
     session_id: str
     weight_version: int | None  # the version its tokens come from (None until its first token)
@@ -105,8 +126,36 @@ class Session:
     logprobs: list[float] = field(default_factory=list)  # per context token; 0.0 off the outputs
     segments: list[Segment] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
-    closed: bool = False
-    running: Sample | None = None  # the turn in flight
+    closed_at: float | None = None  # wall-clock time it was closed
+    running: RunningTurn | None = None  # the turn in flight
+
+    @property
+    def closed(self) -> bool:
+        return self.closed_at is not None
+
+    def input_of(self, turn: Turn) -> list[int]:
+        """The tokens the turn's caller sent (prompt or environment tokens)."""
+        previous = self.turns[turn.index - 1] if turn.index else None
+        start = previous.output_start + len(previous.sample.output_ids) if previous is not None else 0
+        return self.context_ids[start : turn.output_start]
+
+    def row(self) -> dict:
+        """The session as the journal keeps it, beside its turns' rows."""
+        running = self.running if not self.closed else None
+        return {
+            "weight_version": self.weight_version,
+            "allow_off_policy": self.allow_off_policy,
+            "closed_at": self.closed_at,
+            "running": None
+            if running is None
+            else {
+                "rid": running.rid,
+                "input_ids": running.input_ids,
+                "sample_id": running.sample.sample_id,
+                "seq": running.sample.seq,
+                "sampling": dataclasses.asdict(running.sample.sampling),
+            },
+        }
 
     def append(self, role: Role, token_ids: list[int], logprobs: list[float] | None = None) -> None:
         if not token_ids:
@@ -139,6 +188,33 @@ class Session:
         }
 
 
+def turn_row(turn: Turn, input_ids: list[int]) -> dict:
+    """A finished turn as the journal keeps it: enough to rebuild its sample and the context."""
+    sample = turn.sample
+    return {
+        "rid": turn.rid,
+        "input_ids": input_ids,
+        "sample_id": sample.sample_id,
+        "seq": sample.seq,
+        "sampling": dataclasses.asdict(sample.sampling),
+        "output_ids": sample.output_ids,
+        "output_logprobs": sample.output_logprobs,
+        "spans": [dataclasses.asdict(span) for span in sample.spans],
+        "finish_reason": sample.finish_reason,
+        "attempts": sample.attempts,
+        "resumes": sample.resumes,
+        "regenerated_tokens": sample.regenerated_tokens,
+        "cached_by_attempt": sample.cached_by_attempt,
+    }
+
+
+def turn_future() -> asyncio.Future:
+    """A running turn's end, for callers who send it again (none may: its error is read here too)."""
+    future = asyncio.get_running_loop().create_future()
+    future.add_done_callback(lambda f: f.cancelled() or f.exception())
+    return future
+
+
 class SessionStore:
     """The manager's open sessions (and the ids of recently closed ones)."""
 
@@ -146,17 +222,31 @@ class SessionStore:
         self.manager = manager
         self._open: dict[str, Session] = {}
         self._closed: OrderedDict[str, Session] = OrderedDict()
+        self._stopping = False
 
-    def open(
+    async def open(
         self, session_id: str | None = None, weight_version: int | None = None, allow_off_policy: bool = False
-    ) -> Session:
+    ) -> tuple[Session, bool]:
+        """Open a session; (it, True). The same open sent again (a retry across a restart: same id and
+        settings, no turn yet) answers the session it made: (it, False)."""
+        known = self._open.get(session_id) if session_id is not None else None
+        if (
+            known is not None
+            and not known.turns
+            and known.running is None
+            and (known.weight_version, known.allow_off_policy) == (weight_version, allow_off_policy)
+        ):
+            return known, False
         session_id = session_id or uuid.uuid4().hex
         if session_id in self._open or session_id in self._closed:
             raise SessionConflict(f"session {session_id!r} exists already; open it under another id")
         session = Session(session_id, weight_version, allow_off_policy)
         self._open[session_id] = session
         log.info("session %s opened (version %s)", session_id, weight_version)
-        return session
+        if self.manager.journal is not None:
+            self.manager.journal.session_changed(session_id, session.row())
+            await self.manager.journal.durable()
+        return session, True
 
     def get(self, session_id: str) -> Session:
         session = self._open.get(session_id) or self._closed.get(session_id)
@@ -164,20 +254,33 @@ class SessionStore:
             raise SessionNotFound(f"no session {session_id!r}; open one with POST /v1/sessions")
         return session
 
-    def close(self, session_id: str) -> Session:
+    async def close(self, session_id: str) -> Session:
         """Close a session (a turn in flight is cancelled); its record stays readable for a while."""
         session = self.get(session_id)
         if session.closed:
             raise SessionConflict(f"session {session_id!r} is closed already")
-        session.closed = True
-        if session.running is not None:  # its caller hears of the close (a 409) and the turn is not kept
-            self.manager.abort_sample(session.running, f"session {session_id!r} closed")
+        session.closed_at = time.time()
+        running = session.running
+        if running is not None:  # its caller hears of the close (a 409) and the turn is not kept
+            self.manager.abort_sample(running.sample, f"session {session_id!r} closed")
         del self._open[session_id]
-        self._closed[session_id] = session
-        if len(self._closed) > MAX_CLOSED_SESSIONS:
-            self._closed.popitem(last=False)
+        self._remember_closed(session)
+        journal = self.manager.journal
+        if journal is not None:
+            if running is not None:
+                journal.turn_ended(session_id, session.row(), running.sample)
+            else:
+                journal.session_changed(session_id, session.row())
+            await journal.durable()
         log.info("session %s closed after %d turns", session_id, len(session.turns))
         return session
+
+    def _remember_closed(self, session: Session) -> None:
+        self._closed[session.session_id] = session
+        if len(self._closed) > MAX_CLOSED_SESSIONS:
+            forgotten, _ = self._closed.popitem(last=False)
+            if self.manager.journal is not None:
+                self.manager.journal.session_forgotten(forgotten)
 
     async def turn(
         self,
@@ -186,11 +289,28 @@ class SessionStore:
         sampling: SamplingParams,
         rid: str | None = None,
         continues: str | None = None,
+        caller_gone: Callable[[], bool] = lambda: True,
     ) -> Turn:
         """Append `input_ids` (the prompt on the first turn, environment tokens after) and generate
         the next output on the session's engine; returns once the turn has finished. `rid` names the
-        turn; `continues`, when given, must be the rid of the session's last turn."""
+        turn: sent again, it answers that turn rather than making another. `continues`, when given,
+        must be the rid of the session's last turn. `caller_gone`: whether a cancel of this call is its
+        caller's going away (the turn is cancelled), not the manager's stopping (it is kept)."""
         session = self.get(session_id)
+        if rid is not None:
+            known = self._find(session, rid, input_ids)
+            if isinstance(known, RunningTurn):
+                try:
+                    return await asyncio.shield(known.done)
+                except asyncio.CancelledError:
+                    if not known.done.cancelled() or self._stopping:
+                        raise  # this caller went away, or the manager stops
+                # its first caller went away, cancelling it: this one sends it anew
+                return await self.turn(session_id, input_ids, sampling, rid, continues, caller_gone)
+            if known is not None:
+                if self.manager.journal is not None:
+                    await self.manager.journal.durable()  # a restored turn's end may be on its way to disk
+                return known
         self._check_turn(session, input_ids)
         if continues is not None and (not session.turns or session.turns[-1].rid != continues):
             last = session.turns[-1].rid if session.turns else None
@@ -198,7 +318,6 @@ class SessionStore:
                 f"session {session_id!r}: a turn must continue its last request ({last!r}), not "
                 f"{continues!r}; branching from an earlier turn is not served"
             )
-        role: Role = "prompt" if not session.turns else "env"
         sample = self.manager.submit_sample(
             session.context_ids + input_ids,
             sampling,
@@ -207,26 +326,113 @@ class SessionStore:
             session_id=session_id,
             pinned_version=None if session.allow_off_policy else session.weight_version,
         )
-        session.running = sample
-        try:
-            while sample.state < SampleState.FINISHED:
-                await self.manager.wait_for_update(sample)
-        finally:
-            session.running = None
-            self.manager.release(sample)  # a caller gone mid-turn cancels it; the context is unchanged
-        if sample.state == SampleState.FAILED:
-            raise TurnFailed(
-                f"turn {len(session.turns)} of session {session_id!r}: {sample.error}", sample.refused
+        running = RunningTurn(sample, rid or sample.sample_id, list(input_ids), turn_future())
+        session.running = running
+        if self.manager.journal is not None:
+            self.manager.journal.session_changed(session_id, session.row(), running=sample)
+        return await self.drive(session, running, caller_gone)
+
+    def _find(self, session: Session, rid: str, input_ids: list[int]) -> Turn | RunningTurn | None:
+        """The turn of that rid, running or finished, when its input is the one sent again."""
+        running = session.running
+        if running is not None and running.rid == rid:
+            sent = running.input_ids
+            found: Turn | RunningTurn | None = running
+        else:
+            found = next((turn for turn in reversed(session.turns) if turn.rid == rid), None)
+            if found is None:
+                return None
+            sent = session.input_of(found)
+        if sent != list(input_ids):
+            raise SessionConflict(
+                f"session {session.session_id!r}: turn {rid!r} was sent with other input_ids; a turn sent "
+                "again repeats its input, a new turn needs a new rid"
             )
-        if session.closed:
-            raise SessionConflict(f"session {session_id!r} was closed during the turn")
-        session.append(role, input_ids)
-        turn = Turn(len(session.turns), sample, len(session.context_ids), rid or sample.sample_id)
-        session.append("output", sample.output_ids, sample.output_logprobs)
-        session.turns.append(turn)
-        if session.weight_version is None:
-            session.weight_version = sample.weight_version
+        return found
+
+    async def drive(
+        self, session: Session, running: RunningTurn, caller_gone: Callable[[], bool] = lambda: False
+    ) -> Turn:
+        """Wait for the running turn's sample to end; a finished one joins the context, on disk
+        before anyone hears of it. Its caller's going away (a cancel when `caller_gone()`) cancels the
+        turn; a cancel by the manager's stopping leaves it journaled as running, resumed after a restart."""
+        sample = running.sample
+        try:
+            try:
+                while sample.state < SampleState.FINISHED:
+                    await self.manager.wait_for_update(sample)
+            except asyncio.CancelledError:
+                if caller_gone() and not self._stopping:  # the context stays as it was
+                    self.manager.release(sample)
+                    self._end(session, running)
+                    if self.manager.journal is not None:
+                        self.manager.journal.flush_soon()  # a restart must not bring the turn back
+                raise
+            self.manager.release(sample)
+            turn = self._end(session, running)
+            if sample.state == SampleState.FAILED:
+                raise TurnFailed(
+                    f"turn {len(session.turns)} of session {session.session_id!r}: {sample.error}",
+                    sample.refused,
+                )
+            if turn is None:
+                raise SessionConflict(f"session {session.session_id!r} was closed during the turn")
+            if self.manager.journal is not None:
+                await self.manager.journal.durable()
+        except asyncio.CancelledError:
+            running.done.cancel()
+            raise
+        except Exception as exc:
+            running.done.set_exception(exc)
+            raise
+        running.done.set_result(turn)
         return turn
+
+    def stop(self) -> None:
+        """The manager is stopping: turns in flight are left as the journal has them (running), so a
+        manager restarted on it resumes them, as after a crash."""
+        self._stopping = True
+
+    def _end(self, session: Session, running: RunningTurn) -> Turn | None:
+        """The running turn's sample ended: a finished one joins the context (not in a closed
+        session); journaled either way."""
+        if session.running is running:
+            session.running = None
+        sample = running.sample
+        turn = None
+        if sample.state == SampleState.FINISHED and not session.closed:
+            session.append("prompt" if not session.turns else "env", running.input_ids)
+            turn = Turn(len(session.turns), sample, len(session.context_ids), running.rid)
+            session.append("output", sample.output_ids, sample.output_logprobs)
+            session.turns.append(turn)
+            if session.weight_version is None:
+                session.weight_version = sample.weight_version
+        journal = self.manager.journal
+        if journal is not None:
+            row = turn_row(turn, running.input_ids) if turn is not None else None
+            index = turn.index if turn is not None else None
+            journal.turn_ended(session.session_id, session.row(), sample, index, row)
+        return turn
+
+    # ------------------------------------------------------------------ after a restart
+
+    def restore(self, session: Session, running: RunningTurn | None) -> None:
+        """Take back a session from the journal; its turn in flight runs on without a caller (one
+        that sends it again waits for it)."""
+        if session.closed:
+            self._remember_closed(session)
+            return
+        self._open[session.session_id] = session
+        if running is not None:
+            session.running = running
+            self.manager._spawn(self._drive_restored(session, running))
+
+    async def _drive_restored(self, session: Session, running: RunningTurn) -> None:
+        try:
+            turn = await self.drive(session, running)
+            log.info("session %s: turn %d, cut off by a restart, finished", session.session_id, turn.index)
+        except (TurnFailed, SessionConflict) as exc:
+            log.warning("session %s: the turn cut off by a restart ended: %s", session.session_id, exc)
 
     def _check_turn(self, session: Session, input_ids: list[int]) -> None:
         sid = session.session_id

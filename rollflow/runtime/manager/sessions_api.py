@@ -1,7 +1,7 @@
 """The session routes of the manager (see sessions.py for what a session is):
 
 POST   /v1/sessions                {session_id?, weight_version?, allow_off_policy?} -> the session
-POST   /v1/sessions/{id}/turns     {input_ids, sampling_params, return_logprob?} -> the turn's output,
+POST   /v1/sessions/{id}/turns     {input_ids, sampling_params, return_logprob?, rid?} -> the turn's output,
                                    SGLang's meta_info (cached_tokens, spans in the turn, weight_version)
 GET    /v1/sessions/{id}           the whole context: ids, logprobs, loss_mask, segments, turns
 DELETE /v1/sessions/{id}           close it; answers the whole context once more
@@ -14,11 +14,18 @@ POST   /generate                   with session_params {id, rid?}: the next turn
                                    are refused; stream: false)
 POST   /close_session              {session_id} -> an empty 200
 
+A turn's `rid` (SGLang's `rid` on /generate) is its idempotency key: the same turn sent again (a
+client whose connection died with a manager that restarted on its journal) answers the turn of that
+rid, running or finished, rather than starting another; an open sent again with the same id and
+settings (no turn yet) answers 200 with the session it made.
+
 Errors: an unknown session is a 404; a closed or busy session, or a turn on a weight version no
 engine serves (without allow_off_policy), a 409 that says what to do.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -47,6 +54,12 @@ def _store(request: web.Request) -> SessionStore:
     return request.app[SESSIONS_KEY]
 
 
+def _gone(request: web.Request) -> Callable[[], bool]:
+    """Whether the request's connection is lost: its handler's cancel is then its caller's going away
+    (aiohttp drops the transport before it cancels), not the manager's stopping."""
+    return lambda: request.transport is None or request.transport.is_closing()
+
+
 def _errors(exc: Exception) -> web.HTTPException:
     if isinstance(exc, SessionNotFound):
         return not_found(str(exc))
@@ -60,7 +73,9 @@ def _errors(exc: Exception) -> web.HTTPException:
 async def open_session(request: web.Request) -> web.Response:
     body = await parse_body(request, OpenSessionBody)
     try:
-        session = _store(request).open(body.session_id, body.weight_version, body.allow_off_policy)
+        session, created = await _store(request).open(
+            body.session_id, body.weight_version, body.allow_off_policy
+        )
     except SessionConflict as exc:
         raise _errors(exc) from None
     answer = {
@@ -68,7 +83,7 @@ async def open_session(request: web.Request) -> web.Response:
         "weight_version": session.weight_version,
         "allow_off_policy": session.allow_off_policy,
     }
-    return web.json_response(answer, status=201)
+    return web.json_response(answer, status=201 if created else 200)
 
 
 async def send_turn(request: web.Request) -> web.Response:
@@ -84,7 +99,7 @@ async def send_turn(request: web.Request) -> web.Response:
                 f"the session's context would hold {context} tokens, above "
                 f"max_prompt_tokens={manager.config.max_prompt_tokens}; close it and open a new one"
             )
-        turn = await store.turn(session_id, body.input_ids, params)
+        turn = await store.turn(session_id, body.input_ids, params, body.rid, caller_gone=_gone(request))
     except (SessionNotFound, SessionConflict, TurnFailed) as exc:
         raise _errors(exc) from None
     return web.json_response(turn_payload(session_id, turn, body.return_logprob))
@@ -129,14 +144,19 @@ async def get_session(request: web.Request) -> web.Response:
 
 async def close_session(request: web.Request) -> web.Response:
     try:
-        session = _store(request).close(request.match_info["session_id"])
+        session = await _store(request).close(request.match_info["session_id"])
     except (SessionNotFound, SessionConflict) as exc:
         raise _errors(exc) from None
     return web.json_response(session.to_json())
 
 
 def setup(app: web.Application) -> None:
-    app[SESSIONS_KEY] = SessionStore(app[MANAGER_KEY])
+    app[SESSIONS_KEY] = app[MANAGER_KEY].sessions
+
+    async def stopping(app: web.Application) -> None:  # before aiohttp cancels the turns' handlers
+        app[SESSIONS_KEY].stop()
+
+    app.on_shutdown.append(stopping)
     app.add_routes(
         [
             web.post("/v1/sessions", open_session),
@@ -156,7 +176,7 @@ async def open_sglang_session(request: web.Request) -> web.Response:
     """SGLang's `/open_session`: answers the session id as a JSON string."""
     body = await parse_body(request, OpenSGLangSessionBody)
     try:
-        session = _store(request).open(body.session_id)
+        session, _ = await _store(request).open(body.session_id)
     except SessionConflict as exc:
         raise _errors(exc) from None
     return web.json_response(session.session_id)
@@ -166,7 +186,7 @@ async def close_sglang_session(request: web.Request) -> web.Response:
     """SGLang's `/close_session`: an empty 200."""
     body = await parse_body(request, CloseSGLangSessionBody)
     try:
-        _store(request).close(body.session_id)
+        await _store(request).close(body.session_id)
     except (SessionNotFound, SessionConflict) as exc:
         raise _errors(exc) from None
     return web.Response()
@@ -184,7 +204,9 @@ async def generate_turn(request: web.Request, body: GenerateBody) -> web.Respons
     store = _store(request)
     session_params = body.session_params
     try:
-        turn = await store.turn(session_params.id, list(body.input_ids), params, body.rid, session_params.rid)
+        turn = await store.turn(
+            session_params.id, list(body.input_ids), params, body.rid, session_params.rid, _gone(request)
+        )
     except (SessionNotFound, SessionConflict, TurnFailed) as exc:
         raise _errors(exc) from None
     payload = sglang_api.generate_payload(turn.sample, body, turn.rid, request.app[TOKENIZER_KEY])

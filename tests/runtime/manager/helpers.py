@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import threading
 import time
@@ -12,6 +13,8 @@ import aiohttp
 from aiohttp import web
 
 from tests.runtime.processes import Process, free_port, http, rollflow
+
+_SEEN = contextvars.ContextVar("seen")
 
 
 def wait_until(condition, timeout: float = 60.0, interval: float = 0.02, what: str = "condition"):
@@ -137,3 +140,43 @@ class EngineProxy:
 
     def stop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+class CountingProxy(EngineProxy):
+    """Relays an engine, counts the tokens it streamed to the manager (all of them, kept or lost),
+    notes the request ids the manager aborted, and holds its streams while `flowing` is clear."""
+
+    def __init__(self, backend_url: str) -> None:
+        super().__init__(backend_url)
+        self.relayed = 0
+        self.aborted: list[str] = []
+        self.flowing = threading.Event()
+        self.flowing.set()
+
+    async def handle(self, request, body):
+        if request.path == "/abort_request":
+            self.aborted.append(json.loads(body)["rid"])
+        _SEEN.set([0])  # this request's own count (each request runs in a task of its own)
+        return await super().handle(request, body)
+
+    async def forward_line(self, response, line: bytes, index: int) -> bool:
+        if line.startswith(b"data: {"):
+            seen = _SEEN.get()
+            total = json.loads(line[len(b"data: ") :])["meta_info"]["completion_tokens"]
+            self.relayed += total - seen[0]
+            seen[0] = total
+        while not self.flowing.is_set():
+            await asyncio.sleep(0.005)
+        await response.write(line)
+        return True
+
+
+def settled(read, interval_s: float = 0.2) -> float:
+    """A reading once it stopped changing."""
+    last = read()
+    while True:
+        threading.Event().wait(interval_s)
+        value = read()
+        if value == last:
+            return value
+        last = value

@@ -3,9 +3,6 @@ sample finishes with the tokens of an undisturbed run, engines come back, the tr
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
-import json
 import threading
 from pathlib import Path
 
@@ -15,11 +12,12 @@ from rollflow.policy.offload import OffloadBalancer, StepReport
 from rollflow.runtime.manager.client import ManagerClient, ManagerUnreachable
 from rollflow.runtime.manager.config import OffloadSection
 from tests.runtime.manager.helpers import (
-    EngineProxy,
+    CountingProxy,
     assert_spans_tile_the_output,
     greedy_reference,
     manager_on_journal,
     metric,
+    settled,
     wait_until,
     workers,
 )
@@ -29,36 +27,6 @@ PROMPTS = [[5 + i, 40 + 3 * i, 7, 90 + i] for i in range(4)]
 STREAMED_PROMPTS = [[60 + i, 9, 4 * i] for i in range(2)]
 MAX_NEW_TOKENS = 96
 MAX_UNFLUSHED = 24
-_SEEN = contextvars.ContextVar("seen")
-
-
-class CountingProxy(EngineProxy):
-    """Relays an engine, counts the tokens it streamed to the manager (all of them, kept or lost),
-    notes the request ids the manager aborted, and holds its streams while `flowing` is clear."""
-
-    def __init__(self, backend_url: str) -> None:
-        super().__init__(backend_url)
-        self.relayed = 0
-        self.aborted: list[str] = []
-        self.flowing = threading.Event()
-        self.flowing.set()
-
-    async def handle(self, request, body):
-        if request.path == "/abort_request":
-            self.aborted.append(json.loads(body)["rid"])
-        _SEEN.set([0])  # this request's own count (each request runs in a task of its own)
-        return await super().handle(request, body)
-
-    async def forward_line(self, response, line: bytes, index: int) -> bool:
-        if line.startswith(b"data: {"):
-            seen = _SEEN.get()
-            total = json.loads(line[len(b"data: ") :])["meta_info"]["completion_tokens"]
-            self.relayed += total - seen[0]
-            seen[0] = total
-        while not self.flowing.is_set():
-            await asyncio.sleep(0.005)
-        await response.write(line)
-        return True
 
 
 def _restart(
@@ -68,23 +36,12 @@ def _restart(
     the tokens the dead one had received (its streams held first, so that none is on its way)."""
     for proxy in proxies:
         proxy.flowing.clear()
-    received = _settled(lambda: metric(manager, "rollflow_generated_tokens_total"))
+    received = settled(lambda: metric(manager, "rollflow_generated_tokens_total"))
     manager.kill()
     manager.stop()
     for proxy in proxies:
         proxy.flowing.set()
     return manager_on_journal(tmp_path, config, manager.port), int(received)
-
-
-def _settled(read, interval_s: float = 0.2) -> float:
-    """A reading once it stopped changing."""
-    last = read()
-    while True:
-        threading.Event().wait(interval_s)
-        value = read()
-        if value == last:
-            return value
-        last = value
 
 
 def _running_tokens(manager: Process) -> int:

@@ -29,6 +29,26 @@ def test_a_journal_of_another_schema_version_is_refused_naming_both(tmp_path):
         open_journal(path, CONFIG)
 
 
+def test_a_journal_of_schema_version_1_no_sessions_yet_is_refused_and_left_as_it_was(tmp_path):
+    path = tmp_path / "j.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+    conn.execute(
+        "CREATE TABLE samples (sample_id TEXT PRIMARY KEY, batch_id TEXT NOT NULL, body TEXT NOT NULL)"
+    )
+    conn.commit()
+    conn.close()
+    with pytest.raises(
+        JournalRefused, match=f"has schema version 1; this rollflow reads version {SCHEMA_VERSION}"
+    ):
+        open_journal(str(path), CONFIG)
+    conn = sqlite3.connect(path)
+    tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    conn.close()
+    assert tables == {"meta", "samples"}
+
+
 def test_a_file_that_is_no_journal_is_refused_naming_it(tmp_path):
     path = tmp_path / "j.db"
     path.write_bytes(b"not a database, " * 512)
@@ -155,6 +175,36 @@ def test_tokens_go_in_one_row_per_flush_and_leave_with_their_batch(tmp_path):
         return rows, left
 
     assert asyncio.run(run()) == (1, 0)
+
+
+def test_a_turn_ended_and_the_next_begun_in_one_flush_keep_the_new_turns_tokens(tmp_path):
+    def turn(seq: int) -> Sample:
+        sample = Sample(seq, f"s.t{seq}", [1, 2], SamplingParams(max_new_tokens=1000), session_id="s")
+        sample.begin_attempt(0)
+        return sample
+
+    async def run() -> None:
+        conn, _ = open_journal(str(tmp_path / "j.db"), CONFIG)
+        journal = Journal(conn, flush_interval_ms=60_000, max_unflushed_tokens=10_000)
+        journal.start()
+        first, second = turn(0), turn(1)
+        journal.session_changed("s", {"running": 0}, running=first)
+        _stream(journal, first, 5)
+        await journal.durable()
+        # in one round: the first turn's tokens go with it, the second's (streamed first) stay
+        _stream(journal, second, 3)
+        journal.turn_ended("s", {"running": None}, first, 0, {"output_ids": first.output_ids})
+        journal.session_changed("s", {"running": 1}, running=second)
+        await journal.durable()
+        await journal.close()
+
+    asyncio.run(run())
+    conn, snapshot = open_journal(str(tmp_path / "j.db"), CONFIG)
+    conn.close()
+    assert snapshot.sessions == {"s": {"running": 1}}
+    assert snapshot.session_turns == {"s": [{"output_ids": [10, 11, 12, 13, 14]}]}
+    assert set(snapshot.chunks) == {"s.t1"} and set(snapshot.samples) == {"s.t1"}
+    assert [token for chunk in snapshot.chunks["s.t1"] for token in chunk.token_ids] == [10, 11, 12]
 
 
 def _count(conn: sqlite3.Connection, table: str) -> int:

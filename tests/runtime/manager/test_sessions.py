@@ -171,6 +171,15 @@ def test_sglang_session_shapes_drive_the_same_sessions(processes):
     assert second["meta_info"]["cached_tokens"] > 0
     roles = [s["role"] for s in client.session(session_id)["segments"]]
     assert roles == ["prompt", "output", "env", "output"]
+    # a turn sent again with its rid (a client's retry) is answered again, not run twice
+    again = {
+        "input_ids": ENV_TOKENS[1],
+        "sampling_params": SAMPLING,
+        "rid": second["meta_info"]["id"],
+        "session_params": {"id": session_id, "rid": first["meta_info"]["id"]},
+    }
+    assert http("POST", manager.url + "/generate", again) == (200, second)
+    assert len(client.session(session_id)["turns"]) == 2
 
     status, answer = generate([4], id=session_id, rid=first["meta_info"]["id"])  # an earlier turn
     assert status == 409 and "branching" in answer["error"]["message"]
