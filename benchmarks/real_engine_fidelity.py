@@ -36,6 +36,10 @@ TRACE = REPO.parent / "shared" / "data" / "vidur" / "processed_traces" / "splitw
 MAX_NUM_SEQS = 16
 MAX_BATCHED_TOKENS = 256
 METRICS = ("ttft", "tpot", "e2e")
+MAX_PROMPT, MAX_DECODE = MAX_BATCHED_TOKENS, 64  # the trace's lengths clipped
+# Prompts of the profile's decoding requests: their 32 tokens decode at KV lengths up to the
+# replayed requests' longest (MAX_PROMPT + MAX_DECODE = 320).
+DECODE_PROMPTS = "16,128,288"
 # `rollflow engine init-model` options of each model; hidden = 64 * heads, MLP = 2 * hidden
 MODELS = {"tiny": [], "100m": ["--layers", "16", "--heads", "12"]}
 
@@ -169,18 +173,20 @@ def profile(url: str, model: Path, tables: Path) -> tuple[float, float, float]:
     out = rollflow(
         "profile", "engine", "--url", url, "--kind", "vllm", "--model-config", str(model),
         "--out", str(tables), "--batch-sizes", f"1,4,{MAX_NUM_SEQS}",
-        "--prompt-lengths", f"1,16,64,{MAX_BATCHED_TOKENS}", "--decode-tokens", "32", "--repeats", "3",
+        "--prompt-lengths", f"1,16,64,{MAX_BATCHED_TOKENS}", "--decode-prompt-lengths", DECODE_PROMPTS,
+        "--decode-tokens", "32", "--repeats", "3",
     )  # fmt: skip
     elapsed = time.perf_counter() - started
     [round_trip] = [x for x in out.splitlines() if x.startswith("request round trip ")]
-    [iteration] = [x for x in out.splitlines() if x.startswith(f"decode batch {MAX_NUM_SEQS}: ")]
-    return elapsed, float(round_trip.split()[3]), float(iteration.split()[3]) * 1e-3
+    # the shortest KV length's (printed first): the capacity the loads are fractions of
+    iteration = next(x for x in out.splitlines() if x.startswith(f"decode batch {MAX_NUM_SEQS}, KV "))
+    return elapsed, float(round_trip.split()[3]), float(iteration.split()[5]) * 1e-3
 
 
 def compare(name: str, url: str, model: Path, work: Path, args: argparse.Namespace) -> None:
     profile_s, round_trip_ms, iteration_s = profile(url, model, work / "tables")
     model_config = json.loads((model / "config.json").read_text())
-    base = load_trace(args.num_requests, max_prompt=MAX_BATCHED_TOKENS, max_decode=64)
+    base = load_trace(args.num_requests, max_prompt=MAX_PROMPT, max_decode=MAX_DECODE)
     mean_decode = float(np.mean([d for _, _, d in base]))
     capacity_qps = MAX_NUM_SEQS / iteration_s / mean_decode  # requests/s the decode batch sustains
     native_qps = (len(base) - 1) / (base[-1][0] - base[0][0])
