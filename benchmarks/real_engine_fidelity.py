@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
+import itertools
 import json
 import os
 import subprocess
@@ -40,6 +41,7 @@ MAX_PROMPT, MAX_DECODE = MAX_BATCHED_TOKENS, 64  # the trace's lengths clipped
 # Prompts of the profile's decoding requests: their 32 tokens decode at KV lengths up to the
 # replayed requests' longest (MAX_PROMPT + MAX_DECODE = 320).
 DECODE_PROMPTS = "16,128,288"
+REPLAY_SALTS = itertools.count(10**6, 10**3)  # the prompts' seeds: replays never repeat a prompt
 # `rollflow engine init-model` options of each model; hidden = 64 * heads, MLP = 2 * hidden
 MODELS = {"tiny": [], "100m": ["--layers", "16", "--heads", "12"]}
 
@@ -93,7 +95,10 @@ def load_trace(num_requests: int, max_prompt: int, max_decode: int) -> list[tupl
     ]
 
 
-async def replay(url: str, requests: list[tuple[float, int, int]]) -> list[dict[str, float]]:
+async def replay(url: str, requests: list[tuple[float, int, int]], salt: int) -> list[dict[str, float]]:
+    """Send `requests` at their arrival times; every replay's prompts are its own (a `salt` per
+    replay): a replay of the prompts vLLM computed before would find them in its prefix cache, which
+    the simulation does not model."""
     from rollflow.perf.profile.engine import _prompt
     from rollflow.runtime.engines.base import SamplingParams
     from rollflow.runtime.engines.clients import make_client
@@ -107,7 +112,7 @@ async def replay(url: str, requests: list[tuple[float, int, int]]) -> list[dict[
         first = last = sent
         count = 0
         sampling = SamplingParams(max_new_tokens=decode, temperature=0.0, ignore_eos=True)
-        async for chunk in client.generate(f"fidelity-{index}", _prompt(prompt, index + 1000), sampling):
+        async for chunk in client.generate(f"fidelity-{index}", _prompt(prompt, salt + index), sampling):
             now = time.perf_counter()
             if chunk.token_ids and count == 0:
                 first = now
@@ -203,7 +208,7 @@ def compare(name: str, url: str, model: Path, work: Path, args: argparse.Namespa
         requests = [((a - base[0][0]) * scale, p, d) for a, p, d in base]
         runs = []
         for _ in range(args.repeats):
-            rows_ = asyncio.run(replay(url, requests))
+            rows_ = asyncio.run(replay(url, requests, salt=next(REPLAY_SALTS)))
             runs.append({m: np.array([r[m] for r in rows_]) for m in METRICS})
         load_dir = work / f"load{load}"
         load_dir.mkdir()

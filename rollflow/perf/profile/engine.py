@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import itertools
+import random
 import statistics
 import time
 from dataclasses import dataclass
@@ -66,9 +67,12 @@ class EngineTimes:
 
 
 def _prompt(num_tokens: int, salt: int) -> list[int]:
-    # Token ids well inside any vocabulary (specials sit at 0-2 in rollflow's tiny model); a salt
-    # per request keeps prefix caches from serving one request's prompt to the next.
-    return [3 + (salt * 7919 + i) % 250 for i in range(num_tokens)]
+    """A prompt of token ids well inside any vocabulary (specials sit at 0-2 in rollflow's tiny
+    model), drawn from a generator seeded by `salt`: prompts of different salts share no KV block,
+    so an engine's prefix cache serves none of them to another (an arithmetic sequence per salt
+    had only 250 distinct prompts, and a profile of ~300 requests repeated some)."""
+    draw = random.Random(salt).randrange
+    return [3 + draw(250) for _ in range(num_tokens)]
 
 
 async def _stream_times(client, rid: str, prompt: list[int], num_tokens: int, start: float) -> list[float]:
@@ -90,12 +94,13 @@ async def measure_engine(probe: EngineProbe, on_step=lambda done, total: None) -
     client = make_client(probe.kind, probe.url)
     decode_mixes = list(itertools.product(probe.batch_sizes, probe.decode_prompt_lengths))
     total = (len(decode_mixes) + len(probe.prompt_lengths)) * probe.repeats
-    done, salt = 0, 0
+    # a new salt range per profile: a second profile of the same engine finds nothing cached
+    done, salt = 0, random.getrandbits(48)
     started = time.perf_counter()
     decode: dict[tuple[int, int], list[tuple[list[float], list[int]]]] = {}
     prefill: dict[int, list[list[float]]] = {}
     try:
-        await _stream_times(client, "profile-warmup", _prompt(8, 0), 4, time.perf_counter())
+        await _stream_times(client, "profile-warmup", _prompt(8, salt), 4, time.perf_counter())
         # rounds, not repeats in a row: a burst of other work on the machine then disturbs one
         # round of several mixes rather than every round of one
         for _ in range(probe.repeats):
