@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
+import itertools
 import json
 import os
 import subprocess
@@ -36,6 +37,11 @@ TRACE = REPO.parent / "shared" / "data" / "vidur" / "processed_traces" / "splitw
 MAX_NUM_SEQS = 16
 MAX_BATCHED_TOKENS = 256
 METRICS = ("ttft", "tpot", "e2e")
+MAX_PROMPT, MAX_DECODE = MAX_BATCHED_TOKENS, 64  # the trace's lengths clipped
+# Prompts of the profile's decoding requests: their 32 tokens decode at KV lengths up to the
+# replayed requests' longest (MAX_PROMPT + MAX_DECODE = 320).
+DECODE_PROMPTS = "16,128,288"
+REPLAY_SALTS = itertools.count(10**6, 10**3)  # the prompts' seeds: replays never repeat a prompt
 # `rollflow engine init-model` options of each model; hidden = 64 * heads, MLP = 2 * hidden
 MODELS = {"tiny": [], "100m": ["--layers", "16", "--heads", "12"]}
 
@@ -89,7 +95,10 @@ def load_trace(num_requests: int, max_prompt: int, max_decode: int) -> list[tupl
     ]
 
 
-async def replay(url: str, requests: list[tuple[float, int, int]]) -> list[dict[str, float]]:
+async def replay(url: str, requests: list[tuple[float, int, int]], salt: int) -> list[dict[str, float]]:
+    """Send `requests` at their arrival times; every replay's prompts are its own (a `salt` per
+    replay): a replay of the prompts vLLM computed before would find them in its prefix cache, which
+    the simulation does not model."""
     from rollflow.perf.profile.engine import _prompt
     from rollflow.runtime.engines.base import SamplingParams
     from rollflow.runtime.engines.clients import make_client
@@ -103,7 +112,7 @@ async def replay(url: str, requests: list[tuple[float, int, int]]) -> list[dict[
         first = last = sent
         count = 0
         sampling = SamplingParams(max_new_tokens=decode, temperature=0.0, ignore_eos=True)
-        async for chunk in client.generate(f"fidelity-{index}", _prompt(prompt, index + 1000), sampling):
+        async for chunk in client.generate(f"fidelity-{index}", _prompt(prompt, salt + index), sampling):
             now = time.perf_counter()
             if chunk.token_ids and count == 0:
                 first = now
@@ -169,18 +178,20 @@ def profile(url: str, model: Path, tables: Path) -> tuple[float, float, float]:
     out = rollflow(
         "profile", "engine", "--url", url, "--kind", "vllm", "--model-config", str(model),
         "--out", str(tables), "--batch-sizes", f"1,4,{MAX_NUM_SEQS}",
-        "--prompt-lengths", f"1,16,64,{MAX_BATCHED_TOKENS}", "--decode-tokens", "32", "--repeats", "3",
+        "--prompt-lengths", f"1,16,64,{MAX_BATCHED_TOKENS}", "--decode-prompt-lengths", DECODE_PROMPTS,
+        "--decode-tokens", "32", "--repeats", "3",
     )  # fmt: skip
     elapsed = time.perf_counter() - started
     [round_trip] = [x for x in out.splitlines() if x.startswith("request round trip ")]
-    [iteration] = [x for x in out.splitlines() if x.startswith(f"decode batch {MAX_NUM_SEQS}: ")]
-    return elapsed, float(round_trip.split()[3]), float(iteration.split()[3]) * 1e-3
+    # the shortest KV length's (printed first): the capacity the loads are fractions of
+    iteration = next(x for x in out.splitlines() if x.startswith(f"decode batch {MAX_NUM_SEQS}, KV "))
+    return elapsed, float(round_trip.split()[3]), float(iteration.split()[5]) * 1e-3
 
 
 def compare(name: str, url: str, model: Path, work: Path, args: argparse.Namespace) -> None:
     profile_s, round_trip_ms, iteration_s = profile(url, model, work / "tables")
     model_config = json.loads((model / "config.json").read_text())
-    base = load_trace(args.num_requests, max_prompt=MAX_BATCHED_TOKENS, max_decode=64)
+    base = load_trace(args.num_requests, max_prompt=MAX_PROMPT, max_decode=MAX_DECODE)
     mean_decode = float(np.mean([d for _, _, d in base]))
     capacity_qps = MAX_NUM_SEQS / iteration_s / mean_decode  # requests/s the decode batch sustains
     native_qps = (len(base) - 1) / (base[-1][0] - base[0][0])
@@ -197,7 +208,7 @@ def compare(name: str, url: str, model: Path, work: Path, args: argparse.Namespa
         requests = [((a - base[0][0]) * scale, p, d) for a, p, d in base]
         runs = []
         for _ in range(args.repeats):
-            rows_ = asyncio.run(replay(url, requests))
+            rows_ = asyncio.run(replay(url, requests, salt=next(REPLAY_SALTS)))
             runs.append({m: np.array([r[m] for r in rows_]) for m in METRICS})
         load_dir = work / f"load{load}"
         load_dir.mkdir()

@@ -41,7 +41,13 @@ def simulate_one_prompt(tables: Path, prompt_tokens: int, work_dir: Path) -> dic
     return request
 
 
-def simulate_requests(tables: Path, requests: list[tuple[float, int, int]], work_dir: Path) -> list[dict]:
+def simulate_requests(
+    tables: Path,
+    requests: list[tuple[float, int, int]],
+    work_dir: Path,
+    chunk_size: int = 256,
+    kv_cache_granularity: int = 64,
+) -> list[dict]:
     """`rollflow sim serve` of (arrival, prompt, output) requests on the tables in `tables`; the
     rows of requests.csv."""
     (work_dir / "trace.csv").write_text(
@@ -50,9 +56,10 @@ def simulate_requests(tables: Path, requests: list[tuple[float, int, int]], work
     )
     config = {
         "cluster": {"model": "tiny", "model_shape": TINY_SHAPE},
-        "scheduler": {"kind": "sarathi", "chunk_size": 256},
+        "scheduler": {"kind": "sarathi", "chunk_size": chunk_size},
         "execution": {
             "kind": "tables",
+            "kv_cache_granularity": kv_cache_granularity,
             "compute_table": str(tables / "mlp.csv"),
             "attention_table": str(tables / "attention.csv"),
         },

@@ -24,21 +24,27 @@ def test_engine_profile_writes_tables_whose_simulation_gives_the_measured_times(
         proc = run_rollflow(
             "profile", "engine", "--url", engine.url, "--kind", "builtin", "--model-config", str(tiny),
             "--out", str(tmp_path / "tables"), "--batch-sizes", "1,4", "--prompt-lengths", "16,128",
-            "--decode-tokens", "8", "--repeats", "2",
+            "--decode-prompt-lengths", "16,96", "--decode-tokens", "8", "--repeats", "2",
         )  # fmt: skip
     finally:
         engine.stop()
     assert proc.returncode == 0, proc.stderr
-    assert "decode batch 4:" in proc.stdout and "prompt 128 tokens:" in proc.stdout
+    assert "decode batch 4, KV " in proc.stdout and "prompt 128 tokens:" in proc.stdout
     rows = {int(r["num_tokens"]): r for r in read_rows(tmp_path / "tables" / "mlp.csv")}
     assert sorted(rows) == [16, 128]  # tokens' cost, from the prompts
     assert all(float(r["time_stats.attn_pre_proj.median"]) > 0 for r in rows.values())
     decode = {
-        int(r["batch_size"]): float(r["time_stats.attn_decode.median"])
+        (int(r["batch_size"]), int(r["kv_cache_size"])): float(r["time_stats.attn_decode.median"])
         for r in read_rows(tmp_path / "tables" / "attention.csv")
         if r["is_prefill"] == "False"
     }
-    assert sorted(decode) == [1, 4] and all(value >= 0 for value in decode.values())
+    # each batch decoded after 16- and 96-token prompts: rows at the mean KV of their measured gaps
+    # (the prompt and 0 to 6 generated tokens)
+    assert sorted(batch for batch, _ in decode) == [1, 1, 4, 4] and all(
+        value >= 0 for value in decode.values()
+    )
+    kv_lengths = sorted(kv for batch, kv in decode if batch == 4)
+    assert 16 <= kv_lengths[0] <= 22 and 96 <= kv_lengths[1] <= 102
 
     # One request of 128 prompt tokens is one 128-token iteration: the simulator must take the
     # engine's measured time for it (iteration time per layer x 2 layers).
@@ -46,22 +52,32 @@ def test_engine_profile_writes_tables_whose_simulation_gives_the_measured_times(
     measured_ms = 2 * float(rows[128]["time_stats.attn_pre_proj.median"])
     assert float(request["ttft"]) * 1e3 == pytest.approx(measured_ms, rel=1e-9)
 
-    # Four 16-token prompts prefill together, then decode their second tokens as a batch of 4: that
-    # iteration must take what the engine took per iteration at decode batch 4 (its printed median),
-    # or its four tokens' cost through the weights (the 16-token row: rounded up to 8, clamped) when
-    # a loaded machine measured the batch faster than that.
-    [printed] = [line for line in proc.stdout.splitlines() if line.startswith("decode batch 4:")]
-    decode_4_ms = float(printed.split()[3])
+    # Four prompts of a profiled KV length prefill together, then decode their second tokens as a
+    # batch of 4 at that KV length: that iteration must take what the engine took per iteration at
+    # decode batch 4 and that KV length (its printed median), or its four tokens' cost through the
+    # weights (the 16-token row: rounded up to 8, clamped) when a loaded machine measured the batch
+    # faster than that. KV granularity 1: the lookup is at the profiled length, not a bucket's.
     tokens_ms = 2 * float(rows[16]["time_stats.attn_pre_proj.median"])
-    (tmp_path / "decode").mkdir()
-    batch = simulate_requests(tmp_path / "tables", [(0.0, 16, 2)] * 4, tmp_path / "decode")
-    for request in batch:
-        iteration_ms = (float(request["completed_at"]) - float(request["first_token_at"])) * 1e3
-        assert iteration_ms == pytest.approx(max(decode_4_ms, tokens_ms), abs=0.006)  # printed to 0.01 ms
-    if decode_4_ms > tokens_ms + 0.01:
-        assert decode[4] > 0
-    elif decode_4_ms < tokens_ms - 0.01:
-        assert decode[4] == 0
+    for kv in kv_lengths:
+        [printed] = [
+            line for line in proc.stdout.splitlines() if line.startswith(f"decode batch 4, KV {kv}:")
+        ]
+        decode_4_ms = float(printed.split()[5])
+        (tmp_path / f"decode{kv}").mkdir()
+        batch = simulate_requests(
+            tmp_path / "tables",
+            [(0.0, kv, 2)] * 4,
+            tmp_path / f"decode{kv}",
+            chunk_size=512,
+            kv_cache_granularity=1,
+        )
+        for request in batch:
+            iteration_ms = (float(request["completed_at"]) - float(request["first_token_at"])) * 1e3
+            assert iteration_ms == pytest.approx(max(decode_4_ms, tokens_ms), abs=0.006)  # printed to 0.01 ms
+        if decode_4_ms > tokens_ms + 0.01:
+            assert decode[4, kv] > 0
+        elif decode_4_ms < tokens_ms - 0.01:
+            assert decode[4, kv] == 0
 
 
 def test_an_engine_that_is_not_there_is_a_one_line_error(tiny, tmp_path):

@@ -59,9 +59,10 @@ def register(commands: argparse._SubParsersAction) -> None:
         "engine",
         help="measure a running engine's iteration time from its streams; write tables rollflow sim reads",
         description="Send controlled request mixes to a running engine (concurrent decodes at each --batch-sizes "
-        "size; single prompts at each --prompt-lengths length), read per-iteration times from the token "
-        "streams, and write mlp.csv/attention.csv in Vidur's format: the whole iteration time per layer at "
-        "each batch's token count (fixed per-iteration overhead included), attention as zero.",
+        "size after each --decode-prompt-lengths prompt; single prompts at each --prompt-lengths length), read "
+        "per-iteration times from the token streams, and write mlp.csv/attention.csv in Vidur's format: the "
+        "whole iteration time per layer at each batch's token count (fixed per-iteration overhead included), "
+        "and what a decode batch costs beyond its tokens as decode attention at its batch size and KV length.",
         epilog="example: rollflow profile engine --url http://127.0.0.1:30000 --kind builtin "
         "--model-config models/tiny/config.json --out outputs/profile/engine",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -75,6 +76,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--prompt-lengths",
         default="1,16,64,256,1024",
         help="prompt tokens (default 1,16,64,256,1024; the shortest, best 1, measures the round trip)",
+    )
+    engine.add_argument(
+        "--decode-prompt-lengths",
+        default="16,128,512",
+        help="prompt tokens of the decoding requests (default 16,128,512): each batch decodes at KV lengths "
+        "from each to it plus --decode-tokens; keep the longest within the engine's max model length",
     )
     engine.add_argument(
         "--decode-tokens", type=int, default=32, help="tokens per decoding request (default 32)"
@@ -209,14 +216,15 @@ def _engine(args: argparse.Namespace, started_at: float) -> None:
         url=args.url.rstrip("/"),
         batch_sizes=_int_list("--batch-sizes", args.batch_sizes),
         prompt_lengths=_int_list("--prompt-lengths", args.prompt_lengths),
-        decode_prompt_tokens=16,
+        decode_prompt_lengths=_int_list("--decode-prompt-lengths", args.decode_prompt_lengths),
         decode_tokens=args.decode_tokens,
         repeats=args.repeats,
     )
     console = Console(stderr=True)
     console.print(
         f"profiling the {args.kind} engine at {probe.url}: {len(probe.batch_sizes)} decode batches "
-        f"x {args.decode_tokens} tokens, {len(probe.prompt_lengths)} prompt lengths; {args.repeats} rounds"
+        f"x {len(probe.decode_prompt_lengths)} KV lengths x {args.decode_tokens} tokens, "
+        f"{len(probe.prompt_lengths)} prompt lengths; {args.repeats} rounds"
     )
     with Progress(
         TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
@@ -232,8 +240,11 @@ def _engine(args: argparse.Namespace, started_at: float) -> None:
             raise UserError(f"engine at {probe.url}: {exc}") from None
     out = Path(args.out)
     write_engine_tables(out, model, times, args.block_size)
-    for batch, gaps in times.decode_s.items():
-        print(f"decode batch {batch}: {statistics.median(gaps) * 1e3:.2f} ms per iteration")
+    for (batch, prompt), gaps in sorted(times.decode_s.items()):
+        print(
+            f"decode batch {batch}, KV {times.decode_kv[batch, prompt]:.0f}: "
+            f"{statistics.median(gaps) * 1e3:.2f} ms per iteration"
+        )
     for length, ttfts in times.prefill_s.items():
         print(f"prompt {length} tokens: {statistics.median(ttfts) * 1e3:.2f} ms to first token")
     round_trip_ms = round_trip_s(times) * 1e3

@@ -6,21 +6,24 @@ the gaps between a stream's tokens are the iteration time at decode batch B; a l
 time to first token is its prefill iteration plus the request's round trip (estimated from the
 shortest prompt and taken out, see `round_trip_s`). The profiler sends such controlled mixes
 (B concurrent decodes for each batch size; one prompt of P tokens for each prompt length) and
-reads the timings from the streams.
+reads the timings from the streams. Decodes are measured at several prompt lengths
+(`decode_prompt_lengths`), since a decode's attention reads its whole KV: each decode row is
+written at the mean KV length its sequences had over the measured gaps.
 
 It writes them as Vidur-format tables split the way the simulator composes an iteration (per
 layer: linear operators at the batch's token count + decode attention at the decode batch size +
 prefill attention): the prefill iterations, divided by the model's layers, are the per-token
 cost in `mlp.csv` (what every token pays going through the weights, with the iteration's fixed
 overhead); what a decode batch of B costs beyond B such tokens (attention over each sequence's
-KV, sampling, per-sequence bookkeeping) is decode attention at batch B in `attention.csv`. A
+KV, sampling, per-sequence bookkeeping) is decode attention at batch B and that KV length in
+`attention.csv`, the (batch, KV length) grid the simulator reads for Vidur's attention tables. A
 decode-only or prefill-only iteration is then charged what the engine took for it, and a mixed
 one (B decodes beside a prefill chunk of P tokens) the tokens' cost at B + P plus the B decodes'
 own cost, rather than the token count alone. A CPU engine, whose time is mostly fixed
 per-iteration overhead, gets a faithful table that way; operator profiles would miss the overhead.
 
-What the tables cannot say: attention's dependence on KV length (decodes are measured at one
-prompt length; prefill attention is written as zero).
+What the tables cannot say: prefill attention's dependence on the cached prefix (a chunk's
+cost is its tokens' cost; prefill attention is written as zero).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import itertools
+import random
 import statistics
 import time
 from dataclasses import dataclass
@@ -49,22 +53,26 @@ class EngineProbe:
     url: str
     batch_sizes: tuple[int, ...]  # concurrent decodes per measurement
     prompt_lengths: tuple[int, ...]  # prompt tokens of the prefill measurements
-    decode_prompt_tokens: int  # prompt length of the decoding requests
+    decode_prompt_lengths: tuple[int, ...]  # prompt lengths of the decoding requests
     decode_tokens: int  # tokens each decoding request generates
     repeats: int  # rounds of every mix
 
 
 @dataclass(frozen=True)
 class EngineTimes:
-    decode_s: dict[int, list[float]]  # batch size -> steady-state inter-token gaps of its best round
+    decode_s: dict[tuple[int, int], list[float]]  # (batch, prompt) -> steady gaps of its best round
+    decode_kv: dict[tuple[int, int], float]  # (batch, prompt) -> mean KV length over those gaps
     prefill_s: dict[int, list[float]]  # prompt tokens -> [time to first token of its best round]
     elapsed_s: float
 
 
 def _prompt(num_tokens: int, salt: int) -> list[int]:
-    # Token ids well inside any vocabulary (specials sit at 0-2 in rollflow's tiny model); a salt
-    # per request keeps prefix caches from serving one request's prompt to the next.
-    return [3 + (salt * 7919 + i) % 250 for i in range(num_tokens)]
+    """A prompt of token ids well inside any vocabulary (specials sit at 0-2 in rollflow's tiny
+    model), drawn from a generator seeded by `salt`: prompts of different salts share no KV block,
+    so an engine's prefix cache serves none of them to another (an arithmetic sequence per salt
+    had only 250 distinct prompts, and a profile of ~300 requests repeated some)."""
+    draw = random.Random(salt).randrange
+    return [3 + draw(250) for _ in range(num_tokens)]
 
 
 async def _stream_times(client, rid: str, prompt: list[int], num_tokens: int, start: float) -> list[float]:
@@ -84,31 +92,33 @@ async def measure_engine(probe: EngineProbe, on_step=lambda done, total: None) -
     from rollflow.runtime.engines.clients import make_client
 
     client = make_client(probe.kind, probe.url)
-    total = (len(probe.batch_sizes) + len(probe.prompt_lengths)) * probe.repeats
-    done, salt = 0, 0
+    decode_mixes = list(itertools.product(probe.batch_sizes, probe.decode_prompt_lengths))
+    total = (len(decode_mixes) + len(probe.prompt_lengths)) * probe.repeats
+    # a new salt range per profile: a second profile of the same engine finds nothing cached
+    done, salt = 0, random.getrandbits(48)
     started = time.perf_counter()
-    decode: dict[int, list[list[float]]] = {}
+    decode: dict[tuple[int, int], list[tuple[list[float], list[int]]]] = {}
     prefill: dict[int, list[list[float]]] = {}
     try:
-        await _stream_times(client, "profile-warmup", _prompt(8, 0), 4, time.perf_counter())
+        await _stream_times(client, "profile-warmup", _prompt(8, salt), 4, time.perf_counter())
         # rounds, not repeats in a row: a burst of other work on the machine then disturbs one
         # round of several mixes rather than every round of one
         for _ in range(probe.repeats):
-            for batch in probe.batch_sizes:
+            for batch, prompt in decode_mixes:
                 start = time.perf_counter()
                 streams = await asyncio.gather(
                     *(
                         _stream_times(
                             client,
                             f"profile-d{batch}-{salt}-{i}",
-                            _prompt(probe.decode_prompt_tokens, salt := salt + 1),
+                            _prompt(prompt, salt := salt + 1),
                             probe.decode_tokens,
                             start,
                         )
                         for i in range(batch)
                     )
                 )
-                decode.setdefault(batch, []).append(_steady_gaps(streams))
+                decode.setdefault((batch, prompt), []).append(_steady_gaps(streams, prompt))
                 done += 1
                 on_step(done, total)
             for length in probe.prompt_lengths:
@@ -121,8 +131,14 @@ async def measure_engine(probe: EngineProbe, on_step=lambda done, total: None) -
                 on_step(done, total)
     finally:
         await client.close()
+    decode_s, decode_kv = {}, {}
+    for mix, rounds in decode.items():
+        gaps = least_disturbed([round_gaps for round_gaps, _ in rounds])
+        [kvs] = [round_kvs for round_gaps, round_kvs in rounds if round_gaps is gaps]
+        decode_s[mix], decode_kv[mix] = gaps, statistics.fmean(kvs)
     return EngineTimes(
-        {batch: least_disturbed(rounds) for batch, rounds in decode.items()},
+        decode_s,
+        decode_kv,
         {length: least_disturbed(rounds) for length, rounds in prefill.items()},
         time.perf_counter() - started,
     )
@@ -134,19 +150,22 @@ def least_disturbed(rounds: list[list[float]]) -> list[float]:
     return min(rounds, key=statistics.median)
 
 
-def _steady_gaps(streams: list[list[float]]) -> list[float]:
-    """Gaps between consecutive tokens while every stream of the batch was decoding."""
+def _steady_gaps(streams: list[list[float]], prompt: int) -> tuple[list[float], list[int]]:
+    """Gaps between consecutive tokens while every stream of the batch was decoding, and the KV
+    length of each gap's iteration: the one after a stream's k-th token holds the prompt and k - 1
+    generated tokens (the simulator's count of a decode's processed tokens)."""
     window_start = max(times[1] for times in streams)  # every request has its first token
     window_end = min(times[-1] for times in streams)  # no request has finished
-    gaps = [
-        later - earlier
-        for times in streams
-        for earlier, later in itertools.pairwise(times[1:])
-        if earlier >= window_start and later <= window_end and later > earlier
-    ]
+    gaps, kvs = [], []
+    for times in streams:
+        for k, (earlier, later) in enumerate(itertools.pairwise(times[1:])):
+            if earlier >= window_start and later <= window_end and later > earlier:
+                gaps.append(later - earlier)
+                kvs.append(prompt + k)
     if not gaps:  # streams delivered several tokens per chunk: fall back to each stream's mean
         gaps = [(times[-1] - times[1]) / max(1, len(times) - 2) for times in streams]
-    return gaps
+        kvs = [prompt + (len(times) - 2) // 2 for times in streams]
+    return gaps, kvs
 
 
 def round_trip_s(times: EngineTimes) -> float:
@@ -159,10 +178,17 @@ def round_trip_s(times: EngineTimes) -> float:
     the more of its prefill is counted as round trip on a model whose compute matters. 0 without
     batch-1 decodes.
     """
-    if 1 not in times.decode_s:
+    lone = lone_decode_s(times)
+    if lone is None:
         return 0.0
     shortest = statistics.median(times.prefill_s[min(times.prefill_s)])
-    return max(shortest - statistics.median(times.decode_s[1]), 0.0)
+    return max(shortest - lone, 0.0)
+
+
+def lone_decode_s(times: EngineTimes) -> float | None:
+    """Median iteration of a lone decode at the shortest profiled prompt (None without batch 1)."""
+    prompts = [prompt for batch, prompt in times.decode_s if batch == 1]
+    return statistics.median(times.decode_s[1, min(prompts)]) if prompts else None
 
 
 def _stats(values_ms: list[float]) -> dict[str, float]:
@@ -185,21 +211,22 @@ def _token_cost(prefill_ms: dict[int, list[float]], num_tokens: int) -> float:
 
 def write_engine_tables(out: Path, model: ProfiledModel, times: EngineTimes, block_size: int) -> None:
     """mlp.csv: prefill iteration time / layers at each prompt length; attention.csv: each decode
-    batch's time beyond its tokens' cost, as decode attention at that batch size."""
+    batch's time beyond its tokens' cost, as decode attention at that batch size and mean KV length."""
     out.mkdir(parents=True, exist_ok=True)
     round_trip = round_trip_s(times)
     # No iteration is shorter than a one-token decode: the floor keeps a noisy TTFT (a busy CPU
     # can make a short prompt's round trip look longer than a long prompt's) from a zero time.
-    floor = statistics.median(times.decode_s[1]) if 1 in times.decode_s else 0.0
+    floor = lone_decode_s(times) or 0.0
     layers = model.num_layers
     prefill_ms = {
         length: [max(ttft - round_trip, floor) * 1e3 / layers for ttft in ttfts]
         for length, ttfts in times.prefill_s.items()
     }
     decode_ms = {}
-    for batch, gaps in times.decode_s.items():
+    for (batch, prompt), gaps in times.decode_s.items():
         tokens_ms = _token_cost(prefill_ms, batch)
-        decode_ms[batch] = [max(gap * 1e3 / layers - tokens_ms, 0.0) for gap in gaps]
+        kv = round(times.decode_kv[batch, prompt])
+        decode_ms[batch, kv] = [max(gap * 1e3 / layers - tokens_ms, 0.0) for gap in gaps]
     with (out / "mlp.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(
@@ -229,15 +256,18 @@ def write_engine_tables(out: Path, model: ProfiledModel, times: EngineTimes, blo
         )  # fmt: skip
         zeros = [0.0] * len(STATS)
         blank = [""] * len(STATS)
-        rows = [(batch, 0, [_stats(ms)[stat] for stat in STATS]) for batch, ms in sorted(decode_ms.items())]
-        rows += [(1, 1, zeros), (1, max(prefill_ms), zeros)]
-        for batch, chunk, values in rows:
+        rows = [
+            (batch, 0, kv, [_stats(ms)[stat] for stat in STATS])
+            for (batch, kv), ms in sorted(decode_ms.items())
+        ]
+        rows += [(1, 1, 0, zeros), (1, max(prefill_ms), 0, zeros)]
+        for batch, chunk, kv, values in rows:
             # column groups: prefill, kv-cache save, decode (as ATTENTION_OPS orders them)
             attention = (zeros, zeros, blank) if chunk else (blank, zeros, values)
             writer.writerow(
                 [
                     *(value for column in attention for value in column),
                     model.embedding_dim, model.num_q_heads, model.num_kv_heads, block_size, 1,
-                    batch, chunk, 0, bool(chunk), "engine (tokens in mlp.csv)",
+                    batch, chunk, kv, bool(chunk), "engine (tokens in mlp.csv)",
                 ]
             )  # fmt: skip
