@@ -19,6 +19,7 @@ from rollflow.config import ConfigError, validate_config
 from rollflow.plan.backends import run_jobs
 from rollflow.plan.pareto import plot_front
 from rollflow.plan.rl_config import RLSearchConfig
+from rollflow.plan.rl_export import live_cluster_section
 from rollflow.plan.rl_plans import expand_plans, plan_config, plan_label
 
 METRICS = ("step_time_s", "throughput_tokens_per_s", "gpu_utilization", "cost_usd_per_mtok")
@@ -151,9 +152,16 @@ def _write(out: Path, rows: list[dict], config: RLSearchConfig, jobs: list[dict]
     best_path = out / "best.yaml"
     best_path.write_text(yaml.safe_dump(raw, sort_keys=False))
     written.append(best_path)
+    cluster = live_cluster_section(raw)
+    if cluster is not None:
+        cluster_path = out / "best_cluster.yaml"
+        cluster_path.write_text(yaml.safe_dump({"cluster": cluster}, sort_keys=False))
+        written.append(cluster_path)
     console.print(
         f"best ({config.objective}): {plan_label(best)}: step {best['step_time_s']:.1f} s, "
         f"{best['throughput_tokens_per_s']:.0f} tokens/s, ${best['cost_usd_per_mtok']:.3f}/1M tokens"
     )
     console.print(f"reproduce: .venv/bin/rollflow rl-sim run --config {best_path}")
+    if cluster is not None:
+        console.print(f"run it live: add {cluster_path}'s cluster: section to your `rollflow train` config")
     console.print(f"wrote {', '.join(str(p) for p in written)}")

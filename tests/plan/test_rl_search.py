@@ -8,7 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rollflow.plan.rl_export import live_cluster_section
+from rollflow.policy.placement import ClusterConfig
 from tests.plan.test_serve_search import rollflow
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def rl_search_config(tmp_path: Path) -> Path:
@@ -145,3 +149,37 @@ def test_partial_rollout_is_a_knob_of_the_rl_search(tmp_path):
     assert all(r["partial_rollout"] == 0 for r in rows if r["spot_instances"])
     assert by_extra[4]["throughput_tokens_per_s"] > by_extra[0]["throughput_tokens_per_s"]
     assert "partial +4" in result.stderr + result.stdout
+
+
+def test_a_pipelined_disaggregated_plan_is_the_cluster_section_the_trainer_takes(tmp_path):
+    plan = yaml.safe_load((REPO / "examples/rl/rlinf_dynamic.yaml").read_text())
+    plan.pop("compare")
+    plan["scheduling"] = {"kind": "dynamic", "wait_before_last_iter": True}
+    section = live_cluster_section(plan)
+    cluster = ClusterConfig.model_validate(section)
+    assert {name: str(span) for name, span in cluster.ranges().items()} == {
+        "actor": "0-3",
+        "rollout": "4-11",
+        "inference": "12-15",
+    }
+    assert cluster.auto_scheduler and cluster.use_wait_before_last_iter_policy
+    assert not cluster.use_pre_process_policy
+    # simulated from the section alone, the plan takes the same step time
+    runs = {}
+    for name, config in {
+        "plan": plan,
+        "section": {
+            **{k: v for k, v in plan.items() if k not in ("placement", "scheduling", "num_gpus")},
+            "cluster": section,
+        },
+    }.items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({**config, "steps": 1}))
+        out = tmp_path / name
+        result = rollflow("rl-sim", "run", "--config", str(path), "--output-dir", str(out))
+        assert result.returncode == 0, result.stderr
+        runs[name] = json.loads((out / "summary.json").read_text())["step_time_s"]
+    assert runs["section"] == runs["plan"] > 0
+    unpipelined = {**plan, "placement": {**plan["placement"], "pipelining": False}}
+    assert live_cluster_section(unpipelined) is None
+    assert live_cluster_section({**plan, "placement": {"kind": "collocated"}}) is None
