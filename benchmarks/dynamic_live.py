@@ -26,6 +26,7 @@ import urllib.request
 from pathlib import Path
 
 from rollflow.config import validate_config
+from rollflow.perf.profile.hf_config import load_model_config, model_shape_section
 from rollflow.runtime.demo.config import load_demo_config
 from rollflow.runtime.demo.dynamic import check_dynamic, run_dynamic_demo
 from rollflow.runtime.engines.tiny_model import write_tiny_model
@@ -96,7 +97,6 @@ def profile_engine(model: Path, out: Path) -> Path:
 def simulated(config, static: dict, dynamic: dict, tables: Path, auto_scheduler: bool) -> list[float]:
     """rl-sim's step times for the live config, with phase costs measured in the live runs."""
     train, cluster = config.train, config.cluster
-    shape = json.loads((Path(train.model) / "config.json").read_text())
     num_minibatches = train.prompts_per_step // (train.micro_batch_groups * train.mini_batch_micro_batches)
     steps = static["steps"]
     samples = train.prompts_per_step * train.n_samples
@@ -112,14 +112,7 @@ def simulated(config, static: dict, dynamic: dict, tables: Path, auto_scheduler:
     raw = {
         "steps": len(steps),
         "model": "tiny",
-        "model_shape": {
-            "num_layers": shape["num_hidden_layers"],
-            "num_q_heads": shape["num_attention_heads"],
-            "num_kv_heads": shape["num_key_value_heads"],
-            "embedding_dim": shape["hidden_size"],
-            "mlp_hidden_dim": shape["intermediate_size"],
-            "vocab_size": shape["vocab_size"],
-        },
+        "model_shape": model_shape_section(load_model_config(train.model)),
         "cluster": cluster.model_dump() | {"auto_scheduler": auto_scheduler},
         "workload": {
             "num_prompts": train.prompts_per_step,

@@ -48,6 +48,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from rollflow.perf.profile.hf_config import load_model_config, model_shape_section  # noqa: E402
 from tests.runtime.processes import ENV, Process, free_port, http, rollflow, start_engine  # noqa: E402
 
 MODEL_ARGS = ("--layers", "4", "--heads", "4")
@@ -218,20 +219,12 @@ def simulate(router: str, args: argparse.Namespace, model: Path, tables: Path, r
     from rollflow.sim.simulator import ServingSimulator
     from rollflow.sim.workload import build_requests
 
-    shape = json.loads((model / "config.json").read_text())
     prompt_tokens = args.system_tokens + args.own_tokens
     raw = {
         "cluster": {
             "replicas": args.engines,
             "model": "builtin-engine",
-            "model_shape": {
-                "num_layers": shape["num_hidden_layers"],
-                "num_q_heads": shape["num_attention_heads"],
-                "num_kv_heads": shape["num_key_value_heads"],
-                "embedding_dim": shape["hidden_size"],
-                "mlp_hidden_dim": shape["intermediate_size"],
-                "vocab_size": shape["vocab_size"],
-            },
+            "model_shape": model_shape_section(load_model_config(model)),
             "router": router,
             "dispatch": "late_binding",
             "capacity": CAPACITY,

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rollflow.perf.profile.hf_config import load_model_config, model_shape_section
+
 REPO = Path(__file__).resolve().parents[1]
 TRACE = REPO.parent / "shared" / "data" / "vidur" / "processed_traces" / "splitwise_conv.csv"
 MAX_NUM_SEQS = 16
@@ -127,7 +129,7 @@ async def replay(url: str, requests: list[tuple[float, int, int]], salt: int) ->
 
 
 def simulate(
-    tables: Path, model_config: dict, requests: list[tuple[float, int, int]], overhead_ms: float, work: Path
+    tables: Path, model_shape: dict, requests: list[tuple[float, int, int]], overhead_ms: float, work: Path
 ) -> dict:
     trace = work / "trace.csv"
     with trace.open("w", newline="") as handle:
@@ -137,14 +139,7 @@ def simulate(
     config = {
         "cluster": {
             "model": "profiled",
-            "model_shape": {
-                "num_layers": model_config["num_hidden_layers"],
-                "num_q_heads": model_config["num_attention_heads"],
-                "num_kv_heads": model_config["num_key_value_heads"],
-                "embedding_dim": model_config["hidden_size"],
-                "mlp_hidden_dim": model_config["intermediate_size"],
-                "vocab_size": model_config["vocab_size"],
-            },
+            "model_shape": model_shape,
         },
         "scheduler": {"kind": "sarathi", "chunk_size": MAX_BATCHED_TOKENS, "batch_size_cap": MAX_NUM_SEQS},
         "execution": {
@@ -212,7 +207,9 @@ def compare(name: str, url: str, model: Path, work: Path, args: argparse.Namespa
             runs.append({m: np.array([r[m] for r in rows_]) for m in METRICS})
         load_dir = work / f"load{load}"
         load_dir.mkdir()
-        sim = simulate(work / "tables", model_config, requests, round_trip_ms, load_dir)
+        sim = simulate(
+            work / "tables", model_shape_section(load_model_config(model)), requests, round_trip_ms, load_dir
+        )
         for metric in METRICS:
             cells = []
             for q in (50, 90):

@@ -76,6 +76,18 @@ def load_model_config(path: str | Path) -> ProfiledModel:
     )
 
 
+def model_shape_section(model: ModelSpec) -> dict[str, int]:
+    """The simulator's `cluster.model_shape` for `model`: how a profiled (or any) model is simulated."""
+    return {
+        "num_layers": model.num_layers,
+        "num_q_heads": model.num_q_heads,
+        "num_kv_heads": model.num_kv_heads,
+        "embedding_dim": model.embedding_dim,
+        "mlp_hidden_dim": model.mlp_hidden_dim,
+        "vocab_size": model.vocab_size,
+    }
+
+
 def check_tensor_parallel(model: ProfiledModel, tensor_parallel: int) -> None:
     """Each shard must get whole heads and an equal slice of the MLP, as vLLM requires."""
     for key, value in (
