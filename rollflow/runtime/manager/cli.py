@@ -56,8 +56,6 @@ def register(commands: argparse._SubParsersAction) -> None:
 def _serve(args: argparse.Namespace, started_at: float) -> None:
     import asyncio
 
-    import uvloop
-
     from rollflow.config import load_config
     from rollflow.runtime.logs import setup_logging
     from rollflow.runtime.manager.config import ManagerConfig
@@ -74,7 +72,6 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
         config = config.model_copy(update={"token": args.token})
     setup_logging(args.log_format)
     stop_on_sigterm()  # the manager closes on its way out: the journal and request log are flushed
-    # libuv's loop: the manager is one process on the request path of every sample, and uvloop's
-    # transports and callbacks cost it less per request than asyncio's own
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(serve(config))
+    # asyncio's own loop, not uvloop: uvloop swallows a KeyboardInterrupt raised inside a transport's
+    # callback as that transport's fatal error, and a SIGTERM would then leave the manager running
+    asyncio.run(serve(config))
