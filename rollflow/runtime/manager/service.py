@@ -773,7 +773,8 @@ class RolloutManager:
 
     def _start_attempt(self, sample: Sample, engine: EngineRecord) -> None:
         sample.begin_attempt(engine.engine_id)
-        engine.prefixes.sent(sample.prompt_ids + sample.output_ids)  # a resume sends its tokens too
+        if self._reads_cache:  # the record's only reader: routers that never read it pay nothing
+            engine.prefixes.sent(sample.prompt_ids + sample.output_ids)  # a resume sends its tokens too
         engine.dispatched(
             sample.sample_id, len(sample.prompt_ids) + len(sample.output_ids), sample.remaining_tokens
         )
@@ -930,7 +931,8 @@ class RolloutManager:
                     return "client_abort"
                 if ended:
                     engine.consecutive_failures = 0  # the breaker's count: it served a whole sample
-                    engine.prefixes.sent(sample.prompt_ids + sample.output_ids)  # engines cache answers
+                    if self._reads_cache:
+                        engine.prefixes.sent(sample.prompt_ids + sample.output_ids)  # engines cache answers
                     return None
                 if self.journal is not None and self.journal.full:
                     await self.journal.room()  # a crash may lose no more than the journal's bound
