@@ -127,9 +127,11 @@ class ManagerClient:
             raise ManagerError(exc.code, message) from None
         except urllib.error.URLError as exc:
             if isinstance(exc.reason, TimeoutError):
-                raise ManagerUnreachable(f"the manager at {self.url} did not answer: {exc.reason}") from None
+                raise self._silent() from None
             refused = isinstance(exc.reason, ConnectionRefusedError)
             raise _Disconnected(exc.reason, sent=not refused) from None
+        except TimeoutError:  # sent, then no status line in time (urlopen lets this one through)
+            raise self._silent() from None
         except (http.client.HTTPException, ConnectionError) as exc:
             raise _Disconnected(exc or type(exc).__name__, sent=True) from None
 
@@ -137,8 +139,17 @@ class ManagerClient:
         with self._open(method, path, body) as response:
             try:
                 return response.read()
+            except TimeoutError:
+                raise self._silent() from None
             except (http.client.HTTPException, ConnectionError) as exc:
                 raise _Disconnected(exc or type(exc).__name__, sent=True) from None
+
+    def _silent(self) -> ManagerUnreachable:
+        """A manager that took the request and then said nothing for `timeout_s` (socket's own
+        TimeoutError says neither which server nor which limit)."""
+        return ManagerUnreachable(
+            f"the manager at {self.url} answered nothing within {self.timeout_s:g}s (timeout_s)"
+        )
 
     def submit(
         self, prompts: list[list[int]], n: int = 1, allow_off_policy: bool = False, **sampling_params: Any
@@ -354,6 +365,8 @@ class BatchHandle:
                                 raise ManagerError(410, sample["error"]["message"])
                             received += 1
                             yield sample
+            except TimeoutError:
+                raise self.client._silent() from None
             except (http.client.HTTPException, ConnectionError) as exc:
                 log.warning("the sample stream of batch %s broke (%s); opening it again", self.batch_id, exc)
             if received == self.num_samples:
