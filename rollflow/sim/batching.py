@@ -201,7 +201,7 @@ class ReplicaScheduler:
         if cohort is None:
             return 0
         running = self.running
-        if any(r.prefill_done for r in running):
+        if running and any(r.prefill_done for r in running):
             for request in running:
                 if request.prefill_done:
                     cohort.join(request)
