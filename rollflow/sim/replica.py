@@ -246,4 +246,4 @@ class Replica:
 
 
 def _run_seconds(pieces: list[tuple[int, float]]) -> float:
-    return sum(count * seconds for count, seconds in pieces)
+    return sum([count * seconds for count, seconds in pieces])
