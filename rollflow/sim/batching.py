@@ -201,7 +201,7 @@ class ReplicaScheduler:
         if cohort is None:
             return 0
         running = self.running
-        if any(r.prefill_done for r in running):
+        if running and any(r.prefill_done for r in running):
             for request in running:
                 if request.prefill_done:
                     cohort.join(request)
@@ -371,7 +371,11 @@ class SarathiScheduler(ReplicaScheduler):
     def _chunk(self, request: SimRequest, batch_tokens: int) -> int:
         if request.prefill_done:
             return 1
-        return max(0, min(request.num_prefill - request.processed, self.chunk_size - batch_tokens))
+        # max(0, min(left, budget)), without the calls: it runs once per prefill per iteration
+        left = request.num_prefill - request.processed
+        budget = self.chunk_size - batch_tokens
+        tokens = left if left < budget else budget
+        return tokens if tokens > 0 else 0
 
     def next_batch(self) -> Batch | None:
         requests: list[SimRequest] = []

@@ -113,6 +113,7 @@ class Batch:
         "decode_kv_sum",
         "decode_size",
         "end_time",
+        "last_stage_s",
         "num_iterations",
         "num_prefill_tokens",
         "num_tokens",
@@ -145,6 +146,7 @@ class Batch:
         self.scheduled_at = 0.0
         self.end_time = 0.0  # when the last stage finishes (set when the batch starts)
         self.stage_seconds: tuple[float, float] = (0.0, 0.0)  # (non-last stage, last stage)
+        self.last_stage_s = 0.0  # the last stage's time for the whole batch (every iteration of a run)
         self.attention_pairs = 0  # prefill (query, key) pairs of the first iteration, for MFU
         self.prefill_pair_growth = 0  # how much those pairs grow per iteration of a chunk run
         self.decode_size = 0  # decoding requests, cohort and explicit (set when timed)
