@@ -80,7 +80,8 @@ def test_pure_python_when_asked_or_not_built(monkeypatch):
     assert predictor.stage_seconds.__func__ is ExecutionTimePredictor.stage_seconds
 
 
-def test_a_pickled_predictor_binds_its_own_compiled_lookups():
+def test_a_pickled_predictor_binds_its_own_compiled_lookups(monkeypatch):
+    monkeypatch.delenv(PURE_PYTHON_ENV, raising=False)  # the compiled path, even in a pure-Python run
     predictor = build_groups(make_config())[0].predictor
     copy = pickle.loads(pickle.dumps(predictor))
     assert copy.compiled
