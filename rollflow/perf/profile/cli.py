@@ -63,7 +63,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "per-iteration times from the token streams, and write mlp.csv/attention.csv in Vidur's format: the "
         "whole iteration time per layer at each batch's token count (fixed per-iteration overhead included), "
         "and what a decode batch costs beyond its tokens as decode attention at its batch size and KV length. "
-        "Interrupted runs resume from OUT/profile_progress.jsonl.",
+        "Interrupted runs resume from OUT/profile_progress.jsonl; delete it to profile the engine anew.",
         epilog="example: rollflow profile engine --url http://127.0.0.1:30000 --kind builtin "
         "--model-config models/tiny/config.json --out outputs/profile/engine",
         formatter_class=argparse.RawDescriptionHelpFormatter,
