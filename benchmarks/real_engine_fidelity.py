@@ -33,12 +33,12 @@ from pathlib import Path
 import numpy as np
 
 from rollflow.perf.profile.hf_config import load_model_config, model_shape_section
+from rollflow.perf.profile.trace_replay import METRICS, load_trace, replay
 
 REPO = Path(__file__).resolve().parents[1]
 TRACE = REPO.parent / "shared" / "data" / "vidur" / "processed_traces" / "splitwise_conv.csv"
 MAX_NUM_SEQS = 16
 MAX_BATCHED_TOKENS = 256
-METRICS = ("ttft", "tpot", "e2e")
 MAX_PROMPT, MAX_DECODE = MAX_BATCHED_TOKENS, 64  # the trace's lengths clipped
 # Prompts of the profile's decoding requests: their 32 tokens decode at KV lengths up to the
 # replayed requests' longest (MAX_PROMPT + MAX_DECODE = 320).
@@ -82,50 +82,6 @@ def start_vllm(model: Path, work: Path) -> tuple[subprocess.Popen, str]:
             time.sleep(2)
     proc.kill()
     raise SystemExit("vLLM did not become healthy in 600 s")
-
-
-def load_trace(num_requests: int, max_prompt: int, max_decode: int) -> list[tuple[float, int, int]]:
-    with TRACE.open(newline="") as handle:
-        rows = list(csv.DictReader(handle))[:num_requests]
-    return [
-        (
-            float(r["arrived_at"]),
-            max(1, min(int(r["num_prefill_tokens"]), max_prompt)),
-            max(2, min(int(r["num_decode_tokens"]), max_decode)),
-        )
-        for r in rows
-    ]
-
-
-async def replay(url: str, requests: list[tuple[float, int, int]], salt: int) -> list[dict[str, float]]:
-    """Send `requests` at their arrival times; every replay's prompts are its own (a `salt` per
-    replay): a replay of the prompts vLLM computed before would find them in its prefix cache, which
-    the simulation does not model."""
-    from rollflow.perf.profile.engine import _prompt
-    from rollflow.runtime.engines.base import SamplingParams
-    from rollflow.runtime.engines.clients import make_client
-
-    client = make_client("vllm", url)
-    start = time.perf_counter() + 0.5
-
-    async def one(index: int, arrival: float, prompt: int, decode: int) -> dict[str, float]:
-        await asyncio.sleep(max(0.0, start + arrival - time.perf_counter()))
-        sent = time.perf_counter()
-        first = last = sent
-        count = 0
-        sampling = SamplingParams(max_new_tokens=decode, temperature=0.0, ignore_eos=True)
-        async for chunk in client.generate(f"fidelity-{index}", _prompt(prompt, salt + index), sampling):
-            now = time.perf_counter()
-            if chunk.token_ids and count == 0:
-                first = now
-            count += len(chunk.token_ids)
-            last = now
-        return {"ttft": first - sent, "tpot": (last - first) / max(count, 1), "e2e": last - sent}
-
-    try:
-        return await asyncio.gather(*(one(i, *r) for i, r in enumerate(requests)))
-    finally:
-        await client.close()
 
 
 def simulate(
@@ -186,7 +142,7 @@ def profile(url: str, model: Path, tables: Path) -> tuple[float, float, float]:
 def compare(name: str, url: str, model: Path, work: Path, args: argparse.Namespace) -> None:
     profile_s, round_trip_ms, iteration_s = profile(url, model, work / "tables")
     model_config = json.loads((model / "config.json").read_text())
-    base = load_trace(args.num_requests, max_prompt=MAX_PROMPT, max_decode=MAX_DECODE)
+    base = load_trace(TRACE, args.num_requests, max_prompt=MAX_PROMPT, max_decode=MAX_DECODE)
     mean_decode = float(np.mean([d for _, _, d in base]))
     capacity_qps = MAX_NUM_SEQS / iteration_s / mean_decode  # requests/s the decode batch sustains
     native_qps = (len(base) - 1) / (base[-1][0] - base[0][0])
@@ -200,10 +156,10 @@ def compare(name: str, url: str, model: Path, work: Path, args: argparse.Namespa
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for load in (float(x) for x in args.loads.split(",")):
         scale = native_qps / (load * capacity_qps)
-        requests = [((a - base[0][0]) * scale, p, d) for a, p, d in base]
+        requests = [(a * scale, p, d) for a, p, d in base]
         runs = []
         for _ in range(args.repeats):
-            rows_ = asyncio.run(replay(url, requests, salt=next(REPLAY_SALTS)))
+            rows_ = asyncio.run(replay("vllm", url, requests, salt=next(REPLAY_SALTS)))
             runs.append({m: np.array([r[m] for r in rows_]) for m in METRICS})
         load_dir = work / f"load{load}"
         load_dir.mkdir()

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import statistics
+
 import pytest
 
-from rollflow.perf.profile.engine import least_disturbed
+from rollflow.perf.profile.engine import EngineProbe, least_disturbed, measure_engine
+from rollflow.perf.profile.progress import PROGRESS_FILE
 from tests.perf.profiling import read_rows, run_rollflow, simulate_one_prompt, simulate_requests
 from tests.runtime.engines.processes import EngineProcess
 from tests.runtime.processes import free_port
@@ -78,6 +83,58 @@ def test_engine_profile_writes_tables_whose_simulation_gives_the_measured_times(
             assert decode[4, kv] > 0
         elif decode_4_ms < tokens_ms - 0.01:
             assert decode[4, kv] == 0
+
+
+def test_an_interrupted_engine_profile_resumes_keeping_what_it_measured(tiny, tmp_path):
+    engine = EngineProcess(tiny)
+    try:
+        probe = EngineProbe(
+            kind="builtin", url=engine.url, batch_sizes=(1, 4), prompt_lengths=(16, 128),
+            decode_prompt_lengths=(16,), decode_tokens=8, repeats=2,
+        )  # fmt: skip
+
+        def interrupt_after_three(done, total):
+            if done == 3:
+                raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            asyncio.run(measure_engine(probe, tmp_path, on_step=interrupt_after_three))
+        assert not (tmp_path / "mlp.csv").exists()
+        first = [json.loads(line) for line in (tmp_path / PROGRESS_FILE).read_text().splitlines()[1:]]
+        # round 0: decode batches 1 and 4, then the 16-token prompt
+        assert [record["point"] for record in first] == [
+            ["decode", 0, 1, 16], ["decode", 0, 4, 16], ["prefill", 0, 16],
+        ]  # fmt: skip
+        # a kill can leave half a line behind: it is measured again, not read as garbage
+        with (tmp_path / PROGRESS_FILE).open("a") as handle:
+            handle.write('{"point": ["prefill", 0, 128], "st')
+
+        args = [
+            "profile", "engine", "--url", engine.url, "--kind", "builtin", "--model-config", str(tiny),
+            "--out", str(tmp_path), "--batch-sizes", "1,4", "--prompt-lengths", "16,128",
+            "--decode-prompt-lengths", "16", "--decode-tokens", "8", "--repeats", "2",
+        ]  # fmt: skip
+        proc = run_rollflow(*args)
+        assert proc.returncode == 0, proc.stderr
+        assert "measured 5 of 8 request mixes" in proc.stdout
+        assert "(3 resumed from an earlier run)" in proc.stdout
+        records = [json.loads(line) for line in (tmp_path / PROGRESS_FILE).read_text().splitlines()[1:]]
+        assert records[:3] == first and len(records) == 8  # kept as measured, each mix once
+        rounds: dict[tuple[int, int], list[list[float]]] = {}
+        for record in records:
+            if record["point"][0] == "decode":
+                _, _, batch, prompt = record["point"]
+                rounds.setdefault((batch, prompt), []).append(record["stats"]["gaps"])
+        assert sorted(rounds) == [(1, 16), (4, 16)] and all(len(r) == 2 for r in rounds.values())
+        for batch, prompt in rounds:  # each row is the least disturbed of both runs' rounds
+            [line] = [x for x in proc.stdout.splitlines() if x.startswith(f"decode batch {batch}, KV ")]
+            best = least_disturbed(rounds[batch, prompt])
+            assert float(line.split()[5]) == pytest.approx(statistics.median(best) * 1e3, abs=0.006)
+
+        proc = run_rollflow(*args[:-1], "3")  # another number of rounds: another profile
+        assert proc.returncode == 2 and "holds a profile of another model or settings" in proc.stderr
+    finally:
+        engine.stop()
 
 
 def test_an_engine_that_is_not_there_is_a_one_line_error(tiny, tmp_path):

@@ -74,7 +74,8 @@ def test_a_single_simulated_batch_takes_the_profiled_time(profile, tmp_path):
 
 def test_an_interrupted_profile_resumes(tiny, tmp_path):
     from rollflow.perf.profile.hf_config import load_model_config
-    from rollflow.perf.profile.ops import PROGRESS_FILE, ProfileSettings, profile_ops
+    from rollflow.perf.profile.ops import ProfileSettings, profile_ops
+    from rollflow.perf.profile.progress import PROGRESS_FILE
 
     settings = ProfileSettings(
         device="cpu", dtype="float32", tensor_parallel=(1,), grid="small", block_size=16,

@@ -62,7 +62,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "size after each --decode-prompt-lengths prompt; single prompts at each --prompt-lengths length), read "
         "per-iteration times from the token streams, and write mlp.csv/attention.csv in Vidur's format: the "
         "whole iteration time per layer at each batch's token count (fixed per-iteration overhead included), "
-        "and what a decode batch costs beyond its tokens as decode attention at its batch size and KV length.",
+        "and what a decode batch costs beyond its tokens as decode attention at its batch size and KV length. "
+        "Interrupted runs resume from OUT/profile_progress.jsonl; delete it to profile the engine anew.",
         epilog="example: rollflow profile engine --url http://127.0.0.1:30000 --kind builtin "
         "--model-config models/tiny/config.json --out outputs/profile/engine",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -220,6 +221,7 @@ def _engine(args: argparse.Namespace, started_at: float) -> None:
         decode_tokens=args.decode_tokens,
         repeats=args.repeats,
     )
+    out = Path(args.out)
     console = Console(stderr=True)
     console.print(
         f"profiling the {args.kind} engine at {probe.url}: {len(probe.batch_sizes)} decode batches "
@@ -233,12 +235,11 @@ def _engine(args: argparse.Namespace, started_at: float) -> None:
         try:
             times = asyncio.run(
                 measure_engine(
-                    probe, on_step=lambda done, total: progress.update(task, completed=done, total=total)
+                    probe, out, on_step=lambda done, total: progress.update(task, completed=done, total=total)
                 )
             )
         except EngineError as exc:
             raise UserError(f"engine at {probe.url}: {exc}") from None
-    out = Path(args.out)
     write_engine_tables(out, model, times, args.block_size)
     for (batch, prompt), gaps in sorted(times.decode_s.items()):
         print(
@@ -252,4 +253,8 @@ def _engine(args: argparse.Namespace, started_at: float) -> None:
         f"request round trip {round_trip_ms:.2f} ms, taken out of the prefill times "
         f"(simulate it with execution.request_overhead_ms={round_trip_ms:.2f})"
     )
-    print(f"measured in {times.elapsed_s:.1f} s; wrote {out / 'mlp.csv'}, {out / 'attention.csv'}")
+    resumed = f" ({times.num_resumed} resumed from an earlier run)" if times.num_resumed else ""
+    print(
+        f"measured {times.num_steps - times.num_resumed} of {times.num_steps} request mixes in "
+        f"{times.elapsed_s:.1f} s{resumed}; wrote {out / 'mlp.csv'}, {out / 'attention.csv'}"
+    )

@@ -34,13 +34,15 @@ import itertools
 import random
 import statistics
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from rollflow.perf.profile.hf_config import ProfiledModel
 from rollflow.perf.profile.operators import ATTENTION_OPS, MLP_OPS
+from rollflow.perf.profile.progress import ProgressLog
 from rollflow.perf.profile.timing import STATS
 
 # The operator column that carries the engine's whole iteration time (per layer) in mlp.csv.
@@ -63,7 +65,9 @@ class EngineTimes:
     decode_s: dict[tuple[int, int], list[float]]  # (batch, prompt) -> steady gaps of its best round
     decode_kv: dict[tuple[int, int], float]  # (batch, prompt) -> mean KV length over those gaps
     prefill_s: dict[int, list[float]]  # prompt tokens -> [time to first token of its best round]
-    elapsed_s: float
+    elapsed_s: float  # measuring in this run
+    num_resumed: int  # rounds of mixes read back from an interrupted run's progress file
+    num_steps: int  # rounds of mixes in the profile
 
 
 def _prompt(num_tokens: int, salt: int) -> list[int]:
@@ -86,62 +90,74 @@ async def _stream_times(client, rid: str, prompt: list[int], num_tokens: int, st
     return times
 
 
-async def measure_engine(probe: EngineProbe, on_step=lambda done, total: None) -> EngineTimes:
+async def measure_engine(
+    probe: EngineProbe, out: Path, on_step: Callable[[int, int], None] = lambda done, total: None
+) -> EngineTimes:
     """Run the request mixes one after another (never overlapping), `repeats` rounds of every mix,
-    and keep each mix's least disturbed round (see `least_disturbed`)."""
+    and keep each mix's least disturbed round (see `least_disturbed`). Each round of a mix is kept in
+    `out`'s progress file as soon as it is measured, so an interrupted profile resumes from it."""
     from rollflow.runtime.engines.clients import make_client
 
-    client = make_client(probe.kind, probe.url)
     decode_mixes = list(itertools.product(probe.batch_sizes, probe.decode_prompt_lengths))
-    total = (len(decode_mixes) + len(probe.prompt_lengths)) * probe.repeats
-    # a new salt range per profile: a second profile of the same engine finds nothing cached
-    done, salt = 0, random.getrandbits(48)
+    steps = [
+        *(("decode", r, batch, prompt) for r in range(probe.repeats) for batch, prompt in decode_mixes),
+        *(("prefill", r, length) for r in range(probe.repeats) for length in probe.prompt_lengths),
+    ]
+    # rounds, not repeats in a row: a burst of other work on the machine then disturbs one round of
+    # several mixes rather than every round of one
+    steps.sort(key=lambda step: step[1])
+    out.mkdir(parents=True, exist_ok=True)
+    progress = ProgressLog(out, {"engine_probe": asdict(probe)})
+    resumed = sum(1 for step in steps if step in progress)
+    done = resumed
+    on_step(done, len(steps))
     started = time.perf_counter()
-    decode: dict[tuple[int, int], list[tuple[list[float], list[int]]]] = {}
-    prefill: dict[int, list[list[float]]] = {}
+    client = make_client(probe.kind, probe.url)
+    # a new salt range per run: a second profile of the same engine finds nothing cached
+    salt = random.getrandbits(48)
     try:
-        await _stream_times(client, "profile-warmup", _prompt(8, salt), 4, time.perf_counter())
-        # rounds, not repeats in a row: a burst of other work on the machine then disturbs one
-        # round of several mixes rather than every round of one
-        for _ in range(probe.repeats):
-            for batch, prompt in decode_mixes:
-                start = time.perf_counter()
-                streams = await asyncio.gather(
-                    *(
-                        _stream_times(
-                            client,
-                            f"profile-d{batch}-{salt}-{i}",
-                            _prompt(prompt, salt := salt + 1),
-                            probe.decode_tokens,
-                            start,
-                        )
-                        for i in range(batch)
-                    )
-                )
-                decode.setdefault((batch, prompt), []).append(_steady_gaps(streams, prompt))
+        with progress:
+            if resumed < len(steps):
+                await _stream_times(client, "profile-warmup", _prompt(8, salt), 4, time.perf_counter())
+            for step in steps:
+                if step in progress:
+                    continue
+                salt += max(probe.batch_sizes)  # past the previous step's prompts
+                progress.record(step, await _measure_step(client, probe, step, salt))
                 done += 1
-                on_step(done, total)
-            for length in probe.prompt_lengths:
-                start = time.perf_counter()
-                times = await _stream_times(
-                    client, f"profile-p{length}-{salt}", _prompt(length, salt := salt + 1), 1, start
-                )
-                prefill.setdefault(length, []).append([times[1] - times[0]])
-                done += 1
-                on_step(done, total)
+                on_step(done, len(steps))
     finally:
         await client.close()
-    decode_s, decode_kv = {}, {}
-    for mix, rounds in decode.items():
-        gaps = least_disturbed([round_gaps for round_gaps, _ in rounds])
-        [kvs] = [round_kvs for round_gaps, round_kvs in rounds if round_gaps is gaps]
-        decode_s[mix], decode_kv[mix] = gaps, statistics.fmean(kvs)
-    return EngineTimes(
-        decode_s,
-        decode_kv,
-        {length: least_disturbed(rounds) for length, rounds in prefill.items()},
-        time.perf_counter() - started,
+    decode_s, decode_kv, prefill_s = {}, {}, {}
+    for batch, prompt in decode_mixes:
+        rounds = [progress["decode", r, batch, prompt] for r in range(probe.repeats)]
+        best = least_disturbed([measured["gaps"] for measured in rounds])
+        [kvs] = [measured["kvs"] for measured in rounds if measured["gaps"] is best]
+        decode_s[batch, prompt], decode_kv[batch, prompt] = best, statistics.fmean(kvs)
+    for length in probe.prompt_lengths:
+        prefill_s[length] = least_disturbed([[progress["prefill", r, length]] for r in range(probe.repeats)])
+    return EngineTimes(decode_s, decode_kv, prefill_s, time.perf_counter() - started, resumed, len(steps))
+
+
+async def _measure_step(client, probe: EngineProbe, step: tuple, salt: int) -> dict | float:
+    """One round of one mix: B concurrent decodes ({gaps, kvs}), or one prompt's time to first token.
+    Its requests' prompts are seeded from salt, salt + 1, ..."""
+    start = time.perf_counter()
+    if step[0] == "prefill":
+        length = step[2]
+        times = await _stream_times(client, f"profile-p{length}-{salt}", _prompt(length, salt), 1, start)
+        return times[1] - times[0]
+    _, _, batch, prompt = step
+    streams = await asyncio.gather(
+        *(
+            _stream_times(
+                client, f"profile-d{batch}-{salt}-{i}", _prompt(prompt, salt + i), probe.decode_tokens, start
+            )
+            for i in range(batch)
+        )
     )
+    gaps, kvs = _steady_gaps(streams, prompt)
+    return {"gaps": gaps, "kvs": kvs}
 
 
 def least_disturbed(rounds: list[list[float]]) -> list[float]:
@@ -226,7 +242,12 @@ def write_engine_tables(out: Path, model: ProfiledModel, times: EngineTimes, blo
     for (batch, prompt), gaps in times.decode_s.items():
         tokens_ms = _token_cost(prefill_ms, batch)
         kv = round(times.decode_kv[batch, prompt])
-        decode_ms[batch, kv] = [max(gap * 1e3 / layers - tokens_ms, 0.0) for gap in gaps]
+        # the statistics, not each gap, are held at 0: the median row is then exactly the median
+        # gap's excess over the tokens (an even count's median of clamped gaps can exceed it)
+        excess = _stats([gap * 1e3 / layers - tokens_ms for gap in gaps])
+        decode_ms[batch, kv] = {
+            stat: value if stat == "std" else max(value, 0.0) for stat, value in excess.items()
+        }
     with (out / "mlp.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(
@@ -257,8 +278,8 @@ def write_engine_tables(out: Path, model: ProfiledModel, times: EngineTimes, blo
         zeros = [0.0] * len(STATS)
         blank = [""] * len(STATS)
         rows = [
-            (batch, 0, kv, [_stats(ms)[stat] for stat in STATS])
-            for (batch, kv), ms in sorted(decode_ms.items())
+            (batch, 0, kv, [stats[stat] for stat in STATS])
+            for (batch, kv), stats in sorted(decode_ms.items())
         ]
         rows += [(1, 1, 0, zeros), (1, max(prefill_ms), 0, zeros)]
         for batch, chunk, kv, values in rows:

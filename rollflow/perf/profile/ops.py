@@ -1,29 +1,25 @@
 """`rollflow profile ops`: time a model's operators over a grid and write Vidur-format tables.
 
-Every measurement is appended to `profile_progress.jsonl` in the output folder as soon as it is
-taken, under a header that records what is being profiled (model shape, device, dtype, grid,
-timing settings). A run that finds that file with the same header skips what it already holds,
-so an interrupted profile resumes; a different header is an error rather than a mixed table.
-The CSVs are written from the progress file once every point is measured.
+Every measurement is appended to the progress file (`progress.py`) as soon as it is taken, under a
+header that records what is being profiled (model shape, device, dtype, grid, timing settings), so
+an interrupted profile resumes. The CSVs are written from the progress file once every point is
+measured.
 """
 
 from __future__ import annotations
 
 import csv
-import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rollflow.errors import UserError
 from rollflow.perf.profile.grid import GridName, ProfileGrid, build_grid
 from rollflow.perf.profile.hf_config import ProfiledModel, check_tensor_parallel
 from rollflow.perf.profile.operators import ATTENTION_OPS, MLP_OPS, LayerShard
+from rollflow.perf.profile.progress import ProgressLog
 from rollflow.perf.profile.timing import STATS, time_call
-
-PROGRESS_FILE = "profile_progress.jsonl"
 
 
 @dataclass(frozen=True)
@@ -66,33 +62,27 @@ def profile_ops(
     points = [p for tp in settings.tensor_parallel for p in _points(grid, tp)]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    header = {"model": asdict(model), "settings": asdict(settings)}
-    done = _read_progress(out / PROGRESS_FILE, json.loads(json.dumps(header)))
-    resumed = sum(1 for p in points if _key(p) in done)
+    progress = ProgressLog(out, {"model": asdict(model), "settings": asdict(settings)})
+    resumed = sum(1 for p in points if p in progress)
     started = time.perf_counter()
     on_point(resumed, len(points))
     import torch
 
     dtype = getattr(torch, settings.dtype)
-    with (out / PROGRESS_FILE).open("a") as progress, torch.inference_mode():
-        if not done:
-            progress.write(json.dumps({"header": header}) + "\n")
+    with progress, torch.inference_mode():
         shards: dict[int, LayerShard] = {}
         count = resumed
         for point in points:
-            if _key(point) in done:
+            if point in progress:
                 continue
             tp = point[1]
             if tp not in shards:
                 shards = {tp: LayerShard(model, tp, settings.device, dtype)}
-            stats = _measure(shards[tp], point, settings)
-            done[_key(point)] = stats
-            progress.write(json.dumps({"point": list(point), "stats": stats}) + "\n")
-            progress.flush()
+            progress.record(point, _measure(shards[tp], point, settings))
             count += 1
             on_point(count, len(points))
     measured_s = time.perf_counter() - started
-    _write_tables(out, model, settings, points, done)
+    _write_tables(out, model, settings, points, progress)
     return ProfileResult(out, len(points), resumed, measured_s)
 
 
@@ -103,10 +93,6 @@ def _points(grid: ProfileGrid, tp: int) -> Iterator[Point]:
         yield ("decode", tp, b, s)
     for c, p in grid.prefill:
         yield ("prefill", tp, c, p)
-
-
-def _key(point: Point) -> str:
-    return json.dumps(list(point))
 
 
 def _measure(shard: LayerShard, point: Point, settings: ProfileSettings) -> dict[str, dict[str, float]]:
@@ -129,27 +115,6 @@ def _measure(shard: LayerShard, point: Point, settings: ProfileSettings) -> dict
     }
 
 
-def _read_progress(path: Path, header: dict) -> dict[str, dict]:
-    if not path.is_file():
-        return {}
-    done: dict[str, dict] = {}
-    with path.open() as handle:
-        for number, line in enumerate(handle):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                break  # a line cut short by the interruption: measure that point again
-            if number == 0:
-                if record.get("header") != header:
-                    raise UserError(
-                        f"{path} holds a profile of another model or settings; "
-                        "use another --out folder or delete that file to start over"
-                    )
-                continue
-            done[_key(tuple(record["point"]))] = record["stats"]
-    return done
-
-
 def _stat_columns(ops: tuple[str, ...]) -> list[str]:
     return [f"time_stats.{op}.{stat}" for op in ops for stat in STATS]
 
@@ -159,7 +124,7 @@ def _stat_values(stats: dict[str, dict[str, float]], ops: tuple[str, ...]) -> li
 
 
 def _write_tables(
-    out: Path, model: ProfiledModel, settings: ProfileSettings, points: list[Point], done: dict[str, dict]
+    out: Path, model: ProfiledModel, settings: ProfileSettings, points: list[Point], done: ProgressLog
 ) -> None:
     mlp_columns = [
         *_stat_columns(MLP_OPS),
@@ -194,7 +159,7 @@ def _write_tables(
         mlp.writerow(mlp_columns)
         attention.writerow(attention_columns)
         for point in points:
-            stats = done[_key(point)]
+            stats = done[point]
             kind, tp = point[0], point[1]
             if kind == "mlp":
                 mlp.writerow(

@@ -1,0 +1,69 @@
+"""Replay a Vidur-format trace against a running engine with real arrival times, and read each
+request's latencies from its stream: the real side of a simulated-against-real comparison
+(`benchmarks/real_engine_fidelity.py`, the vLLM tier's test).
+
+Latencies are measured as `rollflow sim serve` writes them to requests.csv: TTFT from sending to
+the first token, TPOT (last token - first token) / output tokens, E2E from sending to the last token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import time
+from pathlib import Path
+
+from rollflow.perf.profile.engine import _prompt
+
+METRICS = ("ttft", "tpot", "e2e")
+
+
+def load_trace(
+    path: Path, num_requests: int, max_prompt: int, max_decode: int
+) -> list[tuple[float, int, int]]:
+    """The first `num_requests` (arrival s, prompt tokens, output tokens) of a Vidur trace, arrivals
+    from 0, lengths clipped to [1, max_prompt] and [2, max_decode]."""
+    with path.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))[:num_requests]
+    first = float(rows[0]["arrived_at"])
+    return [
+        (
+            float(r["arrived_at"]) - first,
+            max(1, min(int(r["num_prefill_tokens"]), max_prompt)),
+            max(2, min(int(r["num_decode_tokens"]), max_decode)),
+        )
+        for r in rows
+    ]
+
+
+async def replay(
+    kind: str, url: str, requests: list[tuple[float, int, int]], salt: int
+) -> list[dict[str, float]]:
+    """Send `requests` at their arrival times (greedy, past EOS, so each makes its output length);
+    each request's latencies in METRICS. A replay's prompts are its own (seeded from `salt` + index):
+    a replay of prompts the engine computed before would find them in its prefix cache, which a
+    simulation without prefix caching does not model."""
+    from rollflow.runtime.engines.base import SamplingParams
+    from rollflow.runtime.engines.clients import make_client
+
+    client = make_client(kind, url)
+    start = time.perf_counter() + 0.5
+
+    async def one(index: int, arrival: float, prompt: int, decode: int) -> dict[str, float]:
+        await asyncio.sleep(max(0.0, start + arrival - time.perf_counter()))
+        sent = time.perf_counter()
+        first = last = sent
+        count = 0
+        sampling = SamplingParams(max_new_tokens=decode, temperature=0.0, ignore_eos=True)
+        async for chunk in client.generate(f"replay-{salt}-{index}", _prompt(prompt, salt + index), sampling):
+            now = time.perf_counter()
+            if chunk.token_ids and count == 0:
+                first = now
+            count += len(chunk.token_ids)
+            last = now
+        return {"ttft": first - sent, "tpot": (last - first) / max(count, 1), "e2e": last - sent}
+
+    try:
+        return await asyncio.gather(*(one(i, *r) for i, r in enumerate(requests)))
+    finally:
+        await client.close()
