@@ -1,11 +1,12 @@
 """The manager's journal: its state in SQLite (WAL mode), so a manager killed mid-batch restarts
 where it was, and the tokens its engines generated are not generated again.
 
-One writer thread owns the connection. The event loop hands it small operations (an SQL statement
-and its parameters) through a list under a lock, and the tokens engines stream as one entry per
-sample per round (a chunk that continues its sample's run extends that entry; a round is written as
-one row); it never waits on disk. The thread commits
-what has gathered every `journal_flush_interval_ms`, at once when more than `journal_max_unflushed_tokens`
+One writer thread owns the connection; the event loop never waits on disk, and pays per streamed
+chunk no more than a note of which sample grew. The loop notes what changed (the statements to run,
+the samples whose rows or tokens changed) on its own, without a lock, and hands it to the writer as
+one round every `journal_flush_interval_ms`; a round takes each noted sample's new tokens from the
+sample's own lists, as runs of its spans, and is written as one transaction with one row of tokens
+(logprobs packed as float64). A round is handed at once when more than `journal_max_unflushed_tokens`
 tokens wait (the manager's streams then pause until they are written, which bounds what a crash can
 lose), or when a caller needs what it is about to answer to be on disk first (`durable()`: a line
 of the sample stream, a micro-batch handed to a client that does not keep the record of its
@@ -30,18 +31,20 @@ import json
 import logging
 import operator
 import sqlite3
+import sys
 import threading
-import time
+from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rollflow.errors import UserError
-from rollflow.runtime.manager.samples import Sample
+from rollflow.runtime.manager.samples import Sample, SampleState
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Bumped whenever a table changes shape; a journal of another version is refused, never guessed at."""
 
 UNFINGERPRINTED_KEYS = frozenset(
@@ -66,7 +69,9 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS batches (batch_id TEXT PRIMARY KEY, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS samples (
     sample_id TEXT PRIMARY KEY, owner TEXT NOT NULL, body TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS token_log (id INTEGER PRIMARY KEY, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS token_log (
+    id INTEGER PRIMARY KEY, sample_ids TEXT NOT NULL, spans TEXT NOT NULL, starts BLOB NOT NULL,
+    counts BLOB NOT NULL, token_ids BLOB NOT NULL, logprobs BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS token_log_owners (log_id INTEGER NOT NULL, owner TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS token_log_owners_by_owner ON token_log_owners (owner);
 CREATE TABLE IF NOT EXISTS attempts (
@@ -182,10 +187,11 @@ def _read(conn: sqlite3.Connection, path: str, restarts: int) -> Snapshot:
         snapshot.batches[batch_id] = json.loads(body)
     for sample_id, body in conn.execute("SELECT sample_id, body FROM samples"):
         snapshot.samples[sample_id] = json.loads(body)
-    for (body,) in conn.execute("SELECT body FROM token_log ORDER BY id"):
-        for sample_id, start, attempt, engine_id, url, version, tokens, logprobs in json.loads(body):
-            chunk = Chunk(start, attempt, engine_id, url, version, tokens, logprobs)
-            snapshot.chunks.setdefault(sample_id, []).append(chunk)
+    spans: dict[str, list] = {}  # sample id -> the span its tokens run in: attempt, engine id, url, version
+    for row in conn.execute(
+        "SELECT sample_ids, spans, starts, counts, token_ids, logprobs FROM token_log ORDER BY id"
+    ):
+        _read_chunks(snapshot, spans, *row)
     for sample_id, rid, url in conn.execute("SELECT sample_id, rid, engine_url FROM attempts"):
         snapshot.attempts.append({"sample_id": sample_id, "rid": rid, "engine_url": url})
     for batch_id, _, groups in conn.execute(
@@ -203,6 +209,41 @@ def _read(conn: sqlite3.Connection, path: str, restarts: int) -> Snapshot:
     return snapshot
 
 
+def _read_chunks(
+    snapshot: Snapshot,
+    spans: dict[str, list],
+    sample_ids: str,
+    opened: str,
+    starts: bytes,
+    counts: bytes,
+    token_ids: bytes,
+    logprobs: bytes,
+) -> None:
+    """One row of the token log: its chunks in the order they came, each run of a sample's tokens one
+    `Chunk` (`spans`: sample id -> the span its tokens run in, from the chunk that opened it)."""
+    opened_at = {index: span for index, *span in json.loads(opened)}
+    token_ids, logprobs = _unpack("q", token_ids), _unpack("d", logprobs)
+    end = 0
+    for index, (sample_id, start, count) in enumerate(
+        zip(json.loads(sample_ids), _unpack("q", starts), _unpack("q", counts), strict=True)
+    ):
+        first, end = end, end + count
+        span = opened_at.get(index)
+        if span is not None:
+            spans[sample_id] = span
+        elif sample_id not in spans:
+            raise JournalRefused(
+                f"journal {snapshot.path}: sample {sample_id} has tokens of no span; move it away to start afresh"
+            )
+        runs = snapshot.chunks.setdefault(sample_id, [])
+        last = runs[-1] if runs else None
+        if span is None and last is not None and last.start + len(last.token_ids) == start:
+            last.token_ids += token_ids[first:end]
+            last.logprobs += logprobs[first:end]
+        else:
+            runs.append(Chunk(start, *spans[sample_id], token_ids[first:end], logprobs[first:end]))
+
+
 def owner(sample: Sample) -> str | None:
     """Whose rows a sample's are: its batch's, its session's (the running turn), or none (a single
     `/generate` request, whose caller's connection ends with the manager anyway)."""
@@ -211,30 +252,136 @@ def owner(sample: Sample) -> str | None:
     return f"{SESSION_OWNER}{sample.session_id}#{sample.seq}" if sample.session_id is not None else None
 
 
+@dataclass
+class _Round:
+    """What the loop hands the writer at once: all that changed since the last round, written in this
+    order (a compaction of an owner's rows ends its round, so it comes after all it should delete)."""
+
+    chunks: list[tuple]  # tokens as streamed: (sample id, start, number of tokens)
+    spans: list[tuple]  # the chunks that opened a span: (chunk index, attempt, engine id, url, version)
+    token_ids: list[int]  # the chunks' tokens, one chunk's after another
+    logprobs: list[float]  # and their logprobs
+    owners: set[str]  # the owners of the chunks' samples
+    rows: dict[str, tuple]  # sample id -> its row (`sample_values`), the latest
+    attempts: dict[str, tuple | None]  # sample id -> its attempt running (owner, rid, url); None: ended
+    ops: list[tuple[str, tuple]]  # other statements, in the order they were queued
+    num_tokens: int  # the chunks' tokens
+    waiters: list[asyncio.Future]  # durable() callers, answered once the round is committed
+
+    def __bool__(self) -> bool:
+        return bool(self.chunks or self.rows or self.attempts or self.ops or self.waiters)
+
+
+STATE_NAMES = {state: state.name.lower() for state in SampleState}
+
+# a round's rows of a table go in one statement, from one JSON array: the writer thread takes the GIL
+# back after every statement SQLite runs, and while the loop is busy each time costs it the switch
+# interval (5 ms), so a statement per row would hold a commit back for seconds
+SAMPLES_SQL = (
+    "INSERT OR REPLACE INTO samples SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), "
+    "json_extract(value, '$[2]') FROM json_each(?)"
+)
+ATTEMPTS_SQL = (
+    "INSERT OR REPLACE INTO attempts SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), "
+    "json_extract(value, '$[2]'), json_extract(value, '$[3]') FROM json_each(?)"
+)
+ATTEMPTS_ENDED_SQL = "DELETE FROM attempts WHERE sample_id IN (SELECT value FROM json_each(?))"
+OWNERS_SQL = "INSERT INTO token_log_owners SELECT ?, value FROM json_each(?)"
+
+
+def sample_values(sample: Sample, name: str | None, completed: int | None = None) -> tuple:
+    """A sample's row as plain values, taken on the loop (the writer turns it into JSON)."""
+    return (
+        sample.sample_id,
+        name,
+        sample.seq,
+        sample.group_index,
+        STATE_NAMES[sample.state],
+        sample.finish_reason,
+        sample.error,
+        sample.attempts,
+        sample.resumes,
+        sample.request_failures,
+        sample.regenerated_tokens,
+        completed,
+    )
+
+
+def _sample_row(values: tuple) -> list:
+    sample_id, name, *fields = values
+    return [sample_id, name, dict(zip(SAMPLE_FIELDS, fields, strict=True))]
+
+
+SAMPLE_FIELDS = (
+    "seq",
+    "group_index",
+    "state",
+    "finish_reason",
+    "error",
+    "attempts",
+    "resumes",
+    "request_failures",
+    "regenerated_tokens",
+    "completed",
+)
+
+
+def _pack(typecode: str, values: Iterable) -> bytes:
+    """Integers (int64) or logprobs (float64), little-endian: exact, and written without a Python step
+    per value (JSON's numbers cost some 5 to 30 times more)."""
+    packed = array(typecode, values)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def _unpack(typecode: str, data: bytes) -> list:
+    """What `_pack` wrote, as a list."""
+    values = array(typecode)
+    values.frombytes(data)
+    if sys.byteorder == "big":
+        values.byteswap()
+    return values.tolist()
+
+
 class Journal:
-    """The loop's side of the writer: every method only queues (a few microseconds), except `durable`
-    and `room`, which await the writer without blocking the loop."""
+    """The loop's side of the writer. Its methods run on the event loop and only note what changed: no
+    lock, no disk, and for a streamed chunk not even a copy of its tokens. `durable` and `room` await
+    the writer without blocking the loop."""
 
     def __init__(self, conn: sqlite3.Connection, flush_interval_ms: int, max_unflushed_tokens: int) -> None:
         self._conn = conn
         self._interval_s = flush_interval_ms / 1000
         self.max_unflushed_tokens = max_unflushed_tokens
-        self._mutex = threading.Lock()  # taken per streamed chunk: the C lock, not the Condition's wrapper
-        self._lock = threading.Condition(self._mutex)
-        self._ops: list[tuple[str, tuple]] = []
-        # tokens as the engines stream them: (owner, [sample id, start, attempt, engine id, engine
-        # url, weight version, token ids, logprobs]), one entry per sample and round while its chunks
-        # run on (`_open`: sample id -> its entry of this round), written as one row per flush
-        self._chunks: list[tuple[str, list]] = []
-        self._open: dict[str, list] = {}
-        self._urgent = False
-        self._closing = False
-        self._waiters: list[asyncio.Future] = []  # durable() callers of ops queued so far
-        self.unflushed_tokens = 0  # tokens queued or being written (loop side)
+        # a round is handed once half the bound has gathered, so that the bound itself (the streams'
+        # pause) is reached only when the writer falls behind, not while a round waits for its time
+        self._round_tokens = max(1, max_unflushed_tokens // 2)
+        self._received = 0  # tokens noted (loop)
+        self._written = 0  # tokens committed (writer thread: the loop sees a commit at once)
+        self._room = asyncio.Event()  # set while the streams may read on (see room())
+        self._room.set()
         self.num_commits = 0
+        # noted on the loop since the last round (the loop's alone)
+        self._chunks: list[tuple] = []  # see _Round: no list in them, so they cost the GC nothing
+        self._spans: list[tuple] = []
+        self._token_ids: list[int] = []
+        self._logprobs: list[float] = []
+        self._owners: set[str] = set()
+        self._rows: dict[str, tuple] = {}
+        self._attempts: dict[str, tuple | None] = {}
+        self._ops: list[tuple[str, tuple]] = []
+        self._num_tokens = 0
+        self._waiters: list[asyncio.Future] = []
+        self._next_round: asyncio.TimerHandle | asyncio.Handle | None = None
+        self._soon = False  # the next round is due at once (a bound, a durable()), not at the interval
+        # handed to the writer, under the lock (once per round)
+        self._lock = threading.Condition()
+        self._rounds: list[_Round] = []
+        self._wake = False
+        self._closing = False
+        self._failed: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._failed: BaseException | None = None
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -245,6 +392,10 @@ class Journal:
         """Write what is queued and close the file."""
         if self._thread is None:
             return
+        if self._next_round is not None:
+            self._next_round.cancel()
+            self._next_round = None
+        self._hand(self._take())
         with self._lock:
             self._closing = True
             self._lock.notify()
@@ -252,28 +403,34 @@ class Journal:
         self._thread = None
         self._conn.close()
 
-    # ------------------------------------------------------------------ queueing (loop thread)
+    # ------------------------------------------------------------------ noting (loop thread)
 
     def _put(self, *ops: tuple[str, tuple]) -> None:
         if self._failed is not None:
             return  # the writer stopped (logged when it did); the manager serves on without a journal
-        with self._lock:
-            self._ops.extend(ops)
+        self._ops.extend(ops)
+        if self._next_round is None:
+            self._arm()
 
     def put(self, sql: str, params: tuple = ()) -> None:
         self._put((sql, params))
 
     @property
+    def unflushed_tokens(self) -> int:
+        """Tokens received and not yet committed: what a crash now would lose."""
+        return self._received - self._written
+
+    @property
     def full(self) -> bool:
         """More tokens than the bound wait to be written: streams should `await room()`."""
-        return self.unflushed_tokens >= self.max_unflushed_tokens
+        return self._received - self._written >= self.max_unflushed_tokens and self._failed is None
 
     # ------------------------------------------------------------------ the manager's events
 
     def batch_submitted(self, batch_id: str, submission: dict, samples: list[Sample]) -> None:
-        ops = [("INSERT OR REPLACE INTO batches VALUES (?, ?)", (batch_id, json.dumps(submission)))]
-        ops += [self.sample_row(sample) for sample in samples]
-        self._put(*ops)
+        self.put("INSERT OR REPLACE INTO batches VALUES (?, ?)", (batch_id, json.dumps(submission)))
+        for sample in samples:
+            self.sample_changed(sample)
 
     def batch_offloaded(self, batch_id: str) -> None:
         self.put(
@@ -284,7 +441,13 @@ class Journal:
     def batch_gone(self, batch_id: str) -> None:
         """Compaction: a delivered or deleted batch leaves nothing behind."""
         ops = [(f"DELETE FROM {table} WHERE batch_id = ?", (batch_id,)) for table in BATCH_TABLES]
-        self._put(*ops, *self._owner_gone(batch_id))
+        self._compact(*ops, *self._owner_gone(batch_id))
+
+    def _compact(self, *ops: tuple[str, tuple]) -> None:
+        """Deletes of an owner's rows end their round: what was noted before them is written before them
+        (and deleted), what comes after them (a batch id submitted again) after them."""
+        self._put(*ops)
+        self._hand(self._take(), wake=False)  # the round's timer, still armed, wakes the writer
 
     @staticmethod
     def _owner_gone(name: str) -> list[tuple[str, tuple]]:
@@ -292,94 +455,62 @@ class Journal:
         ops.append(("DELETE FROM token_log WHERE id NOT IN (SELECT log_id FROM token_log_owners)", ()))
         return ops
 
-    @staticmethod
-    def sample_row(sample: Sample, completed: int | None = None) -> tuple[str, tuple]:
-        body = {
-            "seq": sample.seq,
-            "group_index": sample.group_index,
-            "state": sample.state.name.lower(),
-            "finish_reason": sample.finish_reason,
-            "error": sample.error,
-            "attempts": sample.attempts,
-            "resumes": sample.resumes,
-            "request_failures": sample.request_failures,
-            "regenerated_tokens": sample.regenerated_tokens,
-            "completed": completed,
-        }
-        return "INSERT OR REPLACE INTO samples VALUES (?, ?, ?)", (
-            sample.sample_id,
-            owner(sample),
-            json.dumps(body),
-        )
-
     def sample_changed(self, sample: Sample, completed: int | None = None) -> None:
-        if owner(sample) is None:
-            return
-        self._put(self.sample_row(sample, completed))
-
-    def tokens(self, sample: Sample, start: int, engine_id: int, engine_url: str, ended: bool) -> None:
-        """The tokens `sample` holds from `start` on, just recorded; `ended`: the attempt ends with them
-        (the sample's finish reason goes in the same transaction, so a restart never resumes a sample
-        that had finished). Called for every chunk every engine streams: it only appends."""
+        """Its row is written as it is at the next round (the latest change of a round wins)."""
         name = owner(sample)
         if name is None or self._failed is not None:
             return
-        num_tokens = len(sample.output_ids) - start
-        if num_tokens:
-            version = sample.spans[-1].weight_version
-            with self._mutex:  # not while the writer takes this round's entries
-                entry = self._open.get(sample.sample_id)
-                if (
-                    entry is not None
-                    and entry[1] + len(entry[6]) == start
-                    and entry[2] == sample.attempts
-                    and entry[3] == engine_id
-                    and entry[5] == version
-                ):  # the same run of tokens: one entry (and one span) however many chunks it took
-                    entry[6] += sample.output_ids[start:]
-                    entry[7] += sample.output_logprobs[start:]
-                else:
-                    entry = [
-                        sample.sample_id,
-                        start,
-                        sample.attempts,
-                        engine_id,
-                        engine_url,
-                        version,
-                        sample.output_ids[start:],
-                        sample.output_logprobs[start:],
-                    ]
-                    self._open[sample.sample_id] = entry
-                    self._chunks.append((name, entry))
-            self.unflushed_tokens += num_tokens
-            if self.full and not self._urgent:
-                with self._lock:
-                    self._urgent = True
-                    self._lock.notify()
-        if ended or not num_tokens:
-            self._put(self.sample_row(sample))  # after its tokens, so in their transaction or a later one
+        self._rows[sample.sample_id] = sample_values(sample, name, completed)
+        if self._next_round is None:
+            self._arm()
+
+    def tokens(self, sample: Sample, token_ids: list[int], logprobs: list[float], ended: bool) -> None:
+        """`sample` just recorded these tokens; `ended`: its attempt ends with them (its finish reason
+        goes in their round, so a restart never resumes a sample that had finished). Called for every
+        chunk every engine streams: it only appends, and the writer packs the round's chunks at once."""
+        name = sample.batch_id
+        if name is None:
+            name = owner(sample)
+            if name is None:
+                return  # a single /generate request
+        if token_ids:
+            num_tokens = len(token_ids)
+            start = len(sample.output_ids) - num_tokens
+            span = sample.spans[-1]
+            if span.start == start:  # the chunk opened a span: the rest of it runs in the same
+                self._spans.append(
+                    (len(self._chunks), span.attempt, span.engine_id, span.engine_url, span.weight_version)
+                )
+            self._chunks.append((sample.sample_id, start, num_tokens))
+            self._token_ids += token_ids
+            self._logprobs += logprobs
+            self._owners.add(name)
+            self._num_tokens += num_tokens
+            self._received += num_tokens
+        if ended:
+            self.sample_changed(sample)
+        if self._num_tokens >= self._round_tokens:
+            self._end_round()
+        elif self._next_round is None:
+            self._arm()
 
     def output_discarded(self, sample: Sample) -> None:
-        if owner(sample) is None:
-            return
         # the token log is append-only: the sample's next tokens, from 0 again, replace these at restore
-        self._put(self.sample_row(sample))
+        self.sample_changed(sample)
 
     def attempt_started(self, sample: Sample, rid: str, engine_url: str) -> None:
-        if owner(sample) is None:
+        name = owner(sample)
+        if name is None:
             return
-        self._put(
-            (
-                "INSERT OR REPLACE INTO attempts VALUES (?, ?, ?, ?)",
-                (sample.sample_id, owner(sample), rid, engine_url),
-            ),
-            self.sample_row(sample),
-        )
+        self._attempts[sample.sample_id] = (name, rid, engine_url)
+        self.sample_changed(sample)
 
     def attempt_ended(self, sample: Sample) -> None:
-        if owner(sample) is None:
+        if owner(sample) is None or self._failed is not None:
             return
-        self.put("DELETE FROM attempts WHERE sample_id = ?", (sample.sample_id,))
+        self._attempts[sample.sample_id] = None
+        if self._next_round is None:
+            self._arm()
 
     def handed_out(self, batch_id: str, index: int, group_indexes: list[int]) -> None:
         self.put(
@@ -395,10 +526,9 @@ class Journal:
     def session_changed(self, session_id: str, row: dict, running: Sample | None = None) -> None:
         """A session opened, closed, or starting a turn (`running`: the turn's sample, journaled as a
         batch's sample is from here on)."""
-        ops = [("INSERT OR REPLACE INTO sessions VALUES (?, ?)", (session_id, json.dumps(row)))]
+        self.put("INSERT OR REPLACE INTO sessions VALUES (?, ?)", (session_id, json.dumps(row)))
         if running is not None:
-            ops.append(self.sample_row(running))
-        self._put(*ops)
+            self.sample_changed(running)
 
     def turn_ended(
         self, session_id: str, row: dict, sample: Sample, index: int | None = None, turn: dict | None = None
@@ -413,7 +543,7 @@ class Journal:
                     (session_id, index, json.dumps(turn)),
                 )
             )
-        self._put(*ops, *self._owner_gone(owner(sample)))
+        self._compact(*ops, *self._owner_gone(owner(sample)))
 
     def session_forgotten(self, session_id: str) -> None:
         """A closed session dropped from the manager's memory: from the journal too."""
@@ -426,90 +556,147 @@ class Journal:
         self.put("INSERT OR REPLACE INTO state VALUES (?, ?)", (key, json.dumps(value)))
 
     async def durable(self) -> None:
-        """Return once everything queued so far is committed."""
-        waiter = asyncio.get_running_loop().create_future()
-        with self._lock:
-            if self._thread is None or self._failed is not None:
-                return
-            # a round of its own even when nothing is queued: ops taken by a commit still running
-            # are durable only once that commit ends, and rounds run one after another
-            self._waiters.append(waiter)
-            self._urgent = True
-            self._lock.notify()
+        """Return once everything noted so far is committed."""
+        if self._thread is None or self._failed is not None:
+            return
+        # a round of its own even when nothing is noted: what the writer is committing now is durable
+        # only once that commit ends, and rounds are committed one after another
+        waiter = self._loop.create_future()
+        self._waiters.append(waiter)
+        self._round_soon()
         await waiter
 
     def flush_soon(self) -> None:
         """Start a round now, not waiting for it: for what should reach the disk before the next
         interval though no caller waits on it (a turn cancelled by its caller's going away)."""
-        with self._lock:
-            self._urgent = True
-            self._lock.notify()
+        self._round_soon()
 
     async def room(self) -> None:
-        """Wait while more tokens than the bound are unwritten: the streams' back-pressure."""
-        while (
-            self.unflushed_tokens >= self.max_unflushed_tokens
-            and self._thread is not None
-            and not self._failed
-        ):
-            await self.durable()
+        """Wait while more tokens than the bound are unwritten: the streams' back-pressure (all of
+        them wait on one event, set by the commit that makes room)."""
+        while self.full and self._thread is not None:
+            if self._room.is_set():
+                self._room.clear()
+                self._end_round()  # what waits goes now, not at the interval
+            await self._room.wait()
+
+    # ------------------------------------------------------------------ rounds (loop thread)
+
+    def _arm(self) -> None:
+        self._next_round = self._loop.call_later(self._interval_s, self._end_round)
+
+    def _round_soon(self) -> None:
+        if self._soon:
+            return  # callers in one pass of the loop share a round
+        if self._next_round is not None:
+            self._next_round.cancel()
+        self._next_round = self._loop.call_soon(self._end_round)
+        self._soon = True
+
+    def _end_round(self) -> None:
+        if self._next_round is not None:
+            self._next_round.cancel()  # (a no-op when it is what runs this)
+            self._next_round = None
+        self._soon = False
+        self._hand(self._take())
+
+    def _take(self) -> _Round:
+        """What was noted since the last round, as a round; the loop starts noting afresh."""
+        taken = _Round(
+            self._chunks,
+            self._spans,
+            self._token_ids,
+            self._logprobs,
+            self._owners,
+            self._rows,
+            self._attempts,
+            self._ops,
+            self._num_tokens,
+            self._waiters,
+        )
+        self._chunks, self._spans, self._token_ids, self._logprobs, self._owners = [], [], [], [], set()
+        self._rows, self._attempts, self._ops, self._num_tokens, self._waiters = {}, {}, [], 0, []
+        return taken
+
+    def _hand(self, taken: _Round, wake: bool = True) -> None:
+        with self._lock:
+            failed = self._failed is not None
+            if not failed:
+                if taken:
+                    self._rounds.append(taken)
+                if wake and self._rounds:
+                    self._wake = True
+                    self._lock.notify()
+        if failed:  # nothing will commit it: its waiters go on without
+            self._committed([taken])
+
+    def _committed(self, rounds: list[_Round]) -> None:
+        for done in rounds:
+            for waiter in done.waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+        if not self._room.is_set() and not self.full:
+            self._room.set()
 
     # ------------------------------------------------------------------ writing (writer thread)
 
     def _write_forever(self) -> None:
         while True:
             with self._lock:
-                # a round every interval, sooner when woken for a bound or a durable() (queueing an
-                # op wakes no one: a wake-up per flush would cost the loop more than the op itself)
-                deadline = time.monotonic() + self._interval_s
-                while not self._urgent and not self._closing and (left := deadline - time.monotonic()) > 0:
-                    self._lock.wait(left)
-                ops, self._ops = self._ops, []
-                # after the ops: every chunk appended before an op (its sample's end) is in this round
-                chunks, self._chunks = self._chunks, []
-                self._open = {}
-                waiters, self._waiters = self._waiters, []
-                self._urgent = False
+                while not self._wake and not self._closing:
+                    self._lock.wait()
+                rounds, self._rounds = self._rounds, []
+                self._wake = False
                 closing = self._closing
-            tokens = sum(len(entry[6]) for _, entry in chunks)
-            if not ops and not chunks and not waiters and not closing:
-                continue
-            if ops or chunks:
-                try:
-                    self._commit(ops, chunks)
-                except Exception as exc:  # a full disk, a file removed: logged, then journaling stops
-                    log.exception("journal write failed; the manager goes on without it")
-                    with self._lock:
-                        self._failed = exc
-                        waiters += self._waiters
-                    self._loop.call_soon_threadsafe(self._committed, tokens, waiters)
-                    return
-            self._loop.call_soon_threadsafe(self._committed, tokens, waiters)
-            if closing:
+            try:
+                self._commit(rounds)
+            except Exception as exc:  # a full disk, a file removed: logged, then journaling stops
+                log.exception("journal write failed; the manager goes on without it")
                 with self._lock:
-                    if not self._ops:
-                        return
+                    self._failed = exc
+                    rounds += self._rounds
+                    self._rounds = []
+                self._loop.call_soon_threadsafe(self._committed, rounds)
+                return
+            self._loop.call_soon_threadsafe(self._committed, rounds)
+            if closing:
+                return
 
-    def _commit(self, ops: list[tuple[str, tuple]], chunks: list[tuple[str, list]]) -> None:
+    def _commit(self, rounds: list[_Round]) -> None:
+        """All rounds handed since the last commit, in one transaction, each in its own order."""
+        if not any(r.chunks or r.rows or r.attempts or r.ops for r in rounds):
+            return
         conn = self._conn
         conn.execute("BEGIN")
-        if chunks:  # first: an owner compacted by this round's ops takes its tokens with it
-            log_id = conn.execute(
-                "INSERT INTO token_log (body) VALUES (?)", (json.dumps([entry for _, entry in chunks]),)
-            ).lastrowid
-            owners = {name for name, _ in chunks}
-            conn.executemany(
-                "INSERT INTO token_log_owners VALUES (?, ?)", [(log_id, name) for name in owners]
-            )
-        # a run of the same statement (the sample rows of a round, mostly) is one executemany: in
-        # order, so the same as one by one, with one call from Python instead of one per row
-        for sql, run in itertools.groupby(ops, key=operator.itemgetter(0)):
-            conn.executemany(sql, [params for _, params in run])
+        for taken in rounds:
+            if taken.chunks:  # first: a compaction of the round takes its owner's tokens with it
+                sample_ids, starts, counts = zip(*taken.chunks, strict=True)
+                log_id = conn.execute(
+                    "INSERT INTO token_log (sample_ids, spans, starts, counts, token_ids, logprobs) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        json.dumps(sample_ids),
+                        json.dumps(taken.spans),
+                        _pack("q", starts),
+                        _pack("q", counts),
+                        _pack("q", taken.token_ids),
+                        _pack("d", taken.logprobs),
+                    ),
+                ).lastrowid
+                conn.execute(OWNERS_SQL, (log_id, json.dumps(list(taken.owners))))
+            if taken.rows:
+                conn.execute(
+                    SAMPLES_SQL, (json.dumps([_sample_row(values) for values in taken.rows.values()]),)
+                )
+            started = [[sample_id, *attempt] for sample_id, attempt in taken.attempts.items() if attempt]
+            if started:
+                conn.execute(ATTEMPTS_SQL, (json.dumps(started),))
+            ended = [sample_id for sample_id, attempt in taken.attempts.items() if attempt is None]
+            if ended:
+                conn.execute(ATTEMPTS_ENDED_SQL, (json.dumps(ended),))
+            # a run of the same statement is one executemany: in order, so the same as one by one
+            for sql, run in itertools.groupby(taken.ops, key=operator.itemgetter(0)):
+                conn.executemany(sql, [params for _, params in run])
         conn.execute("COMMIT")
+        self._written += sum(taken.num_tokens for taken in rounds)
         self.num_commits += 1
-
-    def _committed(self, tokens: int, waiters: list[asyncio.Future]) -> None:
-        self.unflushed_tokens -= tokens
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
