@@ -257,7 +257,10 @@ class _Round:
     """What the loop hands the writer at once: all that changed since the last round, written in this
     order (a compaction of an owner's rows ends its round, so it comes after all it should delete)."""
 
-    chunks: list[tuple]  # tokens as streamed: (sample id, start, number of tokens)
+    # tokens as streamed, a chunk at a time, in flat lists: no object per chunk for the GC to chase
+    sample_ids: list[str]  # each chunk's sample
+    starts: array  # where in its sample's output the chunk starts
+    counts: array  # its number of tokens
     spans: list[tuple]  # the chunks that opened a span: (chunk index, attempt, engine id, url, version)
     token_ids: list[int]  # the chunks' tokens, one chunk's after another
     logprobs: list[float]  # and their logprobs
@@ -269,7 +272,7 @@ class _Round:
     waiters: list[asyncio.Future]  # durable() callers, answered once the round is committed
 
     def __bool__(self) -> bool:
-        return bool(self.chunks or self.rows or self.attempts or self.ops or self.waiters)
+        return bool(self.sample_ids or self.rows or self.attempts or self.ops or self.waiters)
 
 
 STATE_NAMES = {state: state.name.lower() for state in SampleState}
@@ -362,7 +365,9 @@ class Journal:
         self._room.set()
         self.num_commits = 0
         # noted on the loop since the last round (the loop's alone)
-        self._chunks: list[tuple] = []  # see _Round: no list in them, so they cost the GC nothing
+        self._sample_ids: list[str] = []  # the chunks, as in _Round
+        self._starts = array("q")
+        self._counts = array("q")
         self._spans: list[tuple] = []
         self._token_ids: list[int] = []
         self._logprobs: list[float] = []
@@ -479,9 +484,17 @@ class Journal:
             span = sample.spans[-1]
             if span.start == start:  # the chunk opened a span: the rest of it runs in the same
                 self._spans.append(
-                    (len(self._chunks), span.attempt, span.engine_id, span.engine_url, span.weight_version)
+                    (
+                        len(self._sample_ids),
+                        span.attempt,
+                        span.engine_id,
+                        span.engine_url,
+                        span.weight_version,
+                    )
                 )
-            self._chunks.append((sample.sample_id, start, num_tokens))
+            self._sample_ids.append(sample.sample_id)
+            self._starts.append(start)
+            self._counts.append(num_tokens)
             self._token_ids += token_ids
             self._logprobs += logprobs
             self._owners.add(name)
@@ -603,7 +616,9 @@ class Journal:
     def _take(self) -> _Round:
         """What was noted since the last round, as a round; the loop starts noting afresh."""
         taken = _Round(
-            self._chunks,
+            self._sample_ids,
+            self._starts,
+            self._counts,
             self._spans,
             self._token_ids,
             self._logprobs,
@@ -614,7 +629,8 @@ class Journal:
             self._num_tokens,
             self._waiters,
         )
-        self._chunks, self._spans, self._token_ids, self._logprobs, self._owners = [], [], [], [], set()
+        self._sample_ids, self._starts, self._counts, self._spans = [], array("q"), array("q"), []
+        self._token_ids, self._logprobs, self._owners = [], [], set()
         self._rows, self._attempts, self._ops, self._num_tokens, self._waiters = {}, {}, [], 0, []
         return taken
 
@@ -664,21 +680,20 @@ class Journal:
 
     def _commit(self, rounds: list[_Round]) -> None:
         """All rounds handed since the last commit, in one transaction, each in its own order."""
-        if not any(r.chunks or r.rows or r.attempts or r.ops for r in rounds):
+        if not any(r.sample_ids or r.rows or r.attempts or r.ops for r in rounds):
             return
         conn = self._conn
         conn.execute("BEGIN")
         for taken in rounds:
-            if taken.chunks:  # first: a compaction of the round takes its owner's tokens with it
-                sample_ids, starts, counts = zip(*taken.chunks, strict=True)
+            if taken.sample_ids:  # first: a compaction of the round takes its owner's tokens with it
                 log_id = conn.execute(
                     "INSERT INTO token_log (sample_ids, spans, starts, counts, token_ids, logprobs) "
                     "VALUES (?, ?, ?, ?, ?, ?)",
                     (
-                        json.dumps(sample_ids),
+                        json.dumps(taken.sample_ids),
                         json.dumps(taken.spans),
-                        _pack("q", starts),
-                        _pack("q", counts),
+                        _pack("q", taken.starts),
+                        _pack("q", taken.counts),
                         _pack("q", taken.token_ids),
                         _pack("d", taken.logprobs),
                     ),
