@@ -280,9 +280,23 @@ STATE_NAMES = {state: state.name.lower() for state in SampleState}
 # a round's rows of a table go in one statement, from one JSON array: the writer thread takes the GIL
 # back after every statement SQLite runs, and while the loop is busy each time costs it the switch
 # interval (5 ms), so a statement per row would hold a commit back for seconds
-SAMPLES_SQL = (
+SAMPLE_FIELDS = (
+    "seq",
+    "group_index",
+    "state",
+    "finish_reason",
+    "error",
+    "attempts",
+    "resumes",
+    "request_failures",
+    "regenerated_tokens",
+    "completed",
+)
+SAMPLES_SQL = (  # rows as JSON arrays (`sample_values`); SQLite makes each body an object
     "INSERT OR REPLACE INTO samples SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), "
-    "json_extract(value, '$[2]') FROM json_each(?)"
+    "json_object("
+    + ", ".join(f"'{name}', json_extract(value, '$[{index}]')" for index, name in enumerate(SAMPLE_FIELDS, 2))
+    + ") FROM json_each(?)"
 )
 ATTEMPTS_SQL = (
     "INSERT OR REPLACE INTO attempts SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), "
@@ -308,25 +322,6 @@ def sample_values(sample: Sample, name: str | None, completed: int | None = None
         sample.regenerated_tokens,
         completed,
     )
-
-
-def _sample_row(values: tuple) -> list:
-    sample_id, name, *fields = values
-    return [sample_id, name, dict(zip(SAMPLE_FIELDS, fields, strict=True))]
-
-
-SAMPLE_FIELDS = (
-    "seq",
-    "group_index",
-    "state",
-    "finish_reason",
-    "error",
-    "attempts",
-    "resumes",
-    "request_failures",
-    "regenerated_tokens",
-    "completed",
-)
 
 
 def _pack(typecode: str, values: Iterable) -> bytes:
@@ -700,9 +695,7 @@ class Journal:
                 ).lastrowid
                 conn.execute(OWNERS_SQL, (log_id, json.dumps(list(taken.owners))))
             if taken.rows:
-                conn.execute(
-                    SAMPLES_SQL, (json.dumps([_sample_row(values) for values in taken.rows.values()]),)
-                )
+                conn.execute(SAMPLES_SQL, (json.dumps(list(taken.rows.values())),))
             started = [[sample_id, *attempt] for sample_id, attempt in taken.attempts.items() if attempt]
             if started:
                 conn.execute(ATTEMPTS_SQL, (json.dumps(started),))
