@@ -11,7 +11,8 @@ import pytest
 from rollflow.config import ConfigError, load_config
 from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.config import ManagerConfig
-from rollflow.runtime.manager.journal import SCHEMA_VERSION, Journal, JournalRefused, open_journal
+from rollflow.runtime.manager.journal import Journal
+from rollflow.runtime.manager.journal_file import SCHEMA_VERSION, JournalRefused, open_journal
 from rollflow.runtime.manager.samples import Sample
 
 CONFIG = ManagerConfig().model_dump(mode="json")
