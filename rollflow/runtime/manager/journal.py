@@ -77,7 +77,7 @@ STATE_NAMES = {state: state.name.lower() for state in SampleState}
 
 # a round's rows of a table go in one statement, from one JSON array: the writer thread takes the GIL
 # back after every statement SQLite runs, and while the loop is busy each time costs it the switch
-# interval (5 ms), so a statement per row would hold a commit back for seconds
+# interval (5 ms): with a statement per row a commit took tens of milliseconds
 SAMPLE_FIELDS = (
     "seq",
     "group_index",
@@ -105,7 +105,7 @@ OWNERS_SQL = "INSERT INTO token_log_owners SELECT ?, value FROM json_each(?)"
 
 
 def sample_values(sample: Sample, name: str | None, completed: int | None = None) -> tuple:
-    """A sample's row as plain values, taken on the loop (the writer turns it into JSON)."""
+    """A sample's row as plain values, taken on the loop (sent as JSON; SQLite makes the body)."""
     return (
         sample.sample_id,
         name,

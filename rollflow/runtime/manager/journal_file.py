@@ -209,7 +209,8 @@ def _read_chunks(
             spans[sample_id] = span
         elif sample_id not in spans:
             raise JournalRefused(
-                f"journal {snapshot.path}: sample {sample_id} has tokens of no span; move it away to start afresh"
+                f"journal {snapshot.path}: sample {sample_id} has tokens of no span; "
+                "move it away to start afresh"
             )
         runs = snapshot.chunks.setdefault(sample_id, [])
         last = runs[-1] if runs else None
