@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 
 from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.engines.clients import make_client
-from rollflow.runtime.manager.journal import Journal, JournalRefused, Snapshot, open_journal
+from rollflow.runtime.manager.journal import Journal
+from rollflow.runtime.manager.journal_file import JournalRefused, Snapshot, open_journal
 from rollflow.runtime.manager.packing import GroupPacker
 from rollflow.runtime.manager.samples import Sample, SampleRun, SampleState, Span
 

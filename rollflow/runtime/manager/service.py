@@ -895,18 +895,12 @@ class RolloutManager:
                 if chunk.cached_tokens is not None:
                     sample.cached_by_attempt[sample.attempts] = chunk.cached_tokens
                 tokens = chunk.token_ids[: sample.remaining_tokens]
-                start = len(sample.output_ids)
+                logprobs = chunk.logprobs[: len(tokens)]
                 if tokens:
                     if run.resumed_at is not None:
                         self.metrics.resume_delay.observe(asyncio.get_running_loop().time() - run.resumed_at)
                         run.resumed_at = None
-                    sample.record(
-                        engine.engine_id,
-                        engine.url,
-                        engine.weight_version,
-                        tokens,
-                        chunk.logprobs[: len(tokens)],
-                    )
+                    sample.record(engine.engine_id, engine.url, engine.weight_version, tokens, logprobs)
                     engine.progressed(sample.sample_id, sample.remaining_tokens)
                     engine.tokens_generated += len(tokens)
                     engine.window_tokens += len(tokens)
@@ -918,7 +912,7 @@ class RolloutManager:
                 if ended:
                     sample.finish_reason = chunk.finish_reason or "length"
                 if self.journal is not None and (tokens or ended):
-                    self.journal.tokens(sample, start, engine.engine_id, engine.url, ended)
+                    self.journal.tokens(sample, tokens, logprobs, ended)
                 if chunk.finish_reason == "abort" and chunk.status_code is not None:
                     # the engine blames the request (SGLang's status_code): another engine may agree
                     why = chunk.message or "no reason given"

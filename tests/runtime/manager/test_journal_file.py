@@ -11,7 +11,8 @@ import pytest
 from rollflow.config import ConfigError, load_config
 from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.config import ManagerConfig
-from rollflow.runtime.manager.journal import SCHEMA_VERSION, Journal, JournalRefused, open_journal
+from rollflow.runtime.manager.journal import Journal
+from rollflow.runtime.manager.journal_file import SCHEMA_VERSION, JournalRefused, open_journal
 from rollflow.runtime.manager.samples import Sample
 
 CONFIG = ManagerConfig().model_dump(mode="json")
@@ -136,24 +137,24 @@ def _sample(index: int) -> Sample:
 def _stream(journal: Journal, sample: Sample, num_tokens: int) -> None:
     """`num_tokens` tokens recorded one at a time, as an engine streams them, each journaled."""
     for _ in range(num_tokens):
-        start = len(sample.output_ids)
-        sample.record(0, "http://e", 0, [start + 10], [-0.5])
-        journal.tokens(sample, start, 0, "http://e", ended=False)
+        tokens, logprobs = [len(sample.output_ids) + 10], [-0.5]
+        sample.record(0, "http://e", 0, tokens, logprobs)
+        journal.tokens(sample, tokens, logprobs, ended=False)
 
 
 def test_tokens_past_the_bound_are_written_at_once_not_at_the_interval(tmp_path):
-    async def run() -> tuple[int, int]:
+    async def run() -> tuple[bool, int, int]:
         conn, _ = open_journal(str(tmp_path / "j.db"), CONFIG)
         journal = Journal(conn, flush_interval_ms=60_000, max_unflushed_tokens=10)
         journal.start()
         _stream(journal, _sample(0), 12)
-        before = journal.unflushed_tokens
         await asyncio.wait_for(journal.room(), 30)  # an hour-long interval would hang here
-        after = journal.unflushed_tokens
+        full, left, commits = journal.full, journal.unflushed_tokens, journal.num_commits
         await journal.close()
-        return before, after
+        return full, left, commits
 
-    assert asyncio.run(run()) == (12, 0)
+    full, left, commits = asyncio.run(run())
+    assert not full and left < 10 and commits >= 1
     conn, snapshot = open_journal(str(tmp_path / "j.db"), CONFIG)
     conn.close()
     assert [token for chunk in snapshot.chunks["b-0-0"] for token in chunk.token_ids] == list(range(10, 22))
