@@ -21,13 +21,14 @@ def stop_on_sigterm() -> None:
 
 
 async def until_sigterm(main: Coroutine[Any, Any, None]) -> bool:
-    """Run `main` until it returns or SIGTERM comes; True when SIGTERM cancelled it (the caller then
+    """Run `main` until it returns or SIGTERM comes; True when SIGTERM stopped it (the caller then
     raises KeyboardInterrupt, outside the loop).
 
     For uvloop, whose transports take an exception raised inside their callbacks (where a
     KeyboardInterrupt from `stop_on_sigterm` lands at random) as their own fatal error and carry
-    on: here the loop itself takes the signal and cancels `main` between two callbacks, so every
-    `finally` of `main` runs as it does for Ctrl-C.
+    on: here the loop itself takes the signal and, between two callbacks, cancels every task as
+    `asyncio.run` does on its way out of a KeyboardInterrupt. Request handlers end at once and
+    every `finally` of `main` runs, as for Ctrl-C.
     """
     loop = asyncio.get_running_loop()
     task = loop.create_task(main)
@@ -37,7 +38,8 @@ async def until_sigterm(main: Coroutine[Any, Any, None]) -> bool:
         nonlocal stopped
         if not stopped:  # a second SIGTERM must not cut the close short
             stopped = True
-            task.cancel()
+            for running in asyncio.all_tasks(loop):
+                running.cancel()
 
     loop.add_signal_handler(signal.SIGTERM, stop)
     try:
