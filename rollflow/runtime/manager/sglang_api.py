@@ -23,7 +23,7 @@ from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.engines.sglang_io import SamplingParamsBody, split_batch
 from rollflow.runtime.http.answer import dumps, json_response
 from rollflow.runtime.http.auth import require_bearer
-from rollflow.runtime.http.body import THREAD_PARSE_BYTES, BodyError, parse_json_object, read_json_object
+from rollflow.runtime.http.body import THREAD_PARSE_BYTES, parse_json_object, read_json_object
 from rollflow.runtime.http.sse import close_sse, open_sse, send_event
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.edge import (
@@ -215,7 +215,7 @@ def lean_request(app: web.Application, raw: bytes) -> PromptRequest | None:
         if batched or body.stream or body.session_params is not None:
             return None
         return PromptRequest(app, body)
-    except (BodyError, web.HTTPException):
+    except Exception:  # nothing has run yet: aiohttp's route answers it, in its own words (or 500)
         return None
 
 
