@@ -9,9 +9,44 @@ cancelled, every `finally` runs, and the CLI exits 130 with "rollflow: interrupt
 
 from __future__ import annotations
 
+import asyncio
 import signal
+from collections.abc import Coroutine
+from typing import Any
 
 
 def stop_on_sigterm() -> None:
     """From now on SIGTERM raises KeyboardInterrupt in the main thread (call it from there)."""
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
+async def until_sigterm(main: Coroutine[Any, Any, None]) -> bool:
+    """Run `main` until it returns or SIGTERM comes; True when SIGTERM stopped it (the caller then
+    raises KeyboardInterrupt, outside the loop).
+
+    For uvloop, whose transports take an exception raised inside their callbacks (where a
+    KeyboardInterrupt from `stop_on_sigterm` lands at random) as their own fatal error and carry
+    on: here the loop itself takes the signal and, between two callbacks, cancels every task as
+    `asyncio.run` does on its way out of a KeyboardInterrupt. Request handlers end at once and
+    every `finally` of `main` runs, as for Ctrl-C.
+    """
+    loop = asyncio.get_running_loop()
+    task = loop.create_task(main)
+    stopped = False
+
+    def stop() -> None:
+        nonlocal stopped
+        if not stopped:  # a second SIGTERM must not cut the close short
+            stopped = True
+            for running in asyncio.all_tasks(loop):
+                running.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, stop)
+    try:
+        await task
+    except asyncio.CancelledError:
+        if not stopped:
+            raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+    return stopped

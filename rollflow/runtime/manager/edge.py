@@ -30,7 +30,11 @@ def not_found(message: str) -> web.HTTPNotFound:
 
 
 def body_limit(request: web.Request) -> int:
-    return int(request.app[MANAGER_KEY].config.max_body_mb * (1 << 20))
+    return body_limit_of(request.app)
+
+
+def body_limit_of(app: web.Application) -> int:
+    return int(app[MANAGER_KEY].config.max_body_mb * (1 << 20))
 
 
 def validate(model: type[BodyT], data: Any) -> BodyT:

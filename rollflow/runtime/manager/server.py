@@ -44,10 +44,10 @@ from aiohttp import web
 
 from rollflow.runtime.http.auth import require_bearer
 from rollflow.runtime.http.errors import error_body, http_error
-from rollflow.runtime.http.serve import GuardedRunner
 from rollflow.runtime.manager import memory, sessions_api, sglang_api, workers_api
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.edge import MANAGER_KEY, TOKENIZER_KEY, BadRequest, not_found, parse_body
+from rollflow.runtime.manager.lean_edge import LeanRunner
 from rollflow.runtime.manager.openai_routes import openai_routes
 from rollflow.runtime.manager.packing import BatchDeleted
 from rollflow.runtime.manager.passthrough import ADMIN_PATHS, passthrough_routes
@@ -389,7 +389,8 @@ def create_app(manager: RolloutManager) -> web.Application:
 async def serve(config: ManagerConfig, ready: asyncio.Event | None = None) -> None:
     """Run the manager until cancelled; `ready` is set once it listens."""
     app = create_app(RolloutManager(config))
-    runner = GuardedRunner(app, config.read_timeout_s, handler_cancellation=True, access_log=None)
+    # `POST /generate` of one prompt on a lean path of its own, every other request on aiohttp's
+    runner = LeanRunner(app, config.read_timeout_s, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()

@@ -25,6 +25,7 @@ import dataclasses
 import hashlib
 import itertools
 import logging
+import os
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
@@ -550,7 +551,7 @@ class RolloutManager:
         `session_router`) and the weight version the session holds to."""
         sample = Sample(
             seq=next(self._seq),
-            sample_id=sample_id or uuid.uuid4().hex,
+            sample_id=sample_id or os.urandom(16).hex(),
             prompt_ids=list(prompt_ids),
             sampling=sampling,
             allow_off_policy=allow_off_policy,

@@ -21,9 +21,9 @@ from aiohttp import web
 
 from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.engines.sglang_io import SamplingParamsBody, split_batch
-from rollflow.runtime.http.answer import json_response
+from rollflow.runtime.http.answer import dumps, json_response
 from rollflow.runtime.http.auth import require_bearer
-from rollflow.runtime.http.body import read_json_object
+from rollflow.runtime.http.body import THREAD_PARSE_BYTES, parse_json_object, read_json_object
 from rollflow.runtime.http.sse import close_sse, open_sse, send_event
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.edge import (
@@ -106,14 +106,14 @@ def generate_payload(sample: Sample, body: GenerateBody, rid: str, tokenizer: An
     return {"text": output_text(sample, tokenizer), "output_ids": list(sample.output_ids), "meta_info": meta}
 
 
-class _Request:
+class PromptRequest:
     """One prompt of a /generate: its body, its sample and the rid clients abort it by."""
 
-    def __init__(self, request: web.Request, body: GenerateBody) -> None:
-        manager = request.app[MANAGER_KEY]
-        self.tokenizer = request.app[TOKENIZER_KEY]
+    def __init__(self, app: web.Application, body: GenerateBody) -> None:
+        manager = app[MANAGER_KEY]
+        self.tokenizer = app[TOKENIZER_KEY]
         self.body = body
-        self.rids: dict[str, Sample] = request.app[RIDS_KEY]
+        self.rids: dict[str, Sample] = app[RIDS_KEY]
         if body.return_text_in_logprobs and self.tokenizer is None:
             raise BadRequest(
                 "return_text_in_logprobs needs a tokenizer: start the manager with `tokenizer:` set"
@@ -170,25 +170,53 @@ async def generate(request: web.Request) -> web.StreamResponse:
         if batched:
             raise BadRequest("session_params is served for one prompt per request, not a batch")
         return await sessions_api.generate_turn(request, bodies[0])
-    requests = [_Request(request, body) for body in bodies]  # every prompt checked before any runs
+    requests = [PromptRequest(request.app, body) for body in bodies]  # every prompt checked before any runs
+    if not batched and not bodies[0].stream:
+        return web.Response(body=await answer_one(manager, requests[0]), content_type="application/json")
     for req in requests:
         req.submit(manager)
     try:
-        if not batched and bodies[0].stream:
+        if not batched:
             return await _stream(request, manager, requests[0])
-        if batched:
-            await asyncio.gather(*(_finished(manager, req.sample) for req in requests))
-        else:
-            await _finished(manager, requests[0].sample)  # no task of its own for one prompt
+        await asyncio.gather(*(_finished(manager, req.sample) for req in requests))
         refusal = next((r.refusal() for r in requests if r.refusal() is not None), None)
         if refusal is not None:
             raise refusal
-        if batched:  # a batch answers a list, in prompt order
-            return json_response([req.payload() for req in requests])
-        return json_response(requests[0].payload())
+        return json_response([req.payload() for req in requests])  # a batch answers a list, in prompt order
     finally:
         for req in requests:
             req.release(manager)
+
+
+async def answer_one(manager: RolloutManager, req: PromptRequest) -> bytes:
+    """The JSON answer of one prompt not streamed (a 4xx raised when an engine refused its input);
+    the caller's task waits on the sample itself, with no task of its own."""
+    req.submit(manager)
+    try:
+        await _finished(manager, req.sample)
+        refusal = req.refusal()
+        if refusal is not None:
+            raise refusal
+        return dumps(req.payload())
+    finally:
+        req.release(manager)
+
+
+def lean_request(app: web.Application, raw: bytes) -> PromptRequest | None:
+    """For the lean edge (lean_edge.py), which answers it with `answer_one`: the request of a
+    `/generate` body that is one prompt, not streamed and not a session's turn, with nothing in it
+    to refuse; None for any other body, which `generate` then answers (errors included) through
+    aiohttp. The caller has checked the body's size against the manager's limit."""
+    if len(raw) > THREAD_PARSE_BYTES:
+        return None
+    try:
+        bodies, batched = _generate_bodies(parse_json_object(raw))
+        body = bodies[0]
+        if batched or body.stream or body.session_params is not None:
+            return None
+        return PromptRequest(app, body)
+    except Exception:  # nothing has run yet: aiohttp's route answers it, in its own words (or 500)
+        return None
 
 
 def _generate_bodies(data: dict) -> tuple[list[GenerateBody], bool]:
@@ -202,7 +230,7 @@ def _generate_bodies(data: dict) -> tuple[list[GenerateBody], bool]:
     return [validate(GenerateBody, item) for item in items], True
 
 
-async def _stream(request: web.Request, manager: RolloutManager, req: _Request) -> web.StreamResponse:
+async def _stream(request: web.Request, manager: RolloutManager, req: PromptRequest) -> web.StreamResponse:
     """SSE events with the whole output so far, as SGLang streams by default. The stream opens with
     the first tokens (or the end), so a request an engine refuses is still answered with its 4xx."""
     sample = req.sample

@@ -1,0 +1,267 @@
+"""A lean HTTP/1.1 path for the manager's hottest request, with aiohttp's server behind it.
+
+`POST /generate` with one prompt, answered as one JSON body, is what a router in front of engines
+serves thousands of times a second (SGLang-style rollout clients send little else). Profiled under
+that load against an engine answering at once (benchmarks/manager_overhead.py), aiohttp's request
+machinery (the request and its payload stream, the handler task, the middleware, the response and
+its writer) took about a fifth of the manager's CPU per request. Here a connection's requests are parsed by
+one asyncio protocol: the head's request line and its framing, the body, and an answer written in
+one write.
+
+Only requests this path answers exactly as aiohttp's route would are served here. The first request
+of a connection that is anything else (another route or method, a streamed, batched or session
+`/generate`, a body that is malformed or would be refused, a chunked or `Expect:` body, HTTP/1.0,
+a head that is too big) hands the connection, with every byte it has buffered, to aiohttp's request
+handler for good, which answers that request and the ones after it as before: one error shape, one
+set of routes. What the lean path keeps from aiohttp's server as the manager runs it: keep-alive,
+`Connection: close`, the read timeout (a head must come whole within `read_timeout_s` of the
+connection's start or its last answer, and a body may not stall as long), the handler cancelled
+when its client goes away (the sample is released, and its engine request aborted), 4xx counted
+in `rollflow_requests_rejected_total`, and a graceful shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import logging
+import re
+
+from aiohttp import web
+
+from rollflow.runtime.http.errors import error_body
+from rollflow.runtime.http.serve import GuardedRunner
+from rollflow.runtime.manager import sglang_api
+from rollflow.runtime.manager.edge import MANAGER_KEY, body_limit_of
+
+log = logging.getLogger(__name__)
+
+MAX_HEAD_BYTES = 8190  # aiohttp's own limit on a request line and on each header line
+_REQUEST_LINE = b"POST /generate HTTP/1.1"
+_HANDED_OVER = (b"\r\ntransfer-encoding:", b"\r\nexpect:", b"\r\nupgrade:")
+# header lines as RFC 9110 spells them (a token, a colon, a value), lower-cased, each after its CRLF
+_HEADER_LINES = re.compile(rb"(?:\r\n[-!#$%&'*+.^_`|~0-9a-z]+:[^\r\n]*)*")
+
+
+def _framing(head: bytes) -> tuple[int, bool] | None:
+    """The body length and whether the connection stays open, for a head this path serves; None
+    for any other head (aiohttp parses it then, and refuses what it must)."""
+    line_end = head.find(b"\r\n")
+    if line_end < 0 or head[:line_end] != _REQUEST_LINE:
+        return None
+    fields = head[line_end:].lower()
+    if _HEADER_LINES.fullmatch(fields) is None or any(name in fields for name in _HANDED_OVER):
+        return None  # a line aiohttp would not take as it is, or a body framed otherwise
+    if fields.count(b"\r\ncontent-length:") != 1:
+        return None
+    length = _value(fields, b"content-length")
+    if not length.isdigit():
+        return None
+    connection = _value(fields, b"connection")
+    return int(length), connection is None or b"close" not in connection
+
+
+def _value(fields: bytes, name: bytes) -> bytes | None:
+    """The value of header `name` in lower-cased header lines that each start with CRLF."""
+    start = fields.find(b"\r\n" + name + b":")
+    if start < 0:
+        return None
+    start += len(name) + 3
+    end = fields.find(b"\r\n", start)
+    return fields[start : end if end >= 0 else len(fields)].strip()
+
+
+def _answer_head(status: int, content_type: str, length: int, keep_alive: bool) -> bytes:
+    reason = http.HTTPStatus(status).phrase
+    close = b"" if keep_alive else b"Connection: close\r\n"
+    return (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {length}\r\n".encode()
+        + close
+        + b"\r\n"
+    )
+
+
+class _LeanConnection(asyncio.Protocol):
+    """One client connection, served here until its first request that aiohttp must answer."""
+
+    def __init__(self, server: LeanServer) -> None:
+        self._server = server
+        self._loop = server.loop
+        self.transport: asyncio.Transport | None = None
+        self._buf = bytearray()
+        self.task: asyncio.Task | None = None  # the request being answered
+        self._keep_alive = True
+        self._paused = False
+        self._closing = False  # the server shuts down: no request after the one in flight
+        self._deadline = 0.0  # when a connection still waiting for a whole request is closed
+        self._timer: asyncio.TimerHandle | None = None
+
+    # ---------------------------------------------------------------- the protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self._server.connections.add(self)
+        self._wait_for_request()
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        if self.task is not None:
+            if len(self._buf) > self._server.body_limit + MAX_HEAD_BYTES and not self._paused:
+                self._paused = True  # a client sending on and on while its answer is due
+                self.transport.pause_reading()
+            return
+        self._next()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._server.connections.discard(self)
+        self._cancel_timer()
+        if self.task is not None:
+            self.task.cancel()  # as aiohttp's handler cancellation: the sample is released
+
+    # ---------------------------------------------------------------- requests
+
+    def _next(self) -> None:
+        """Serve the buffer's next request if it is whole, or hand the connection over."""
+        if self._closing:
+            self.transport.close()
+            return
+        buf = self._buf
+        end = buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(buf) > MAX_HEAD_BYTES:
+                self._hand_over()
+            return
+        framing = _framing(bytes(buf[:end]))
+        if framing is None:
+            self._hand_over()
+            return
+        length, keep_alive = framing
+        if length > self._server.body_limit:
+            self._hand_over()  # aiohttp answers 413
+            return
+        start = end + 4
+        if len(buf) < start + length:
+            self._deadline = self._loop.time() + self._server.read_timeout_s  # no stall as long
+            return
+        request = sglang_api.lean_request(self._server.app, bytes(buf[start : start + length]))
+        if request is None:
+            self._hand_over()
+            return
+        del buf[: start + length]
+        self._keep_alive = keep_alive
+        self._deadline = float("inf")
+        self.task = self._loop.create_task(self._serve(request))
+
+    async def _serve(self, request: sglang_api.PromptRequest) -> None:
+        try:
+            body = await sglang_api.answer_one(self._server.manager, request)
+            status, content_type = 200, "application/json"
+        except web.HTTPException as exc:
+            if 400 <= exc.status < 500:
+                self._server.manager.metrics.requests_rejected.labels(str(exc.status)).inc()
+            status, content_type = exc.status, exc.content_type
+            body = (exc.text or "").encode()
+        except Exception:
+            log.exception("error answering POST /generate")
+            status, content_type = 500, "application/json"
+            body = error_body("internal error answering /generate; see the manager's log").encode()
+        self.task = None
+        transport = self.transport
+        if transport.is_closing():
+            return
+        keep_alive = self._keep_alive and not self._closing
+        transport.write(_answer_head(status, content_type, len(body), keep_alive) + body)
+        if not keep_alive:
+            transport.close()
+            return
+        if self._paused:
+            self._paused = False
+            transport.resume_reading()
+        self._wait_for_request()
+        if self._buf:
+            self._next()
+
+    def _hand_over(self) -> None:
+        """aiohttp's request handler takes the connection, and what it sent so far, from here on."""
+        self._server.connections.discard(self)
+        self._cancel_timer()
+        handler = self._server.aiohttp_server()
+        transport = self.transport
+        transport.set_protocol(handler)
+        handler.connection_made(transport)
+        if self._paused:
+            transport.resume_reading()
+        data, self._buf = bytes(self._buf), bytearray()
+        if data:
+            handler.data_received(data)
+
+    # ---------------------------------------------------------------- timeouts and shutdown
+
+    def _wait_for_request(self) -> None:
+        """A whole request must come within the read timeout from now."""
+        self._deadline = self._loop.time() + self._server.read_timeout_s
+        if self._timer is None:
+            self._timer = self._loop.call_at(self._deadline, self._due)
+
+    def _due(self) -> None:
+        self._timer = None
+        if self.task is not None or self.transport.is_closing():
+            return
+        now = self._loop.time()
+        if self._deadline > now:  # a later deadline was set meanwhile: wait for it
+            if self._deadline != float("inf"):
+                self._timer = self._loop.call_at(self._deadline, self._due)
+            return
+        log.info("closing a connection that sent no whole request in %.0fs", self._server.read_timeout_s)
+        self.transport.close()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def close_when_idle(self) -> None:
+        """Shutdown: close now if no request is in flight, else after its answer."""
+        self._closing = True
+        if self.task is None:
+            self.transport.close()
+
+
+class LeanServer:
+    """The protocol factory the manager's site listens with: every connection starts on the lean
+    path; `aiohttp_server` (aiohttp's `web.Server`) takes the ones handed over."""
+
+    def __init__(self, aiohttp_server: web.Server, app: web.Application, read_timeout_s: float) -> None:
+        self.aiohttp_server = aiohttp_server
+        self.app = app
+        self.manager = app[MANAGER_KEY]
+        self.read_timeout_s = read_timeout_s
+        self.body_limit = body_limit_of(app)
+        self.loop = asyncio.get_running_loop()
+        self.connections: set[_LeanConnection] = set()
+
+    def __call__(self) -> _LeanConnection:
+        return _LeanConnection(self)
+
+    def pre_shutdown(self) -> None:
+        for conn in list(self.connections):
+            conn.close_when_idle()
+        self.aiohttp_server.pre_shutdown()
+
+    async def shutdown(self, timeout: float | None = None) -> None:
+        """Let the requests in flight finish (within `timeout`), then close every connection."""
+        for conn in list(self.connections):
+            conn.close_when_idle()
+        tasks = [conn.task for conn in self.connections if conn.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+        for conn in list(self.connections):
+            conn.transport.close()
+        await self.aiohttp_server.shutdown(timeout)
+
+
+class LeanRunner(GuardedRunner):
+    """`GuardedRunner` whose site listens with a `LeanServer` in front of aiohttp's server."""
+
+    async def _make_server(self) -> LeanServer:  # type: ignore[override]
+        return LeanServer(await super()._make_server(), self.app, self._read_timeout_s)

@@ -1,0 +1,108 @@
+"""The manager's lean `/generate` path (lean_edge.py) against a live manager, over raw sockets: it
+keeps connections alive, answers pipelined requests in order, hands a connection to aiohttp at its
+first other request (which is then answered as before), honours `Connection: close`, and releases
+the sample (its engine request aborted) when the client goes away mid-request."""
+
+from __future__ import annotations
+
+import json
+import socket
+from urllib.parse import urlsplit
+
+from tests.runtime.manager.helpers import wait_until
+from tests.runtime.processes import http
+
+
+def _request(method: str, path: str, body: dict | bytes | None = None, headers: str = "") -> bytes:
+    data = body if isinstance(body, bytes) else (b"" if body is None else json.dumps(body).encode())
+    head = f"{method} {path} HTTP/1.1\r\nHost: test\r\n{headers}Content-Length: {len(data)}\r\n\r\n"
+    return head.encode() + data
+
+
+def _read(reader) -> tuple[int, dict[str, str], bytes]:
+    """One response: its status, its headers (lower-cased names) and its Content-Length body."""
+    status = int(reader.readline().split()[1])
+    headers = {}
+    while (line := reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode().partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers, reader.read(int(headers["content-length"]))
+
+
+def _connect(manager) -> tuple[socket.socket, object]:
+    parts = urlsplit(manager.url)
+    sock = socket.create_connection((parts.hostname, parts.port), timeout=60)
+    return sock, sock.makefile("rb")
+
+
+def _generate(prompt: list[int], max_new_tokens: int = 4, **extra) -> dict:
+    sampling = {"max_new_tokens": max_new_tokens, "temperature": 0}
+    return {"input_ids": prompt, "sampling_params": sampling, **extra}
+
+
+def test_one_connection_serves_generate_then_other_routes_then_generate_again(processes):
+    engine = processes.engine()
+    manager = processes.manager(engines=[{"url": engine.url}])
+    sock, reader = _connect(manager)
+    with sock:
+        # two pipelined /generate requests in one write: two answers, in order, on one connection
+        pipelined = _request("POST", "/generate", _generate([1, 2, 3], rid="a"))
+        sock.sendall(pipelined + _request("POST", "/generate", _generate([4, 5], rid="b")))
+        for rid in ("a", "b"):
+            status, headers, body = _read(reader)
+            answer = json.loads(body)
+            assert (status, headers["content-type"]) == (200, "application/json")
+            assert answer["meta_info"]["id"] == rid and len(answer["output_ids"]) == 4
+        # a malformed body is aiohttp's to refuse, in the one error shape; the connection carries on
+        sock.sendall(_request("POST", "/generate", b'{"input_ids": [1,'))
+        status, _, body = _read(reader)
+        assert status == 400 and "malformed JSON" in json.loads(body)["error"]["message"]
+        sock.sendall(_request("GET", "/health"))
+        assert _read(reader)[0] == 200
+        sock.sendall(_request("POST", "/generate", _generate([1, 2, 3], rid="c")))
+        status, _, body = _read(reader)
+        assert status == 200 and json.loads(body)["meta_info"]["id"] == "c"
+
+
+def test_a_streamed_or_batched_generate_is_answered_as_before(processes):
+    engine = processes.engine()
+    manager = processes.manager(engines=[{"url": engine.url}])
+    sock, reader = _connect(manager)
+    with sock:
+        sock.sendall(_request("POST", "/generate", _generate([1, 2, 3], rid="one")))
+        single = json.loads(_read(reader)[2])
+        sock.sendall(_request("POST", "/generate", _generate([[1, 2, 3], [4, 5]])))
+        status, _, body = _read(reader)
+        batch = json.loads(body)
+        assert status == 200 and [len(a["output_ids"]) for a in batch] == [4, 4]
+        assert batch[0]["output_ids"] == single["output_ids"]  # greedy: the same tokens either way
+    status, events = http("POST", manager.url + "/generate", _generate([1, 2, 3], stream=True))
+    assert status == 200 and "data: [DONE]" in events
+
+
+def test_connection_close_is_honoured(processes):
+    engine = processes.engine()
+    manager = processes.manager(engines=[{"url": engine.url}])
+    sock, reader = _connect(manager)
+    with sock:
+        sock.sendall(_request("POST", "/generate", _generate([1, 2, 3]), headers="Connection: close\r\n"))
+        status, headers, _ = _read(reader)
+        assert status == 200 and headers["connection"] == "close"
+        assert reader.read() == b""  # the manager closed the connection
+
+
+def test_a_client_that_goes_away_releases_its_sample_and_the_engine_request(processes):
+    engine = processes.engine()
+    manager = processes.manager(engines=[{"url": engine.url}])
+    body = _generate([1, 2, 3], 2000)
+    body["sampling_params"]["ignore_eos"] = True
+    sock, _ = _connect(manager)
+    sock.sendall(_request("POST", "/generate", body))
+
+    def running() -> tuple[int, int]:
+        on_engine = http("GET", engine.url + "/v1/loads")[1]["loads"][0]["num_running_reqs"]
+        return http("GET", manager.url + "/v1/loads")[1]["num_running_reqs"], on_engine
+
+    wait_until(lambda: running() == (1, 1), what="the long request to run on the engine")
+    sock.close()
+    wait_until(lambda: running() == (0, 0), what="the request to end on the manager and the engine")
