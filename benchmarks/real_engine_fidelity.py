@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from rollflow.perf.profile.hf_config import load_model_config, model_shape_section
-from rollflow.perf.profile.trace_replay import METRICS, load_trace, replay
+from rollflow.perf.profile.trace_replay import METRICS, load_trace, replay, simulation_config, write_trace
 
 REPO = Path(__file__).resolve().parents[1]
 TRACE = REPO.parent / "shared" / "data" / "vidur" / "processed_traces" / "splitwise_conv.csv"
@@ -87,27 +87,8 @@ def start_vllm(model: Path, work: Path) -> tuple[subprocess.Popen, str]:
 def simulate(
     tables: Path, model_shape: dict, requests: list[tuple[float, int, int]], overhead_ms: float, work: Path
 ) -> dict:
-    trace = work / "trace.csv"
-    with trace.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["arrived_at", "num_prefill_tokens", "num_decode_tokens"])
-        writer.writerows(requests)
-    config = {
-        "cluster": {
-            "model": "profiled",
-            "model_shape": model_shape,
-        },
-        "scheduler": {"kind": "sarathi", "chunk_size": MAX_BATCHED_TOKENS, "batch_size_cap": MAX_NUM_SEQS},
-        "execution": {
-            "kind": "tables",
-            "compute_table": str(tables / "mlp.csv"),
-            "attention_table": str(tables / "attention.csv"),
-            "max_batch_size": MAX_NUM_SEQS,
-            "request_overhead_ms": overhead_ms,
-        },
-        "workload": {"kind": "trace", "file": str(trace)},
-        "output": {"plots": False, "chrome_trace": False, "progress": False},
-    }
+    trace = write_trace(requests, work / "trace.csv")
+    config = simulation_config(tables, model_shape, trace, overhead_ms, MAX_NUM_SEQS, MAX_BATCHED_TOKENS)
     (work / "sim.yaml").write_text(json.dumps(config))
     rollflow("sim", "serve", "--config", str(work / "sim.yaml"), "--output-dir", str(work / "sim"))
     with (work / "sim" / "requests.csv").open(newline="") as handle:

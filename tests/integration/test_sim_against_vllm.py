@@ -19,7 +19,7 @@ import random
 import numpy as np
 
 from rollflow.perf.profile.hf_config import load_model_config, model_shape_section
-from rollflow.perf.profile.trace_replay import load_trace, replay
+from rollflow.perf.profile.trace_replay import load_trace, replay, simulation_config, write_trace
 from tests.factories import CONV_TRACE
 from tests.perf.profiling import read_rows, run_rollflow
 
@@ -71,23 +71,9 @@ def test_a_replay_on_real_vllm_and_its_simulation_on_the_servers_profile_agree(v
 def _simulate(tables, model_dir, requests, round_trip_ms, work_dir) -> list[dict]:
     """`rollflow sim serve` of the requests on the profiled tables, with the server's scheduler
     settings (chunked prefill at max_num_batched_tokens, batch cap at max_num_seqs)."""
-    (work_dir / "trace.csv").write_text(
-        "arrived_at,num_prefill_tokens,num_decode_tokens\n"
-        + "".join(f"{arrival},{prompt},{output}\n" for arrival, prompt, output in requests)
-    )
-    config = {
-        "cluster": {"model": "profiled", "model_shape": model_shape_section(load_model_config(model_dir))},
-        "scheduler": {"kind": "sarathi", "chunk_size": MAX_BATCHED_TOKENS, "batch_size_cap": MAX_NUM_SEQS},
-        "execution": {
-            "kind": "tables",
-            "compute_table": str(tables / "mlp.csv"),
-            "attention_table": str(tables / "attention.csv"),
-            "max_batch_size": MAX_NUM_SEQS,
-            "request_overhead_ms": round_trip_ms,
-        },
-        "workload": {"kind": "trace", "file": str(work_dir / "trace.csv")},
-        "output": {"plots": False, "chrome_trace": False, "progress": False},
-    }
+    trace = write_trace(requests, work_dir / "trace.csv")
+    model_shape = model_shape_section(load_model_config(model_dir))
+    config = simulation_config(tables, model_shape, trace, round_trip_ms, MAX_NUM_SEQS, MAX_BATCHED_TOKENS)
     (work_dir / "sim.yaml").write_text(json.dumps(config))
     proc = run_rollflow(
         "sim", "serve", "--config", str(work_dir / "sim.yaml"), "--output-dir", str(work_dir / "sim")

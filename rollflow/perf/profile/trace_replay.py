@@ -67,3 +67,38 @@ async def replay(
         return await asyncio.gather(*(one(i, *r) for i, r in enumerate(requests)))
     finally:
         await client.close()
+
+
+def write_trace(requests: list[tuple[float, int, int]], path: Path) -> Path:
+    """The requests as a Vidur-format trace (`workload.kind: trace` reads it)."""
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["arrived_at", "num_prefill_tokens", "num_decode_tokens"])
+        writer.writerows(requests)
+    return path
+
+
+def simulation_config(
+    tables: Path,
+    model_shape: dict,
+    trace: Path,
+    round_trip_ms: float,
+    max_num_seqs: int,
+    max_batched_tokens: int,
+) -> dict:
+    """The `rollflow sim serve` config that simulates a profiled engine as the replayed server ran:
+    vLLM's scheduler (chunked prefill at `max_batched_tokens`, at most `max_num_seqs` running) on the
+    profile's tables, each request reaching the engine its profiled round trip after it arrives."""
+    return {
+        "cluster": {"model": "profiled", "model_shape": model_shape},
+        "scheduler": {"kind": "sarathi", "chunk_size": max_batched_tokens, "batch_size_cap": max_num_seqs},
+        "execution": {
+            "kind": "tables",
+            "compute_table": str(tables / "mlp.csv"),
+            "attention_table": str(tables / "attention.csv"),
+            "max_batch_size": max_num_seqs,
+            "request_overhead_ms": round_trip_ms,
+        },
+        "workload": {"kind": "trace", "file": str(trace)},
+        "output": {"plots": False, "chrome_trace": False, "progress": False},
+    }

@@ -20,6 +20,8 @@ import asyncio
 import ssl as ssl_module
 from urllib.parse import urlsplit
 
+from rollflow.runtime.http.head import header_value
+
 MAX_HEAD_BYTES = 64 * 1024
 MAX_IDLE = 256  # idle connections kept per engine; more are closed
 PAUSE_AT = 1 << 20  # unread body bytes at which the connection stops reading the socket
@@ -30,16 +32,6 @@ _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLOSE, _
 
 class ProtocolError(ValueError):
     """The engine's bytes are not an HTTP/1.1 response."""
-
-
-def _field(fields: bytes, name: bytes) -> bytes | None:
-    """The value of header `name` in a lower-cased head whose lines each start with CRLF."""
-    start = fields.find(b"\r\n" + name + b":")
-    if start < 0:
-        return None
-    start += len(name) + 3
-    end = fields.find(b"\r\n", start)
-    return fields[start : end if end >= 0 else len(fields)].strip()
 
 
 class Response:
@@ -200,14 +192,14 @@ class _Connection(asyncio.Protocol):
         if 100 <= status < 200:
             return  # an interim response: the real one follows
         fields = b"" if end < 0 else head[end:].lower()  # each field line starts with CRLF
-        connection = _field(fields, b"connection")
+        connection = header_value(fields, b"connection")
         http11 = status_line[5:8] == b"1.1"
         self._keep_alive = connection != b"close" and (http11 or connection == b"keep-alive")
         self._head = status
-        length = _field(fields, b"content-length")
+        length = header_value(fields, b"content-length")
         if status in (204, 304):
             self._state = _DONE
-        elif b"chunked" in (_field(fields, b"transfer-encoding") or b""):
+        elif b"chunked" in (header_value(fields, b"transfer-encoding") or b""):
             self._state = _CHUNK_SIZE
         elif length is not None:
             self._remaining = int(length)

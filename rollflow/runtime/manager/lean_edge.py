@@ -30,6 +30,7 @@ import re
 from aiohttp import web
 
 from rollflow.runtime.http.errors import error_body
+from rollflow.runtime.http.head import header_value
 from rollflow.runtime.http.serve import GuardedRunner
 from rollflow.runtime.manager import sglang_api
 from rollflow.runtime.manager.edge import MANAGER_KEY, body_limit_of
@@ -54,21 +55,11 @@ def _framing(head: bytes) -> tuple[int, bool] | None:
         return None  # a line aiohttp would not take as it is, or a body framed otherwise
     if fields.count(b"\r\ncontent-length:") != 1:
         return None
-    length = _value(fields, b"content-length")
+    length = header_value(fields, b"content-length")
     if not length.isdigit():
         return None
-    connection = _value(fields, b"connection")
+    connection = header_value(fields, b"connection")
     return int(length), connection is None or b"close" not in connection
-
-
-def _value(fields: bytes, name: bytes) -> bytes | None:
-    """The value of header `name` in lower-cased header lines that each start with CRLF."""
-    start = fields.find(b"\r\n" + name + b":")
-    if start < 0:
-        return None
-    start += len(name) + 3
-    end = fields.find(b"\r\n", start)
-    return fields[start : end if end >= 0 else len(fields)].strip()
 
 
 def _answer_head(status: int, content_type: str, length: int, keep_alive: bool) -> bytes:
