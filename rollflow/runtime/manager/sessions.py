@@ -248,6 +248,15 @@ class SessionStore:
             await self.manager.journal.durable()
         return session, True
 
+    def running_turns(self) -> dict[str, Sample]:
+        """rid -> sample of every open session's turn in flight, for `/abort_request` (a turn is a
+        client's request like any `/generate`, so SGLang's abort by rid and abort_all reach it)."""
+        return {
+            session.running.rid: session.running.sample
+            for session in self._open.values()
+            if session.running is not None
+        }
+
     def get(self, session_id: str) -> Session:
         session = self._open.get(session_id) or self._closed.get(session_id)
         if session is None:

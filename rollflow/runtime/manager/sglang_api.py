@@ -2,8 +2,9 @@
 
 POST /generate        one prompt (JSON answer or SSE stream) or a batch (a list of prompts: a list
                       of answers); every sample is tracked, routed and resumed by the manager
-POST /abort_request   {"rid": ...} or {"abort_all": true} (the token, when set): the sample ends with finish_reason
-                      abort and the tokens it has (SGLang's meta_info), and is not resumed
+POST /abort_request   {"rid": ...} or {"abort_all": true} (the token, when set): the sample (a
+                      session's turn too) ends with finish_reason abort and the tokens it has
+                      (SGLang's meta_info), and is not resumed
 GET  /v1/loads        the load the manager holds per worker (sgl-router's aggregate), and its queue
 GET  /get_load        per worker, in the fields of SGLang's older per-rank list
 
@@ -254,7 +255,7 @@ async def _stream(request: web.Request, manager: RolloutManager, req: PromptRequ
 async def abort_request(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
     body = await parse_body(request, AbortBody)
-    rids: dict[str, Sample] = request.app[RIDS_KEY]
+    rids: dict[str, Sample] = {**manager.sessions.running_turns(), **request.app[RIDS_KEY]}
     batch_samples = [s for batch in manager.batches.values() for s in batch.samples]
     if body.abort_all:
         require_bearer(request, manager.config.token, "abort_all")  # it ends everyone's samples

@@ -217,3 +217,40 @@ def test_an_engine_killed_mid_turn_hands_the_turn_on_with_its_tokens(processes):
     assert [span["engine_url"] for span in spans] == [home, survivor.url]
     assert second["meta_info"]["resumes"] == 1
     assert second["output_ids"] == greedy_reference(survivor, context, 300)
+
+
+def test_abort_request_ends_a_running_turn_with_its_partial_tokens(processes):
+    """slime's abort (by rid, or abort_all to every worker) reaches a session's turn as any request:
+    the turn ends with finish_reason abort and the tokens it had, and the session goes on."""
+    engine = processes.engine()
+    manager = processes.manager(engines=[{"url": engine.url}])
+    for abort in ({"rid": "long-turn"}, {"abort_all": True}):
+        _abort_a_long_turn(ManagerClient(manager.url), manager, engine.url, abort)
+
+
+def _abort_a_long_turn(client: ManagerClient, manager, engine_url: str, abort: dict) -> None:
+    session_id = client.open_session()
+    client.send_turn(session_id, PROMPT, **SAMPLING)
+    answers = []
+    long_turn = {"max_new_tokens": 2000, "temperature": 0, "ignore_eos": True}
+    turn = threading.Thread(
+        target=lambda: answers.append(
+            client.send_turn(session_id, ENV_TOKENS[1], rid="long-turn", **long_turn)
+        )
+    )
+    before = workers(manager)[engine_url]["tokens_generated"]
+    turn.start()
+    wait_until(
+        lambda: workers(manager)[engine_url]["tokens_generated"] >= before + 8, what="the turn's tokens"
+    )
+    status, answer = http("POST", manager.url + "/abort_request", abort)
+    assert (status, answer["num_aborted"]) == (200, 1), answer
+    turn.join(timeout=120)
+    (aborted,) = answers
+    assert aborted["meta_info"]["finish_reason"]["type"] == "abort", aborted["meta_info"]
+    assert 8 <= len(aborted["output_ids"]) < long_turn["max_new_tokens"]
+    # the partial output is the turn's, in the context; the next turn carries on from it
+    assert client.session(session_id)["context_ids"][-len(aborted["output_ids"]) :] == aborted["output_ids"]
+    after = client.send_turn(session_id, ENV_TOKENS[2], **SAMPLING)
+    assert len(after["output_ids"]) == SAMPLING["max_new_tokens"]
+    client.close_session(session_id)
