@@ -31,19 +31,21 @@ def gae(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation per row; returns (advantages, returns), zero where mask is 0.
 
-    `rewards` and `values` are per token; the value after a row's last masked token is 0 (episode end).
+    `rewards` and `values` are per token; the value after a row's last masked token is 0 (episode
+    end). A position the mask leaves out is no step of the policy's and is skipped, not an episode
+    end: padding after the end, and in a multi-turn episode the environment's tokens between two
+    outputs, across which the lambda-return runs on to the next output token (as verl skips
+    observation tokens); cutting it there would keep a final reward from the earlier turns.
     """
     advantages = torch.zeros_like(rewards)
     next_value = torch.zeros(rewards.shape[0], dtype=rewards.dtype, device=rewards.device)
     running = torch.zeros_like(next_value)
     for t in reversed(range(rewards.shape[1])):
-        m = mask[:, t]
-        delta = rewards[:, t] + gamma * next_value - values[:, t]
-        running = delta + gamma * lam * running
-        advantages[:, t] = running * m
-        # Padding after the end keeps next_value and running at 0 for the real last token.
-        next_value = torch.where(m > 0, values[:, t], next_value)
-        running = running * m
+        kept = mask[:, t] > 0
+        step = rewards[:, t] + gamma * next_value - values[:, t] + gamma * lam * running
+        running = torch.where(kept, step, running)
+        next_value = torch.where(kept, values[:, t], next_value)
+        advantages[:, t] = running * mask[:, t]
     returns = (advantages + values) * mask
     return advantages, returns
 

@@ -73,5 +73,22 @@ def test_gae_matches_a_hand_computation_and_stops_at_each_row_end():
     assert torch.allclose(returns, (expected + values) * mask, atol=1e-6)
 
 
+def test_gae_skips_an_environments_tokens_inside_an_episode():
+    """A multi-turn row (output, tool tokens masked out, output, padding) gets the advantages of the
+    same row with the tool's tokens taken out: the final reward reaches the first turn."""
+    gamma, lam = 0.9, 0.8
+    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0]])
+    rewards = torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0]])
+    values = torch.tensor([[0.5, 0.4, 0.0, 0.0, 0.3, 0.2, 0.0]])
+    advantages, returns = gae(rewards, values, mask, gamma, lam)
+    kept = mask[0] > 0
+    compact, compact_returns = gae(rewards[:, kept], values[:, kept], torch.ones(1, 4), gamma, lam)
+    assert torch.allclose(advantages[:, kept], compact, atol=1e-6)
+    assert torch.allclose(returns[:, kept], compact_returns, atol=1e-6)
+    assert (advantages[:, ~kept] == 0).all() and (returns[:, ~kept] == 0).all()
+    # the reward reaches the first turn through the lambda-return, not only through its values
+    assert compact[0, 0] > gae(rewards[:, kept], values[:, kept], torch.ones(1, 4), gamma, 0.0)[0][0, 0]
+
+
 def test_masked_mean_counts_only_masked_positions():
     assert masked_mean(torch.tensor([1.0, 3.0, 100.0]), torch.tensor([1.0, 1.0, 0.0])).item() == 2.0
