@@ -21,6 +21,8 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from rollflow.runtime.token_blocks import block_hashes
+
 BLOCK_TOKENS = 16  # as the built-in engine's prefix cache and vLLM's default block
 MAX_BLOCKS = 1 << 16  # per engine: a million tokens of prompts and answers
 
@@ -30,16 +32,6 @@ def prefix_key(group: str | None, group_index: int, prompt_ids: Sequence[int]) -
     session), else the whole prompt."""
     source = f"{group}/{group_index}".encode() if group is not None else array("q", prompt_ids).tobytes()
     return int.from_bytes(hashlib.blake2b(source, digest_size=8).digest(), "big") >> 1 or 1
-
-
-def block_hashes(token_ids: Sequence[int]) -> list[int]:
-    """Chained hashes of the whole blocks of `token_ids`: block k's names blocks 0..k, so one
-    lookup per block finds the longest common prefix."""
-    hashes, previous = [], 0
-    for start in range(0, len(token_ids) // BLOCK_TOKENS * BLOCK_TOKENS, BLOCK_TOKENS):
-        previous = hash((previous, *token_ids[start : start + BLOCK_TOKENS]))
-        hashes.append(previous)
-    return hashes
 
 
 class PrefixRecord:
@@ -52,7 +44,7 @@ class PrefixRecord:
     def sent(self, token_ids: Sequence[int]) -> None:
         """The engine computed (or will compute) these tokens' KV: it holds their whole blocks."""
         blocks = self._blocks
-        for block_hash in block_hashes(token_ids):
+        for block_hash in block_hashes(token_ids, BLOCK_TOKENS):
             blocks[block_hash] = None
             blocks.move_to_end(block_hash)
         while len(blocks) > self.max_blocks:

@@ -40,7 +40,8 @@ import aiohttp
 
 from rollflow.policy.view import ClusterView, InstanceView, RouteRequest
 from rollflow.runtime.engines.base import EngineError
-from rollflow.runtime.manager.prefixes import block_hashes, prefix_key
+from rollflow.runtime.manager.prefixes import BLOCK_TOKENS, prefix_key
+from rollflow.runtime.token_blocks import block_hashes
 
 if TYPE_CHECKING:
     from rollflow.runtime.manager.registry import EngineRecord
@@ -73,7 +74,7 @@ def route_inputs(
         sample.seq, len(sample.prompt_ids) + len(sample.output_ids), sample.remaining_tokens, key
     )
     if reads_cache:
-        hashes = block_hashes(sample.prompt_ids)
+        hashes = block_hashes(sample.prompt_ids, BLOCK_TOKENS)
         views = [instance_view(e, e.prefixes.cached_tokens(hashes)) for e in engines]
     else:
         views = [instance_view(e) for e in engines]

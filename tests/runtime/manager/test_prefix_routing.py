@@ -7,8 +7,9 @@ import asyncio
 
 from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.config import EngineEntry, ManagerConfig
-from rollflow.runtime.manager.prefixes import PrefixRecord, block_hashes, prefix_key
+from rollflow.runtime.manager.prefixes import BLOCK_TOKENS, PrefixRecord, prefix_key
 from rollflow.runtime.manager.service import RolloutManager
+from rollflow.runtime.token_blocks import block_hashes
 from tests.runtime.processes import http, start_engine
 
 
@@ -67,15 +68,17 @@ def test_the_managers_record_finds_leading_blocks_and_forgets_the_least_recently
     record = PrefixRecord(max_blocks=4)
     system = list(range(100, 132))  # two blocks shared by every prompt
     record.sent(system + list(range(16)) + [7])  # three whole blocks; the partial one is not kept
-    assert record.cached_tokens(block_hashes(system + list(range(16)) + [9] * 20)) == 48
-    assert record.cached_tokens(block_hashes(system + [5] * 40)) == 32  # the shared system prompt
-    assert record.cached_tokens(block_hashes([1] * 48)) == 0
+    assert record.cached_tokens(block_hashes(system + list(range(16)) + [9] * 20, BLOCK_TOKENS)) == 48
+    assert (
+        record.cached_tokens(block_hashes(system + [5] * 40, BLOCK_TOKENS)) == 32
+    )  # the shared system prompt
+    assert record.cached_tokens(block_hashes([1] * 48, BLOCK_TOKENS)) == 0
     # a turn's whole context (the prompt and the answer) is found by the next turn, which extends it
     turn = system + [3] * 16
     record.sent(turn + [4] * 16)
-    assert record.cached_tokens(block_hashes(turn + [4] * 16 + [8] * 16)) == 64
+    assert record.cached_tokens(block_hashes(turn + [4] * 16 + [8] * 16, BLOCK_TOKENS)) == 64
     # past four blocks the least recently sent go: the first prompt's third block
-    assert record.cached_tokens(block_hashes(system + list(range(16)))) == 32
+    assert record.cached_tokens(block_hashes(system + list(range(16)), BLOCK_TOKENS)) == 32
 
 
 def test_a_single_requests_key_is_its_whole_prompt_and_a_batch_samples_its_group():

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollflow.runtime.token_blocks import block_hashes
+
 
 @dataclass
 class _Entry:
@@ -45,7 +47,7 @@ class PrefixCache:
         that leaves at least one token to compute; (0, None) on a miss."""
         self.num_lookup_tokens += len(token_ids)
         best: tuple[int, int] | None = None  # (tokens, entry id)
-        for num_blocks, block_hash in enumerate(self._hashes(token_ids, len(token_ids)), start=1):
+        for num_blocks, block_hash in enumerate(block_hashes(token_ids, self.block_size), start=1):
             entry_id = self._by_hash.get(block_hash)
             if entry_id is None:
                 break
@@ -68,7 +70,7 @@ class PrefixCache:
     def insert(self, token_ids: Sequence[int], kv: Any) -> None:
         """Keep the KV of the block-aligned part of `token_ids` (whose KV `kv` holds, maybe with more
         tokens after them), unless the cache holds that prefix already."""
-        hashes = self._hashes(token_ids, len(token_ids))
+        hashes = block_hashes(token_ids, self.block_size)
         if not hashes or self.max_tokens < len(hashes) * self.block_size:
             return
         if hashes[-1] in self._by_hash:
@@ -97,12 +99,3 @@ class PrefixCache:
             if self._by_hash.get(block_hash) == entry_id:
                 del self._by_hash[block_hash]
         self.num_tokens -= len(entry.token_ids)
-
-    def _hashes(self, token_ids: Sequence[int], limit: int) -> list[int]:
-        """Chained hashes of the whole blocks within the first `limit` tokens."""
-        size = self.block_size
-        hashes, previous = [], 0
-        for start in range(0, max(0, limit) // size * size, size):
-            previous = hash((previous, tuple(token_ids[start : start + size])))
-            hashes.append(previous)
-        return hashes
