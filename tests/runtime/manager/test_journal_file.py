@@ -139,7 +139,7 @@ def _stream(journal: Journal, sample: Sample, num_tokens: int) -> None:
     for _ in range(num_tokens):
         tokens, logprobs = [len(sample.output_ids) + 10], [-0.5]
         sample.record(0, "http://e", 0, tokens, logprobs)
-        journal.tokens(sample, tokens, logprobs, ended=False)
+        journal.tokens(sample, len(tokens), ended=False)
 
 
 def test_tokens_past_the_bound_are_written_at_once_not_at_the_interval(tmp_path):
