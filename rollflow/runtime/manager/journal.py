@@ -2,9 +2,10 @@
 where it was, and the tokens its engines generated are not generated again.
 
 One writer thread owns the connection; the event loop never waits on disk, and pays per streamed
-chunk a few appends, no lock. The loop notes what changed on its own (a chunk's sample, start and
-tokens appended to flat lists; the latest row of each sample changed; other statements in order)
-and hands it to the writer as one round every `journal_flush_interval_ms`, or as soon as half of
+chunk a count and a mark of its sample, no lock, no copy. The loop notes what changed on its own (the
+samples with new tokens; the latest row of each sample changed; other statements in order) and hands
+it to the writer as one round (each marked sample's tokens past what it journaled taken from its own
+lists then, once a round) every `journal_flush_interval_ms`, or as soon as half of
 `journal_max_unflushed_tokens` has gathered; the writer commits what it was handed as one
 transaction, a round's tokens as one row (journal_file.py). While more than
 `journal_max_unflushed_tokens` tokens are not yet committed the manager's streams pause, which bounds
@@ -55,18 +56,18 @@ class _Round:
     """What the loop hands the writer at once: all that changed since the last round, written in this
     order (a compaction of an owner's rows ends its round, so it comes after all it should delete)."""
 
-    # tokens as streamed, a chunk at a time, in flat lists: no object per chunk for the GC to chase
-    sample_ids: list[str]  # each chunk's sample
-    starts: array  # where in its sample's output the chunk starts
+    # the round's new tokens as runs (a run: one sample's tokens in one span), in flat lists
+    sample_ids: list[str]  # each run's sample
+    starts: array  # where in its sample's output the run starts
     counts: array  # its number of tokens
-    spans: list[tuple]  # the chunks that opened a span: (chunk index, attempt, engine id, url, version)
-    token_ids: list[int]  # the chunks' tokens, one chunk's after another
+    spans: list[tuple]  # the runs that opened a span: (run index, attempt, engine id, url, version)
+    token_ids: list[int]  # the runs' tokens, one run's after another
     logprobs: list[float]  # and their logprobs
-    owners: set[str]  # the owners of the chunks' samples
+    owners: set[str]  # the owners of the runs' samples
     rows: dict[str, tuple]  # sample id -> its row (`sample_values`), the latest
     attempts: dict[str, tuple | None]  # sample id -> its attempt running (owner, rid, url); None: ended
     ops: list[tuple[str, tuple]]  # other statements, in the order they were queued
-    num_tokens: int  # the chunks' tokens
+    num_tokens: int  # tokens streamed in the round (the bound's count)
     waiters: list[asyncio.Future]  # durable() callers, answered once the round is committed
 
     def __bool__(self) -> bool:
@@ -140,13 +141,8 @@ class Journal:
         self._room.set()
         self.num_commits = 0
         # noted on the loop since the last round (the loop's alone)
-        self._sample_ids: list[str] = []  # the chunks, as in _Round
-        self._starts = array("q")
-        self._counts = array("q")
-        self._spans: list[tuple] = []
-        self._token_ids: list[int] = []
-        self._logprobs: list[float] = []
-        self._owners: set[str] = set()
+        # samples with tokens past what they journaled (`Sample.journaled`), by id, in order
+        self._dirty: dict[str, Sample] = {}
         self._rows: dict[str, tuple] = {}
         self._attempts: dict[str, tuple | None] = {}
         self._ops: list[tuple[str, tuple]] = []
@@ -244,35 +240,15 @@ class Journal:
         if self._next_round is None:
             self._arm()
 
-    def tokens(self, sample: Sample, token_ids: list[int], logprobs: list[float], ended: bool) -> None:
-        """`sample` just recorded these tokens; `ended`: its attempt ends with them (its finish reason
-        goes in their round, so a restart never resumes a sample that had finished). Called for every
-        chunk every engine streams: it only appends, and the writer packs the round's chunks at once."""
-        name = sample.batch_id
-        if name is None:
-            name = owner(sample)
-            if name is None:
-                return  # a single /generate request
-        if token_ids:
-            num_tokens = len(token_ids)
-            start = len(sample.output_ids) - num_tokens
-            span = sample.spans[-1]
-            if span.start == start:  # the chunk opened a span: the rest of it runs in the same
-                self._spans.append(
-                    (
-                        len(self._sample_ids),
-                        span.attempt,
-                        span.engine_id,
-                        span.engine_url,
-                        span.weight_version,
-                    )
-                )
-            self._sample_ids.append(sample.sample_id)
-            self._starts.append(start)
-            self._counts.append(num_tokens)
-            self._token_ids += token_ids
-            self._logprobs += logprobs
-            self._owners.add(name)
+    def tokens(self, sample: Sample, num_tokens: int, ended: bool) -> None:
+        """`sample` just recorded `num_tokens` tokens; `ended`: its attempt ends with them (its finish
+        reason goes in their round, so a restart never resumes a sample that had finished). Called for
+        every chunk every engine streams, so it only counts and marks the sample: the round takes the
+        sample's tokens past what it journaled from its own lists, once per round (`_take`)."""
+        if sample.batch_id is None and sample.session_id is None:
+            return  # a single /generate request
+        if num_tokens:
+            self._dirty[sample.sample_id] = sample
             self._num_tokens += num_tokens
             self._received += num_tokens
         if ended:
@@ -284,6 +260,7 @@ class Journal:
 
     def output_discarded(self, sample: Sample) -> None:
         # the token log is append-only: the sample's next tokens, from 0 again, replace these at restore
+        sample.journaled = 0
         self.sample_changed(sample)
 
     def attempt_started(self, sample: Sample, rid: str, engine_url: str) -> None:
@@ -389,23 +366,51 @@ class Journal:
         self._hand(self._take())
 
     def _take(self) -> _Round:
-        """What was noted since the last round, as a round; the loop starts noting afresh."""
+        """What was noted since the last round, as a round; the loop starts noting afresh. Each marked
+        sample's new tokens are taken from its own lists here, a run per span they fall in: once per
+        sample a round, not once per streamed chunk."""
+        sample_ids: list[str] = []
+        starts, counts = array("q"), array("q")
+        spans: list[tuple] = []
+        token_ids: list[int] = []
+        logprobs: list[float] = []
+        owners: set[str] = set()
+        for sample in self._dirty.values():
+            first, end = sample.journaled, len(sample.output_ids)
+            if end <= first:
+                continue  # thrown away (`resume: restart`) since it was marked
+            sample_spans = sample.spans
+            index = len(sample_spans) - 1
+            while index > 0 and sample_spans[index].start > first:
+                index -= 1  # the span the new tokens begin in
+            for span in sample_spans[index:]:
+                start = max(span.start, first)
+                if start == span.start:  # the run opens its span: the rest of it runs in the same
+                    spans.append(
+                        (len(sample_ids), span.attempt, span.engine_id, span.engine_url, span.weight_version)
+                    )
+                sample_ids.append(sample.sample_id)
+                starts.append(start)
+                counts.append(span.end - start)
+            token_ids += sample.output_ids[first:end]
+            logprobs += sample.output_logprobs[first:end]
+            owners.add(owner(sample))
+            sample.journaled = end
         taken = _Round(
-            self._sample_ids,
-            self._starts,
-            self._counts,
-            self._spans,
-            self._token_ids,
-            self._logprobs,
-            self._owners,
+            sample_ids,
+            starts,
+            counts,
+            spans,
+            token_ids,
+            logprobs,
+            owners,
             self._rows,
             self._attempts,
             self._ops,
             self._num_tokens,
             self._waiters,
         )
-        self._sample_ids, self._starts, self._counts, self._spans = [], array("q"), array("q"), []
-        self._token_ids, self._logprobs, self._owners = [], [], set()
+        self._dirty = {}
         self._rows, self._attempts, self._ops, self._num_tokens, self._waiters = {}, {}, [], 0, []
         return taken
 

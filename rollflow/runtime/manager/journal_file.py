@@ -1,10 +1,10 @@
 """The journal's file: its schema, opening it for a manager (refusing another config's or another
 version's), and reading back what it holds when a manager starts on it (journal.py writes it).
 
-The token log keeps the tokens as the engines streamed them, a row per round of the writer: the
-chunks' sample ids (JSON), the chunks that opened a span (JSON: the span's attempt, engine and weight
-version, so the spans are rebuilt exactly), and the chunks' starts and counts, token ids and
-logprobs packed (int64, float64).
+The token log keeps the tokens the engines streamed, a row per round of the writer, in runs (a run:
+one sample's new tokens of the round in one span): the runs' sample ids (JSON), the runs that opened
+a span (JSON: the span's attempt, engine and weight version, so the spans are rebuilt exactly), and
+the runs' starts and counts, token ids and logprobs packed (int64, float64).
 """
 
 from __future__ import annotations

@@ -260,6 +260,7 @@ def _replay(snapshot: Snapshot, sample: Sample) -> None:
         sample.record(
             chunk.engine_id, chunk.engine_url, chunk.weight_version, chunk.token_ids, chunk.logprobs
         )
+    sample.journaled = len(sample.output_ids)  # on disk already: not written again
     sample.attempts = row["attempts"]
     sample.resumes = row["resumes"]
     sample.request_failures = row["request_failures"]

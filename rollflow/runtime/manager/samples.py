@@ -83,6 +83,7 @@ class Sample:
         None  # the session whose turn this is (sessions.py): routed by the session policy
     )
     pinned_version: int | None = None  # a session's weight version, before the turn has a token of its own
+    journaled: int = 0  # output tokens handed to the journal so far (journal.py takes the rest per round)
 
     @property
     def engine_text(self) -> str:

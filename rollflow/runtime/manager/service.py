@@ -913,7 +913,7 @@ class RolloutManager:
                 if ended:
                     sample.finish_reason = chunk.finish_reason or "length"
                 if self.journal is not None and (tokens or ended):
-                    self.journal.tokens(sample, tokens, logprobs, ended)
+                    self.journal.tokens(sample, len(tokens), ended)
                 if chunk.finish_reason == "abort" and chunk.status_code is not None:
                     # the engine blames the request (SGLang's status_code): another engine may agree
                     why = chunk.message or "no reason given"

@@ -139,7 +139,7 @@ def _stream(journal: Journal, sample: Sample, num_tokens: int) -> None:
     for _ in range(num_tokens):
         tokens, logprobs = [len(sample.output_ids) + 10], [-0.5]
         sample.record(0, "http://e", 0, tokens, logprobs)
-        journal.tokens(sample, tokens, logprobs, ended=False)
+        journal.tokens(sample, len(tokens), ended=False)
 
 
 def test_tokens_past_the_bound_are_written_at_once_not_at_the_interval(tmp_path):
@@ -210,3 +210,44 @@ def test_a_turn_ended_and_the_next_begun_in_one_flush_keep_the_new_turns_tokens(
 
 def _count(conn: sqlite3.Connection, table: str) -> int:
     return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+
+
+def test_a_rounds_runs_follow_the_samples_spans_across_attempts_and_rounds(tmp_path):
+    """Each round takes a sample's new tokens from its own lists, a run per span they fall in: a span
+    begun in one round and carried on in the next, a second attempt and a new weight version within
+    one round, and tokens thrown away (`resume: restart`) come back exactly as recorded."""
+    sample, other = _sample(0), _sample(1)
+
+    async def run() -> None:
+        conn, _ = open_journal(str(tmp_path / "j.db"), CONFIG)
+        journal = Journal(conn, flush_interval_ms=60_000, max_unflushed_tokens=10_000)
+        journal.start()
+        _stream(journal, sample, 3)
+        _stream(journal, other, 4)
+        await journal.durable()
+        _stream(journal, sample, 2)  # the first span carried on
+        sample.begin_attempt(1)
+        _stream(journal, sample, 2)  # a second attempt, in the same round
+        sample.record(1, "http://f", 1, [99], [-0.25])  # a new weight version
+        journal.tokens(sample, 1, ended=False)
+        other.discard_output()
+        journal.output_discarded(other)
+        _stream(journal, other, 2)  # from 0 again
+        await journal.durable()
+        await journal.close()
+
+    asyncio.run(run())
+    conn, snapshot = open_journal(str(tmp_path / "j.db"), CONFIG)
+    conn.close()
+    runs = [
+        (c.start, c.attempt, c.engine_url, c.weight_version, c.token_ids) for c in snapshot.chunks["b-0-0"]
+    ]
+    assert runs == [
+        (0, 1, "http://e", 0, [10, 11, 12, 13, 14]),  # one span over two rounds: read back as one
+        (5, 2, "http://e", 0, [15, 16]),
+        (7, 2, "http://f", 1, [99]),
+    ]
+    assert [(c.start, c.token_ids) for c in snapshot.chunks["b-1-0"]] == [
+        (0, [10, 11, 12, 13]),
+        (0, [10, 11]),
+    ]
