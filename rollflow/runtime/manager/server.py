@@ -36,6 +36,7 @@ GET    /get_model_info, /get_server_info, /v1/models, /health_generate; POST /fl
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -395,6 +396,11 @@ async def serve(config: ManagerConfig, ready: asyncio.Event | None = None) -> No
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()
     log.info("rollflow manager listening on http://%s:%d", config.host, config.port)
+    # what startup built (modules, the app, the engines' clients) lives as long as the manager:
+    # out of the collector's sight, the collections that requests' garbage triggers stay small
+    # (they took about 5% of the manager's py-spy samples under benchmarks/manager_overhead.py, 1% after)
+    gc.collect()
+    gc.freeze()
     if ready is not None:
         ready.set()
     try:
