@@ -248,8 +248,7 @@ class ServingSimulator:
         index += 1
         if index < len(requests):
             # Built inline (the hot path); the same as self.events.event(...).
-            reaches = requests[index].arrived_at + self._overhead_s
-            seq = self.events.next_seq()
+            reaches, seq = self._reaches_replica(index), self.events.next_seq()
             events.append(_new_tuple(Event, (reaches, _ARRIVAL, seq, self._on_arrival, index, 0, None, 0)))
         return events
 
