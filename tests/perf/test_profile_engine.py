@@ -61,7 +61,8 @@ def test_engine_profile_writes_tables_whose_simulation_gives_the_measured_times(
     # batch of 4 at that KV length: that iteration must take what the engine took per iteration at
     # decode batch 4 and that KV length (its printed median), or its four tokens' cost through the
     # weights (the 16-token row: rounded up to 8, clamped) when a loaded machine measured the batch
-    # faster than that. KV granularity 1: the lookup is at the profiled length, not a bucket's.
+    # faster than that. KV granularity 1: the lookup is at the profiled length, not a bucket's; the
+    # prompts are one token short of it, since a decode's KV holds the token sampled at prefill too.
     tokens_ms = 2 * float(rows[16]["time_stats.attn_pre_proj.median"])
     for kv in kv_lengths:
         [printed] = [
@@ -71,7 +72,7 @@ def test_engine_profile_writes_tables_whose_simulation_gives_the_measured_times(
         (tmp_path / f"decode{kv}").mkdir()
         batch = simulate_requests(
             tmp_path / "tables",
-            [(0.0, kv, 2)] * 4,
+            [(0.0, kv - 1, 2)] * 4,
             tmp_path / f"decode{kv}",
             chunk_size=512,
             kv_cache_granularity=1,
