@@ -85,6 +85,9 @@ class ManagerConfig(StrictModel):
     """Most generated tokens waiting to be written: past it the writer commits at once and the manager's
     streams wait for it, so a crash loses at most this many of the tokens the manager had received
     (plus one chunk per running sample)."""
+    max_open_sessions: int = Field(4096, ge=1)
+    """Multi-turn sessions open at once; opening one more is a 429 until one is closed (each open
+    session keeps its whole context in memory, and in the journal)."""
     offload: OffloadSection = OffloadSection()
     engines: list[EngineEntry] = Field(default_factory=list)
 

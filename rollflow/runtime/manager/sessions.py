@@ -57,6 +57,11 @@ class SessionConflict(UserError):
     """The session cannot take this turn now: closed, busy with a turn, or its weight version gone."""
 
 
+class TooManySessions(UserError):
+    """`max_open_sessions` are open: an agent loop that never closes its sessions would otherwise grow
+    the manager's memory (each holds its whole context) until it dies."""
+
+
 class TurnFailed(UserError):
     """The manager gave up on the turn (attempts exhausted), or an engine refused its input."""
 
@@ -240,6 +245,12 @@ class SessionStore:
         session_id = session_id or uuid.uuid4().hex
         if session_id in self._open or session_id in self._closed:
             raise SessionConflict(f"session {session_id!r} exists already; open it under another id")
+        limit = self.manager.config.max_open_sessions
+        if len(self._open) >= limit:
+            raise TooManySessions(
+                f"{len(self._open)} sessions are open, max_open_sessions={limit}: close finished ones "
+                "with DELETE /v1/sessions/{id} (or raise max_open_sessions in the manager config)"
+            )
         session = Session(session_id, weight_version, allow_off_policy)
         self._open[session_id] = session
         log.info("session %s opened (version %s)", session_id, weight_version)

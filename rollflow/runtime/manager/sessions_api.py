@@ -43,6 +43,7 @@ from rollflow.runtime.manager.sessions import (
     SessionConflict,
     SessionNotFound,
     SessionStore,
+    TooManySessions,
     Turn,
     TurnFailed,
 )
@@ -65,6 +66,8 @@ def _errors(exc: Exception) -> web.HTTPException:
         return not_found(str(exc))
     if isinstance(exc, SessionConflict):
         return http_error(web.HTTPConflict, str(exc))
+    if isinstance(exc, TooManySessions):
+        return http_error(web.HTTPTooManyRequests, str(exc))
     if isinstance(exc, TurnFailed) and exc.refused:
         return BadRequest(str(exc))
     return http_error(web.HTTPBadGateway, str(exc))
@@ -76,7 +79,7 @@ async def open_session(request: web.Request) -> web.Response:
         session, created = await _store(request).open(
             body.session_id, body.weight_version, body.allow_off_policy
         )
-    except SessionConflict as exc:
+    except (SessionConflict, TooManySessions) as exc:
         raise _errors(exc) from None
     answer = {
         "session_id": session.session_id,
@@ -177,7 +180,7 @@ async def open_sglang_session(request: web.Request) -> web.Response:
     body = await parse_body(request, OpenSGLangSessionBody)
     try:
         session, _ = await _store(request).open(body.session_id)
-    except SessionConflict as exc:
+    except (SessionConflict, TooManySessions) as exc:
         raise _errors(exc) from None
     return web.json_response(session.session_id)
 

@@ -254,3 +254,16 @@ def _abort_a_long_turn(client: ManagerClient, manager, engine_url: str, abort: d
     after = client.send_turn(session_id, ENV_TOKENS[2], **SAMPLING)
     assert len(after["output_ids"]) == SAMPLING["max_new_tokens"]
     client.close_session(session_id)
+
+
+def test_opening_past_max_open_sessions_is_a_429_until_one_is_closed(processes):
+    manager = processes.manager(max_open_sessions=2)  # sessions open without an engine
+    client = ManagerClient(manager.url)
+    first, _ = client.open_session(), client.open_session()
+    for path, body in (("/v1/sessions", {}), ("/open_session", {"capacity_of_str_len": 1024})):
+        status, answer = http("POST", manager.url + path, body)
+        assert status == 429, answer
+        message = answer["error"]["message"]
+        assert "2 sessions are open, max_open_sessions=2" in message and "DELETE /v1/sessions/" in message
+    client.close_session(first)
+    client.open_session()  # a closed session frees its place
