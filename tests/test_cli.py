@@ -77,6 +77,7 @@ def test_help_and_sim_never_import_torch_and_plot_only_when_asked(tmp_path):
     run = ("sim", "serve", "--config", "examples/sim/demo.yaml", "workload.num_requests=50")
     without_plots = _imported_modules(*run, "--output-dir", str(tmp_path / "a"), "--no-plots")
     assert "rollflow" in without_plots and not without_plots & HEAVY
+    assert not without_plots & {"rich", "PIL"}  # rich draws only a terminal's progress bar
     assert not (tmp_path / "a" / "plots").exists()
     with_plots = _imported_modules(*run, "--output-dir", str(tmp_path / "b"))
     assert with_plots & HEAVY == {"matplotlib"}
