@@ -85,7 +85,7 @@ def _add_no_plots(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-plots",
         action="store_true",
-        help="skip plots/ (sets output.plots=false; saves loading matplotlib, for searches and loops)",
+        help="skip plots/ (sets output.plots=false; saves drawing two PNGs, for searches and loops)",
     )
 
 
