@@ -57,8 +57,12 @@ class Axes:
     legend_columns: int = 0  # 0: no legend
 
     def plot(self, xs: np.ndarray, ys: np.ndarray, width: float = 1.0, label: str | None = None) -> None:
+        """A line through the points, in the next colour of the cycle; points that are not
+        finite are left out."""
+        xs, ys = np.asarray(xs, float), np.asarray(ys, float)
+        finite = np.isfinite(xs) & np.isfinite(ys)
         color = COLORS[len(self.series) % len(COLORS)]
-        self.series.append(_Series(np.asarray(xs, float), np.asarray(ys, float), color, width, label))
+        self.series.append(_Series(xs[finite], ys[finite], color, width, label))
 
     def step(self, xs: np.ndarray, ys: np.ndarray, width: float = 1.0, label: str | None = None) -> None:
         """A value holds from its x until the next x (matplotlib's `where="post"`)."""
@@ -175,9 +179,9 @@ class Figure:
 
 
 def _limits(arrays: list[np.ndarray]) -> tuple[float, float]:
-    """The finite data's range widened by MARGIN on each side (by MARGIN of the value around a
-    single value); (0, 1) without data."""
-    values = [finite for a in arrays if len(finite := a[np.isfinite(a)])]
+    """The data's range widened by MARGIN on each side (by MARGIN of the value around a single
+    value); (0, 1) without data."""
+    values = [a for a in arrays if len(a)]
     if not values:
         return 0.0, 1.0
     lo = min(float(np.min(a)) for a in values)
@@ -197,7 +201,7 @@ def _ticks(lo: float, hi: float, length: int) -> list[tuple[float, str]]:
     step = next(s * decade for s in TICK_STEPS if s * decade >= raw * (1 - 1e-9))
     first = math.ceil(lo / step - 1e-9)
     values = [k * step for k in range(first, math.floor(hi / step + 1e-9) + 1)]
-    decimals = next(d for d in range(12) if abs(round(step, d) - step) < step * 1e-6)
+    decimals = next((d for d in range(17) if abs(round(step, d) - step) < step * 1e-6), 17)
     texts = [f"{value:.{decimals}f}" for value in values]
     return [
         (v, t[1:] if t.startswith("-") and not float(t) else t) for v, t in zip(values, texts, strict=True)

@@ -33,6 +33,8 @@ def test_ticks_are_round_steps_inside_the_range():
         "0.07",
     ]
     assert [text for _, text in _ticks(-5.0, 5.0, 300 * SCALE)] == ["-4", "-2", "0", "2", "4"]
+    tiny = _ticks(0.05, 0.05 + 1e-14, 300 * SCALE)  # nearly equal latencies still get ticks
+    assert tiny and all(0.05 <= value <= 0.05 + 1e-14 for value, _ in tiny)
 
 
 def test_limits_widen_the_data_by_a_margin():
@@ -44,7 +46,7 @@ def test_limits_widen_the_data_by_a_margin():
 def test_a_step_curve_is_drawn_in_its_colour_where_its_values_are(tmp_path):
     fig = Figure(400, 300)
     ax = fig.add_axes(0.1, 0.1, 0.9, 0.9)
-    ax.step(np.array([0.0, 5.0, 10.0]), np.array([0.0, 10.0, 10.0]), width=2, label="replica 0")
+    ax.step(np.array([0.0, 5.0, 10.0, np.nan]), np.array([0.0, 10.0, 10.0, 3.0]), width=2, label="replica 0")
     ax.legend_columns = 1
     path = fig.save(tmp_path / "step.png")
     image = np.asarray(Image.open(path).convert("RGB")).astype(int)
