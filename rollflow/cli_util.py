@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from pydantic import BaseModel
+if TYPE_CHECKING:  # a command's --help needs no pydantic
+    from pydantic import BaseModel
 
 
 def print_yaml(config: BaseModel) -> None:

@@ -14,7 +14,6 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rollflow.errors import UserError
@@ -35,6 +34,8 @@ class ConfigError(UserError):
 def load_config(model_cls: type[ModelT], path: str | Path | None, overrides: list[str] = ()) -> ModelT:
     raw: dict[str, Any] = {}
     if path is not None:
+        import yaml  # here, not at the top: a config built from flags never reads YAML (15 ms)
+
         file = Path(path)
         if not file.is_file():
             raise ConfigError(f"config error: file not found: {path}")
@@ -74,6 +75,8 @@ def apply_override(raw: dict[str, Any], override: str) -> None:
         if not isinstance(child, dict | list):
             raise ConfigError(f"config error: {key}: {part!r} holds a value, not a section")
         node = child
+    import yaml
+
     try:
         value = yaml.safe_load(text) if text.strip() else ""
     except yaml.YAMLError:

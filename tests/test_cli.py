@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from tests.factories import REPO
+from tests.factories import CONV_TRACE, REPO, VIDUR_DATA
 
 
 def _rollflow(*args, cwd=REPO):
@@ -77,7 +77,27 @@ def test_help_and_sim_never_import_torch_and_plot_only_when_asked(tmp_path):
     run = ("sim", "serve", "--config", "examples/sim/demo.yaml", "workload.num_requests=50")
     without_plots = _imported_modules(*run, "--output-dir", str(tmp_path / "a"), "--no-plots")
     assert "rollflow" in without_plots and not without_plots & HEAVY
+    assert not without_plots & {"rich", "PIL"}  # rich draws only a terminal's progress bar
     assert not (tmp_path / "a" / "plots").exists()
     with_plots = _imported_modules(*run, "--output-dir", str(tmp_path / "b"))
-    assert with_plots & HEAVY == {"matplotlib"}
+    assert not with_plots & HEAVY and "PIL" in with_plots  # figures are drawn on Pillow
     assert (tmp_path / "b" / "plots" / "latency_cdf.png").exists()
+
+
+def test_sim_from_vidur_without_plots_imports_no_plotting_yaml_or_rich(tmp_path):
+    """Vidur's flags, its ./data/profiling layout and a 50-request trace, as a user runs it."""
+    compute = tmp_path / "data" / "profiling" / "compute" / "a100" / "meta-llama" / "Llama-2-7b-hf"
+    compute.mkdir(parents=True)
+    (compute / "mlp.csv").symlink_to(
+        VIDUR_DATA / "profiling" / "compute" / "a100" / "meta-llama" / "Llama-2-7b-hf" / "mlp.csv"
+    )
+    (tmp_path / "data" / "profiling" / "network").symlink_to(VIDUR_DATA / "profiling" / "network")
+    trace = tmp_path / "trace.csv"
+    trace.write_text("\n".join(CONV_TRACE.read_text().splitlines()[:51]) + "\n")
+    flags = ["--replica_scheduler_config_type", "sarathi", "--cluster_config_num_replicas", "2",
+             "--request_generator_config_type", "trace_replay", "--trace_request_generator_config_trace_file",
+             str(trace), "--no-metrics_config_store_plots"]  # fmt: skip
+    imported = _imported_modules("sim", "from-vidur", "--output-dir", "out", "--", *flags, cwd=tmp_path)
+    assert "rollflow" in imported and not imported & (HEAVY | {"PIL", "rich", "yaml"})
+    assert len((tmp_path / "out" / "requests.csv").read_text().splitlines()) == 51
+    assert not (tmp_path / "out" / "plots").exists()

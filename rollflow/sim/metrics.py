@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
+from operator import attrgetter, itemgetter
 
 import numpy as np
 
@@ -41,28 +43,39 @@ class RequestTable:
 
 def request_table(result: SimResult) -> RequestTable:
     done = [r for r in result.requests if r.completed_at is not None]
-    arrived = np.array([r.arrived_at for r in done])
-    first_token = np.array([r.prefill_completed_at for r in done])
-    completed = np.array([r.completed_at for r in done])
-    scheduled = np.array([r.scheduled_at for r in done])
-    outputs = np.array([r.output_tokens for r in done])
+
+    def column(name: str, dtype: type = float) -> np.ndarray:  # one C-level pass per attribute
+        return np.fromiter(map(attrgetter(name), done), dtype, len(done))
+
+    arrived = column("arrived_at")
+    first_token = column("prefill_completed_at")
+    completed = column("completed_at")
+    scheduled = column("scheduled_at")
+    outputs = column("output_tokens", np.int64)
     return RequestTable(
         {
-            "id": np.array([r.id for r in done], dtype=np.int64),
-            "replica": np.array([r.replica_id for r in done], dtype=np.int64),
+            "id": column("id", np.int64),
+            "replica": column("replica_id", np.int64),
             "arrived_at": arrived,
             "scheduled_at": scheduled,
             "first_token_at": first_token,
             "completed_at": completed,
-            "prompt_tokens": np.array([r.prompt_tokens for r in done], dtype=np.int64),
+            "prompt_tokens": column("prompt_tokens", np.int64),
             "output_tokens": outputs,
-            "preemptions": np.array([r.num_restarts for r in done], dtype=np.int64),
+            "preemptions": column("num_restarts", np.int64),
             "ttft": first_token - arrived,
             "tpot": (completed - first_token) / np.maximum(outputs, 1),
             "e2e": completed - arrived,
             "scheduling_delay": scheduled - arrived,
         }
     )
+
+
+def rows_array(rows: Sequence[tuple], width: int) -> np.ndarray:
+    """A list of equal-length number tuples as a float array, without `np.array`'s per-tuple
+    inspection (a quarter of the time on a run's batch records)."""
+    flat = np.fromiter(chain.from_iterable(rows), float, len(rows) * width)
+    return flat.reshape(len(rows), width)
 
 
 def distribution(values: np.ndarray, points: Sequence[float] = PERCENTILES) -> dict[str, float]:
@@ -111,7 +124,10 @@ def summarize(
     all_batches = []
     for replica in result.replicas:
         stats = replica.stats
-        kv = np.array([s[1] for s in stats.kv_samples]) if stats.kv_samples else np.zeros(1)
+        kv_samples = stats.kv_samples
+        kv = (
+            np.fromiter(map(itemgetter(1), kv_samples), float, len(kv_samples)) if kv_samples else np.zeros(1)
+        )
         busy = stats.busy_s / replica.num_stages
         replicas.append(
             {
@@ -128,7 +144,7 @@ def summarize(
             }
         )
         all_batches.extend(stats.batches)
-    batch_arr = np.array(all_batches) if all_batches else np.zeros((0, 6))
+    batch_arr = rows_array(all_batches, 6)
     weights = batch_arr[:, 5] if len(batch_arr) else np.zeros(0)
     return {
         **{name: distribution(cols[name], percentiles) for name in LATENCY_METRICS},

@@ -1,10 +1,8 @@
 """PNG figures of a simulation: latency CDFs, and queue depth and KV use over time per replica.
 
 Curves are downsampled before they are drawn (a figure is about a thousand pixels wide; a run
-has hundreds of thousands of samples), which keeps writing plots a small part of a run. Figures
-are drawn on matplotlib's Agg canvas directly, without pyplot (a tenth of a second less to
-import, no global figure registry), and with fixed margins: `tight_layout` would draw every
-figure twice, once to measure its labels.
+has hundreds of thousands of samples), and drawn by `rollflow.sim.chart` on Pillow rather than
+matplotlib: the two figures took 0.75 CPU s of a run through matplotlib, about 0.1 now.
 """
 
 from __future__ import annotations
@@ -12,10 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
-from rollflow.sim.metrics import RequestTable
+from rollflow.sim.chart import Figure
+from rollflow.sim.metrics import RequestTable, percentiles, rows_array
 from rollflow.sim.simulator import SimResult
 
 MAX_POINTS = 1000  # per curve
@@ -28,72 +25,63 @@ CDF_PANELS = (
 
 
 def plot_latency_cdfs(path: Path, table: RequestTable) -> Path:
-    fig = Figure(figsize=(13, 3.6))
-    axes = fig.subplots(1, len(CDF_PANELS))
-    fig.subplots_adjust(left=0.05, right=0.99, bottom=0.15, top=0.88, wspace=0.22)
-    for ax, (column, label) in zip(axes, CDF_PANELS, strict=True):
+    fig = Figure(1430, 396)
+    fig.title = f"Latency CDFs ({len(table)} requests; dotted: p50, p90, p99)"
+    gap = 0.065  # room for the next panel's tick labels and y label
+    width = (0.99 - 0.05 - gap * (len(CDF_PANELS) - 1)) / len(CDF_PANELS)
+    for i, (column, label) in enumerate(CDF_PANELS):
+        left = 0.05 + i * (width + gap)
+        ax = fig.add_axes(left, 0.12, left + width, 0.85)
         values = np.sort(table.columns[column])
         if len(values):
             fractions = np.arange(1, len(values) + 1) / len(values)
             keep = _sample_indices(len(values))
-            ax.plot(values[keep], fractions[keep], lw=1.6)
-            for q in (50, 90, 99):
-                ax.axvline(np.percentile(values, q), ls=":", lw=0.8, color="grey")
-        ax.set_xlabel(label)
-        ax.set_ylabel("fraction of requests")
-        ax.grid(alpha=0.3)
-    fig.suptitle(f"Latency CDFs ({len(table)} requests; dotted: p50, p90, p99)")
-    return _save(fig, path)
+            ax.plot(values[keep], fractions[keep], width=1.6)
+            ax.vlines = percentiles(values, (50, 90, 99))
+        ax.xlabel, ax.ylabel = label, "fraction of requests"
+    return fig.save(path)
 
 
 def plot_replica_timelines(path: Path, result: SimResult) -> Path:
-    fig = Figure(figsize=(11, 5.5))
-    ax_queue, ax_kv = fig.subplots(2, 1, sharex=True)
-    fig.subplots_adjust(left=0.07, right=0.99, bottom=0.09, top=0.93, hspace=0.08)
+    fig = Figure(1210, 605)
+    fig.title = "Queue depth and KV-cache use over time"
+    ax_queue = fig.add_axes(0.07, 0.07, 0.99, 0.49)
+    ax_kv = fig.add_axes(0.07, 0.51, 0.99, 0.91)
     for replica in result.replicas:
-        samples = np.array(replica.stats.kv_samples) if replica.stats.kv_samples else np.zeros((0, 4))
-        if not len(samples):
+        if not replica.stats.kv_samples:
             continue
-        samples = _downsample_steps(samples)
-        ax_queue.step(samples[:, 0], samples[:, 2], where="post", lw=1, label=f"replica {replica.id}")
-        ax_kv.step(samples[:, 0], 100 * samples[:, 1], where="post", lw=1, label=f"replica {replica.id}")
-    ax_queue.set_ylabel("waiting requests")
-    ax_kv.set_ylabel("KV blocks in use (%)")
-    ax_kv.set_xlabel("simulated time (s)")
-    for ax in (ax_queue, ax_kv):
-        ax.grid(alpha=0.3)
+        samples = _downsample_steps(rows_array(replica.stats.kv_samples, 4))
+        ax_queue.step(samples[:, 0], samples[:, 2], label=f"replica {replica.id}")
+        ax_kv.step(samples[:, 0], 100 * samples[:, 1], label=f"replica {replica.id}")
+    ax_queue.ylabel, ax_queue.xticklabels = "waiting requests", False
+    ax_kv.ylabel, ax_kv.xlabel = "KV blocks in use (%)", "simulated time (s)"
     if len(result.replicas) <= 8:
-        ax_queue.legend(loc="upper left", fontsize=8, ncol=4)
-    fig.suptitle("Queue depth and KV-cache use over time")
-    return _save(fig, path)
-
-
-def _save(fig: Figure, path: Path) -> Path:
-    FigureCanvasAgg(fig)  # the canvas attaches itself to the figure
-    fig.savefig(path, dpi=110)
-    return path
+        ax_queue.legend_columns = 4
+    return fig.save(path, shared_x=True)
 
 
 def _sample_indices(n: int) -> np.ndarray:
-    """At most MAX_POINTS evenly spaced indices of n, always with the first and the last."""
+    """At most MAX_POINTS evenly spaced indices of n, always with the first and the last (above
+    MAX_POINTS they are at least one apart, so rounding makes no duplicates)."""
     if n <= MAX_POINTS:
         return np.arange(n)
-    return np.unique(np.linspace(0, n - 1, MAX_POINTS).round().astype(np.int64))
+    return np.linspace(0, n - 1, MAX_POINTS).round().astype(np.int64)
 
 
 def _downsample_steps(samples: np.ndarray) -> np.ndarray:
     """Rows of (time, kv_use, waiting, resident) reduced to MAX_POINTS time bins.
 
-    Each bin keeps its row with the most waiting requests and its row with the highest KV use,
-    so peaks survive, as a pixel column of the full plot would show them.
+    Each bin keeps its (first) row with the most waiting requests and its row with the highest KV
+    use, so peaks survive, as a pixel column of the full plot would show them.
     """
     if len(samples) <= MAX_POINTS:
         return samples
     edges = np.linspace(samples[0, 0], samples[-1, 0], MAX_POINTS // 2 + 1)
     bins = np.searchsorted(edges, samples[:, 0], side="right")
-    starts = np.flatnonzero(np.r_[True, bins[1:] != bins[:-1]])
-    keep = {len(samples) - 1}
-    for lo, hi in zip(starts, np.r_[starts[1:], len(samples)], strict=True):
-        keep.add(lo + int(np.argmax(samples[lo:hi, 2])))
-        keep.add(lo + int(np.argmax(samples[lo:hi, 1])))
-    return samples[sorted(keep)]
+    keep = [np.array([len(samples) - 1])]
+    for column in (2, 1):
+        order = np.lexsort((-samples[:, column], bins))  # by bin, largest first, then by row
+        ordered_bins = bins[order]
+        keep.append(order[np.r_[True, ordered_bins[1:] != ordered_bins[:-1]]])
+    rows = np.sort(np.concatenate(keep))
+    return samples[rows[np.r_[True, rows[1:] != rows[:-1]]]]  # np.unique would import numpy.ma (40 ms)

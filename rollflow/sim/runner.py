@@ -6,8 +6,6 @@ import sys
 import time
 from pathlib import Path
 
-from rich.console import Console
-
 from rollflow.sim.config import SimConfig
 from rollflow.sim.metrics import request_table, summarize
 from rollflow.sim.report import print_summary, write_outputs, write_summary
@@ -15,17 +13,16 @@ from rollflow.sim.simulator import ServingSimulator
 from rollflow.sim.workload import build_requests
 
 
-def run_simulation(
-    config: SimConfig, console: Console | None = None, started_at: float | None = None
-) -> dict:
-    """Simulate `config`, write its output folder, print the summary; return the summary dict."""
+def run_simulation(config: SimConfig, started_at: float | None = None) -> dict:
+    """Simulate `config`, write its output folder, print the summary; return the summary dict.
+    rich is imported only for the progress bar on a terminal."""
     started_at = started_at if started_at is not None else time.perf_counter()
-    console = console or Console(stderr=True)
     requests = build_requests(config.workload, config.seed)
     simulator = ServingSimulator(config, requests)
     show_progress = config.output.progress and sys.stderr.isatty()
     loop_start = time.perf_counter()
     if show_progress:
+        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         with Progress(
@@ -34,7 +31,7 @@ def run_simulation(
             MofNCompleteColumn(),
             TextColumn("requests"),
             TimeElapsedColumn(),
-            console=console,
+            console=Console(stderr=True),
             transient=True,
         ) as progress:
             task = progress.add_task("simulating", total=len(requests))
@@ -59,6 +56,6 @@ def run_simulation(
     summary["output_s"] = time.perf_counter() - output_start  # requests.csv, chrome trace, plots
     summary["wall_time_s"] = time.perf_counter() - started_at
     written.insert(0, write_summary(out_dir, summary))
-    print_summary(summary, Console())
-    console.print(f"wrote {', '.join(str(p) for p in written)}")
+    print_summary(summary)
+    print(f"wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
     return summary

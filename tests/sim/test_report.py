@@ -3,8 +3,10 @@
 import csv
 import json
 
+import numpy as np
+
 from rollflow.sim.metrics import request_table
-from rollflow.sim.report import REQUEST_COLUMNS, write_outputs
+from rollflow.sim.report import REQUEST_COLUMNS, format_table, number_texts, write_outputs
 from tests.factories import make_config, simulate
 
 SYNTHETIC = {"kind": "synthetic", "num_requests": 150, "intervals": {"kind": "poisson", "qps": 30}}
@@ -56,3 +58,29 @@ def test_plots_are_written_as_pngs(tmp_path):
     assert [p.name for p in pngs] == ["latency_cdf.png", "queue_and_kv.png"]
     for path in pngs:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_number_texts_are_reprs_over_every_magnitude():
+    rng = np.random.default_rng(0)
+    magnitudes = np.exp(rng.uniform(np.log(1e-12), np.log(1e22), 20_000))
+    signs = rng.choice([-1.0, 1.0], len(magnitudes))
+    edges = [0.0, -0.0, 1.0, 0.1, 1e-4, 9.999999999999999e-05, 1e16, 9999999999999998.0, 5e-324]
+    edges += [1.7976931348623157e308, float("nan"), float("inf"), -float("inf"), 0.0625, 2.5, 1e15]
+    floats = np.concatenate([magnitudes * signs, np.array(edges), rng.integers(0, 10**6, 1000) / 8])
+    assert number_texts(floats) == list(map(repr, floats.tolist()))
+    ints = np.array([0, -1, 7, 2**62, -(2**63)], dtype=np.int64)
+    assert number_texts(ints) == list(map(repr, ints.tolist()))
+    assert number_texts(np.zeros(0)) == []
+
+
+def test_format_table_aligns_columns_in_a_box():
+    text = format_table("T", ["name", "value"], [["a", "1.5"], ["bbb", "10.25"]], left=1)
+    assert text.splitlines() == [
+        "T",
+        "┏━━━━━━┳━━━━━━━┓",
+        "┃ name ┃ value ┃",
+        "┡━━━━━━╇━━━━━━━┩",
+        "│ a    │   1.5 │",
+        "│ bbb  │ 10.25 │",
+        "└──────┴───────┘",
+    ]
