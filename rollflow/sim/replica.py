@@ -134,9 +134,6 @@ class Replica:
         batch.pieces = [(1, last)]
         batch.last_stage_s = last
 
-    def stage_time(self, batch: Batch, stage: int) -> float:
-        return batch.last_stage_s if stage == self.num_stages - 1 else batch.stage_seconds[0]
-
     # -- finishing batches --------------------------------------------------------------------
     def finish_batch(self, batch: Batch, now: float) -> list[SimRequest]:
         """Apply a finished batch to its requests; return those that completed."""

@@ -380,11 +380,13 @@ class ServingSimulator:
             return
         batch = queue.popleft()
         replica.stage_busy[stage] = True
-        end = self.now + replica.stage_time(batch, stage)
         if stage == replica.num_stages - 1:
+            end = self.now + batch.last_stage_s
             batch.end_time = end
             if batch.num_iterations > 1:
                 replica.run_in_flight = batch
+        else:
+            end = self.now + batch.stage_seconds[0]
         # Built inline (the hot path); the same as self.events.event(...).
         seq = self.events.next_seq()
         events.append(
