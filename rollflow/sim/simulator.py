@@ -206,10 +206,13 @@ class ServingSimulator:
         return replica.id
 
     def _id_views(self) -> tuple[InstanceView, ...]:
-        """The accepting instances as views that carry only their ids (cached with the ids)."""
+        """The accepting instances as views that carry only their ids and kinds, loads left at zero
+        (cached with the ids)."""
         ids = self.accepting_ids()
         if self._id_only_views[0] is not ids:  # accepting_ids() made a new list: the cluster changed
-            self._id_only_views = (ids, tuple([InstanceView(i, 0, 0, 0, 0, 0.0) for i in ids]))
+            replicas = self.replicas
+            views = tuple([InstanceView(i, 0, 0, 0, 0, 0.0, 0.0, replicas[i].kind) for i in ids])
+            self._id_only_views = (ids, views)
         return self._id_only_views[1]
 
     def accepting_ids(self) -> list[int]:
