@@ -18,6 +18,9 @@ from rollflow.policy.view import ClusterView, InstanceView, RouteRequest
 
 class Router(Protocol):
     name: str
+    # Optional `reads_load = False`: `pick` reads only the instances' ids and order, so the
+    # simulator may hand it views whose load fields are zero (a view per instance per arrival
+    # is most of routing's cost there). Routers without the attribute get full views.
 
     def pick(self, request: RouteRequest, view: ClusterView) -> int:
         """Return the `instance_id` that should serve `request`."""
@@ -26,6 +29,7 @@ class Router(Protocol):
 
 class RoundRobinRouter:
     name = "round_robin"
+    reads_load = False  # ids and order only
 
     def __init__(self, seed: int = 0) -> None:
         self._counter = 0
@@ -38,6 +42,7 @@ class RoundRobinRouter:
 
 class RandomRouter:
     name = "random"
+    reads_load = False  # ids and order only
 
     def __init__(self, seed: int = 0) -> None:
         self._rng = random.Random(seed)

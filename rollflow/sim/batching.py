@@ -201,11 +201,12 @@ class ReplicaScheduler:
         if cohort is None:
             return 0
         running = self.running
-        if running and any(r.prefill_done for r in running):
-            for request in running:
-                if request.prefill_done:
+        if running:
+            decoding = [r for r in running if r.prefill_done]
+            if decoding:
+                for request in decoding:
                     cohort.join(request)
-            running[:] = [r for r in running if not r.prefill_done]
+                running[:] = [r for r in running if not r.prefill_done]
         size = len(cohort)
         if not size:
             return 0
@@ -217,11 +218,17 @@ class ReplicaScheduler:
         running.extend(cohort.release_all())
         return 0
 
-    def _batch(self, requests: list[SimRequest], num_tokens: list[int], cohort_size: int) -> Batch | None:
+    def _batch(
+        self,
+        requests: list[SimRequest],
+        num_tokens: list[int],
+        cohort_size: int,
+        num_prefill_tokens: int | None = None,
+    ) -> Batch | None:
         if not requests and not cohort_size:
             return None
         kv_sum = self.cohort.kv_sum if cohort_size else 0
-        return Batch(requests, num_tokens, cohort_size, kv_sum)
+        return Batch(requests, num_tokens, cohort_size, kv_sum, num_prefill_tokens)
 
     # -- decode runs ---------------------------------------------------------------------------
     def plan_run(self, batch: Batch) -> int:
@@ -396,12 +403,14 @@ class SarathiScheduler(ReplicaScheduler):
                 batch_tokens += 1
                 requests.append(request)
                 num_tokens.append(1)
+        prefill_tokens = 0  # counted here for the Batch, which would otherwise sum them again
         for request in prefilling:
             tokens = self._chunk(request, batch_tokens)
             if tokens == 0:
                 skipped.append(request)
                 continue
             batch_tokens += tokens
+            prefill_tokens += tokens
             requests.append(request)
             num_tokens.append(tokens)
         if skipped:
@@ -423,9 +432,11 @@ class SarathiScheduler(ReplicaScheduler):
             self._pop_waiting()
             self._admit_or_grow(request)
             batch_tokens += tokens
+            if not request.prefill_done:  # a request handed over mid-decode may wait here
+                prefill_tokens += tokens
             requests.append(request)
             num_tokens.append(tokens)
-        return self._batch(requests, num_tokens, cohort_size)
+        return self._batch(requests, num_tokens, cohort_size, prefill_tokens)
 
     def _waiting_blocked(self, batch: Batch) -> bool:
         return super()._waiting_blocked(batch) or batch.size >= self.chunk_size

@@ -54,9 +54,13 @@ class DecodeCohort:
             return counts[(1 - self.clock) % block]
         cycles, rest = divmod(iterations, block)
         total = cycles * len(self.members)
-        start = 1 - self.clock
-        for j in range(rest):
-            total += counts[(start - j) % block]
+        if rest:  # the classes start, start - 1, ..., start - rest + 1 (mod block): one or two slices
+            start = (1 - self.clock) % block
+            first = start - rest + 1
+            if first >= 0:
+                total += sum(counts[first : start + 1])
+            else:
+                total += sum(counts[: start + 1]) + sum(counts[block + first :])
         return total
 
     def iterations_to_next_finish(self) -> int:

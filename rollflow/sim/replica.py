@@ -100,13 +100,14 @@ class Replica:
         kv_sum = batch.cohort_kv_sum
         prefills = []
         pairs = 0
-        for request, tokens in zip(batch.requests, batch.num_tokens, strict=True):
-            if request.prefill_done:
-                decode_size += 1
-                kv_sum += request.processed
-            else:
-                prefills.append((request.processed, tokens))
-                pairs += tokens * (tokens + request.processed)
+        if batch.requests:  # a cohort-only decode batch, the most common, has none
+            for request, tokens in zip(batch.requests, batch.num_tokens, strict=True):
+                if request.prefill_done:
+                    decode_size += 1
+                    kv_sum += request.processed
+                else:
+                    prefills.append((request.processed, tokens))
+                    pairs += tokens * (tokens + request.processed)
         batch.decode_size = decode_size
         batch.decode_kv_sum = kv_sum
         batch.attention_pairs = pairs
@@ -132,9 +133,6 @@ class Replica:
         batch.stage_seconds = (middle, last)
         batch.pieces = [(1, last)]
         batch.last_stage_s = last
-
-    def stage_time(self, batch: Batch, stage: int) -> float:
-        return batch.last_stage_s if stage == self.num_stages - 1 else batch.stage_seconds[0]
 
     # -- finishing batches --------------------------------------------------------------------
     def finish_batch(self, batch: Batch, now: float) -> list[SimRequest]:
@@ -197,17 +195,19 @@ class Replica:
         """Shorten the run in flight to end at the first iteration boundary >= now; True if cut."""
         clock = batch.scheduled_at
         kept: list[tuple[int, float]] = []
+        total = 0  # iterations kept
         for count, seconds in batch.pieces:
             end = clock + count * seconds
             if end < now:
                 kept.append((count, seconds))
+                total += count
                 clock = end
                 continue
             needed = max(1, -int(-(now - clock) // seconds))
             while needed < count and clock + needed * seconds < now:
                 needed += 1
             kept.append((needed, seconds))
-            total = sum(c for c, _ in kept)
+            total += needed
             if total == batch.num_iterations:
                 return False
             batch.pieces = kept
@@ -246,4 +246,7 @@ class Replica:
 
 
 def _run_seconds(pieces: list[tuple[int, float]]) -> float:
+    if len(pieces) == 1:  # most runs (the same float: a sum of one term adds it to 0)
+        count, seconds = pieces[0]
+        return count * seconds
     return sum([count * seconds for count, seconds in pieces])

@@ -128,17 +128,25 @@ class Batch:
     )
 
     def __init__(
-        self, requests: list[SimRequest], num_tokens: list[int], cohort_size: int = 0, cohort_kv_sum: int = 0
+        self,
+        requests: list[SimRequest],
+        num_tokens: list[int],
+        cohort_size: int = 0,
+        cohort_kv_sum: int = 0,
+        num_prefill_tokens: int | None = None,
     ) -> None:
+        """`num_prefill_tokens`: the tokens of the requests still prefilling, where the scheduler
+        already counted them (summed here otherwise)."""
         self.requests = requests  # requests scheduled one by one (prefills; decodes outside a cohort)
         self.cohort_size = cohort_size  # decoding requests scheduled in aggregate (one token each)
         self.cohort_kv_sum = cohort_kv_sum  # their summed KV lengths at the first iteration
         self.num_tokens = num_tokens
-        prefill_tokens = 0
-        for request, tokens in zip(requests, num_tokens, strict=True):
-            if not request.prefill_done:
-                prefill_tokens += tokens
-        self.num_prefill_tokens = prefill_tokens
+        if num_prefill_tokens is None:
+            num_prefill_tokens = 0
+            for request, tokens in zip(requests, num_tokens, strict=True):
+                if not request.prefill_done:
+                    num_prefill_tokens += tokens
+        self.num_prefill_tokens = num_prefill_tokens
         self.size = len(requests) + cohort_size
         self.tokens_per_iteration = sum(num_tokens) + cohort_size
         self.num_iterations = 1

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from heapq import heappop, heappush
 
 from rollflow.policy.routing import Router, make_router
-from rollflow.policy.view import ClusterView, InstanceKind, RouteRequest
+from rollflow.policy.view import ClusterView, InstanceKind, InstanceView, RouteRequest
 from rollflow.sim.build import GroupPlan, build_groups, check_servable
 from rollflow.sim.config import SimConfig
 from rollflow.sim.events import NO_EVENTS, Event, EventQueue, Phase
@@ -89,9 +89,11 @@ class ServingSimulator:
             thresholds=cluster.affinity.model_dump(),
         )
         self._reads_cache = getattr(self.router, "reads_cache", False)
+        self._reads_load = getattr(self.router, "reads_load", True)
         self.requests = sorted(requests, key=lambda r: r.arrived_at)
         self.check_servable(self.requests)
         self._accepting: list[int] | None = None
+        self._id_only_views: tuple[list[int] | None, tuple[InstanceView, ...]] = (None, ())
         if self.requests:  # arrivals are events, fed one at a time (each handler adds the next)
             self.events.push(self.events.event(self._reaches_replica(0), Phase.ARRIVAL, self._on_arrival))
 
@@ -203,6 +205,16 @@ class ServingSimulator:
             self.events.push_all(events)
         return replica.id
 
+    def _id_views(self) -> tuple[InstanceView, ...]:
+        """The accepting instances as views that carry only their ids and kinds, loads left at zero
+        (cached with the ids)."""
+        ids = self.accepting_ids()
+        if self._id_only_views[0] is not ids:  # accepting_ids() made a new list: the cluster changed
+            replicas = self.replicas
+            views = tuple([InstanceView(i, 0, 0, 0, 0, 0.0, 0.0, replicas[i].kind) for i in ids])
+            self._id_only_views = (ids, views)
+        return self._id_only_views[1]
+
     def accepting_ids(self) -> list[int]:
         """Instances that take new work (cached: routing asks once per request)."""
         if self._accepting is None:
@@ -297,7 +309,10 @@ class ServingSimulator:
             route = _new_tuple(
                 RouteRequest, (request.id, request.prompt_tokens, request.output_tokens, request.prefix_key)
             )
-            view = self.snapshot(request if self._reads_cache else None)
+            if self._reads_load:
+                view = self.snapshot(request if self._reads_cache else None)
+            else:  # the router reads ids only (see Router)
+                view = ClusterView(self.now, self._id_views())
             self._place(request, self.router.pick(route, view), events)
         return events
 
@@ -368,11 +383,13 @@ class ServingSimulator:
             return
         batch = queue.popleft()
         replica.stage_busy[stage] = True
-        end = self.now + replica.stage_time(batch, stage)
         if stage == replica.num_stages - 1:
+            end = self.now + batch.last_stage_s
             batch.end_time = end
             if batch.num_iterations > 1:
                 replica.run_in_flight = batch
+        else:
+            end = self.now + batch.stage_seconds[0]
         # Built inline (the hot path); the same as self.events.event(...).
         seq = self.events.next_seq()
         events.append(

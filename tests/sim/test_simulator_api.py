@@ -1,5 +1,6 @@
 """ServingSimulator's public API, as other simulators compose it: submit, advance, add/retire, snapshot."""
 
+from rollflow.policy.routing import RoundRobinRouter
 from rollflow.sim.rl.rollout import resume
 from rollflow.sim.simulator import ServingSimulator
 from rollflow.sim.workload import build_requests
@@ -76,3 +77,38 @@ def test_an_added_instance_takes_work_and_a_retired_one_hands_back_its_requests_
     sim.advance()
     assert all(r.completed_at is not None for r in requests)
     assert all(r.replica_id == 1 for r in handed_back)
+
+
+class _FullViewRoundRobin(RoundRobinRouter):
+    """Round robin without `reads_load = False`: the simulator hands it full snapshots."""
+
+    reads_load = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.views = []
+
+    def pick(self, request, view):
+        self.views.append(view)
+        return super().pick(request, view)
+
+
+def test_a_router_that_reads_only_ids_routes_as_with_full_views_as_instances_come_and_go():
+    config = _config(replicas=3, router="round_robin")
+    runs = []
+    for router in (RoundRobinRouter(), _FullViewRoundRobin()):
+        requests = build_requests(config.workload, config.seed)
+        sim = ServingSimulator(config, requests, router=router)
+        sim.advance(until=0.8)
+        sim.stop_accepting(1)  # the id-only views must drop it, as the snapshot does
+        sim.advance(until=1.6)
+        sim.add_instance()  # and take the new one
+        sim.advance()
+        runs.append(
+            [(r.replica_id, r.scheduled_at, r.prefill_completed_at, r.completed_at) for r in requests]
+        )
+    assert runs[0] == runs[1]
+    routed_after_stop = [r for r in requests if r.arrived_at + 1e-9 > 0.8 and r.arrived_at < 1.6]
+    assert routed_after_stop and all(r.replica_id != 1 for r in routed_after_stop)
+    assert any(r.replica_id == 3 for r in requests)
+    assert any(i.num_running for v in router.views for i in v.instances)  # the reference got real loads
