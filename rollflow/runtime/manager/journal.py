@@ -515,5 +515,5 @@ class Journal:
             for sql, run in itertools.groupby(taken.ops, key=operator.itemgetter(0)):
                 conn.executemany(sql, [params for _, params in run])
         conn.execute("COMMIT")
+        self.num_commits += 1  # first: a count of tokens written never runs ahead of it
         self._written += sum(taken.num_tokens for taken in rounds)
-        self.num_commits += 1
