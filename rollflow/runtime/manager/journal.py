@@ -485,6 +485,9 @@ class Journal:
     def _commit(self, rounds: list[_Round]) -> None:
         """All rounds handed since the last commit, in one transaction, each in its own order."""
         if not any(r.sample_ids or r.rows or r.attempts or r.ops for r in rounds):
+            # tokens counted whose sample threw them away before its round: none left to write, but
+            # counted as written all the same, or the bound would pause the streams for good
+            self._written += sum(taken.num_tokens for taken in rounds)
             return
         conn = self._conn
         conn.execute("BEGIN")
