@@ -79,23 +79,9 @@ STATE_NAMES = {state: state.name.lower() for state in SampleState}
 # a round's rows of a table go in one statement, from one JSON array: the writer thread takes the GIL
 # back after every statement SQLite runs, and while the loop is busy each time costs it the switch
 # interval (5 ms): with a statement per row a commit took tens of milliseconds
-SAMPLE_FIELDS = (
-    "seq",
-    "group_index",
-    "state",
-    "finish_reason",
-    "error",
-    "attempts",
-    "resumes",
-    "request_failures",
-    "regenerated_tokens",
-    "completed",
-)
-SAMPLES_SQL = (  # rows as JSON arrays (`sample_values`); SQLite makes each body an object
-    "INSERT OR REPLACE INTO samples SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), "
-    "json_object("
-    + ", ".join(f"'{name}', json_extract(value, '$[{index}]')" for index, name in enumerate(SAMPLE_FIELDS, 2))
-    + ") FROM json_each(?)"
+SAMPLES_SQL = (  # rows as JSON arrays (`sample_values`), each kept as its body (journal_file.SAMPLE_FIELDS)
+    "INSERT OR REPLACE INTO samples SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), value "
+    "FROM json_each(?)"
 )
 ATTEMPTS_SQL = (
     "INSERT OR REPLACE INTO attempts SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), "
@@ -106,7 +92,8 @@ OWNERS_SQL = "INSERT INTO token_log_owners SELECT ?, value FROM json_each(?)"
 
 
 def sample_values(sample: Sample, name: str | None, completed: int | None = None) -> tuple:
-    """A sample's row as plain values, taken on the loop (sent as JSON; SQLite makes the body)."""
+    """A sample's row as plain values, taken on the loop: its id, owner, then `SAMPLE_FIELDS` (sent
+    as JSON, and kept as it was sent: building an object of it took SQLite twice as long)."""
     return (
         sample.sample_id,
         name,
@@ -135,7 +122,7 @@ class Journal:
         # a round is handed once half the bound has gathered, so that the bound itself (the streams'
         # pause) is reached only when the writer falls behind, not while a round waits for its time
         self._round_tokens = max(1, max_unflushed_tokens // 2)
-        self._received = 0  # tokens noted (loop)
+        self._taken = 0  # tokens in rounds handed to the writer (loop)
         self._written = 0  # tokens committed (writer thread: the loop sees a commit at once)
         self._room = asyncio.Event()  # set while the streams may read on (see room())
         self._room.set()
@@ -147,6 +134,10 @@ class Journal:
         self._attempts: dict[str, tuple | None] = {}
         self._ops: list[tuple[str, tuple]] = []
         self._num_tokens = 0
+        # a streamed chunk's only test: below `_limit` tokens in the round nothing else is due (the
+        # round's timer is armed, the round is not half the bound, the bound is not reached); 0 while
+        # no timer is armed, so the round's first tokens arm it (`_noted`)
+        self._limit = 0
         self._waiters: list[asyncio.Future] = []
         self._next_round: asyncio.TimerHandle | asyncio.Handle | None = None
         self._soon = False  # the next round is due at once (a durable()), not at the interval
@@ -194,12 +185,15 @@ class Journal:
     @property
     def unflushed_tokens(self) -> int:
         """Tokens received and not yet committed: what a crash now would lose."""
-        return self._received - self._written
+        return self._taken + self._num_tokens - self._written
 
     @property
     def full(self) -> bool:
         """More tokens than the bound wait to be written: streams should `await room()`."""
-        return self._received - self._written >= self.max_unflushed_tokens and self._failed is None
+        return (
+            self._taken + self._num_tokens - self._written >= self.max_unflushed_tokens
+            and self._failed is None
+        )
 
     # ------------------------------------------------------------------ the manager's events
 
@@ -240,23 +234,34 @@ class Journal:
         if self._next_round is None:
             self._arm()
 
-    def tokens(self, sample: Sample, num_tokens: int, ended: bool) -> None:
+    def tokens(self, sample: Sample, num_tokens: int, ended: bool) -> bool:
         """`sample` just recorded `num_tokens` tokens; `ended`: its attempt ends with them (its finish
-        reason goes in their round, so a restart never resumes a sample that had finished). Called for
-        every chunk every engine streams, so it only counts and marks the sample: the round takes the
-        sample's tokens past what it journaled from its own lists, once per round (`_take`)."""
+        reason goes in their round, so a restart never resumes a sample that had finished). Returns
+        `full`: the stream should `await room()`. Called for every chunk every engine streams, so it
+        only counts and marks the sample, and tests one count: the round takes the sample's tokens
+        past what it journaled from its own lists, once per round (`_take`)."""
         if sample.batch_id is None and sample.session_id is None:
-            return  # a single /generate request
-        if num_tokens:
-            self._dirty[sample.sample_id] = sample
-            self._num_tokens += num_tokens
-            self._received += num_tokens
+            return False  # a single /generate request
         if ended:
             self.sample_changed(sample)
+        if not num_tokens:
+            return False
+        self._dirty[sample.sample_id] = sample
+        self._num_tokens += num_tokens
+        return self._num_tokens >= self._limit and self._noted()
+
+    def _noted(self) -> bool:
+        """`tokens` at its limit: arm the round's timer, hand the round at half the bound, say whether
+        the bound is reached; else the next limit (a commit meanwhile only leaves it low: this again)."""
         if self._num_tokens >= self._round_tokens:
-            self._end_round()
-        elif self._next_round is None:
+            self._end_round()  # the limit is 0 again: the next tokens arm the next round's timer
+            return self.full
+        if self._next_round is None:
             self._arm()
+        if self.full:
+            return True
+        self._limit = min(self._round_tokens, self.max_unflushed_tokens - (self._taken - self._written))
+        return False
 
     def output_discarded(self, sample: Sample) -> None:
         # the token log is append-only: the sample's next tokens, from 0 again, replace these at restore
@@ -368,33 +373,50 @@ class Journal:
     def _take(self) -> _Round:
         """What was noted since the last round, as a round; the loop starts noting afresh. Each marked
         sample's new tokens are taken from its own lists here, a run per span they fall in: once per
-        sample a round, not once per streamed chunk."""
+        sample a round, not once per streamed chunk. With many samples streaming a round holds only a
+        few tokens of each, so the common case (all of them in the span the last round left open) takes
+        no more than a run's three appends and the two slices."""
         sample_ids: list[str] = []
         starts, counts = array("q"), array("q")
         spans: list[tuple] = []
         token_ids: list[int] = []
         logprobs: list[float] = []
         owners: set[str] = set()
+        add_id, add_start, add_count = sample_ids.append, starts.append, counts.append
         for sample in self._dirty.values():
-            first, end = sample.journaled, len(sample.output_ids)
+            first = sample.journaled
+            output_ids = sample.output_ids
+            end = len(output_ids)
             if end <= first:
                 continue  # thrown away (`resume: restart`) since it was marked
             sample_spans = sample.spans
-            index = len(sample_spans) - 1
-            while index > 0 and sample_spans[index].start > first:
-                index -= 1  # the span the new tokens begin in
-            for span in sample_spans[index:]:
-                start = max(span.start, first)
-                if start == span.start:  # the run opens its span: the rest of it runs in the same
-                    spans.append(
-                        (len(sample_ids), span.attempt, span.engine_id, span.engine_url, span.weight_version)
-                    )
-                sample_ids.append(sample.sample_id)
-                starts.append(start)
-                counts.append(span.end - start)
-            token_ids += sample.output_ids[first:end]
+            if sample_spans[-1].start < first:  # all of them in the last span, opened by an earlier run
+                add_id(sample.sample_id)
+                add_start(first)
+                add_count(end - first)
+            else:
+                index = len(sample_spans) - 1
+                while index > 0 and sample_spans[index].start > first:
+                    index -= 1  # the span the new tokens begin in
+                for span in sample_spans[index:]:
+                    start = max(span.start, first)
+                    if start == span.start:  # the run opens its span: the rest of it runs in the same
+                        spans.append(
+                            (
+                                len(sample_ids),
+                                span.attempt,
+                                span.engine_id,
+                                span.engine_url,
+                                span.weight_version,
+                            )
+                        )
+                    add_id(sample.sample_id)
+                    add_start(start)
+                    add_count(span.end - start)
+            token_ids += output_ids[first:end]
             logprobs += sample.output_logprobs[first:end]
-            owners.add(owner(sample))
+            batch_id = sample.batch_id
+            owners.add(batch_id if batch_id is not None else owner(sample))
             sample.journaled = end
         taken = _Round(
             sample_ids,
@@ -411,7 +433,9 @@ class Journal:
             self._waiters,
         )
         self._dirty = {}
+        self._taken += self._num_tokens
         self._rows, self._attempts, self._ops, self._num_tokens, self._waiters = {}, {}, [], 0, []
+        self._limit = 0
         return taken
 
     def _hand(self, taken: _Round, wake: bool = True) -> None:
@@ -461,6 +485,9 @@ class Journal:
     def _commit(self, rounds: list[_Round]) -> None:
         """All rounds handed since the last commit, in one transaction, each in its own order."""
         if not any(r.sample_ids or r.rows or r.attempts or r.ops for r in rounds):
+            # tokens counted whose sample threw them away before its round: none left to write, but
+            # counted as written all the same, or the bound would pause the streams for good
+            self._written += sum(taken.num_tokens for taken in rounds)
             return
         conn = self._conn
         conn.execute("BEGIN")
@@ -491,5 +518,5 @@ class Journal:
             for sql, run in itertools.groupby(taken.ops, key=operator.itemgetter(0)):
                 conn.executemany(sql, [params for _, params in run])
         conn.execute("COMMIT")
+        self.num_commits += 1  # first: a count of tokens written never runs ahead of it
         self._written += sum(taken.num_tokens for taken in rounds)
-        self.num_commits += 1

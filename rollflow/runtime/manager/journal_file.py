@@ -40,6 +40,21 @@ SESSION_OWNER = "session:"
 """Prefix of a session turn's owner (`session:<session id>#<sample seq>`: one per turn tried, so a turn
 ended and the next begun in one flush never share rows); batch ids hold no `:`, so the two never meet."""
 
+SAMPLE_FIELDS = (
+    "seq",
+    "group_index",
+    "state",
+    "finish_reason",
+    "error",
+    "attempts",
+    "resumes",
+    "request_failures",
+    "regenerated_tokens",
+    "completed",
+)
+"""A sample row's body: a JSON array of its id, its owner and these (journals written before it was an
+array hold an object of these, read alike)."""
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS batches (batch_id TEXT PRIMARY KEY, body TEXT NOT NULL);
@@ -162,7 +177,10 @@ def _read(conn: sqlite3.Connection, path: str, restarts: int) -> Snapshot:
     for batch_id, body in conn.execute("SELECT batch_id, body FROM batches"):
         snapshot.batches[batch_id] = json.loads(body)
     for sample_id, body in conn.execute("SELECT sample_id, body FROM samples"):
-        snapshot.samples[sample_id] = json.loads(body)
+        values = json.loads(body)
+        snapshot.samples[sample_id] = (
+            dict(zip(SAMPLE_FIELDS, values[2:], strict=True)) if isinstance(values, list) else values
+        )
     spans: dict[str, list] = {}  # sample id -> the span its tokens run in: attempt, engine id, url, version
     for row in conn.execute(
         "SELECT sample_ids, spans, starts, counts, token_ids, logprobs FROM token_log ORDER BY id"

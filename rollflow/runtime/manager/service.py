@@ -912,8 +912,12 @@ class RolloutManager:
                 )
                 if ended:
                     sample.finish_reason = chunk.finish_reason or "length"
-                if self.journal is not None and (tokens or ended):
-                    self.journal.tokens(sample, len(tokens), ended)
+                # the journal's bound: a crash may lose no more than it (wait for room below)
+                journal_full = (
+                    self.journal is not None
+                    and (tokens or ended)
+                    and self.journal.tokens(sample, len(tokens), ended)
+                )
                 if chunk.finish_reason == "abort" and chunk.status_code is not None:
                     # the engine blames the request (SGLang's status_code): another engine may agree
                     why = chunk.message or "no reason given"
@@ -929,8 +933,8 @@ class RolloutManager:
                     if self._reads_cache:
                         engine.prefixes.sent(sample.prompt_ids + sample.output_ids)  # engines cache answers
                     return None
-                if self.journal is not None and self.journal.full:
-                    await self.journal.room()  # a crash may lose no more than the journal's bound
+                if journal_full:
+                    await self.journal.room()
         finally:
             watch.cancel()
             await stream.aclose()

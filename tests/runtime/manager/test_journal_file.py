@@ -134,26 +134,33 @@ def _sample(index: int) -> Sample:
     return sample
 
 
-def _stream(journal: Journal, sample: Sample, num_tokens: int) -> None:
-    """`num_tokens` tokens recorded one at a time, as an engine streams them, each journaled."""
+def _stream(journal: Journal, sample: Sample, num_tokens: int) -> list[bool]:
+    """`num_tokens` tokens recorded one at a time, as an engine streams them, each journaled; what
+    each call answered (whether the stream must wait for room)."""
+    answers = []
     for _ in range(num_tokens):
         tokens, logprobs = [len(sample.output_ids) + 10], [-0.5]
         sample.record(0, "http://e", 0, tokens, logprobs)
-        journal.tokens(sample, len(tokens), ended=False)
+        answers.append(journal.tokens(sample, len(tokens), ended=False))
+    return answers
 
 
 def test_tokens_past_the_bound_are_written_at_once_not_at_the_interval(tmp_path):
-    async def run() -> tuple[bool, int, int]:
+    async def run() -> tuple[list[bool], bool, bool, int, int]:
         conn, _ = open_journal(str(tmp_path / "j.db"), CONFIG)
         journal = Journal(conn, flush_interval_ms=60_000, max_unflushed_tokens=10)
         journal.start()
-        _stream(journal, _sample(0), 12)
+        # a round goes at 5 tokens, the bound is reached at 10, and from there on every chunk is told
+        # to wait (unless the writer, a thread of its own, committed the first round by then)
+        answers = _stream(journal, _sample(0), 12)
+        early = journal.num_commits > 0
         await asyncio.wait_for(journal.room(), 30)  # an hour-long interval would hang here
         full, left, commits = journal.full, journal.unflushed_tokens, journal.num_commits
         await journal.close()
-        return full, left, commits
+        return answers, early, full, left, commits
 
-    full, left, commits = asyncio.run(run())
+    answers, early, full, left, commits = asyncio.run(run())
+    assert answers[:9] == [False] * 9 and (early or answers[9:] == [True] * 3)
     assert not full and left < 10 and commits >= 1
     conn, snapshot = open_journal(str(tmp_path / "j.db"), CONFIG)
     conn.close()
@@ -251,3 +258,45 @@ def test_a_rounds_runs_follow_the_samples_spans_across_attempts_and_rounds(tmp_p
         (0, [10, 11, 12, 13]),
         (0, [10, 11]),
     ]
+
+
+def test_a_samples_row_reads_back_with_every_field_in_either_layout(tmp_path):
+    """A sample's body is kept as the JSON array the loop sends; a body of the object layout written
+    before reads the same."""
+    sample = _sample(0)
+    sample.finish_reason, sample.resumes, sample.regenerated_tokens = "length", 2, 7
+
+    async def run() -> None:
+        conn, _ = open_journal(str(tmp_path / "j.db"), CONFIG)
+        journal = Journal(conn, flush_interval_ms=60_000, max_unflushed_tokens=10_000)
+        journal.start()
+        journal.sample_changed(sample, completed=3)
+        await journal.durable()
+        await journal.close()
+
+    asyncio.run(run())
+    expected = {
+        "seq": 0,
+        "group_index": 0,
+        "state": "running",
+        "finish_reason": "length",
+        "error": None,
+        "attempts": 1,
+        "resumes": 2,
+        "request_failures": 0,
+        "regenerated_tokens": 7,
+        "completed": 3,
+    }
+    conn, snapshot = open_journal(str(tmp_path / "j.db"), CONFIG)
+    assert snapshot.samples == {"b-0-0": expected}
+    with conn:
+        conn.execute("BEGIN")
+        conn.execute(
+            "UPDATE samples SET body = json_object('seq', 0, 'group_index', 0, 'state', 'running', "
+            "'finish_reason', 'length', 'error', NULL, 'attempts', 1, 'resumes', 2, "
+            "'request_failures', 0, 'regenerated_tokens', 7, 'completed', 3)"
+        )
+    conn.close()
+    conn, snapshot = open_journal(str(tmp_path / "j.db"), CONFIG)
+    conn.close()
+    assert snapshot.samples == {"b-0-0": expected}
