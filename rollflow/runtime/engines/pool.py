@@ -282,6 +282,13 @@ class _Connection(asyncio.Protocol):
         if self._buf or not self._keep_alive:
             self.close()
             return
+        # what its caller left unread (the end of a body that came before the release) is not the
+        # next response's
+        self._body.clear()
+        self._unread = 0
+        if self._paused:
+            self._paused = False
+            self.transport.resume_reading()
         self._reset()
         self._pool.put(self)
 

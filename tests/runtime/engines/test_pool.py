@@ -145,6 +145,31 @@ def test_a_caller_that_stops_early_closes_the_connection_and_one_that_has_enough
     assert seen["peer_closed"] == 1
 
 
+def test_a_body_whose_end_came_before_its_release_is_not_read_by_the_next_request():
+    """The SGLang client releases a stream at its finish event; when `data: [DONE]` and the body's
+    end are in by then, the connection rejoins the pool at once, and must not carry that unread rest
+    into the next response (its stream would begin with the last one's `[DONE]`)."""
+
+    def answer(n: int) -> list[bytes]:
+        event = f"data: {{\"n\": {n}}}\n\n".encode()
+        return [CHUNKED[0], b"%x\r\n%s\r\n" % (len(event), event), b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"]
+
+    async def go():
+        async with raw_server(answer) as seen:
+            pool = ConnectionPool(seen["url"])
+            bodies = []
+            for _ in range(2):
+                response = await pool.request("POST", "/generate", b"{}")
+                bodies.append(await response.read_chunk())  # the finish event
+                await asyncio.sleep(0.2)  # the rest of the body arrives meanwhile
+                response.release()
+            return bodies, seen["connections"]
+
+    bodies, connections = run(go())
+    assert bodies == [b'data: {"n": 0}\n\n', b'data: {"n": 1}\n\n']
+    assert connections == 1  # the connection was kept
+
+
 def test_a_request_cancelled_before_its_answer_closes_the_connection():
     async def go():
         async with raw_server(lambda n: [b""] * 100) as seen:  # never answers
