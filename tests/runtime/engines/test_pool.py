@@ -151,7 +151,7 @@ def test_a_body_whose_end_came_before_its_release_is_not_read_by_the_next_reques
     into the next response (its stream would begin with the last one's `[DONE]`)."""
 
     def answer(n: int) -> list[bytes]:
-        event = f"data: {{\"n\": {n}}}\n\n".encode()
+        event = f'data: {{"n": {n}}}\n\n'.encode()
         return [CHUNKED[0], b"%x\r\n%s\r\n" % (len(event), event), b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"]
 
     async def go():
