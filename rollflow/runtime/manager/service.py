@@ -52,7 +52,7 @@ from rollflow.runtime.manager.metrics import ManagerMetrics
 from rollflow.runtime.manager.packing import GroupPacker
 from rollflow.runtime.manager.registry import EngineRecord, Registry
 from rollflow.runtime.manager.request_log import RequestLog
-from rollflow.runtime.manager.samples import Sample, SampleRun, SampleState
+from rollflow.runtime.manager.samples import Sample, SampleRun, SampleState, Watcher
 from rollflow.runtime.manager.stall import StallWatch
 from rollflow.runtime.manager.view import refresh_load, route_inputs
 
@@ -546,9 +546,11 @@ class RolloutManager:
         sample_id: str | None = None,
         session_id: str | None = None,
         pinned_version: int | None = None,
+        watcher: Watcher | None = None,
     ) -> Sample:
         """One request a caller waits on; a session's turn names its session (routed by
-        `session_router`) and the weight version the session holds to."""
+        `session_router`) and the weight version the session holds to. `watcher` is told of each
+        update (default: an asyncio.Event, which `wait_for_update` waits on)."""
         sample = Sample(
             seq=next(self._seq),
             sample_id=sample_id or os.urandom(16).hex(),
@@ -558,7 +560,7 @@ class RolloutManager:
             session_id=session_id,
             pinned_version=pinned_version,
         )
-        self._runs[sample.sample_id] = SampleRun(sample, watcher=asyncio.Event())
+        self._runs[sample.sample_id] = SampleRun(sample, watcher=watcher or asyncio.Event())
         self._enqueue(sample)
         self._dispatch()  # routed now rather than a loop turn later: a request's latency is the manager's
         return sample
@@ -747,10 +749,8 @@ class RolloutManager:
         overruled by least-outstanding, because one bad policy must not stop every rollout."""
         try:
             chosen = router.pick(request, view)
-            if all(inst.instance_id != chosen for inst in view.instances):
-                raise ValueError(
-                    f"picked engine {chosen}, not among {[i.instance_id for i in view.instances]}"
-                )
+            if chosen not in view.instances.ids:
+                raise ValueError(f"picked engine {chosen}, not among {view.instances.ids}")
         except Exception as exc:  # any policy failure takes the same fallback
             self.metrics.router_errors.inc()
             log.error("router %s failed (%s); routing by least outstanding", router.name, exc)
