@@ -722,7 +722,7 @@ class RolloutManager:
 
     def _dispatch(self) -> None:
         """Route every queued sample that has an eligible engine, in queue order."""
-        if not self._queue or not any(e.routable for e in self.registry.live()):
+        if not self._queue or not self.registry.routable():
             return
         now = asyncio.get_running_loop().time()
         blocked: deque[Sample] = deque()
@@ -739,7 +739,7 @@ class RolloutManager:
             )
             request, view = route_inputs(sample, candidates, now, reads_cache)
             self._start_attempt(sample, self._route(request, view, router))
-            if not any(e.routable for e in self.registry.live()):
+            if not self.registry.routable():
                 break
         blocked.extend(self._queue)
         self._queue = blocked
@@ -758,7 +758,7 @@ class RolloutManager:
         return self.registry.get(chosen)
 
     def _eligible(self, sample: Sample) -> list[EngineRecord]:
-        engines = [e for e in self.registry.live() if e.routable]
+        engines = self.registry.routable()
         version = sample.weight_version
         if version is not None and not sample.allow_off_policy:
             engines = [e for e in engines if e.weight_version == version]
