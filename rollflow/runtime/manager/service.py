@@ -722,13 +722,14 @@ class RolloutManager:
 
     def _dispatch(self) -> None:
         """Route every queued sample that has an eligible engine, in queue order."""
-        if not self._queue or not self.registry.routable():
+        routable = self.registry.routable() if self._queue else None
+        if not routable:
             return
         now = asyncio.get_running_loop().time()
         blocked: deque[Sample] = deque()
         while self._queue:
             sample = self._queue.popleft()
-            candidates = self._eligible(sample)
+            candidates = self._eligible(sample, routable)
             if not candidates:
                 blocked.append(sample)
                 continue
@@ -739,7 +740,8 @@ class RolloutManager:
             )
             request, view = route_inputs(sample, candidates, now, reads_cache)
             self._start_attempt(sample, self._route(request, view, router))
-            if not self.registry.routable():
+            routable = self.registry.routable()  # the engine it went to may be full now
+            if not routable:
                 break
         blocked.extend(self._queue)
         self._queue = blocked
@@ -757,8 +759,9 @@ class RolloutManager:
             chosen = self._fallback_router.pick(request, view)
         return self.registry.get(chosen)
 
-    def _eligible(self, sample: Sample) -> list[EngineRecord]:
-        engines = self.registry.routable()
+    def _eligible(self, sample: Sample, engines: list[EngineRecord]) -> list[EngineRecord]:
+        """Which of the `engines` with room may take the sample (its weight version, its batch's
+        offload)."""
         version = sample.weight_version
         if version is not None and not sample.allow_off_policy:
             engines = [e for e in engines if e.weight_version == version]
