@@ -171,6 +171,8 @@ class SseLines:
         for line in lines:
             if self.done:
                 break
+            if not line or line == b"\r":
+                continue  # the blank line that ends each event
             payload = sse_line_json(line, self._url)
             if payload is SSE_DONE:
                 self.done = True

@@ -6,7 +6,8 @@ that load against an engine answering at once (benchmarks/manager_overhead.py), 
 machinery (the request and its payload stream, the handler task, the middleware, the response and
 its writer) took about a fifth of the manager's CPU per request. Here a connection's requests are parsed by
 one asyncio protocol: the head's request line and its framing, the body, and an answer written in
-one write.
+one write. No task waits on the request: the connection is the sample's watcher (the manager tells
+it of every update), and answers in a callback once the sample is final.
 
 Only requests this path answers exactly as aiohttp's route would are served here. The first request
 of a connection that is anything else (another route or method, a streamed, batched or session
@@ -15,8 +16,8 @@ a head that is too big) hands the connection, with every byte it has buffered, t
 handler for good, which answers that request and the ones after it as before: one error shape, one
 set of routes. What the lean path keeps from aiohttp's server as the manager runs it: keep-alive,
 `Connection: close`, the read timeout (a head must come whole within `read_timeout_s` of the
-connection's start or its last answer, and a body may not stall as long), the handler cancelled
-when its client goes away (the sample is released, and its engine request aborted), 4xx counted
+connection's start or its last answer, and a body may not stall as long), a request released
+when its client goes away (the sample is cancelled, and its engine request aborted), 4xx counted
 in `rollflow_requests_rejected_total`, and a graceful shutdown.
 """
 
@@ -34,6 +35,7 @@ from rollflow.runtime.http.head import header_value
 from rollflow.runtime.http.serve import GuardedRunner
 from rollflow.runtime.manager import sglang_api
 from rollflow.runtime.manager.edge import MANAGER_KEY, body_limit_of
+from rollflow.runtime.manager.samples import SampleState
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +82,9 @@ class _LeanConnection(asyncio.Protocol):
         self._loop = server.loop
         self.transport: asyncio.Transport | None = None
         self._buf = bytearray()
-        self.task: asyncio.Task | None = None  # the request being answered
+        self.request: sglang_api.PromptRequest | None = None  # the request being answered
+        self._answer_due = False  # a check of the request's sample is scheduled
+        self._answered: asyncio.Future | None = None  # made at shutdown, done at the answer
         self._keep_alive = True
         self._paused = False
         self._closing = False  # the server shuts down: no request after the one in flight
@@ -96,7 +100,7 @@ class _LeanConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._buf += data
-        if self.task is not None:
+        if self.request is not None:
             if len(self._buf) > self._server.body_limit + MAX_HEAD_BYTES and not self._paused:
                 self._paused = True  # a client sending on and on while its answer is due
                 self.transport.pause_reading()
@@ -106,8 +110,10 @@ class _LeanConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
         self._cancel_timer()
-        if self.task is not None:
-            self.task.cancel()  # as aiohttp's handler cancellation: the sample is released
+        request, self.request = self.request, None
+        if request is not None:  # as aiohttp's handler cancellation: the sample is released
+            request.release(self._server.manager)
+            self._done()
 
     # ---------------------------------------------------------------- requests
 
@@ -141,22 +147,48 @@ class _LeanConnection(asyncio.Protocol):
         del buf[: start + length]
         self._keep_alive = keep_alive
         self._deadline = float("inf")
-        self.task = self._loop.create_task(self._serve(request))
-
-    async def _serve(self, request: sglang_api.PromptRequest) -> None:
+        self.request = request
         try:
-            body = await sglang_api.answer_one(self._server.manager, request)
+            request.submit(self._server.manager, watcher=self)
+        except Exception as exc:
+            self._answer(failure=exc)  # nothing was submitted: the error's answer, now
+
+    def set(self) -> None:
+        """The manager's word that the request's sample changed (the sample's watcher): once it is
+        final, answer it a loop turn later, as a task waiting on the sample would."""
+        if not self._answer_due:
+            self._answer_due = True
+            self._loop.call_soon(self._check)
+
+    def _check(self) -> None:
+        self._answer_due = False
+        request = self.request
+        if request is not None and request.sample.state >= SampleState.FINISHED:
+            self._answer()
+
+    def _answer(self, failure: Exception | None = None) -> None:
+        """Write the request's answer (its JSON, or its error in aiohttp's shape: the `failure` that
+        kept it from being submitted, if one did) and release it."""
+        request, self.request = self.request, None
+        manager = self._server.manager
+        try:
+            if failure is not None:
+                raise failure
+            body = sglang_api.final_answer(request)
             status, content_type = 200, "application/json"
         except web.HTTPException as exc:
             if 400 <= exc.status < 500:
-                self._server.manager.metrics.requests_rejected.labels(str(exc.status)).inc()
+                manager.metrics.requests_rejected.labels(str(exc.status)).inc()
             status, content_type = exc.status, exc.content_type
             body = (exc.text or "").encode()
         except Exception:
             log.exception("error answering POST /generate")
             status, content_type = 500, "application/json"
             body = error_body("internal error answering /generate; see the manager's log").encode()
-        self.task = None
+        finally:
+            if failure is None:
+                request.release(manager)
+        self._done()
         transport = self.transport
         if transport.is_closing():
             return
@@ -194,9 +226,14 @@ class _LeanConnection(asyncio.Protocol):
         if self._timer is None:
             self._timer = self._loop.call_at(self._deadline, self._due)
 
+    def _done(self) -> None:
+        answered, self._answered = self._answered, None
+        if answered is not None and not answered.done():
+            answered.set_result(None)
+
     def _due(self) -> None:
         self._timer = None
-        if self.task is not None or self.transport.is_closing():
+        if self.request is not None or self.transport.is_closing():
             return
         now = self._loop.time()
         if self._deadline > now:  # a later deadline was set meanwhile: wait for it
@@ -214,8 +251,16 @@ class _LeanConnection(asyncio.Protocol):
     def close_when_idle(self) -> None:
         """Shutdown: close now if no request is in flight, else after its answer."""
         self._closing = True
-        if self.task is None:
+        if self.request is None:
             self.transport.close()
+
+    def answered(self) -> asyncio.Future | None:
+        """Done once the request in flight is answered (or its client gone); None when none is."""
+        if self.request is None:
+            return None
+        if self._answered is None:
+            self._answered = self._loop.create_future()
+        return self._answered
 
 
 class LeanServer:
@@ -243,9 +288,9 @@ class LeanServer:
         """Let the requests in flight finish (within `timeout`), then close every connection."""
         for conn in list(self.connections):
             conn.close_when_idle()
-        tasks = [conn.task for conn in self.connections if conn.task is not None]
-        if tasks:
-            await asyncio.wait(tasks, timeout=timeout)
+        pending = [f for f in (conn.answered() for conn in self.connections) if f is not None]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
         for conn in list(self.connections):
             conn.transport.close()
         await self.aiohttp_server.shutdown(timeout)

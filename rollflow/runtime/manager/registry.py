@@ -42,10 +42,6 @@ class EngineRecord:
     queued_tokens: int = 0  # of `unstarted`'s values
     running_tokens: int = 0  # of `running`'s values for samples not in `unstarted`
 
-    @property
-    def routable(self) -> bool:
-        return self.state == "healthy" and len(self.running) < self.capacity
-
     def view(self) -> InstanceView:
         return instance_view(self)
 
@@ -118,6 +114,10 @@ class Registry:
     def live(self) -> list[EngineRecord]:
         """Engines not yet failed or removed (healthy or taking new weights)."""
         return [e for e in self._engines.values() if e.state in ("healthy", "updating")]
+
+    def routable(self) -> list[EngineRecord]:
+        """The live engines with room for another sample (the engines a sample may be routed to)."""
+        return [e for e in self._engines.values() if e.state == "healthy" and len(e.running) < e.capacity]
 
     def failed(self) -> list[EngineRecord]:
         return [e for e in self._engines.values() if e.state == "failed"]

@@ -11,6 +11,7 @@ import asyncio
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from rollflow.runtime.engines.base import SamplingParams
 
@@ -178,6 +179,12 @@ class Sample:
         }
 
 
+class Watcher(Protocol):
+    """What is told of a single request's every update (new tokens, a final state)."""
+
+    def set(self) -> None: ...
+
+
 @dataclass
 class SampleRun:
     """The manager's live state of one sample it tracks, beside the sample's own record: one
@@ -186,5 +193,7 @@ class SampleRun:
     sample: Sample
     task: asyncio.Task | None = None  # the running attempt
     move_reason: str | None = None  # why the manager is ending that attempt early, once it is
-    watcher: asyncio.Event | None = None  # set at every update; a single request's caller waits on it
+    # set() at every update: an asyncio.Event a single request's caller waits on, or whatever else
+    # answers one without a task of its own (the lean /generate path's connection)
+    watcher: Watcher | None = None
     resumed_at: float | None = None  # loop time its last attempt ended early (for the resume delay)

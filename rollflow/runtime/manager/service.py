@@ -52,7 +52,7 @@ from rollflow.runtime.manager.metrics import ManagerMetrics
 from rollflow.runtime.manager.packing import GroupPacker
 from rollflow.runtime.manager.registry import EngineRecord, Registry
 from rollflow.runtime.manager.request_log import RequestLog
-from rollflow.runtime.manager.samples import Sample, SampleRun, SampleState
+from rollflow.runtime.manager.samples import Sample, SampleRun, SampleState, Watcher
 from rollflow.runtime.manager.stall import StallWatch
 from rollflow.runtime.manager.view import refresh_load, route_inputs
 
@@ -546,9 +546,11 @@ class RolloutManager:
         sample_id: str | None = None,
         session_id: str | None = None,
         pinned_version: int | None = None,
+        watcher: Watcher | None = None,
     ) -> Sample:
         """One request a caller waits on; a session's turn names its session (routed by
-        `session_router`) and the weight version the session holds to."""
+        `session_router`) and the weight version the session holds to. `watcher` is told of each
+        update (default: an asyncio.Event, which `wait_for_update` waits on)."""
         sample = Sample(
             seq=next(self._seq),
             sample_id=sample_id or os.urandom(16).hex(),
@@ -558,7 +560,7 @@ class RolloutManager:
             session_id=session_id,
             pinned_version=pinned_version,
         )
-        self._runs[sample.sample_id] = SampleRun(sample, watcher=asyncio.Event())
+        self._runs[sample.sample_id] = SampleRun(sample, watcher=watcher or asyncio.Event())
         self._enqueue(sample)
         self._dispatch()  # routed now rather than a loop turn later: a request's latency is the manager's
         return sample
@@ -720,13 +722,14 @@ class RolloutManager:
 
     def _dispatch(self) -> None:
         """Route every queued sample that has an eligible engine, in queue order."""
-        if not self._queue or not any(e.routable for e in self.registry.live()):
+        routable = self.registry.routable() if self._queue else None
+        if not routable:
             return
         now = asyncio.get_running_loop().time()
         blocked: deque[Sample] = deque()
         while self._queue:
             sample = self._queue.popleft()
-            candidates = self._eligible(sample)
+            candidates = self._eligible(sample, routable)
             if not candidates:
                 blocked.append(sample)
                 continue
@@ -737,7 +740,8 @@ class RolloutManager:
             )
             request, view = route_inputs(sample, candidates, now, reads_cache)
             self._start_attempt(sample, self._route(request, view, router))
-            if not any(e.routable for e in self.registry.live()):
+            routable = self.registry.routable()  # the engine it went to may be full now
+            if not routable:
                 break
         blocked.extend(self._queue)
         self._queue = blocked
@@ -747,18 +751,17 @@ class RolloutManager:
         overruled by least-outstanding, because one bad policy must not stop every rollout."""
         try:
             chosen = router.pick(request, view)
-            if all(inst.instance_id != chosen for inst in view.instances):
-                raise ValueError(
-                    f"picked engine {chosen}, not among {[i.instance_id for i in view.instances]}"
-                )
+            if chosen not in view.instances.ids:
+                raise ValueError(f"picked engine {chosen}, not among {view.instances.ids}")
         except Exception as exc:  # any policy failure takes the same fallback
             self.metrics.router_errors.inc()
             log.error("router %s failed (%s); routing by least outstanding", router.name, exc)
             chosen = self._fallback_router.pick(request, view)
         return self.registry.get(chosen)
 
-    def _eligible(self, sample: Sample) -> list[EngineRecord]:
-        engines = [e for e in self.registry.live() if e.routable]
+    def _eligible(self, sample: Sample, engines: list[EngineRecord]) -> list[EngineRecord]:
+        """Which of the `engines` with room may take the sample (its weight version, its batch's
+        offload)."""
         version = sample.weight_version
         if version is not None and not sample.allow_off_policy:
             engines = [e for e in engines if e.weight_version == version]

@@ -36,7 +36,7 @@ from rollflow.runtime.manager.edge import (
     validate,
 )
 from rollflow.runtime.manager.protocol import AbortBody, GenerateBody
-from rollflow.runtime.manager.samples import Sample, SampleState
+from rollflow.runtime.manager.samples import Sample, SampleState, Watcher
 from rollflow.runtime.manager.service import RolloutManager
 
 RIDS_KEY = web.AppKey("rids", dict)
@@ -139,8 +139,10 @@ class PromptRequest:
     sample: Sample  # set by submit
     rid: str
 
-    def submit(self, manager: RolloutManager) -> Sample:
-        self.sample = manager.submit_sample(self.prompt, self.params, self.body.allow_off_policy)
+    def submit(self, manager: RolloutManager, watcher: Watcher | None = None) -> Sample:
+        self.sample = manager.submit_sample(
+            self.prompt, self.params, self.body.allow_off_policy, watcher=watcher
+        )
         self.rid = self.body.rid or self.sample.sample_id
         self.rids[self.rid] = self.sample
         return self.sample
@@ -195,16 +197,22 @@ async def answer_one(manager: RolloutManager, req: PromptRequest) -> bytes:
     req.submit(manager)
     try:
         await _finished(manager, req.sample)
-        refusal = req.refusal()
-        if refusal is not None:
-            raise refusal
-        return dumps(req.payload())
+        return final_answer(req)
     finally:
         req.release(manager)
 
 
+def final_answer(req: PromptRequest) -> bytes:
+    """The JSON answer of a prompt whose sample is final (a 4xx raised when an engine refused its
+    input); the caller releases the request."""
+    refusal = req.refusal()
+    if refusal is not None:
+        raise refusal
+    return dumps(req.payload())
+
+
 def lean_request(app: web.Application, raw: bytes) -> PromptRequest | None:
-    """For the lean edge (lean_edge.py), which answers it with `answer_one`: the request of a
+    """For the lean edge (lean_edge.py), which answers it with `final_answer`: the request of a
     `/generate` body that is one prompt, not streamed and not a session's turn, with nothing in it
     to refuse; None for any other body, which `generate` then answers (errors included) through
     aiohttp. The caller has checked the body's size against the manager's limit."""

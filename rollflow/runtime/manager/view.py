@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -73,12 +73,40 @@ def route_inputs(
     request = RouteRequest(
         sample.seq, len(sample.prompt_ids) + len(sample.output_ids), sample.remaining_tokens, key
     )
-    if reads_cache:
-        hashes = block_hashes(sample.prompt_ids, BLOCK_TOKENS)
-        views = [instance_view(e, e.prefixes.cached_tokens(hashes)) for e in engines]
-    else:
-        views = [instance_view(e) for e in engines]
-    return request, ClusterView(now, views)
+    hashes = block_hashes(sample.prompt_ids, BLOCK_TOKENS) if reads_cache else None
+    return request, ClusterView(now, LazyInstances(engines, hashes))
+
+
+class LazyInstances(Sequence[InstanceView]):
+    """The eligible engines' views, each built when a router first reads it: a round-robin or
+    random pick reads one view, so the others are never built. A router reads the view inside its
+    `pick`, with nothing running in between, so a view built late holds the values one built up
+    front would; once read, a view stays as it was read."""
+
+    __slots__ = ("_built", "_engines", "_hashes", "ids")
+
+    def __init__(self, engines: Sequence[EngineRecord], hashes: list[int] | None) -> None:
+        self._engines = engines
+        self._hashes = hashes  # the prompt's block hashes, for routers that read `cached_tokens`
+        self._built: list[InstanceView | None] = [None] * len(engines)
+        self.ids = [e.engine_id for e in engines]  # what a pick is checked against, with no view built
+
+    def __len__(self) -> int:
+        return len(self._engines)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        view = self._built[index]
+        if view is None:
+            engine = self._engines[index]
+            hashes = self._hashes
+            view = instance_view(engine, engine.prefixes.cached_tokens(hashes) if hashes is not None else 0)
+            self._built[index] = view
+        return view
+
+    def __iter__(self) -> Iterator[InstanceView]:
+        return iter([self[i] for i in range(len(self._engines))])
 
 
 def instance_view(engine: EngineRecord, cached_tokens: int = 0) -> InstanceView:

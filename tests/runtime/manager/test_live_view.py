@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 
 from rollflow.policy.learned import ObservationSpec, encode_features
+from rollflow.policy.routing import LeastOutstandingRouter, LeastTokensRouter, RoundRobinRouter
 from rollflow.policy.view import ClusterView, RouteRequest
 from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.engines.load import EngineLoad
 from rollflow.runtime.manager.config import EngineEntry, ManagerConfig
 from rollflow.runtime.manager.registry import EngineRecord, Registry
+from rollflow.runtime.manager.samples import Sample
 from rollflow.runtime.manager.service import RolloutManager
+from rollflow.runtime.manager.view import instance_view, route_inputs
 from rollflow.sim.request import SimRequest
 from rollflow.sim.simulator import ServingSimulator
 from rollflow.sim.workload import build_requests
@@ -204,3 +207,35 @@ def test_live_and_simulated_views_of_one_state_give_the_learned_router_the_same_
     assert [[getattr(v, f) for f in fields] for v in live.instances] == [
         [getattr(v, f) for f in fields] for v in simulated.instances
     ]
+
+
+def test_the_lazily_built_view_holds_what_an_eager_one_would_and_keeps_what_was_read():
+    registry = Registry()
+    records = [
+        registry.add(
+            url=f"http://127.0.0.1:{i + 1}",
+            kind="local",
+            engine_type="builtin",
+            capacity=8,
+            client=None,
+            weight_version=0,
+        )
+        for i in range(3)
+    ]
+    for i, record in enumerate(records):
+        for j in range(i):
+            record.dispatched(f"{i}-{j}", 4, 100)
+    records[2].progressed("2-0", 90)
+    sample = Sample(seq=7, sample_id="s", prompt_ids=[1, 2, 3], sampling=SamplingParams(max_new_tokens=16))
+    eager = [instance_view(r) for r in records]
+
+    request, view = route_inputs(sample, records, now=5.0, reads_cache=False)
+    assert (request.request_id, request.prompt_tokens, request.expected_output_tokens) == (7, 3, 16)
+    assert len(view.instances) == 3 and view.instances.ids == [0, 1, 2]
+    assert view.instances[-1] == eager[2] and view.instances[0:2] == eager[0:2]
+    assert list(view.instances) == eager
+    for router in (LeastOutstandingRouter, LeastTokensRouter, RoundRobinRouter):  # fresh: round robin counts
+        assert router().pick(request, view) == router().pick(request, ClusterView(5.0, eager))
+    records[0].dispatched("later", 4, 100)
+    assert view.instances[0] == eager[0]  # a view once read stays as it was read
+    assert route_inputs(sample, records, 5.0, False)[1].instances[0] == instance_view(records[0])
