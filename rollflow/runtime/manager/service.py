@@ -157,6 +157,7 @@ class RolloutManager:
         self.router = router or make_router(config.router, seed=config.seed, path=config.router_path)
         self._fallback_router = make_router("least_outstanding")
         self._reads_cache = getattr(self.router, "reads_cache", False)  # fill the view's cached_tokens
+        self._reads_load = getattr(self.router, "reads_load", True)  # False: ids and order only
         self.session_router = make_router("session", seed=config.seed)  # routes sessions' turns (sessions.py)
         self.registry = Registry()
         self.metrics = ManagerMetrics(before_render=self._update_gauges)
@@ -733,30 +734,39 @@ class RolloutManager:
             if not candidates:
                 blocked.append(sample)
                 continue
-            router, reads_cache = (
-                (self.router, self._reads_cache)
+            router, reads_cache, reads_load = (
+                (self.router, self._reads_cache, self._reads_load)
                 if sample.session_id is None
-                else (self.session_router, False)
+                else (self.session_router, False, True)
             )
-            request, view = route_inputs(sample, candidates, now, reads_cache)
-            self._start_attempt(sample, self._route(request, view, router))
+            request, view = route_inputs(sample, candidates, now, reads_cache, reads_load)
+            self._start_attempt(sample, self._route(request, view, router, sample, candidates))
             routable = self.registry.routable()  # the engine it went to may be full now
             if not routable:
                 break
         blocked.extend(self._queue)
         self._queue = blocked
 
-    def _route(self, request: RouteRequest, view: ClusterView, router: Router) -> EngineRecord:
+    def _route(
+        self,
+        request: RouteRequest,
+        view: ClusterView,
+        router: Router,
+        sample: Sample,
+        candidates: list[EngineRecord],
+    ) -> EngineRecord:
         """The router's pick; a router that fails or picks outside the view is logged, counted and
-        overruled by least-outstanding, because one bad policy must not stop every rollout."""
+        overruled by least-outstanding (on the engines' whole views), because one bad policy must not
+        stop every rollout."""
         try:
             chosen = router.pick(request, view)
-            if chosen not in view.instances.ids:
-                raise ValueError(f"picked engine {chosen}, not among {view.instances.ids}")
+            if not any(engine.engine_id == chosen for engine in candidates):
+                raise ValueError(f"picked engine {chosen}, not among {[e.engine_id for e in candidates]}")
         except Exception as exc:  # any policy failure takes the same fallback
             self.metrics.router_errors.inc()
             log.error("router %s failed (%s); routing by least outstanding", router.name, exc)
-            chosen = self._fallback_router.pick(request, view)
+            _, whole = route_inputs(sample, candidates, view.now, reads_cache=False)
+            chosen = self._fallback_router.pick(request, whole)
         return self.registry.get(chosen)
 
     def _eligible(self, sample: Sample, engines: list[EngineRecord]) -> list[EngineRecord]:

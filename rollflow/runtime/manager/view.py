@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -63,50 +63,27 @@ async def refresh_load(engine: EngineRecord, timeout_s: float) -> None:
 
 
 def route_inputs(
-    sample: Sample, engines: Sequence[EngineRecord], now: float, reads_cache: bool
+    sample: Sample, engines: Sequence[EngineRecord], now: float, reads_cache: bool, reads_load: bool = True
 ) -> tuple[RouteRequest, ClusterView]:
     """What a router is given for one sample: the request (with its prefix key: its GRPO group, its
     session, or its whole prompt) and the view of the eligible engines, each with the prompt tokens it
-    probably caches (from the manager's record of what it sent where) when the router reads them."""
+    probably caches (from the manager's record of what it sent where) when the router reads them.
+    A router that declares `reads_load = False` (round robin, random: ids and order only) gets views
+    of ids and kinds with the loads left at zero, as the simulator gives it, and no engine's load is
+    computed; any other gets every engine's view as it is now. Either way the view is frozen."""
     group = sample.batch_id if sample.session_id is None else f"session/{sample.session_id}"
     key = prefix_key(group, sample.group_index, sample.prompt_ids)
     request = RouteRequest(
         sample.seq, len(sample.prompt_ids) + len(sample.output_ids), sample.remaining_tokens, key
     )
-    hashes = block_hashes(sample.prompt_ids, BLOCK_TOKENS) if reads_cache else None
-    return request, ClusterView(now, LazyInstances(engines, hashes))
-
-
-class LazyInstances(Sequence[InstanceView]):
-    """The eligible engines' views, each built when a router first reads it: a round-robin or
-    random pick reads one view, so the others are never built. A router reads the view inside its
-    `pick`, with nothing running in between, so a view built late holds the values one built up
-    front would; once read, a view stays as it was read."""
-
-    __slots__ = ("_built", "_engines", "_hashes", "ids")
-
-    def __init__(self, engines: Sequence[EngineRecord], hashes: list[int] | None) -> None:
-        self._engines = engines
-        self._hashes = hashes  # the prompt's block hashes, for routers that read `cached_tokens`
-        self._built: list[InstanceView | None] = [None] * len(engines)
-        self.ids = [e.engine_id for e in engines]  # what a pick is checked against, with no view built
-
-    def __len__(self) -> int:
-        return len(self._engines)
-
-    def __getitem__(self, index):  # type: ignore[override]
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        view = self._built[index]
-        if view is None:
-            engine = self._engines[index]
-            hashes = self._hashes
-            view = instance_view(engine, engine.prefixes.cached_tokens(hashes) if hashes is not None else 0)
-            self._built[index] = view
-        return view
-
-    def __iter__(self) -> Iterator[InstanceView]:
-        return iter([self[i] for i in range(len(self._engines))])
+    if not reads_load:
+        instances = tuple([InstanceView(e.engine_id, 0, 0, 0, 0, 0.0, 0.0, e.kind) for e in engines])
+    elif reads_cache:
+        hashes = block_hashes(sample.prompt_ids, BLOCK_TOKENS)
+        instances = tuple([instance_view(e, e.prefixes.cached_tokens(hashes)) for e in engines])
+    else:
+        instances = tuple([instance_view(e) for e in engines])
+    return request, ClusterView(now, instances)
 
 
 def instance_view(engine: EngineRecord, cached_tokens: int = 0) -> InstanceView:

@@ -209,7 +209,7 @@ def test_live_and_simulated_views_of_one_state_give_the_learned_router_the_same_
     ]
 
 
-def test_the_lazily_built_view_holds_what_an_eager_one_would_and_keeps_what_was_read():
+def test_the_view_is_frozen_and_routers_that_read_only_ids_get_ids_only():
     registry = Registry()
     records = [
         registry.add(
@@ -231,11 +231,18 @@ def test_the_lazily_built_view_holds_what_an_eager_one_would_and_keeps_what_was_
 
     request, view = route_inputs(sample, records, now=5.0, reads_cache=False)
     assert (request.request_id, request.prompt_tokens, request.expected_output_tokens) == (7, 3, 16)
-    assert len(view.instances) == 3 and view.instances.ids == [0, 1, 2]
-    assert view.instances[-1] == eager[2] and view.instances[0:2] == eager[0:2]
     assert list(view.instances) == eager
-    for router in (LeastOutstandingRouter, LeastTokensRouter, RoundRobinRouter):  # fresh: round robin counts
-        assert router().pick(request, view) == router().pick(request, ClusterView(5.0, eager))
     records[0].dispatched("later", 4, 100)
-    assert view.instances[0] == eager[0]  # a view once read stays as it was read
-    assert route_inputs(sample, records, 5.0, False)[1].instances[0] == instance_view(records[0])
+    assert view.instances[0] == eager[0] != instance_view(records[0])  # frozen: later changes unseen
+
+    # round robin reads ids and order only: it gets the engines' ids and kinds, loads at zero, and
+    # picks what it picks on the whole views
+    _, ids_only = route_inputs(sample, records, 5.0, reads_cache=False, reads_load=False)
+    assert [(v.instance_id, v.kind, v.num_outstanding) for v in ids_only.instances] == [
+        (0, "local", 0),
+        (1, "local", 0),
+        (2, "local", 0),
+    ]
+    assert RoundRobinRouter().pick(request, ids_only) == RoundRobinRouter().pick(request, view)
+    for router in (LeastOutstandingRouter, LeastTokensRouter):
+        assert getattr(router(), "reads_load", True)  # routers that read loads get the whole view
