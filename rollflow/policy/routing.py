@@ -19,8 +19,8 @@ from rollflow.policy.view import ClusterView, InstanceView, RouteRequest
 class Router(Protocol):
     name: str
     # Optional `reads_load = False`: `pick` reads only the instances' ids and order, so the
-    # simulator may hand it views whose load fields are zero (a view per instance per arrival
-    # is most of routing's cost there). Routers without the attribute get full views.
+    # simulator and the manager hand it views whose load fields are zero (a view per instance
+    # per routed request is most of routing's cost). Routers without the attribute get full views.
 
     def pick(self, request: RouteRequest, view: ClusterView) -> int:
         """Return the `instance_id` that should serve `request`."""
