@@ -105,8 +105,8 @@ def test_the_view_counts_what_the_engine_queues_itself(tmp_path, tiny_model):
     assert view.kv_usage == report.kv_usage
 
 
-def _record(engine_id: int = 0) -> EngineRecord:
-    return Registry().add(
+def _record(engine_id: int = 0, registry: Registry | None = None) -> EngineRecord:
+    return (registry or Registry()).add(
         url=f"http://127.0.0.1:{engine_id + 1}",
         kind="local",
         engine_type="builtin",
@@ -211,17 +211,7 @@ def test_live_and_simulated_views_of_one_state_give_the_learned_router_the_same_
 
 def test_the_view_is_frozen_and_routers_that_read_only_ids_get_ids_only():
     registry = Registry()
-    records = [
-        registry.add(
-            url=f"http://127.0.0.1:{i + 1}",
-            kind="local",
-            engine_type="builtin",
-            capacity=8,
-            client=None,
-            weight_version=0,
-        )
-        for i in range(3)
-    ]
+    records = [_record(i, registry) for i in range(3)]
     for i, record in enumerate(records):
         for j in range(i):
             record.dispatched(f"{i}-{j}", 4, 100)
