@@ -91,6 +91,14 @@ class Sample:
         """The output as text, from what the engines sent (for a manager without a tokenizer)."""
         return "".join(self.engine_texts[attempt] for attempt in sorted(self.engine_texts))
 
+    def trim_engine_text(self, keep: int) -> None:
+        """Keep the first `keep` characters of the engines' text: a stop string found across a resume
+        is cut as the engine cuts its own, which may reach back into earlier attempts' texts."""
+        for attempt in sorted(self.engine_texts):
+            text = self.engine_texts[attempt]
+            self.engine_texts[attempt] = text[:keep]
+            keep = max(0, keep - len(text))
+
     @property
     def remaining_tokens(self) -> int:
         return self.sampling.max_new_tokens - len(self.output_ids)

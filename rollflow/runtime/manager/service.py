@@ -54,6 +54,7 @@ from rollflow.runtime.manager.registry import EngineRecord, Registry
 from rollflow.runtime.manager.request_log import RequestLog
 from rollflow.runtime.manager.samples import Sample, SampleRun, SampleState, Watcher
 from rollflow.runtime.manager.stall import StallWatch
+from rollflow.runtime.manager.stops import SpanningStop
 from rollflow.runtime.manager.view import refresh_load, route_inputs
 
 log = logging.getLogger("rollflow.manager")
@@ -877,6 +878,10 @@ class RolloutManager:
                 min_new_tokens=max(0, params.min_new_tokens - len(sample.output_ids)),
             )
         stream = engine.client.generate(rid, sample.prompt_ids + sample.output_ids, params)
+        # an engine sees only its own text: a stop string begun before a resume is the manager's to find
+        spanning = (
+            SpanningStop(sample.engine_text, params.stop) if sample.output_ids and params.stop else None
+        )
         # one timer notices a silent engine; the read itself is never raced against a timeout
         watch = StallWatch(
             self.config.stall_timeout_s,
@@ -923,8 +928,18 @@ class RolloutManager:
                 ended = chunk.finish_reason != "abort" and (
                     chunk.finish_reason is not None or sample.remaining_tokens <= 0
                 )
+                reason = chunk.finish_reason
+                if spanning is not None and chunk.text is not None and reason is None and not ended:
+                    cut = spanning.find(chunk.text, len(sample.output_ids) >= sample.sampling.min_new_tokens)
+                    if cut is not None:  # as an undisturbed engine would: stop there, the text trimmed
+                        ended, reason = True, "stop"
+                        if not params.no_stop_trim:
+                            sample.trim_engine_text(cut)
+                        self._spawn(self._abort_quietly(engine, rid))
+                    elif spanning.done:
+                        spanning = None
                 if ended:
-                    sample.finish_reason = chunk.finish_reason or "length"
+                    sample.finish_reason = reason or "length"
                 # the journal's bound: a crash may lose no more than it (wait for room below)
                 journal_full = (
                     self.journal is not None

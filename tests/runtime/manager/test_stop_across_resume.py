@@ -1,0 +1,75 @@
+"""A stop string that begins before a resume and ends after it stops the sample where an
+undisturbed engine would: the new engine sees only its own text, so the manager looks across."""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+
+from rollflow.runtime.manager.client import ManagerClient
+from tests.runtime.manager.helpers import EngineProxy
+from tests.runtime.processes import http
+
+PROMPT = [11, 3, 60]
+MAX_NEW_TOKENS = 40
+
+
+class CutAfter(EngineProxy):
+    """A real engine whose `/generate` stream breaks right after the event that carries token `cut`
+    (greedy, so the sample resumes elsewhere at exactly that token)."""
+
+    def __init__(self, backend_url: str, cut: int) -> None:
+        self.cut = cut
+        super().__init__(backend_url)
+
+    async def forward_line(self, response: web.StreamResponse, line: bytes, index: int) -> bool:
+        await response.write(line)
+        if not line.startswith(b"data: {"):
+            return True
+        if json.loads(line[6:])["meta_info"]["completion_tokens"] < self.cut:
+            return True
+        await response.write(b"\n")
+        return False
+
+
+def generate(engine, **sampling) -> dict:
+    body = {"input_ids": PROMPT, "sampling_params": {"temperature": 0, "ignore_eos": True, **sampling}}
+    status, answer = http("POST", engine.url + "/generate", body)
+    assert status == 200, answer
+    return answer
+
+
+def test_a_stop_string_spanning_a_resume_stops_the_sample_there(processes):
+    real, healthy = processes.engine(), processes.engine()
+    full = generate(healthy, max_new_tokens=MAX_NEW_TOKENS)["text"]
+    for cut in range(4, MAX_NEW_TOKENS - 4):  # a cut whose text around it makes a stop string seen once
+        before = generate(healthy, max_new_tokens=cut)["text"]
+        stop = full[len(before) - 2 : len(before) + 2]
+        if (
+            len(before) >= 2
+            and full.startswith(before)
+            and len(stop) == 4
+            and full.find(stop) == len(before) - 2
+        ):
+            break
+    else:
+        raise AssertionError(f"no cut point in {full!r} suits a spanning stop string")
+    undisturbed = generate(healthy, max_new_tokens=MAX_NEW_TOKENS, stop=[stop])
+    assert undisturbed["meta_info"]["finish_reason"]["type"] == "stop"
+    assert cut < len(undisturbed["output_ids"]) < MAX_NEW_TOKENS
+
+    proxy = CutAfter(real.url, cut)
+    try:
+        manager = processes.manager(router="round_robin", engines=[{"url": proxy.url}, {"url": healthy.url}])
+        answer = ManagerClient(manager.url).generate(
+            PROMPT, max_new_tokens=MAX_NEW_TOKENS, temperature=0, ignore_eos=True, stop=[stop]
+        )
+    finally:
+        proxy.stop()
+    meta = answer["meta_info"]
+    assert meta["resumes"] == 1 and meta["spans"][0]["engine_url"] == proxy.url, meta
+    assert len(meta["spans"]) == 2 and meta["spans"][1]["engine_url"] == healthy.url
+    assert answer["output_ids"] == undisturbed["output_ids"]
+    assert meta["finish_reason"]["type"] == "stop"
+    assert answer["text"] == undisturbed["text"] == full[: len(before) - 2]
