@@ -14,7 +14,7 @@ class SpanningStop:
         self.stops = [stop for stop in stops if len(stop) > 1]
         reach = max((len(stop) for stop in self.stops), default=1) - 1
         self.before = len(earlier)  # characters of the output before this attempt
-        self.tail = earlier[len(earlier) - reach :] if reach else ""
+        self.tail = earlier[-reach:] if reach else ""  # all of it when it is shorter than the reach
         self.reach = reach
         self.done = not self.tail
 

@@ -8,6 +8,7 @@ import json
 from aiohttp import web
 
 from rollflow.runtime.manager.client import ManagerClient
+from rollflow.runtime.manager.stops import SpanningStop
 from tests.runtime.manager.helpers import EngineProxy
 from tests.runtime.processes import http
 
@@ -73,3 +74,12 @@ def test_a_stop_string_spanning_a_resume_stops_the_sample_there(processes):
     assert answer["output_ids"] == undisturbed["output_ids"]
     assert meta["finish_reason"]["type"] == "stop"
     assert answer["text"] == undisturbed["text"] == full[: len(before) - 2]
+
+
+def test_a_spanning_stop_is_found_from_an_earlier_text_of_any_length():
+    # the earlier text shorter than the stop string's reach: all of it may begin the stop string
+    assert SpanningStop("ab", ["abcd"]).find("cd", may_stop=True) == 0
+    assert SpanningStop("xab", ["abcd"]).find("cdz", may_stop=True) == 1
+    # wholly in the new text: the engine's own to find; held back while min_new_tokens is not met
+    assert SpanningStop("xab", ["cd"]).find("cd", may_stop=True) is None
+    assert SpanningStop("xa", ["abcd"]).find("bcd", may_stop=False) is None
