@@ -19,7 +19,7 @@ from rollflow.policy.view import ClusterView, InstanceView, RouteRequest
 class Router(Protocol):
     name: str
     # Optional `reads_load = False`: `pick` reads only the instances' ids and order, so the
-    # simulator and the manager hand it views whose load fields are zero (a view per instance
+    # simulator and the manager hand it `view.id_only_view`s, loads at zero (a view per instance
     # per routed request is most of routing's cost). Routers without the attribute get full views.
 
     def pick(self, request: RouteRequest, view: ClusterView) -> int:

@@ -37,6 +37,13 @@ class InstanceView(NamedTuple):
         return self.queued_tokens + self.running_tokens
 
 
+def id_only_view(instance_id: int, kind: InstanceKind) -> InstanceView:
+    """An instance as a router that declares `reads_load = False` sees it (routing.Router): its id and
+    kind, every load at zero. The simulator and the manager both give such routers these, so a
+    policy reads the same fields in both, and neither computes loads nobody reads."""
+    return InstanceView(instance_id, 0, 0, 0, 0, 0.0, 0.0, kind)
+
+
 class ClusterView(NamedTuple):
     """All instances at one moment; `now` is the only clock a policy may read."""
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from heapq import heappop, heappush
 
 from rollflow.policy.routing import Router, make_router
-from rollflow.policy.view import ClusterView, InstanceKind, InstanceView, RouteRequest
+from rollflow.policy.view import ClusterView, InstanceKind, InstanceView, RouteRequest, id_only_view
 from rollflow.sim.build import GroupPlan, build_groups, check_servable
 from rollflow.sim.config import SimConfig
 from rollflow.sim.events import NO_EVENTS, Event, EventQueue, Phase
@@ -211,7 +211,7 @@ class ServingSimulator:
         ids = self.accepting_ids()
         if self._id_only_views[0] is not ids:  # accepting_ids() made a new list: the cluster changed
             replicas = self.replicas
-            views = tuple([InstanceView(i, 0, 0, 0, 0, 0.0, 0.0, replicas[i].kind) for i in ids])
+            views = tuple([id_only_view(i, replicas[i].kind) for i in ids])
             self._id_only_views = (ids, views)
         return self._id_only_views[1]
 

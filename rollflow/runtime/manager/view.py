@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
-from rollflow.policy.view import ClusterView, InstanceView, RouteRequest
+from rollflow.policy.view import ClusterView, InstanceView, RouteRequest, id_only_view
 from rollflow.runtime.engines.base import EngineError
 from rollflow.runtime.manager.prefixes import BLOCK_TOKENS, prefix_key
 from rollflow.runtime.token_blocks import block_hashes
@@ -77,7 +77,7 @@ def route_inputs(
         sample.seq, len(sample.prompt_ids) + len(sample.output_ids), sample.remaining_tokens, key
     )
     if not reads_load:
-        instances = tuple([InstanceView(e.engine_id, 0, 0, 0, 0, 0.0, 0.0, e.kind) for e in engines])
+        instances = tuple([id_only_view(e.engine_id, e.kind) for e in engines])
     elif reads_cache:
         hashes = block_hashes(sample.prompt_ids, BLOCK_TOKENS)
         instances = tuple([instance_view(e, e.prefixes.cached_tokens(hashes)) for e in engines])
