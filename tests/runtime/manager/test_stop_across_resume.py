@@ -17,20 +17,29 @@ MAX_NEW_TOKENS = 40
 
 
 class CutAfter(EngineProxy):
-    """A real engine whose `/generate` stream breaks right after the event that carries token `cut`
-    (greedy, so the sample resumes elsewhere at exactly that token)."""
+    """A real engine whose `/generate` stream breaks right after token `cut` (greedy, so the sample
+    resumes elsewhere at exactly that token). A busy engine sends several tokens in one event, so
+    the event that reaches `cut` is cut back to it: its first `cut` tokens (the engine's events are
+    cumulative) and their text, `before`."""
 
-    def __init__(self, backend_url: str, cut: int) -> None:
-        self.cut = cut
+    def __init__(self, backend_url: str, cut: int, before: str) -> None:
+        self.cut, self.before = cut, before
         super().__init__(backend_url)
 
     async def forward_line(self, response: web.StreamResponse, line: bytes, index: int) -> bool:
-        await response.write(line)
         if not line.startswith(b"data: {"):
+            await response.write(line)
             return True
-        if json.loads(line[6:])["meta_info"]["completion_tokens"] < self.cut:
+        event = json.loads(line[6:])
+        meta = event["meta_info"]
+        if meta["completion_tokens"] < self.cut:
+            await response.write(line)
             return True
-        await response.write(b"\n")
+        event["output_ids"] = event["output_ids"][: self.cut]
+        event["text"] = self.before
+        meta["completion_tokens"], meta["finish_reason"] = self.cut, None
+        meta["output_token_logprobs"] = meta["output_token_logprobs"][: self.cut]
+        await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
         return False
 
 
@@ -60,7 +69,7 @@ def test_a_stop_string_spanning_a_resume_stops_the_sample_there(processes):
     assert undisturbed["meta_info"]["finish_reason"]["type"] == "stop"
     assert cut < len(undisturbed["output_ids"]) < MAX_NEW_TOKENS
 
-    proxy = CutAfter(real.url, cut)
+    proxy = CutAfter(real.url, cut, before)
     try:
         manager = processes.manager(router="round_robin", engines=[{"url": proxy.url}, {"url": healthy.url}])
         answer = ManagerClient(manager.url).generate(
