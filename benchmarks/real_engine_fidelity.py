@@ -85,15 +85,37 @@ def start_vllm(model: Path, work: Path) -> tuple[subprocess.Popen, str]:
 
 
 def simulate(
-    tables: Path, model_shape: dict, requests: list[tuple[float, int, int]], overhead_ms: float, work: Path
+    tables: Path,
+    model_shape: dict,
+    requests: list[tuple[float, int, int]],
+    overhead_ms: float,
+    wakeup_ms: float,
+    work: Path,
 ) -> dict:
     trace = write_trace(requests, work / "trace.csv")
-    config = simulation_config(tables, model_shape, trace, overhead_ms, MAX_NUM_SEQS, MAX_BATCHED_TOKENS)
+    config = simulation_config(
+        tables, model_shape, trace, overhead_ms, MAX_NUM_SEQS, MAX_BATCHED_TOKENS, wakeup_ms
+    )
     (work / "sim.yaml").write_text(json.dumps(config))
     rollflow("sim", "serve", "--config", str(work / "sim.yaml"), "--output-dir", str(work / "sim"))
     with (work / "sim" / "requests.csv").open(newline="") as handle:
         rows = list(csv.DictReader(handle))
     return {m: np.array([float(r[m]) for r in rows]) for m in METRICS}
+
+
+async def speed_check(url: str) -> float:
+    """The engine's batch-MAX_NUM_SEQS decode iteration now (median gap, ms), as the profile measured
+    the capacity row (16-token prompts): on a shared host the engine's own speed drifts by tens of
+    percent over minutes, and a replay is only comparable with the profile while it matches."""
+    from rollflow.perf.profile.engine import decode_gaps
+    from rollflow.runtime.engines.clients import make_client
+
+    client = make_client("vllm", url)
+    try:
+        gaps, _ = await decode_gaps(client, MAX_NUM_SEQS, 16, 32, salt=next(REPLAY_SALTS))
+    finally:
+        await client.close()
+    return float(np.median(gaps)) * 1e3
 
 
 def num_parameters(config: dict) -> int:
@@ -104,8 +126,9 @@ def num_parameters(config: dict) -> int:
     return layers * per_layer + embeddings
 
 
-def profile(url: str, model: Path, tables: Path) -> tuple[float, float, float]:
-    """Profile the server; (seconds it took, round trip in ms, batch-MAX_NUM_SEQS iteration in s)."""
+def profile(url: str, model: Path, tables: Path) -> tuple[float, float, float, float]:
+    """Profile the server; (seconds it took, round trip in ms, batch-MAX_NUM_SEQS iteration in s,
+    wake-up after idle in ms)."""
     started = time.perf_counter()
     out = rollflow(
         "profile", "engine", "--url", url, "--kind", "vllm", "--model-config", str(model),
@@ -115,13 +138,15 @@ def profile(url: str, model: Path, tables: Path) -> tuple[float, float, float]:
     )  # fmt: skip
     elapsed = time.perf_counter() - started
     [round_trip] = [x for x in out.splitlines() if x.startswith("request round trip ")]
+    [wakeup] = [x for x in out.splitlines() if x.startswith("wake-up after ")]
     # the shortest KV length's (printed first): the capacity the loads are fractions of
     iteration = next(x for x in out.splitlines() if x.startswith(f"decode batch {MAX_NUM_SEQS}, KV "))
-    return elapsed, float(round_trip.split()[3]), float(iteration.split()[5]) * 1e-3
+    wakeup_ms = float(wakeup.split("idle_wakeup_ms=")[1].rstrip(")"))
+    return elapsed, float(round_trip.split()[3]), float(iteration.split()[5]) * 1e-3, wakeup_ms
 
 
 def compare(name: str, url: str, model: Path, work: Path, args: argparse.Namespace) -> None:
-    profile_s, round_trip_ms, iteration_s = profile(url, model, work / "tables")
+    profile_s, round_trip_ms, iteration_s, wakeup_ms = profile(url, model, work / "tables")
     model_config = json.loads((model / "config.json").read_text())
     base = load_trace(TRACE, args.num_requests, max_prompt=MAX_PROMPT, max_decode=MAX_DECODE)
     mean_decode = float(np.mean([d for _, _, d in base]))
@@ -130,7 +155,8 @@ def compare(name: str, url: str, model: Path, work: Path, args: argparse.Namespa
     print(
         f"\n{name}: {num_parameters(model_config) / 1e6:.1f}M parameters; load average "
         f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; profiled in {profile_s:.1f} s "
-        f"(round trip {round_trip_ms:.2f} ms, batch-{MAX_NUM_SEQS} iteration {iteration_s * 1e3:.1f} ms); "
+        f"(round trip {round_trip_ms:.2f} ms, wake-up after idle {wakeup_ms:.2f} ms, "
+        f"batch-{MAX_NUM_SEQS} iteration {iteration_s * 1e3:.1f} ms); "
         f"capacity about {capacity_qps:.2f} requests/s; real = median of {args.repeats} replays [min-max]"
     )
     print("| load | metric | real p50 | sim p50 | diff | real p90 | sim p90 | diff |")
@@ -138,14 +164,20 @@ def compare(name: str, url: str, model: Path, work: Path, args: argparse.Namespa
     for load in (float(x) for x in args.loads.split(",")):
         scale = native_qps / (load * capacity_qps)
         requests = [(a * scale, p, d) for a, p, d in base]
-        runs = []
+        runs, speed_ms = [], [asyncio.run(speed_check(url))]
         for _ in range(args.repeats):
             rows_ = asyncio.run(replay("vllm", url, requests, salt=next(REPLAY_SALTS)))
             runs.append({m: np.array([r[m] for r in rows_]) for m in METRICS})
+            speed_ms.append(asyncio.run(speed_check(url)))
         load_dir = work / f"load{load}"
         load_dir.mkdir()
         sim = simulate(
-            work / "tables", model_shape_section(load_model_config(model)), requests, round_trip_ms, load_dir
+            work / "tables",
+            model_shape_section(load_model_config(model)),
+            requests,
+            round_trip_ms,
+            wakeup_ms,
+            load_dir,
         )
         for metric in METRICS:
             cells = []
@@ -158,7 +190,11 @@ def compare(name: str, url: str, model: Path, work: Path, args: argparse.Namespa
                     f"{(s - r) / r * 100:+.1f}%",
                 ]
             print(f"| {load:.0%} of capacity | {metric} | " + " | ".join(cells) + " |")
-        print(f"(load average {os.getloadavg()[0]:.1f} after this load)")
+        print(
+            f"(load average {os.getloadavg()[0]:.1f} after this load; the engine's batch-{MAX_NUM_SEQS} "
+            f"decode before, between and after the replays: {', '.join(f'{x:.2f}' for x in speed_ms)} ms "
+            f"per iteration, profiled {iteration_s * 1e3:.2f})"
+        )
 
 
 def main() -> None:

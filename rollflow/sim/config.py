@@ -316,6 +316,13 @@ class ExecutionConfig(Section):
     and back: HTTP, tokenizer, hand-off to the scheduler): it reaches its replica this long after it
     arrives, so TTFT and E2E include it and TPOT does not. `rollflow profile engine` prints the
     round trip it measured; 0 (Vidur's model) counts none."""
+    idle_wakeup_ms: float = Field(0.0, ge=0.0)
+    """Extra time of the first iteration a replica runs after it idled (nothing running): an idle
+    engine's threads sleep and its clocks drop, and waking them costs the next request. An idle of
+    `idle_wakeup_ramp_ms` or longer costs all of it, a shorter one that fraction of it.
+    `rollflow profile engine` measures it; 0 (Vidur's model) counts none."""
+    idle_wakeup_ramp_ms: float = Field(50.0, gt=0.0)
+    """The idle after which waking costs the whole `idle_wakeup_ms`."""
 
 
 class TraceLengths(Section):

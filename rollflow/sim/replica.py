@@ -9,6 +9,7 @@ which is where a per-iteration simulator would have admitted it.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -48,7 +49,11 @@ class Replica:
         fast_forward: bool,
         kind: InstanceKind = "local",
         started_at: float = 0.0,
+        idle_wakeup_s: float = 0.0,
+        idle_wakeup_ramp_s: float = 0.05,
     ) -> None:
+        """`idle_wakeup_s`: what the first batch after an idle of `idle_wakeup_ramp_s` or longer
+        waits before it starts (a shorter idle, that fraction of it): execution.idle_wakeup_ms."""
         self.id = replica_id
         self.scheduler = scheduler
         self.predictor = predictor
@@ -67,18 +72,31 @@ class Replica:
         self.accepting = True  # routers may send it new requests
         self.on_stopped: Callable[[list[SimRequest]], Sequence[Event]] | None = None  # retiring
         self.retired_at: float | None = None
+        self.idle_wakeup_s = idle_wakeup_s
+        self.idle_wakeup_ramp_s = idle_wakeup_ramp_s
+        self.idle_since = (
+            -math.inf
+        )  # when its last batch finished, leaving nothing running (none yet: asleep)
 
     # -- forming batches --------------------------------------------------------------------
     def form_batches(self, now: float) -> list[Batch]:
         batches = []
         scheduler = self.scheduler
+        wakeup = 0.0
+        if self.idle_wakeup_s and self.num_running_batches == 0:
+            wakeup = self.idle_wakeup_s * min(1.0, (now - self.idle_since) / self.idle_wakeup_ramp_s)
         while self.num_running_batches < self.num_stages:
             batch = scheduler.next_batch()
             if batch is None:
                 break
             self.num_running_batches += 1
             self._time_batch(batch)
-            batch.scheduled_at = now
+            if wakeup:  # the batch's iterations start once the replica is awake
+                batch.wakeup_s = wakeup
+                batch.scheduled_at = now + wakeup
+                wakeup = 0.0
+            else:
+                batch.scheduled_at = now
             for request in batch.requests:
                 if request.scheduled_at is None:
                     request.scheduled_at = now
@@ -139,6 +157,8 @@ class Replica:
         """Apply a finished batch to its requests; return those that completed."""
         completed = self.scheduler.finish(batch, now)
         self.num_running_batches -= 1
+        if not self.num_running_batches:
+            self.idle_since = now
         iterations = batch.num_iterations
         stats = self.stats
         stats.busy_s += batch.last_stage_s

@@ -125,6 +125,7 @@ class Batch:
         "stage_seconds",
         "tokens_per_iteration",
         "version",
+        "wakeup_s",
     )
 
     def __init__(
@@ -160,3 +161,4 @@ class Batch:
         self.decode_size = 0  # decoding requests, cohort and explicit (set when timed)
         self.decode_kv_sum = 0  # their summed KV lengths at the first iteration
         self.version = 0  # bumped when a decode run is cut short, to void its old end event
+        self.wakeup_s = 0.0  # the replica's wake-up from idle before the batch starts (see Replica)

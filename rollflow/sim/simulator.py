@@ -195,6 +195,8 @@ class ServingSimulator:
             self.config.simulator.fast_forward,
             kind=kind,
             started_at=self.now,
+            idle_wakeup_s=self.config.execution.idle_wakeup_ms * 1e-3,
+            idle_wakeup_ramp_s=self.config.execution.idle_wakeup_ramp_ms * 1e-3,
         )
         self.replicas.append(replica)
         self.peak_flops_by_replica.append(group.peak_flops)
@@ -383,13 +385,14 @@ class ServingSimulator:
             return
         batch = queue.popleft()
         replica.stage_busy[stage] = True
+        start = self.now + batch.wakeup_s if stage == 0 else self.now  # an idle replica wakes first
         if stage == replica.num_stages - 1:
-            end = self.now + batch.last_stage_s
+            end = start + batch.last_stage_s
             batch.end_time = end
             if batch.num_iterations > 1:
                 replica.run_in_flight = batch
         else:
-            end = self.now + batch.stage_seconds[0]
+            end = start + batch.stage_seconds[0]
         # Built inline (the hot path); the same as self.events.event(...).
         seq = self.events.next_seq()
         events.append(

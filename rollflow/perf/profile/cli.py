@@ -205,7 +205,14 @@ def _engine(args: argparse.Namespace, started_at: float) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from rollflow.errors import UserError
-    from rollflow.perf.profile.engine import EngineProbe, measure_engine, round_trip_s, write_engine_tables
+    from rollflow.perf.profile.engine import (
+        WAKE_IDLE_S,
+        EngineProbe,
+        idle_wakeup_s,
+        measure_engine,
+        round_trip_s,
+        write_engine_tables,
+    )
     from rollflow.perf.profile.hf_config import load_model_config
     from rollflow.runtime.engines.base import EngineError
 
@@ -252,6 +259,11 @@ def _engine(args: argparse.Namespace, started_at: float) -> None:
     print(
         f"request round trip {round_trip_ms:.2f} ms, taken out of the prefill times "
         f"(simulate it with execution.request_overhead_ms={round_trip_ms:.2f})"
+    )
+    wakeup_ms = idle_wakeup_s(times) * 1e3
+    print(
+        f"wake-up after {WAKE_IDLE_S * 1e3:.0f} ms idle {wakeup_ms:.2f} ms, added to the next request's "
+        f"first token (simulate it with execution.idle_wakeup_ms={wakeup_ms:.2f})"
     )
     resumed = f" ({times.num_resumed} resumed from an earlier run)" if times.num_resumed else ""
     print(

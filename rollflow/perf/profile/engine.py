@@ -22,6 +22,13 @@ one (B decodes beside a prefill chunk of P tokens) the tokens' cost at B + P plu
 own cost, rather than the token count alone. A CPU engine, whose time is mostly fixed
 per-iteration overhead, gets a faithful table that way; operator profiles would miss the overhead.
 
+Two costs sit outside the iterations and are printed for the simulation's config rather than
+written to the tables: the request's round trip (`round_trip_s`, execution.request_overhead_ms)
+and the wake-up of an engine that idled (`idle_wakeup_s`, execution.idle_wakeup_ms): every
+mix follows another at once, so the tables hold an awake engine's times, while at light load
+most requests find the engine idle (vLLM's CPU server took about 3 ms longer to first token
+after 50 ms or more of idle).
+
 What the tables cannot say: prefill attention's dependence on the cached prefix (a chunk's
 cost is its tokens' cost; prefill attention is written as zero).
 """
@@ -47,6 +54,9 @@ from rollflow.perf.profile.timing import STATS
 
 # The operator column that carries the engine's whole iteration time (per layer) in mlp.csv.
 ITERATION_COLUMN = "attn_pre_proj"
+# How long the engine idles before each wake-up measurement: long enough for the whole cost (on
+# vLLM's CPU server the extra time to first token grew over the first 50 ms of idle, then held).
+WAKE_IDLE_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -65,6 +75,7 @@ class EngineTimes:
     decode_s: dict[tuple[int, int], list[float]]  # (batch, prompt) -> steady gaps of its best round
     decode_kv: dict[tuple[int, int], float]  # (batch, prompt) -> mean KV length over those gaps
     prefill_s: dict[int, list[float]]  # prompt tokens -> [time to first token of its best round]
+    wake_s: list[float]  # per round: the shortest prompt's TTFT after WAKE_IDLE_S idle less without
     elapsed_s: float  # measuring in this run
     num_resumed: int  # rounds of mixes read back from an interrupted run's progress file
     num_steps: int  # rounds of mixes in the profile
@@ -102,6 +113,7 @@ async def measure_engine(
     steps = [
         *(("decode", r, batch, prompt) for r in range(probe.repeats) for batch, prompt in decode_mixes),
         *(("prefill", r, length) for r in range(probe.repeats) for length in probe.prompt_lengths),
+        *(("wake", r, min(probe.prompt_lengths)) for r in range(probe.repeats)),
     ]
     # rounds, not repeats in a row: a burst of other work on the machine then disturbs one round of
     # several mixes rather than every round of one
@@ -136,28 +148,44 @@ async def measure_engine(
         decode_s[batch, prompt], decode_kv[batch, prompt] = best, statistics.fmean(kvs)
     for length in probe.prompt_lengths:
         prefill_s[length] = least_disturbed([[progress["prefill", r, length]] for r in range(probe.repeats)])
-    return EngineTimes(decode_s, decode_kv, prefill_s, time.perf_counter() - started, resumed, len(steps))
+    shortest = min(probe.prompt_lengths)
+    wake_s = [progress["wake", r, shortest] - progress["prefill", r, shortest] for r in range(probe.repeats)]
+    elapsed = time.perf_counter() - started
+    return EngineTimes(decode_s, decode_kv, prefill_s, wake_s, elapsed, resumed, len(steps))
 
 
 async def _measure_step(client, probe: EngineProbe, step: tuple, salt: int) -> dict | float:
-    """One round of one mix: B concurrent decodes ({gaps, kvs}), or one prompt's time to first token.
-    Its requests' prompts are seeded from salt, salt + 1, ..."""
-    start = time.perf_counter()
-    if step[0] == "prefill":
+    """One round of one mix: B concurrent decodes ({gaps, kvs}), or one prompt's time to first token
+    (after the engine idled WAKE_IDLE_S, for a wake step). Its requests' prompts are seeded from
+    salt, salt + 1, ..."""
+    if step[0] == "wake":
+        await asyncio.sleep(WAKE_IDLE_S)
+    if step[0] in ("prefill", "wake"):
         length = step[2]
-        times = await _stream_times(client, f"profile-p{length}-{salt}", _prompt(length, salt), 1, start)
+        rid = f"profile-{step[0][0]}{length}-{salt}"
+        times = await _stream_times(client, rid, _prompt(length, salt), 1, time.perf_counter())
         return times[1] - times[0]
     _, _, batch, prompt = step
+    gaps, kvs = await decode_gaps(client, batch, prompt, probe.decode_tokens, salt)
+    return {"gaps": gaps, "kvs": kvs}
+
+
+async def decode_gaps(
+    client, batch: int, prompt: int, decode_tokens: int, salt: int
+) -> tuple[list[float], list[int]]:
+    """`batch` concurrent requests of `prompt` tokens decoding `decode_tokens` each: the gaps between
+    tokens while all of them decode, and each gap's KV length (see `_steady_gaps`). Also how the
+    fidelity benchmark checks, around each replay, that the engine still runs at its profiled speed."""
+    start = time.perf_counter()
     streams = await asyncio.gather(
         *(
             _stream_times(
-                client, f"profile-d{batch}-{salt}-{i}", _prompt(prompt, salt + i), probe.decode_tokens, start
+                client, f"profile-d{batch}-{salt}-{i}", _prompt(prompt, salt + i), decode_tokens, start
             )
             for i in range(batch)
         )
     )
-    gaps, kvs = _steady_gaps(streams, prompt)
-    return {"gaps": gaps, "kvs": kvs}
+    return _steady_gaps(streams, prompt)
 
 
 def least_disturbed(rounds: list[list[float]]) -> list[float]:
@@ -199,6 +227,16 @@ def round_trip_s(times: EngineTimes) -> float:
         return 0.0
     shortest = statistics.median(times.prefill_s[min(times.prefill_s)])
     return max(shortest - lone, 0.0)
+
+
+def idle_wakeup_s(times: EngineTimes) -> float:
+    """What an idle engine adds to the next request's time to first token: the shortest prompt's
+    TTFT after the engine idled, less the same prompt's TTFT right after other work (the prefill
+    mixes always follow another mix), in the same round; the median over rounds, not the least, as
+    the wake-up is the engine's own and varies by itself (on vLLM's CPU server a round now and
+    then finds it awake). An idle CPU engine's threads go to sleep, a GPU's clocks drop; the
+    simulator charges it to the first iteration after an idle (execution.idle_wakeup_ms)."""
+    return max(statistics.median(times.wake_s), 0.0)
 
 
 def lone_decode_s(times: EngineTimes) -> float | None:

@@ -85,10 +85,12 @@ def simulation_config(
     round_trip_ms: float,
     max_num_seqs: int,
     max_batched_tokens: int,
+    idle_wakeup_ms: float = 0.0,
 ) -> dict:
     """The `rollflow sim serve` config that simulates a profiled engine as the replayed server ran:
     vLLM's scheduler (chunked prefill at `max_batched_tokens`, at most `max_num_seqs` running) on the
-    profile's tables, each request reaching the engine its profiled round trip after it arrives."""
+    profile's tables, each request reaching the engine its profiled round trip after it arrives, and
+    the first iteration after an idle waiting the profiled wake-up."""
     return {
         "cluster": {"model": "profiled", "model_shape": model_shape},
         "scheduler": {"kind": "sarathi", "chunk_size": max_batched_tokens, "batch_size_cap": max_num_seqs},
@@ -98,6 +100,7 @@ def simulation_config(
             "attention_table": str(tables / "attention.csv"),
             "max_batch_size": max_num_seqs,
             "request_overhead_ms": round_trip_ms,
+            "idle_wakeup_ms": idle_wakeup_ms,
         },
         "workload": {"kind": "trace", "file": str(trace)},
         "output": {"plots": False, "chrome_trace": False, "progress": False},
