@@ -89,12 +89,12 @@ def simulate(
     model_shape: dict,
     requests: list[tuple[float, int, int]],
     overhead_ms: float,
-    wakeup_ms: float,
+    overrides: dict[str, float],
     work: Path,
 ) -> dict:
     trace = write_trace(requests, work / "trace.csv")
     config = simulation_config(
-        tables, model_shape, trace, overhead_ms, MAX_NUM_SEQS, MAX_BATCHED_TOKENS, wakeup_ms
+        tables, model_shape, trace, overhead_ms, MAX_NUM_SEQS, MAX_BATCHED_TOKENS, **overrides
     )
     (work / "sim.yaml").write_text(json.dumps(config))
     rollflow("sim", "serve", "--config", str(work / "sim.yaml"), "--output-dir", str(work / "sim"))
@@ -126,9 +126,9 @@ def num_parameters(config: dict) -> int:
     return layers * per_layer + embeddings
 
 
-def profile(url: str, model: Path, tables: Path) -> tuple[float, float, float, float]:
+def profile(url: str, model: Path, tables: Path) -> tuple[float, float, float, dict[str, float]]:
     """Profile the server; (seconds it took, round trip in ms, batch-MAX_NUM_SEQS iteration in s,
-    wake-up after idle in ms)."""
+    the execution overrides it printed: idle_wakeup_ms and admission_ms)."""
     started = time.perf_counter()
     out = rollflow(
         "profile", "engine", "--url", url, "--kind", "vllm", "--model-config", str(model),
@@ -138,15 +138,19 @@ def profile(url: str, model: Path, tables: Path) -> tuple[float, float, float, f
     )  # fmt: skip
     elapsed = time.perf_counter() - started
     [round_trip] = [x for x in out.splitlines() if x.startswith("request round trip ")]
-    [wakeup] = [x for x in out.splitlines() if x.startswith("wake-up after ")]
+    overrides = {
+        key: float(line.split(f"execution.{key}=")[1].rstrip(")"))
+        for line in out.splitlines()
+        for key in ("idle_wakeup_ms", "admission_ms")
+        if f"execution.{key}=" in line
+    }
     # the shortest KV length's (printed first): the capacity the loads are fractions of
     iteration = next(x for x in out.splitlines() if x.startswith(f"decode batch {MAX_NUM_SEQS}, KV "))
-    wakeup_ms = float(wakeup.split("idle_wakeup_ms=")[1].rstrip(")"))
-    return elapsed, float(round_trip.split()[3]), float(iteration.split()[5]) * 1e-3, wakeup_ms
+    return elapsed, float(round_trip.split()[3]), float(iteration.split()[5]) * 1e-3, overrides
 
 
 def compare(name: str, url: str, model: Path, work: Path, args: argparse.Namespace) -> None:
-    profile_s, round_trip_ms, iteration_s, wakeup_ms = profile(url, model, work / "tables")
+    profile_s, round_trip_ms, iteration_s, overrides = profile(url, model, work / "tables")
     model_config = json.loads((model / "config.json").read_text())
     base = load_trace(TRACE, args.num_requests, max_prompt=MAX_PROMPT, max_decode=MAX_DECODE)
     mean_decode = float(np.mean([d for _, _, d in base]))
@@ -155,7 +159,8 @@ def compare(name: str, url: str, model: Path, work: Path, args: argparse.Namespa
     print(
         f"\n{name}: {num_parameters(model_config) / 1e6:.1f}M parameters; load average "
         f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; profiled in {profile_s:.1f} s "
-        f"(round trip {round_trip_ms:.2f} ms, wake-up after idle {wakeup_ms:.2f} ms, "
+        f"(round trip {round_trip_ms:.2f} ms, wake-up after idle {overrides['idle_wakeup_ms']:.2f} ms, "
+        f"admission {overrides['admission_ms']:.2f} ms, "
         f"batch-{MAX_NUM_SEQS} iteration {iteration_s * 1e3:.1f} ms); "
         f"capacity about {capacity_qps:.2f} requests/s; real = median of {args.repeats} replays [min-max]"
     )
@@ -176,7 +181,7 @@ def compare(name: str, url: str, model: Path, work: Path, args: argparse.Namespa
             model_shape_section(load_model_config(model)),
             requests,
             round_trip_ms,
-            wakeup_ms,
+            overrides,
             load_dir,
         )
         for metric in METRICS:

@@ -7,6 +7,7 @@ from typing import Any
 
 from rollflow.config import apply_override, validate_config
 from rollflow.sim.config import SimConfig
+from rollflow.sim.request import SimRequest
 from rollflow.sim.simulator import ServingSimulator, SimResult
 from rollflow.sim.workload import build_requests
 
@@ -27,3 +28,14 @@ def make_config(*overrides: str, **sections: Any) -> SimConfig:
 
 def simulate(config: SimConfig) -> SimResult:
     return ServingSimulator(config, build_requests(config.workload, config.seed)).run()
+
+
+def simulate_arrivals(
+    arrivals: list[float], prompt_tokens: int, output_tokens: int, *overrides: str
+) -> list[SimRequest]:
+    """Requests of these lengths arriving at `arrivals` (seconds) on the default one-replica
+    cluster with the dotted `overrides`, simulated to the end: their times, in arrival order."""
+    config = make_config(*overrides, workload={"kind": "synthetic", "num_requests": 1})
+    requests = [SimRequest(i, arrival, prompt_tokens, output_tokens) for i, arrival in enumerate(arrivals)]
+    ServingSimulator(config, requests).run()
+    return requests

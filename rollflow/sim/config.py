@@ -323,6 +323,10 @@ class ExecutionConfig(Section):
     `rollflow profile engine` measures it; 0 (Vidur's model) counts none."""
     idle_wakeup_ramp_ms: float = Field(50.0, gt=0.0)
     """The idle after which waking costs the whole `idle_wakeup_ms`."""
+    admission_ms: float = Field(0.0, ge=0.0)
+    """Extra time of an iteration that admits a new request beside running decodes, per request
+    admitted, beyond its tokens' cost: a CPU engine's server handles the new request on the cores
+    the engine's step needs. `rollflow profile engine` measures it; 0 (Vidur's model) counts none."""
 
 
 class TraceLengths(Section):

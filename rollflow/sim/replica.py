@@ -51,9 +51,12 @@ class Replica:
         started_at: float = 0.0,
         idle_wakeup_s: float = 0.0,
         idle_wakeup_ramp_s: float = 0.05,
+        admission_s: float = 0.0,
     ) -> None:
         """`idle_wakeup_s`: what the first batch after an idle of `idle_wakeup_ramp_s` or longer
-        waits before it starts (a shorter idle, that fraction of it): execution.idle_wakeup_ms."""
+        waits before it starts (a shorter idle, that fraction of it): execution.idle_wakeup_ms.
+        `admission_s`: what an iteration with decodes takes longer per request it admits (its
+        first scheduling): execution.admission_ms."""
         self.id = replica_id
         self.scheduler = scheduler
         self.predictor = predictor
@@ -74,9 +77,9 @@ class Replica:
         self.retired_at: float | None = None
         self.idle_wakeup_s = idle_wakeup_s
         self.idle_wakeup_ramp_s = idle_wakeup_ramp_s
-        self.idle_since = (
-            -math.inf
-        )  # when its last batch finished, leaving nothing running (none yet: asleep)
+        # when its last batch finished, leaving nothing running (none yet: asleep)
+        self.idle_since = -math.inf
+        self.admission_s = admission_s
 
     # -- forming batches --------------------------------------------------------------------
     def form_batches(self, now: float) -> list[Batch]:
@@ -118,6 +121,7 @@ class Replica:
         kv_sum = batch.cohort_kv_sum
         prefills = []
         pairs = 0
+        admitted = 0  # requests scheduled for the first time (form_batches sets scheduled_at after)
         if batch.requests:  # a cohort-only decode batch, the most common, has none
             for request, tokens in zip(batch.requests, batch.num_tokens, strict=True):
                 if request.prefill_done:
@@ -126,6 +130,10 @@ class Replica:
                 else:
                     prefills.append((request.processed, tokens))
                     pairs += tokens * (tokens + request.processed)
+                    if request.scheduled_at is None:
+                        admitted += 1
+        # the first iteration's extra time for admitting requests beside running decodes
+        admission = self.admission_s * admitted if admitted and decode_size else 0.0
         batch.decode_size = decode_size
         batch.decode_kv_sum = kv_sum
         batch.attention_pairs = pairs
@@ -139,6 +147,8 @@ class Replica:
                     batch.pieces = predictor.chunk_run(decode_size, kv_sum, cached, chunk, iterations)
                 else:
                     batch.pieces = predictor.decode_run(decode_size, kv_sum, iterations)
+                if admission:
+                    batch.pieces = _first_iteration_longer(batch.pieces, admission)
                 batch.last_stage_s = _run_seconds(batch.pieces)
                 return
         total = batch.tokens_per_iteration
@@ -148,6 +158,9 @@ class Replica:
             if self.num_stages > 1
             else last
         )
+        if admission:
+            last += admission
+            middle += admission
         batch.stage_seconds = (middle, last)
         batch.pieces = [(1, last)]
         batch.last_stage_s = last
@@ -263,6 +276,15 @@ class Replica:
                 scheduler.cached_prefix_tokens(request) if request is not None else 0,
             ),
         )
+
+
+def _first_iteration_longer(pieces: list[tuple[int, float]], extra: float) -> list[tuple[int, float]]:
+    """A run's pieces with `extra` seconds added to its first iteration alone."""
+    (count, seconds), rest = pieces[0], pieces[1:]
+    head = [(1, seconds + extra)]
+    if count > 1:
+        head.append((count - 1, seconds))
+    return head + rest
 
 
 def _run_seconds(pieces: list[tuple[int, float]]) -> float:

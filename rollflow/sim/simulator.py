@@ -197,6 +197,7 @@ class ServingSimulator:
             started_at=self.now,
             idle_wakeup_s=self.config.execution.idle_wakeup_ms * 1e-3,
             idle_wakeup_ramp_s=self.config.execution.idle_wakeup_ramp_ms * 1e-3,
+            admission_s=self.config.execution.admission_ms * 1e-3,
         )
         self.replicas.append(replica)
         self.peak_flops_by_replica.append(group.peak_flops)

@@ -42,8 +42,13 @@ def test_a_replay_on_real_vllm_and_its_simulation_on_the_servers_profile_agree(v
     lines = proc.stdout.splitlines()
     [round_trip] = [line for line in lines if line.startswith("request round trip ")]
     round_trip_ms = float(round_trip.split()[3])
-    [wakeup] = [line for line in lines if line.startswith("wake-up after ")]
-    wakeup_ms = float(wakeup.split("idle_wakeup_ms=")[1].rstrip(")"))
+    overrides = {
+        key: float(line.split(f"execution.{key}=")[1].rstrip(")"))
+        for line in lines
+        for key in ("idle_wakeup_ms", "admission_ms")
+        if f"execution.{key}=" in line
+    }
+    assert sorted(overrides) == ["admission_ms", "idle_wakeup_ms"], proc.stdout
     batch_8 = next(line for line in lines if line.startswith("decode batch 8, KV "))
     iteration_s = float(batch_8.split()[5]) * 1e-3
 
@@ -58,7 +63,7 @@ def test_a_replay_on_real_vllm_and_its_simulation_on_the_servers_profile_agree(v
         asyncio.run(replay("vllm", vllm_server.url, requests, salt=salt + r * NUM_REQUESTS))
         for r in range(REPLAYS)
     ]
-    sim = _simulate(tables, vllm_server.model_dir, requests, round_trip_ms, wakeup_ms, tmp_path)
+    sim = _simulate(tables, vllm_server.model_dir, requests, round_trip_ms, overrides, tmp_path)
     for metric in ("tpot", "e2e"):
         # the least disturbed replay, as the profile keeps each mix's least disturbed round: other
         # processes on the machine only ever add time
@@ -70,13 +75,13 @@ def test_a_replay_on_real_vllm_and_its_simulation_on_the_servers_profile_agree(v
         assert 1 / TOLERANCE <= ratio <= TOLERANCE, summary
 
 
-def _simulate(tables, model_dir, requests, round_trip_ms, wakeup_ms, work_dir) -> list[dict]:
+def _simulate(tables, model_dir, requests, round_trip_ms, overrides, work_dir) -> list[dict]:
     """`rollflow sim serve` of the requests on the profiled tables, with the server's scheduler
     settings (chunked prefill at max_num_batched_tokens, batch cap at max_num_seqs)."""
     trace = write_trace(requests, work_dir / "trace.csv")
     model_shape = model_shape_section(load_model_config(model_dir))
     config = simulation_config(
-        tables, model_shape, trace, round_trip_ms, MAX_NUM_SEQS, MAX_BATCHED_TOKENS, wakeup_ms
+        tables, model_shape, trace, round_trip_ms, MAX_NUM_SEQS, MAX_BATCHED_TOKENS, **overrides
     )
     (work_dir / "sim.yaml").write_text(json.dumps(config))
     proc = run_rollflow(

@@ -117,10 +117,10 @@ def test_an_interrupted_engine_profile_resumes_keeping_what_it_measured(tiny, tm
         ]  # fmt: skip
         proc = run_rollflow(*args)
         assert proc.returncode == 0, proc.stderr
-        assert "measured 7 of 10 request mixes" in proc.stdout
+        assert "measured 11 of 14 request mixes" in proc.stdout
         assert "(3 resumed from an earlier run)" in proc.stdout
         records = [json.loads(line) for line in (tmp_path / PROGRESS_FILE).read_text().splitlines()[1:]]
-        assert records[:3] == first and len(records) == 10  # kept as measured, each mix once
+        assert records[:3] == first and len(records) == 14  # kept as measured, each mix once
         rounds: dict[tuple[int, int], list[list[float]]] = {}
         for record in records:
             if record["point"][0] == "decode":

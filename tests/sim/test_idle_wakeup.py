@@ -5,22 +5,16 @@ from __future__ import annotations
 import pytest
 
 from rollflow.sim.request import SimRequest
-from rollflow.sim.simulator import ServingSimulator
-from tests.factories import make_config
+from tests.factories import simulate_arrivals
 
 WAKEUP_MS, RAMP_MS = 3.0, 50.0
 
 
 def _run(arrivals: list[float], wakeup_ms: float) -> list[SimRequest]:
     """One replica, requests of 64 prompt and 4 output tokens at `arrivals` (seconds)."""
-    config = make_config(
-        f"execution.idle_wakeup_ms={wakeup_ms}",
-        f"execution.idle_wakeup_ramp_ms={RAMP_MS}",
-        workload={"kind": "synthetic", "num_requests": 1},
+    return simulate_arrivals(
+        arrivals, 64, 4, f"execution.idle_wakeup_ms={wakeup_ms}", f"execution.idle_wakeup_ramp_ms={RAMP_MS}"
     )
-    requests = [SimRequest(i, arrival, 64, 4) for i, arrival in enumerate(arrivals)]
-    ServingSimulator(config, requests).run()
-    return requests
 
 
 def test_a_request_to_an_idle_replica_waits_for_the_wake_up_and_its_decodes_do_not():

@@ -63,6 +63,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         "per-iteration times from the token streams, and write mlp.csv/attention.csv in Vidur's format: the "
         "whole iteration time per layer at each batch's token count (fixed per-iteration overhead included), "
         "and what a decode batch costs beyond its tokens as decode attention at its batch size and KV length. "
+        "Also measured and printed as simulation overrides: the request round trip "
+        "(execution.request_overhead_ms), the wake-up of an engine that idled (execution.idle_wakeup_ms) and "
+        "what admitting a request beside running decodes adds to that iteration (execution.admission_ms). "
         "Interrupted runs resume from OUT/profile_progress.jsonl; delete it to profile the engine anew.",
         epilog="example: rollflow profile engine --url http://127.0.0.1:30000 --kind builtin "
         "--model-config models/tiny/config.json --out outputs/profile/engine",
@@ -208,6 +211,7 @@ def _engine(args: argparse.Namespace, started_at: float) -> None:
     from rollflow.perf.profile.engine import (
         WAKE_IDLE_S,
         EngineProbe,
+        admission_s,
         idle_wakeup_s,
         measure_engine,
         round_trip_s,
@@ -264,6 +268,11 @@ def _engine(args: argparse.Namespace, started_at: float) -> None:
     print(
         f"wake-up after {WAKE_IDLE_S * 1e3:.0f} ms idle {wakeup_ms:.2f} ms, added to the next request's "
         f"first token (simulate it with execution.idle_wakeup_ms={wakeup_ms:.2f})"
+    )
+    admission_ms = admission_s(times, model.num_layers) * 1e3
+    print(
+        f"admission beside running decodes {admission_ms:.2f} ms per request beyond its tokens "
+        f"(simulate it with execution.admission_ms={admission_ms:.2f})"
     )
     resumed = f" ({times.num_resumed} resumed from an earlier run)" if times.num_resumed else ""
     print(

@@ -57,6 +57,11 @@ ITERATION_COLUMN = "attn_pre_proj"
 # How long the engine idles before each wake-up measurement: long enough for the whole cost (on
 # vLLM's CPU server the extra time to first token grew over the first 50 ms of idle, then held).
 WAKE_IDLE_S = 0.25
+# The prompt of a request admitted beside running decodes: short, so no engine chunks it.
+NEWCOMER_TOKENS = 16
+# A decode token of the admitting iteration may reach its stream this long before or after the
+# newcomer's first token (an engine's server sends an iteration's outputs one stream at a time).
+SAME_ITERATION_S = 0.0015
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,7 @@ class EngineTimes:
     decode_kv: dict[tuple[int, int], float]  # (batch, prompt) -> mean KV length over those gaps
     prefill_s: dict[int, list[float]]  # prompt tokens -> [time to first token of its best round]
     wake_s: list[float]  # per round: the shortest prompt's TTFT after WAKE_IDLE_S idle less without
+    admit_s: dict[int, list[tuple[float, float]]]  # batch -> per round (admitting gap, plain gap), medians
     elapsed_s: float  # measuring in this run
     num_resumed: int  # rounds of mixes read back from an interrupted run's progress file
     num_steps: int  # rounds of mixes in the profile
@@ -114,6 +120,7 @@ async def measure_engine(
         *(("decode", r, batch, prompt) for r in range(probe.repeats) for batch, prompt in decode_mixes),
         *(("prefill", r, length) for r in range(probe.repeats) for length in probe.prompt_lengths),
         *(("wake", r, min(probe.prompt_lengths)) for r in range(probe.repeats)),
+        *(("admit", r, batch) for r in range(probe.repeats) for batch in probe.batch_sizes),
     ]
     # rounds, not repeats in a row: a burst of other work on the machine then disturbs one round of
     # several mixes rather than every round of one
@@ -150,14 +157,22 @@ async def measure_engine(
         prefill_s[length] = least_disturbed([[progress["prefill", r, length]] for r in range(probe.repeats)])
     shortest = min(probe.prompt_lengths)
     wake_s = [progress["wake", r, shortest] - progress["prefill", r, shortest] for r in range(probe.repeats)]
+    admit_s = {
+        batch: [tuple(m) for r in range(probe.repeats) if (m := progress["admit", r, batch]) is not None]
+        for batch in probe.batch_sizes
+    }
     elapsed = time.perf_counter() - started
-    return EngineTimes(decode_s, decode_kv, prefill_s, wake_s, elapsed, resumed, len(steps))
+    return EngineTimes(decode_s, decode_kv, prefill_s, wake_s, admit_s, elapsed, resumed, len(steps))
 
 
 async def _measure_step(client, probe: EngineProbe, step: tuple, salt: int) -> dict | float:
     """One round of one mix: B concurrent decodes ({gaps, kvs}), or one prompt's time to first token
     (after the engine idled WAKE_IDLE_S, for a wake step). Its requests' prompts are seeded from
     salt, salt + 1, ..."""
+    if step[0] == "admit":
+        return await _admission_round(
+            client, step[2], min(probe.decode_prompt_lengths), probe.decode_tokens, salt
+        )
     if step[0] == "wake":
         await asyncio.sleep(WAKE_IDLE_S)
     if step[0] in ("prefill", "wake"):
@@ -186,6 +201,50 @@ async def decode_gaps(
         )
     )
     return _steady_gaps(streams, prompt)
+
+
+async def _admission_round(
+    client, batch: int, prompt: int, decode_tokens: int, salt: int
+) -> tuple[float, float] | None:
+    """`batch` decodes, and once every one has a few tokens a newcomer of NEWCOMER_TOKENS prompt
+    tokens: the median gap of the decodes' iteration that prefilled it, and their median gap
+    otherwise. None when no decode was running when the newcomer's first token came (an engine
+    whose batch cap `batch` fills admits it only once they finish)."""
+    from rollflow.runtime.engines.base import SamplingParams
+
+    streams: list[list[float]] = [[] for _ in range(batch)]
+    under_way = asyncio.Event()
+
+    async def decode(i: int) -> None:
+        sampling = SamplingParams(max_new_tokens=decode_tokens, temperature=0.0, ignore_eos=True)
+        async for chunk in client.generate(
+            f"profile-a{batch}-{salt}-{i}", _prompt(prompt, salt + i), sampling
+        ):
+            streams[i].extend([time.perf_counter()] * len(chunk.token_ids))
+            if all(len(times) >= 3 for times in streams):
+                under_way.set()
+
+    decodes = asyncio.gather(*(decode(i) for i in range(batch)))
+    waiting = asyncio.ensure_future(under_way.wait())
+    await asyncio.wait([decodes, waiting], return_when=asyncio.FIRST_COMPLETED)
+    waiting.cancel()
+    newcomer = await _stream_times(
+        client, f"profile-n{batch}-{salt}", _prompt(NEWCOMER_TOKENS, salt + batch), 1, time.perf_counter()
+    )
+    await decodes
+    first = newcomer[1]
+    admitting, plain = [], []
+    for times in streams:
+        gaps = [(a, b) for a, b in itertools.pairwise(times[1:]) if b > a]
+        # the gap that ends with the newcomer's first token, while this decode goes on after it
+        held = next(((a, b) for a, b in gaps[:-1] if a < first <= b + SAME_ITERATION_S), None)
+        if held is None:
+            continue
+        admitting.append(held[1] - held[0])
+        plain += [b - a for a, b in gaps if (a, b) != held]
+    if not admitting or not plain:
+        return None
+    return statistics.median(admitting), statistics.median(plain)
 
 
 def least_disturbed(rounds: list[list[float]]) -> list[float]:
@@ -263,19 +322,40 @@ def _token_cost(prefill_ms: dict[int, list[float]], num_tokens: int) -> float:
     return float(np.interp((num_tokens + 7) // 8 * 8, lengths, medians))
 
 
+def token_costs_ms(times: EngineTimes, layers: int) -> dict[int, list[float]]:
+    """Per prompt length, its prefill iteration per layer (ms): the time to first token less the
+    round trip. No iteration is shorter than a one-token decode: the floor keeps a noisy TTFT (a
+    busy CPU can make a short prompt's round trip look longer than a long prompt's) from a zero."""
+    round_trip = round_trip_s(times)
+    floor = lone_decode_s(times) or 0.0
+    return {
+        length: [max(ttft - round_trip, floor) * 1e3 / layers for ttft in ttfts]
+        for length, ttfts in times.prefill_s.items()
+    }
+
+
+def admission_s(times: EngineTimes, layers: int) -> float:
+    """What an iteration that admits a request beside B running decodes takes beyond what the
+    tables charge it (the tokens' cost at B + NEWCOMER_TOKENS instead of B): per round, the
+    admitting gap less the plain gap less that difference; the median over every batch size's
+    rounds (the engine's own cost, not a disturbance: not the least), 0 without any."""
+    costs = token_costs_ms(times, layers)
+    residuals = [
+        admitting
+        - plain
+        - (_token_cost(costs, batch + NEWCOMER_TOKENS) - _token_cost(costs, batch)) * layers * 1e-3
+        for batch, rounds in times.admit_s.items()
+        for admitting, plain in rounds
+    ]
+    return max(statistics.median(residuals), 0.0) if residuals else 0.0
+
+
 def write_engine_tables(out: Path, model: ProfiledModel, times: EngineTimes, block_size: int) -> None:
     """mlp.csv: prefill iteration time / layers at each prompt length; attention.csv: each decode
     batch's time beyond its tokens' cost, as decode attention at that batch size and mean KV length."""
     out.mkdir(parents=True, exist_ok=True)
-    round_trip = round_trip_s(times)
-    # No iteration is shorter than a one-token decode: the floor keeps a noisy TTFT (a busy CPU
-    # can make a short prompt's round trip look longer than a long prompt's) from a zero time.
-    floor = lone_decode_s(times) or 0.0
     layers = model.num_layers
-    prefill_ms = {
-        length: [max(ttft - round_trip, floor) * 1e3 / layers for ttft in ttfts]
-        for length, ttfts in times.prefill_s.items()
-    }
+    prefill_ms = token_costs_ms(times, layers)
     decode_ms = {}
     for (batch, prompt), gaps in times.decode_s.items():
         tokens_ms = _token_cost(prefill_ms, batch)

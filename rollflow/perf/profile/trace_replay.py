@@ -86,11 +86,13 @@ def simulation_config(
     max_num_seqs: int,
     max_batched_tokens: int,
     idle_wakeup_ms: float = 0.0,
+    admission_ms: float = 0.0,
 ) -> dict:
     """The `rollflow sim serve` config that simulates a profiled engine as the replayed server ran:
     vLLM's scheduler (chunked prefill at `max_batched_tokens`, at most `max_num_seqs` running) on the
     profile's tables, each request reaching the engine its profiled round trip after it arrives, and
-    the first iteration after an idle waiting the profiled wake-up."""
+    the first iteration after an idle waiting the profiled wake-up, and an iteration that admits a
+    request beside running decodes taking the profiled admission longer."""
     return {
         "cluster": {"model": "profiled", "model_shape": model_shape},
         "scheduler": {"kind": "sarathi", "chunk_size": max_batched_tokens, "batch_size_cap": max_num_seqs},
@@ -101,6 +103,7 @@ def simulation_config(
             "max_batch_size": max_num_seqs,
             "request_overhead_ms": round_trip_ms,
             "idle_wakeup_ms": idle_wakeup_ms,
+            "admission_ms": admission_ms,
         },
         "workload": {"kind": "trace", "file": str(trace)},
         "output": {"plots": False, "chrome_trace": False, "progress": False},
