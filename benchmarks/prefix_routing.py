@@ -49,6 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from rollflow.perf.profile.hf_config import load_model_config, model_shape_section  # noqa: E402
+from rollflow.perf.profile.trace_replay import printed_overrides  # noqa: E402
 from tests.runtime.processes import ENV, Process, free_port, http, rollflow, start_engine  # noqa: E402
 
 MODEL_ARGS = ("--layers", "4", "--heads", "4")
@@ -129,8 +130,7 @@ def profile(engine: Process, model: Path, out: Path, quick: bool) -> float:
         "--decode-tokens", "16", "--repeats", "1" if quick else "2",
     )  # fmt: skip
     printed = subprocess.run(argv, env=ENV, check=True, capture_output=True, text=True).stdout
-    [line] = [x for x in printed.splitlines() if x.startswith("request round trip ")]
-    return float(line.split()[3])
+    return printed_overrides(printed)["request_overhead_ms"]
 
 
 async def _burst(url: str, prompts: list[list[int]], group_size: int) -> tuple[list[float], float]:

@@ -33,7 +33,14 @@ from pathlib import Path
 import numpy as np
 
 from rollflow.perf.profile.hf_config import load_model_config, model_shape_section
-from rollflow.perf.profile.trace_replay import METRICS, load_trace, replay, simulation_config, write_trace
+from rollflow.perf.profile.trace_replay import (
+    METRICS,
+    load_trace,
+    printed_overrides,
+    replay,
+    simulation_config,
+    write_trace,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 TRACE = REPO.parent / "shared" / "data" / "vidur" / "processed_traces" / "splitwise_conv.csv"
@@ -137,16 +144,11 @@ def profile(url: str, model: Path, tables: Path) -> tuple[float, float, float, d
         "--decode-tokens", "32", "--repeats", "3",
     )  # fmt: skip
     elapsed = time.perf_counter() - started
-    [round_trip] = [x for x in out.splitlines() if x.startswith("request round trip ")]
-    overrides = {
-        key: float(line.split(f"execution.{key}=")[1].rstrip(")"))
-        for line in out.splitlines()
-        for key in ("idle_wakeup_ms", "admission_ms")
-        if f"execution.{key}=" in line
-    }
+    overrides = printed_overrides(out)
+    round_trip_ms = overrides.pop("request_overhead_ms")
     # the shortest KV length's (printed first): the capacity the loads are fractions of
     iteration = next(x for x in out.splitlines() if x.startswith(f"decode batch {MAX_NUM_SEQS}, KV "))
-    return elapsed, float(round_trip.split()[3]), float(iteration.split()[5]) * 1e-3, overrides
+    return elapsed, round_trip_ms, float(iteration.split()[5]) * 1e-3, overrides
 
 
 def compare(name: str, url: str, model: Path, work: Path, args: argparse.Namespace) -> None:

@@ -19,7 +19,13 @@ import random
 import numpy as np
 
 from rollflow.perf.profile.hf_config import load_model_config, model_shape_section
-from rollflow.perf.profile.trace_replay import load_trace, replay, simulation_config, write_trace
+from rollflow.perf.profile.trace_replay import (
+    load_trace,
+    printed_overrides,
+    replay,
+    simulation_config,
+    write_trace,
+)
 from tests.factories import CONV_TRACE
 from tests.perf.profiling import read_rows, run_rollflow
 
@@ -40,15 +46,9 @@ def test_a_replay_on_real_vllm_and_its_simulation_on_the_servers_profile_agree(v
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    [round_trip] = [line for line in lines if line.startswith("request round trip ")]
-    round_trip_ms = float(round_trip.split()[3])
-    overrides = {
-        key: float(line.split(f"execution.{key}=")[1].rstrip(")"))
-        for line in lines
-        for key in ("idle_wakeup_ms", "admission_ms")
-        if f"execution.{key}=" in line
-    }
-    assert sorted(overrides) == ["admission_ms", "idle_wakeup_ms"], proc.stdout
+    overrides = printed_overrides(proc.stdout)
+    assert sorted(overrides) == ["admission_ms", "idle_wakeup_ms", "request_overhead_ms"], proc.stdout
+    round_trip_ms = overrides.pop("request_overhead_ms")
     batch_8 = next(line for line in lines if line.startswith("decode batch 8, KV "))
     iteration_s = float(batch_8.split()[5]) * 1e-3
 

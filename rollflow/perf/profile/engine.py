@@ -96,14 +96,26 @@ def _prompt(num_tokens: int, salt: int) -> list[int]:
     return [3 + draw(250) for _ in range(num_tokens)]
 
 
-async def _stream_times(client, rid: str, prompt: list[int], num_tokens: int, start: float) -> list[float]:
+async def _stream_times(
+    client,
+    rid: str,
+    prompt: list[int],
+    num_tokens: int,
+    start: float,
+    times: list[float] | None = None,
+    on_chunk: Callable[[], None] = lambda: None,
+) -> list[float]:
+    """`start`, then the arrival time of each token of a greedy stream, appended to `times` (a new
+    list by default) as they come, `on_chunk` called after each chunk."""
     from rollflow.runtime.engines.base import SamplingParams
 
     sampling = SamplingParams(max_new_tokens=num_tokens, temperature=0.0, ignore_eos=True)
-    times: list[float] = [start]
+    times = [] if times is None else times
+    times.append(start)
     async for chunk in client.generate(rid, prompt, sampling):
         now = time.perf_counter()
         times.extend([now] * len(chunk.token_ids))
+        on_chunk()
     return times
 
 
@@ -210,21 +222,28 @@ async def _admission_round(
     tokens: the median gap of the decodes' iteration that prefilled it, and their median gap
     otherwise. None when no decode was running when the newcomer's first token came (an engine
     whose batch cap `batch` fills admits it only once they finish)."""
-    from rollflow.runtime.engines.base import SamplingParams
-
-    streams: list[list[float]] = [[] for _ in range(batch)]
+    streams: list[list[float]] = [[] for _ in range(batch)]  # each: its start, then its tokens
     under_way = asyncio.Event()
 
-    async def decode(i: int) -> None:
-        sampling = SamplingParams(max_new_tokens=decode_tokens, temperature=0.0, ignore_eos=True)
-        async for chunk in client.generate(
-            f"profile-a{batch}-{salt}-{i}", _prompt(prompt, salt + i), sampling
-        ):
-            streams[i].extend([time.perf_counter()] * len(chunk.token_ids))
-            if all(len(times) >= 3 for times in streams):
-                under_way.set()
+    def check_under_way() -> None:
+        if all(len(times) > 3 for times in streams):  # three tokens each
+            under_way.set()
 
-    decodes = asyncio.gather(*(decode(i) for i in range(batch)))
+    start = time.perf_counter()
+    decodes = asyncio.gather(
+        *(
+            _stream_times(
+                client,
+                f"profile-a{batch}-{salt}-{i}",
+                _prompt(prompt, salt + i),
+                decode_tokens,
+                start,
+                times=streams[i],
+                on_chunk=check_under_way,
+            )
+            for i in range(batch)
+        )
+    )
     waiting = asyncio.ensure_future(under_way.wait())
     await asyncio.wait([decodes, waiting], return_when=asyncio.FIRST_COMPLETED)
     waiting.cancel()
@@ -234,8 +253,8 @@ async def _admission_round(
     await decodes
     first = newcomer[1]
     admitting, plain = [], []
-    for times in streams:
-        gaps = [(a, b) for a, b in itertools.pairwise(times[1:]) if b > a]
+    for times in streams:  # gaps from the second token on
+        gaps = [(a, b) for a, b in itertools.pairwise(times[2:]) if b > a]
         # the gap that ends with the newcomer's first token, while this decode goes on after it
         held = next(((a, b) for a, b in gaps[:-1] if a < first <= b + SAME_ITERATION_S), None)
         if held is None:

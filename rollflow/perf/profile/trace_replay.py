@@ -69,6 +69,17 @@ async def replay(
         await client.close()
 
 
+def printed_overrides(profile_stdout: str) -> dict[str, float]:
+    """The `execution.KEY=VALUE` simulation overrides `rollflow profile engine` printed (the round
+    trip, the wake-up after idle, the admission cost), by key."""
+    overrides = {}
+    for line in profile_stdout.splitlines():
+        if "(simulate it with execution." in line:
+            key, value = line.rsplit("execution.", 1)[1].rstrip(")").split("=")
+            overrides[key] = float(value)
+    return overrides
+
+
 def write_trace(requests: list[tuple[float, int, int]], path: Path) -> Path:
     """The requests as a Vidur-format trace (`workload.kind: trace` reads it)."""
     with path.open("w", newline="") as handle:
