@@ -1,8 +1,10 @@
-"""The compiled part of rollflow: one optional C extension (the project's metadata is in pyproject.toml).
+"""The compiled part of rollflow: two optional C extensions (the project's metadata is in pyproject.toml).
 
-`rollflow.perf._timing` is the execution-time model's lookups in C. It needs only a C compiler and
-the Python headers; where it fails to build, the install goes on and rollflow runs its pure-Python
-reference (rollflow/perf/predictor.py), which gives the same times.
+`rollflow.perf._timing` is the execution-time model's lookups in C; `rollflow.sim._loop` is the
+serving simulator's loop, timing batches through `_timing`'s capsule. They need only a C compiler
+and the Python headers; where they fail to build, the install goes on and rollflow runs its
+pure-Python reference (rollflow/perf/predictor.py, rollflow/sim/simulator.py), which gives the same
+times.
 """
 
 from setuptools import Extension, setup
@@ -14,7 +16,15 @@ setup(
             ["rollflow/perf/_timing.c"],
             # No fused multiply-adds: Python rounds every operation, and the two must agree exactly.
             extra_compile_args=["-O2", "-ffp-contract=off"],
+            depends=["rollflow/perf/_timing_api.h"],
             optional=True,
-        )
+        ),
+        Extension(
+            "rollflow.sim._loop",
+            ["rollflow/sim/_loop.c"],
+            extra_compile_args=["-O2", "-ffp-contract=off"],
+            depends=["rollflow/perf/_timing_api.h"],
+            optional=True,
+        ),
     ]
 )

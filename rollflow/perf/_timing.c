@@ -13,6 +13,8 @@
 #include <Python.h>
 #include <math.h>
 
+#include "_timing_api.h"
+
 typedef struct {
     double *values;
     Py_ssize_t size;
@@ -230,11 +232,6 @@ static int decode_ms(const StageTimer *self, long long batch_size, long long mea
     return 0;
 }
 
-/* One prefill: (tokens already cached, chunk size). */
-typedef struct {
-    long long cached, chunk;
-} Prefill;
-
 static int stage_seconds(const StageTimer *self, long long num_tokens, long long decode_batch_size,
                          long long decode_kv_sum, const Prefill *prefills, Py_ssize_t num_prefills,
                          int is_last_stage, double *out) {
@@ -300,12 +297,69 @@ done:
     return result;
 }
 
-static int append_piece(PyObject *pieces, long long count, double seconds) {
-    PyObject *piece = Py_BuildValue("(Ld)", count, seconds);
-    if (piece == NULL) return -1;
-    int status = PyList_Append(pieces, piece);
-    Py_DECREF(piece);
-    return status;
+static int push_piece(PieceVec *out, long long count, double seconds) {
+    if (out->size == out->capacity) {
+        Py_ssize_t capacity = out->capacity ? 2 * out->capacity : 8;
+        Piece *items = PyMem_Realloc(out->items, sizeof(Piece) * capacity);
+        if (items == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        out->items = items;
+        out->capacity = capacity;
+    }
+    out->items[out->size++] = (Piece){count, seconds};
+    return 0;
+}
+
+static int decode_run(const StageTimer *self, long long batch_size, long long decode_kv_sum,
+                      long long num_iterations, PieceVec *out) {
+    out->size = 0;
+    if (batch_size < 1) {
+        PyErr_SetString(PyExc_ValueError, "a decode run needs a batch");
+        return -1;
+    }
+    double base_ms, attention_ms;
+    if (token_ms(self, batch_size, &base_ms) < 0) return -1;
+    long long g = self->granularity, mean_kv = floor_div(decode_kv_sum, batch_size);
+    long long remaining = num_iterations;
+    while (remaining > 0) {
+        long long bucket = ceil_div(mean_kv, g);
+        long long count = bucket * g - mean_kv + 1;
+        if (count > remaining) count = remaining;
+        if (decode_ms(self, batch_size, mean_kv, &attention_ms) < 0) return -1;
+        double seconds = (double)self->num_layers * (base_ms + attention_ms) * 1e-3;
+        if (push_piece(out, count, seconds) < 0) return -1;
+        mean_kv += count;
+        remaining -= count;
+    }
+    return 0;
+}
+
+static int chunk_run(const StageTimer *self, long long decode_batch_size, long long decode_kv_sum,
+                     long long cached, long long chunk, long long num_iterations, PieceVec *out) {
+    out->size = 0;
+    for (long long j = 0; j < num_iterations; j++) {
+        Prefill prefill = {cached + j * chunk, chunk};
+        double seconds;
+        if (stage_seconds(self, decode_batch_size + chunk, decode_batch_size,
+                          decode_kv_sum + j * decode_batch_size, &prefill, 1, 1, &seconds) < 0 ||
+            push_piece(out, 1, seconds) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* A run's pieces as Python's [(iterations, seconds each)], freeing the vector. */
+static PyObject *pieces_to_list(PieceVec *pieces, int status) {
+    PyObject *list = status < 0 ? NULL : PyList_New(pieces->size);
+    for (Py_ssize_t i = 0; list != NULL && i < pieces->size; i++) {
+        PyObject *piece = Py_BuildValue("(Ld)", pieces->items[i].count, pieces->items[i].seconds);
+        if (piece == NULL) Py_CLEAR(list);
+        else PyList_SET_ITEM(list, i, piece);
+    }
+    PyMem_Free(pieces->items);
+    return list;
 }
 
 static PyObject *StageTimer_decode_run(StageTimer *self, PyObject *args, PyObject *kwargs) {
@@ -314,30 +368,8 @@ static PyObject *StageTimer_decode_run(StageTimer *self, PyObject *args, PyObjec
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LLL", keywords, &batch_size, &decode_kv_sum,
                                      &num_iterations))
         return NULL;
-    if (batch_size < 1) {
-        PyErr_SetString(PyExc_ValueError, "a decode run needs a batch");
-        return NULL;
-    }
-    double base_ms, attention_ms;
-    if (token_ms(self, batch_size, &base_ms) < 0) return NULL;
-    long long g = self->granularity, mean_kv = floor_div(decode_kv_sum, batch_size);
-    long long remaining = num_iterations;
-    PyObject *pieces = PyList_New(0);
-    if (pieces == NULL) return NULL;
-    while (remaining > 0) {
-        long long bucket = ceil_div(mean_kv, g);
-        long long count = bucket * g - mean_kv + 1;
-        if (count > remaining) count = remaining;
-        if (decode_ms(self, batch_size, mean_kv, &attention_ms) < 0) goto fail;
-        double seconds = (double)self->num_layers * (base_ms + attention_ms) * 1e-3;
-        if (append_piece(pieces, count, seconds) < 0) goto fail;
-        mean_kv += count;
-        remaining -= count;
-    }
-    return pieces;
-fail:
-    Py_DECREF(pieces);
-    return NULL;
+    PieceVec pieces = {NULL, 0, 0};
+    return pieces_to_list(&pieces, decode_run(self, batch_size, decode_kv_sum, num_iterations, &pieces));
 }
 
 static PyObject *StageTimer_chunk_run(StageTimer *self, PyObject *args, PyObject *kwargs) {
@@ -347,19 +379,9 @@ static PyObject *StageTimer_chunk_run(StageTimer *self, PyObject *args, PyObject
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LLLLL", keywords, &decode_batch_size, &decode_kv_sum,
                                      &cached, &chunk, &num_iterations))
         return NULL;
-    PyObject *pieces = PyList_New(0);
-    if (pieces == NULL) return NULL;
-    for (long long j = 0; j < num_iterations; j++) {
-        Prefill prefill = {cached + j * chunk, chunk};
-        double seconds;
-        if (stage_seconds(self, decode_batch_size + chunk, decode_batch_size,
-                          decode_kv_sum + j * decode_batch_size, &prefill, 1, 1, &seconds) < 0 ||
-            append_piece(pieces, 1, seconds) < 0) {
-            Py_DECREF(pieces);
-            return NULL;
-        }
-    }
-    return pieces;
+    PieceVec pieces = {NULL, 0, 0};
+    return pieces_to_list(
+        &pieces, chunk_run(self, decode_batch_size, decode_kv_sum, cached, chunk, num_iterations, &pieces));
 }
 
 static PyMethodDef StageTimer_methods[] = {
@@ -383,6 +405,27 @@ static PyTypeObject StageTimerType = {
     .tp_methods = StageTimer_methods,
 };
 
+/* The capsule's functions: the StageTimer's C functions over a PyObject (see _timing_api.h). */
+static int api_stage_seconds(PyObject *timer, long long num_tokens, long long decode_batch_size,
+                             long long decode_kv_sum, const Prefill *prefills, Py_ssize_t num_prefills,
+                             int is_last_stage, double *out) {
+    return stage_seconds((StageTimer *)timer, num_tokens, decode_batch_size, decode_kv_sum, prefills,
+                         num_prefills, is_last_stage, out);
+}
+
+static int api_decode_run(PyObject *timer, long long batch_size, long long decode_kv_sum,
+                          long long num_iterations, PieceVec *out) {
+    return decode_run((StageTimer *)timer, batch_size, decode_kv_sum, num_iterations, out);
+}
+
+static int api_chunk_run(PyObject *timer, long long decode_batch_size, long long decode_kv_sum,
+                         long long cached, long long chunk, long long num_iterations, PieceVec *out) {
+    return chunk_run((StageTimer *)timer, decode_batch_size, decode_kv_sum, cached, chunk, num_iterations,
+                     out);
+}
+
+static TimingAPI timing_api = {&StageTimerType, api_stage_seconds, api_decode_run, api_chunk_run};
+
 static struct PyModuleDef timing_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "rollflow.perf._timing",
@@ -397,6 +440,12 @@ PyMODINIT_FUNC PyInit__timing(void) {
     Py_INCREF(&StageTimerType);
     if (PyModule_AddObject(module, "StageTimer", (PyObject *)&StageTimerType) < 0) {
         Py_DECREF(&StageTimerType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    PyObject *capsule = PyCapsule_New(&timing_api, ROLLFLOW_TIMING_CAPSULE, NULL);
+    if (capsule == NULL || PyModule_AddObject(module, "_C_API", capsule) < 0) {
+        Py_XDECREF(capsule);
         Py_DECREF(module);
         return NULL;
     }

@@ -154,6 +154,7 @@ def summarize(
         "sim_loop_s": sim_loop_s,
         "requests_per_cpu_second": len(result.requests) / sim_loop_s if sim_loop_s else float("inf"),
         "num_events": result.num_events,
+        "sim_loop": "compiled" if result.compiled_loop else "python",
         "output_tokens_per_s": generated / simulated if simulated else 0.0,
         "preempted_requests": int((cols["preemptions"] > 0).sum()),
         "prefix_hit_rate": prefix_hit_rate(result.requests),

@@ -288,7 +288,12 @@ def _first_iteration_longer(pieces: list[tuple[int, float]], extra: float) -> li
 
 
 def _run_seconds(pieces: list[tuple[int, float]]) -> float:
+    """Summed left to right in a loop, not with sum(), whose float rounding changed in Python 3.12:
+    the compiled loop (rollflow/sim/_loop.c) adds them the same way on every version."""
     if len(pieces) == 1:  # most runs (the same float: a sum of one term adds it to 0)
         count, seconds = pieces[0]
         return count * seconds
-    return sum([count * seconds for count, seconds in pieces])
+    total = 0.0
+    for count, seconds in pieces:
+        total += count * seconds
+    return total

@@ -173,7 +173,7 @@ def print_summary(summary: dict) -> None:
         f"{summary['num_completed']}/{summary['num_requests']} requests completed in "
         f"{summary['simulated_time_s']:.1f} s simulated; {summary['output_tokens_per_s']:.0f} output tokens/s; "
         f"batch size p50 {batch['p50']:.0f}, mean {batch['mean']:.1f}; "
-        f"simulation loop {summary['sim_loop_s']:.2f} s "
+        f"simulation loop ({summary['sim_loop']}) {summary['sim_loop_s']:.2f} s "
         f"({summary['requests_per_cpu_second']:.0f} requests per CPU-second), wall {summary['wall_time_s']:.2f} s"
     )
     print(

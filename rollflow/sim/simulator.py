@@ -25,6 +25,7 @@ from heapq import heappop, heappush
 
 from rollflow.policy.routing import Router, make_router
 from rollflow.policy.view import ClusterView, InstanceKind, InstanceView, RouteRequest, id_only_view
+from rollflow.sim import compiled
 from rollflow.sim.build import GroupPlan, build_groups, check_servable
 from rollflow.sim.config import SimConfig
 from rollflow.sim.events import NO_EVENTS, Event, EventQueue, Phase
@@ -46,6 +47,7 @@ class SimResult:
     operator_source: str
     peak_flops_per_gpu: float  # of the first replica's GPU
     peak_flops_by_replica: list[float]
+    compiled_loop: bool = False  # the C loop ran it (rollflow.sim.compiled), not the Python one
 
 
 class ServingSimulator:
@@ -99,16 +101,29 @@ class ServingSimulator:
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self, on_progress: Callable[[int], None] | None = None) -> SimResult:
-        """Simulate every arrival to the end (or to `simulator.time_limit_s`)."""
+        """Simulate every arrival to the end (or to `simulator.time_limit_s`): a simulator's last call.
+
+        Where the compiled loop covers the cluster (see `compiled`), it runs instead of `_apply`,
+        with the same results."""
         limit = self.config.simulator.time_limit_s
         until = math.nextafter(limit, math.inf) if limit else math.inf  # events at the limit still run
-        if on_progress is None:
+        ran_compiled = compiled.covers(self)
+        if ran_compiled:
+            compiled.run(self, until, on_progress)
+        elif on_progress is None:
             self._apply(until)
         else:
             self._run_with_progress(until, on_progress)
         peaks = self.peak_flops_by_replica
         return SimResult(
-            self.requests, self.replicas, self.now, self.num_events, self.operator_source, peaks[0], peaks
+            self.requests,
+            self.replicas,
+            self.now,
+            self.num_events,
+            self.operator_source,
+            peaks[0],
+            peaks,
+            ran_compiled,
         )
 
     def advance(self, until: float = math.inf, stop: Callable[[], bool] | None = None) -> None:

@@ -1,4 +1,5 @@
-"""Simulations on the compiled execution-time lookups match the pure-Python reference exactly."""
+"""Simulations on the compiled core (execution-time lookups and the serving loop) match the
+pure-Python reference exactly: per-request times, replica totals, the event count."""
 
 import pytest
 
@@ -15,12 +16,34 @@ def _per_request(result):
     ]
 
 
-def _run_both(monkeypatch, config):
+def _replica_totals(result):
+    return [
+        (
+            replica.stats.batches,
+            replica.stats.kv_samples,
+            replica.stats.busy_s,
+            replica.stats.flops,
+            replica.stats.num_iterations,
+            replica.tokens_per_s,
+            replica.scheduler.num_preemptions,
+            replica.scheduler.num_allocated_blocks,
+            replica.scheduler.resident_remaining_tokens,
+        )
+        for replica in result.replicas
+    ]
+
+
+def _run_both(monkeypatch, config, loop_compiled=True):
     monkeypatch.setenv(PURE_PYTHON_ENV, "1")
     pure = simulate(config)
     monkeypatch.delenv(PURE_PYTHON_ENV)
     compiled = simulate(config)
     assert compiled.replicas[0].predictor.compiled and not pure.replicas[0].predictor.compiled
+    assert not pure.compiled_loop
+    if loop_compiled:  # the configuration is one the C loop covers: it must have run it
+        pytest.importorskip("rollflow.sim._loop", reason="compiled loop not built (make compiled)")
+    assert compiled.compiled_loop == loop_compiled
+    assert (compiled.simulated_time_s, compiled.num_events) == (pure.simulated_time_s, pure.num_events)
     return pure, compiled
 
 
@@ -34,7 +57,8 @@ def test_compiled_core_gives_identical_per_request_times(monkeypatch, kind, stag
         scheduler={"kind": kind},
         workload={"kind": "trace", "file": str(CONV_TRACE), "num_requests": 800, "time_scale": 0.2},
     )
-    pure, compiled = _run_both(monkeypatch, config)
+    # the loop is compiled for vllm and sarathi on one stage; orca and pipelines run the Python loop
+    pure, compiled = _run_both(monkeypatch, config, loop_compiled=kind != "orca" and stages == 1)
     assert _per_request(compiled) == _per_request(pure)  # exact: no tolerance
     for a, b in zip(compiled.replicas, pure.replicas, strict=True):
         assert a.stats.batches == b.stats.batches
@@ -56,3 +80,44 @@ def test_compiled_core_is_exact_under_memory_pressure_and_gqa(monkeypatch):
     pure, compiled = _run_both(monkeypatch, config)
     assert sum(r.num_restarts for r in pure.requests) > 0, "the workload must force preemptions"
     assert _per_request(compiled) == _per_request(pure)
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sarathi"])
+@pytest.mark.parametrize("router", ["round_robin", "lor", "random"])
+def test_compiled_loop_matches_under_preemption_wakeup_admission_and_overhead(monkeypatch, kind, router):
+    """Everything the loop models at once: routers that read the load (each arrival's snapshot is
+    built in C) or only ids, recompute preemptions, idle wake-ups, admission costs, the request
+    overhead, and decode runs cut by arrivals."""
+    config = make_config(
+        "execution.idle_wakeup_ms=3",
+        "execution.idle_wakeup_ramp_ms=20",
+        "execution.admission_ms=0.7",
+        "execution.request_overhead_ms=1.5",
+        cluster={"replicas": 3, "router": router},
+        scheduler={"kind": kind, "num_blocks": 400, "chunk_size": 256},
+        workload={
+            "kind": "synthetic",
+            "num_requests": 300,
+            "max_tokens": 2048,
+            "lengths": {"kind": "uniform", "min_tokens": 200, "prefill_to_decode_ratio": 2.0},
+            "intervals": {"kind": "poisson", "qps": 25},
+        },
+    )
+    pure, compiled = _run_both(monkeypatch, config)
+    assert sum(r.num_restarts for r in pure.requests) > 0, "the workload must force preemptions"
+    assert sum(b[5] > 1 for replica in pure.replicas for b in replica.stats.batches), "and decode runs"
+    assert _per_request(compiled) == _per_request(pure)
+    assert _replica_totals(compiled) == _replica_totals(pure)
+
+
+def test_compiled_loop_stops_at_the_time_limit_as_the_python_loop_does(monkeypatch):
+    config = make_config(
+        "simulator.time_limit_s=4",
+        cluster={"replicas": 2, "router": "least_tokens"},
+        scheduler={"kind": "sarathi"},
+        workload={"kind": "synthetic", "num_requests": 400, "intervals": {"kind": "poisson", "qps": 60}},
+    )
+    pure, compiled = _run_both(monkeypatch, config)
+    assert any(r.completed_at is None for r in pure.requests), "the limit must cut the run"
+    assert _per_request(compiled) == _per_request(pure)
+    assert _replica_totals(compiled) == _replica_totals(pure)
