@@ -1128,6 +1128,7 @@ static int run_loop(Loop *loop, double until) {
         else
             status = schedule(loop, event.target);
         if (status < 0) return -1;
+        if (!(loop->num_events & 0xFFF) && PyErr_CheckSignals() < 0) return -1; /* Ctrl-C on long runs */
     }
     return 0;
 }

@@ -4,6 +4,8 @@ pure-Python reference exactly: per-request times, replica totals, the event coun
 import pytest
 
 from rollflow.perf.predictor import PURE_PYTHON_ENV
+from rollflow.sim.simulator import ServingSimulator
+from rollflow.sim.workload import build_requests
 from tests.factories import CONV_TRACE, make_config, simulate
 
 pytest.importorskip("rollflow.perf._timing", reason="compiled core not built (make compiled)")
@@ -121,3 +123,23 @@ def test_compiled_loop_stops_at_the_time_limit_as_the_python_loop_does(monkeypat
     assert any(r.completed_at is None for r in pure.requests), "the limit must cut the run"
     assert _per_request(compiled) == _per_request(pure)
     assert _replica_totals(compiled) == _replica_totals(pure)
+
+
+def test_compiled_loop_reports_progress_as_the_python_loop_does(monkeypatch):
+    """The progress bar hears the same completion counts from both loops."""
+    pytest.importorskip("rollflow.sim._loop", reason="compiled loop not built (make compiled)")
+    config = make_config(
+        scheduler={"kind": "sarathi"},
+        workload={"kind": "synthetic", "num_requests": 600},
+        cluster={"replicas": 2},
+    )
+    calls: dict[str, list[int]] = {"python": [], "compiled": []}
+    for loop in calls:
+        if loop == "python":
+            monkeypatch.setenv(PURE_PYTHON_ENV, "1")
+        else:
+            monkeypatch.delenv(PURE_PYTHON_ENV)
+        simulator = ServingSimulator(config, build_requests(config.workload, config.seed))
+        assert simulator.run(on_progress=calls[loop].append).compiled_loop == (loop == "compiled")
+    assert len(calls["python"]) > 100 and calls["python"][-1] == 600
+    assert calls["compiled"] == calls["python"]
