@@ -51,4 +51,4 @@ test-docs: $(STAMP)
 	$(BIN)/pytest -q tests/docs
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) outputs .pytest_cache build rollflow/perf/_timing.*.so rollflow/sim/_loop.*.so
+	rm -rf $(VENV) $(VLLM_VENV) outputs .pytest_cache build rollflow/perf/_timing.*.so rollflow/sim/_loop.*.so rollflow/sim/_trace.*.so

@@ -1,10 +1,11 @@
-"""The compiled part of rollflow: two optional C extensions (the project's metadata is in pyproject.toml).
+"""The compiled part of rollflow: three optional C extensions (the project's metadata is in pyproject.toml).
 
 `rollflow.perf._timing` is the execution-time model's lookups in C; `rollflow.sim._loop` is the
-serving simulator's loop, timing batches through `_timing`'s capsule. They need only a C compiler
-and the Python headers; where they fail to build, the install goes on and rollflow runs its
-pure-Python reference (rollflow/perf/predictor.py, rollflow/sim/simulator.py), which gives the same
-times.
+serving simulator's loop, timing batches through `_timing`'s capsule; `rollflow.sim._trace`
+formats the chrome trace's events. They need only a C compiler and the Python headers; where they
+fail to build, the install goes on and rollflow runs its pure-Python reference
+(rollflow/perf/predictor.py, rollflow/sim/simulator.py, rollflow/sim/report.py), which gives the
+same results.
 """
 
 from setuptools import Extension, setup
@@ -19,6 +20,7 @@ setup(
             depends=["rollflow/perf/_timing_api.h"],
             optional=True,
         ),
+        Extension("rollflow.sim._trace", ["rollflow/sim/_trace.c"], extra_compile_args=["-O2"], optional=True),
         Extension(
             "rollflow.sim._loop",
             ["rollflow/sim/_loop.c"],

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import time
 
@@ -83,7 +84,14 @@ def _named_command(argv: list[str]) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, exit_when_done: bool = False) -> int:
+    """Run the command `argv` names; its exit code.
+
+    `exit_when_done` (the console entry point) ends the process as soon as a command that sets
+    `fast_exit` succeeds: the simulators, whose files are all written and closed when they
+    return. The interpreter's teardown would otherwise free every request and batch record one by
+    one, about 0.15 s of a one-second simulation. Other commands exit normally (their atexit
+    hooks, child processes and temporary folders need it)."""
     started_at = time.perf_counter()
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
@@ -97,8 +105,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rollflow: interrupted", file=sys.stderr)
         return 130
+    if exit_when_done and getattr(args, "fast_exit", False):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 
+def run() -> None:
+    """The `rollflow` console script."""
+    sys.exit(main(exit_when_done=True))
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

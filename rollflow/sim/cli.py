@@ -38,7 +38,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. cluster.replicas=4"
     )
-    serve.set_defaults(handler=_serve)
+    serve.set_defaults(handler=_serve, fast_exit=True)
 
     vidur = sim_commands.add_parser(
         "from-vidur",
@@ -55,7 +55,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--print-config", action="store_true", help="print the translated config as YAML and exit"
     )
     vidur.add_argument("vidur_flags", nargs=argparse.REMAINDER, help="Vidur flags, after --")
-    vidur.set_defaults(handler=_from_vidur)
+    vidur.set_defaults(handler=_from_vidur, fast_exit=True)
 
     replay = sim_commands.add_parser(
         "replay",

@@ -9,12 +9,14 @@ DIR/plots/*.png        latency CDFs; queue depth and KV use over time
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import orjson
 
+from rollflow.perf.predictor import PURE_PYTHON_ENV
 from rollflow.sim.metrics import LATENCY_METRICS, RequestTable
 from rollflow.sim.simulator import SimResult
 
@@ -100,8 +102,10 @@ def number_texts(values: np.ndarray) -> list[str]:
 
 
 def _write_chrome_trace(path: Path, result: SimResult) -> Path:
-    """Streamed per replica, each event %-formatted from one template: runs have hundreds of
-    thousands of batches. Timestamps are microseconds to the nanosecond."""
+    """Streamed per replica: runs have hundreds of thousands of batches. Timestamps are
+    microseconds to the nanosecond. The events' text comes from C (`rollflow.sim._trace`) where
+    it is built, else from `_replica_events`, the reference, which gives the same bytes."""
+    replica_events = _compiled_replica_events() or _replica_events
     with path.open("w") as out:
         out.write('{"displayTimeUnit": "ms", "traceEvents": [\n')
         for replica in result.replicas:
@@ -109,34 +113,43 @@ def _write_chrome_trace(path: Path, result: SimResult) -> Path:
             out.write(
                 f'{{"name": "process_name", "ph": "M", "pid": {pid}, "args": {{"name": "replica {pid}"}}}}'
             )
-            batch = (
-                ',\n{"name": "%s", "ph": "X", "pid": ' + str(pid) + ', "tid": 0, "ts": %.3f, "dur": %.3f, '
-                '"args": {"batch_size": %d, "tokens_per_iteration": %d, "prefill_tokens": %d, "iterations": %d}}'
-            )
-            out.write(
-                "".join(
-                    [
-                        batch % (_batch_name(tokens, prefill, iterations), start * 1e6, duration * 1e6, size,
-                                 tokens, prefill, iterations)
-                        for start, duration, size, tokens, prefill, iterations in replica.stats.batches
-                    ]
-                )
-            )  # fmt: skip
-            load = (
-                ',\n{"name": "load", "ph": "C", "pid": ' + str(pid) + ', "ts": %.3f, '
-                '"args": {"kv_use_pct": %.2f, "waiting": %d, "resident": %d}}'
-            )
-            out.write(
-                "".join(
-                    [
-                        load % (time * 1e6, 100 * kv_use, waiting, resident)
-                        for time, kv_use, waiting, resident in replica.stats.kv_samples
-                    ]
-                )
-            )
+            out.write(replica_events(pid, replica.stats.batches, replica.stats.kv_samples))
             out.write(",\n")
         out.write('{"name": "trace_end", "ph": "i", "pid": 0, "ts": 0, "s": "g"}\n]}\n')
     return path
+
+
+def _compiled_replica_events() -> Callable[[int, list, list], str] | None:
+    if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
+        return None
+    try:
+        from rollflow.sim._trace import replica_events
+    except ImportError:
+        return None
+    return replica_events
+
+
+def _replica_events(pid: int, batches: list[tuple], kv_samples: list[tuple]) -> str:
+    """A replica's batch slices and load counters, each after ",\n", %-formatted from one template."""
+    batch = (
+        ',\n{"name": "%s", "ph": "X", "pid": ' + str(pid) + ', "tid": 0, "ts": %.3f, "dur": %.3f, '
+        '"args": {"batch_size": %d, "tokens_per_iteration": %d, "prefill_tokens": %d, "iterations": %d}}'
+    )
+    load = (
+        ',\n{"name": "load", "ph": "C", "pid": ' + str(pid) + ', "ts": %.3f, '
+        '"args": {"kv_use_pct": %.2f, "waiting": %d, "resident": %d}}'
+    )
+    return "".join(
+        [
+            batch % (_batch_name(tokens, prefill, iterations), start * 1e6, duration * 1e6, size, tokens,
+                     prefill, iterations)
+            for start, duration, size, tokens, prefill, iterations in batches
+        ]
+        + [
+            load % (time * 1e6, 100 * kv_use, waiting, resident)
+            for time, kv_use, waiting, resident in kv_samples
+        ]
+    )  # fmt: skip
 
 
 def _batch_name(tokens: int, prefill_tokens: int, iterations: int) -> str:

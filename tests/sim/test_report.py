@@ -2,11 +2,14 @@
 
 import csv
 import json
+import math
+import random
 
 import numpy as np
+import pytest
 
 from rollflow.sim.metrics import request_table
-from rollflow.sim.report import REQUEST_COLUMNS, format_table, number_texts, write_outputs
+from rollflow.sim.report import REQUEST_COLUMNS, _replica_events, format_table, number_texts, write_outputs
 from tests.factories import make_config, simulate
 
 SYNTHETIC = {"kind": "synthetic", "num_requests": 150, "intervals": {"kind": "poisson", "qps": 30}}
@@ -84,3 +87,26 @@ def test_format_table_aligns_columns_in_a_box():
         "│ bbb  │ 10.25 │",
         "└──────┴───────┘",
     ]
+
+
+def test_compiled_chrome_trace_events_match_the_python_writer_byte_for_byte():
+    trace = pytest.importorskip(
+        "rollflow.sim._trace", reason="compiled trace writer not built (make compiled)"
+    )
+    result = simulate(
+        make_config(cluster={"replicas": 2}, workload={"kind": "synthetic", "num_requests": 300})
+    )
+    for replica in result.replicas:
+        batches, loads = replica.stats.batches, replica.stats.kv_samples
+        assert trace.replica_events(replica.id, batches, loads) == _replica_events(replica.id, batches, loads)
+    # The fixed-point fast path against Python's "%.3f"/"%.2f": random values, exact rounding ties
+    # (k/2000 is a tie at 3 places), their neighbours, and the values it hands to snprintf.
+    rng = random.Random(0)
+    values = [rng.uniform(0, 1e7) for _ in range(20_000)] + [rng.uniform(0, 100) for _ in range(20_000)]
+    ties = [k / 2000 + whole for k in range(2000) for whole in (0, 7, 12345)] + [k / 200 for k in range(2000)]
+    values += (
+        ties + [math.nextafter(v, math.inf) for v in ties] + [math.nextafter(v, -math.inf) for v in ties]
+    )
+    values += [0.0, -0.0, -1.2345, 2.675, 999.9995, 1e15, 1e300, 5e-324, math.inf, -math.inf, math.nan]
+    for places in (2, 3):
+        assert [trace.format_fixed(v, places) for v in values] == [f"{v:.{places}f}" for v in values]
