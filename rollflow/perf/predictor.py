@@ -10,16 +10,14 @@ root of the summed squared chunk sizes; GQA models pay a batching overhead on at
 from __future__ import annotations
 
 import logging
-import os
 from math import sqrt
 
+from rollflow.native import pure_python
 from rollflow.perf.optimes import OperatorTimes
 from rollflow.perf.specs import ModelSpec, ParallelLayout, params_per_device
 
 logger = logging.getLogger(__name__)
 
-# Set to 1 to run the pure-Python lookups even where the compiled ones are built.
-PURE_PYTHON_ENV = "ROLLFLOW_PURE_PYTHON"
 _COMPILED_METHODS = ("stage_seconds", "decode_run", "chunk_run")
 _noted_missing = False
 
@@ -68,7 +66,7 @@ class ExecutionTimePredictor:
     def _use_compiled(self) -> bool:
         """Bind the compiled lookups to this instance, if built and allowed; True if they are."""
         global _noted_missing
-        if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
+        if pure_python():
             return False
         try:
             from rollflow.perf._timing import StageTimer

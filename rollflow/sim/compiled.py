@@ -13,12 +13,11 @@ snapshot the Python loop would build.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
-from rollflow.perf.predictor import PURE_PYTHON_ENV
+from rollflow.native import extension
 from rollflow.policy.view import ClusterView, InstanceView, RouteRequest
 from rollflow.sim.batching import SarathiScheduler, VllmScheduler
 from rollflow.sim.replica import THROUGHPUT_SMOOTHING, Replica
@@ -29,24 +28,16 @@ if TYPE_CHECKING:
 _SCHEDULERS = {SarathiScheduler: 0, VllmScheduler: 1}  # the policy codes of _loop.c
 
 
-def _compiled_loop() -> ModuleType | None:
-    """The extension, where it is built and allowed."""
-    if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
-        return None
-    try:
-        from rollflow.sim import _loop
-    except ImportError:
-        return None
-    return _loop
-
-
 def covers(sim: ServingSimulator) -> bool:
     """Whether the compiled loop simulates `sim` exactly (and is built)."""
     if sim.late_binding or sim.on_complete is not None or sim.num_events or sim.cluster_queue:
         return False
     if len(sim.events.heap) != (1 if sim.requests else 0):  # only the first arrival is queued
         return False
-    return all(_covers_replica(replica) for replica in sim.replicas) and _compiled_loop() is not None
+    return (
+        all(_covers_replica(replica) for replica in sim.replicas)
+        and extension("rollflow.sim._loop") is not None
+    )
 
 
 def _covers_replica(replica: Replica) -> bool:
@@ -70,7 +61,7 @@ def _covers_replica(replica: Replica) -> bool:
 def run(sim: ServingSimulator, until: float, on_progress: Callable[[int], None] | None) -> None:
     """Simulate `sim` (which `covers`) up to `until` in C, then write the results back onto its
     requests and replicas as the Python loop leaves them."""
-    loop = _compiled_loop()
+    loop = extension("rollflow.sim._loop")
     assert loop is not None
     requests = sim.requests
     now, num_events, totals = loop.run(

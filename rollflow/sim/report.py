@@ -9,14 +9,13 @@ DIR/plots/*.png        latency CDFs; queue depth and KV use over time
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import orjson
 
-from rollflow.perf.predictor import PURE_PYTHON_ENV
+from rollflow.native import extension
 from rollflow.sim.metrics import LATENCY_METRICS, RequestTable
 from rollflow.sim.simulator import SimResult
 
@@ -105,7 +104,8 @@ def _write_chrome_trace(path: Path, result: SimResult) -> Path:
     """Streamed per replica: runs have hundreds of thousands of batches. Timestamps are
     microseconds to the nanosecond. The events' text comes from C (`rollflow.sim._trace`) where
     it is built, else from `_replica_events`, the reference, which gives the same bytes."""
-    replica_events = _compiled_replica_events() or _replica_events
+    compiled = extension("rollflow.sim._trace")
+    replica_events = compiled.replica_events if compiled is not None else _replica_events
     with path.open("w") as out:
         out.write('{"displayTimeUnit": "ms", "traceEvents": [\n')
         for replica in result.replicas:
@@ -117,16 +117,6 @@ def _write_chrome_trace(path: Path, result: SimResult) -> Path:
             out.write(",\n")
         out.write('{"name": "trace_end", "ph": "i", "pid": 0, "ts": 0, "s": "g"}\n]}\n')
     return path
-
-
-def _compiled_replica_events() -> Callable[[int, list, list], str] | None:
-    if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
-        return None
-    try:
-        from rollflow.sim._trace import replica_events
-    except ImportError:
-        return None
-    return replica_events
 
 
 def _replica_events(pid: int, batches: list[tuple], kv_samples: list[tuple]) -> str:

@@ -5,8 +5,9 @@ import random
 
 import pytest
 
+from rollflow.native import PURE_PYTHON_ENV
 from rollflow.perf import predictor as predictor_module
-from rollflow.perf.predictor import PURE_PYTHON_ENV, ExecutionTimePredictor
+from rollflow.perf.predictor import ExecutionTimePredictor
 from rollflow.sim.build import build_groups
 from tests.factories import LLAMA7B_MLP, VIDUR_DATA, make_config
 

@@ -3,7 +3,7 @@ pure-Python reference exactly: per-request times, replica totals, the event coun
 
 import pytest
 
-from rollflow.perf.predictor import PURE_PYTHON_ENV
+from rollflow.native import PURE_PYTHON_ENV
 from rollflow.sim.simulator import ServingSimulator
 from rollflow.sim.workload import build_requests
 from tests.factories import CONV_TRACE, make_config, simulate
