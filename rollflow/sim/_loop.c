@@ -3,16 +3,17 @@
  * The same simulation as ServingSimulator.run over the Python replicas, schedulers and decode
  * cohorts (rollflow/sim/simulator.py, replica.py, batching.py, cohort.py, request.py), for the
  * configurations most runs use: one pipeline stage, the vllm or sarathi scheduler with its
- * decode cohort, no prefix cache, routing on arrival, no completion hook. Each function below
- * names the Python method it follows; they take the same decisions in the same order and create
+ * decode cohort, no prefix cache, routing on arrival or late binding, no completion hook. Each
+ * function below names the Python method it follows; they take the same decisions in the same
+ * order and create
  * events in the same order (so ties keep the same sequence numbers), and time batches with the
  * compiled execution-time model (rollflow/perf/_timing.c, through its capsule). Float arithmetic
  * is Python's, operation for operation (-ffp-contract=off; Python's float floor division is
  * reproduced), so per-request times are bit-identical; tests compare the two paths.
  *
  * rollflow/sim/compiled.py decides when this loop runs, passes it the cluster, and writes what it
- * returns back onto the Python objects. The router stays Python: it is called once per arrival
- * with the same frozen views the Python loop builds.
+ * returns back onto the Python objects. The router stays Python: it is called once per routed
+ * request with the same frozen views the Python loop builds.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -940,6 +941,9 @@ typedef struct {
     PyObject *pick, *route_type, *instance_view_type, *cluster_view_type, *id_views, *on_progress;
     PyObject *zero;
     int reads_load;
+    int late_binding; /* dispatch from one cluster queue to instances below `capacity` requests */
+    long long capacity;
+    IntDeque cluster_queue;
 } Loop;
 
 static int event_before(const Event *a, const Event *b) {
@@ -1049,20 +1053,9 @@ static PyObject *new_named(PyObject *type, PyObject *fields) {
     return object;
 }
 
-/* _route (routing on arrival): the router's pick, from the snapshot it reads. */
-static int route(Loop *loop, int index) {
-    Request *r = &loop->requests[index];
-    PyObject *instances;
-    if (loop->reads_load) {
-        instances = PyTuple_New(loop->num_replicas);
-        for (Py_ssize_t i = 0; instances != NULL && i < loop->num_replicas; i++) {
-            PyObject *view = instance_view(loop, (int)i);
-            if (view == NULL) Py_CLEAR(instances);
-            else PyTuple_SET_ITEM(instances, i, view);
-        }
-    } else {
-        instances = Py_NewRef(loop->id_views);
-    }
+/* The router's pick for request `index` among `instances` (a tuple of views, stolen). */
+static Py_ssize_t pick(Loop *loop, int index, PyObject *instances) {
+    const Request *r = &loop->requests[index];
     if (instances == NULL) return -1;
     PyObject *snapshot = new_named(loop->cluster_view_type, Py_BuildValue("(dN)", loop->now, instances));
     PyObject *request = new_named(loop->route_type, Py_BuildValue("(LLLO)", r->id, r->prompt_tokens,
@@ -1080,18 +1073,69 @@ static int route(Loop *loop, int index) {
                      loop->num_replicas);
         return -1;
     }
-    /* _place */
+    return target;
+}
+
+/* _place */
+static int place(Loop *loop, int index, int target) {
     Replica *rep = &loop->replicas[target];
-    r->replica_id = (int)target;
+    Request *r = &loop->requests[index];
+    r->replica_id = target;
     if (deque_append(&rep->waiting, index) < 0) return -1;
     rep->waiting_tokens += total_tokens(r);
-    if (cut_run_in_flight(loop, (int)target) < 0) return -1;
-    return request_schedule(loop, (int)target);
+    if (cut_run_in_flight(loop, target) < 0) return -1;
+    return request_schedule(loop, target);
+}
+
+/* _route on arrival: every instance in the snapshot (views, or ids only for routers that read no load). */
+static int route(Loop *loop, int index) {
+    PyObject *instances;
+    if (loop->reads_load) {
+        instances = PyTuple_New(loop->num_replicas);
+        for (Py_ssize_t i = 0; instances != NULL && i < loop->num_replicas; i++) {
+            PyObject *view = instance_view(loop, (int)i);
+            if (view == NULL) Py_CLEAR(instances);
+            else PyTuple_SET_ITEM(instances, i, view);
+        }
+    } else {
+        instances = Py_NewRef(loop->id_views);
+    }
+    Py_ssize_t target = pick(loop, index, instances);
+    return target < 0 ? -1 : place(loop, index, (int)target);
+}
+
+/* _dispatch_queued (late binding): queued requests, in order, to instances holding fewer than
+ * `capacity` requests, while there are any. */
+static int dispatch_queued(Loop *loop) {
+    while (loop->cluster_queue.size) {
+        Py_ssize_t num_free = 0;
+        for (Py_ssize_t i = 0; i < loop->num_replicas; i++) {
+            const Replica *rep = &loop->replicas[i];
+            if (rep->num_resident + rep->waiting.size < loop->capacity) num_free++;
+        }
+        if (!num_free) return 0;
+        PyObject *instances = PyTuple_New(num_free);
+        for (Py_ssize_t i = 0, k = 0; instances != NULL && i < loop->num_replicas; i++) {
+            const Replica *rep = &loop->replicas[i];
+            if (rep->num_resident + rep->waiting.size >= loop->capacity) continue;
+            PyObject *view = instance_view(loop, (int)i);
+            if (view == NULL) Py_CLEAR(instances);
+            else PyTuple_SET_ITEM(instances, k++, view);
+        }
+        int index = deque_popleft(&loop->cluster_queue);
+        Py_ssize_t target = pick(loop, index, instances);
+        if (target < 0 || place(loop, index, (int)target) < 0) return -1;
+    }
+    return 0;
 }
 
 /* _on_arrival */
 static int on_arrival(Loop *loop, int index) {
-    if (route(loop, index) < 0) return -1;
+    if (loop->late_binding) {
+        if (deque_append(&loop->cluster_queue, index) < 0 || dispatch_queued(loop) < 0) return -1;
+    } else if (route(loop, index) < 0) {
+        return -1;
+    }
     if (index + 1 < loop->num_requests)
         return push_event(loop, loop->requests[index + 1].arrived_at + loop->overhead_s, ARRIVAL, index + 1, 0, 0);
     return 0;
@@ -1112,6 +1156,7 @@ static int on_stage_end(Loop *loop, const Event *event) {
             Py_DECREF(result);
         }
     }
+    if (done && loop->cluster_queue.size && dispatch_queued(loop) < 0) return -1; /* slots just freed */
     return schedule(loop, event->target);
 }
 
@@ -1275,6 +1320,7 @@ static void free_loop(Loop *loop) {
     PyMem_Free(loop->replicas);
     PyMem_Free(loop->requests);
     PyMem_Free(loop->heap);
+    PyMem_Free(loop->cluster_queue.items);
     Py_XDECREF(loop->zero);
 }
 
@@ -1290,14 +1336,14 @@ static PyObject *replica_result(const Replica *rep) {
 
 static PyObject *loop_run(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"requests", "replicas", "pick", "reads_load", "id_views", "types", "overhead_s",
-                               "start", "until", "on_progress", "progress_every", NULL};
+                               "start", "until", "on_progress", "progress_every", "late_binding", "capacity", NULL};
     PyObject *request_list, *replica_specs, *types;
     Loop loop = {0};
     double until;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!OpO!O!dddOL", keywords, &PyList_Type, &request_list,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!OpO!O!dddOLpL", keywords, &PyList_Type, &request_list,
                                      &PyList_Type, &replica_specs, &loop.pick, &loop.reads_load, &PyTuple_Type,
                                      &loop.id_views, &PyTuple_Type, &types, &loop.overhead_s, &loop.now, &until,
-                                     &loop.on_progress, &loop.progress_every))
+                                     &loop.on_progress, &loop.progress_every, &loop.late_binding, &loop.capacity))
         return NULL;
     if (!PyArg_ParseTuple(types, "OOO;types: (RouteRequest, InstanceView, ClusterView)", &loop.route_type,
                           &loop.instance_view_type, &loop.cluster_view_type))
@@ -1333,7 +1379,13 @@ static PyObject *loop_run(PyObject *module, PyObject *args, PyObject *kwargs) {
         if (totals == NULL) Py_CLEAR(replicas);
         else PyList_SET_ITEM(replicas, i, totals);
     }
-    if (replicas != NULL) result = Py_BuildValue("(dLN)", loop.now, loop.num_events, replicas);
+    PyObject *queued = replicas == NULL ? NULL : PyList_New(loop.cluster_queue.size);
+    for (Py_ssize_t i = 0; queued != NULL && i < loop.cluster_queue.size; i++) {
+        int index = loop.cluster_queue.items[(loop.cluster_queue.head + i) % loop.cluster_queue.capacity];
+        PyList_SET_ITEM(queued, i, Py_NewRef(PyList_GET_ITEM(request_list, index)));
+    }
+    if (queued == NULL) Py_CLEAR(replicas);
+    if (replicas != NULL) result = Py_BuildValue("(dLNN)", loop.now, loop.num_events, replicas, queued);
 done:
     free_loop(&loop);
     return result;
@@ -1342,7 +1394,8 @@ done:
 static PyMethodDef loop_methods[] = {
     {"run", (PyCFunction)(void (*)(void))loop_run, METH_VARARGS | METH_KEYWORDS,
      "run(requests, replicas, pick, reads_load, id_views, types, overhead_s, start, until, on_progress, "
-     "progress_every) -> (now, num_events, [replica totals]); see rollflow/sim/compiled.py"},
+     "progress_every, late_binding, capacity) -> (now, num_events, [replica totals], [requests still queued]); "
+     "see rollflow/sim/compiled.py"},
     {NULL, NULL, 0, NULL},
 };
 

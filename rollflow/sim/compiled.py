@@ -1,8 +1,8 @@
 """When `ServingSimulator.run` hands its loop to C (`rollflow.sim._loop`), and the hand-over.
 
 The compiled loop covers what most runs are: every replica one pipeline stage with the vllm or
-sarathi scheduler and its decode cohort, no prefix cache, requests routed on arrival, no hook
-on completions, a simulator not yet advanced. It takes the same decisions as the Python loop
+sarathi scheduler and its decode cohort, no prefix cache, requests routed on arrival or by late
+binding, no hook on completions, a simulator not yet advanced. It takes the same decisions as the Python loop
 (the reference) and gives bit-identical per-request times and replica totals; tests compare
 the two. Anything else, or `ROLLFLOW_PURE_PYTHON=1`, or an install without a C compiler, runs
 the Python loop.
@@ -30,7 +30,7 @@ _SCHEDULERS = {SarathiScheduler: 0, VllmScheduler: 1}  # the policy codes of _lo
 
 def covers(sim: ServingSimulator) -> bool:
     """Whether the compiled loop simulates `sim` exactly (and is built)."""
-    if sim.late_binding or sim.on_complete is not None or sim.num_events or sim.cluster_queue:
+    if sim.on_complete is not None or sim.num_events or sim.cluster_queue:
         return False
     if len(sim.events.heap) != (1 if sim.requests else 0):  # only the first arrival is queued
         return False
@@ -64,7 +64,7 @@ def run(sim: ServingSimulator, until: float, on_progress: Callable[[int], None] 
     loop = extension("rollflow.sim._loop")
     assert loop is not None
     requests = sim.requests
-    now, num_events, totals = loop.run(
+    now, num_events, totals, queued = loop.run(
         requests=requests,
         replicas=[_replica_spec(replica) for replica in sim.replicas],
         pick=sim.router.pick,
@@ -76,10 +76,13 @@ def run(sim: ServingSimulator, until: float, on_progress: Callable[[int], None] 
         until=until,
         on_progress=on_progress,
         progress_every=max(1, len(requests) // 200),
+        late_binding=sim.late_binding,
+        capacity=sim.capacity,
     )
     sim.now = now
     sim.num_events = num_events
     sim.events.heap.clear()  # the loop's own queue is gone: run() is a simulator's last call
+    sim.cluster_queue.extend(queued)  # late binding: arrived by the time limit, never dispatched
     for replica, total in zip(sim.replicas, totals, strict=True):
         _write_back(replica, total)
     if on_progress is not None:

@@ -86,11 +86,16 @@ def test_compiled_core_is_exact_under_memory_pressure_and_gqa(monkeypatch):
 
 @pytest.mark.parametrize("kind", ["vllm", "sarathi"])
 @pytest.mark.parametrize("router", ["round_robin", "lor", "random"])
-def test_compiled_loop_matches_under_preemption_wakeup_admission_and_overhead(monkeypatch, kind, router):
+@pytest.mark.parametrize("dispatch", ["on_arrival", "late_binding"])
+def test_compiled_loop_matches_under_preemption_wakeup_admission_and_overhead(
+    monkeypatch, kind, router, dispatch
+):
     """Everything the loop models at once: routers that read the load (each arrival's snapshot is
-    built in C) or only ids, recompute preemptions, idle wake-ups, admission costs, the request
-    overhead, and decode runs cut by arrivals."""
+    built in C) or only ids, routing on arrival or from the cluster queue, recompute preemptions,
+    idle wake-ups, admission costs, the request overhead, and decode runs cut by arrivals."""
     config = make_config(
+        f"cluster.dispatch={dispatch}",
+        "cluster.capacity=6",
         "execution.idle_wakeup_ms=3",
         "execution.idle_wakeup_ramp_ms=20",
         "execution.admission_ms=0.7",
@@ -112,15 +117,20 @@ def test_compiled_loop_matches_under_preemption_wakeup_admission_and_overhead(mo
     assert _replica_totals(compiled) == _replica_totals(pure)
 
 
-def test_compiled_loop_stops_at_the_time_limit_as_the_python_loop_does(monkeypatch):
+@pytest.mark.parametrize("dispatch", ["on_arrival", "late_binding"])
+def test_compiled_loop_stops_at_the_time_limit_as_the_python_loop_does(monkeypatch, dispatch):
     config = make_config(
         "simulator.time_limit_s=4",
+        f"cluster.dispatch={dispatch}",
+        "cluster.capacity=8",
         cluster={"replicas": 2, "router": "least_tokens"},
         scheduler={"kind": "sarathi"},
         workload={"kind": "synthetic", "num_requests": 400, "intervals": {"kind": "poisson", "qps": 60}},
     )
     pure, compiled = _run_both(monkeypatch, config)
     assert any(r.completed_at is None for r in pure.requests), "the limit must cut the run"
+    if dispatch == "late_binding":  # and leave requests in the cluster queue, never routed
+        assert any(r.replica_id == -1 for r in pure.requests)
     assert _per_request(compiled) == _per_request(pure)
     assert _replica_totals(compiled) == _replica_totals(pure)
 
