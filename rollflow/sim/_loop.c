@@ -5,9 +5,8 @@
  * configurations most runs use: one pipeline stage, the vllm or sarathi scheduler with its
  * decode cohort, no prefix cache, routing on arrival or late binding, no completion hook. Each
  * function below names the Python method it follows; they take the same decisions in the same
- * order and create
- * events in the same order (so ties keep the same sequence numbers), and time batches with the
- * compiled execution-time model (rollflow/perf/_timing.c, through its capsule). Float arithmetic
+ * order, create events in the same order (so ties keep the same sequence numbers), and time
+ * batches with the compiled execution-time model (rollflow/perf/_timing.c, through its capsule). Float arithmetic
  * is Python's, operation for operation (-ffp-contract=off; Python's float floor division is
  * reproduced), so per-request times are bit-identical; tests compare the two paths.
  *
