@@ -6,9 +6,10 @@
  * decode cohort, no prefix cache, routing on arrival or late binding, no completion hook. Each
  * function below names the Python method it follows; they take the same decisions in the same
  * order, create events in the same order (so ties keep the same sequence numbers), and time
- * batches with the compiled execution-time model (rollflow/perf/_timing.c, through its capsule). Float arithmetic
- * is Python's, operation for operation (-ffp-contract=off; Python's float floor division is
- * reproduced), so per-request times are bit-identical; tests compare the two paths.
+ * batches with the compiled execution-time model (rollflow/perf/_timing.c, through its
+ * capsule). Float arithmetic is Python's, operation for operation (-ffp-contract=off; Python's
+ * float floor division is reproduced), so per-request times are bit-identical; tests compare
+ * the two paths.
  *
  * rollflow/sim/compiled.py decides when this loop runs, passes it the cluster, and writes what it
  * returns back onto the Python objects. The router stays Python: it is called once per routed
