@@ -746,11 +746,14 @@ class RolloutManager:
             )
             request, view = route_inputs(sample, candidates, now, reads_cache, reads_load)
             self._start_attempt(sample, self._route(request, view, router, sample, candidates))
+            if not self._queue:
+                break
             routable = self.registry.routable()  # the engine it went to may be full now
             if not routable:
                 break
-        blocked.extend(self._queue)
-        self._queue = blocked
+        if blocked:
+            blocked.extend(self._queue)
+            self._queue = blocked
 
     def _route(
         self,
@@ -765,7 +768,7 @@ class RolloutManager:
         stop every rollout."""
         try:
             chosen = router.pick(request, view)
-            if not any(engine.engine_id == chosen for engine in candidates):
+            if chosen not in [engine.engine_id for engine in candidates]:
                 raise ValueError(f"picked engine {chosen}, not among {[e.engine_id for e in candidates]}")
         except Exception as exc:  # any policy failure takes the same fallback
             self.metrics.router_errors.inc()
