@@ -255,8 +255,11 @@ def lean_request(app: web.Application, raw: bytes) -> PromptRequest | None:
 
 def _frozen(value: Any) -> Hashable:
     """A parsed JSON value as a key that tells apart whatever validation tells apart: each value's
-    type is part of it, since `True == 1 == 1.0` in Python but not to pydantic."""
+    type is part of it, since `True == 1 == 1.0` in Python but not to pydantic, and a float is
+    keyed by its exact bits (`0.0 == -0.0`, yet each is validated to itself)."""
     kind = type(value)
+    if kind is float:
+        return (float, value.hex())
     if kind is dict:
         return (dict, tuple([(key, _frozen(item)) for key, item in value.items()]))
     if kind is list:

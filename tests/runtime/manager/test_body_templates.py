@@ -83,6 +83,13 @@ def test_fields_equal_in_python_but_not_in_json_type_are_other_bodies(value) -> 
     assert (known is not None) == (type(value) is int)
 
 
+def test_a_negative_zero_is_not_a_zero() -> None:
+    templates = BodyTemplates()
+    _seen(templates, {"input_ids": [1], "sampling_params": {"temperature": 0.0}})
+    assert templates.get({"input_ids": [2], "sampling_params": {"temperature": 0.0}}) is not None
+    assert templates.get({"input_ids": [2], "sampling_params": {"temperature": -0.0}}) is None
+
+
 def test_a_text_prompt_or_another_field_is_not_served_from_a_template() -> None:
     templates = BodyTemplates()
     _seen(templates, {"input_ids": [1], "sampling_params": SAMPLING})
