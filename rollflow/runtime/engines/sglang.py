@@ -53,14 +53,19 @@ class SGLangClient(HttpEngine):
     ) -> None:
         super().__init__(url, session, read_timeout_s, api_key)
         self._missing_load_routes: set[str] = set()  # load routes this server answered 4xx to
+        # the last sampling params sent and SGLang's form of them: requests alike share one object
+        self._last_sampling: tuple[SamplingParams, dict[str, Any]] | None = None
 
     async def generate(
         self, rid: str, input_ids: list[int], sampling: SamplingParams
     ) -> AsyncIterator[GenerateChunk]:
+        last = self._last_sampling
+        if last is None or last[0] is not sampling:
+            last = self._last_sampling = (sampling, sglang_sampling_params(sampling))
         body = {
             "rid": rid,
             "input_ids": input_ids,
-            "sampling_params": sglang_sampling_params(sampling),
+            "sampling_params": last[1],
             "stream": True,
             "return_logprob": True,
         }

@@ -24,6 +24,7 @@ in `rollflow_requests_rejected_total`, and a graceful shutdown.
 from __future__ import annotations
 
 import asyncio
+import functools
 import http
 import logging
 import re
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 
 MAX_HEAD_BYTES = 8190  # aiohttp's own limit on a request line and on each header line
 _REQUEST_LINE = b"POST /generate HTTP/1.1"
-_HANDED_OVER = (b"\r\ntransfer-encoding:", b"\r\nexpect:", b"\r\nupgrade:")
+_HANDED_OVER = re.compile(rb"\r\n(?:transfer-encoding|expect|upgrade):")  # bodies framed otherwise
 # header lines as RFC 9110 spells them (a token, a colon, a value), lower-cased, each after its CRLF
 _HEADER_LINES = re.compile(rb"(?:\r\n[-!#$%&'*+.^_`|~0-9a-z]+:[^\r\n]*)*")
 
@@ -53,7 +54,7 @@ def _framing(head: bytes) -> tuple[int, bool] | None:
     if line_end < 0 or head[:line_end] != _REQUEST_LINE:
         return None
     fields = head[line_end:].lower()
-    if _HEADER_LINES.fullmatch(fields) is None or any(name in fields for name in _HANDED_OVER):
+    if _HEADER_LINES.fullmatch(fields) is None or _HANDED_OVER.search(fields) is not None:
         return None  # a line aiohttp would not take as it is, or a body framed otherwise
     if fields.count(b"\r\ncontent-length:") != 1:
         return None
@@ -64,14 +65,16 @@ def _framing(head: bytes) -> tuple[int, bool] | None:
     return int(length), connection is None or b"close" not in connection
 
 
-def _answer_head(status: int, content_type: str, length: int, keep_alive: bool) -> bytes:
+@functools.lru_cache(maxsize=64)
+def _status_lines(status: int, content_type: str) -> bytes:
+    """An answer's head up to its length, made once per status and type (a few of each)."""
     reason = http.HTTPStatus(status).phrase
-    close = b"" if keep_alive else b"Connection: close\r\n"
-    return (
-        f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {length}\r\n".encode()
-        + close
-        + b"\r\n"
-    )
+    return f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: ".encode()
+
+
+def _answer_head(status: int, content_type: str, length: int, keep_alive: bool) -> bytes:
+    end = b"\r\n\r\n" if keep_alive else b"\r\nConnection: close\r\n\r\n"
+    return _status_lines(status, content_type) + str(length).encode() + end
 
 
 class _LeanConnection(asyncio.Protocol):

@@ -563,8 +563,10 @@ class RolloutManager:
             pinned_version=pinned_version,
         )
         self._runs[sample.sample_id] = SampleRun(sample, watcher=watcher or asyncio.Event())
-        self._enqueue(sample)
+        self._enqueue(sample, wake=False)
         self._dispatch()  # routed now rather than a loop turn later: a request's latency is the manager's
+        if self._queue:  # no engine had room: the dispatch loop tries again when one has
+            self._wake.set()
         return sample
 
     def submit_batch(
@@ -700,14 +702,16 @@ class RolloutManager:
             self._queue = deque(s for s in self._queue if s is not sample)
         self._runs.pop(sample.sample_id, None)
 
-    def _enqueue(self, sample: Sample, front: bool = False) -> None:
+    def _enqueue(self, sample: Sample, front: bool = False, wake: bool = True) -> None:
+        """Queue the sample; `wake` the dispatch loop to route it (False: the caller dispatches now)."""
         sample.state = SampleState.WAITING
         sample.engine_id = None
         if front:
             self._queue.appendleft(sample)
         else:
             self._queue.append(sample)
-        self._wake.set()
+        if wake:
+            self._wake.set()
 
     def _notify(self, sample: Sample) -> None:
         run = self._runs.get(sample.sample_id)
@@ -742,11 +746,14 @@ class RolloutManager:
             )
             request, view = route_inputs(sample, candidates, now, reads_cache, reads_load)
             self._start_attempt(sample, self._route(request, view, router, sample, candidates))
+            if not self._queue:
+                break
             routable = self.registry.routable()  # the engine it went to may be full now
             if not routable:
                 break
-        blocked.extend(self._queue)
-        self._queue = blocked
+        if blocked:
+            blocked.extend(self._queue)
+            self._queue = blocked
 
     def _route(
         self,
@@ -761,7 +768,7 @@ class RolloutManager:
         stop every rollout."""
         try:
             chosen = router.pick(request, view)
-            if not any(engine.engine_id == chosen for engine in candidates):
+            if chosen not in [engine.engine_id for engine in candidates]:
                 raise ValueError(f"picked engine {chosen}, not among {[e.engine_id for e in candidates]}")
         except Exception as exc:  # any policy failure takes the same fallback
             self.metrics.router_errors.inc()
@@ -844,7 +851,8 @@ class RolloutManager:
             run.task = None
             if self.journal is not None:
                 self.journal.attempt_ended(sample)
-            self._wake.set()
+            if self._queue:  # the engine has room again for what waits (a resume below wakes anyway)
+                self._wake.set()
         if outcome == "cancelled":
             return
         if outcome == "client_abort":

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+from collections.abc import Hashable
 from typing import Any
 
 from aiohttp import web
 
 from rollflow.runtime.engines.base import SamplingParams
-from rollflow.runtime.engines.sglang_io import SamplingParamsBody, split_batch
+from rollflow.runtime.engines.sglang_io import MAX_TOKEN_ID, SamplingParamsBody, split_batch
 from rollflow.runtime.http.answer import dumps, json_response
 from rollflow.runtime.http.auth import require_bearer
 from rollflow.runtime.http.body import THREAD_PARSE_BYTES, parse_json_object, read_json_object
@@ -41,11 +42,18 @@ from rollflow.runtime.manager.service import RolloutManager
 
 RIDS_KEY = web.AppKey("rids", dict)
 """rid of a running `/generate` -> its sample, for `/abort_request`."""
+TEMPLATES_MAX = 256  # body shapes the lean path remembers
+MAX_RID_CHARS = 256  # GenerateBody.rid's max_length
+_OWN_FIELDS = frozenset({"input_ids", "rid"})  # what differs from one request to the next
+_INT = frozenset({int})
 
 
-def sampling_params(body: SamplingParamsBody, config: ManagerConfig) -> SamplingParams:
-    """The engines' sampling parameters, within this manager's limits (a 400 past them)."""
-    params = body.to_params()
+def sampling_params(
+    body: SamplingParamsBody, config: ManagerConfig, params: SamplingParams | None = None
+) -> SamplingParams:
+    """The engines' sampling parameters (`params`, when the caller has `body.to_params()` already),
+    within this manager's limits (a 400 past them)."""
+    params = params or body.to_params()
     if params.max_new_tokens > config.max_new_tokens_limit:
         raise BadRequest(
             f"sampling_params.max_new_tokens={params.max_new_tokens} exceeds this manager's limit "
@@ -110,21 +118,31 @@ def generate_payload(sample: Sample, body: GenerateBody, rid: str, tokenizer: An
 class PromptRequest:
     """One prompt of a /generate: its body, its sample and the rid clients abort it by."""
 
-    def __init__(self, app: web.Application, body: GenerateBody) -> None:
+    def __init__(
+        self,
+        app: web.Application,
+        body: GenerateBody,
+        params: SamplingParams | None = None,
+        own: tuple[list[int], str | None] | None = None,
+    ) -> None:
+        """`params`: `body.sampling_params.to_params()`, when the caller has it already. `own`: the
+        request's input_ids and rid, when `body` stands for every body that differs from it only in
+        those (`BodyTemplates`): no copy of the body is made per request."""
         manager = app[MANAGER_KEY]
         self.tokenizer = app[TOKENIZER_KEY]
         self.body = body
         self.rids: dict[str, Sample] = app[RIDS_KEY]
+        input_ids, self.asked_rid = (body.input_ids, body.rid) if own is None else own
         if body.return_text_in_logprobs and self.tokenizer is None:
             raise BadRequest(
                 "return_text_in_logprobs needs a tokenizer: start the manager with `tokenizer:` set"
             )
-        if body.rid is not None and body.rid in self.rids:
-            raise BadRequest(f"rid {body.rid!r} is already in use by a running request")
-        self.prompt = self._prompt(manager.config)
-        self.params = sampling_params(body.sampling_params, manager.config)
+        if self.asked_rid is not None and self.asked_rid in self.rids:
+            raise BadRequest(f"rid {self.asked_rid!r} is already in use by a running request")
+        self.prompt = self._prompt(manager.config, input_ids)
+        self.params = sampling_params(body.sampling_params, manager.config, params)
 
-    def _prompt(self, config: ManagerConfig) -> list[int]:
+    def _prompt(self, config: ManagerConfig, input_ids: list[int] | None) -> list[int]:
         if self.body.text is not None:
             if self.tokenizer is None:
                 raise BadRequest(
@@ -132,7 +150,7 @@ class PromptRequest:
                 )
             prompt = self.tokenizer.encode(self.body.text).ids
         else:
-            prompt = list(self.body.input_ids)
+            prompt = list(input_ids)
         check_prompt(prompt, config, "the prompt")
         return prompt
 
@@ -143,7 +161,7 @@ class PromptRequest:
         self.sample = manager.submit_sample(
             self.prompt, self.params, self.body.allow_off_policy, watcher=watcher
         )
-        self.rid = self.body.rid or self.sample.sample_id
+        self.rid = self.asked_rid or self.sample.sample_id
         self.rids[self.rid] = self.sample
         return self.sample
 
@@ -219,13 +237,83 @@ def lean_request(app: web.Application, raw: bytes) -> PromptRequest | None:
     if len(raw) > THREAD_PARSE_BYTES:
         return None
     try:
-        bodies, batched = _generate_bodies(parse_json_object(raw))
+        data = parse_json_object(raw)
+        known = app[TEMPLATES_KEY].get(data)
+        if known is not None:
+            template, params = known
+            return PromptRequest(app, template, params, own=(data["input_ids"], data.get("rid")))
+        bodies, batched = _generate_bodies(data)
         body = bodies[0]
         if batched or body.stream or body.session_params is not None:
             return None
-        return PromptRequest(app, body)
+        request = PromptRequest(app, body)
+        app[TEMPLATES_KEY].put(data, body, request.params)
+        return request
     except Exception:  # nothing has run yet: aiohttp's route answers it, in its own words (or 500)
         return None
+
+
+def _frozen(value: Any) -> Hashable:
+    """A parsed JSON value as a key that tells apart whatever validation tells apart: each value's
+    type is part of it, since `True == 1 == 1.0` in Python but not to pydantic, and a float is
+    keyed by its exact bits (`0.0 == -0.0`, yet each is validated to itself)."""
+    kind = type(value)
+    if kind is float:
+        return (float, value.hex())
+    if kind is dict:
+        return (dict, tuple([(key, _frozen(item)) for key, item in value.items()]))
+    if kind is list:
+        return (list, tuple([_frozen(item) for item in value]))
+    return (kind, value)
+
+
+class BodyTemplates:
+    """The lean path's validated `/generate` bodies, by everything in them but the prompt and rid.
+
+    RL clients send thousands of bodies that differ only in `input_ids` (and `rid`): pydantic's
+    validation of the rest (sampling params, flags, the neutral-field rules) and the sampling
+    params built from it cost a tenth of the manager's CPU per request. Validation is a pure
+    function of the body and checks `input_ids` and `rid` each on its own, so a body whose other
+    fields equal (value and JSON type) those of one validated before is that body with its own
+    prompt and rid, once those pass the same checks: ids all exact ints in range, not empty, and a
+    rid a string of 1 to 256 characters. The request then holds the body seen before and its own
+    prompt and rid beside it (`PromptRequest`'s `own`; a copy of a pydantic model costs about as
+    much as validating it). Anything else (a float or bool id pydantic would convert, a text
+    prompt) is validated in full, and only bodies the lean path serves are remembered."""
+
+    def __init__(self, max_entries: int = TEMPLATES_MAX) -> None:
+        self._max = max_entries
+        self._known: dict[Hashable, tuple[GenerateBody, SamplingParams]] = {}
+
+    @staticmethod
+    def _key(data: dict[str, Any]) -> Hashable | None:
+        """The key of a body with one prompt of token ids that need no conversion; None otherwise."""
+        ids, rid = data.get("input_ids"), data.get("rid")
+        if type(ids) is not list or not ids or not _INT.issuperset(map(type, ids)):
+            return None
+        if min(ids) < 0 or max(ids) > MAX_TOKEN_ID:
+            return None
+        if rid is not None and (type(rid) is not str or not 1 <= len(rid) <= MAX_RID_CHARS):
+            return None
+        return tuple([(key, _frozen(value)) for key, value in data.items() if key not in _OWN_FIELDS])
+
+    def get(self, data: dict[str, Any]) -> tuple[GenerateBody, SamplingParams] | None:
+        """A body seen before that `data` equals but for its `input_ids` and `rid` (which passed the
+        same checks: `data` validates to it with those two fields its own), and its sampling params."""
+        key = self._key(data)
+        return self._known.get(key) if key is not None else None
+
+    def put(self, data: dict[str, Any], body: GenerateBody, params: SamplingParams) -> None:
+        """Remember a body validated in full, and its sampling params."""
+        key = self._key(data)
+        if key is None:
+            return
+        if len(self._known) >= self._max:
+            self._known.clear()  # clients send few shapes: a full table means many, all alike rare
+        self._known[key] = (body, params)
+
+
+TEMPLATES_KEY = web.AppKey("generate_templates", BodyTemplates)
 
 
 def _generate_bodies(data: dict) -> tuple[list[GenerateBody], bool]:
@@ -335,4 +423,5 @@ def routes() -> list[web.RouteDef]:
 
 def setup(app: web.Application) -> None:
     app[RIDS_KEY] = {}
+    app[TEMPLATES_KEY] = BodyTemplates()
     app.add_routes(routes())

@@ -226,3 +226,25 @@ def test_every_sampling_field_reaches_sglang_and_vllm_under_their_names():
         "top_k",
         "ignore_eos",
     }
+
+
+def test_each_request_sends_its_own_sampling_params():
+    """The SGLang client keeps SGLang's form of the last sampling params it sent (requests alike
+    share one object): a request with other params sends those."""
+    sent: list[dict] = []
+
+    async def record(request: web.Request) -> web.StreamResponse:
+        sent.append((await request.json())["sampling_params"])
+        return await sse(event([5], [-0.5], 1, {"type": "length"}))(request)
+
+    async def main() -> None:
+        async with fault_server(record) as url:
+            client = make_client("sglang", url)
+            try:
+                for sampling in (SAMPLING, SAMPLING, SamplingParams(max_new_tokens=4, temperature=0.5)):
+                    assert [c.token_ids async for c in client.generate("r", [1], sampling)] == [[5]]
+            finally:
+                await client.close()
+
+    run(main())
+    assert [s["temperature"] for s in sent] == [0, 0, 0.5]

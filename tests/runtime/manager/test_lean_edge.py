@@ -80,6 +80,26 @@ def test_a_streamed_or_batched_generate_is_answered_as_before(processes):
     assert status == 200 and "data: [DONE]" in events
 
 
+def test_a_body_shaped_like_one_served_before_is_still_checked_whole(processes):
+    """The lean path remembers validated bodies by all but their prompt and rid: a later body of
+    that shape with a bad prompt or rid is still refused, naming the field, and one with another
+    prompt is answered for its own prompt and rid."""
+    engine = processes.engine()
+    manager = processes.manager(engines=[{"url": engine.url}])
+    sock, reader = _connect(manager)
+    with sock:
+        for prompt, rid in (([1, 2, 3], "first"), ([4, 5], "second")):
+            sock.sendall(_request("POST", "/generate", _generate(prompt, rid=rid)))
+            status, _, body = _read(reader)
+            answer = json.loads(body)
+            assert status == 200 and answer["meta_info"]["id"] == rid
+            assert answer["meta_info"]["prompt_tokens"] == len(prompt)
+        for bad, field in (({"input_ids": [1, -2]}, "input_ids"), ({"rid": ""}, "rid")):
+            sock.sendall(_request("POST", "/generate", _generate([1, 2, 3], rid="third") | bad))
+            status, _, body = _read(reader)
+            assert status == 400 and field in json.loads(body)["error"]["message"]
+
+
 def test_connection_close_is_honoured(processes):
     engine = processes.engine()
     manager = processes.manager(engines=[{"url": engine.url}])
