@@ -1025,24 +1025,7 @@ static int cut_run_in_flight(Loop *loop, int replica_id) {
     return push_event(loop, b->end_time, STAGE_END, replica_id, b->serial, b->version);
 }
 
-/* Replica.view */
-static PyObject *instance_view(Loop *loop, int replica_id) {
-    Replica *rep = &loop->replicas[replica_id];
-    long long running_tokens = rep->resident_remaining_tokens;
-    if (rep->run_in_flight) running_tokens -= iterations_done(&rep->batch, loop->now) * rep->batch.tokens_per_iteration;
-    PyObject *fields = Py_BuildValue(
-        "(nLnLLddOOO)", (Py_ssize_t)replica_id, rep->num_resident, rep->waiting.size, rep->waiting_tokens,
-        running_tokens, (double)rep->num_allocated_blocks / (double)rep->num_blocks, rep->tokens_per_s, rep->kind,
-        loop->zero, loop->zero);
-    if (fields == NULL) return NULL;
-    PyObject *args = PyTuple_Pack(1, fields);
-    Py_DECREF(fields);
-    if (args == NULL) return NULL;
-    PyObject *view = PyTuple_Type.tp_new((PyTypeObject *)loop->instance_view_type, args, NULL);
-    Py_DECREF(args);
-    return view;
-}
-
+/* A NamedTuple of `type` from a tuple of all its fields (stolen), as tuple.__new__ builds it. */
 static PyObject *new_named(PyObject *type, PyObject *fields) {
     if (fields == NULL) return NULL;
     PyObject *args = PyTuple_Pack(1, fields);
@@ -1051,6 +1034,18 @@ static PyObject *new_named(PyObject *type, PyObject *fields) {
     PyObject *object = PyTuple_Type.tp_new((PyTypeObject *)type, args, NULL);
     Py_DECREF(args);
     return object;
+}
+
+/* Replica.view */
+static PyObject *instance_view(Loop *loop, int replica_id) {
+    Replica *rep = &loop->replicas[replica_id];
+    long long running_tokens = rep->resident_remaining_tokens;
+    if (rep->run_in_flight) running_tokens -= iterations_done(&rep->batch, loop->now) * rep->batch.tokens_per_iteration;
+    return new_named(loop->instance_view_type,
+                     Py_BuildValue("(nLnLLddOOO)", (Py_ssize_t)replica_id, rep->num_resident, rep->waiting.size,
+                                   rep->waiting_tokens, running_tokens,
+                                   (double)rep->num_allocated_blocks / (double)rep->num_blocks, rep->tokens_per_s,
+                                   rep->kind, loop->zero, loop->zero));
 }
 
 /* The router's pick for request `index` among `instances` (a tuple of views, stolen). */

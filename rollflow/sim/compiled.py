@@ -2,12 +2,12 @@
 
 The compiled loop covers what most runs are: every replica one pipeline stage with the vllm or
 sarathi scheduler and its decode cohort, no prefix cache, requests routed on arrival or by late
-binding, no hook on completions, a simulator not yet advanced. It takes the same decisions as the Python loop
-(the reference) and gives bit-identical per-request times and replica totals; tests compare
-the two. Anything else, or `ROLLFLOW_PURE_PYTHON=1`, or an install without a C compiler, runs
+binding, no hook on completions, a simulator not yet advanced. It takes the same decisions as
+the Python loop (the reference) and gives bit-identical per-request times and replica totals;
+tests compare the two. Anything else, or `ROLLFLOW_PURE_PYTHON=1`, or an install without a C compiler, runs
 the Python loop.
 
-The router stays Python: the loop calls its `pick` once per arrival with the same frozen
+The router stays Python: the loop calls its `pick` once per routed request with the same frozen
 snapshot the Python loop would build.
 """
 
