@@ -1,6 +1,6 @@
 """What the rollout manager adds per request, against calling an engine directly and against sglang-router.
 
-    python benchmarks/manager_overhead.py [--requests 400] [--concurrency 32] [--backend canned|builtin]
+    python benchmarks/manager_overhead.py [--rounds 5] [--requests 400] [--concurrency 32] [--backend canned|builtin]
 
 Two backends:
 - `canned` (default): `benchmarks/canned_engine.py`, an SGLang-shaped server in its own process
@@ -11,10 +11,14 @@ Two backends:
 
 Each path (direct to one engine, through `rollflow manager`, through the `sglang-router` package,
 both routing round robin over two engines) gets the same requests: latency p50/p99 at concurrency
-1, then requests/s at `--concurrency`, and the CPU time the router process spent per request
-(read from /proc, so a busy machine slows the clocks but barely this). Prints a table, the added
-p50/p99 latency over the direct path and the ratios the goals are stated in (manager throughput
-at least sglang-router's; added p50 at most 1.5x sglang-router's).
+1, then requests/s at `--concurrency`, and the CPU time the router process and the engines spent
+per request (read from /proc, so a busy machine slows the clocks but barely this). The load
+generator, the engines and the router share this machine's cores, so requests/s falls with the
+CPU any of them spends: the engines' column shows that the routers cost them alike. `--rounds`
+repeats every path, the two routers in alternating order, because one run on a shared machine
+says little. Prints each round's table, then the ratios the goals are stated in (manager
+throughput at least sglang-router's; added p50 over the direct path at most 1.5x
+sglang-router's), per round and their medians.
 
 Then a preemption run: the manager streams long samples from two built-in engines, one is
 killed with SIGKILL, and the manager's own histogram gives the time from detecting the death
@@ -75,7 +79,9 @@ async def _one(session: aiohttp.ClientSession, url: str, prompt: list[int]) -> f
     return time.perf_counter() - started
 
 
-async def _measure(url: str, requests: int, concurrency: int, pid: int | None) -> dict:
+async def _measure(
+    url: str, requests: int, concurrency: int, pid: int | None, engine_pids: list[int]
+) -> dict:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         for _ in range(50):  # warm up connections and caches
             await _one(session, url, [1, 2, 3])
@@ -90,16 +96,19 @@ async def _measure(url: str, requests: int, concurrency: int, pid: int | None) -
                 await _one(session, url, [4, 5, i % 50])
 
         cpu_before = _cpu_seconds(pid) if pid else 0.0
+        engines_before = sum(map(_cpu_seconds, engine_pids))
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
         cpu = _cpu_seconds(pid) - cpu_before if pid else float("nan")
+        engines_cpu = sum(map(_cpu_seconds, engine_pids)) - engines_before
     latencies.sort()
     return {
         "p50_ms": 1000 * statistics.median(latencies),
         "p99_ms": 1000 * latencies[int(0.99 * (len(latencies) - 1))],
         "rps": requests * 4 / elapsed,
         "cpu_us": 1e6 * cpu / (requests * 4),
+        "engines_cpu_us": 1e6 * engines_cpu / (requests * 4),
     }
 
 
@@ -126,43 +135,82 @@ def overhead(args: argparse.Namespace, tmp: Path) -> None:
         )
         engines = [start_engine(model, tmp, name=f"engine{i}") for i in range(2)]
     urls = [e.url for e in engines]
+    engine_pids = [e.proc.pid for e in engines]
     manager = _start_manager(urls, tmp, router="round_robin")
     router = _start_sglang_router(urls, tmp) if _has_sglang_router() else None
+    routers = {"rollflow manager": manager, **({"sglang-router": router} if router else {})}
+    rounds: list[dict[str, dict]] = []
     try:
-        rows = {"direct (one engine)": asyncio.run(_measure(urls[0], args.requests, args.concurrency, None))}
-        rows["rollflow manager"] = asyncio.run(
-            _measure(manager.url, args.requests, args.concurrency, manager.proc.pid)
-        )
-        if router is not None:
-            rows["sglang-router"] = asyncio.run(
-                _measure(router.url, args.requests, args.concurrency, router.proc.pid)
-            )
+        for index in range(args.rounds):
+            # the direct path first, then the routers in turns (each goes first every other round),
+            # so a machine that grows busier during the run slows both alike
+            order = list(routers.items()) if index % 2 == 0 else list(reversed(routers.items()))
+            row = {
+                "direct (one engine)": asyncio.run(
+                    _measure(urls[0], args.requests, args.concurrency, None, engine_pids)
+                )
+            }
+            for name, process in order:
+                row[name] = asyncio.run(
+                    _measure(process.url, args.requests, args.concurrency, process.proc.pid, engine_pids)
+                )
+            rounds.append(row)
+            print(f"round {index + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     finally:
         for process in [manager, *engines, *([router] if router else [])]:
             process.stop()
-    print(f"\nbackend={args.backend} requests={args.requests} concurrency={args.concurrency} (one run)")
-    print(f"{'path':<22}{'p50 ms':>10}{'p99 ms':>10}{'req/s':>10}{'router CPU us/req':>20}")
-    for name, row in rows.items():
-        print(
-            f"{name:<22}{row['p50_ms']:>10.3f}{row['p99_ms']:>10.3f}{row['rps']:>10.0f}{row['cpu_us']:>20.0f}"
-        )
-    direct, ours = rows["direct (one engine)"], rows["rollflow manager"]
-    added = {
-        name: (row["p50_ms"] - direct["p50_ms"], row["p99_ms"] - direct["p99_ms"])
-        for name, row in rows.items()
-    }
+    _report(args, rounds)
+
+
+def _report(args: argparse.Namespace, rounds: list[dict[str, dict]]) -> None:
+    """Each round's table, then the per-round ratios the goals are stated in and their medians."""
+    print(f"\nbackend={args.backend} requests={args.requests} concurrency={args.concurrency}")
+    header = f"{'path':<22}{'p50 ms':>10}{'p99 ms':>10}{'req/s':>10}{'router CPU us/req':>20}"
+    print(header + f"{'engines CPU us/req':>20}")
+    for index, row in enumerate(rounds):
+        print(f"round {index + 1}")
+        for name, m in row.items():
+            print(
+                f"  {name:<20}{m['p50_ms']:>10.3f}{m['p99_ms']:>10.3f}{m['rps']:>10.0f}"
+                f"{m['cpu_us']:>20.0f}{m['engines_cpu_us']:>20.0f}"
+            )
+    added = [
+        {name: m["p50_ms"] - row["direct (one engine)"]["p50_ms"] for name, m in row.items()}
+        for row in rounds
+    ]
+    ours = statistics.median(a["rollflow manager"] for a in added)
+    print(f"\nmanager added latency p50, median over rounds: {ours:.3f} ms")
+    if "sglang-router" not in rounds[0]:
+        return
     print(
-        f"\nmanager added latency p50 / p99: {added['rollflow manager'][0]:.3f} / {added['rollflow manager'][1]:.3f} ms"
+        f"sglang-router added latency p50, median over rounds: {statistics.median(a['sglang-router'] for a in added):.3f} ms"
     )
-    if "sglang-router" in rows:
-        peer = rows["sglang-router"]
-        print(
-            f"sglang-router added latency p50 / p99: {added['sglang-router'][0]:.3f} / {added['sglang-router'][1]:.3f} ms"
-        )
-        ratio = added["rollflow manager"][0] / max(added["sglang-router"][0], 1e-9)
-        print(f"added p50 manager / sglang-router: {ratio:.2f}x (goal <= 1.5x)")
-        print(f"throughput manager / sglang-router: {ours['rps'] / peer['rps']:.2f}x (goal >= 1x)")
-        print(f"router CPU per request manager / sglang-router: {ours['cpu_us'] / peer['cpu_us']:.2f}x")
+    ratios = {
+        "added p50 manager / sglang-router": (
+            [a["rollflow manager"] / max(a["sglang-router"], 1e-9) for a in added],
+            "<= 1.5x",
+        ),
+        "throughput manager / sglang-router": (
+            [r["rollflow manager"]["rps"] / r["sglang-router"]["rps"] for r in rounds],
+            ">= 1x",
+        ),
+        "router CPU per request manager / sglang-router": (
+            [r["rollflow manager"]["cpu_us"] / r["sglang-router"]["cpu_us"] for r in rounds],
+            None,
+        ),
+        "engines CPU per request manager / sglang-router": (
+            [r["rollflow manager"]["engines_cpu_us"] / r["sglang-router"]["engines_cpu_us"] for r in rounds],
+            None,
+        ),
+    }
+    for label, (values, goal) in ratios.items():
+        per_round = " ".join(f"{v:.2f}" for v in values)
+        line = f"{label}: median {statistics.median(values):.2f}x (rounds: {per_round})"
+        if goal is not None:
+            bound = 1.5 if goal.startswith("<=") else 1.0
+            held = sum(v <= bound if goal.startswith("<=") else v >= bound for v in values)
+            line += f"; goal {goal}, held in {held} of {len(values)} rounds"
+        print(line)
 
 
 def _has_sglang_router() -> bool:
@@ -213,7 +261,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument(
+        "--requests", type=int, default=400, help="sequential requests for latency (4x this for throughput)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="rounds over every path, the routers in alternating order"
+    )
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--backend", choices=("canned", "builtin"), default="canned")
     parser.add_argument("--skip-preemption", action="store_true")

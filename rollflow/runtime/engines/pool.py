@@ -17,6 +17,7 @@ body in the background and rejoin the pool then (`Response.release`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import ssl as ssl_module
 from urllib.parse import urlsplit
 
@@ -192,18 +193,22 @@ class _Connection(asyncio.Protocol):
         if 100 <= status < 200:
             return  # an interim response: the real one follows
         fields = b"" if end < 0 else head[end:].lower()  # each field line starts with CRLF
-        connection = header_value(fields, b"connection")
-        http11 = status_line[5:8] == b"1.1"
-        self._keep_alive = connection != b"close" and (http11 or connection == b"keep-alive")
+        length: int | None = None
+        start = fields.find(b"\r\ncontent-length:")
+        if start >= 0:  # the one field that changes from response to response: read here
+            stop = fields.find(b"\r\n", start + 2)
+            stop = len(fields) if stop < 0 else stop
+            length = int(fields[start + 17 : stop])
+            fields = fields[:start] + fields[stop:]
+        self._keep_alive, chunked = _framing(fields, status_line[5:8] == b"1.1")
         self._head = status
-        length = header_value(fields, b"content-length")
         if status in (204, 304):
             self._state = _DONE
-        elif b"chunked" in (header_value(fields, b"transfer-encoding") or b""):
+        elif chunked:
             self._state = _CHUNK_SIZE
         elif length is not None:
-            self._remaining = int(length)
-            self._state = _LENGTH if self._remaining else _DONE
+            self._remaining = length
+            self._state = _LENGTH if length else _DONE
         else:
             self._state = _UNTIL_CLOSE
             self._keep_alive = False
@@ -297,6 +302,16 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
         self._pool.forget(self)
+
+
+@functools.lru_cache(maxsize=256)
+def _framing(fields: bytes, http11: bool) -> tuple[bool, bool]:
+    """Whether the connection stays open and whether the body is chunked, for a response head's
+    lower-cased fields but its Content-Length. An engine answers with the same few heads (but for
+    the length, and a date once a second), so each is read once rather than per response."""
+    connection = header_value(fields, b"connection")
+    keep_alive = connection != b"close" and (http11 or connection == b"keep-alive")
+    return keep_alive, b"chunked" in (header_value(fields, b"transfer-encoding") or b"")
 
 
 class ConnectionPool:

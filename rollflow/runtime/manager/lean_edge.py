@@ -54,15 +54,29 @@ def _framing(head: bytes) -> tuple[int, bool] | None:
     if line_end < 0 or head[:line_end] != _REQUEST_LINE:
         return None
     fields = head[line_end:].lower()
-    if _HEADER_LINES.fullmatch(fields) is None or _HANDED_OVER.search(fields) is not None:
-        return None  # a line aiohttp would not take as it is, or a body framed otherwise
-    if fields.count(b"\r\ncontent-length:") != 1:
+    start = fields.find(b"\r\ncontent-length:")
+    if start < 0:
         return None
-    length = header_value(fields, b"content-length")
+    end = fields.find(b"\r\n", start + 2)
+    end = len(fields) if end < 0 else end
+    length = fields[start + 17 : end].strip(b" \t")
     if not length.isdigit():
         return None
+    keep_alive = _other_fields(fields[:start] + fields[end:])
+    return None if keep_alive is None else (int(length), keep_alive)
+
+
+@functools.lru_cache(maxsize=256)
+def _other_fields(fields: bytes) -> bool | None:
+    """Whether the connection stays open, for a head whose header lines but its Content-Length
+    this path serves; None for any other. A client sends the same few heads again and again but
+    for the length, so each is checked once rather than per request."""
+    if _HEADER_LINES.fullmatch(fields) is None or _HANDED_OVER.search(fields) is not None:
+        return None  # a line aiohttp would not take as it is, or a body framed otherwise
+    if b"\r\ncontent-length:" in fields:
+        return None  # a second length
     connection = header_value(fields, b"connection")
-    return int(length), connection is None or b"close" not in connection
+    return connection is None or b"close" not in connection
 
 
 @functools.lru_cache(maxsize=64)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from collections.abc import Hashable
 from typing import Any
 
 from aiohttp import web
@@ -44,7 +43,6 @@ RIDS_KEY = web.AppKey("rids", dict)
 """rid of a running `/generate` -> its sample, for `/abort_request`."""
 TEMPLATES_MAX = 256  # body shapes the lean path remembers
 MAX_RID_CHARS = 256  # GenerateBody.rid's max_length
-_OWN_FIELDS = frozenset({"input_ids", "rid"})  # what differs from one request to the next
 _INT = frozenset({int})
 
 
@@ -253,20 +251,6 @@ def lean_request(app: web.Application, raw: bytes) -> PromptRequest | None:
         return None
 
 
-def _frozen(value: Any) -> Hashable:
-    """A parsed JSON value as a key that tells apart whatever validation tells apart: each value's
-    type is part of it, since `True == 1 == 1.0` in Python but not to pydantic, and a float is
-    keyed by its exact bits (`0.0 == -0.0`, yet each is validated to itself)."""
-    kind = type(value)
-    if kind is float:
-        return (float, value.hex())
-    if kind is dict:
-        return (dict, tuple([(key, _frozen(item)) for key, item in value.items()]))
-    if kind is list:
-        return (list, tuple([_frozen(item) for item in value]))
-    return (kind, value)
-
-
 class BodyTemplates:
     """The lean path's validated `/generate` bodies, by everything in them but the prompt and rid.
 
@@ -283,11 +267,17 @@ class BodyTemplates:
 
     def __init__(self, max_entries: int = TEMPLATES_MAX) -> None:
         self._max = max_entries
-        self._known: dict[Hashable, tuple[GenerateBody, SamplingParams]] = {}
+        self._known: dict[str, tuple[GenerateBody, SamplingParams]] = {}
 
     @staticmethod
-    def _key(data: dict[str, Any]) -> Hashable | None:
-        """The key of a body with one prompt of token ids that need no conversion; None otherwise."""
+    def _key(data: dict[str, Any]) -> str | None:
+        """The key of a body with one prompt of token ids that need no conversion; None otherwise.
+
+        The key is the `repr` of the rest of the body, one pass in C. For parsed JSON (dicts, lists,
+        strings, ints, floats, bools, None) `repr` tells apart whatever validation tells apart: each
+        value's type (`True == 1 == 1.0` in Python but not to pydantic, and their reprs differ),
+        strings quoted, key order kept, and a float by its exact value (repr round-trips, and
+        `-0.0` is not `0.0`)."""
         ids, rid = data.get("input_ids"), data.get("rid")
         if type(ids) is not list or not ids or not _INT.issuperset(map(type, ids)):
             return None
@@ -295,7 +285,10 @@ class BodyTemplates:
             return None
         if rid is not None and (type(rid) is not str or not 1 <= len(rid) <= MAX_RID_CHARS):
             return None
-        return tuple([(key, _frozen(value)) for key, value in data.items() if key not in _OWN_FIELDS])
+        rest = data.copy()
+        del rest["input_ids"]
+        rest.pop("rid", None)
+        return repr(rest)
 
     def get(self, data: dict[str, Any]) -> tuple[GenerateBody, SamplingParams] | None:
         """A body seen before that `data` equals but for its `input_ids` and `rid` (which passed the

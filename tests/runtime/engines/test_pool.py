@@ -202,3 +202,34 @@ def test_garbage_and_silence_are_errors():
 
     with pytest.raises(TimeoutError):
         run(silent())
+
+
+def test_heads_alike_but_for_their_length_are_each_framed_by_their_own():
+    """The framing of a head is remembered by its fields but its Content-Length: each response is
+    still read to its own length, and one that says `Connection: close` is not reused."""
+    bodies = [b"a", b"bcd", b"efghij"]
+
+    def answer(n: int) -> list[bytes]:
+        close = b"Connection: close\r\n" if n == 2 else b""
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + close
+        return [head + b"Content-Length: %d\r\n\r\n" % len(bodies[n]) + bodies[n]]
+
+    async def go():
+        async with raw_server(answer) as seen:
+            pool = ConnectionPool(seen["url"])
+            got = [await (await pool.request("GET", "/x")).read() for _ in range(4)]
+            pool.close()
+            return got, seen
+
+    got, seen = run(go())
+    assert got == [b"a", b"bcd", b"efghij", b"a"]
+    assert seen["connections"] == 2
+
+
+def test_a_length_that_is_no_number_is_a_protocol_error():
+    async def go():
+        async with raw_server(lambda n: [b"HTTP/1.1 200 OK\r\nContent-Length: 5x\r\n\r\nhello"]) as seen:
+            await ConnectionPool(seen["url"]).request("GET", "/x")
+
+    with pytest.raises(ProtocolError, match="bad HTTP response"):
+        run(go())

@@ -9,6 +9,7 @@ import json
 import socket
 from urllib.parse import urlsplit
 
+from rollflow.runtime.manager.lean_edge import _framing
 from tests.runtime.manager.helpers import wait_until
 from tests.runtime.processes import http
 
@@ -98,6 +99,22 @@ def test_a_body_shaped_like_one_served_before_is_still_checked_whole(processes):
             sock.sendall(_request("POST", "/generate", _generate([1, 2, 3], rid="third") | bad))
             status, _, body = _read(reader)
             assert status == 400 and field in json.loads(body)["error"]["message"]
+
+
+def test_each_head_is_framed_by_its_own_length_and_odd_ones_go_to_aiohttp():
+    """Heads are checked once per shape but their Content-Length, which is read from each."""
+    head = b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: %s\r\nContent-Type: application/json"
+    assert _framing(head % b"12") == (12, True)
+    assert _framing(head % b"345") == (345, True)
+    assert _framing(head % b" 7 ") == (7, True)
+    assert _framing(head % b"12" + b"\r\nConnection: close") == (12, False)
+    assert _framing(head % b"12" + b"\r\nContent-Length: 12") is None  # two lengths
+    assert _framing(head % b"12" + b"\r\nTransfer-Encoding: chunked") is None
+    assert _framing(head % b"12" + b"\r\nnot a header line") is None
+    for length in (b"-1", b"1\r2", b"0x10", b""):
+        assert _framing(head % length) is None
+    assert _framing(b"POST /generate HTTP/1.1\r\nHost: x") is None  # no length
+    assert _framing(b"GET /generate HTTP/1.1\r\nContent-Length: 1") is None
 
 
 def test_connection_close_is_honoured(processes):
