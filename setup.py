@@ -20,7 +20,9 @@ setup(
             depends=["rollflow/perf/_timing_api.h"],
             optional=True,
         ),
-        Extension("rollflow.sim._trace", ["rollflow/sim/_trace.c"], extra_compile_args=["-O2"], optional=True),
+        Extension(
+            "rollflow.sim._trace", ["rollflow/sim/_trace.c"], extra_compile_args=["-O2"], optional=True
+        ),
         Extension(
             "rollflow.sim._loop",
             ["rollflow/sim/_loop.c"],
