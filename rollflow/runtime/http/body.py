@@ -22,6 +22,7 @@ from rollflow.runtime.http.serve import close_stalled, read_timeout
 T = TypeVar("T")
 THREAD_PARSE_BYTES = 1 << 20
 _SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")
+_DECODER = json.JSONDecoder()
 
 
 class BodyError(ValueError):
@@ -95,7 +96,7 @@ def parse_json_object(raw: bytes, allow_empty: bool = True) -> dict[str, Any]:
             f"the body is not UTF-8 (byte {exc.start}: {raw[exc.start : exc.start + 4]!r})"
         ) from None
     try:
-        data = json.loads(text)
+        data = _loads(text)
     except json.JSONDecodeError as exc:
         raise BodyError(f"malformed JSON: {exc}") from None
     except RecursionError:  # the C parser stops at the interpreter's recursion limit, no deeper
@@ -108,6 +109,20 @@ def parse_json_object(raw: bytes, allow_empty: bool = True) -> dict[str, Any]:
             raise BodyError(
                 f"{where} holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), which is no character"
             )
+    return data
+
+
+def _loads(text: str) -> Any:
+    """`json.loads(text)`, with the C scanner called at once for a document that starts at the first
+    character and ends at the last (what clients send) rather than through json's Python layers
+    and their whitespace regexes; anything else goes through json.loads, which reads it or raises
+    in its own words."""
+    try:
+        data, end = _DECODER.raw_decode(text)
+    except json.JSONDecodeError:
+        return json.loads(text)
+    if end != len(text) and text[end:].strip(" \t\n\r"):
+        return json.loads(text)
     return data
 
 

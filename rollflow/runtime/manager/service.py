@@ -171,6 +171,9 @@ class RolloutManager:
         self.journal: Journal | None = None  # with `journal:` set, from start() on
         self._restarts = 0  # managers that ran on this journal before this one (a part of each rid)
         self._seq = itertools.count()
+        # a single request's sample id: this process's random half and its arrival number (unique
+        # across restarts and managers sharing an engine, with no random bytes drawn per request)
+        self._id_prefix = os.urandom(8).hex()
         self._wake = asyncio.Event()
         self._background: set[asyncio.Task] = set()
         self._session: aiohttp.ClientSession | None = None
@@ -553,9 +556,10 @@ class RolloutManager:
         """One request a caller waits on; a session's turn names its session (routed by
         `session_router`) and the weight version the session holds to. `watcher` is told of each
         update (default: an asyncio.Event, which `wait_for_update` waits on)."""
+        seq = next(self._seq)
         sample = Sample(
-            seq=next(self._seq),
-            sample_id=sample_id or os.urandom(16).hex(),
+            seq=seq,
+            sample_id=sample_id or f"{self._id_prefix}{seq:016x}",
             prompt_ids=list(prompt_ids),
             sampling=sampling,
             allow_off_policy=allow_off_policy,
