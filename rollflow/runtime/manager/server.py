@@ -12,7 +12,8 @@ POST   /batches/{id}/flush        whatever groups are done, now
 GET    /batches/{id}/samples      NDJSON stream of samples, ?order=completion|submission; ?after=N
                                   (or Last-Event-ID: N) starts after the N lines seen already
 DELETE /batches/{id}              stop and forget a batch; its waiting /next (410) and sample
-                                  streams (a last {"error": ...} line) end with a message
+                                  streams (a last {"error": ...} line) end with a message; a
+                                  /next or stream asked for after it gets the 410
 POST   /step_report               trainer's step time and bubble -> next local budget
 GET    /step_report               number of steps reported and the last report (the autoscaler reads it)
 POST   /workers/{id}/update_weights  load weights from model_path or pull them from weights_url;
@@ -104,6 +105,17 @@ def _batch(request: web.Request):
     return manager, batch
 
 
+def _consumed_batch(request: web.Request):
+    """The batch a consumer waits on (`/next`, its sample stream): 410 with the deletion's message
+    for a batch deleted a moment before, as a consumer already waiting is answered, so a DELETE
+    that races the trainer's own next call reads the same; 404 for an id never known."""
+    manager = request.app[MANAGER_KEY]
+    deleted = manager.deleted_batches.get(request.match_info["batch_id"])
+    if deleted is not None:
+        raise http_error(web.HTTPGone, deleted)
+    return _batch(request)
+
+
 async def submit_batch(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
     body = await parse_body(request, BatchBody)
@@ -135,7 +147,7 @@ def _micro_batch_payload(manager: RolloutManager, batch, groups) -> dict:
 
 
 async def next_micro_batch(request: web.Request) -> web.Response:
-    manager, batch = _batch(request)
+    manager, batch = _consumed_batch(request)
     body = await parse_body(request, NextMicroBatchBody)
     if body.received is not None:
         try:
@@ -171,7 +183,7 @@ async def flush_batch(request: web.Request) -> web.Response:
 
 
 async def stream_samples(request: web.Request) -> web.StreamResponse:
-    _, batch = _batch(request)
+    _, batch = _consumed_batch(request)
     manager = request.app[MANAGER_KEY]
     order = request.query.get("order", "completion")
     if order not in ("completion", "submission"):

@@ -27,7 +27,7 @@ import itertools
 import logging
 import os
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
@@ -64,6 +64,9 @@ LOOP_BEAT_S = 0.25
 LOOP_BLOCKED_S = 1.0
 """A beat this much later than due means the loop was blocked, not an engine silent."""
 ENGINE_ERRORS = (EngineError, aiohttp.ClientError, OSError, ValueError)
+
+
+DELETED_BATCHES_KEPT = 1024  # deleted batch ids remembered, each with the message of its deletion
 
 
 def normalise_url(url: str) -> str:
@@ -166,6 +169,9 @@ class RolloutManager:
         self.last_step_report: dict | None = None  # what the trainer reported last
         self.balancer = OffloadBalancer(config.offload.settings()) if config.offload.enabled else None
         self.batches: dict[str, Batch] = {}
+        # why each of the latest deleted batches went: a /next or stream that reaches the manager
+        # just after its batch's DELETE (a race of two of the trainer's own calls) is told so
+        self.deleted_batches: OrderedDict[str, str] = OrderedDict()
         self._queue: deque[Sample] = deque()
         self._runs: dict[str, SampleRun] = {}  # sample id -> live state, while the manager tracks it
         self.journal: Journal | None = None  # with `journal:` set, from start() on
@@ -584,6 +590,7 @@ class RolloutManager:
         """A batch of `n` samples per prompt; `batch_id` (the client's, so that a retried submission
         finds its batch) must be new."""
         batch_id = batch_id or uuid.uuid4().hex[:12]
+        self.deleted_batches.pop(batch_id, None)  # an id used again names the new batch
         groups = [
             [
                 Sample(
@@ -625,6 +632,9 @@ class RolloutManager:
             batch.deleted = deleted
             batch.packer.cancel(deleted)
             batch.notify()
+            self.deleted_batches[batch_id] = deleted
+            if len(self.deleted_batches) > DELETED_BATCHES_KEPT:
+                self.deleted_batches.popitem(last=False)
         for sample in batch.samples:
             if sample.state < SampleState.FINISHED:
                 self._move(sample.sample_id, "cancelled")

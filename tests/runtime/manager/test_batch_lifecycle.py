@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import urllib.error
 import urllib.request
 
 import pytest
@@ -42,9 +43,14 @@ def _in_thread(target) -> tuple[threading.Thread, dict]:
 
 
 def _stream_lines(manager, batch_id: str, order: str = "completion") -> list[dict]:
+    """The stream's lines; a stream refused at its start (410) as its one error line."""
     url = f"{manager.url}/batches/{batch_id}/samples?order={order}"
-    with urllib.request.urlopen(url, timeout=120) as response:
-        return [json.loads(line) for line in response if line.strip()]
+    try:
+        with urllib.request.urlopen(url, timeout=120) as response:
+            return [json.loads(line) for line in response if line.strip()]
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 410, exc
+        return [json.loads(exc.read())]
 
 
 def test_deleting_a_batch_ends_its_streams_and_waiting_next_with_a_message(manager):
@@ -71,6 +77,31 @@ def test_deleting_a_batch_ends_its_streams_and_waiting_next_with_a_message(manag
     assert status == 410 and "was deleted" in answer["error"]["message"], answer
     assert http("GET", f"{manager.url}/batches/{batch_id}")[0] == 404
     assert next(iter(workers(manager).values()))["running"] == 0
+
+
+def test_a_consumer_that_comes_after_the_delete_is_told_the_batch_was_deleted(manager):
+    """A DELETE may reach the manager before the trainer's own /next or stream of the batch: they
+    are answered as a waiting one is (410, with the message), not as an unknown batch; its status
+    is gone (404), and the id submitted again names the new batch."""
+    batch_id = _submit(manager, prompts=1, max_new_tokens=2)
+    assert http("DELETE", f"{manager.url}/batches/{batch_id}")[0] == 200
+    message = f"batch {batch_id} was deleted (DELETE /batches/{batch_id})"
+    assert http("POST", f"{manager.url}/batches/{batch_id}/next", {"min_groups": 1}) == (
+        410,
+        {"error": {"message": message}},
+    )
+    assert _stream_lines(manager, batch_id) == [{"error": {"message": message}}]
+    assert http("GET", f"{manager.url}/batches/{batch_id}")[0] == 404
+    assert http("POST", f"{manager.url}/batches/never-made/next", {"min_groups": 1})[0] == 404
+
+    body = {
+        "prompts": [[9, 8]],
+        "sampling_params": {"max_new_tokens": 2, "temperature": 0},
+        "batch_id": batch_id,
+    }
+    assert http("POST", manager.url + "/batches", body)[0] == 201
+    status, answer = http("POST", f"{manager.url}/batches/{batch_id}/next", {"min_groups": 1})
+    assert status == 200 and answer["exhausted"] and len(answer["groups"]) == 1
 
 
 def test_concurrent_streams_of_a_batch_each_get_every_sample(manager):
