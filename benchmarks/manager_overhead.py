@@ -1,6 +1,7 @@
 """What the rollout manager adds per request, against calling an engine directly and against sglang-router.
 
     python benchmarks/manager_overhead.py [--rounds 5] [--requests 400] [--concurrency 32] [--backend canned|builtin]
+    python benchmarks/manager_overhead.py --instructions 1000   # under valgrind: a count load cannot blur
 
 Two backends:
 - `canned` (default): `benchmarks/canned_engine.py`, an SGLang-shaped server in its own process
@@ -20,6 +21,9 @@ says little. Prints each round's table, then the ratios the goals are stated in 
 throughput at least sglang-router's; added p50 over the direct path at most 1.5x
 sglang-router's), per round and their medians.
 
+`--instructions N` counts instead: each router's user-space instructions per request under
+valgrind's callgrind, over N requests at `--concurrency` (see `instructions`).
+
 Then a preemption run: the manager streams long samples from two built-in engines, one is
 killed with SIGKILL, and the manager's own histogram gives the time from detecting the death
 to each moved sample's first token elsewhere; the regenerated-token counter must stay 0.
@@ -30,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -55,12 +60,16 @@ def _start_canned_engine(log_dir: Path, name: str) -> Process:
     return Process(argv, port, log_dir / f"{name}.log")
 
 
-def _start_sglang_router(worker_urls: list[str], log_dir: Path) -> Process:
-    port = free_port()
+def _sglang_router_argv(worker_urls: list[str], port: int) -> list[str]:
     argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port)]
     argv += ["--policy", "round_robin", "--worker-urls", *worker_urls, "--disable-health-check"]
-    argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", "warn"]
-    return Process(argv, port, log_dir / "sglang-router.log", ready_path="/health")
+    argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+    return [*argv, "--log-level", "warn"]
+
+
+def _start_sglang_router(worker_urls: list[str], log_dir: Path) -> Process:
+    port = free_port()
+    return Process(_sglang_router_argv(worker_urls, port), port, log_dir / "sglang-router.log")
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -112,17 +121,19 @@ async def _measure(
     }
 
 
-def _start_manager(engine_urls: list[str], tmp: Path, **config) -> Process:
+def _manager_argv(engine_urls: list[str], tmp: Path, port: int, **config) -> list[str]:
     import yaml
 
-    port = free_port()
     path = tmp / "manager.yaml"
     path.write_text(
         yaml.safe_dump({"engines": [{"url": u, "capacity": 1024} for u in engine_urls], **config})
     )
-    return Process(
-        rollflow("manager", "serve", "--config", str(path), "--port", str(port)), port, tmp / "manager.log"
-    )
+    return rollflow("manager", "serve", "--config", str(path), "--port", str(port))
+
+
+def _start_manager(engine_urls: list[str], tmp: Path, **config) -> Process:
+    port = free_port()
+    return Process(_manager_argv(engine_urls, tmp, port, **config), port, tmp / "manager.log")
 
 
 def overhead(args: argparse.Namespace, tmp: Path) -> None:
@@ -213,6 +224,65 @@ def _report(args: argparse.Namespace, rounds: list[dict[str, dict]]) -> None:
         print(line)
 
 
+async def _drive(url: str, requests: int, concurrency: int) -> None:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        queue = list(range(requests))
+
+        async def worker() -> None:
+            while queue:
+                await _one(session, url, [4, 5, queue.pop() % 50])
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+def instructions(args: argparse.Namespace, tmp: Path) -> None:
+    """User-space instructions per request of each router under valgrind's callgrind, counted over
+    `--instructions` requests at `--concurrency` after a warm-up: a count the machine's load cannot
+    blur, where wall clock and even CPU time on a shared machine can (it leaves out the kernel's
+    work and what threads spend handing work to one another). The manager's health and load polls
+    are slowed for this count only; sglang-router runs without its health checks, as above."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        sys.exit("--instructions needs valgrind and callgrind_control (apt install valgrind)")
+    engines = [_start_canned_engine(tmp, f"canned{i}") for i in range(2)]
+    urls = [e.url for e in engines]
+    polls_off = {"router": "round_robin", "health_interval_s": 3600, "load_poll_interval_s": 3600}
+    routers = {"rollflow manager": lambda port: _manager_argv(urls, tmp, port, **polls_off)}
+    if _has_sglang_router():
+        routers["sglang-router"] = lambda port: _sglang_router_argv(urls, port)
+    counts = {}
+    try:
+        for name, argv_at in routers.items():
+            out = tmp / f"callgrind-{name.split()[-1]}.out"
+            port = free_port()
+            argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
+            router = Process([*argv, *argv_at(port)], port, tmp / f"valgrind-{out.stem}.log")
+            try:
+                asyncio.run(_drive(router.url, 300, args.concurrency))  # warm up, uncounted
+                pid = str(router.proc.pid)
+                subprocess.run(["callgrind_control", "-i", "on", pid], check=True, capture_output=True)
+                asyncio.run(_drive(router.url, args.instructions, args.concurrency))
+                subprocess.run(["callgrind_control", "-i", "off", pid], check=True, capture_output=True)
+                subprocess.run(["callgrind_control", "-d", pid], check=True, capture_output=True)
+            finally:
+                router.stop()
+            counts[name] = max(map(_callgrind_total, tmp.glob(out.name + "*"))) / args.instructions
+            print(f"{name}: {counts[name] / 1000:.1f}k instructions per request", flush=True)
+    finally:
+        for engine in engines:
+            engine.stop()
+    if len(counts) == 2:
+        ratio = counts["rollflow manager"] / counts["sglang-router"]
+        print(f"instructions per request manager / sglang-router: {ratio:.2f}x")
+
+
+def _callgrind_total(path: Path) -> int:
+    """The instructions a callgrind output file counted (0 for one that counted none)."""
+    lines = path.read_text(errors="replace").splitlines()
+    return max(
+        (int(line.split()[1]) for line in lines if line.startswith(("summary:", "totals:"))), default=0
+    )
+
+
 def _has_sglang_router() -> bool:
     try:
         import sglang_router  # noqa: F401
@@ -270,8 +340,18 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--backend", choices=("canned", "builtin"), default="canned")
     parser.add_argument("--skip-preemption", action="store_true")
+    parser.add_argument(
+        "--instructions",
+        type=int,
+        metavar="N",
+        help="instead of timing: count each router's instructions per request over N requests "
+        "under valgrind's callgrind (canned engines; needs valgrind)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
+        if args.instructions:
+            instructions(args, Path(tmp))
+            return
         overhead(args, Path(tmp))
         if not args.skip_preemption:
             preemption(args, Path(tmp))
