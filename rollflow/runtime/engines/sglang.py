@@ -242,7 +242,7 @@ def parse_sglang_event(payload: dict[str, Any], num_seen: int, text_seen: str = 
     try:  # map and itemgetter: the loops run in C, with no Python step per token
         logprobs = list(map(float, map(itemgetter(0), new_entries)))
         token_ids = list(map(int, map(itemgetter(1), new_entries)))
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, LookupError):  # LookupError: an entry that is a dict, or too short
         raise EngineResponseError(f"malformed output_token_logprobs: {str(new_entries)[:200]}") from None
     output_ids = payload.get("output_ids")
     if isinstance(output_ids, list) and num_new and output_ids[len(output_ids) - num_new :] != token_ids:

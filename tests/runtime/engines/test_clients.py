@@ -166,6 +166,15 @@ def test_sglang_string_weight_versions_that_are_not_numbers_read_as_none():
     assert parse_sglang_event(payload, 0).weight_version is None
 
 
+@pytest.mark.parametrize("entry", [{"logprob": -0.5, "id": 5}, [-0.5], 7, ["x", 5]])
+def test_sglang_malformed_logprob_entries_are_a_response_error(entry):
+    """Whatever shape an engine sends in place of [logprob, id, text], the manager is told its answer
+    is malformed (it retires the engine) rather than meeting a bare KeyError or TypeError."""
+    payload = {"output_ids": [5], "meta_info": {"completion_tokens": 1, "output_token_logprobs": [entry]}}
+    with pytest.raises(EngineResponseError, match="malformed output_token_logprobs"):
+        parse_sglang_event(payload, 0)
+
+
 def test_unknown_engine_kind_names_the_choices():
     with pytest.raises(
         UserError, match=r"unknown engine kind 'tgi'; choose one of \['builtin', 'sglang', 'vllm'\]"
