@@ -14,7 +14,6 @@ with `--enable-sleep-mode`); without it those calls raise NotSupportedError sayi
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -89,7 +88,7 @@ class VLLMClient(HttpEngine):
                 try:
                     async for payload in iter_sse_json(resp):
                         if finished:  # the usage event follows the finishing choice
-                            final = replace(final, cached_tokens=parse_vllm_cached_tokens(payload))
+                            final = final._replace(cached_tokens=parse_vllm_cached_tokens(payload))
                             break
                         chunk = parse_vllm_event(payload, text)
                         if chunk is None:

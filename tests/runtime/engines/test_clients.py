@@ -161,6 +161,27 @@ def test_vllm_events_without_matching_token_ids_and_logprobs_are_refused():
         parse_vllm_event({"object": "error"})
 
 
+def test_a_vllm_stream_ends_with_its_finishing_chunk_and_the_cached_tokens_of_its_usage_event():
+    def choice(token_ids: list[int], finish: str | None) -> bytes:
+        logprobs = {"token_logprobs": [-0.5] * len(token_ids)}
+        payload = {
+            "choices": [{"token_ids": token_ids, "logprobs": logprobs, "finish_reason": finish, "text": "x"}]
+        }
+        return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+    usage = {"choices": [], "usage": {"prompt_tokens": 2, "prompt_tokens_details": {"cached_tokens": 16}}}
+    stream = sse(choice([5], None), choice([6], "length"), b"data: " + json.dumps(usage).encode() + b"\n\n")
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if request.path == "/v1/models":
+            return web.json_response({"data": [{"id": "tiny"}]})
+        return await stream(request)
+
+    chunks = run(_generate("vllm", handler))
+    assert [t for c in chunks for t in c.token_ids] == [5, 6]
+    assert chunks[-1].finish_reason == "length" and chunks[-1].cached_tokens == 16
+
+
 def test_sglang_string_weight_versions_that_are_not_numbers_read_as_none():
     payload = json.loads(event([5], [-0.5], 1, version="default")[6:])
     assert parse_sglang_event(payload, 0).weight_version is None
