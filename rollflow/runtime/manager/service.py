@@ -860,6 +860,10 @@ class RolloutManager:
                 raise  # the manager is shutting down
             asyncio.current_task().uncancel()
             self._spawn(self._abort_quietly(engine, rid))
+        except Exception as exc:  # a fault of the manager's own code: the sample must end, not hang
+            log.exception("attempt %s on engine %d failed unexpectedly", rid, engine.engine_id)
+            sample.error = f"internal error reading engine {engine.engine_id}'s answer: {exc!r}"
+            outcome = "request_failed"  # tried elsewhere, then failed with this error
         finally:
             engine.ended(sample.sample_id)
             run.task = None

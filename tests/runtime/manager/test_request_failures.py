@@ -1,13 +1,19 @@
 """A request that fails on every engine fails alone: the sample is failed with the engine's error,
-every engine stays in the pool, and the next request is served."""
+every engine stays in the pool, and the next request is served; a fault of the manager's own code
+while it reads an engine fails the sample rather than leaving it hanging."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 from aiohttp import web
 
+from rollflow.runtime.engines.base import SamplingParams
+from rollflow.runtime.manager.config import ManagerConfig
+from rollflow.runtime.manager.samples import SampleState
+from rollflow.runtime.manager.service import RolloutManager
 from tests.runtime.manager.helpers import EngineProxy, metric, workers
 from tests.runtime.processes import http
 
@@ -106,3 +112,54 @@ def test_values_no_engine_can_honour_are_a_400_before_routing(cluster, raw, name
     assert named in body["error"]["message"]
     assert sum(p.poisoned for p in proxies) == before
     _assert_served_and_healthy(manager)
+
+
+def test_an_unexpected_error_in_an_attempt_ends_the_sample_instead_of_hanging():
+    """A fault in the manager's own code while it reads an engine (here the client raises a
+    TypeError) fails the sample with that error after `request_failures_to_fail` engines tried it:
+    its caller gets an answer instead of waiting forever on a sample nothing will end."""
+
+    class BrokenClient:
+        url = "http://127.0.0.1:9"
+        calls = 0
+
+        def generate(self, rid, input_ids, sampling):
+            BrokenClient.calls += 1
+            raise TypeError("a bug in the client")
+
+        async def health(self) -> bool:
+            return True
+
+        async def load(self):
+            return None
+
+        async def abort(self, rid) -> None:
+            pass
+
+        async def close(self) -> None:
+            pass
+
+    async def go():
+        manager = RolloutManager(ManagerConfig(engines=[], request_failures_to_fail=2))
+        await manager.start()
+        try:
+            for index in range(2):
+                manager.registry.add(
+                    url=f"http://127.0.0.1:{9 + index}",
+                    kind="local",
+                    engine_type="sglang",
+                    capacity=4,
+                    client=BrokenClient(),
+                    weight_version=0,
+                )
+            sample = manager.submit_sample([1, 2, 3], SamplingParams(max_new_tokens=4))
+            async with asyncio.timeout(30):
+                while sample.state < SampleState.FINISHED:
+                    await manager.wait_for_update(sample)
+            return sample
+        finally:
+            await manager.close()
+
+    sample = asyncio.run(go())
+    assert sample.state == SampleState.FAILED and "a bug in the client" in sample.error
+    assert BrokenClient.calls == 2
