@@ -21,7 +21,7 @@ import functools
 import ssl as ssl_module
 from urllib.parse import urlsplit
 
-from rollflow.runtime.http.head import header_value
+from rollflow.runtime.http.head import header_value, split_content_length
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_IDLE = 256  # idle connections kept per engine; more are closed
@@ -193,14 +193,9 @@ class _Connection(asyncio.Protocol):
         if 100 <= status < 200:
             return  # an interim response: the real one follows
         fields = b"" if end < 0 else head[end:].lower()  # each field line starts with CRLF
-        length: int | None = None
-        start = fields.find(b"\r\ncontent-length:")
-        if start >= 0:  # the one field that changes from response to response: read here
-            stop = fields.find(b"\r\n", start + 2)
-            stop = len(fields) if stop < 0 else stop
-            length = int(fields[start + 17 : stop])
-            fields = fields[:start] + fields[stop:]
-        self._keep_alive, chunked = _framing(fields, status_line[5:8] == b"1.1")
+        raw_length, others = split_content_length(fields)
+        length = None if raw_length is None else int(raw_length)
+        self._keep_alive, chunked = _framing(others, status_line[5:8] == b"1.1")
         self._head = status
         if status in (204, 304):
             self._state = _DONE

@@ -32,7 +32,7 @@ import re
 from aiohttp import web
 
 from rollflow.runtime.http.errors import error_body
-from rollflow.runtime.http.head import header_value
+from rollflow.runtime.http.head import header_value, split_content_length
 from rollflow.runtime.http.serve import GuardedRunner
 from rollflow.runtime.manager import sglang_api
 from rollflow.runtime.manager.edge import MANAGER_KEY, body_limit_of
@@ -53,16 +53,11 @@ def _framing(head: bytes) -> tuple[int, bool] | None:
     line_end = head.find(b"\r\n")
     if line_end < 0 or head[:line_end] != _REQUEST_LINE:
         return None
-    fields = head[line_end:].lower()
-    start = fields.find(b"\r\ncontent-length:")
-    if start < 0:
+    raw_length, others = split_content_length(head[line_end:].lower())
+    length = (raw_length or b"").strip(b" \t")
+    if not length.isdigit():  # none, or not a plain number
         return None
-    end = fields.find(b"\r\n", start + 2)
-    end = len(fields) if end < 0 else end
-    length = fields[start + 17 : end].strip(b" \t")
-    if not length.isdigit():
-        return None
-    keep_alive = _other_fields(fields[:start] + fields[end:])
+    keep_alive = _other_fields(others)
     return None if keep_alive is None else (int(length), keep_alive)
 
 
