@@ -18,9 +18,10 @@ from rollflow.policy.view import ClusterView, InstanceView, RouteRequest
 
 class Router(Protocol):
     name: str
-    # Optional `reads_load = False`: `pick` reads only the instances' ids and order, so the
-    # simulator and the manager hand it `view.id_only_view`s, loads at zero (a view per instance
-    # per routed request is most of routing's cost). Routers without the attribute get full views.
+    # Optional `reads_load = False`: `pick` reads only the instances' ids and order (no load, and
+    # not the request's prefix key), so the simulator and the manager hand it `view.id_only_view`s,
+    # loads at zero (a view per instance per routed request is most of routing's cost), and the
+    # manager leaves the key at 0 rather than hash the prompt. Routers without it get full views.
 
     def pick(self, request: RouteRequest, view: ClusterView) -> int:
         """Return the `instance_id` that should serve `request`."""

@@ -53,7 +53,7 @@ from rollflow.runtime.manager.packing import GroupPacker
 from rollflow.runtime.manager.registry import EngineRecord, Registry
 from rollflow.runtime.manager.request_log import RequestLog
 from rollflow.runtime.manager.samples import Sample, SampleRun, SampleState, Watcher
-from rollflow.runtime.manager.stall import StallWatch
+from rollflow.runtime.manager.stall import StallSweep
 from rollflow.runtime.manager.stops import SpanningStop
 from rollflow.runtime.manager.view import refresh_load, route_inputs
 
@@ -183,6 +183,7 @@ class RolloutManager:
         self._wake = asyncio.Event()
         self._background: set[asyncio.Task] = set()
         self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set by start()
         self._last_tick = 0.0  # last beat of the loop watch
         self._loop_blocked_at = float("-inf")  # when the manager's own loop was last seen blocked
         self.request_log = RequestLog(config.request_log) if config.request_log else None
@@ -196,12 +197,19 @@ class RolloutManager:
         connector = aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s)
         self._session = aiohttp.ClientSession(connector=connector, timeout=timeout)
-        self._last_tick = asyncio.get_running_loop().time()
+        # kept: Python 3.11's get_running_loop() makes a getpid() system call per call
+        self._loop = asyncio.get_running_loop()
+        self._last_tick = self._loop.time()
         snapshot = await recovery.restore(self) if self.config.journal else None
         self._spawn(self._dispatch_loop())
         self._spawn(self._health_loop())
         self._spawn(self._load_loop())
         self._spawn(self._loop_watch())
+        # one sweep notices every silent stream: the manager, not the engine, may have been silent
+        sweep = StallSweep(
+            self.config.stall_timeout_s, self._streaming_runs, self._stalled, self._manager_stalled
+        )
+        self._spawn(sweep.run())
         try:
             for entry in self.config.engines:
                 await self._add_configured_engine(entry)
@@ -523,6 +531,15 @@ class RolloutManager:
                 )
             self._last_tick = now
 
+    def _streaming_runs(self) -> list[SampleRun]:
+        return [run for run in self._runs.values() if run.task is not None]
+
+    def _stalled(self, run: SampleRun) -> None:
+        """An attempt's engine sent nothing for a whole stall window: it is hung (its samples move)."""
+        engine = self.registry.get(run.sample.engine_id)
+        if engine is not None:
+            self._retire(engine, "failed", reason="hung")
+
     def _manager_stalled(self) -> bool:
         """True when the manager's loop was blocked within the last stall window (or is just now)."""
         now = asyncio.get_running_loop().time()
@@ -745,7 +762,7 @@ class RolloutManager:
         routable = self.registry.routable() if self._queue else None
         if not routable:
             return
-        now = asyncio.get_running_loop().time()
+        now = self._loop.time()
         blocked: deque[Sample] = deque()
         while self._queue:
             sample = self._queue.popleft()
@@ -817,7 +834,7 @@ class RolloutManager:
         if self.journal is not None:
             self.journal.attempt_started(sample, self._rid(sample), engine.url)
         run = self._runs[sample.sample_id]
-        run.task = asyncio.get_running_loop().create_task(self._run_attempt(run, engine))
+        run.task = self._loop.create_task(self._run_attempt(run, engine))
 
     def _move(self, sample_id: str, reason: str) -> None:
         """End a running attempt early; `_run_attempt` puts the sample back in the queue."""
@@ -908,12 +925,7 @@ class RolloutManager:
         spanning = (
             SpanningStop(sample.engine_text, params.stop) if sample.output_ids and params.stop else None
         )
-        # one timer notices a silent engine; the read itself is never raced against a timeout
-        watch = StallWatch(
-            self.config.stall_timeout_s,
-            lambda: self._retire(engine, "failed", reason="hung"),  # moves this sample too
-            self._manager_stalled,  # the manager, not the engine, was silent: another window
-        )
+        run.heard_at = self._loop.time()  # the stall sweep's clock starts now
         try:
             while True:
                 try:
@@ -932,7 +944,7 @@ class RolloutManager:
                     log.warning("engine %d failed on %s: %s", engine.engine_id, rid, exc)
                     self._retire(engine, "failed", reason="stream_error")
                     return "engine_failed"
-                watch.progressed()
+                run.heard_at = self._loop.time()
                 if chunk.weight_version is not None:
                     engine.weight_version = chunk.weight_version
                 if chunk.text is not None:
@@ -949,7 +961,7 @@ class RolloutManager:
                     engine.progressed(sample.sample_id, sample.remaining_tokens)
                     engine.tokens_generated += len(tokens)
                     engine.window_tokens += len(tokens)
-                    self.metrics.generated_tokens_of(engine.engine_id).inc(len(tokens))
+                    self.metrics.generated_tokens[engine.engine_id] += len(tokens)
                     self._notify(sample)
                 ended = chunk.finish_reason != "abort" and (
                     chunk.finish_reason is not None or sample.remaining_tokens <= 0
@@ -990,7 +1002,6 @@ class RolloutManager:
                 if journal_full:
                     await self.journal.room()
         finally:
-            watch.cancel()
             await stream.aclose()
 
     async def _abort_quietly(self, engine: EngineRecord, rid: str) -> None:
@@ -1054,7 +1065,7 @@ class RolloutManager:
         run = self._runs.get(sample.sample_id)
         if run is not None and run.watcher is None:
             del self._runs[sample.sample_id]  # a batch's sample: its batch holds it from here on
-        self.metrics.finished_of(sample.state).inc()
+        self.metrics.finished_samples[sample.state] += 1
         if self.request_log is not None:
             self.request_log.record(sample)
         batch = self.batches.get(sample.batch_id)

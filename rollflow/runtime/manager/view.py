@@ -69,16 +69,21 @@ def route_inputs(
     session, or its whole prompt) and the view of the eligible engines, each with the prompt tokens it
     probably caches (from the manager's record of what it sent where) when the router reads them.
     A router that declares `reads_load = False` (round robin, random: ids and order only) gets views
-    of ids and kinds with the loads left at zero, as the simulator gives it, and no engine's load is
-    computed; any other gets every engine's view as it is now. Either way the view is frozen."""
+    of ids and kinds with the loads left at zero, as the simulator gives it, and a request without
+    its prefix key, which it does not read either: no engine's load is computed and no prompt
+    hashed. Any other gets every engine's view as it is now. Either way the view is frozen."""
+    if not reads_load:
+        request = RouteRequest(
+            sample.seq, len(sample.prompt_ids) + len(sample.output_ids), sample.remaining_tokens
+        )
+        instances = tuple([id_only_view(e.engine_id, e.kind) for e in engines])
+        return request, ClusterView(now, instances)
     group = sample.batch_id if sample.session_id is None else f"session/{sample.session_id}"
     key = prefix_key(group, sample.group_index, sample.prompt_ids)
     request = RouteRequest(
         sample.seq, len(sample.prompt_ids) + len(sample.output_ids), sample.remaining_tokens, key
     )
-    if not reads_load:
-        instances = tuple([id_only_view(e.engine_id, e.kind) for e in engines])
-    elif reads_cache:
+    if reads_cache:
         hashes = block_hashes(sample.prompt_ids, BLOCK_TOKENS)
         instances = tuple([instance_view(e, e.prefixes.cached_tokens(hashes)) for e in engines])
     else:

@@ -1,52 +1,56 @@
-"""The one timer per streaming attempt that notices an engine gone silent.
+"""The one sweep that notices silent streams: which streams it hands on, when, and its excuse.
 
-Only lower bounds on time are asserted (a timer never fires early); the windows are long next to
-the steps between chunks, so a loaded machine does not make a quiet stream look silent."""
+`check` is driven with explicit clock readings; one test runs the sweep on a real loop, where only
+lower bounds on time are asserted (a sweep never hands a stream on early)."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
-from rollflow.runtime.manager.stall import StallWatch
-
-
-async def _until(condition, timeout_s: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not condition() and loop.time() < deadline:
-        await asyncio.sleep(0.01)
+from rollflow.runtime.manager.stall import StallSweep
 
 
-def test_the_watch_fires_once_after_a_whole_window_of_silence():
+@dataclass(eq=False)
+class Stream:
+    heard_at: float
+
+
+def test_only_streams_silent_for_a_whole_window_are_handed_on():
+    quiet, silent, just_silent = Stream(9.5), Stream(8.0), Stream(9.0)
+    stalled = []
+    sweep = StallSweep(1.0, lambda: [quiet, silent, just_silent], stalled.append)
+    sweep.check(now=10.0)
+    assert stalled == [silent, just_silent]
+    assert sweep.period_s == 0.25  # four checks a window: noticed at most a quarter window late
+
+
+def test_an_excused_silence_gets_another_window_from_the_excuse_on():
+    stream = Stream(0.0)
+    stalled, excuses = [], [True]  # the first window was the manager's own silence
+    sweep = StallSweep(1.0, lambda: [stream], stalled.append, lambda: excuses.pop() if excuses else False)
+    sweep.check(now=1.5)
+    assert stalled == [] and stream.heard_at == 1.5 and excuses == []
+    sweep.check(now=2.4)
+    assert stalled == []
+    sweep.check(now=2.5)
+    assert stalled == [stream]
+
+
+def test_the_running_sweep_hands_on_a_silent_stream_after_its_window_and_spares_a_chatty_one():
     async def main():
         loop = asyncio.get_running_loop()
-        fired = []
-        watch = StallWatch(1.0, lambda: fired.append(loop.time()))
-        for _ in range(10):  # a chunk every 50 ms keeps it quiet
-            await asyncio.sleep(0.05)
-            watch.progressed()
-        quiet, last = list(fired), loop.time()
-        await _until(lambda: fired)
-        await asyncio.sleep(0.1)
-        return quiet, [t - last for t in fired]
+        chatty, silent = Stream(loop.time()), Stream(loop.time())
+        stalled: list[tuple[Stream, float]] = []
+        sweep = StallSweep(0.4, lambda: [chatty, silent], lambda s: stalled.append((s, loop.time())))
+        task = loop.create_task(sweep.run())
+        deadline = loop.time() + 10.0
+        while not stalled and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+            chatty.heard_at = loop.time()  # a chunk every 20 ms keeps it quiet
+        task.cancel()
+        return stalled, silent
 
-    quiet, after_last = asyncio.run(main())
-    assert quiet == [] and len(after_last) == 1 and after_last[0] >= 1.0
-
-
-def test_an_excused_silence_gets_another_window_and_a_cancelled_watch_never_fires():
-    async def main():
-        loop = asyncio.get_running_loop()
-        fired, excuses = [], [True]  # the first window was the manager's own silence
-        started = loop.time()
-        StallWatch(
-            0.2, lambda: fired.append(loop.time() - started), lambda: excuses.pop() if excuses else False
-        )
-        cancelled = StallWatch(0.1, lambda: fired.append(-1.0))
-        cancelled.cancel()
-        await _until(lambda: fired)
-        await asyncio.sleep(0.3)
-        return fired, excuses
-
-    fired, excuses = asyncio.run(main())
-    assert excuses == [] and len(fired) == 1 and fired[0] >= 0.4  # two windows, not one
+    stalled, silent = asyncio.run(main())
+    assert [s for s, _ in stalled] == [silent]  # handed on once (the test stops the sweep then)
+    assert stalled[0][1] - silent.heard_at >= 0.4
