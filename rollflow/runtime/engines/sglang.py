@@ -8,7 +8,6 @@ client takes the last `completion_tokens - seen` ids and logprobs of each event 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -37,6 +36,7 @@ if TYPE_CHECKING:
     import torch
 
 FINISH_TYPES = frozenset({"stop", "length", "abort"})
+_FLOAT, _INT = frozenset({float}), frozenset({int})
 LOAD_ROUTES = (("/v1/loads", parse_sglang_loads), ("/get_load", parse_sglang_get_load))  # newest first
 LOAD_TIMEOUT_S = 2.0
 
@@ -239,9 +239,13 @@ def parse_sglang_event(payload: dict[str, Any], num_seen: int, text_seen: str = 
             f"with {len(logprob_entries) if isinstance(logprob_entries, list) else 'no'} logprobs"
         )
     new_entries = logprob_entries[len(logprob_entries) - num_new :]
-    try:  # map and itemgetter: the loops run in C, with no Python step per token
-        logprobs = list(map(float, map(itemgetter(0), new_entries)))
-        token_ids = list(map(int, map(itemgetter(1), new_entries)))
+    try:
+        logprobs = [entry[0] for entry in new_entries]
+        token_ids = [entry[1] for entry in new_entries]
+        # as engines send them, floats and ints: checked by type in C, no conversion call per token
+        if not (_FLOAT.issuperset(map(type, logprobs)) and _INT.issuperset(map(type, token_ids))):
+            logprobs = list(map(float, logprobs))
+            token_ids = list(map(int, token_ids))
     except (TypeError, ValueError, LookupError):  # LookupError: an entry that is a dict, or too short
         raise EngineResponseError(f"malformed output_token_logprobs: {str(new_entries)[:200]}") from None
     output_ids = payload.get("output_ids")

@@ -196,6 +196,19 @@ def test_sglang_malformed_logprob_entries_are_a_response_error(entry):
         parse_sglang_event(payload, 0)
 
 
+def test_sglang_logprob_entries_of_other_number_types_are_converted_as_python_converts_them():
+    """An integer logprob (0 for a certain token) and an id sent as a float or a bool read as float
+    and int: the types engines send are taken as they are, anything else goes through float/int."""
+    entries = [[0, 5, None], [-0.25, 6.0, "x"], [-1.5, True, None]]
+    payload = {
+        "output_ids": [5, 6, 1],
+        "meta_info": {"completion_tokens": 3, "output_token_logprobs": entries},
+    }
+    chunk = parse_sglang_event(payload, 0)
+    assert chunk.logprobs == [0.0, -0.25, -1.5] and type(chunk.logprobs[0]) is float
+    assert chunk.token_ids == [5, 6, 1] and all(type(t) is int for t in chunk.token_ids)
+
+
 def test_unknown_engine_kind_names_the_choices():
     with pytest.raises(
         UserError, match=r"unknown engine kind 'tgi'; choose one of \['builtin', 'sglang', 'vllm'\]"
