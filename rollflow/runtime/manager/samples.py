@@ -27,7 +27,7 @@ class SampleState(enum.IntEnum):
     FAILED = 3  # gave up (attempts exhausted, or the request refused); carries `error`
 
 
-@dataclass
+@dataclass(slots=True)
 class Span:
     """Tokens `[start, end)` of the output, made by one engine on one weight version."""
 
@@ -52,7 +52,7 @@ class Span:
         }
 
 
-@dataclass
+@dataclass(slots=True)
 class Sample:
     seq: int  # manager-wide arrival number; the router's request id
     sample_id: str
@@ -193,7 +193,7 @@ class Watcher(Protocol):
     def set(self) -> None: ...
 
 
-@dataclass
+@dataclass(slots=True)
 class SampleRun:
     """The manager's live state of one sample it tracks, beside the sample's own record: one
     record per sample rather than a map per concern, so ending a sample forgets all of it at once."""
