@@ -12,8 +12,9 @@ Two backends:
 
 Each path (direct to one engine, through `rollflow manager`, through the `sglang-router` package,
 both routing round robin over two engines) gets the same requests: latency p50/p99 at concurrency
-1, then requests/s at `--concurrency`, and the CPU time the router process and the engines spent
-per request (read from /proc, so a busy machine slows the clocks but barely this). The load
+1, each request sent to every path in turn (paired samples: the machine's drifting speed reaches
+all paths alike), then requests/s at `--concurrency`, and the CPU time the router process and the
+engines spent per request (read from /proc, so a busy machine slows the clocks but barely this). The load
 generator, the engines and the router share this machine's cores, so requests/s falls with the
 CPU any of them spends: the engines' column shows that the routers cost them alike. `--rounds`
 repeats every path, the two routers in alternating order, because one run on a shared machine
@@ -99,27 +100,43 @@ async def _load(session: aiohttp.ClientSession, url: str, requests: int, concurr
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
-async def _measure(
+async def _latencies(urls: dict[str, str], requests: int) -> dict[str, dict]:
+    """p50/p99 of `requests` sequential requests per path, each request sent to every path in turn
+    (in a rotating order): paired samples, so a machine whose speed drifts (other processes, CPU
+    frequency, the hypervisor) slows every path alike rather than whichever ran in its slow second."""
+    latencies: dict[str, list[float]] = {name: [] for name in urls}
+    names = list(urls)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        for url in urls.values():
+            for _ in range(50):  # warm up connections and caches
+                await _one(session, url, [1, 2, 3])
+        for i in range(requests):
+            for name in names[i % len(names) :] + names[: i % len(names)]:
+                latencies[name].append(await _one(session, urls[name], [1, 2, 3, i % 50]))
+    return {
+        name: {"p50_ms": 1000 * statistics.median(v), "p99_ms": 1000 * sorted(v)[int(0.99 * (len(v) - 1))]}
+        for name, v in latencies.items()
+    }
+
+
+async def _throughput(
     url: str, requests: int, concurrency: int, pid: int | None, engine_pids: list[int]
 ) -> dict:
+    """Requests/s at `concurrency`, and the CPU the router (`pid`) and the engines spent per request."""
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        for _ in range(50):  # warm up connections and caches
+        for _ in range(50):
             await _one(session, url, [1, 2, 3])
-        latencies = [await _one(session, url, [1, 2, 3, i % 50]) for i in range(requests)]
         cpu_before = _cpu_seconds(pid) if pid else 0.0
         engines_before = sum(map(_cpu_seconds, engine_pids))
         started = time.perf_counter()
-        await _load(session, url, requests * 4, concurrency)
+        await _load(session, url, requests, concurrency)
         elapsed = time.perf_counter() - started
         cpu = _cpu_seconds(pid) - cpu_before if pid else float("nan")
         engines_cpu = sum(map(_cpu_seconds, engine_pids)) - engines_before
-    latencies.sort()
     return {
-        "p50_ms": 1000 * statistics.median(latencies),
-        "p99_ms": 1000 * latencies[int(0.99 * (len(latencies) - 1))],
-        "rps": requests * 4 / elapsed,
-        "cpu_us": 1e6 * cpu / (requests * 4),
-        "engines_cpu_us": 1e6 * engines_cpu / (requests * 4),
+        "rps": requests / elapsed,
+        "cpu_us": 1e6 * cpu / requests,
+        "engines_cpu_us": 1e6 * engines_cpu / requests,
     }
 
 
@@ -155,17 +172,14 @@ def overhead(args: argparse.Namespace, tmp: Path) -> None:
     rounds: list[dict[str, dict]] = []
     try:
         for index in range(args.rounds):
-            # the direct path first, then the routers in turns (each goes first every other round),
-            # so a machine that grows busier during the run slows both alike
+            # throughput: the direct path first, then the routers in turns (each goes first every
+            # other round), so a machine that grows busier during the run slows both alike
             order = list(routers.items()) if index % 2 == 0 else list(reversed(routers.items()))
-            row = {
-                "direct (one engine)": asyncio.run(
-                    _measure(urls[0], args.requests, args.concurrency, None, engine_pids)
-                )
-            }
-            for name, process in order:
-                row[name] = asyncio.run(
-                    _measure(process.url, args.requests, args.concurrency, process.proc.pid, engine_pids)
+            paths = {"direct (one engine)": (urls[0], None), **{n: (p.url, p.proc.pid) for n, p in order}}
+            row = asyncio.run(_latencies({name: url for name, (url, _) in paths.items()}, args.requests))
+            for name, (url, pid) in paths.items():
+                row[name] |= asyncio.run(
+                    _throughput(url, args.requests * 4, args.concurrency, pid, engine_pids)
                 )
             rounds.append(row)
             print(f"round {index + 1}/{args.rounds} done", file=sys.stderr, flush=True)
