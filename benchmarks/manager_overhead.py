@@ -13,8 +13,9 @@ Two backends:
 Each path (direct to one engine, through `rollflow manager`, through the `sglang-router` package,
 both routing round robin over two engines) gets the same requests: latency p50/p99 at concurrency
 1, each request sent to every path in turn (paired samples: the machine's drifting speed reaches
-all paths alike), then requests/s at `--concurrency`, and the CPU time the router process and the
-engines spent per request (read from /proc, so a busy machine slows the clocks but barely this). The load
+all paths alike), then requests/s at `--concurrency`, the paths taking turns in slices of the
+load, and the CPU time the router process and the engines spent per request (read from /proc, so a
+busy machine slows the clocks but barely this). The load
 generator, the engines and the router share this machine's cores, so requests/s falls with the
 CPU any of them spends: the engines' column shows that the routers cost them alike. `--rounds`
 repeats every path, the two routers in alternating order, because one run on a shared machine
@@ -52,6 +53,7 @@ sys.path.insert(0, str(REPO))
 from tests.runtime.processes import ENV, Process, free_port, rollflow, start_engine  # noqa: E402
 
 TOKENS_PER_REQUEST = 8
+THROUGHPUT_SLICES = 4  # turns each path takes per round in the throughput phase
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -119,24 +121,41 @@ async def _latencies(urls: dict[str, str], requests: int) -> dict[str, dict]:
     }
 
 
-async def _throughput(
-    url: str, requests: int, concurrency: int, pid: int | None, engine_pids: list[int]
-) -> dict:
-    """Requests/s at `concurrency`, and the CPU the router (`pid`) and the engines spent per request."""
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        for _ in range(50):
-            await _one(session, url, [1, 2, 3])
-        cpu_before = _cpu_seconds(pid) if pid else 0.0
-        engines_before = sum(map(_cpu_seconds, engine_pids))
-        started = time.perf_counter()
-        await _load(session, url, requests, concurrency)
-        elapsed = time.perf_counter() - started
-        cpu = _cpu_seconds(pid) - cpu_before if pid else float("nan")
-        engines_cpu = sum(map(_cpu_seconds, engine_pids)) - engines_before
+async def _throughputs(
+    paths: dict[str, tuple[str, int | None]], requests: int, concurrency: int, engine_pids: list[int]
+) -> dict[str, dict]:
+    """Requests/s of each path at `concurrency`, and the CPU its router (the pid beside its url) and
+    the engines spent per request: `requests` per path in THROUGHPUT_SLICES slices, the paths taking
+    turns slice by slice (in a rotating order), so drift in the machine's speed reaches all alike."""
+    per_slice = requests // THROUGHPUT_SLICES
+    totals = {name: {"s": 0.0, "cpu": 0.0, "engines": 0.0} for name in paths}
+    names = list(paths)
+    sessions = {name: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) for name in paths}
+    try:
+        for name, (url, _) in paths.items():
+            for _ in range(50):  # warm up connections and caches
+                await _one(sessions[name], url, [1, 2, 3])
+        for i in range(THROUGHPUT_SLICES):
+            for name in names[i % len(names) :] + names[: i % len(names)]:
+                url, pid = paths[name]
+                cpu_before = _cpu_seconds(pid) if pid else 0.0
+                engines_before = sum(map(_cpu_seconds, engine_pids))
+                started = time.perf_counter()
+                await _load(sessions[name], url, per_slice, concurrency)
+                totals[name]["s"] += time.perf_counter() - started
+                totals[name]["cpu"] += _cpu_seconds(pid) - cpu_before if pid else float("nan")
+                totals[name]["engines"] += sum(map(_cpu_seconds, engine_pids)) - engines_before
+    finally:
+        for session in sessions.values():
+            await session.close()
+    done = per_slice * THROUGHPUT_SLICES
     return {
-        "rps": requests / elapsed,
-        "cpu_us": 1e6 * cpu / requests,
-        "engines_cpu_us": 1e6 * engines_cpu / requests,
+        name: {
+            "rps": done / t["s"],
+            "cpu_us": 1e6 * t["cpu"] / done,
+            "engines_cpu_us": 1e6 * t["engines"] / done,
+        }
+        for name, t in totals.items()
     }
 
 
@@ -172,16 +191,12 @@ def overhead(args: argparse.Namespace, tmp: Path) -> None:
     rounds: list[dict[str, dict]] = []
     try:
         for index in range(args.rounds):
-            # throughput: the direct path first, then the routers in turns (each goes first every
-            # other round), so a machine that grows busier during the run slows both alike
+            # each round starts its turns with another path: no router always goes first
             order = list(routers.items()) if index % 2 == 0 else list(reversed(routers.items()))
             paths = {"direct (one engine)": (urls[0], None), **{n: (p.url, p.proc.pid) for n, p in order}}
             row = asyncio.run(_latencies({name: url for name, (url, _) in paths.items()}, args.requests))
-            for name, (url, pid) in paths.items():
-                row[name] |= asyncio.run(
-                    _throughput(url, args.requests * 4, args.concurrency, pid, engine_pids)
-                )
-            rounds.append(row)
+            speeds = asyncio.run(_throughputs(paths, args.requests * 4, args.concurrency, engine_pids))
+            rounds.append({name: row[name] | speeds[name] for name in paths})
             print(f"round {index + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     finally:
         for process in [manager, *engines, *([router] if router else [])]:
