@@ -12,13 +12,13 @@ Two backends:
 
 Each path (direct to one engine, through `rollflow manager`, through the `sglang-router` package,
 both routing round robin over two engines) gets the same requests: latency p50/p99 at concurrency
-1, each request sent to every path in turn (paired samples: the machine's drifting speed reaches
-all paths alike), then requests/s at `--concurrency`, the paths taking turns in slices of the
-load, and the CPU time the router process and the engines spent per request (read from /proc, so a
-busy machine slows the clocks but barely this). The load
+1, each request sent to every path in turn (paired samples), then requests/s at `--concurrency`,
+the load run in slices with the paths taking turns slice by slice, and the CPU time the router
+process and the engines spent per request (read from /proc, so a busy machine slows the clocks but
+barely this). Taking turns lets the machine's drifting speed reach every path alike. The load
 generator, the engines and the router share this machine's cores, so requests/s falls with the
 CPU any of them spends: the engines' column shows that the routers cost them alike. `--rounds`
-repeats every path, the two routers in alternating order, because one run on a shared machine
+repeats all of it (each round another path starts the turns), because one run on a shared machine
 says little. Prints each round's table, then the ratios the goals are stated in (manager
 throughput at least sglang-router's; added p50 over the direct path at most 1.5x
 sglang-router's), per round and their medians.
