@@ -834,6 +834,7 @@ class RolloutManager:
         if self.journal is not None:
             self.journal.attempt_started(sample, self._rid(sample), engine.url)
         run = self._runs[sample.sample_id]
+        run.heard_at = self._loop.time()  # the stall sweep's clock starts with the attempt
         run.task = self._loop.create_task(self._run_attempt(run, engine))
 
     def _move(self, sample_id: str, reason: str) -> None:
@@ -925,7 +926,6 @@ class RolloutManager:
         spanning = (
             SpanningStop(sample.engine_text, params.stop) if sample.output_ids and params.stop else None
         )
-        run.heard_at = self._loop.time()  # the stall sweep's clock starts now
         try:
             while True:
                 try:
