@@ -102,6 +102,18 @@ async def _load(session: aiohttp.ClientSession, url: str, requests: int, concurr
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
+def _in_turn(names: list[str], turn: int) -> list[str]:
+    """The paths in the order they take `turn`: each turn another one starts."""
+    first = turn % len(names)
+    return names[first:] + names[:first]
+
+
+async def _warm_up(session: aiohttp.ClientSession, url: str) -> None:
+    """Open connections and fill caches before anything is timed."""
+    for _ in range(50):
+        await _one(session, url, [1, 2, 3])
+
+
 async def _latencies(urls: dict[str, str], requests: int) -> dict[str, dict]:
     """p50/p99 of `requests` sequential requests per path, each request sent to every path in turn
     (in a rotating order): paired samples, so a machine whose speed drifts (other processes, CPU
@@ -110,10 +122,9 @@ async def _latencies(urls: dict[str, str], requests: int) -> dict[str, dict]:
     names = list(urls)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         for url in urls.values():
-            for _ in range(50):  # warm up connections and caches
-                await _one(session, url, [1, 2, 3])
+            await _warm_up(session, url)
         for i in range(requests):
-            for name in names[i % len(names) :] + names[: i % len(names)]:
+            for name in _in_turn(names, i):
                 latencies[name].append(await _one(session, urls[name], [1, 2, 3, i % 50]))
     return {
         name: {"p50_ms": 1000 * statistics.median(v), "p99_ms": 1000 * sorted(v)[int(0.99 * (len(v) - 1))]}
@@ -133,10 +144,9 @@ async def _throughputs(
     sessions = {name: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) for name in paths}
     try:
         for name, (url, _) in paths.items():
-            for _ in range(50):  # warm up connections and caches
-                await _one(sessions[name], url, [1, 2, 3])
+            await _warm_up(sessions[name], url)
         for i in range(THROUGHPUT_SLICES):
-            for name in names[i % len(names) :] + names[: i % len(names)]:
+            for name in _in_turn(names, i):
                 url, pid = paths[name]
                 cpu_before = _cpu_seconds(pid) if pid else 0.0
                 engines_before = sum(map(_cpu_seconds, engine_pids))

@@ -72,18 +72,16 @@ def route_inputs(
     of ids and kinds with the loads left at zero, as the simulator gives it, and a request without
     its prefix key, which it does not read either: no engine's load is computed and no prompt
     hashed. Any other gets every engine's view as it is now. Either way the view is frozen."""
-    if not reads_load:
-        request = RouteRequest(
-            sample.seq, len(sample.prompt_ids) + len(sample.output_ids), sample.remaining_tokens
-        )
-        instances = tuple([id_only_view(e.engine_id, e.kind) for e in engines])
-        return request, ClusterView(now, instances)
-    group = sample.batch_id if sample.session_id is None else f"session/{sample.session_id}"
-    key = prefix_key(group, sample.group_index, sample.prompt_ids)
+    key = 0
+    if reads_load:
+        group = sample.batch_id if sample.session_id is None else f"session/{sample.session_id}"
+        key = prefix_key(group, sample.group_index, sample.prompt_ids)
     request = RouteRequest(
         sample.seq, len(sample.prompt_ids) + len(sample.output_ids), sample.remaining_tokens, key
     )
-    if reads_cache:
+    if not reads_load:
+        instances = tuple([id_only_view(e.engine_id, e.kind) for e in engines])
+    elif reads_cache:
         hashes = block_hashes(sample.prompt_ids, BLOCK_TOKENS)
         instances = tuple([instance_view(e, e.prefixes.cached_tokens(hashes)) for e in engines])
     else:
