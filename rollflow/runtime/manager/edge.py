@@ -1,5 +1,5 @@
 """What every route module of the manager's HTTP API shares: the app keys, the 400/404 errors in the
-one error shape, and body parsing (bad bytes and bad fields are a 400 naming the problem)."""
+one error shape, the 503 of a journal that cannot write, and body parsing (bad bytes and bad fields are a 400 naming the problem)."""
 
 from __future__ import annotations
 
@@ -50,6 +50,17 @@ def validate(model: type[BodyT], data: Any) -> BodyT:
 
 async def parse_body(request: web.Request, model: type[BodyT]) -> BodyT:
     return await read_json_object(request, body_limit(request), lambda data: validate(model, data))
+
+
+def journal_writable(manager: RolloutManager) -> None:
+    """A 503 naming the journal's error while it cannot write: a batch or session begun now would not
+    survive a restart (what runs already goes on and finishes)."""
+    error = manager.journal_error
+    if error is not None:
+        message = (
+            f"{error}; new batches and sessions are refused until it writes again (GET /health says when)"
+        )
+        raise http_error(web.HTTPServiceUnavailable, message, headers={"Retry-After": "5"})
 
 
 def config(request: web.Request) -> ManagerConfig:

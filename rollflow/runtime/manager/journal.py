@@ -22,18 +22,29 @@ hears of them, so a caller never holds a context the journal does not.
 
 A crash loses only what was not yet committed; SQLite's WAL replays to the last whole transaction,
 so a journal cut off mid-write (power loss, a truncated WAL) opens at its last commit.
+
+A write that fails (a full disk, a file gone read-only) loses nothing and stops nothing already running:
+the writer keeps the rounds it could not commit, in order, and tries them again, all of them in one
+transaction, every `RETRY_S` until one commits, so the file stays a prefix of what the manager noted
+and never holds a gap. Meanwhile `error` names the failure (the manager answers `/health` and new
+batches and sessions with 503 naming it), the streams do not wait on the bound (what they receive is
+held in memory instead), `durable()` does not wait (a caller is answered as without a journal), and the
+failure is logged again every `REPORT_S` while it lasts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
 import operator
 import sqlite3
 import threading
+import time
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +52,12 @@ from rollflow.runtime.manager.journal_file import BATCH_TABLES, OWNED_TABLES, SE
 from rollflow.runtime.manager.samples import Sample, SampleState
 
 log = logging.getLogger(__name__)
+
+RETRY_S = 1.0
+"""While writes fail, the writer tries again this often (not at every round: each try redoes them all)."""
+
+REPORT_S = 5.0
+"""While writes fail, the failure is logged again this often."""
 
 
 def owner(sample: Sample) -> str | None:
@@ -110,13 +127,34 @@ def sample_values(sample: Sample, name: str | None, completed: int | None = None
     )
 
 
+@dataclass
+class _Failure:
+    """The writer's note of a failure that lasts (writer thread)."""
+
+    since: float  # monotonic time of the first failed write
+    num_errors: int = 0  # failed writes since
+    reported_at: float = 0.0  # monotonic time of the last log line
+
+
 class Journal:
     """The loop's side of the writer. Its methods run on the event loop and only note what changed (no
     lock, no disk, no JSON for a streamed chunk); `durable` and `room` await the writer without
     blocking the loop."""
 
-    def __init__(self, conn: sqlite3.Connection, flush_interval_ms: int, max_unflushed_tokens: int) -> None:
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        flush_interval_ms: int,
+        max_unflushed_tokens: int,
+        path: str = "",
+        on_write: Callable[[str | None], None] = lambda error: None,
+    ) -> None:
+        """`on_write` is called on the loop after every failed write with its error, and once with None
+        when writes succeed again (the manager's metrics)."""
         self._conn = conn
+        self.path = path
+        self._on_write = on_write
+        self.error: str | None = None  # why the journal cannot write, while it cannot (loop)
         self._interval_s = flush_interval_ms / 1000
         self.max_unflushed_tokens = max_unflushed_tokens
         # a round is handed once half the bound has gathered, so that the bound itself (the streams'
@@ -146,7 +184,6 @@ class Journal:
         self._rounds: list[_Round] = []
         self._wake = False
         self._closing = False
-        self._failed: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
@@ -173,8 +210,6 @@ class Journal:
     # ------------------------------------------------------------------ noting (loop thread)
 
     def _put(self, *ops: tuple[str, tuple]) -> None:
-        if self._failed is not None:
-            return  # the writer stopped (logged when it did); the manager serves on without a journal
         self._ops.extend(ops)
         if self._next_round is None:
             self._arm()
@@ -191,8 +226,7 @@ class Journal:
     def full(self) -> bool:
         """More tokens than the bound wait to be written: streams should `await room()`."""
         return (
-            self._taken + self._num_tokens - self._written >= self.max_unflushed_tokens
-            and self._failed is None
+            self._taken + self._num_tokens - self._written >= self.max_unflushed_tokens and self.error is None
         )
 
     # ------------------------------------------------------------------ the manager's events
@@ -228,7 +262,7 @@ class Journal:
     def sample_changed(self, sample: Sample, completed: int | None = None) -> None:
         """Its row is written as it is at the next round (the latest change of a round wins)."""
         name = owner(sample)
-        if name is None or self._failed is not None:
+        if name is None:
             return
         self._rows[sample.sample_id] = sample_values(sample, name, completed)
         if self._next_round is None:
@@ -260,7 +294,13 @@ class Journal:
             self._arm()
         if self.full:
             return True
-        self._limit = min(self._round_tokens, self.max_unflushed_tokens - (self._taken - self._written))
+        # (while writes fail the bound is off: the round's size alone hands it)
+        room = (
+            self.max_unflushed_tokens - (self._taken - self._written)
+            if self.error is None
+            else self._round_tokens
+        )
+        self._limit = min(self._round_tokens, room)
         return False
 
     def output_discarded(self, sample: Sample) -> None:
@@ -276,7 +316,7 @@ class Journal:
         self.sample_changed(sample)
 
     def attempt_ended(self, sample: Sample) -> None:
-        if owner(sample) is None or self._failed is not None:
+        if owner(sample) is None:
             return
         self._attempts[sample.sample_id] = None
         if self._next_round is None:
@@ -326,8 +366,8 @@ class Journal:
         self.put("INSERT OR REPLACE INTO state VALUES (?, ?)", (key, json.dumps(value)))
 
     async def durable(self) -> None:
-        """Return once everything noted so far is committed."""
-        if self._thread is None or self._failed is not None:
+        """Return once everything noted so far is committed (at once while writes fail)."""
+        if self._thread is None or self.error is not None:
             return
         # a round of its own even when nothing is noted: what the writer is committing now is durable
         # only once that commit ends, and rounds are committed one after another
@@ -440,15 +480,11 @@ class Journal:
 
     def _hand(self, taken: _Round, wake: bool = True) -> None:
         with self._lock:
-            failed = self._failed is not None
-            if not failed:
-                if taken:
-                    self._rounds.append(taken)
-                if wake and self._rounds:
-                    self._wake = True
-                    self._lock.notify()
-        if failed:  # nothing will commit it: its waiters go on without
-            self._committed([taken])
+            if taken:
+                self._rounds.append(taken)
+            if wake and self._rounds:
+                self._wake = True
+                self._lock.notify()
 
     def _committed(self, rounds: list[_Round]) -> None:
         for done in rounds:
@@ -461,26 +497,94 @@ class Journal:
     # ------------------------------------------------------------------ writing (writer thread)
 
     def _write_forever(self) -> None:
+        held: list[_Round] = []  # rounds handed and not committed, in order: the next commit's
+        failure: _Failure | None = None  # while writes fail
         while True:
             with self._lock:
-                while not self._wake and not self._closing:
-                    self._lock.wait()
-                rounds, self._rounds = self._rounds, []
+                if failure is None:
+                    while not self._wake and not self._closing:
+                        self._lock.wait()
+                else:  # the next try at the retry interval (or at close), not at every round handed
+                    retry_at = time.monotonic() + RETRY_S
+                    while not self._closing and (wait := retry_at - time.monotonic()) > 0:
+                        self._lock.wait(wait)
+                held += self._rounds
+                self._rounds = []
                 self._wake = False
                 closing = self._closing
             try:
-                self._commit(rounds)
-            except Exception as exc:  # a full disk, a file removed: logged, then journaling stops
-                log.exception("journal write failed; the manager goes on without it")
-                with self._lock:
-                    self._failed = exc
-                    rounds += self._rounds
-                    self._rounds = []
-                self._loop.call_soon_threadsafe(self._committed, rounds)
-                return
-            self._loop.call_soon_threadsafe(self._committed, rounds)
+                self._commit(held)
+            except Exception as exc:  # a full disk, a file gone read-only: kept, and tried again
+                self._rollback()
+                failure = failure or _Failure(time.monotonic())
+                self._failed(failure, exc, held, closing)
+                if closing:
+                    return
+                continue
+            if failure is not None:
+                log.warning(
+                    "journal %s writes again after %.1fs; what it held meanwhile is written",
+                    self.path,
+                    time.monotonic() - failure.since,
+                )
+                failure = None
+                self._loop.call_soon_threadsafe(self._write_state, None, [])
+            self._loop.call_soon_threadsafe(self._committed, held)
+            held = []
             if closing:
                 return
+
+    def _rollback(self) -> None:
+        """End the failed transaction, if SQLite has not already, so that the next try starts clean."""
+        if self._conn.in_transaction:  # (SQLite ends it on its own after some errors)
+            with contextlib.suppress(sqlite3.Error):  # a rollback failing too: the next try says so
+                self._conn.execute("ROLLBACK")
+
+    def _failed(self, failure: _Failure, exc: Exception, held: list[_Round], closing: bool) -> None:
+        """A failed write (writer thread): counted and said on the loop, logged at once the first time,
+        then every REPORT_S, and at close with what is lost."""
+        failure.num_errors += 1
+        error = f"journal {self.path} cannot write ({exc})"
+        tokens = sum(taken.num_tokens for taken in held)
+        now = time.monotonic()
+        if closing:
+            log.error(
+                "%s; closing with %d tokens and what changed since %.1fs ago not written",
+                error,
+                tokens,
+                now - failure.since,
+            )
+        elif failure.num_errors == 1:
+            log.error(
+                "%s; new batches and sessions are refused until it can; what it cannot write is held in "
+                "memory and written once it can (tried every %gs)",
+                error,
+                RETRY_S,
+                exc_info=not isinstance(exc, sqlite3.Error),  # not SQLite's: a bug, with its traceback
+            )
+            failure.reported_at = now
+        elif now - failure.reported_at >= REPORT_S:
+            log.error(
+                "%s, still, for %.0fs: %d writes failed; %d tokens held in memory",
+                error,
+                now - failure.since,
+                failure.num_errors,
+                tokens,
+            )
+            failure.reported_at = now
+        waiters = [waiter for taken in held for waiter in taken.waiters]
+        self._loop.call_soon_threadsafe(self._write_state, error, waiters)
+
+    def _write_state(self, error: str | None, waiters: list[asyncio.Future]) -> None:
+        """On the loop: a write failed (`error`) or writes succeed again (None). A failure answers the
+        `durable()` callers of the rounds held and lets the streams waiting for room read on."""
+        self.error = error
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        if error is not None:
+            self._room.set()
+        self._on_write(error)
 
     def _commit(self, rounds: list[_Round]) -> None:
         """All rounds handed since the last commit, in one transaction, each in its own order."""

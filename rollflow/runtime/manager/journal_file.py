@@ -9,7 +9,9 @@ the runs' starts and counts, token ids and logprobs packed (int64, float64).
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sqlite3
 import sys
 from array import array
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rollflow.errors import UserError
+from rollflow.runtime.manager.journal_lock import unwritable
 
 SCHEMA_VERSION = 3
 """Bumped whenever a table changes shape; a journal of another version is refused, never guessed at."""
@@ -128,23 +131,49 @@ def _connect(path: Path) -> sqlite3.Connection:
 def open_journal(path: str, config_dump: dict) -> tuple[sqlite3.Connection, Snapshot]:
     """Open (or create) the journal at `path` for a manager of this config; blocking (run off the loop).
 
-    Raises JournalRefused naming the file when it belongs to another config or schema version, or
-    cannot be read as a journal at all.
+    Raises JournalRefused naming the file when it belongs to another config or schema version, is
+    corrupt, or cannot be read as a journal at all, and JournalUnwritable when it cannot be written.
     """
     file = Path(path)
-    file.parent.mkdir(parents=True, exist_ok=True)
-    if not file.exists():
-        file.touch(mode=0o600)  # it holds engines' api keys
-    expected = fingerprint(config_dump)
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        if not file.exists():
+            file.touch(mode=0o600)  # it holds engines' api keys
+        elif not os.access(file, os.W_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+    except OSError as exc:
+        raise unwritable(path, "its file", exc) from None
+    conn = None
     try:
         conn = _connect(file)
-        conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-    except sqlite3.DatabaseError as exc:
-        raise JournalRefused(f"journal {path} cannot be read ({exc}); move it away to start afresh") from None
+        return conn, _open(conn, path, fingerprint(config_dump))
+    except BaseException as exc:
+        if conn is not None:
+            conn.close()
+        if isinstance(exc, sqlite3.DatabaseError):
+            raise _unreadable(path, exc) from None
+        raise
+
+
+def _unreadable(path: str, exc: sqlite3.DatabaseError) -> UserError:
+    """What SQLite said of a journal it could not open or read, as what to do about it."""
+    if isinstance(exc, sqlite3.OperationalError) and "readonly" in str(exc):
+        return unwritable(path, "SQLite", exc)
+    if isinstance(exc, sqlite3.OperationalError):  # the file is fine; the system is not (I/O, locking)
+        return JournalRefused(
+            f"journal {path} cannot be opened ({exc}); fix what SQLite names and start again"
+        )
+    return JournalRefused(
+        f"journal {path} is corrupt ({exc}); move it away to start afresh (its batches are lost), or "
+        f"salvage its rows first with `sqlite3 {path} .recover`"
+    )
+
+
+def _open(conn: sqlite3.Connection, path: str, expected: dict) -> Snapshot:
+    conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
     version = int(meta.get("schema_version", "-1")) if meta else SCHEMA_VERSION
     if version != SCHEMA_VERSION:  # before any table is made: another version's file stays as it was
-        conn.close()
         raise JournalRefused(
             f"journal {path} has schema version {version}; this rollflow reads version {SCHEMA_VERSION}. "
             "Finish its run with the rollflow that wrote it, or move it away to start afresh"
@@ -156,20 +185,25 @@ def open_journal(path: str, config_dump: dict) -> tuple[sqlite3.Connection, Snap
             conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             conn.execute("INSERT INTO meta VALUES ('config', ?)", (json.dumps(expected, sort_keys=True),))
             conn.execute("INSERT INTO meta VALUES ('restarts', '0')")
-        return conn, Snapshot(path, restarts=0)
+        return Snapshot(path, restarts=0)
     written = json.loads(meta["config"])
     differs = sorted(key for key in expected.keys() | written.keys() if expected.get(key) != written.get(key))
     if differs:
-        conn.close()
         raise JournalRefused(
             f"journal {path} was written by a manager with another config (differs in: {', '.join(differs)}); "
             "restart with that config, or give this one a journal of its own"
         )
-    snapshot = _read(conn, path, restarts=int(meta["restarts"]) + 1)
+    try:
+        snapshot = _read(conn, path, restarts=int(meta["restarts"]) + 1)
+    except (ValueError, KeyError, TypeError) as exc:  # rows SQLite reads, but not as this rollflow wrote them
+        raise JournalRefused(
+            f"journal {path} is corrupt (a row cannot be read: {exc!r}); move it away to start afresh "
+            "(its batches are lost)"
+        ) from None
     with conn:
         conn.execute("BEGIN")
         conn.execute("UPDATE meta SET value = ? WHERE key = 'restarts'", (str(snapshot.restarts),))
-    return conn, snapshot
+    return snapshot
 
 
 def _read(conn: sqlite3.Connection, path: str, restarts: int) -> Snapshot:

@@ -46,6 +46,16 @@ class ManagerMetrics:
         self.requests_rejected = Counter(
             "rollflow_requests_rejected_total", "Requests answered with a 4xx", ["status"], registry=r
         )
+        self.journal_errors = Counter(
+            "rollflow_journal_errors",
+            "Journal writes that failed (each try while a failure lasts)",
+            registry=r,
+        )
+        self.journal_state = Gauge(
+            "rollflow_journal_state",
+            "0: the journal writes (or there is none); 1: its writes fail",
+            registry=r,
+        )
         self.resume_delay = Histogram(
             "rollflow_resume_delay_seconds",
             "From an attempt's end (failure detected, move decided) to the sample's first token elsewhere",

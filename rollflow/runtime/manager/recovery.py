@@ -1,6 +1,8 @@
 """A manager started on an existing journal carries on where the last one stopped.
 
-open the journal (off the loop)  -> refuse another config's or schema's journal
+lock the journal (off the loop)  -> refuse a journal another live manager holds, touching nothing
+open the journal (off the loop)  -> refuse another config's or schema's journal, a read-only or a
+                                    corrupt one
 batches and samples              -> rebuilt with their journaled tokens and spans; finished samples
                                     served again, unfinished ones resumed from their tokens by the
                                     same path as an engine failure, so nothing journaled is
@@ -27,6 +29,7 @@ from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.manager.journal import Journal
 from rollflow.runtime.manager.journal_file import JournalRefused, Snapshot, open_journal
+from rollflow.runtime.manager.journal_lock import JournalLock
 from rollflow.runtime.manager.packing import GroupPacker
 from rollflow.runtime.manager.samples import Sample, SampleRun, SampleState, Span
 
@@ -76,10 +79,24 @@ def step_reports(manager: RolloutManager) -> dict:
 
 
 async def restore(manager: RolloutManager) -> Snapshot:
-    """Open the manager's journal, put its state back, abort the attempts the last manager left running."""
+    """Lock and open the manager's journal, put its state back, abort the attempts the last manager left
+    running."""
     config = manager.config
-    conn, snapshot = await asyncio.to_thread(open_journal, config.journal, config.model_dump(mode="json"))
-    manager.journal = Journal(conn, config.journal_flush_interval_ms, config.journal_max_unflushed_tokens)
+    manager.journal_lock = await asyncio.to_thread(
+        JournalLock.acquire, config.journal, config.host, config.port
+    )
+    try:
+        conn, snapshot = await asyncio.to_thread(open_journal, config.journal, config.model_dump(mode="json"))
+    except BaseException:
+        manager.journal_lock.release()
+        raise
+    manager.journal = Journal(
+        conn,
+        config.journal_flush_interval_ms,
+        config.journal_max_unflushed_tokens,
+        path=config.journal,
+        on_write=manager.journal_written,
+    )
     manager.journal.start()
     manager._restarts = snapshot.restarts
     if snapshot.restarts == 0:

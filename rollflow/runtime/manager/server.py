@@ -25,7 +25,8 @@ POST   /release_memory_occupation release every healthy engine (sgl-router's fan
 POST   /resume_memory_occupation  wake every released engine (token)
 GET    /weight_versions           engine id -> weight version
 GET    /metrics                   Prometheus
-GET    /health
+GET    /health                    200 {"status": "ok"}; 503 naming the journal's error while it
+                                  cannot write (new batches and sessions are refused with it too)
 POST   /v1/completions, /v1/chat/completions    OpenAI's, one manager sample each (openai_routes.py)
 POST   /v1/sessions, /v1/sessions/{id}/turns; GET, DELETE /v1/sessions/{id}: multi-turn sessions
                                   that keep their engine (sessions_api.py)
@@ -48,7 +49,14 @@ from rollflow.runtime.http.auth import require_bearer
 from rollflow.runtime.http.errors import error_body, http_error
 from rollflow.runtime.manager import memory, sessions_api, sglang_api, workers_api
 from rollflow.runtime.manager.config import ManagerConfig
-from rollflow.runtime.manager.edge import MANAGER_KEY, TOKENIZER_KEY, BadRequest, not_found, parse_body
+from rollflow.runtime.manager.edge import (
+    MANAGER_KEY,
+    TOKENIZER_KEY,
+    BadRequest,
+    journal_writable,
+    not_found,
+    parse_body,
+)
 from rollflow.runtime.manager.lean_edge import LeanRunner
 from rollflow.runtime.manager.openai_routes import openai_routes
 from rollflow.runtime.manager.packing import BatchDeleted
@@ -124,6 +132,7 @@ async def submit_batch(request: web.Request) -> web.Response:
     known = manager.batches.get(body.batch_id) if body.batch_id is not None else None
     if known is not None:  # a retried submission: the batch it made already
         return web.json_response(known.status())
+    journal_writable(manager)
     batch = manager.submit_batch(
         body.prompts,
         body.n,
@@ -345,6 +354,11 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
+    """200 while the manager can do all it is asked; 503 naming the journal's error while it cannot
+    write (the manager serves on: running samples finish, new batches and sessions wait for it)."""
+    error = request.app[MANAGER_KEY].journal_error
+    if error is not None:
+        return web.json_response({"status": "journal_failing", "error": {"message": error}}, status=503)
     return web.json_response({"status": "ok"})
 
 

@@ -48,6 +48,7 @@ from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.manager import recovery
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.journal import Journal
+from rollflow.runtime.manager.journal_lock import JournalLock
 from rollflow.runtime.manager.metrics import ManagerMetrics
 from rollflow.runtime.manager.packing import GroupPacker
 from rollflow.runtime.manager.registry import EngineRecord, Registry
@@ -175,6 +176,7 @@ class RolloutManager:
         self._queue: deque[Sample] = deque()
         self._runs: dict[str, SampleRun] = {}  # sample id -> live state, while the manager tracks it
         self.journal: Journal | None = None  # with `journal:` set, from start() on
+        self.journal_lock: JournalLock | None = None  # held from start() to close()
         self._restarts = 0  # managers that ran on this journal before this one (a part of each rid)
         self._seq = itertools.count()
         # a single request's sample id: this process's random half and its arrival number (unique
@@ -200,7 +202,11 @@ class RolloutManager:
         # kept: Python 3.11's get_running_loop() makes a getpid() system call per call
         self._loop = asyncio.get_running_loop()
         self._last_tick = self._loop.time()
-        snapshot = await recovery.restore(self) if self.config.journal else None
+        try:
+            snapshot = await recovery.restore(self) if self.config.journal else None
+        except BaseException:  # a journal refused (locked, read-only, corrupt...): nothing else started
+            await self._session.close()
+            raise
         self._spawn(self._dispatch_loop())
         self._spawn(self._health_loop())
         self._spawn(self._load_loop())
@@ -252,10 +258,24 @@ class RolloutManager:
         await asyncio.gather(*tasks, return_exceptions=True)
         if self.journal is not None:
             await self.journal.close()
+        if self.journal_lock is not None:
+            self.journal_lock.release()
         if self._session is not None:
             await self._session.close()
         if self.request_log is not None:
             await asyncio.to_thread(self.request_log.close)
+
+    @property
+    def journal_error(self) -> str | None:
+        """Why the journal cannot write, while it cannot: what is asked of the manager that it would
+        have to journal (a batch, a session) is refused with it meanwhile."""
+        return self.journal.error if self.journal is not None else None
+
+    def journal_written(self, error: str | None) -> None:
+        """The journal's word after a failed write (`error`) and once writes succeed again (None)."""
+        if error is not None:
+            self.metrics.journal_errors.inc()
+        self.metrics.journal_state.set(0 if error is None else 1)
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)

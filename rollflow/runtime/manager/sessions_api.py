@@ -31,7 +31,14 @@ from aiohttp import web
 
 from rollflow.runtime.http.errors import http_error
 from rollflow.runtime.manager import sglang_api
-from rollflow.runtime.manager.edge import MANAGER_KEY, TOKENIZER_KEY, BadRequest, not_found, parse_body
+from rollflow.runtime.manager.edge import (
+    MANAGER_KEY,
+    TOKENIZER_KEY,
+    BadRequest,
+    journal_writable,
+    not_found,
+    parse_body,
+)
 from rollflow.runtime.manager.protocol import (
     CloseSGLangSessionBody,
     GenerateBody,
@@ -75,6 +82,7 @@ def _errors(exc: Exception) -> web.HTTPException:
 
 async def open_session(request: web.Request) -> web.Response:
     body = await parse_body(request, OpenSessionBody)
+    journal_writable(request.app[MANAGER_KEY])
     try:
         session, created = await _store(request).open(
             body.session_id, body.weight_version, body.allow_off_policy
@@ -94,6 +102,7 @@ async def send_turn(request: web.Request) -> web.Response:
     store = _store(request)
     session_id = request.match_info["session_id"]
     body = await parse_body(request, TurnBody)
+    journal_writable(manager)
     params = sglang_api.sampling_params(body.sampling_params, manager.config)
     try:
         context = len(store.get(session_id).context_ids) + len(body.input_ids)
@@ -178,6 +187,7 @@ def setup(app: web.Application) -> None:
 async def open_sglang_session(request: web.Request) -> web.Response:
     """SGLang's `/open_session`: answers the session id as a JSON string."""
     body = await parse_body(request, OpenSGLangSessionBody)
+    journal_writable(request.app[MANAGER_KEY])
     try:
         session, _ = await _store(request).open(body.session_id)
     except (SessionConflict, TooManySessions) as exc:
@@ -203,6 +213,7 @@ async def generate_turn(request: web.Request, body: GenerateBody) -> web.Respons
         raise BadRequest("session_params with stream: true is not served; send stream: false")
     if body.input_ids is None:
         raise BadRequest("session_params needs input_ids (a session's turns are token ids)")
+    journal_writable(manager)
     params = sglang_api.sampling_params(body.sampling_params, manager.config)
     store = _store(request)
     session_params = body.session_params

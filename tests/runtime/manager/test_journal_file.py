@@ -53,7 +53,7 @@ def test_a_journal_of_schema_version_1_no_sessions_yet_is_refused_and_left_as_it
 def test_a_file_that_is_no_journal_is_refused_naming_it(tmp_path):
     path = tmp_path / "j.db"
     path.write_bytes(b"not a database, " * 512)
-    with pytest.raises(JournalRefused, match=f"journal {path} cannot be read"):
+    with pytest.raises(JournalRefused, match=f"journal {path} is corrupt \\(file is not a database\\)"):
         open_journal(str(path), CONFIG)
 
 
@@ -300,3 +300,46 @@ def test_a_samples_row_reads_back_with_every_field_in_either_layout(tmp_path):
     conn, snapshot = open_journal(str(tmp_path / "j.db"), CONFIG)
     conn.close()
     assert snapshot.samples == {"b-0-0": expected}
+
+
+def test_writes_that_fail_are_held_in_order_and_written_once_they_can_leaving_no_gap(tmp_path):
+    """SQLite's page limit stands in for a full disk (the manager's test fills a real one): the rounds
+    that fail are kept and tried again, so the tokens read back run on with no gap; meanwhile the
+    journal names its error, and neither the bound nor `durable()` makes a caller wait."""
+    path = str(tmp_path / "j.db")
+    sample = _sample(0)
+
+    async def until(condition) -> None:
+        while not condition():
+            await asyncio.sleep(0.01)
+
+    async def run() -> list[str | None]:
+        conn, _ = open_journal(path, CONFIG)
+        said: list[str | None] = []
+        journal = Journal(conn, flush_interval_ms=5, max_unflushed_tokens=4, path=path, on_write=said.append)
+        journal.start()
+        _stream(journal, sample, 3)
+        await journal.durable()
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        conn.execute(f"PRAGMA max_page_count = {pages}")  # the disk is full
+        journal.set_state("big", "x" * 20_000)  # a row of several pages: the file must grow
+        answers = _stream(journal, sample, 10)
+        await asyncio.wait_for(until(lambda: journal.error is not None), 30)
+        assert journal.error == f"journal {path} cannot write (database or disk is full)"
+        await asyncio.wait_for(journal.room(), 30)  # past the bound, and not waiting
+        await asyncio.wait_for(journal.durable(), 30)
+        assert answers[0] is False and not journal.full
+        _stream(journal, sample, 5)  # noted while failing, held with the rest
+        await asyncio.wait_for(until(lambda: len(said) >= 2), 30)  # tried again, failing still
+        conn.execute("PRAGMA max_page_count = 1000000")  # space back
+        await asyncio.wait_for(until(lambda: journal.error is None), 30)
+        await journal.durable()
+        await journal.close()
+        return said
+
+    said = asyncio.run(run())
+    assert said[-1] is None and all(error and "database or disk is full" in error for error in said[:-1])
+    conn, snapshot = open_journal(path, CONFIG)
+    conn.close()
+    assert [token for chunk in snapshot.chunks["b-0-0"] for token in chunk.token_ids] == list(range(10, 28))
+    assert snapshot.state["big"] == "x" * 20_000
