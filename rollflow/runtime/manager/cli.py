@@ -46,7 +46,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--journal",
         metavar="PATH",
         help="SQLite journal of the manager's state (config key `journal`); started again on it, the "
-        "manager carries on from where it stopped",
+        "manager carries on from where it stopped; one manager per journal (a second one on it refuses to start)",
     )
     serve.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format")
     serve.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")

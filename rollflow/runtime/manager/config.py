@@ -78,7 +78,8 @@ class ManagerConfig(StrictModel):
     journal: str | None = None
     """SQLite file (WAL mode) the manager journals its state to: batches, every sample's state and
     tokens, engines registered at run time, the offload balancer. A manager started on an existing
-    journal carries on from it; unset, a manager that dies loses every batch in flight."""
+    journal carries on from it; unset, a manager that dies loses every batch in flight. One manager per
+    journal: it locks `<journal>.lock` at start, and a second one on the same file refuses to start."""
     journal_flush_interval_ms: int = Field(50, ge=1, le=60_000)
     """How often the journal's writer thread commits what has gathered (its cost against a crash's loss)."""
     journal_max_unflushed_tokens: int = Field(4096, ge=1)
