@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 import sqlite3
 
@@ -10,6 +11,7 @@ import pytest
 
 from rollflow.config import ConfigError, load_config
 from rollflow.runtime.engines.base import SamplingParams
+from rollflow.runtime.manager import journal as journal_module
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.journal import Journal
 from rollflow.runtime.manager.journal_file import SCHEMA_VERSION, JournalRefused, open_journal
@@ -302,10 +304,14 @@ def test_a_samples_row_reads_back_with_every_field_in_either_layout(tmp_path):
     assert snapshot.samples == {"b-0-0": expected}
 
 
-def test_writes_that_fail_are_held_in_order_and_written_once_they_can_leaving_no_gap(tmp_path):
+def test_writes_that_fail_are_held_in_order_and_written_once_they_can_leaving_no_gap(
+    tmp_path, monkeypatch, caplog
+):
     """SQLite's page limit stands in for a full disk (the manager's test fills a real one): the rounds
     that fail are kept and tried again, so the tokens read back run on with no gap; meanwhile the
-    journal names its error, and neither the bound nor `durable()` makes a caller wait."""
+    journal names its error, logs it again while it lasts, and neither the bound nor `durable()` makes
+    a caller wait."""
+    monkeypatch.setattr(journal_module, "REPORT_S", 0.0)  # every failed try logged, not every 5 s
     path = str(tmp_path / "j.db")
     sample = _sample(0)
 
@@ -337,7 +343,11 @@ def test_writes_that_fail_are_held_in_order_and_written_once_they_can_leaving_no
         await journal.close()
         return said
 
-    said = asyncio.run(run())
+    with caplog.at_level(logging.ERROR, logger=journal_module.__name__):
+        said = asyncio.run(run())
+    messages = [record.getMessage() for record in caplog.records]
+    assert messages[0].startswith(f"journal {path} cannot write (database or disk is full); new batches")
+    assert any(", still, for " in message for message in messages[1:])
     assert said[-1] is None and all(error and "database or disk is full" in error for error in said[:-1])
     conn, snapshot = open_journal(path, CONFIG)
     conn.close()
