@@ -25,7 +25,7 @@ so a journal cut off mid-write (power loss, a truncated WAL) opens at its last c
 
 A write that fails (a full disk, a file gone read-only) loses nothing and stops nothing already running:
 the writer keeps the rounds it could not commit, in order, and tries them again, all of them in one
-transaction, every `RETRY_S` until one commits, so the file stays a prefix of what the manager noted
+transaction, every `RETRY_S` (or longer, see `RETRY_PAUSE`) until one commits, so the file stays a prefix of what the manager noted
 and never holds a gap. Meanwhile `error` names the failure (the manager answers `/health` and new
 batches and sessions with 503 naming it), the streams do not wait on the bound (what they receive is
 held in memory instead), `durable()` does not wait (a caller is answered as without a journal), and the
@@ -54,7 +54,11 @@ from rollflow.runtime.manager.samples import Sample, SampleState
 log = logging.getLogger(__name__)
 
 RETRY_S = 1.0
-"""While writes fail, the writer tries again this often (not at every round: each try redoes them all)."""
+"""While writes fail, the writer tries again this often (not at every round: each try redoes them all)..."""
+
+RETRY_PAUSE = 10
+"""...or, when a try takes long (a large backlog held), it waits this many times as long as the last
+try took: retrying takes the process's CPU at most a tenth of the time, however much is held."""
 
 REPORT_S = 5.0
 """While writes fail, the failure is logged again this often."""
@@ -134,6 +138,7 @@ class _Failure:
     since: float  # monotonic time of the first failed write
     num_errors: int = 0  # failed writes since
     reported_at: float = 0.0  # monotonic time of the last log line
+    try_s: float = 0.0  # how long the last try took
 
 
 class Journal:
@@ -505,18 +510,20 @@ class Journal:
                     while not self._wake and not self._closing:
                         self._lock.wait()
                 else:  # the next try at the retry interval (or at close), not at every round handed
-                    retry_at = time.monotonic() + RETRY_S
+                    retry_at = time.monotonic() + max(RETRY_S, RETRY_PAUSE * failure.try_s)
                     while not self._closing and (wait := retry_at - time.monotonic()) > 0:
                         self._lock.wait(wait)
                 held += self._rounds
                 self._rounds = []
                 self._wake = False
                 closing = self._closing
+            started = time.monotonic()
             try:
                 self._commit(held)
             except Exception as exc:  # a full disk, a file gone read-only: kept, and tried again
                 self._rollback()
-                failure = failure or _Failure(time.monotonic())
+                failure = failure or _Failure(started)
+                failure.try_s = time.monotonic() - started
                 self._failed(failure, exc, held, closing)
                 if closing:
                     return
@@ -557,7 +564,7 @@ class Journal:
         elif failure.num_errors == 1:
             log.error(
                 "%s; new batches and sessions are refused until it can; what it cannot write is held in "
-                "memory and written once it can (tried every %gs)",
+                "memory and written once it can (tried again every %gs, less often when much is held)",
                 error,
                 RETRY_S,
                 exc_info=not isinstance(exc, sqlite3.Error),  # not SQLite's: a bug, with its traceback
