@@ -195,6 +195,8 @@ def _open(conn: sqlite3.Connection, path: str, expected: dict) -> Snapshot:
         )
     try:
         snapshot = _read(conn, path, restarts=int(meta["restarts"]) + 1)
+    except JournalRefused:
+        raise
     except (ValueError, KeyError, TypeError) as exc:  # rows SQLite reads, but not as this rollflow wrote them
         raise JournalRefused(
             f"journal {path} is corrupt (a row cannot be read: {exc!r}); move it away to start afresh "

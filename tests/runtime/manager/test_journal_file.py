@@ -59,6 +59,15 @@ def test_a_file_that_is_no_journal_is_refused_naming_it(tmp_path):
         open_journal(str(path), CONFIG)
 
 
+def test_a_row_that_sqlite_reads_but_rollflow_cannot_is_refused_as_corrupt(tmp_path):
+    path = str(tmp_path / "j.db")
+    conn, _ = open_journal(path, CONFIG)
+    conn.execute("INSERT INTO samples VALUES ('b-0-0', 'b', '[0, 1')")  # a body cut short
+    conn.close()
+    with pytest.raises(JournalRefused, match=f"journal {path} is corrupt \\(a row cannot be read: "):
+        open_journal(path, CONFIG)
+
+
 def test_a_restart_may_change_where_the_manager_listens_but_not_what_it_does(tmp_path):
     path = str(tmp_path / "j.db")
     open_journal(path, CONFIG)[0].close()
