@@ -32,8 +32,8 @@ class ProcessFactory:
         self.model = model
         self.started: list[Process] = []
 
-    def engine(self, weight_version: int = 0) -> Process:
-        process = start_engine(self.model, self.folder, weight_version)
+    def engine(self, weight_version: int = 0, extra_args: tuple[str, ...] = ()) -> Process:
+        process = start_engine(self.model, self.folder, weight_version, extra_args=extra_args)
         self.started.append(process)
         return process
 

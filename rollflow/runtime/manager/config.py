@@ -48,7 +48,8 @@ class ManagerConfig(StrictModel):
     """Attempts ended by an engine's error for the request itself (an error event, or an abort the
     manager did not ask for) before the sample is failed with that error instead of resumed."""
     stall_timeout_s: float = Field(30.0, gt=0)
-    """An engine that sends no token for this long on a running sample is treated as hung."""
+    """An engine that sends nothing to any of its streams for this long while it has samples is
+    treated as hung; a sample waiting in a producing engine's own queue is not silent, however long."""
     connect_timeout_s: float = Field(5.0, gt=0)
     engine_startup_timeout_s: float = Field(120.0, ge=0)
     """How long the manager waits at start for each engine of `engines:` to answer (they take

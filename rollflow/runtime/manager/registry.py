@@ -32,6 +32,9 @@ class EngineRecord:
     own_at_report: tuple[int, int] = (0, 0)  # (running, unstarted) of the manager's when it was asked
     prefixes: PrefixRecord = field(default_factory=PrefixRecord)  # the blocks sent here and answered
     health_failures: int = 0
+    # loop time it last sent a chunk to any of the manager's streams, or was given work while it had
+    # none: the stall sweep's clock (an engine is hung when it produces for no one while it has work)
+    heard_at: float = 0.0
     api_key: str | None = None  # sent on every call to the engine; kept to reconnect after a failure
     consecutive_failures: int = 0  # failures since a sample last finished on it (the breaker's count)
     retry_at: float = 0.0  # loop time at which the breaker half-opens a failed engine

@@ -205,4 +205,3 @@ class SampleRun:
     # answers one without a task of its own (the lean /generate path's connection)
     watcher: Watcher | None = None
     resumed_at: float | None = None  # loop time its last attempt ended early (for the resume delay)
-    heard_at: float = 0.0  # loop time its attempt started or last streamed a chunk (the stall sweep's)

@@ -211,9 +211,10 @@ class RolloutManager:
         self._spawn(self._health_loop())
         self._spawn(self._load_loop())
         self._spawn(self._loop_watch())
-        # one sweep notices every silent stream: the manager, not the engine, may have been silent
+        # one sweep notices every engine that produces nothing for anyone while it has work (a
+        # request queued in a producing engine is not silent); the manager may have been the silent one
         sweep = StallSweep(
-            self.config.stall_timeout_s, self._streaming_runs, self._stalled, self._manager_stalled
+            self.config.stall_timeout_s, self._busy_engines, self._stalled, self._manager_stalled
         )
         self._spawn(sweep.run())
         try:
@@ -551,14 +552,14 @@ class RolloutManager:
                 )
             self._last_tick = now
 
-    def _streaming_runs(self) -> list[SampleRun]:
-        return [run for run in self._runs.values() if run.task is not None]
+    def _busy_engines(self) -> list[EngineRecord]:
+        """The engines some attempt streams from (in any state: a draining engine may hang too)."""
+        return [engine for engine in self.registry.all() if engine.running]
 
-    def _stalled(self, run: SampleRun) -> None:
-        """An attempt's engine sent nothing for a whole stall window: it is hung (its samples move)."""
-        engine = self.registry.get(run.sample.engine_id)
-        if engine is not None:
-            self._retire(engine, "failed", reason="hung")
+    def _stalled(self, engine: EngineRecord) -> None:
+        """An engine sent no chunk to any stream for a whole stall window while it had work: it is
+        hung (its samples move)."""
+        self._retire(engine, "failed", reason="hung")
 
     def _manager_stalled(self) -> bool:
         """True when the manager's loop was blocked within the last stall window (or is just now)."""
@@ -846,6 +847,8 @@ class RolloutManager:
 
     def _start_attempt(self, sample: Sample, engine: EngineRecord) -> None:
         sample.begin_attempt(engine.engine_id)
+        if not engine.running:  # the stall sweep's clock starts when an idle engine is given work
+            engine.heard_at = self._loop.time()
         if self._reads_cache:  # the record's only reader: routers that never read it pay nothing
             engine.prefixes.sent(sample.prompt_ids + sample.output_ids)  # a resume sends its tokens too
         engine.dispatched(
@@ -854,7 +857,6 @@ class RolloutManager:
         if self.journal is not None:
             self.journal.attempt_started(sample, self._rid(sample), engine.url)
         run = self._runs[sample.sample_id]
-        run.heard_at = self._loop.time()  # the stall sweep's clock starts with the attempt
         run.task = self._loop.create_task(self._run_attempt(run, engine))
 
     def _move(self, sample_id: str, reason: str) -> None:
@@ -964,7 +966,7 @@ class RolloutManager:
                     log.warning("engine %d failed on %s: %s", engine.engine_id, rid, exc)
                     self._retire(engine, "failed", reason="stream_error")
                     return "engine_failed"
-                run.heard_at = self._loop.time()
+                engine.heard_at = self._loop.time()  # it produces for someone: not hung
                 if chunk.weight_version is not None:
                     engine.weight_version = chunk.weight_version
                 if chunk.text is not None:

@@ -1,13 +1,20 @@
-"""One sweep that notices engines gone silent, for every streaming attempt at once.
+"""One sweep that notices hung engines: an engine is hung when it produces nothing for anyone
+while it has work.
 
-A stream whose engine sends nothing for `timeout_s` is hung. Rather than race every chunk read
-against a timeout (a task, a future and a timer per chunk), or arm a timer per attempt (made and
-cancelled on every request, on the manager's hottest path), each attempt notes the loop time of
-its last chunk in `heard_at`, and one periodic check, `checks_per_window` times per window, hands
-every stream silent for a whole window to `on_stall`, unless `excuse()` says the silence was the
-manager's own (its event loop was blocked), which gives those streams another window. A stall is
-so noticed between one window and a window and a period after the last chunk. The pending read
-is never cancelled by the sweep itself.
+Silence is counted per engine, not per stream. With the manager's `capacity` above an engine's
+own running limit, the engine queues the rest: a queued request sends nothing, for minutes on a
+busy GPU, while the engine streams tokens to the requests it runs. So each engine notes in
+`heard_at` the loop time of the last chunk it sent to any of the manager's streams (or of the
+moment it was given work while it had none), and one periodic check, `checks_per_window` times
+per window, hands every engine with work that was silent for a whole window to `on_stall`,
+unless `excuse()` says the silence was the manager's own (its event loop was blocked), which
+gives those engines another window. A hang is so noticed between one window and a window and a
+period after the engine's last chunk; a request waiting in a producing engine's queue is never
+taken for hung, however long it waits.
+
+The chunk path pays one float store (the engine's, where it used to be the stream's); the sweep
+looks at engines, a handful, rather than at every stream. The pending reads are never cancelled
+by the sweep itself.
 """
 
 from __future__ import annotations
@@ -18,21 +25,22 @@ from typing import Protocol
 
 
 class Watched(Protocol):
-    heard_at: float  # loop time of the stream's start or its last chunk
+    # loop time of the engine's last chunk to any stream, or of when it was given work while idle
+    heard_at: float
 
 
 class StallSweep:
     def __init__(
         self,
         timeout_s: float,
-        streams: Callable[[], Iterable[Watched]],
+        busy: Callable[[], Iterable[Watched]],
         on_stall: Callable[[Watched], None],
         excuse: Callable[[], bool] = lambda: False,
         checks_per_window: int = 4,
     ) -> None:
         self.timeout_s = timeout_s
         self.period_s = timeout_s / checks_per_window
-        self._streams = streams
+        self._busy = busy  # the engines that have work (an attempt streaming from them)
         self._on_stall = on_stall
         self._excuse = excuse
 
@@ -43,13 +51,13 @@ class StallSweep:
             self.check(loop.time())
 
     def check(self, now: float) -> None:
-        """Hand the streams silent for a whole window by `now` to `on_stall` (or excuse them)."""
-        silent = [stream for stream in self._streams() if now - stream.heard_at >= self.timeout_s]
+        """Hand the busy engines silent for a whole window by `now` to `on_stall` (or excuse them)."""
+        silent = [engine for engine in self._busy() if now - engine.heard_at >= self.timeout_s]
         if not silent:
             return
         if self._excuse():
-            for stream in silent:
-                stream.heard_at = now
+            for engine in silent:
+                engine.heard_at = now
             return
-        for stream in silent:
-            self._on_stall(stream)
+        for engine in silent:
+            self._on_stall(engine)

@@ -1,7 +1,10 @@
-"""Engines that hang, answer garbage, join mid-batch, or register with the wrong token."""
+"""Engines that hang, queue, answer garbage, join mid-batch, or register with the wrong token."""
 
 from __future__ import annotations
 
+import time
+
+import pytest
 from aiohttp import web
 
 from rollflow.runtime.manager.client import ManagerClient
@@ -35,6 +38,45 @@ def test_a_hung_engine_is_dropped_after_the_stall_timeout_and_its_samples_resume
         assert sample["output_ids"] == greedy_reference(engines[1], sample["prompt_ids"], 120)
         assert_spans_tile_the_output(sample)
     assert metric(manager, "rollflow_engine_failures_total") >= 1
+
+
+def _waiting(engine) -> int:
+    """Requests in the engine's own queue, by its SGLang-shaped load report."""
+    status, body = http("GET", engine.url + "/v1/loads")
+    assert status == 200, body
+    return sum(rank["num_waiting_reqs"] for rank in body["loads"])
+
+
+def test_engines_that_queue_past_their_running_limit_are_not_taken_for_hung(processes):
+    """The manager lets the engines queue (capacity 256 over engines that run 64 at a time): 200
+    samples of 128 tokens leave requests in both engines' queues, with no token, for longer than a
+    stall window and a sweep period. The engines produce for the requests they run throughout, so
+    neither leaves the pool and no sample resumes."""
+    stall_timeout_s = 10.0
+    engines = [processes.engine(extra_args=("--max-running-requests", "64")) for _ in range(2)]
+    manager = processes.manager(
+        stall_timeout_s=stall_timeout_s, engines=[{"url": e.url, "capacity": 256} for e in engines]
+    )
+    ids_before = {url: worker["id"] for url, worker in workers(manager).items()}
+    prompts = [[11 + i % 40, 3, 60 + i % 50, 7 + i % 13] for i in range(200)]
+    batch = ManagerClient(manager.url).submit(prompts, n=1, max_new_tokens=128, ignore_eos=True)
+    wait_until(lambda: all(_waiting(e) > 0 for e in engines), what="requests queued in both engines")
+    # the premise: a request still waits, untouched, a whole window and a sweep period later (no
+    # request joins the queues after the burst, so one waiting then has waited that long)
+    queued_at = time.monotonic()
+    while time.monotonic() - queued_at < stall_timeout_s * 1.25 and any(_waiting(e) for e in engines):
+        time.sleep(0.5)
+    waited_past_a_window = any(_waiting(e) for e in engines)
+    samples = drain(batch)
+    assert all(s["state"] == "finished" and len(s["output_ids"]) == 128 for s in samples)
+    assert all(s["attempts"] == 1 and s["resumes"] == 0 and len(s["spans"]) == 1 for s in samples)
+    after = workers(manager)
+    assert {url: worker["id"] for url, worker in after.items()} == ids_before  # none left and rejoined
+    assert all(worker["state"] == "healthy" for worker in after.values())
+    assert metric(manager, "rollflow_engine_failures_total") == 0
+    assert metric(manager, "rollflow_resumed_samples_total") == 0
+    if not waited_past_a_window:  # (an engine taken for hung empties its queue early too: asserted above)
+        pytest.skip("this machine decodes so fast that the queues drained within a stall window: no test")
 
 
 class GarbageEngine(EngineProxy):
