@@ -219,11 +219,13 @@ class Launcher:
             self._ray_started = False
 
     def _connect_ray(self) -> None:
-        import ray
+        from rollflow.ray_cluster import init_ray
 
         settings = self.config.ray
-        ray.init(
-            address=settings.address,
+        init_ray(
+            settings.address,
+            "launch.ray.address",
+            "set launch.backend=local to run on this machine",
             _node_ip_address=settings.node_ip_address,
             include_dashboard=False,
             log_to_driver=False,
