@@ -8,8 +8,13 @@ seconds; a cluster that is not there is a one-line error saying what was tried a
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
+import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from rollflow.errors import UserError
@@ -50,7 +55,39 @@ def init_ray(address: str | None, address_key: str, instead: str, **init_kwargs:
             f"no Ray cluster answers at {' or '.join(targets)} ({address_key}: {address}): {reason}; "
             f"start one there with `ray start --head --port={port}`, or {instead}"
         )
-    ray.init(address=address, **init_kwargs)
+    with _signals_end_the_wait(f"connecting to the Ray cluster at {address}"):
+        ray.init(address=address, **init_kwargs)
+
+
+@contextlib.contextmanager
+def _signals_end_the_wait(what: str) -> Iterator[None]:
+    """While `ray.init` waits in its C++ connect loop (an address that takes connections but
+    answers nothing), no Python signal handler runs, its own included. The signal's byte still
+    reaches the wakeup fd: a thread reading it ends the process at once (nothing is started yet)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    previous = signal.set_wakeup_fd(write_fd)
+
+    def watch() -> None:
+        while data := os.read(read_fd, 64):
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                if signum in data:
+                    sys.stderr.write(f"rollflow: stopped by {signal.Signals(signum).name} while {what}\n")
+                    sys.stderr.flush()
+                    os._exit(128 + signum)
+
+    watcher = threading.Thread(target=watch, name="ray-init-signals", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(write_fd)  # the watcher reads the end of the pipe and returns
+        watcher.join()
+        os.close(read_fd)
 
 
 def _unreachable(targets: list[str]) -> str | None:

@@ -3,6 +3,8 @@ do, and a non-zero exit, instead of Ray's silent connection retries (over a minu
 
 from __future__ import annotations
 
+import signal
+import socket
 import subprocess
 
 import pytest
@@ -49,3 +51,27 @@ def test_launch_on_ray_without_a_cluster_names_the_config_key(tmp_path, tiny_mod
         "or set launch.backend=local to run on this machine"
     )
     assert "Traceback" not in result.stderr and not (tmp_path / "manager.log").exists()
+
+
+def test_sigterm_ends_a_search_waiting_on_an_address_that_answers_nothing(tmp_path):
+    with socket.socket() as silent:  # takes connections (the kernel's backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        proc = subprocess.Popen(
+            rollflow("sim", "search", "--config", "examples/search/llama2_7b_a100.yaml",
+                     "--output-dir", str(tmp_path), "--backend", "ray"),
+            cwd=REPO, env={**ENV, **RAY_ENV, "RAY_ADDRESS": address}, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            for line in proc.stderr:  # ray.init is inside its C++ connect loop, retrying
+                if "Failed to connect to GCS" in line:
+                    break
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=30)  # a guard: Ray's own handler runs after its retries, a minute on
+            said = proc.stderr.read()
+        finally:
+            proc.kill()
+            proc.stderr.close()
+        assert code == 128 + signal.SIGTERM
+        assert f"rollflow: stopped by SIGTERM while connecting to the Ray cluster at {address}" in said
