@@ -26,7 +26,7 @@ def bind(host: str, port: int, port_option: str = "--port") -> socket.socket:
         sock.bind(address)
     except OSError as exc:
         sock.close()
-        raise UserError(bind_error(host, port, exc, port_option)) from None
+        raise UserError(_bind_error(host, port, exc, port_option)) from None
     return sock
 
 
@@ -37,7 +37,7 @@ def check_free(host: str, port: int, port_option: str) -> None:
         bind(host, port, port_option).close()
 
 
-def bind_error(host: str, port: int, exc: OSError, port_option: str) -> str:
+def _bind_error(host: str, port: int, exc: OSError, port_option: str) -> str:
     """What went wrong binding `host:port`, and what to do, in one line."""
     if exc.errno == errno.EADDRINUSE:
         return (
