@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from rollflow.console_table import print_table
 from rollflow.learn.config import LearnConfig
 from rollflow.learn.evaluate import TimedRouter, decision_latency_us, run_router, summarize_latencies
 from rollflow.policy.learned import load_learned_router
@@ -66,7 +67,7 @@ def _print_table(results: dict[str, dict[str, float]], console: Console) -> None
             f"{row['ttft_mean']:.2f}",
             f"{100 * row['slo_attainment']:.1f}%",
         )
-    console.print(table)
+    print_table(table, console)
 
 
 def _plot(results: dict[str, dict[str, float]], out_dir: Path) -> Path:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
@@ -27,9 +26,11 @@ def _ray(function: Callable[[dict], dict], jobs: list[dict[str, Any]]) -> Iterat
     """One Ray task per configuration on the cluster at RAY_ADDRESS (a local one when unset)."""
     import ray
 
+    from rollflow.ray_cluster import init_ray
+
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
+        init_ray(None, "RAY_ADDRESS", "drop --backend ray to search on this machine", log_to_driver=False)
     try:
         remote = ray.remote(function)
         pending = [remote.remote(job) for job in jobs]

@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from rollflow.config import ConfigError, validate_config
+from rollflow.console_table import print_table
 from rollflow.plan.backends import run_jobs
 from rollflow.plan.pareto import plot_front
 from rollflow.plan.rl_config import RLSearchConfig
@@ -128,7 +129,7 @@ def _write(out: Path, rows: list[dict], config: RLSearchConfig, jobs: list[dict]
             f"{row['cost_usd_per_mtok']:.3f}",
             f"{row['usd_per_hour']:.2f}",
         )
-    console.print(table)
+    print_table(table, console)
     for row in rows:
         if row["skipped"]:
             console.print(f"skipped {plan_label(row)}: {row['skipped']}")

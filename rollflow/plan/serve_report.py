@@ -10,6 +10,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from rollflow.console_table import print_table
 from rollflow.plan.evaluate import with_slo_percentiles
 from rollflow.plan.pareto import plot_front
 from rollflow.plan.serve_config import ServeSearchConfig
@@ -84,7 +85,7 @@ def _print_table(rows: list[dict], metric_names: list[str], console: Console) ->
             *metrics,
             str(row["simulations"]),
         )
-    console.print(table)
+    print_table(table, console)
 
 
 def _print_best(out: Path, best: dict, config: ServeSearchConfig, console: Console) -> None:

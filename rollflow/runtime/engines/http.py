@@ -4,6 +4,7 @@ path), server-sent events, checked JSON."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -93,7 +94,7 @@ class HttpEngine:
                 await raise_for_status(resp)
                 text = await resp.text()
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise EngineError(f"{method} {self.url}{path} failed: {exc!r}") from exc
+            raise EngineError(f"{method} {self.url}{path} failed: {failure_text(exc)}") from exc
         if not as_json:
             return text
         if not text.strip():
@@ -102,6 +103,24 @@ class HttpEngine:
             return json.loads(text)
         except ValueError:
             raise EngineResponseError(f"{self.url}{path} answered non-JSON: {text[:200]!r}") from None
+
+
+def failure_text(exc: BaseException) -> str:
+    """Why a request failed, in the user's words ("connection refused"), from its innermost cause:
+    the repr of aiohttp's errors is a screen of connection-key fields."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return f"cannot resolve host {exc.host}"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        exc = exc.os_error
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "the server closed the connection"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return os.strerror(exc.errno).lower()
+    return str(exc) or type(exc).__name__
 
 
 async def raise_for_status(resp: aiohttp.ClientResponse) -> None:

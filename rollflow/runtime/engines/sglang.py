@@ -25,6 +25,7 @@ from rollflow.runtime.engines.base import (
 from rollflow.runtime.engines.http import (
     HttpEngine,
     SseLines,
+    failure_text,
     parse_weight_version,
     raise_for_status,
     status_error,
@@ -96,7 +97,7 @@ class SGLangClient(HttpEngine):
                 else:
                     response.close()  # the server aborts a request whose client went away
         except (TimeoutError, OSError, ProtocolError) as exc:
-            raise EngineError(f"stream of {rid!r} from {self.url} broke off: {exc!r}") from exc
+            raise EngineError(f"stream of {rid!r} from {self.url} broke off: {failure_text(exc)}") from exc
         raise EngineResponseError(f"stream of {rid!r} from {self.url} ended without a finish_reason")
 
     async def abort(self, rid: str) -> None:
@@ -187,7 +188,7 @@ class BuiltinEngineClient(SGLangClient):
                 await raise_for_status(resp)
                 answer = await resp.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
-            raise EngineError(f"pushing weights to {self.url} failed: {exc!r}") from exc
+            raise EngineError(f"pushing weights to {self.url} failed: {failure_text(exc)}") from exc
         _check_success(answer, self.url, "update_weights_from_safetensors")
 
 

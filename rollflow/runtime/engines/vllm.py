@@ -27,7 +27,13 @@ from rollflow.runtime.engines.base import (
     RequestFailedError,
     SamplingParams,
 )
-from rollflow.runtime.engines.http import HttpEngine, iter_sse_json, parse_weight_version, raise_for_status
+from rollflow.runtime.engines.http import (
+    HttpEngine,
+    failure_text,
+    iter_sse_json,
+    parse_weight_version,
+    raise_for_status,
+)
 from rollflow.runtime.engines.load import EngineLoad, parse_vllm_metrics
 
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -104,7 +110,9 @@ class VLLMClient(HttpEngine):
                         resp.close()
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             if not finished and rid not in self._aborted:
-                raise EngineError(f"stream of {rid!r} from {self.url} broke off: {exc!r}") from exc
+                raise EngineError(
+                    f"stream of {rid!r} from {self.url} broke off: {failure_text(exc)}"
+                ) from exc
         if finished:  # a stream that broke after its last tokens loses only the usage
             self._aborted.discard(rid)
             yield final

@@ -1,3 +1,4 @@
 """HTTP edge pieces the manager, the built-in engine and the weight server share: body parsing
 (`body`), the one error shape (`errors`: `{"error": {"message": ...}}`), the SSE writer (`sse`),
-read timeouts (`serve`) and the bearer-token check (`auth`). Every server answers `GET /health`."""
+read timeouts (`serve`), taking the port (`listen`) and the bearer-token check (`auth`). Every
+server answers `GET /health`."""

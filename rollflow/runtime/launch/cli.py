@@ -7,6 +7,7 @@ import argparse
 from rollflow.cli_util import add_command_group
 
 EXAMPLES = """examples:
+  rollflow engine init-model models/tiny   # the model examples/launch/local.yaml serves
   rollflow launch up --config examples/launch/local.yaml
   rollflow launch up --config examples/launch/local.yaml launch.autoscale.enabled=true launch.autoscale.max_engines=4
   rollflow launch show --config examples/launch/local.yaml

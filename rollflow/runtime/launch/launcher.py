@@ -28,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from rollflow.policy.autoscale import EngineLoad, ScaleSnapshot, decide_scale
+from rollflow.runtime.http.listen import check_free
 from rollflow.runtime.launch.config import LAUNCHED_WEIGHTS, EnginePool, LaunchSection, Placement
 from rollflow.runtime.launch.engine_commands import EngineCommand, engine_command, set_weight_version
 from rollflow.runtime.launch.process import LaunchError
@@ -218,11 +219,13 @@ class Launcher:
             self._ray_started = False
 
     def _connect_ray(self) -> None:
-        import ray
+        from rollflow.ray_cluster import init_ray
 
         settings = self.config.ray
-        ray.init(
-            address=settings.address,
+        init_ray(
+            settings.address,
+            "launch.ray.address",
+            "set launch.backend=local to run on this machine",
             _node_ip_address=settings.node_ip_address,
             include_dashboard=False,
             log_to_driver=False,
@@ -245,6 +248,12 @@ class Launcher:
         }
         return RaySlot(name, options)
 
+    def _check_free(self, host: str, port: int, port_key: str) -> None:
+        """A fixed port taken on this machine is the launch's one-line error naming the config key,
+        not the child's error (naming its own --port) inside its log."""
+        if self.config.backend == "local":
+            check_free(host, port, port_key)
+
     def _wait_healthy(self, slot: Slot, url: str, path: str = "/health") -> None:
         deadline = time.monotonic() + self.config.startup_timeout_s
         while time.monotonic() < deadline:
@@ -264,6 +273,7 @@ class Launcher:
         config = self.config.manager
         self.manager_slot = self._slot("manager", self.config.ray.manager_placement)
         host = self.manager_slot.host
+        self._check_free(host, config.port, "launch.manager.port")
         port = config.port or self.manager_slot.free_port()
         config_path = str(self.work_dir / "manager.yaml")
         config_text = yaml.safe_dump(config.model_dump(mode="json", exclude={"token"}))
@@ -285,6 +295,7 @@ class Launcher:
         shutil.rmtree(store, ignore_errors=True)
         self.weights_slot = self._slot("weights", settings.placement)
         host = self.weights_slot.host
+        self._check_free(host, settings.port, "launch.weights.port")
         port = settings.port or self.weights_slot.free_port()
         argv = ["weights", "serve", "--dir", str(store), "--host", host]
         argv += ["--port", str(port), "--keep-versions", str(settings.keep_versions)]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import os
 import time
 import urllib.error
 import urllib.parse
@@ -44,7 +45,9 @@ class _Disconnected(Exception):
     """No answer: `sent` when the manager may have acted on the request before it went away."""
 
     def __init__(self, reason: object, sent: bool) -> None:
-        super().__init__(str(reason))
+        # "connection refused", not "[Errno 111] Connection refused"
+        errno = reason.errno if isinstance(reason, OSError) else None
+        super().__init__(os.strerror(errno).lower() if errno else str(reason))
         self.sent = sent
 
 
@@ -93,7 +96,12 @@ class ManagerClient:
                 self._reached = True
                 return result
             except _Disconnected as exc:
-                if not self._reached or not self.reconnect_s or (exc.sent and not idempotent):
+                if not self._reached:
+                    raise ManagerUnreachable(
+                        f"cannot reach the manager at {self.url}: {exc}; start one (`rollflow manager serve`) "
+                        "or point manager_url ($ROLLFLOW_MANAGER_URL) at a running one"
+                    ) from None
+                if not self.reconnect_s or (exc.sent and not idempotent):
                     raise ManagerUnreachable(f"cannot reach the manager at {self.url}: {exc}") from None
                 now = time.monotonic()
                 if deadline is None:

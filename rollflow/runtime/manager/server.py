@@ -47,6 +47,7 @@ from aiohttp import web
 
 from rollflow.runtime.http.auth import require_bearer
 from rollflow.runtime.http.errors import error_body, http_error
+from rollflow.runtime.http.listen import bind
 from rollflow.runtime.manager import memory, sessions_api, sglang_api, workers_api
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.edge import (
@@ -415,12 +416,12 @@ def create_app(manager: RolloutManager) -> web.Application:
 
 async def serve(config: ManagerConfig, ready: asyncio.Event | None = None) -> None:
     """Run the manager until cancelled; `ready` is set once it listens."""
+    sock = bind(config.host, config.port)  # before the manager contacts its engines
     app = create_app(RolloutManager(config))
     # `POST /generate` of one prompt on a lean path of its own, every other request on aiohttp's
     runner = LeanRunner(app, config.read_timeout_s, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port)
-    await site.start()
+    await web.SockSite(runner, sock).start()
     log.info("rollflow manager listening on http://%s:%d", config.host, config.port)
     # what startup built (modules, the app, the engines' clients) lives as long as the manager:
     # out of the collector's sight, the collections that requests' garbage triggers stay small

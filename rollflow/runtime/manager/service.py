@@ -45,6 +45,7 @@ from rollflow.runtime.engines.base import (
     SamplingParams,
 )
 from rollflow.runtime.engines.clients import make_client
+from rollflow.runtime.engines.http import failure_text
 from rollflow.runtime.manager import recovery
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.journal import Journal
@@ -218,17 +219,17 @@ class RolloutManager:
         )
         self._spawn(sweep.run())
         try:
-            for entry in self.config.engines:
-                await self._add_configured_engine(entry)
+            for index, entry in enumerate(self.config.engines):
+                await self._add_configured_engine(index, entry)
             if snapshot is not None:
                 await recovery.rejoin_engines(self, snapshot)
         except BaseException:
             await self.close()  # no task or session outlives a manager that failed to start
             raise
 
-    async def _add_configured_engine(self, entry) -> None:
-        """Register an engine of the config, waiting up to `engine_startup_timeout_s` for it to come up
-        (engines take seconds to load a model; sgl-router's worker_startup_timeout_secs)."""
+    async def _add_configured_engine(self, index: int, entry) -> None:
+        """Register `engines[index]` of the config, waiting up to `engine_startup_timeout_s` for it to
+        come up (engines take seconds to load a model; sgl-router's worker_startup_timeout_secs)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.engine_startup_timeout_s
         waited = False
@@ -240,11 +241,12 @@ class RolloutManager:
                 raise
             except EngineUnavailable as exc:
                 if loop.time() >= deadline:
+                    waited_for = (
+                        f" (waited {self.config.engine_startup_timeout_s:g}s, engine_startup_timeout_s)"
+                    )
                     raise EngineUnavailable(
-                        f"{exc}; gave up after waiting {self.config.engine_startup_timeout_s:g}s "
-                        "(engine_startup_timeout_s)"
-                        if waited
-                        else str(exc)
+                        f"{exc}{waited_for if waited else ''}; start the engine first, or correct or "
+                        f"remove engines.{index} of the config"
                     ) from None
                 if not waited:
                     log.info("waiting for engine %s to come up: %s", entry.url, exc)
@@ -313,7 +315,7 @@ class RolloutManager:
             healthy = await asyncio.wait_for(client.health(), self.config.connect_timeout_s)
             version = await asyncio.wait_for(client.weight_version(), self.config.connect_timeout_s)
         except (*ENGINE_ERRORS, TimeoutError) as exc:
-            raise EngineUnavailable(f"engine at {url} is unreachable: {exc or type(exc).__name__}") from None
+            raise EngineUnavailable(f"engine at {url} is unreachable: {failure_text(exc)}") from None
         if not healthy:
             raise EngineUnavailable(f"engine at {url} is not healthy")
         if existing is not None:

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rollflow.runtime.http.auth import require_bearer
 from rollflow.runtime.http.body import iter_body
 from rollflow.runtime.http.errors import error_response, http_error
+from rollflow.runtime.http.listen import bind
 from rollflow.runtime.http.serve import DEFAULT_READ_TIMEOUT_S, GuardedRunner
 from rollflow.runtime.weights.errors import UnknownVersionError, WeightsError
 from rollflow.runtime.weights.store import MAX_VERSION, WeightStore
@@ -111,11 +112,11 @@ class WeightServer:
         return app
 
     async def start(self) -> str:
+        sock = bind(self.host, self.port)
+        self.port = sock.getsockname()[1]
         self._runner = GuardedRunner(self.build_app(), self.read_timeout_s, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
+        await web.SockSite(self._runner, sock).start()
         logger.info("weight server on %s serving %s", self.url, self.store.root)
         return self.url
 

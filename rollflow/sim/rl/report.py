@@ -14,6 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from rollflow.console_table import print_table
 from rollflow.gantt import Bar, draw_gantt
 from rollflow.phases import write_chrome_trace as write_phase_trace
 from rollflow.sim.rl.config import RLSimConfig
@@ -129,7 +130,7 @@ def print_compare(results: dict[str, dict], console: Console) -> None:
             f"{row['throughput_tokens_per_s'] / base['throughput_tokens_per_s']:.2f}x",
             f"{base['cost_usd_per_mtok'] / row['cost_usd_per_mtok'] - 1:+.1%}",  # tokens per $, relative
         )
-    console.print(table)
+    print_table(table, console)
 
 
 def plot_compare(path: Path, results: dict[str, dict]) -> Path:

@@ -44,4 +44,8 @@ def test_an_engine_that_never_comes_up_is_a_one_line_error(tmp_path):
     )
     assert result.returncode != 0
     assert url in result.stderr and "engine_startup_timeout_s" in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"rollflow: engine at {url} is unreachable: connection refused (waited 1.5s, engine_startup_timeout_s); "
+        "start the engine first, or correct or remove engines.0 of the config"
+    )
     assert "Traceback" not in result.stderr and "Unclosed client session" not in result.stderr, result.stderr

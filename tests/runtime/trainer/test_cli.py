@@ -35,4 +35,7 @@ def test_no_manager_listening_is_one_line_naming_the_url(tiny_model, tmp_path):
         "--config", str(EXAMPLE), f"model={tiny_model}", f"manager_url={url}", f"output_dir={tmp_path}"
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert f"cannot reach the manager at {url}" in proc.stderr.strip().splitlines()[-1]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"rollflow: cannot reach the manager at {url}: connection refused; start one (`rollflow manager serve`) "
+        "or point manager_url ($ROLLFLOW_MANAGER_URL) at a running one"
+    )

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import tempfile
 from pathlib import Path
 
 from rollflow.errors import UserError
 from rollflow.runtime.engines.builtin import DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_PREFIX_CACHE_TOKENS
+from rollflow.runtime.http.listen import bind
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +41,7 @@ def serve_engine(
         raise UserError(
             f"--model {model_dir}: no config.json there (make one with `rollflow engine init-model`)"
         )
+    sock = bind(host, port)  # before the model loads: a taken port is said at once
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as transformers_logging
@@ -101,24 +104,19 @@ def serve_engine(
         del pulled  # the server holds it, and drops it when the engine releases its memory
         worker.start()
         try:
-            asyncio.run(_serve(server, host, port, read_timeout_s))
+            asyncio.run(_serve(server, sock, read_timeout_s))
         finally:
             worker.stop()
 
 
-async def _serve(server, host: str, port: int, read_timeout_s: float) -> None:
+async def _serve(server, sock: socket.socket, read_timeout_s: float) -> None:
     from aiohttp import web
 
     from rollflow.runtime.http.serve import GuardedRunner
 
     runner = GuardedRunner(server.build_app(), read_timeout_s, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    try:
-        await site.start()
-    except OSError as exc:
-        await runner.cleanup()
-        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    await web.SockSite(runner, sock).start()
     bound_host, bound_port = runner.addresses[0][:2]
     print(f"serving on http://{bound_host}:{bound_port}", flush=True)
     try:
