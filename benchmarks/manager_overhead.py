@@ -17,9 +17,10 @@ Each request asks for `--tokens` tokens with their logprobs, streamed back to th
 clients that read tokens as they come do; `--no-client-stream` asks for one JSON answer instead,
 which lets sglang-router forward one body while the manager still streams from the engines).
 sglang-router 0.3.2 leaves Nagle's algorithm on for its client connections: on a kept-alive
-connection, a streamed answer's last small writes wait for the client's delayed ACK (about 40 ms
-a request on Linux), which its added latency and requests/s then carry; a client that ACKs at once
-(TCP_QUICKACK) or asks for one JSON answer does not see it.
+connection, a streamed answer's small writes after the first wait for the client's delayed ACK
+(about 40 ms a request on Linux), which its added latency and requests/s then carry; a client that
+ACKs at once (TCP_QUICKACK), one on a fresh connection, or one asking for a JSON answer does not.
+
 Each path (direct to one engine, through `rollflow manager`, through the `sglang-router` package,
 both routing round robin over two engines) gets the same requests: latency p50/p99 at concurrency
 1, each request sent to every path in turn (paired samples), then requests/s at `--concurrency`,
