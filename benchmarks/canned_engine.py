@@ -1,42 +1,75 @@
-"""An SGLang-shaped engine with no model: `/generate` streams canned tokens at once.
+"""An SGLang-shaped engine with no model: `/generate` streams canned tokens as SGLang does.
 
-    python benchmarks/canned_engine.py --port 30000
+    python benchmarks/canned_engine.py --port 30000 [--tokens-per-event 1]
+        [--incremental-streaming-output] [--token-delay-ms 0]
 
 A backend fast enough never to be the bound, so a benchmark measures what a router in front of
 it adds. It runs in a process of its own (not a thread of the load generator, whose GIL it would
 share), serves the routes a router calls (health, model info, weight version, abort, SGLang's load
-routes) and answers `/generate` with `max_new_tokens` tokens (ids 1..n, logprob -0.5) in one event,
-streamed or not, as SGLang shapes them. Prints `serving on http://HOST:PORT` when ready.
+routes) and answers `/generate` with `max_new_tokens` tokens (ids 1..n, logprob -0.5).
+
+Streamed, it sends one server-sent event per `--tokens-per-event` tokens (1 by default: one event
+per token, the per-token work a router meets in front of a real engine; N is SGLang's
+`--stream-interval N`; 0 sends the whole output in one event), each event its own write. Each
+event holds the output so far, as SGLang streams by default, or only its new tokens with
+`--incremental-streaming-output` (SGLang's flag of the same name): `output_ids`, and with
+`return_logprob` `meta_info.output_token_logprobs`, hold the same span, while
+`meta_info.completion_tokens` is always the count so far. Not streamed, it answers one JSON body.
+`--token-delay-ms` waits between events (0: none). Prints `serving on http://HOST:PORT` when ready.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import asyncio
+import contextlib
 import logging
+from typing import Any
 
+import orjson
 from aiohttp import web
+
+TOKENS_PER_EVENT = web.AppKey("tokens_per_event", int)
+INCREMENTAL = web.AppKey("incremental", bool)
+TOKEN_DELAY_S = web.AppKey("token_delay_s", float)
+
+
+def _answer(body: dict[str, Any], ids: list[int], start: int, end: int) -> dict[str, Any]:
+    """SGLang's answer once `end` tokens are out, holding those from `start` on."""
+    n = len(ids)
+    meta: dict[str, Any] = {
+        "id": body.get("rid") or "canned",
+        "prompt_tokens": len(body.get("input_ids") or []),
+        "completion_tokens": end,
+        "finish_reason": {"type": "length", "length": n} if end == n else None,
+        "weight_version": 0,
+    }
+    if body.get("return_logprob"):
+        meta["output_token_logprobs"] = [[-0.5, t, None] for t in ids[start:end]]
+    return {"text": "", "output_ids": ids[start:end], "meta_info": meta}
 
 
 async def _generate(request: web.Request) -> web.StreamResponse:
     body = await request.json()
     n = int(body.get("sampling_params", {}).get("max_new_tokens", 8))
     ids = list(range(1, n + 1))
-    meta = {
-        "id": body.get("rid") or "canned",
-        "prompt_tokens": len(body.get("input_ids") or []),
-        "completion_tokens": n,
-        "finish_reason": {"type": "length", "length": n},
-        "output_token_logprobs": [[-0.5, t, None] for t in ids],
-        "weight_version": 0,
-    }
-    payload = {"text": "", "output_ids": ids, "meta_info": meta}
     if not body.get("stream"):
-        return web.json_response(payload)
-    # the whole event stream in one body of known length: a streamed request costs this engine no
-    # more than one that is not (aiohttp's chunked writer would), so both routers' engines do alike
-    stream = b"data: " + json.dumps(payload).encode() + b"\n\ndata: [DONE]\n\n"
-    return web.Response(body=stream, content_type="text/event-stream")
+        return web.json_response(_answer(body, ids, 0, n))
+    step = request.app[TOKENS_PER_EVENT] or max(n, 1)
+    incremental, delay_s = request.app[INCREMENTAL], request.app[TOKEN_DELAY_S]
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    with contextlib.suppress(ConnectionResetError):  # the router went away (aborted, or killed)
+        sent = 0
+        for end in [*range(step, n, step), n]:
+            answer = _answer(body, ids, sent if incremental else 0, end)
+            await response.write(b"data: " + orjson.dumps(answer) + b"\n\n")
+            sent = end
+            if delay_s:
+                await asyncio.sleep(delay_s)
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+    return response
 
 
 async def _ok(request: web.Request) -> web.Response:
@@ -57,8 +90,13 @@ async def _loads(request: web.Request) -> web.Response:
     return web.json_response({"dp_rank_count": 1, "loads": [rank | {"max_total_num_tokens": 1 << 20}]})
 
 
-def build_app() -> web.Application:
+def build_app(
+    tokens_per_event: int = 1, incremental: bool = False, token_delay_s: float = 0.0
+) -> web.Application:
     app = web.Application()
+    app[TOKENS_PER_EVENT] = tokens_per_event
+    app[INCREMENTAL] = incremental
+    app[TOKEN_DELAY_S] = token_delay_s
     app.add_routes(
         [
             web.post("/generate", _generate),
@@ -79,11 +117,20 @@ def main() -> None:
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument(
+        "--tokens-per-event", type=int, default=1, help="tokens per streamed event (0: all in one event)"
+    )
+    parser.add_argument(
+        "--incremental-streaming-output", action="store_true", help="each event holds only its new tokens"
+    )
+    parser.add_argument("--token-delay-ms", type=float, default=0.0, help="wait between streamed events")
     args = parser.parse_args()
+    if args.tokens_per_event < 0 or args.token_delay_ms < 0:
+        parser.error("--tokens-per-event and --token-delay-ms cannot be negative")
     # sglang-router probes workers with an HTTP/2 preface first; aiohttp logs each as a bad request
     logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
     web.run_app(
-        build_app(),
+        build_app(args.tokens_per_event, args.incremental_streaming_output, args.token_delay_ms / 1000),
         host=args.host,
         port=args.port,
         access_log=None,

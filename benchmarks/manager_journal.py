@@ -1,10 +1,12 @@
 """What the manager's journal costs, and how fast a manager killed mid-batch is generating again.
 
-    python benchmarks/manager_journal.py [--batches 40] [--prompts 8] [--n 4] [--tokens 64]
+    python benchmarks/manager_journal.py [--batches 16] [--prompts 8] [--n 4] [--tokens 64]
+        [--latency-batches 100] [--repeats 3] [--results-dir benchmarks/results]
 
-The engines are HTTP servers on 127.0.0.1 that stream SGLang's /generate one token per event with
-no model behind them (`--token-delay-ms` between tokens, 0 by default), so the numbers are the
-manager's and its journal's, not a model's. Each run starts a fresh `rollflow manager serve`,
+The engines are two `benchmarks/canned_engine.py` processes that stream SGLang's /generate one token
+per event (`--incremental-streaming-output`: each event holds its one new token) with no model
+behind them, so the numbers are the manager's and its journal's, not a model's. Each run starts a
+fresh `rollflow manager serve`,
 with the journal on (the default flush interval) or off, and measures through `ManagerClient`:
 
 - latency: one small batch at a time (1 prompt, n=1), submit -> its micro-batch received, p50/p99;
@@ -17,94 +19,47 @@ with the journal on (the default flush interval) or off, and measures through `M
 Then the restart: a batch of long samples (engines slowed to 5 ms a token), the manager killed
 with SIGKILL mid-batch and started again on its journal; printed are the time from starting the
 new process to it answering, and to its first resumed token (generated again by the engines).
+
+Writes `manager_journal.json` into `--results-dir` (see benchmarks/results.py) and exits non-zero
+when a goal is missed: the journal costing 10% or more in throughput, added p50 latency or CPU per
+token (on/off medians), or any run receiving fewer or more tokens than it asked for.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import json
 import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from aiohttp import web
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.results import Results, add_results_dir  # noqa: E402
 from rollflow.runtime.manager.client import ManagerClient  # noqa: E402
 from tests.runtime.processes import Process, free_port, http, rollflow  # noqa: E402
 
-
-class StreamingEngine:
-    """SGLang's /generate streamed one token per event, on its own thread and event loop."""
-
-    def __init__(self, token_delay_s: float) -> None:
-        self.token_delay_s = token_delay_s
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._loop = asyncio.new_event_loop()
-        ready = threading.Event()
-        threading.Thread(target=self._run, args=(ready,), daemon=True).start()
-        ready.wait(10)
-
-    def _run(self, ready: threading.Event) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
-        app.add_routes(
-            [
-                web.post("/generate", self._generate),
-                web.get("/health", self._ok),
-                web.get("/get_weight_version", self._version),
-                web.post("/abort_request", self._ok),
-            ]
-        )
-        runner = web.AppRunner(app, access_log=None)
-        self._loop.run_until_complete(runner.setup())
-        self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
-        ready.set()
-        self._loop.run_forever()
-
-    async def _ok(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    async def _version(self, request: web.Request) -> web.Response:
-        return web.json_response({"weight_version": 0})
-
-    async def _generate(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        n = body["sampling_params"]["max_new_tokens"]
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        with contextlib.suppress(ConnectionResetError):  # the manager went away (killed on purpose)
-            await self._stream(response, body["rid"], n)
-        return response
-
-    async def _stream(self, response: web.StreamResponse, rid: str, n: int) -> None:
-        entries = []
-        for index in range(n):
-            entries.append([-0.5, 1 + index % 100, None])
-            meta = {
-                "id": rid,
-                "completion_tokens": index + 1,
-                "finish_reason": {"type": "length"} if index == n - 1 else None,
-                "output_token_logprobs": entries[-1:],
-                "weight_version": 0,
-            }
-            await response.write(f"data: {json.dumps({'text': '', 'meta_info': meta})}\n\n".encode())
-            if self.token_delay_s:
-                await asyncio.sleep(self.token_delay_s)
-        await response.write(b"data: [DONE]\n\n")
+MAX_COST = 0.10
+"""The journal's goal: under 10% cost in throughput, added latency and CPU per token."""
 
 
-def _start_manager(tmp: Path, engines: list[StreamingEngine], journal: Path | None, port: int) -> Process:
+def _start_engines(tmp: Path, token_delay_ms: float) -> list[Process]:
+    """Two canned engines, each in its own process (not sharing the load generator's GIL)."""
+    engines = []
+    for _ in range(2):
+        port = free_port()
+        argv = [sys.executable, str(REPO / "benchmarks" / "canned_engine.py"), "--port", str(port)]
+        argv += ["--incremental-streaming-output", "--token-delay-ms", str(token_delay_ms)]
+        engines.append(Process(argv, port, tmp / f"engine-{port}.log"))
+    return engines
+
+
+def _start_manager(tmp: Path, engines: list[Process], journal: Path | None, port: int) -> Process:
     config: dict = {"engines": [{"url": e.url, "capacity": 1024} for e in engines]}
     if journal is not None:
         config["journal"] = str(journal)
@@ -125,8 +80,7 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(args: argparse.Namespace, tmp: Path, journal: bool) -> dict:
-    engines = [StreamingEngine(0.0) for _ in range(2)]
+def measure(args: argparse.Namespace, tmp: Path, engines: list[Process], journal: bool) -> dict:
     port = free_port()
     manager = _start_manager(tmp, engines, tmp / f"journal-{port}.db" if journal else None, port)
     client = ManagerClient(manager.url)
@@ -135,9 +89,10 @@ def measure(args: argparse.Namespace, tmp: Path, journal: bool) -> dict:
             _drain(client, [[1, 2, 3]], 1, args.tokens)
         cpu_started = _cpu_s(manager.proc.pid)
         latencies = []
+        received = 0
         for i in range(args.latency_batches):
             started = time.perf_counter()
-            _drain(client, [[1, 2, i % 50]], 1, args.tokens)
+            received += _drain(client, [[1, 2, i % 50]], 1, args.tokens)
             latencies.append(time.perf_counter() - started)
         prompts = [[4, 5, i] for i in range(args.prompts)]
         started = time.perf_counter()
@@ -150,7 +105,9 @@ def measure(args: argparse.Namespace, tmp: Path, journal: bool) -> dict:
     finally:
         manager.stop()
     latencies.sort()
+    asked = (args.batches * args.prompts * args.n + args.latency_batches) * args.tokens
     return {
+        "tokens_off_by": abs(asked - received - tokens),
         "p50_ms": 1000 * statistics.median(latencies),
         "p99_ms": 1000 * latencies[int(0.99 * (len(latencies) - 1))],
         "tokens_per_s": tokens / elapsed,
@@ -158,9 +115,9 @@ def measure(args: argparse.Namespace, tmp: Path, journal: bool) -> dict:
     }
 
 
-def restart(tmp: Path) -> tuple[float, float]:
-    """(s to answering, s to the first resumed token) of a manager started again after a SIGKILL."""
-    engines = [StreamingEngine(0.005) for _ in range(2)]
+def restart(tmp: Path, engines: list[Process]) -> tuple[float, float]:
+    """(s to answering, s to the first resumed token) of a manager started again after a SIGKILL;
+    `engines` stream a token every few milliseconds, so the batch is still running at the kill."""
     port = free_port()
     journal = tmp / "restart.db"
     manager = _start_manager(tmp, engines, journal, port)
@@ -198,15 +155,27 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--latency-batches", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each, alternating; medians shown")
+    add_results_dir(parser)
     args = parser.parse_args()
+    results = Results("manager_journal", args.results_dir)
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
         runs: dict[str, list[dict]] = {"journal off": [], "journal on": []}
-        for _ in range(args.repeats):  # alternating, so that load from elsewhere falls on both alike
-            runs["journal off"].append(measure(args, tmp, journal=False))
-            runs["journal on"].append(measure(args, tmp, journal=True))
+        engines = _start_engines(tmp, 0.0)
+        try:
+            for _ in range(args.repeats):  # alternating, so that load from elsewhere falls on both alike
+                runs["journal off"].append(measure(args, tmp, engines, journal=False))
+                runs["journal on"].append(measure(args, tmp, engines, journal=True))
+        finally:
+            for engine in engines:
+                engine.stop()
         rows = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
-        answering, first_token = restart(tmp)
+        engines = _start_engines(tmp, 5.0)
+        try:
+            answering, first_token = restart(tmp, engines)
+        finally:
+            for engine in engines:
+                engine.stop()
     print(
         f"\n{args.batches} batches x {args.prompts} prompts x n={args.n} x {args.tokens} tokens, "
         f"one token per event (medians of {args.repeats} runs each)"
@@ -218,14 +187,34 @@ def main() -> None:
             f"{row['cpu_us_per_token']:>14.1f}"
         )
     off, on = rows["journal off"], rows["journal on"]
+    ratios = {
+        "latency p50 on/off": on["p50_ms"] / off["p50_ms"],
+        "throughput on/off": on["tokens_per_s"] / off["tokens_per_s"],
+        "manager CPU per token on/off": on["cpu_us_per_token"] / off["cpu_us_per_token"],
+    }
     print(
-        f"\nlatency p50 on/off: {on['p50_ms'] / off['p50_ms']:.3f}x (added {on['p50_ms'] - off['p50_ms']:.2f} ms)"
+        f"\nlatency p50 on/off: {ratios['latency p50 on/off']:.3f}x (added {on['p50_ms'] - off['p50_ms']:.2f} ms)"
     )
-    print(f"throughput on/off: {on['tokens_per_s'] / off['tokens_per_s']:.3f}x (goal >= 0.90x)")
-    print(f"manager CPU per token on/off: {on['cpu_us_per_token'] / off['cpu_us_per_token']:.3f}x")
+    print(f"throughput on/off: {ratios['throughput on/off']:.3f}x (goal > {1 - MAX_COST:.2f}x)")
+    print(f"manager CPU per token on/off: {ratios['manager CPU per token on/off']:.3f}x")
     print(
         f"restart after SIGKILL: answering in {answering:.2f} s, first resumed token at {first_token:.2f} s"
     )
+    results.figures = {
+        "settings": {
+            k: getattr(args, k) for k in ("batches", "prompts", "n", "tokens", "latency_batches", "repeats")
+        },
+        "medians": rows,
+        "runs": runs,
+        "ratios": ratios,
+        "restart": {"answering_s": answering, "first_resumed_token_s": first_token},
+    }
+    results.goal("latency p50 on/off", ratios["latency p50 on/off"], "<", 1 + MAX_COST)
+    results.goal("throughput on/off", ratios["throughput on/off"], ">", 1 - MAX_COST)
+    results.goal("manager CPU per token on/off", ratios["manager CPU per token on/off"], "<", 1 + MAX_COST)
+    lost = sum(r["tokens_off_by"] for rs in runs.values() for r in rs)
+    results.goal("tokens received other than asked for, all runs", lost, "==", 0)
+    sys.exit(results.finish())
 
 
 if __name__ == "__main__":

@@ -1,14 +1,25 @@
 """What the rollout manager adds per request, against calling an engine directly and against sglang-router.
 
-    python benchmarks/manager_overhead.py [--rounds 5] [--requests 400] [--concurrency 32] [--backend canned|builtin]
+    python benchmarks/manager_overhead.py [--rounds 5] [--requests 400] [--concurrency 32]
+        [--backend canned|builtin] [--tokens 8] [--tokens-per-event 1] [--no-client-stream]
+        [--results-dir benchmarks/results]
     python benchmarks/manager_overhead.py --instructions 1000   # under valgrind: a count load cannot blur
 
 Two backends:
 - `canned` (default): `benchmarks/canned_engine.py`, an SGLang-shaped server in its own process
-  that answers /generate at once with canned tokens and no model. It isolates what the routers
-  add: with a real engine, generation time drowns the router's microseconds.
+  with no model, streaming its canned tokens one event per token (`--tokens-per-event`) as SGLang
+  does. It isolates what the routers add, per-token work included: with a real engine, generation
+  time drowns the router's microseconds.
 - `builtin`: rollflow's built-in CPU engine on a tiny model, as a sanity check that the ranking
   holds on a real engine (the numbers are then dominated by the engine).
+
+Each request asks for `--tokens` tokens with their logprobs, streamed back to the client (as RL
+clients that read tokens as they come do; `--no-client-stream` asks for one JSON answer instead,
+which lets sglang-router forward one body while the manager still streams from the engines).
+sglang-router 0.3.2 leaves Nagle's algorithm on for its client connections: on a kept-alive
+connection, a streamed answer's small writes after the first wait for the client's delayed ACK
+(about 40 ms a request on Linux), which its added latency and requests/s then carry; a client that
+ACKs at once (TCP_QUICKACK), one on a fresh connection, or one asking for a JSON answer does not.
 
 Each path (direct to one engine, through `rollflow manager`, through the `sglang-router` package,
 both routing round robin over two engines) gets the same requests: latency p50/p99 at concurrency
@@ -28,7 +39,12 @@ valgrind's callgrind, over N requests at `--concurrency` (see `instructions`).
 
 Then a preemption run: the manager streams long samples from two built-in engines, one is
 killed with SIGKILL, and the manager's own histogram gives the time from detecting the death
-to each moved sample's first token elsewhere; the regenerated-token counter must stay 0.
+to each moved sample's first token elsewhere (goal < 100 ms); the regenerated-token counter must
+stay 0, some sample must have moved, and every sample must end with all its tokens.
+
+Writes `manager_overhead.json` (`manager_overhead_instructions.json` with `--instructions`) into
+`--results-dir` (see benchmarks/results.py) and exits non-zero when a goal is missed or
+sglang-router, the peer, did not run (not installed: `pip install sglang-router`).
 """
 
 from __future__ import annotations
@@ -46,20 +62,23 @@ import time
 from pathlib import Path
 
 import aiohttp
+import orjson
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.results import Results, add_results_dir, package_version  # noqa: E402
 from tests.runtime.processes import ENV, Process, free_port, rollflow, start_engine  # noqa: E402
 
-TOKENS_PER_REQUEST = 8
+JSON = {"Content-Type": "application/json"}  # sglang-router refuses a body without it (415)
 THROUGHPUT_SLICES = 4  # turns each path takes per round in the throughput phase
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def _start_canned_engine(log_dir: Path, name: str) -> Process:
+def _start_canned_engine(log_dir: Path, name: str, tokens_per_event: int) -> Process:
     port = free_port()
     argv = [sys.executable, str(REPO / "benchmarks" / "canned_engine.py"), "--port", str(port)]
+    argv += ["--tokens-per-event", str(tokens_per_event)]
     return Process(argv, port, log_dir / f"{name}.log")
 
 
@@ -81,23 +100,47 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
 
 
-async def _one(session: aiohttp.ClientSession, url: str, prompt: list[int]) -> float:
-    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": TOKENS_PER_REQUEST, "temperature": 0}}
-    started = time.perf_counter()
-    async with session.post(url + "/generate", json=body) as response:
-        answer = await response.json()
-        if response.status != 200 or len(answer["output_ids"]) != TOKENS_PER_REQUEST:
-            raise RuntimeError(f"{url}: bad answer {response.status}: {answer}")
-    return time.perf_counter() - started
+class Client:
+    """The load generator's requests: `tokens` tokens each, with logprobs, streamed or not."""
+
+    def __init__(self, tokens: int, stream: bool) -> None:
+        self.tokens = tokens
+        self.stream = stream
+
+    async def one(self, session: aiohttp.ClientSession, url: str, prompt: list[int]) -> float:
+        """Seconds until the whole answer is in; RuntimeError when it is not the tokens asked for."""
+        sampling = {"max_new_tokens": self.tokens, "temperature": 0}
+        body = {
+            "input_ids": prompt,
+            "sampling_params": sampling,
+            "stream": self.stream,
+            "return_logprob": True,
+        }
+        started = time.perf_counter()
+        async with session.post(url + "/generate", data=orjson.dumps(body), headers=JSON) as response:
+            raw = await response.read()
+        elapsed = time.perf_counter() - started
+        # a stream's last event before [DONE] holds the count so far (SGLang's completion_tokens)
+        try:
+            last = raw.rstrip().rsplit(b"data: ", 2)[-2] if self.stream else raw
+            meta = orjson.loads(last)["meta_info"]
+            good = meta["completion_tokens"] == self.tokens and meta["finish_reason"] is not None
+        except (orjson.JSONDecodeError, KeyError, TypeError, IndexError):
+            good = False
+        if response.status != 200 or not good:
+            raise RuntimeError(f"{url}: bad answer {response.status}: {raw[-300:]!r}")
+        return elapsed
 
 
-async def _load(session: aiohttp.ClientSession, url: str, requests: int, concurrency: int) -> None:
+async def _load(
+    client: Client, session: aiohttp.ClientSession, url: str, requests: int, concurrency: int
+) -> None:
     """`requests` requests, `concurrency` of them in flight at a time."""
     left = list(range(requests))
 
     async def worker() -> None:
         while left:
-            await _one(session, url, [4, 5, left.pop() % 50])
+            await client.one(session, url, [4, 5, left.pop() % 50])
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
@@ -108,13 +151,13 @@ def _in_turn(names: list[str], turn: int) -> list[str]:
     return names[first:] + names[:first]
 
 
-async def _warm_up(session: aiohttp.ClientSession, url: str) -> None:
+async def _warm_up(client: Client, session: aiohttp.ClientSession, url: str) -> None:
     """Open connections and fill caches before anything is timed."""
     for _ in range(50):
-        await _one(session, url, [1, 2, 3])
+        await client.one(session, url, [1, 2, 3])
 
 
-async def _latencies(urls: dict[str, str], requests: int) -> dict[str, dict]:
+async def _latencies(client: Client, urls: dict[str, str], requests: int) -> dict[str, dict]:
     """p50/p99 of `requests` sequential requests per path, each request sent to every path in turn
     (in a rotating order): paired samples, so a machine whose speed drifts (other processes, CPU
     frequency, the hypervisor) slows every path alike rather than whichever ran in its slow second."""
@@ -122,10 +165,10 @@ async def _latencies(urls: dict[str, str], requests: int) -> dict[str, dict]:
     names = list(urls)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         for url in urls.values():
-            await _warm_up(session, url)
+            await _warm_up(client, session, url)
         for i in range(requests):
             for name in _in_turn(names, i):
-                latencies[name].append(await _one(session, urls[name], [1, 2, 3, i % 50]))
+                latencies[name].append(await client.one(session, urls[name], [1, 2, 3, i % 50]))
     return {
         name: {"p50_ms": 1000 * statistics.median(v), "p99_ms": 1000 * sorted(v)[int(0.99 * (len(v) - 1))]}
         for name, v in latencies.items()
@@ -133,7 +176,11 @@ async def _latencies(urls: dict[str, str], requests: int) -> dict[str, dict]:
 
 
 async def _throughputs(
-    paths: dict[str, tuple[str, int | None]], requests: int, concurrency: int, engine_pids: list[int]
+    client: Client,
+    paths: dict[str, tuple[str, int | None]],
+    requests: int,
+    concurrency: int,
+    engine_pids: list[int],
 ) -> dict[str, dict]:
     """Requests/s of each path at `concurrency`, and the CPU its router (the pid beside its url) and
     the engines spent per request: `requests` per path in THROUGHPUT_SLICES slices, the paths taking
@@ -144,14 +191,14 @@ async def _throughputs(
     sessions = {name: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) for name in paths}
     try:
         for name, (url, _) in paths.items():
-            await _warm_up(sessions[name], url)
+            await _warm_up(client, sessions[name], url)
         for i in range(THROUGHPUT_SLICES):
             for name in _in_turn(names, i):
                 url, pid = paths[name]
                 cpu_before = _cpu_seconds(pid) if pid else 0.0
                 engines_before = sum(map(_cpu_seconds, engine_pids))
                 started = time.perf_counter()
-                await _load(sessions[name], url, per_slice, concurrency)
+                await _load(client, sessions[name], url, per_slice, concurrency)
                 totals[name]["s"] += time.perf_counter() - started
                 totals[name]["cpu"] += _cpu_seconds(pid) - cpu_before if pid else float("nan")
                 totals[name]["engines"] += sum(map(_cpu_seconds, engine_pids)) - engines_before
@@ -184,9 +231,10 @@ def _start_manager(engine_urls: list[str], tmp: Path, **config) -> Process:
     return Process(_manager_argv(engine_urls, tmp, port, **config), port, tmp / "manager.log")
 
 
-def overhead(args: argparse.Namespace, tmp: Path) -> None:
+def overhead(args: argparse.Namespace, tmp: Path, results: Results) -> None:
+    client = Client(args.tokens, args.client_stream)
     if args.backend == "canned":
-        engines = [_start_canned_engine(tmp, f"canned{i}") for i in range(2)]
+        engines = [_start_canned_engine(tmp, f"canned{i}", args.tokens_per_event) for i in range(2)]
     else:
         model = tmp / "model"
         subprocess.run(
@@ -196,7 +244,7 @@ def overhead(args: argparse.Namespace, tmp: Path) -> None:
     urls = [e.url for e in engines]
     engine_pids = [e.proc.pid for e in engines]
     manager = _start_manager(urls, tmp, router="round_robin")
-    router = _start_sglang_router(urls, tmp) if _has_sglang_router() else None
+    router = _start_sglang_router(urls, tmp) if _has_sglang_router(results) else None
     routers = {"rollflow manager": manager, **({"sglang-router": router} if router else {})}
     rounds: list[dict[str, dict]] = []
     try:
@@ -204,19 +252,33 @@ def overhead(args: argparse.Namespace, tmp: Path) -> None:
             # each round starts its turns with another path: no router always goes first
             order = list(routers.items()) if index % 2 == 0 else list(reversed(routers.items()))
             paths = {"direct (one engine)": (urls[0], None), **{n: (p.url, p.proc.pid) for n, p in order}}
-            row = asyncio.run(_latencies({name: url for name, (url, _) in paths.items()}, args.requests))
-            speeds = asyncio.run(_throughputs(paths, args.requests * 4, args.concurrency, engine_pids))
+            row = asyncio.run(
+                _latencies(client, {name: url for name, (url, _) in paths.items()}, args.requests)
+            )
+            speeds = asyncio.run(
+                _throughputs(client, paths, args.requests * 4, args.concurrency, engine_pids)
+            )
             rounds.append({name: row[name] | speeds[name] for name in paths})
             print(f"round {index + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     finally:
         for process in [manager, *engines, *([router] if router else [])]:
             process.stop()
-    _report(args, rounds)
+    _report(args, rounds, results)
 
 
-def _report(args: argparse.Namespace, rounds: list[dict[str, dict]]) -> None:
-    """Each round's table, then the per-round ratios the goals are stated in and their medians."""
-    print(f"\nbackend={args.backend} requests={args.requests} concurrency={args.concurrency}")
+def _report(args: argparse.Namespace, rounds: list[dict[str, dict]], results: Results) -> None:
+    """Each round's table, then the per-round ratios the goals are stated in and their medians;
+    all of it into `results`, the medians as its goals."""
+    settings = {
+        "backend": args.backend,
+        "requests": args.requests,
+        "concurrency": args.concurrency,
+        "tokens_per_request": args.tokens,
+        "tokens_per_event": args.tokens_per_event if args.backend == "canned" else None,
+        "client_stream": args.client_stream,
+    }
+    results.figures |= {"settings": settings, "rounds": rounds}
+    print("\n" + " ".join(f"{k}={v}" for k, v in settings.items()))
     header = f"{'path':<22}{'p50 ms':>10}{'p99 ms':>10}{'req/s':>10}{'router CPU us/req':>20}"
     print(header + f"{'engines CPU us/req':>20}")
     for index, row in enumerate(rounds):
@@ -231,22 +293,23 @@ def _report(args: argparse.Namespace, rounds: list[dict[str, dict]]) -> None:
         for row in rounds
     ]
     ours = statistics.median(a["rollflow manager"] for a in added)
+    results.figures["manager_added_p50_ms"] = ours
     print(f"\nmanager added latency p50, median over rounds: {ours:.3f} ms")
     if "sglang-router" not in rounds[0]:
         return
-    print(
-        f"sglang-router added latency p50, median over rounds: {statistics.median(a['sglang-router'] for a in added):.3f} ms"
-    )
+    theirs = statistics.median(a["sglang-router"] for a in added)
+    results.figures["sglang_router_added_p50_ms"] = theirs
+    print(f"sglang-router added latency p50, median over rounds: {theirs:.3f} ms")
     ours_of = [r["rollflow manager"] for r in rounds]
     peer_of = [r["sglang-router"] for r in rounds]
-    ratios = {  # label: (per-round ratios, the goal as written, whether a round met it)
+    ratios = {  # label: (per-round ratios, the goal as (op, target))
         "added p50 manager / sglang-router": (
             [a["rollflow manager"] / max(a["sglang-router"], 1e-9) for a in added],
-            ("<= 1.5x", lambda v: v <= 1.5),
+            ("<=", 1.5),
         ),
         "throughput manager / sglang-router": (
             [o["rps"] / p["rps"] for o, p in zip(ours_of, peer_of, strict=True)],
-            (">= 1x", lambda v: v >= 1.0),
+            (">=", 1.0),
         ),
         "router CPU per request manager / sglang-router": (
             [o["cpu_us"] / p["cpu_us"] for o, p in zip(ours_of, peer_of, strict=True)],
@@ -257,21 +320,26 @@ def _report(args: argparse.Namespace, rounds: list[dict[str, dict]]) -> None:
             None,
         ),
     }
+    results.figures["ratios"] = {}
     for label, (values, goal) in ratios.items():
+        median = statistics.median(values)
+        results.figures["ratios"][label] = {"median": median, "rounds": values}
         per_round = " ".join(f"{v:.2f}" for v in values)
-        line = f"{label}: median {statistics.median(values):.2f}x (rounds: {per_round})"
+        line = f"{label}: median {median:.2f}x (rounds: {per_round})"
         if goal is not None:
-            written, met = goal
-            line += f"; goal {written}, held in {sum(map(met, values))} of {len(values)} rounds"
+            op, target = goal
+            held = sum(1 for v in values if (v <= target if op == "<=" else v >= target))
+            line += f"; goal {op} {target}x, held in {held} of {len(values)} rounds"
+            results.goal(f"{label}, median over rounds", median, op, target)
         print(line)
 
 
-async def _drive(url: str, requests: int, concurrency: int) -> None:
+async def _drive(client: Client, url: str, requests: int, concurrency: int) -> None:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        await _load(session, url, requests, concurrency)
+        await _load(client, session, url, requests, concurrency)
 
 
-def instructions(args: argparse.Namespace, tmp: Path) -> None:
+def instructions(args: argparse.Namespace, tmp: Path, results: Results) -> None:
     """User-space instructions per request of each router under valgrind's callgrind, counted over
     `--instructions` requests at `--concurrency` after a warm-up: a count the machine's load cannot
     blur, where wall clock and even CPU time on a shared machine can (it leaves out the kernel's
@@ -279,11 +347,12 @@ def instructions(args: argparse.Namespace, tmp: Path) -> None:
     are slowed for this count only; sglang-router runs without its health checks, as above."""
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         sys.exit("--instructions needs valgrind and callgrind_control (apt install valgrind)")
-    engines = [_start_canned_engine(tmp, f"canned{i}") for i in range(2)]
+    client = Client(args.tokens, args.client_stream)
+    engines = [_start_canned_engine(tmp, f"canned{i}", args.tokens_per_event) for i in range(2)]
     urls = [e.url for e in engines]
     polls_off = {"router": "round_robin", "health_interval_s": 3600, "load_poll_interval_s": 3600}
     routers = {"rollflow manager": lambda port: _manager_argv(urls, tmp, port, **polls_off)}
-    if _has_sglang_router():
+    if _has_sglang_router(results):
         routers["sglang-router"] = lambda port: _sglang_router_argv(urls, port)
     counts = {}
     try:
@@ -293,10 +362,10 @@ def instructions(args: argparse.Namespace, tmp: Path) -> None:
             argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
             router = Process([*argv, *argv_at(port)], port, tmp / f"valgrind-{out.stem}.log")
             try:
-                asyncio.run(_drive(router.url, 300, args.concurrency))  # warm up, uncounted
+                asyncio.run(_drive(client, router.url, 300, args.concurrency))  # warm up, uncounted
                 pid = str(router.proc.pid)
                 subprocess.run(["callgrind_control", "-i", "on", pid], check=True, capture_output=True)
-                asyncio.run(_drive(router.url, args.instructions, args.concurrency))
+                asyncio.run(_drive(client, router.url, args.instructions, args.concurrency))
                 subprocess.run(["callgrind_control", "-i", "off", pid], check=True, capture_output=True)
                 subprocess.run(["callgrind_control", "-d", pid], check=True, capture_output=True)
             finally:
@@ -306,8 +375,17 @@ def instructions(args: argparse.Namespace, tmp: Path) -> None:
     finally:
         for engine in engines:
             engine.stop()
+    results.figures["instructions_per_request"] = counts
+    results.figures["settings"] = {
+        "requests": args.instructions,
+        "concurrency": args.concurrency,
+        "tokens_per_request": args.tokens,
+        "tokens_per_event": args.tokens_per_event,
+        "client_stream": args.client_stream,
+    }
     if len(counts) == 2:
         ratio = counts["rollflow manager"] / counts["sglang-router"]
+        results.figures["instructions_ratio_manager_over_sglang_router"] = ratio
         print(f"instructions per request manager / sglang-router: {ratio:.2f}x")
 
 
@@ -319,16 +397,19 @@ def _callgrind_total(path: Path) -> int:
     )
 
 
-def _has_sglang_router() -> bool:
-    try:
-        import sglang_router  # noqa: F401
-    except ImportError:
-        print("sglang-router is not installed (pip install sglang-router): skipping the peer")
+def _has_sglang_router(results: Results) -> bool:
+    """Whether the peer is installed, recorded in `results` (a run without it fails)."""
+    results.peers["sglang-router"] = package_version("sglang-router")
+    if results.peers["sglang-router"] is None:
+        print(
+            "sglang-router, the peer, is not installed (pip install sglang-router): this run fails",
+            file=sys.stderr,
+        )
         return False
     return True
 
 
-def preemption(args: argparse.Namespace, tmp: Path) -> None:
+def preemption(tmp: Path, results: Results) -> None:
     from rollflow.runtime.manager.client import ManagerClient
     from tests.runtime.manager.helpers import metric, wait_until, workers
 
@@ -350,6 +431,7 @@ def preemption(args: argparse.Namespace, tmp: Path) -> None:
         samples = [s for mb in batch.micro_batches() for g in mb for s in g]
         done_at = time.perf_counter()
         moved = [s for s in samples if s["resumes"]]
+        short = sum(1 for s in samples if len(s["output_ids"]) != 200)
         count = metric(manager, "rollflow_resume_delay_seconds_count")
         total = metric(manager, "rollflow_resume_delay_seconds_sum")
         regenerated = metric(manager, "rollflow_regenerated_tokens_total")
@@ -361,6 +443,19 @@ def preemption(args: argparse.Namespace, tmp: Path) -> None:
         f"detection -> first token elsewhere, mean over moved samples: {1000 * total / max(count, 1):.1f} ms (goal < 100 ms)"
     )
     print(f"kill -> batch done: {done_at - killed_at:.2f} s; tokens regenerated: {regenerated:.0f} (goal 0)")
+    delay_ms = 1000 * total / count if count else None
+    results.figures["preemption"] = {
+        "samples": len(samples),
+        "moved": len(moved),
+        "resume_delay_mean_ms": delay_ms,
+        "kill_to_done_s": done_at - killed_at,
+        "regenerated_tokens": regenerated,
+        "samples_short_of_their_tokens": short,
+    }
+    results.goal("preemption: samples moved after the kill", len(moved), ">=", 1)
+    results.goal("preemption: detection -> first token elsewhere, mean ms", delay_ms, "<", 100)
+    results.goal("preemption: tokens regenerated", regenerated, "==", 0)
+    results.goal("preemption: samples short of their 200 tokens", short, "==", 0)
 
 
 def main() -> None:
@@ -375,6 +470,16 @@ def main() -> None:
     )
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--backend", choices=("canned", "builtin"), default="canned")
+    parser.add_argument("--tokens", type=int, default=8, help="tokens each request asks for")
+    parser.add_argument(
+        "--tokens-per-event", type=int, default=1, help="the canned engines' tokens per streamed event"
+    )
+    parser.add_argument(
+        "--client-stream",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the load generator asks for a stream (default) or one JSON answer",
+    )
     parser.add_argument("--skip-preemption", action="store_true")
     parser.add_argument(
         "--instructions",
@@ -383,14 +488,20 @@ def main() -> None:
         help="instead of timing: count each router's instructions per request over N requests "
         "under valgrind's callgrind (canned engines; needs valgrind)",
     )
+    add_results_dir(parser)
     args = parser.parse_args()
+    if args.tokens < 1 or args.tokens_per_event < 0:
+        parser.error("--tokens must be at least 1 and --tokens-per-event at least 0")
+    name = "manager_overhead_instructions" if args.instructions else "manager_overhead"
+    results = Results(name, args.results_dir)
     with tempfile.TemporaryDirectory() as tmp:
         if args.instructions:
-            instructions(args, Path(tmp))
-            return
-        overhead(args, Path(tmp))
-        if not args.skip_preemption:
-            preemption(args, Path(tmp))
+            instructions(args, Path(tmp), results)
+        else:
+            overhead(args, Path(tmp), results)
+            if not args.skip_preemption:
+                preemption(Path(tmp), results)
+    sys.exit(results.finish())
 
 
 if __name__ == "__main__":

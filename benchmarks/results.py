@@ -1,0 +1,202 @@
+"""One benchmark run written as `benchmarks/results/<name>.json`, and the exit status it earns.
+
+A figure nobody can check is worth little, so each benchmark that backs a published figure writes
+what it measured and how, in one shape the docs render from:
+
+    name      the benchmark's name (the file's stem)
+    command   the command line exactly as run (`sys.orig_argv`, shell-quoted)
+    commit    git HEAD, with "+dirty" when the tree differs from it (results files left out)
+    machine   cores, CPU model, Python, and the 1/5/15-minute load average before and after
+    peers     each system compared against -> its version or commit (null: it did not run)
+    figures   the measurements, as the benchmark names them
+    goals     [{name, target, measured, met}], target as "<op> <number>", e.g. ">= 0.9"
+
+The exit rule (`exit_status`): non-zero when any goal is missed (a measurement that is missing or
+not a number misses its goal) or any peer did not run. What makes a run invalid (errors, lost or
+regenerated tokens where none may be) is stated as a goal with target "== 0", so it is recorded
+beside the rest and fails the run alike.
+
+    results = Results("manager_overhead", args.results_dir)
+    results.peers["sglang-router"] = package_version("sglang-router")
+    results.figures["rps"] = 1234.5
+    results.goal("throughput manager / sglang-router", measured=1.1, op=">=", target=1.0)
+    sys.exit(results.finish())
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import math
+import operator
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_DIR = REPO / "benchmarks" / "results"
+QUICK_DIR = DEFAULT_DIR / "quick"
+
+OPS: dict[str, Callable[[float, float], bool]] = {
+    "<=": operator.le,
+    ">=": operator.ge,
+    "<": operator.lt,
+    ">": operator.gt,
+    "==": operator.eq,
+}
+
+
+def add_results_dir(parser: argparse.ArgumentParser) -> None:
+    """The `--results-dir` option every benchmark that writes a results file takes."""
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        default=DEFAULT_DIR,
+        help=f"where <name>.json is written (default {DEFAULT_DIR.relative_to(REPO)}; "
+        f"quick runs: {QUICK_DIR.relative_to(REPO)}, not committed)",
+    )
+
+
+def package_version(distribution: str) -> str | None:
+    """The installed version of a peer's package, None when it is not installed."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def goal_met(target: str, measured: float | None) -> bool:
+    """Whether `measured` meets `target` ("<op> <number>"); a missing or NaN measurement does not."""
+    op, number = parse_target(target)
+    if measured is None or isinstance(measured, bool) or not math.isfinite(measured):
+        return False
+    return OPS[op](measured, number)
+
+
+def parse_target(target: str) -> tuple[str, float]:
+    """("<=", 1.5) from "<= 1.5"; ValueError naming what is wrong otherwise."""
+    op, _, number = target.partition(" ")
+    if op not in OPS:
+        raise ValueError(f"goal target {target!r} must start with one of {', '.join(OPS)} and a space")
+    try:
+        return op, float(number)
+    except ValueError:
+        raise ValueError(f"goal target {target!r} must end with a number") from None
+
+
+def exit_status(document: dict[str, Any]) -> tuple[int, list[str]]:
+    """(0, []) for a run that met every goal with every peer run; (1, the reasons) otherwise.
+
+    `met` is judged again from `target` and `measured` rather than trusted, so a file edited by
+    hand (or a writer's bug) cannot pass a missed goal."""
+    reasons = [f"peer {name} did not run" for name, version in document["peers"].items() if version is None]
+    for goal in document["goals"]:
+        if not goal_met(goal["target"], goal["measured"]):
+            reasons.append(
+                f"goal missed: {goal['name']}: measured {goal['measured']}, target {goal['target']}"
+            )
+    return (1 if reasons else 0), reasons
+
+
+def git_commit(repo: Path, results_dir: Path) -> str:
+    """HEAD, "+dirty" when tracked or untracked files differ from it; results files do not count,
+    or one benchmark's output would mark every later one dirty."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        status = ["git", "-C", str(repo), "status", "--porcelain", "--", "."]
+        resolved, root = results_dir.resolve(), repo.resolve()
+        if resolved.is_relative_to(root):
+            status.append(f":(exclude){resolved.relative_to(root)}")
+        changes = subprocess.run(status, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return head + ("+dirty" if changes.strip() else "")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _clean(value: Any) -> Any:
+    """JSON-ready: non-finite floats become null (strict JSON has no NaN), floats keep 6 digits."""
+    if isinstance(value, float):
+        return float(f"{value:.6g}") if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+class Results:
+    """A run's results file in the making: created when the run starts (load average, command,
+    commit), filled with peers, figures and goals, written and judged by `finish()`."""
+
+    def __init__(self, name: str, results_dir: Path = DEFAULT_DIR) -> None:
+        self.name = name
+        self.results_dir = results_dir
+        self.command = shlex.join(sys.orig_argv)
+        self.commit = git_commit(REPO, results_dir)
+        self.load_before = list(os.getloadavg())
+        self.peers: dict[str, str | None] = {}
+        self.figures: dict[str, Any] = {}
+        self.goals: list[dict[str, Any]] = []
+
+    def goal(self, name: str, measured: float | None, op: str, target: float) -> bool:
+        """Record a goal ("measured op target") and whether it was met."""
+        written = f"{op} {target:g}"
+        met = goal_met(written, measured)
+        self.goals.append({"name": name, "target": written, "measured": measured, "met": met})
+        return met
+
+    def document(self) -> dict[str, Any]:
+        machine = {
+            "cores": os.cpu_count(),
+            "cpu": _cpu_model(),
+            "python": platform.python_version(),
+            "load_before": self.load_before,
+            "load_after": list(os.getloadavg()),
+        }
+        return _clean(
+            {
+                "name": self.name,
+                "command": self.command,
+                "commit": self.commit,
+                "machine": machine,
+                "peers": self.peers,
+                "figures": self.figures,
+                "goals": self.goals,
+            }
+        )
+
+    def finish(self) -> int:
+        """Write the file, print each goal and why the run fails if it does; the exit status."""
+        document = self.document()
+        self.results_dir.mkdir(parents=True, exist_ok=True)
+        path = self.results_dir / f"{self.name}.json"
+        partial = path.with_suffix(".json.tmp")
+        partial.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
+        partial.replace(path)
+        status, reasons = exit_status(document)
+        print(f"\nresults: {path}")
+        for goal in document["goals"]:
+            print(
+                f"  {'met ' if goal['met'] else 'MISSED'} {goal['name']}: {goal['measured']} ({goal['target']})"
+            )
+        for reason in reasons:
+            print(f"FAILED: {reason}", file=sys.stderr)
+        return status

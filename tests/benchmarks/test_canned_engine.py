@@ -1,0 +1,53 @@
+"""The canned engine streams as SGLang does: the manager's own client reads every token of it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from benchmarks.canned_engine import build_app
+from rollflow.runtime.engines.base import SamplingParams
+from rollflow.runtime.engines.sglang import SGLangClient
+from tests.runtime.processes import free_port
+
+TOKENS = 7
+
+
+async def _serve_and_read(tokens_per_event: int, incremental: bool) -> tuple[list, list[bytes]]:
+    """(the chunks SGLangClient parsed, the raw events) of one streamed request of TOKENS tokens."""
+    runner = web.AppRunner(build_app(tokens_per_event, incremental), access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        client = SGLangClient(url)
+        try:
+            chunks = [c async for c in client.generate("r1", [1, 2], SamplingParams(max_new_tokens=TOKENS))]
+        finally:
+            await client.close()
+        async with aiohttp.ClientSession() as session:
+            body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": TOKENS}, "stream": True}
+            async with session.post(url + "/generate", json=body) as response:
+                raw = await response.read()
+    finally:
+        await runner.cleanup()
+    return chunks, [e for e in raw.split(b"\n\n") if e]
+
+
+@pytest.mark.parametrize(
+    ("tokens_per_event", "incremental", "events"),
+    [(1, False, TOKENS), (1, True, TOKENS), (3, False, 3), (3, True, 3), (0, False, 1)],
+)
+def test_stream_reads_as_sglang(tokens_per_event: int, incremental: bool, events: int) -> None:
+    chunks, raw = asyncio.run(_serve_and_read(tokens_per_event, incremental))
+    assert [t for c in chunks for t in c.token_ids] == list(range(1, TOKENS + 1))
+    assert all(lp == -0.5 for c in chunks for lp in c.logprobs)
+    assert len(chunks) == events
+    assert [c.finish_reason for c in chunks] == [None] * (events - 1) + ["length"]
+    assert len(raw) == events + 1 and raw[-1] == b"data: [DONE]"
+    # cumulative events repeat the output so far; incremental ones only their new tokens
+    assert (b'"output_ids":[7]' if incremental else b'"output_ids":[1,2,3,4,5,6,7]') in raw[-2]
