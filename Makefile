@@ -1,4 +1,5 @@
-# Two entry points: `make demo` and `make test` (`make test-docs` runs only the README's commands). Each creates .venv/ on first use.
+# Two entry points: `make demo` and `make test` (`make test-docs` runs only the docs tier: the README's and
+# the site's commands, and the site's strict build; `make docs` builds the site into site/). Each creates .venv/ on first use.
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -6,7 +7,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test test-docs lint clean vllm-venv compiled
+.PHONY: demo test test-docs docs lint clean vllm-venv compiled
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -39,16 +40,21 @@ demo: $(STAMP)
 	$(BIN)/rollflow demo run --config examples/demo/preemption.yaml --output-dir outputs/demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check rollflow tests benchmarks
-	$(BIN)/ruff format --check rollflow tests benchmarks
+	$(BIN)/ruff check rollflow tests benchmarks tools
+	$(BIN)/ruff format --check rollflow tests benchmarks tools
 
 test: lint compiled $(VLLM_STAMP)
 	$(BIN)/pytest -q --ignore=tests/docs
 	$(MAKE) test-docs
 
-# The docs tier: README.md's bash blocks, run as written in a copy of the repository (tests/docs/).
+# The docs tier (tests/docs/): every bash block of README.md and docs/, run as written, one shell and one copy
+# of the repository per page; the site's strict build; the generated reference's route tables.
 test-docs: $(STAMP)
 	$(BIN)/pytest -q tests/docs
 
+# The documentation site (mkdocs.yml), into site/; --strict: a broken link or any warning fails.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) outputs .pytest_cache build rollflow/perf/_timing.*.so rollflow/sim/_loop.*.so rollflow/sim/_trace.*.so
+	rm -rf $(VENV) $(VLLM_VENV) outputs site .pytest_cache build rollflow/perf/_timing.*.so rollflow/sim/_loop.*.so rollflow/sim/_trace.*.so
