@@ -126,10 +126,11 @@ def checkout_files(repo: Path) -> list[str]:
 
 
 def copy_checkout(repo: Path, root: Path) -> Path:
-    """A copy of the checkout at root/rollflow: its files, `.venv` linked to the checkout's, and
-    `../shared` linked beside it when the checkout has one."""
+    """A copy of the checkout at root/rollflow: its files and compiled extensions, `.venv` linked to
+    the checkout's, and `../shared` linked beside it when the checkout has one."""
     copy = root / "rollflow"
-    for name in checkout_files(repo):
+    built = [str(path.relative_to(repo)) for path in repo.glob("rollflow/*/_*.so")]  # `make` builds them
+    for name in [*checkout_files(repo), *built]:
         target = copy / name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(repo / name, target)

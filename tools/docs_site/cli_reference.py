@@ -81,7 +81,7 @@ def _flag_row(parser: argparse.ArgumentParser, action: argparse.Action) -> tuple
     meaning = parser._get_formatter()._expand_help(action) if action.help else ""
     if action.choices and not isinstance(action.choices, dict):
         meaning += " (one of: " + ", ".join(str(choice) for choice in action.choices) + ")"
-    if action.required:
+    if action.required and (action.option_strings or action.nargs not in ("*", "?", argparse.REMAINDER)):
         meaning += " **(required)**"
     return code(name), shown, cell(meaning)
 

@@ -13,6 +13,7 @@ import importlib
 import inspect
 import io
 import json
+import re
 import textwrap
 import tokenize
 import types
@@ -103,24 +104,36 @@ CONFIG_FILES = (
 )
 
 
+@dataclass(frozen=True)
+class Link:
+    """Where a section's keys are listed already: later uses of the section link there."""
+
+    file: str  # the anchor of the config file it is listed in
+    anchor: str
+    label: str
+    whole_file: bool = False
+
+
 def page() -> str:
     files = [(spec, spec.load()) for spec in CONFIG_FILES]
     # a model that is a whole config file (or the one section of one) is linked, not repeated
-    linked: dict[type, str] = {}
+    linked: dict[type, Link] = {}
     for spec, model in files:
-        linked[model] = spec.anchor
+        link = Link(spec.anchor, spec.anchor, f"the {spec.title.lower()} config", whole_file=True)
+        linked[model] = link
         fields = model.model_fields
         if len(fields) == 1:
             (only,) = fields.values()
             if isinstance(only.annotation, type) and issubclass(only.annotation, BaseModel):
-                linked[only.annotation] = spec.anchor
+                linked[only.annotation] = link
     parts = [
         "# Config reference\n",
         "Generated from the pydantic models at build time: every key of every config file, with its "
         "type, default and meaning. Any key can be set on the command line as a dotted override "
         "(`cluster.replicas=4`; `a.0.b` indexes a list); a key that is not here is an error that "
-        "names the keys allowed. `KEY[]` is a list of sections, `KEY.<name>` a mapping of them. "
-        "`rollflow sim config` and `rollflow router config` print a config with every default filled in.\n",
+        "names the keys allowed. `KEY[]` is a list of sections, `KEY.<name>` a mapping of them; a "
+        "section listed once already links there. `rollflow sim config` and `rollflow router config` "
+        "print a config with every default filled in.\n",
         table(
             ["file", "read by", "examples"],
             [(f"[{spec.title}](#{spec.anchor})", spec.read_by, code(spec.examples)) for spec, _ in files],
@@ -131,28 +144,84 @@ def page() -> str:
         parts.append(f"Read by {spec.read_by}; model `{spec.model.replace(':', '.')}`.\n")
         if _doc(model):
             parts.append(_doc(model) + "\n")
-        rows = list(_rows(model, "", {m: a for m, a in linked.items() if a != spec.anchor}, (model,)))
+        for own in [m for m, link in linked.items() if link.whole_file and link.file == spec.anchor]:
+            del linked[own]  # listed here, in full
+        rows = list(_rows(model, "", spec, linked, (model,)))
         parts.append(table(["key", "type", "default", "meaning"], rows))
     return "\n".join(parts)
 
 
-def _rows(model: type[BaseModel], prefix: str, linked: dict[type, str], stack: tuple[type, ...]):
+def _rows(
+    model: type[BaseModel],
+    prefix: str,
+    spec: ConfigFile,
+    linked: dict[type, Link],
+    stack: tuple[type, ...],
+    variant: str = "",
+    first_anchor: str = "",
+):
+    """Rows of `model`'s keys under `prefix`; `variant` names which of a union's sections they are,
+    `first_anchor` marks the first row. A section listed in full here is added to `linked`, so
+    that later uses link to it."""
     notes = field_notes(model)
     for name, field in model.model_fields.items():
         key = prefix + name
         meaning = field.description or notes.get(name, "")
         nested = [m for m in _models_in(field.annotation) if m not in stack]
-        links = [m for m in nested if m in linked]
+        links = [(m, linked[m]) for m in nested if m in linked]
         if links:
-            meaning = (meaning + " " if meaning else "") + ", ".join(
-                f"the [{linked[m]} config](#{linked[m]})" for m in links
+            union = len(nested) > 1
+            see = ", ".join(
+                (f"`{_variant(m)}` in " if union else "") + f"[{link.label}](#{link.anchor})"
+                for m, link in links
             )
+            meaning = (meaning + " " if meaning else "") + (f"Keys: {see}." if union else f"Keys: see {see}.")
         elif not meaning and len(nested) == 1:
             meaning = _doc(nested[0])
-        yield code(key), code(type_name(field.annotation)), _default(field), cell(meaning)
-        for child in nested:
-            if child not in linked:
-                yield from _rows(child, _child_prefix(key, field.annotation), linked, (*stack, child))
+        elif not meaning and len(nested) > 1:
+            meaning = "One of these sections: " + ", ".join(f"`{_variant(m)}`" for m in nested) + "."
+        shown = code(key)
+        expand = [m for m in nested if m not in linked]
+        if len(expand) == 1 and len(nested) == 1:
+            anchor = _anchor(spec, key)
+            shown = f'<span id="{anchor}"></span>{shown}'
+            linked_after = Link(spec.anchor, anchor, f"`{key}` of the {spec.title.lower()} config")
+        else:
+            linked_after = None
+        yield (
+            first_anchor + shown,
+            code(type_name(field.annotation)),
+            _default(field),
+            cell(variant + meaning),
+        )
+        first_anchor = ""
+        for child in expand:
+            child_prefix = _child_prefix(key, field.annotation)
+            if len(nested) > 1:  # one of a union's sections: its first row is where later uses link
+                label = f"(with `{key}: {_variant(child)}`) "
+                anchor = _anchor(spec, f"{key}-{_variant(child)}")
+                child_link = Link(spec.anchor, anchor, f"`{key}` of the {spec.title.lower()} config")
+                rows = _rows(
+                    child, child_prefix, spec, linked, (*stack, child), label, f'<span id="{anchor}"></span>'
+                )
+                yield from rows
+                linked.setdefault(child, child_link)
+            else:
+                yield from _rows(child, child_prefix, spec, linked, (*stack, child))
+        if linked_after is not None and len(expand[0].model_fields) >= 3:
+            linked.setdefault(expand[0], linked_after)
+
+
+def _anchor(spec: ConfigFile, key: str) -> str:
+    return f"{spec.anchor}-" + re.sub(r"[^a-z0-9]+", "-", key.lower()).strip("-")
+
+
+def _variant(model: type[BaseModel]) -> str:
+    """What selects one section of a union: its `kind` (the discriminator the configs use), else its name."""
+    kind = model.model_fields.get("kind")
+    if kind is not None and typing.get_origin(kind.annotation) is Literal:
+        return "{kind: " + str(typing.get_args(kind.annotation)[0]) + "}"
+    return model.__name__
 
 
 def _child_prefix(key: str, annotation: Any) -> str:
