@@ -18,7 +18,7 @@ ROUTES: dict[str, RouteDoc] = {
         "`resumes`; a sample whose engine dies is resumed elsewhere from its tokens",
     ),
     "POST /abort_request": RouteDoc(
-        '`{"rid"}` (a `/generate` rid or a batch sample id) or `{"abort_all": true}` (token)',
+        '`{"rid"}` (a `/generate` rid, or a batch sample id: token) or `{"abort_all": true}` (token)',
         '200; the sample ends with `finish_reason: {"type": "abort", "message"}` and the tokens it has',
     ),
     "GET /v1/loads": RouteDoc(
@@ -125,15 +125,16 @@ ROUTES: dict[str, RouteDoc] = {
         "`context_length`; the same `rid` answers the same turn, other input with it is a 409",
     ),
     "GET /v1/sessions/{session_id}": RouteDoc(
-        "-", "`context_ids`, `logprobs`, `loss_mask`, `segments` (prompt / output / env, by turn), `turns`"
+        "- (token)",
+        "`context_ids`, `logprobs`, `loss_mask`, `segments` (prompt / output / env, by turn), `turns`",
     ),
     "DELETE /v1/sessions/{session_id}": RouteDoc(
-        "-", "closes it (a turn in flight is cancelled); the context"
+        "- (token)", "closes it (a turn in flight is cancelled); the context"
     ),
     "POST /open_session": RouteDoc(
         'SGLang\'s `{"capacity_of_str_len", "session_id"?}`', "the session id as a JSON string"
     ),
-    "POST /close_session": RouteDoc('SGLang\'s `{"session_id"}`', "an empty 200"),
+    "POST /close_session": RouteDoc('SGLang\'s `{"session_id"}` (token)', "an empty 200"),
     # operations
     "GET /metrics": RouteDoc("-", "Prometheus text; see the [metrics reference](metrics.md)"),
     "GET /health": RouteDoc("-", '`{"status": "ok"}` while the manager runs'),
