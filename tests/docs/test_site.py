@@ -3,14 +3,17 @@ the README's length and its results table."""
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tools.docs_site import benchmarks_page, readme
+from rollflow.cli import COMMAND_GROUPS, build_parser
+from tools.docs_site import benchmarks_page, cli_reference, config_reference, readme
 from tools.docs_site.http_reference import SERVERS, registered_routes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,3 +90,31 @@ def test_a_results_file_without_its_goals_is_an_error(tmp_path: Path):
     (tmp_path / "benchmarks" / "results" / "bad.json").write_text('{"benchmark": "bad", "command": "x"}')
     with pytest.raises(benchmarks_page.ResultsError, match="missing goals"):
         benchmarks_page.benchmarks(tmp_path)
+
+
+def test_the_config_reference_lists_every_key_of_every_file():
+    text = config_reference.page()
+    for spec in config_reference.CONFIG_FILES:
+        model = spec.load()
+        section = text.split(f"{{#{spec.anchor}}}", 1)[1]
+        for name in model.model_fields:
+            row = re.compile(rf'\| (<span id="[^"]+"></span>)?`{name}` \|')
+            assert row.search(section), f"{spec.anchor}: key {name} is missing"
+    assert "| `cluster.replicas` | `int` | `1` |" in text  # nested keys, with type and default
+
+
+def test_the_cli_reference_lists_every_command_and_flag():
+    text = cli_reference.page()
+
+    def check(prog: str, parser: argparse.ArgumentParser) -> None:
+        section = text.split(f"{{#{prog.replace(' ', '-')}}}", 1)[1]
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            for option in action.option_strings:
+                assert option in section, f"{prog}: flag {option} is missing"
+        for name, child in cli_reference._subcommands(parser).items():
+            check(f"{prog} {name}", child)
+
+    for group in COMMAND_GROUPS:
+        check(f"rollflow {group}", cli_reference._subcommands(build_parser([group]))[group])
