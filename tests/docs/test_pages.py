@@ -39,8 +39,8 @@ def environment(copy: Path) -> dict[str, str]:
 
 @pytest.mark.parametrize("page", RUNNABLE, ids=lambda page: page.path)
 def test_page_runs_as_written(page: Page, tmp_path: Path):
-    if "../shared" in page.script() and not (REPO.parent / "shared").is_dir():
-        pytest.skip(f"{page.path} needs ../shared, absent beside {REPO}")
+    if needs_shared(page) and not (REPO.parent / "shared").is_dir():
+        pytest.skip(f"{page.path} needs ../shared (Vidur's data), absent beside {REPO}")
     copy = copy_checkout(REPO, tmp_path)
     before = {name: digest(copy / name) for name in _files(copy)}
     run = run_page(page, copy, environment(copy), PAGE_TIMEOUT_S, isolate=isolated())
@@ -50,6 +50,13 @@ def test_page_runs_as_written(page: Page, tmp_path: Path):
         name for name, value in before.items() if not (copy / name).is_file() or digest(copy / name) != value
     ]
     assert not changed, f"{page.path}'s commands changed or removed files of the checkout: {changed}"
+
+
+def needs_shared(page: Page) -> bool:
+    """Whether the page reads ../shared, itself or through a config file of the repository it names."""
+    script = page.script()
+    named = [REPO / name for name in re.findall(r"(?:examples|benchmarks)/[\w./-]+\.(?:ya?ml|py)", script)]
+    return "../shared" in script or any(p.is_file() and "../shared" in p.read_text() for p in named)
 
 
 def _files(copy: Path) -> list[str]:
