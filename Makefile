@@ -1,5 +1,4 @@
-# Two entry points: `make demo` and `make test` (`make test-docs` runs only the docs tier: the README's and
-# the site's commands, and the site's strict build; `make docs` builds the site into site/). Each creates .venv/ on first use.
+# Two entry points: `make demo` and `make test` (`make test-docs` runs only the README's commands). Each creates .venv/ on first use.
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -7,13 +6,13 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test test-docs docs lint clean vllm-venv compiled
+.PHONY: demo test test-docs lint clean vllm-venv compiled
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0  # before the extras, so pip keeps this build of torch
-	$(BIN)/pip install -q -e '.[dev]'  # builds the compiled core in place too (setup.py)
+	$(BIN)/pip install -q -e '.[dev,docs]'  # builds the compiled core in place too (setup.py)
 	touch $(STAMP)
 
 # The compiled execution-time lookups (rollflow/perf/_timing.c, gcc and the Python headers), built
@@ -53,6 +52,7 @@ test-docs: $(STAMP)
 	$(BIN)/pytest -q tests/docs
 
 # The documentation site (mkdocs.yml), into site/; --strict: a broken link or any warning fails.
+.PHONY: docs
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
