@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+from pathlib import Path
 
 import pytest
 
 from tests.docs.blocks import Block, Page, PageError, isolated, parse, run_page
+
+REPO = Path(__file__).resolve().parents[2]
 
 TEXT = """# title
 ## One
@@ -89,7 +92,7 @@ def test_isolated_pages_can_listen_on_the_same_port(tmp_path):
     )
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
-        (tmp_path / name / ".venv").symlink_to(os.path.abspath(".venv"))
+        (tmp_path / name / ".venv").symlink_to(REPO / ".venv")
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         runs = list(pool.map(lambda n: run_page(serve, tmp_path / n, dict(os.environ), 60, True), ("a", "b")))
     assert all(run.returncode == 0 and "served" in run.output for run in runs), [r.output for r in runs]
