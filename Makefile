@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0  # before the extras, so pip keeps this build of torch
-	$(BIN)/pip install -q -e '.[dev]'  # builds the compiled core in place too (setup.py)
+	$(BIN)/pip install -q -e '.[dev,docs]'  # builds the compiled core in place too (setup.py)
 	touch $(STAMP)
 
 # The compiled execution-time lookups (rollflow/perf/_timing.c, gcc and the Python headers), built
@@ -39,16 +39,22 @@ demo: $(STAMP)
 	$(BIN)/rollflow demo run --config examples/demo/preemption.yaml --output-dir outputs/demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check rollflow tests benchmarks
-	$(BIN)/ruff format --check rollflow tests benchmarks
+	$(BIN)/ruff check rollflow tests benchmarks tools
+	$(BIN)/ruff format --check rollflow tests benchmarks tools
 
 test: lint compiled $(VLLM_STAMP)
 	$(BIN)/pytest -q --ignore=tests/docs
 	$(MAKE) test-docs
 
-# The docs tier: README.md's bash blocks, run as written in a copy of the repository (tests/docs/).
+# The docs tier (tests/docs/): every bash block of README.md and docs/, run as written, one shell and one copy
+# of the repository per page; the site's strict build; the generated reference's route tables.
 test-docs: $(STAMP)
 	$(BIN)/pytest -q tests/docs
 
+# The documentation site (mkdocs.yml), into site/; --strict: a broken link or any warning fails.
+.PHONY: docs
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) outputs .pytest_cache build rollflow/perf/_timing.*.so rollflow/sim/_loop.*.so rollflow/sim/_trace.*.so
+	rm -rf $(VENV) $(VLLM_VENV) outputs site .pytest_cache build rollflow/perf/_timing.*.so rollflow/sim/_loop.*.so rollflow/sim/_trace.*.so

@@ -81,35 +81,52 @@ class BCConfig(Section):
     )
     """Heuristic routers whose decisions are recorded."""
     episodes_per_demonstrator: int = Field(8, ge=1)
+    """Episodes recorded per demonstrator router."""
     keep_best: int = Field(1, ge=0)
     """Clone only the N demonstrators with the highest mean return (0 = all of them, mixed)."""
     epochs: int = Field(10, ge=0)
+    """Passes over the recorded decisions (0: no behaviour cloning)."""
     learning_rate: float = Field(3e-3, gt=0.0)
+    """Adam learning rate of behaviour cloning."""
     batch_size: int = Field(256, ge=1)
+    """Decisions per gradient step of behaviour cloning."""
 
 
 class PPOConfig(Section):
     total_steps: int = Field(50_000, ge=1)
     """Environment steps (routing decisions) of PPO after behaviour cloning."""
     rollout_steps: int = Field(2048, ge=8)
+    """Decisions collected per PPO iteration."""
     epochs: int = Field(4, ge=1)
+    """Passes over each iteration's decisions."""
     minibatch_size: int = Field(256, ge=1)
+    """Decisions per gradient step."""
     learning_rate: float = Field(3e-4, gt=0.0)
+    """Adam learning rate."""
     gamma: float = Field(0.99, ge=0.0, le=1.0)
+    """Discount factor."""
     gae_lambda: float = Field(0.95, ge=0.0, le=1.0)
+    """GAE lambda of the advantage estimate."""
     clip: float = Field(0.2, gt=0.0)
+    """PPO's clip range of the probability ratio."""
     value_weight: float = Field(0.5, ge=0.0)
+    """Weight of the value loss."""
     max_grad_norm: float = Field(0.5, gt=0.0)
+    """Gradients are clipped to this norm."""
     kl_start: float = Field(0.3, ge=0.0)
     """Weight of KL(policy || BC reference) at the first step."""
     kl_end: float = Field(0.02, ge=0.0)
+    """Weight of KL(policy || BC reference) after kl_decay_steps."""
     kl_decay_steps: int = Field(30_000, ge=1)
     """Steps over which the KL weight falls linearly from kl_start to kl_end."""
     entropy_start: float = Field(0.01, ge=0.0)
+    """Weight of the entropy bonus at the first step."""
     entropy_end: float = Field(0.001, ge=0.0)
+    """Weight of the entropy bonus at total_steps."""
     entropy_warmup_steps: int = Field(0, ge=0)
     """Steps at entropy_start before it decays linearly to entropy_end by total_steps (0 = decay at once)."""
     temperature_start: float = Field(1.0, gt=0.0)
+    """Sampling temperature at the first step."""
     min_temperature: float = Field(0.3, gt=0.0)
     """Sampling temperature decays from temperature_start to this floor over total_steps."""
     hidden: int = Field(64, ge=4)
@@ -120,22 +137,30 @@ class LearnConfig(Section):
     preset: Literal[tuple(PRESETS)] = "rollflow"  # type: ignore[valid-type]
     """Knob values to start from: rollflow (default) or vidur_arc2."""
     seed: int = 0
+    """Seed of the network's initialisation and of every draw of training."""
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    """The simulated cluster the router routes on, as in `rollflow sim serve`."""
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    """Each replica's batch scheduler, as in `rollflow sim serve`."""
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
+    """Where execution times come from, as in `rollflow sim serve`."""
     workload: WorkloadConfig
     """Training workload (its num_requests is replaced by scenario.episode_requests)."""
     eval_workload: WorkloadConfig | None = None
     """Held-out workload (default: `workload` with scenario.eval_seeds)."""
     scenario: ScenarioConfig = Field(default_factory=ScenarioConfig)
+    """Episodes, seeds and validation of training."""
     reward: RewardConfig = Field(default_factory=RewardConfig)
+    """What each routing decision is rewarded for."""
     use_predicted_output: bool = True
     """Show the policy each request's output length (the simulator's true length, as a perfect predictor)."""
     cache_feature: bool = False
     """Show the policy how much of each request's prompt every instance caches (with
     `scheduler.prefix_caching`); off keeps the observation of policies trained before it."""
     bc: BCConfig = Field(default_factory=BCConfig)
+    """Behaviour cloning of the heuristic routers, the warm start of PPO."""
     ppo: PPOConfig = Field(default_factory=PPOConfig)
+    """PPO after behaviour cloning."""
     output_dir: str = "outputs/router"
     """Checkpoints, metrics.csv, TensorBoard events, policy.npz, compare.json and plots."""
     policy_file: str | None = None

@@ -15,6 +15,7 @@ class Split(StrictModel):
     """A disaggregated split of the reserved GPUs; rollout gets what actor and inference leave."""
 
     actor: int = Field(ge=1)
+    """GPUs of the actor (training)."""
     inference: int = Field(0, ge=0)
     """0: inference runs on the actor's GPUs."""
 
@@ -23,6 +24,7 @@ class RLSearchSpace(StrictModel):
     num_gpus: list[int] = Field([8], min_length=1)
     """Reserved GPU counts tried."""
     placement: list[Literal["collocated", "disaggregated"]] = Field(["collocated"], min_length=1)
+    """Placements tried."""
     splits: list[Split] = Field(default_factory=list)
     """disaggregated: actor / inference GPU counts (a split must leave rollout at least one instance)."""
     pipelining: list[bool] = Field([False, True], min_length=1)
@@ -67,9 +69,14 @@ class RLSearchConfig(StrictModel):
     simulation: dict[str, Any] = Field(default_factory=dict)
     """A `rollflow rl-sim run` config (inline): model, workload shape, prices, spot availability."""
     space: RLSearchSpace = Field(default_factory=RLSearchSpace)
+    """The plans tried: the cross product of these lists, less the combinations that cannot run."""
     budget: Budget = Field(default_factory=Budget)
+    """Plans above the budget are skipped."""
     objective: Literal["throughput_tokens_per_s", "cost_usd_per_mtok"] = "throughput_tokens_per_s"
     """What the best plan maximises (throughput) or minimises ($ per 1M trained tokens)."""
     backend: Literal["local", "ray"] = "local"
+    """local: a process pool on this machine; ray: tasks on the cluster at RAY_ADDRESS."""
     workers: int = Field(2, ge=1)
+    """local: processes simulating plans at once."""
     output_dir: str = "outputs/rl_search"
+    """Folder for results.csv, results.json, best.yaml, best_cluster.yaml, plans/ and the Pareto plot."""

@@ -30,6 +30,7 @@ class SLO(StrictModel):
     """Percentile of the metric over completed requests (e.g. 50, 95, 99.9), by numpy's linear
     interpolation, as every summary.json reports it (the probes ask for it in output.percentiles)."""
     max_s: float = Field(gt=0.0)
+    """The bound, in seconds."""
 
     @property
     def summary_metric(self) -> str:
@@ -50,13 +51,19 @@ class SearchSpace(StrictModel):
     device: list[str] = Field(["a100"], min_length=1)
     """Catalog devices (a100, h100, a40) or ones described under `simulation.cluster.devices`."""
     tensor_parallel: list[int] = Field([1], min_length=1)
+    """Tensor-parallel degrees tried."""
     pipeline_stages: list[int] = Field([1], min_length=1)
+    """Pipeline stage counts tried."""
     replicas: list[int] = Field([1], min_length=1)
+    """Replica counts tried."""
     scheduler: list[Literal["vllm", "sarathi", "orca"]] = Field(["sarathi"], min_length=1)
+    """Batch schedulers tried."""
     batch_size_cap: list[int] = Field([128], min_length=1)
+    """Largest batch sizes tried."""
     chunk_size: list[int] = Field([512], min_length=1)
     """sarathi only: vllm and orca configurations do not multiply by it."""
     router: list[Literal[tuple(ROUTERS)]] = Field(["round_robin"], min_length=1)  # type: ignore[valid-type]
+    """Routers tried."""
 
     @field_validator("tensor_parallel", "pipeline_stages", "replicas", "batch_size_cap", "chunk_size")
     @classmethod
@@ -83,15 +90,20 @@ class ServeSearchConfig(StrictModel):
     must be synthetic with poisson or gamma arrivals (lengths may come from a trace, as in
     Vidur's search), so the search can set its rate."""
     slos: list[SLO] = Field(min_length=1)
+    """The latency bounds every configuration must meet at its highest QPS."""
     prices: dict[str, float] = Field(min_length=1)
     """$ per GPU-hour, by device."""
     space: SearchSpace = Field(default_factory=SearchSpace)
+    """The knobs whose cross product is searched."""
     bisection: BisectionConfig = Field(default_factory=BisectionConfig)
+    """How each configuration's highest QPS under the SLOs is found."""
     backend: Literal["local", "ray"] = "local"
     """local: a process pool on this machine; ray: tasks on the cluster at RAY_ADDRESS."""
     workers: int = Field(2, ge=1)
     """local: processes running configurations at once."""
     output_dir: str = "outputs/search"
+    """Folder for results.csv, results.json, best.yaml, the Pareto plots and the cache of finished
+    configurations."""
 
     @model_validator(mode="after")
     def _priced(self) -> ServeSearchConfig:

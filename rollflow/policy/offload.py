@@ -76,11 +76,18 @@ class OffloadConfig(StrictModel):
     """
 
     initial_budget_s: float = Field(30.0, gt=0.0)
+    """Time budget of the first step: how long local (reserved) instances generate before the rest moves to
+    remote or spot ones."""
     min_budget_s: float = Field(1.0, gt=0.0)
+    """Lowest budget the adaptation may reach."""
     max_budget_s: float = Field(3600.0, gt=0.0)
+    """Highest budget the adaptation may reach."""
     target_bubble_fraction: float = Field(0.05, ge=0.0, lt=1.0)
+    """Fraction of a step the trainer may wait for rollouts; above it the budget shrinks, below it grows."""
     gain: float = Field(2.0, ge=0.0)
+    """How strongly the budget reacts: it is multiplied by exp(gain x (bubble fraction - target)) each step."""
     smoothing: float = Field(0.5, gt=0.0, le=1.0)
+    """Weight of the newest step in the running average of the bubble fraction, in (0, 1]."""
 
     @model_validator(mode="after")
     def _consistent(self) -> OffloadConfig:

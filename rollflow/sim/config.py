@@ -29,13 +29,21 @@ class ModelShape(Section):
     """A model outside the built-in catalog, described by its shape."""
 
     num_layers: int = Field(ge=1)
+    """Transformer layers."""
     num_q_heads: int = Field(ge=1)
+    """Attention query heads."""
     num_kv_heads: int = Field(ge=1)
+    """Key/value heads (fewer than the query heads: grouped-query attention)."""
     embedding_dim: int = Field(ge=1)
+    """Hidden size."""
     mlp_hidden_dim: int = Field(ge=1)
+    """Inner size of the MLP."""
     vocab_size: int = Field(ge=1)
+    """Vocabulary size (the output projection's width)."""
     use_gated_mlp: bool = True
+    """Whether the MLP is gated (SwiGLU: three matrices instead of two)."""
     post_attn_norm: bool = True
+    """Whether a second norm sits before the MLP (Llama-style blocks; phi-2 has none), timed as its own operation."""
 
 
 class DeviceSpec(Section):
@@ -73,7 +81,9 @@ class ReplicaGroup(Section):
     network_device: str | None = None
     """Node type of this group; default: `<device>_pairwise_nvlink`."""
     tensor_parallel: int = Field(1, ge=1)
+    """GPUs per pipeline stage of this group's replicas, splitting every layer."""
     pipeline_stages: int = Field(1, ge=1)
+    """Pipeline stages per replica of this group, splitting the layers."""
 
 
 class AffinityConfig(Section):
@@ -84,12 +94,18 @@ class AffinityConfig(Section):
     `balance_rel_threshold`."""
 
     balance_abs_threshold: int = Field(16, ge=0)
+    """Outstanding requests by which an instance must exceed the least loaded one to lose its affinity."""
     balance_rel_threshold: float = Field(1.5, ge=1.0)
+    """Factor by which an instance's outstanding requests must exceed the least loaded one's to lose its
+    affinity."""
     cache_threshold: float = Field(0.3, ge=0.0, le=1.0)
     """prefix_affinity: least fraction of the prompt cached on an instance for it to attract the request."""
 
 
 class ClusterConfig(Section):
+    """The serving cluster: replicas (of one kind, or groups of several), their GPUs and sharding, and the
+    router in front of them."""
+
     devices: dict[str, DeviceSpec] = Field(default_factory=dict)
     """GPUs a user adds to the catalog (a100, h100, a40), by name: `device`, `groups` and a
     search's `space.device` may then name them. Each brings its node, `<name>_pairwise_nvlink`.
@@ -334,7 +350,9 @@ class TraceLengths(Section):
     file: str
     """CSV with num_prefill_tokens,num_decode_tokens columns; rows are shuffled by the seed."""
     prefill_scale: float = Field(1.0, gt=0.0)
+    """Multiplies every prompt length drawn from the file."""
     decode_scale: float = Field(1.0, gt=0.0)
+    """Multiplies every output length drawn from the file."""
 
 
 class UniformLengths(Section):
@@ -342,20 +360,25 @@ class UniformLengths(Section):
     min_tokens: int = Field(1024, ge=2)
     """Smallest total (prompt + output) length."""
     prefill_to_decode_ratio: float = Field(20.0, gt=0.0)
+    """Prompt tokens per output token of each request."""
 
 
 class ZipfLengths(Section):
     kind: Literal["zipf"] = "zipf"
     min_tokens: int = Field(1024, ge=2)
+    """Smallest total (prompt + output) length."""
     theta: float = Field(0.6, gt=0.0, lt=1.0)
     """Skew: larger theta puts more mass on short requests."""
     prefill_to_decode_ratio: float = Field(20.0, gt=0.0)
+    """Prompt tokens per output token of each request."""
 
 
 class FixedLengths(Section):
     kind: Literal["fixed"] = "fixed"
     prefill_tokens: int = Field(2048, ge=1)
+    """Prompt length of every request."""
     decode_tokens: int = Field(512, ge=1)
+    """Output length of every request."""
 
 
 LengthConfig = Annotated[
@@ -366,6 +389,7 @@ LengthConfig = Annotated[
 class PoissonIntervals(Section):
     kind: Literal["poisson"] = "poisson"
     qps: float = Field(1.0, gt=0.0)
+    """Mean arrival rate, in requests (arrivals) per second."""
     max_gap_factor: float | None = Field(None, gt=0.0)
     """Clip every gap at this multiple of the mean gap 1/qps. Unset: exact Poisson. Vidur's
     generator clips at 3, which drops the long gaps: its requests arrive about 5% faster than
@@ -375,6 +399,7 @@ class PoissonIntervals(Section):
 class GammaIntervals(Section):
     kind: Literal["gamma"] = "gamma"
     qps: float = Field(1.0, gt=0.0)
+    """Mean arrival rate, in requests (arrivals) per second."""
     cv: float = Field(0.5, gt=0.0)
     """Coefficient of variation of the gaps: above 1 is burstier than Poisson."""
 
@@ -394,7 +419,9 @@ class TraceWorkload(Section):
     time_scale: float = Field(1.0, gt=0.0)
     """Multiplies arrival times (below 1 raises the load)."""
     prefill_scale: float = Field(1.0, gt=0.0)
+    """Multiplies every prompt length of the trace."""
     decode_scale: float = Field(1.0, gt=0.0)
+    """Multiplies every output length of the trace."""
     max_tokens: int = Field(4096, ge=2)
     """Prompt + output cap; longer requests lose prompt tokens (as Vidur does)."""
     num_requests: int | None = Field(None, ge=1)
@@ -416,6 +443,7 @@ class SessionsConfig(Section):
     A session ends early when its next turn would exceed `workload.max_tokens`."""
 
     turns: int = Field(4, ge=1)
+    """Turns per session."""
     think_time_s: float = Field(5.0, ge=0.0)
     """Time between the arrivals of consecutive turns."""
     turn_tokens: int = Field(128, ge=1)
@@ -429,8 +457,11 @@ class SyntheticWorkload(Section):
     duration_s: float | None = Field(None, gt=0.0)
     """If set, generate arrivals until this time instead of num_requests."""
     max_tokens: int = Field(4096, ge=2)
+    """Prompt + output cap of a request."""
     lengths: LengthConfig = Field(default_factory=FixedLengths)
+    """How prompt and output lengths are drawn (chosen by `kind`; default fixed)."""
     intervals: IntervalConfig = Field(default_factory=PoissonIntervals)
+    """How the gaps between arrivals are drawn (chosen by `kind`; default poisson)."""
     rng: Literal["numpy", "vidur"] = "numpy"
     """numpy: gaps, then lengths, from one numpy Generator(seed). vidur: the requests Vidur's
     synthetic generator draws for the same seed (gaps from Python's random.Random(seed), the
@@ -476,19 +507,25 @@ class RolloutBurstWorkload(Section):
 
     kind: Literal["rl_burst"] = "rl_burst"
     num_prompts: int = Field(64, ge=1)
+    """Prompts of the rollout (B)."""
     samples_per_prompt: int = Field(8, ge=1)
+    """Samples per prompt (G), submitted together with their prompt."""
     prompt_tokens: int = Field(512, ge=1)
     """Mean prompt length (prompts vary uniformly by +-prompt_jitter)."""
     prompt_jitter: float = Field(0.25, ge=0.0, lt=1.0)
+    """Relative spread of prompt lengths around `prompt_tokens` (uniform, +- this fraction)."""
     output: Literal["lognormal", "trace"] = "lognormal"
     """Output length source: a lognormal long tail, or the decode column of `output_trace`."""
     output_median_tokens: int = Field(1024, ge=1)
+    """Median output length of the lognormal tail."""
     output_sigma: float = Field(1.0, ge=0.0)
     """Lognormal sigma: 1.0 gives a p99/median ratio of about 10."""
     output_trace: str | None = None
+    """CSV with a num_decode_tokens column, read when `output: trace`."""
     max_new_tokens: int = Field(8192, ge=1)
     """Outputs are clipped here, as a rollout's max_new_tokens would."""
     arrival_s: float = Field(0.0, ge=0.0)
+    """When the burst is submitted, in simulated seconds."""
 
     @model_validator(mode="after")
     def _trace_needs_file(self) -> RolloutBurstWorkload:
@@ -506,8 +543,11 @@ class OutputConfig(Section):
     dir: str = "outputs/sim"
     """Folder for summary.json, requests.csv, chrome_trace.json and plots/."""
     plots: bool = True
+    """Draw plots/: the latency CDFs and each replica's timeline."""
     chrome_trace: bool = True
+    """Write chrome_trace.json (open it in Perfetto or chrome://tracing)."""
     requests_csv: bool = True
+    """Write requests.csv, one line per request with its times."""
     progress: bool = True
     """Show a progress bar on long runs (off when not a terminal)."""
     percentiles: list[float] = Field([50.0, 90.0, 99.0], min_length=1)
@@ -532,12 +572,19 @@ class SimulatorConfig(Section):
 
 class SimConfig(Section):
     seed: int = 42
+    """Seed of every random draw (workload, sampling of lengths and gaps): the same seed gives the same run."""
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    """The replicas, their GPUs and sharding, and the router in front of them."""
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    """Each replica's batch scheduler and KV cache."""
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
+    """Where execution times come from (profile tables or the roofline model)."""
     workload: WorkloadConfig = Field(default_factory=SyntheticWorkload)
+    """The requests: a trace, a synthetic workload or an RL rollout burst (chosen by `kind`)."""
     simulator: SimulatorConfig = Field(default_factory=SimulatorConfig)
+    """How the event loop runs."""
     output: OutputConfig = Field(default_factory=OutputConfig)
+    """What the run writes, and where."""
 
     @model_validator(mode="before")
     @classmethod

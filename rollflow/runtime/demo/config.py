@@ -36,14 +36,18 @@ class DemoSection(StrictModel):
     build_model: bool = True
     """Write a tiny random model (`rollflow engine init-model`) at train.model when that folder is missing."""
     preemption: PreemptionSection = PreemptionSection()
+    """Which engine is killed, and when."""
     poll_interval_s: float = Field(0.1, gt=0)
     """How often the engines' state is sampled for the timeline."""
 
 
 class DemoFile(StrictModel):
     launch: LaunchSection
+    """What `rollflow launch up` would start: the manager, the weight server, the engine pools."""
     train: TrainConfig
+    """The trainer's config, as `rollflow train` reads it."""
     demo: DemoSection = DemoSection()
+    """What the demo does on top: build the model, preempt an engine, sample the timeline."""
     cluster: ClusterConfig | None = None
     """RLinf's `cluster:` section: the dynamic-scheduling demo (examples/demo/dynamic.yaml)."""
 

@@ -35,6 +35,7 @@ class EnginePool(StrictModel):
 
     kind: Literal["local", "remote", "spot"] = "local"
     count: int = Field(1, ge=0)
+    """Engines of this pool started at launch."""
     model: str | None = None
     """Model folder every engine of the pool serves (weight version 0)."""
     weights_url: str | None = None
@@ -80,6 +81,7 @@ class WeightServerSection(StrictModel):
     keep_versions: int = Field(4, ge=1)
     """Newest versions the server keeps (deltas need the engines' current one)."""
     placement: Placement = Placement()
+    """Where the weight server's actor runs (backend ray)."""
 
 
 class TrainerSection(StrictModel):
@@ -87,20 +89,26 @@ class TrainerSection(StrictModel):
     """Argv of the trainer; it finds the manager in $ROLLFLOW_MANAGER_URL (and the launched weight
     server in $ROLLFLOW_WEIGHTS_URL). Its exit ends the launch."""
     placement: Placement = Placement()
+    """Where the trainer's actor runs (backend ray)."""
 
 
 class AutoscaleSection(StrictModel):
     """After each step the trainer reports (POST /step_report with rollout_s), engines are added or removed."""
 
     enabled: bool = False
+    """Scale the engines from step reports; off: the pools keep their counts."""
     target_rollout_s: float = Field(60.0, gt=0)
+    """Rollout time per step aimed at: a slower rollout adds engines."""
     min_engines: int = Field(1, ge=0)
+    """Fewest engines kept."""
     max_engines: int = Field(8, ge=1)
+    """Most engines started."""
     scale_down_below: float = Field(0.5, gt=0, le=1)
     """Remove idle engines only when a rollout took less than this fraction of the target."""
     pool: int = Field(0, ge=0)
     """Index in `engines` of the pool whose settings new engines copy (kind, model or weights)."""
     poll_interval_s: float = Field(1.0, gt=0)
+    """How often the launcher checks its processes and, with autoscale on, the manager's step reports."""
 
     @model_validator(mode="after")
     def _consistent(self) -> AutoscaleSection:
@@ -122,20 +130,27 @@ class RaySection(StrictModel):
     preemptible_label: str = "rollflow.io/preemptible"
     """Node label marking preemptible nodes (value "true"); spot pools are placed on them."""
     manager_placement: Placement = Placement()
+    """Where the manager's actor runs."""
 
 
 class LaunchSection(StrictModel):
     backend: Literal["local", "ray"] = "local"
     """local: processes on this machine; ray: each process in a Ray actor on a cluster node."""
     ray: RaySection = RaySection()
+    """backend ray: the cluster to join and where the manager runs."""
     work_dir: str = "outputs/launch"
     """Logs, the manager's config and pulled weights go here (on each node, with Ray)."""
     manager: ManagerConfig = ManagerConfig(port=0)
     """The manager's own config; port 0 picks a free port. Engines are registered by the launcher."""
     weights: WeightServerSection = WeightServerSection()
+    """A weight server this launch starts (`weights_url: launched` in an engine pool names it)."""
     engines: list[EnginePool] = Field(default_factory=list)
+    """Engine pools, started in order and registered with the manager."""
     trainer: TrainerSection | None = None
+    """A trainer command run once everything answers; its exit ends the launch. Unset: the launch runs until
+    interrupted."""
     autoscale: AutoscaleSection = AutoscaleSection()
+    """Engines added or removed after each step from the trainer's step reports."""
     startup_timeout_s: float = Field(300.0, gt=0)
     """How long a process may take to answer /health before the launch fails."""
 
@@ -157,6 +172,8 @@ class LaunchFile(StrictModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     launch: LaunchSection
+    """Everything `rollflow launch up` starts; other top-level sections of the file (a demo's `train:`, say)
+    are left to their readers."""
 
 
 def load_launch_config(path: str | Path | None, overrides: list[str] = ()) -> LaunchSection:

@@ -54,6 +54,7 @@ class TrainConfig(StrictModel):
     steps: int = Field(10, ge=1)
     """Training steps (one batch of rollouts and one weight push each) to reach in total."""
     max_new_tokens: int = Field(16, ge=1)
+    """Most tokens generated per sample."""
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature of the engines; the trainer's log-probs use the same one."""
     off_policy: bool = False
@@ -85,6 +86,7 @@ class TrainConfig(StrictModel):
     weights_codec: str = "delta+zstd"
     """Codec engines pull with (weights_url only): delta+zstd sends only what changed since their version."""
     seed: int = 0
+    """Seed of torch (a new critic's initialisation) and of the trainer's own random draws."""
     device: str = "cpu"
     """torch device of the trainer's models: cpu, cuda, cuda:1, ... (under torchrun: cpu, or cuda for
     cuda:LOCAL_RANK on each rank)."""

@@ -168,6 +168,7 @@ class TraceAvailability(Section):
     file: str
     """CSV with columns instance,start_s,end_s: each row one life of a preemptible instance."""
     notice_s: float = Field(30.0, ge=0.0)
+    """Preemption notice: the instance stops taking work this long before it goes."""
 
 
 AvailabilityConfig = Annotated[GeneratedAvailability | TraceAvailability, Field(discriminator="kind")]
@@ -183,6 +184,7 @@ class SpotConfig(Section):
     instances: int = Field(0, ge=0)
     """Preemptible rollout instances (slots, each rollout.tensor_parallel GPUs); 0 = on-demand only."""
     availability: AvailabilityConfig = Field(default_factory=GeneratedAvailability)
+    """When preemptible instances come and go: drawn (`generated`) or replayed from a file (`trace`)."""
     on_preemption: Literal["migrate", "restart"] = "migrate"
     """migrate: a preempted sequence resumes elsewhere from its generated tokens; restart: from its prompt."""
     startup_s: float = Field(30.0, ge=0.0)
@@ -190,6 +192,7 @@ class SpotConfig(Section):
     link_gb_per_s: float = Field(5.0, gt=0.0)
     """Bandwidth of the end-of-step weight transfer to preemptible instances."""
     offload: RolloutOffloadConfig = Field(default_factory=RolloutOffloadConfig)
+    """The time budget of the reserved instances, after which the rollout's tail moves to preemptible ones."""
 
     @model_validator(mode="before")
     @classmethod
@@ -201,7 +204,9 @@ class RLOutputConfig(Section):
     dir: str = "outputs/rl"
     """Folder for summary.json, gantt.png, chrome_trace.json (and compare.json, compare.png)."""
     gantt: bool = True
+    """Draw gantt.png: each GPU's component over time."""
     chrome_trace: bool = True
+    """Write chrome_trace.json (open it in Perfetto or chrome://tracing)."""
     progress: bool = True
     """Show a progress bar over steps (off when not a terminal)."""
 
@@ -215,6 +220,7 @@ class Variant(Section):
 
 class RLSimConfig(Section):
     seed: int = 42
+    """Seed of every random draw (output lengths, preemptions): the same seed gives the same run."""
     steps: int = Field(3, ge=1)
     """Training steps to simulate (each draws new output lengths; the offload budget adapts between them)."""
     off_policy: int = Field(0, ge=0)
@@ -235,21 +241,34 @@ class RLSimConfig(Section):
     model: str = "meta-llama/Meta-Llama-3-8B"
     """Model name: one of the catalog (rollflow.perf.specs.MODELS) or any name with `model_shape` set."""
     model_shape: ModelShape | None = None
+    """Shape of a model that is not in the catalog."""
     device: Literal[tuple(GPUS)] = "h100"  # type: ignore[valid-type]
+    """GPU type of every GPU (catalog name)."""
     network_device: Literal[tuple(NODES)] = "h100_dgx"  # type: ignore[valid-type]
+    """Node type: decides GPUs per node and which network tables apply."""
     workload: RolloutBurstWorkload = Field(default_factory=RolloutBurstWorkload)
     """Prompts x samples per step and their output-length distribution (`rl_burst`)."""
     reward_s: float = Field(0.0, ge=0.0)
     """Reward latency of one finished group (rule-based: 0)."""
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """The rollout instances: their sharding, router and serving scheduler."""
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
+    """Where rollout, inference and training run: all on every GPU (collocated) or on GPU ranges of their own
+    (disaggregated)."""
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
+    """Whether GPUs move between components within a step (RLinf's dynamic scheduling)."""
     training: TrainingConfig = Field(default_factory=TrainingConfig)
+    """The actor's training: mini-batches, parallelism and speed."""
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
+    """The forward passes after rollout (old policy and reference log-probs)."""
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
+    """The end-of-step transfer of new weights to the rollout instances."""
     cost: CostConfig = Field(default_factory=CostConfig)
+    """GPU prices, for the cost per token."""
     spot: SpotConfig = Field(default_factory=SpotConfig)
+    """Preemptible rollout instances (RLBoost): how many, how long they live, what a preemption does."""
     output: RLOutputConfig = Field(default_factory=RLOutputConfig)
+    """What the run writes, and where."""
     compare: list[Variant] = Field(default_factory=list)
     """Policies `rollflow rl-sim compare` runs side by side on this workload."""
     cluster: ClusterConfig | None = None

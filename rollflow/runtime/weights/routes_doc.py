@@ -1,0 +1,29 @@
+"""The weight server's routes, as the HTTP reference shows them (see rollflow/runtime/http/route_docs.py)."""
+
+from __future__ import annotations
+
+from rollflow.runtime.http.route_docs import RouteDoc
+
+ROUTES: dict[str, RouteDoc] = {
+    "GET /health": RouteDoc("-", '`{"ok": true}`'),
+    "GET /healthz": RouteDoc("-", '`{"ok": true}` (the same, for probes that expect this name)'),
+    "GET /v1/versions": RouteDoc(
+        "query `newer_than=N` (wait for a version above N), `wait_s=S` (long-poll up to S, at most 300)",
+        '`{"versions": [ints], "latest": int | null}`, as soon as a newer version exists or after `wait_s`',
+    ),
+    "PUT /v1/versions/{version}": RouteDoc(
+        "a safetensors file of the model's tensors (its metadata may carry the small text files of the "
+        "checkpoint); `Authorization: Bearer TOKEN`",
+        "the version's manifest; 403 without the server's token (or with none set and no "
+        "`--insecure-open-publish`), 413 above `--max-upload-gb`, 400 for a version outside the range",
+    ),
+    "GET /v1/manifest": RouteDoc(
+        "query `version` (absent or `latest`: the newest), `codec` (`raw`, `zstd`, `int8+zstd`, "
+        "`delta+zstd`, ...; default `zstd`), `base` (the version the puller holds, for delta codecs)",
+        "the manifest: tensor names, shapes, dtypes, the payload id and each chunk's size and xxh3-128 "
+        "checksum; 404 for an unknown version",
+    ),
+    "GET /v1/payloads/{payload_id}/chunks/{index}": RouteDoc(
+        "-", "the chunk's bytes (checked by the puller against the manifest); 404 when absent"
+    ),
+}
