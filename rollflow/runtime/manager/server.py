@@ -403,7 +403,7 @@ async def serve(config: ManagerConfig, ready: asyncio.Event | None = None) -> No
     """Run the manager until cancelled; `ready` is set once it listens."""
     app = create_app(RolloutManager(config))
     # `POST /generate` of one prompt on a lean path of its own, every other request on aiohttp's
-    runner = LeanRunner(app, config.read_timeout_s, handler_cancellation=True, access_log=None)
+    runner = LeanRunner(app, config.body_limits(), handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()

@@ -93,7 +93,8 @@ async def send_turn(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
     store = _store(request)
     session_id = request.match_info["session_id"]
-    body = await parse_body(request, TurnBody)
+    limit = sglang_api.one_prompt_limit(manager.config)
+    body = await parse_body(request, TurnBody, lambda head: limit)  # a turn's input is one prompt
     params = sglang_api.sampling_params(body.sampling_params, manager.config)
     try:
         context = len(store.get(session_id).context_ids) + len(body.input_ids)

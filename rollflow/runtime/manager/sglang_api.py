@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import re
 from typing import Any
 
 from aiohttp import web
@@ -24,7 +25,7 @@ from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.engines.sglang_io import MAX_TOKEN_ID, SamplingParamsBody, split_batch
 from rollflow.runtime.http.answer import dumps, json_response
 from rollflow.runtime.http.auth import require_bearer
-from rollflow.runtime.http.body import THREAD_PARSE_BYTES, parse_json_object, read_json_object
+from rollflow.runtime.http.body import THREAD_PARSE_BYTES, Narrow, parse_json_object, read_json_object
 from rollflow.runtime.http.sse import close_sse, open_sse, send_event
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.edge import (
@@ -60,6 +61,40 @@ def sampling_params(
     if params.max_new_tokens < 1:
         raise BadRequest("sampling_params.max_new_tokens must be at least 1 on the manager")
     return params
+
+
+ID_BYTES_PER_TOKEN = 16
+"""Most bytes a prompt's token id takes in a body: 10 digits for the largest id, then ", ", and
+room for more white space than any client sends."""
+_PROMPT_START = re.compile(rb'"input_ids"\s*:\s*\[\s*([\[\d-])')
+
+
+def one_prompt_bytes(config: ManagerConfig) -> int:
+    """Largest body of one prompt of `input_ids` that may hold `max_prompt_tokens` tokens: any
+    larger one holds more, and is refused before it is read (the other fields get 64 KiB)."""
+    return config.max_prompt_tokens * ID_BYTES_PER_TOKEN + (1 << 16)
+
+
+def one_prompt_limit(config: ManagerConfig) -> tuple[int, str]:
+    bound = one_prompt_bytes(config)
+    why = (
+        f"one prompt of input_ids this large holds more than max_prompt_tokens={config.max_prompt_tokens} "
+        f"tokens (a token id takes at most {ID_BYTES_PER_TOKEN} bytes; bodies above {bound} bytes are refused)"
+    )
+    return bound, why
+
+
+def generate_limit(config: ManagerConfig) -> Narrow:
+    """`/generate`'s limit from its body's start: a body whose `input_ids` are one prompt (not a
+    batch, `[[`) is held to `one_prompt_bytes`; a text prompt or a batch, to the body limit."""
+
+    def narrow(head: bytes) -> tuple[int, str] | None:
+        found = _PROMPT_START.search(head)  # a JSON string cannot hold `"input_ids"` unescaped
+        if found is None or found.group(1) == b"[":
+            return None
+        return one_prompt_limit(config)
+
+    return narrow
 
 
 def check_prompt(prompt: list[int], config: ManagerConfig, where: str) -> None:
@@ -182,7 +217,8 @@ async def _finished(manager: RolloutManager, sample: Sample) -> None:
 
 async def generate(request: web.Request) -> web.StreamResponse:
     manager = request.app[MANAGER_KEY]
-    bodies, batched = await read_json_object(request, body_limit(request), _generate_bodies)
+    limit = generate_limit(manager.config)
+    bodies, batched = await read_json_object(request, body_limit(request), _generate_bodies, limit)
     if any(body.session_params is not None for body in bodies):
         from rollflow.runtime.manager import sessions_api  # it builds on this module
 

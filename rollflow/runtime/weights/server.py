@@ -31,7 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rollflow.runtime.http.auth import require_bearer
 from rollflow.runtime.http.body import iter_body
 from rollflow.runtime.http.errors import error_response, http_error
-from rollflow.runtime.http.serve import DEFAULT_READ_TIMEOUT_S, GuardedRunner
+from rollflow.runtime.http.limits import UPLOAD_LIMITS, BodyLimits
+from rollflow.runtime.http.serve import GuardedRunner
 from rollflow.runtime.weights.errors import UnknownVersionError, WeightsError
 from rollflow.runtime.weights.store import MAX_VERSION, WeightStore
 
@@ -76,18 +77,19 @@ class WeightServer:
         token: str | None = None,
         open_publish: bool = False,
         max_upload_bytes: int = MAX_UPLOAD_BYTES,
-        read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+        body_limits: BodyLimits = UPLOAD_LIMITS,
     ) -> None:
         """`port=0` picks a free port. Publishing needs `Authorization: Bearer <token>`; a server
         without a token refuses publishes, unless `open_publish` lets anyone who can reach `host`
-        publish (what `--insecure-open-publish` asks for)."""
+        publish (what `--insecure-open-publish` asks for). `body_limits`: how slowly an upload may
+        come before its connection is closed (rollflow.runtime.http.limits)."""
         self.store = store
         self.host = host
         self.port = port
         self.token = token
         self.open_publish = open_publish
         self.max_upload_bytes = max_upload_bytes
-        self.read_timeout_s = read_timeout_s
+        self.body_limits = body_limits
         self._runner: web.AppRunner | None = None
         self._new_version = asyncio.Event()
 
@@ -111,7 +113,7 @@ class WeightServer:
         return app
 
     async def start(self) -> str:
-        self._runner = GuardedRunner(self.build_app(), self.read_timeout_s, access_log=None)
+        self._runner = GuardedRunner(self.build_app(), self.body_limits, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
