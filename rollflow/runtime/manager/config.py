@@ -35,8 +35,9 @@ class ManagerConfig(StrictModel):
     port: int = Field(30100, ge=0, le=65535)
     token: str | None = None
     """Bearer token required, when set, by every admin and trainer route: engines (POST/DELETE
-    /workers..., /add_worker, /remove_worker), /abort_request with abort_all, batches (/batches...)
-    and POST /step_report."""
+    /workers..., /add_worker, /remove_worker), /abort_request with abort_all or a batch sample's id,
+    batches (/batches...), POST /step_report, and reading or closing a session (GET and DELETE
+    /v1/sessions/{id}, POST /close_session)."""
     router: Literal[tuple(ROUTERS)] = "least_outstanding"  # type: ignore[valid-type]
     router_path: str | None = None
     """Policy file of `router: learned` (an exported policy.npz; engine ids 0..N-1 are its slots)."""

@@ -4,7 +4,9 @@ POST /generate        one prompt (JSON answer or SSE stream) or a batch (a list 
                       of answers); every sample is tracked, routed and resumed by the manager
 POST /abort_request   {"rid": ...} or {"abort_all": true} (the token, when set): the sample (a
                       session's turn too) ends with finish_reason abort and the tokens it has
-                      (SGLang's meta_info), and is not resumed
+                      (SGLang's meta_info), and is not resumed. The rid of a `/generate` or a
+                      session's turn is open (a client aborts its own requests, as on SGLang);
+                      a batch sample's id needs the token too: that sample is the trainer's
 GET  /v1/loads        the load the manager holds per worker (sgl-router's aggregate), and its queue
 GET  /get_load        per worker, in the fields of SGLang's older per-rank list
 
@@ -298,7 +300,7 @@ class BodyTemplates:
     prompt and rid, once those pass the same checks: ids all exact ints in range, not empty, and a
     rid a string of 1 to 256 characters. The request then holds the body seen before and its own
     prompt and rid beside it (`PromptRequest`'s `own`; a copy of a pydantic model costs about as
-    much as validating it). Anything else (a float or bool id pydantic would convert, a text
+    much as validating it). Anything else (a float or bool id, which validation refuses, a text
     prompt) is validated in full, and only bodies the lean path serves are remembered."""
 
     def __init__(self, max_entries: int = TEMPLATES_MAX) -> None:
@@ -387,7 +389,11 @@ async def abort_request(request: web.Request) -> web.Response:
         targets = [*rids.values(), *batch_samples]
         message = "aborted by abort_request (abort_all)"
     elif body.rid:
-        sample = rids.get(body.rid) or next((s for s in batch_samples if s.sample_id == body.rid), None)
+        sample = rids.get(body.rid)
+        if sample is None:
+            sample = next((s for s in batch_samples if s.sample_id == body.rid), None)
+            if sample is not None:  # a trainer's sample, not the caller's own request
+                require_bearer(request, manager.config.token, "aborting a batch's sample")
         targets = [sample] if sample is not None else []
         message = f"aborted by abort_request (rid {body.rid})"
     else:

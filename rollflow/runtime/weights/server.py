@@ -206,10 +206,31 @@ def _publish_file(store: WeightStore, version: int, path: Path):
         state = safetensors.torch.load_file(str(path))
         with safetensors.safe_open(str(path), framework="pt") as file:
             metadata = file.metadata() or {}
-        files = json.loads(metadata.get(FILES_METADATA_KEY, "{}"))
     except Exception as exc:  # safetensors raises its own error types for a bad header
         raise WeightsError(f"upload is not a safetensors file: {exc}") from None
-    return store.publish(version, state, files=files)
+    return store.publish(version, state, files=_published_files(metadata))
+
+
+def _published_files(metadata: dict[str, str]) -> dict[str, str]:
+    """The text files an upload's metadata carries under "rollflow.files": a JSON object of file
+    name -> text (a 400 naming what is wrong otherwise; the store checks the names)."""
+    raw = metadata.get(FILES_METADATA_KEY, "{}")
+    try:
+        files = json.loads(raw)
+    except ValueError as exc:
+        raise WeightsError(f'metadata "{FILES_METADATA_KEY}" is not JSON ({exc})') from None
+    if not isinstance(files, dict):
+        raise WeightsError(
+            f'metadata "{FILES_METADATA_KEY}" must be a JSON object of file name -> text, '
+            f"not a JSON {type(files).__name__}"
+        )
+    bad = next((name for name, text in files.items() if not isinstance(text, str)), None)
+    if bad is not None:
+        raise WeightsError(
+            f'metadata "{FILES_METADATA_KEY}": file {bad!r} holds a JSON {type(files[bad]).__name__}, '
+            "not text"
+        )
+    return files
 
 
 def _parse(model: type[BaseModel], request: web.Request):
