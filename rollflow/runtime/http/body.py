@@ -1,9 +1,9 @@
 """Reading and parsing request bodies at the edge: every bad byte is a 4xx naming the problem.
 
 Bodies are read up to a limit (413 above it); they must be UTF-8 JSON objects whose strings hold
-no lone surrogates, nested no deeper than the parser's recursion limit. Bodies above `THREAD_PARSE_BYTES` are
-parsed in a worker thread, so a big body does not hold the event loop (health checks, streams,
-stall timers) while it is parsed.
+no lone surrogates, nested no deeper than the parser's recursion limit. Bodies above
+`THREAD_PARSE_BYTES` are parsed in a child process and validated in a worker thread, so a big body
+does not hold the event loop (health checks, streams, stall timers) while it is parsed.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from rollflow.runtime.http.errors import http_error
+from rollflow.runtime.http.parse_process import parse_in_child
 from rollflow.runtime.http.serve import body_limits, close_slow
 
 T = TypeVar("T")
@@ -113,20 +114,24 @@ async def read_json_object(
     narrow: Narrow | None = None,
 ) -> T:
     """Read the body (`read_body`), parse it as a JSON object and `validate` it (which may raise
-    an HTTP error); 400 (or 413) with a clear message for bad bytes. Big bodies are parsed and
-    validated in a worker thread."""
+    an HTTP error); 400 (or 413) with a clear message for bad bytes. A body above
+    `THREAD_PARSE_BYTES` is parsed in a child process (parse_process.py) and validated in a worker
+    thread, so that it does not hold the event loop."""
     raw = await read_body(request, limit, narrow)
+    if len(raw) <= THREAD_PARSE_BYTES:
+        return validate(_parse_or_400(raw))
+    try:
+        data = await parse_in_child(raw)
+    except BodyError as exc:
+        raise http_error(web.HTTPBadRequest, str(exc)) from None
+    return await asyncio.get_running_loop().run_in_executor(None, validate, data)
 
-    def parse() -> T:
-        try:
-            data = parse_json_object(raw)
-        except BodyError as exc:
-            raise http_error(web.HTTPBadRequest, str(exc)) from None
-        return validate(data)
 
-    if len(raw) > THREAD_PARSE_BYTES:
-        return await asyncio.get_running_loop().run_in_executor(None, parse)
-    return parse()
+def _parse_or_400(raw: bytes) -> dict[str, Any]:
+    try:
+        return parse_json_object(raw)
+    except BodyError as exc:
+        raise http_error(web.HTTPBadRequest, str(exc)) from None
 
 
 def parse_json_object(raw: bytes, allow_empty: bool = True) -> dict[str, Any]:
