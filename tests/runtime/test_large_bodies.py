@@ -4,8 +4,9 @@
 comes within a second.
 
 The second is the issue's threshold of the server under test; to stay robust on a loaded 2-core
-machine the test polls hundreds of times and allows, on top of it, the slowest answer the same
-polling saw before the bodies were sent (the machine's own noise), rather than a tight number.
+machine the test polls hundreds of times and allows, on top of it, twice the slowest answer the
+same polling saw in the 5 s before the bodies were sent (the machine's own noise), rather than a
+tight number: a loop held by the bodies, as before, held `/health` for 7 to 14 s.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def _post(url: str, body: bytes) -> tuple[int, bytes]:
     head = f"POST /generate HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     with socket.create_connection((parts.hostname, parts.port), timeout=600) as sock:
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # answered before it all went
-            sock.sendall(head.encode() + body)
+            sock.sendall(head.encode())
+            sock.sendall(body)  # not joined to the head: a copy of 60 MB would hold this process's GIL
         answer = b""
         while chunk := sock.recv(1 << 16):
             answer += chunk
@@ -91,7 +93,7 @@ def test_health_answers_within_a_second_while_three_60_mb_bodies_arrive_under_lo
         thread.start()
     try:
         quiet = HealthPoller(manager.url)
-        time.sleep(3)  # the noise: the same polling, same load, no big body
+        time.sleep(5)  # the noise: the same polling, same load, no big body
         noise = quiet.stop()
         for body, status_wanted, said in (
             (_one_prompt_body(), 413, b"max_prompt_tokens=131072"),
@@ -108,7 +110,7 @@ def test_health_answers_within_a_second_while_three_60_mb_bodies_arrive_under_lo
             assert [status for status, _ in answers] == [status_wanted] * 3, answers
             assert all(said in answer for _, answer in answers), answers
             assert len(poller.times) >= 5, poller.times  # it polled while the bodies came
-            assert slowest < HEALTH_LIMIT_S + noise, (slowest, noise, sorted(poller.times)[-5:])
+            assert slowest < HEALTH_LIMIT_S + 2 * noise, (slowest, noise, sorted(poller.times)[-5:])
     finally:
         stop.set()
         for thread in load:

@@ -7,14 +7,18 @@ child parses the body and sends back its structure with every long list of ints 
 that make a body big) packed as an `array` of int64, which crosses the pipe as raw bytes; the loop
 then unpacks each array into a list a slice at a time, giving way between slices.
 
-One child serves a process (started at the first big body, `spawn`ed: a fork of a process with
-threads and a running loop is unsafe); bodies wait their turn in it.
+The body goes to the child through a file in /dev/shm (written from a worker thread, which lets
+go of the GIL while it writes), not through the executor's pipe, whose pickling copies the whole
+body while holding the GIL. One child serves a process (started at the first big body, `spawn`ed:
+a fork of a process with threads and a running loop is unsafe); bodies wait their turn in it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
+import tempfile
 from array import array
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -36,7 +40,11 @@ def _executor() -> ProcessPoolExecutor:
 async def parse_in_child(raw: bytes) -> dict[str, Any]:
     """`body.parse_json_object(raw)` run in the child (its `BodyError` raised here), its packed
     lists unpacked without holding the loop for more than a slice at a time."""
-    data, packed = await asyncio.get_running_loop().run_in_executor(_executor(), _parse_packed, raw)
+    path = await asyncio.to_thread(_spill, raw)
+    try:
+        data, packed = await asyncio.get_running_loop().run_in_executor(_executor(), _parse_packed, path)
+    finally:
+        os.unlink(path)
     for path in packed:
         parent = data
         for key in path[:-1]:
@@ -50,11 +58,21 @@ async def parse_in_child(raw: bytes) -> dict[str, Any]:
     return data
 
 
-def _parse_packed(raw: bytes) -> tuple[Any, list[tuple]]:
-    """In the child: the parsed body with its long int lists packed, and where they are."""
+def _spill(raw: bytes) -> str:
+    """Write `raw` to a new file in memory (/dev/shm where there is one); its path."""
+    folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    fd, path = tempfile.mkstemp(prefix="rollflow-body-", dir=folder)
+    with os.fdopen(fd, "wb") as file:
+        file.write(raw)
+    return path
+
+
+def _parse_packed(path: str) -> tuple[Any, list[tuple]]:
+    """In the child: the parsed body in `path` with its long int lists packed, and where they are."""
     from rollflow.runtime.http.body import parse_json_object
 
-    data = parse_json_object(raw)
+    with open(path, "rb") as file:
+        data = parse_json_object(file.read())
     packed: list[tuple] = []
     _pack(data, (), packed)
     return data, packed
