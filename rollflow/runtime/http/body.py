@@ -12,6 +12,7 @@ import asyncio
 import json
 import re
 from collections.abc import Callable
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -125,6 +126,9 @@ async def read_json_object(
         data = await parse_in_child(raw)
     except BodyError as exc:
         raise http_error(web.HTTPBadRequest, str(exc)) from None
+    except BrokenProcessPool:
+        message = "the process that parses big bodies died while parsing this one; send it again"
+        raise http_error(web.HTTPServiceUnavailable, message) from None
     return await asyncio.get_running_loop().run_in_executor(None, validate, data)
 
 

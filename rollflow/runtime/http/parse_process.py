@@ -21,6 +21,7 @@ import os
 import tempfile
 from array import array
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 PACK_MIN_ITEMS = 1024  # shorter lists cross the pipe as they are
@@ -40,11 +41,15 @@ def _executor() -> ProcessPoolExecutor:
 async def parse_in_child(raw: bytes) -> dict[str, Any]:
     """`body.parse_json_object(raw)` run in the child (its `BodyError` raised here), its packed
     lists unpacked without holding the loop for more than a slice at a time."""
-    path = await asyncio.to_thread(_spill, raw)
+    global _pool
+    spilled = await asyncio.to_thread(_spill, raw)
     try:
-        data, packed = await asyncio.get_running_loop().run_in_executor(_executor(), _parse_packed, path)
+        data, packed = await asyncio.get_running_loop().run_in_executor(_executor(), _parse_packed, spilled)
+    except BrokenProcessPool:  # the child died (killed, out of memory): the next body gets a new one
+        _pool = None
+        raise
     finally:
-        os.unlink(path)
+        os.unlink(spilled)
     for path in packed:
         parent = data
         for key in path[:-1]:
