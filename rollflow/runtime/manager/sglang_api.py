@@ -219,8 +219,10 @@ async def _finished(manager: RolloutManager, sample: Sample) -> None:
 
 async def generate(request: web.Request) -> web.StreamResponse:
     manager = request.app[MANAGER_KEY]
-    limit = generate_limit(manager.config)
-    bodies, batched = await read_json_object(request, body_limit(request), _generate_bodies, limit)
+    config = manager.config
+    bodies, batched = await read_json_object(
+        request, body_limit(request), lambda data: _generate_bodies(data, config), generate_limit(config)
+    )
     if any(body.session_params is not None for body in bodies):
         from rollflow.runtime.manager import sessions_api  # it builds on this module
 
@@ -347,12 +349,19 @@ class BodyTemplates:
 TEMPLATES_KEY = web.AppKey("generate_templates", BodyTemplates)
 
 
-def _generate_bodies(data: dict) -> tuple[list[GenerateBody], bool]:
-    """The body of each prompt, and whether they came as a batch (a batch of one answers a list)."""
+def _generate_bodies(data: dict, config: ManagerConfig | None = None) -> tuple[list[GenerateBody], bool]:
+    """The body of each prompt, and whether they came as a batch (a batch of one answers a list).
+    With `config`, a prompt of ids longer than max_prompt_tokens is refused before it is validated:
+    its length is known at once, and validating millions of ids holds the GIL for long."""
     try:
         items = split_batch(data)
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
+    if config is not None:
+        for index, item in enumerate(items or [data]):
+            ids = item.get("input_ids")
+            if type(ids) is list:
+                check_prompt(ids, config, "the prompt" if items is None else f"input_ids[{index}]")
     if items is None:
         return [validate(GenerateBody, data)], False
     return [validate(GenerateBody, item) for item in items], True
