@@ -1,19 +1,36 @@
 """Bad inputs against a live manager, two built-in engines and a weight server, while a
 background client keeps making valid calls.
 
-    .venv/bin/python benchmarks/hostile_inputs.py [--model models/tiny]
+    .venv/bin/python benchmarks/hostile_inputs.py [--model models/tiny] [--output FILE]
 
 Each bad input is sent once; it counts as "4xx with a clear message" when the answer is a 4xx
 whose body carries an error message, as "5xx" on a 5xx, and as an outage when afterwards a
-server's health check fails or an engine has left the manager's pool. Prints the counts the
-hardening issue asks for (goal: 0 5xx, 0 outages) and the background client's calls.
+server's health check fails or an engine has left the manager's pool. Then, against the same
+servers (all started with read_timeout_s 5, body_timeout_s 20, min_body_bytes_per_s 1000):
+
+- slow bodies: 25 connections per server path (the manager's lean /generate and aiohttp's routes,
+  an engine, the weight server) send a body a byte every 2 s; each must be closed by the server
+  within body_timeout_s (the average-rate rule closes it about read_timeout_s after its head);
+- large bodies under load: three 60 MB one-prompt /generate bodies (sure to exceed
+  max_prompt_tokens), then three 60 MB batches, while /health is polled: every answer under 1 s;
+- unauthenticated access: aborting a running batch sample by its id, reading and closing a session
+  (GET/DELETE /v1/sessions/{id}, /close_session) without the token: each must be refused;
+- a lowercase `bearer` scheme with the right token: each must be taken;
+- loose types (`max_new_tokens: "8"`, `stream: "yes"`) and bad `rollflow.files` metadata are among
+  the bad inputs; a 2xx for any of them counts as coerced.
+
+Writes its counts and goal verdicts to benchmarks/results/hostile_inputs.json and exits non-zero on
+any 5xx, outage, unauthenticated access or other missed goal.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import platform
+import select
 import socket
 import subprocess
 import sys
@@ -26,6 +43,11 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 TOKEN, API_KEY, WEIGHTS_TOKEN = "manager-token", "engine-key", "weights-token"
+LIMITS = {"read_timeout_s": 5, "body_timeout_s": 20, "min_body_bytes_per_s": 1000}
+LIMIT_FLAGS = [part for key, value in LIMITS.items() for part in (f"--{key.replace('_', '-')}", str(value))]
+SLOW_PER_PATH = 25
+HEALTH_LIMIT_S = 1.0
+RESULTS = Path(__file__).parent / "results" / "hostile_inputs.json"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -75,6 +97,14 @@ def wait_up(url: str, timeout_s: float = 180) -> None:
     raise SystemExit(f"{url} did not come up")
 
 
+def upload(files_metadata: str) -> bytes:
+    """A safetensors upload whose `rollflow.files` metadata is the given text."""
+    import numpy as np
+    from safetensors.numpy import save
+
+    return save({"w": np.zeros(2, dtype=np.float32)}, metadata={"rollflow.files": files_metadata})
+
+
 def bad_inputs(manager: str, engine: str, weights: str) -> list[tuple[str, str, str, str, bytes, dict]]:
     """(category, server url, method, path, body, headers) of every bad input."""
     auth = {"Authorization": f"Bearer {TOKEN}".encode()}
@@ -102,6 +132,9 @@ def bad_inputs(manager: str, engine: str, weights: str) -> list[tuple[str, str, 
             ("negative token id", json.dumps({"input_ids": [-1]}).encode()),
             ("empty input_ids", json.dumps({"input_ids": []}).encode()),
             ("string max_new_tokens", gen(max_new_tokens="many")),
+            ('loose type: max_new_tokens "8"', gen(max_new_tokens="8")),
+            ('loose type: stream "yes"', b'{"input_ids": [5, 6], "stream": "yes"}'),
+            ("loose type: ignore_eos 1", gen(ignore_eos=1)),
             ("70 MB body", b'{"input_ids": [' + b"1," * (35 << 20) + b"1]}"),
         ]:
             cases.append((f"{name}: {label}", url, "POST", "/generate", body, headers))
@@ -186,6 +219,23 @@ def bad_inputs(manager: str, engine: str, weights: str) -> list[tuple[str, str, 
         ("weights: version 100000000", weights, "PUT", "/v1/versions/100000000", b"x", wauth),
         ("weights: version not a number", weights, "PUT", "/v1/versions/abc", b"x", wauth),
         ("weights: upload that is not safetensors", weights, "PUT", "/v1/versions/1", b"\xff" * 100, wauth),
+        (
+            "weights: metadata rollflow.files a JSON list",
+            weights,
+            "PUT",
+            "/v1/versions/1",
+            upload("[1]"),
+            wauth,
+        ),
+        ("weights: metadata rollflow.files not JSON", weights, "PUT", "/v1/versions/1", upload("{"), wauth),
+        (
+            "weights: metadata rollflow.files a number",
+            weights,
+            "PUT",
+            "/v1/versions/1",
+            upload('{"a": 1}'),
+            wauth,
+        ),
         ("weights: manifest of an unknown version", weights, "GET", "/v1/manifest?version=77", b"", {}),
         ("weights: bad query", weights, "GET", "/v1/versions?wait_s=-1", b"", {}),
         (
@@ -200,9 +250,155 @@ def bad_inputs(manager: str, engine: str, weights: str) -> list[tuple[str, str, 
     return cases
 
 
+def slow_bodies(targets: list[tuple[str, str, str, dict]]) -> dict:
+    """Send SLOW_PER_PATH bodies a byte every 2 s to each (label, url, path, headers) target;
+    seconds until each was closed by its server (None: still open after 60 s)."""
+    socks = {}
+    for label, url, path, headers in targets:
+        parts = urlsplit(url)
+        head = f"PUT {path}" if "versions" in path else f"POST {path}"
+        head += f" HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Length: 100000\r\n"
+        head += "".join(f"{name}: {value.decode()}\r\n" for name, value in headers.items()) + "\r\n"
+        for _ in range(SLOW_PER_PATH):
+            sock = socket.create_connection((parts.hostname, parts.port), timeout=30)
+            sock.sendall(head.encode() + b'{"input_ids": [1')
+            sock.setblocking(False)
+            socks[sock] = (label, time.monotonic())
+    closed: dict[str, list[float | None]] = {label: [] for label, *_ in targets}
+    deadline = time.monotonic() + 60
+    while socks and time.monotonic() < deadline:
+        readable, _, _ = select.select(list(socks), [], [], 2.0)
+        for sock in list(socks):
+            label, started = socks[sock]
+            try:
+                ended = sock in readable and not sock.recv(4096)
+                if sock in readable and not ended:
+                    ended = True  # an answer (a 408) ends it too
+                if not ended:
+                    sock.send(b"1")
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                ended = True
+            if ended:
+                closed[label].append(time.monotonic() - started)
+                del socks[sock]
+                sock.close()
+    for sock, (label, _) in socks.items():
+        closed[label].append(None)
+        sock.close()
+    return closed
+
+
+def post_raw(url: str, body: bytes) -> int:
+    """Status of a POST /generate of `body` (the server may answer before all of it is sent)."""
+    parts = urlsplit(url)
+    head = f"POST /generate HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    with socket.create_connection((parts.hostname, parts.port), timeout=600) as sock:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # answered before it all went
+            sock.sendall(head.encode())
+            sock.sendall(body)  # not joined to the head: a copy of 60 MB would hold this process's GIL
+        data = b""
+        while chunk := sock.recv(1 << 16):
+            data += chunk
+    return int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/") else 0
+
+
+def large_bodies(manager: str) -> dict:
+    """Three 60 MB one-prompt bodies, then three 60 MB batches, while /health is polled."""
+    one = b'{"input_ids": [' + b"12345," * (10 << 20) + b"1]}"
+    row = b"[" + b"12345," * 99_999 + b"1]"
+    batch = b'{"input_ids": [' + b",".join([row] * 99 + [b"[-1," + row[1:]]) + b"]}"
+    times: list[float] = []
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                urllib.request.urlopen(manager + "/health", timeout=120).read()
+                times.append(time.monotonic() - started)
+            except OSError:
+                times.append(float("inf"))
+            stop.wait(0.02)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    time.sleep(3)  # the same polling under the same load, before any big body: the machine's noise
+    quiet = len(times)
+    for body in (one, batch):
+        senders = [
+            threading.Thread(target=lambda b=body: statuses.append(post_raw(manager, b))) for _ in range(3)
+        ]
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.join()
+    stop.set()
+    poller.join()
+    return {
+        "health_polls": len(times) - quiet,
+        "health_max_s": max(times[quiet:]),
+        "health_max_s_before_the_bodies": max(times[:quiet]),
+        "answers": statuses,
+    }
+
+
+def access_checks(manager: str, engine: str, weights: str) -> dict:
+    """Routes that touch a trainer's work without the token, and the right token under `bearer`."""
+    auth = {"Authorization": f"Bearer {TOKEN}".encode()}
+    sampling = {"max_new_tokens": 512, "temperature": 0, "ignore_eos": True}
+    batch = {"prompts": [[5, 6]], "sampling_params": sampling, "batch_id": "hostile"}
+    raw_request(manager, "POST", "/batches", json.dumps(batch).encode(), auth)
+    raw_request(manager, "POST", "/v1/sessions", b'{"session_id": "hostile-session"}')
+    unauthenticated = [
+        ("abort a batch sample by its id", "POST", "/abort_request", b'{"rid": "hostile-0-0"}'),
+        ("read a session", "GET", "/v1/sessions/hostile-session", b""),
+        ("close a session", "DELETE", "/v1/sessions/hostile-session", b""),
+        ("close a session (SGLang's route)", "POST", "/close_session", b'{"session_id": "hostile-session"}'),
+    ]
+    let_in = []
+    for label, method, path, body in unauthenticated:
+        status, answer = raw_request(manager, method, path, body)
+        if 200 <= status < 300:
+            let_in.append(label)
+            print(f"UNAUTHENTICATED {label}: {status} {answer[:200]!r}")
+    lower = [
+        ("manager", manager, "GET", "/batches/hostile", b"", TOKEN, 200),
+        ("engine", engine, "GET", "/get_weight_version", b"", API_KEY, 200),
+        ("weights", weights, "PUT", "/v1/versions/9", b"\xff" * 10, WEIGHTS_TOKEN, 400),
+    ]
+    refused = []
+    for name, url, method, path, body, token, wanted in lower:
+        status, _ = raw_request(url, method, path, body, {"Authorization": b"bearer " + token.encode()})
+        if status != wanted:
+            refused.append(f"{name}: {status}")
+    raw_request(manager, "DELETE", "/batches/hostile", b"", auth)
+    return {
+        "tried": len(unauthenticated),
+        "let_in": let_in,
+        "lowercase_bearer_tried": len(lower),
+        "lowercase_bearer_refused": refused,
+    }
+
+
+def goal(name: str, target: str, measured, met: bool) -> dict:
+    print(f"{'met   ' if met else 'MISSED'} {name}: {measured} (goal {target})")
+    return {"name": name, "target": target, "measured": measured, "met": met}
+
+
+def commit() -> str:
+    run = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+    )
+    return run.stdout.strip()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="model folder (default: one made by `rollflow engine init-model`)")
+    parser.add_argument("--output", default=str(RESULTS), help=f"results file (default: {RESULTS})")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hostile-"))
     model = args.model or str(work / "model")
@@ -218,7 +414,7 @@ def main() -> None:
         engines = []
         for index in range(2):
             port = free_port()
-            argv = ["engine", "serve", "--model", model, "--port", str(port), "--read-timeout-s", "5"]
+            argv = ["engine", "serve", "--model", model, "--port", str(port), *LIMIT_FLAGS]
             processes.append(
                 start(argv, work / f"engine{index}.log", ENV | {"ROLLFLOW_ENGINE_API_KEY": API_KEY})
             )
@@ -226,7 +422,7 @@ def main() -> None:
         wport = free_port()
         processes.append(
             start(
-                ["weights", "serve", "--dir", str(work / "store"), "--port", str(wport)],
+                ["weights", "serve", "--dir", str(work / "store"), "--port", str(wport), *LIMIT_FLAGS],
                 work / "weights.log",
                 ENV | {"ROLLFLOW_WEIGHTS_TOKEN": WEIGHTS_TOKEN},
             )
@@ -239,6 +435,7 @@ def main() -> None:
                 {
                     "engines": [{"url": e, "engine_type": "builtin", "api_key": API_KEY} for e in engines],
                     "stall_timeout_s": 5,
+                    **LIMITS,
                 }
             )
         )
@@ -292,7 +489,7 @@ def main() -> None:
                 pass
             return down
 
-        tried = clear = server_errors = other = 0
+        tried = clear = server_errors = other = coerced = 0
         outage_log = []
         for label, url, method, path, body, headers in bad_inputs(manager, engines[0], weights):
             tried += 1
@@ -314,24 +511,118 @@ def main() -> None:
             else:
                 other += 1
                 print(f"other {status} {label}: {answer[:200]!r}")
+            if ("loose type" in label or "metadata" in label) and 200 <= status < 300:
+                coerced += 1
             down = outages()
             if down:
                 outage_log.append((label, down))
                 print(f"OUTAGE after {label}: {down}")
+
+        access = access_checks(manager, engines[0], weights)
+        slow = slow_bodies(
+            [
+                ("manager /generate (lean path)", manager, "/generate", {}),
+                ("manager /v1/sessions/s/turns (aiohttp)", manager, "/v1/sessions/s/turns", {}),
+                (
+                    "engine /generate",
+                    engines[0],
+                    "/generate",
+                    {"Authorization": f"Bearer {API_KEY}".encode()},
+                ),
+                (
+                    "weights PUT /v1/versions/1",
+                    weights,
+                    "/v1/versions/1",
+                    {"Authorization": f"Bearer {WEIGHTS_TOKEN}".encode()},
+                ),
+            ]
+        )
+        large = large_bodies(manager)
+        down = outages()
+        if down:
+            outage_log.append(("slow and large bodies", down))
+            print(f"OUTAGE after slow and large bodies: {down}")
         time.sleep(2)
         stop.set()
         for thread in threads:
             thread.join(60)
-        print(f"bad inputs tried:            {tried}")
-        print(f"4xx with a clear message:    {clear}")
-        print(f"5xx:                         {server_errors}")
-        print(f"other answers:               {other}")
-        print(f"outages:                     {len(outage_log)}")
-        print(f"background calls completed:  {background['ok']} of {background['ok'] + background['failed']}")
     finally:
         for process in processes:
             process.kill()
             process.wait()
+
+    slow_times = [t for times in slow.values() for t in times]
+    slow_closed = [t for t in slow_times if t is not None and t <= LIMITS["body_timeout_s"]]
+    goals = [
+        goal("5xx answers to bad inputs", "0", server_errors, server_errors == 0),
+        goal("outages", "0", len(outage_log), not outage_log),
+        goal("unauthenticated accesses", "0", len(access["let_in"]), not access["let_in"]),
+        goal("loose types or bad metadata taken (2xx)", "0", coerced, coerced == 0),
+        goal(
+            "lowercase bearer with the right token refused",
+            "0",
+            len(access["lowercase_bearer_refused"]),
+            not access["lowercase_bearer_refused"],
+        ),
+        goal(
+            "slow bodies closed within body_timeout_s",
+            f"{len(slow_times)} of {len(slow_times)} within {LIMITS['body_timeout_s']} s",
+            f"{len(slow_closed)}, slowest {max((t for t in slow_times if t is not None), default=None)} s",
+            len(slow_closed) == len(slow_times),
+        ),
+        goal(
+            "/health slowest answer during three 60 MB bodies (one prompt, then a batch) under load",
+            f"< {HEALTH_LIMIT_S} s",
+            round(large["health_max_s"], 3),
+            large["health_max_s"] < HEALTH_LIMIT_S,
+        ),
+        goal(
+            "60 MB bodies answered 4xx",
+            "6 of 6",
+            sum(400 <= status < 500 for status in large["answers"]),
+            all(400 <= status < 500 for status in large["answers"]) and len(large["answers"]) == 6,
+        ),
+    ]
+    counts = {
+        "bad_inputs_tried": tried,
+        "clear_4xx": clear,
+        "5xx": server_errors,
+        "other_answers": other,
+        "outages": len(outage_log),
+        "unauthenticated_tried": access["tried"],
+        "unauthenticated_let_in": access["let_in"],
+        "lowercase_bearer_tried": access["lowercase_bearer_tried"],
+        "lowercase_bearer_refused": access["lowercase_bearer_refused"],
+        "slow_bodies": {label: times for label, times in slow.items()},
+        "large_bodies": large,
+        "background_calls_ok": background["ok"],
+        "background_calls": background["ok"] + background["failed"],
+    }
+    print(f"bad inputs tried:            {tried}")
+    print(f"4xx with a clear message:    {clear}")
+    print(f"5xx:                         {server_errors}")
+    print(f"other answers:               {other}")
+    print(f"outages:                     {len(outage_log)}")
+    print(f"background calls completed:  {background['ok']} of {background['ok'] + background['failed']}")
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    results = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "commit": commit(),
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "limits": LIMITS,
+        "counts": counts,
+        "outage_log": outage_log,
+        "goals": goals,
+    }
+    output.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"results: {output}")
+    if not all(g["met"] for g in goals):
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

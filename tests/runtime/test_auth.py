@@ -193,3 +193,46 @@ def test_the_weight_server_publishes_only_with_its_token_or_when_opened_explicit
         for proc in servers:
             proc.kill()
             proc.wait()
+
+
+def test_a_batch_sample_and_reading_or_closing_a_session_need_the_managers_token(module_processes, engine):
+    manager = module_processes.manager(token=TOKEN)
+    worker = {"url": engine.url, "engine_type": "builtin", "api_key": API_KEY}
+    assert http("POST", manager.url + "/workers", worker, token=TOKEN)[0] == 201
+    sampling = {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}
+    batch = {"prompts": [[5, 6]], "sampling_params": sampling, "batch_id": "trainers"}
+    assert http("POST", manager.url + "/batches", batch, token=TOKEN)[0] == 201
+    # the batch's sample id is easy to guess; ending it is the trainer's business
+    status, body = http("POST", manager.url + "/abort_request", {"rid": "trainers-0-0"})
+    assert status == 401 and "batch's sample" in body["error"]["message"], body
+    status, body = http("POST", manager.url + "/abort_request", {"rid": "trainers-0-0"}, token=TOKEN)
+    assert status == 200 and body["success"], body
+
+    status, opened = http("POST", manager.url + "/v1/sessions", {"session_id": "episode-1"})
+    assert status == 201, opened  # opening and turns stay open, as /generate is
+    for method, path, body in (
+        ("GET", "/v1/sessions/episode-1", None),
+        ("DELETE", "/v1/sessions/episode-1", None),
+        ("POST", "/close_session", {"session_id": "episode-1"}),
+    ):
+        assert http(method, manager.url + path, body)[0] == 401, path
+        assert http(method, manager.url + path, body, token="wrong")[0] == 401, path
+    assert http("GET", manager.url + "/v1/sessions/episode-1", token=TOKEN)[0] == 200
+    assert http("DELETE", manager.url + "/v1/sessions/episode-1", token=TOKEN)[0] == 200
+
+
+def test_the_bearer_scheme_is_matched_whatever_its_case(module_processes, engine, tmp_path):
+    manager = module_processes.manager(token=TOKEN)
+    for scheme in (b"bearer ", b"BEARER ", b"BeArEr "):
+        assert raw_status(manager.url, "GET", "/batches/abc", scheme + TOKEN.encode()) == 404
+        assert raw_status(engine.url, "GET", "/get_weight_version", scheme + API_KEY.encode()) == 200
+        assert raw_status(manager.url, "GET", "/batches/abc", scheme + b"wrong") == 401
+    assert raw_status(manager.url, "GET", "/batches/abc", b"Basic " + TOKEN.encode()) == 401
+    proc, url = _weight_server(tmp_path, token=WEIGHTS_TOKEN)
+    try:
+        assert (
+            raw_status(url, "PUT", "/v1/versions/1", b"bearer " + WEIGHTS_TOKEN.encode()) == 400
+        )  # past auth
+    finally:
+        proc.kill()
+        proc.wait()

@@ -7,6 +7,7 @@ import os
 
 from rollflow.cli_util import add_command_group
 from rollflow.runtime.engines.builtin import DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_PREFIX_CACHE_TOKENS
+from rollflow.runtime.http import limits
 
 EXAMPLES = """examples:
   rollflow engine init-model models/tiny
@@ -84,12 +85,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="largest JSON request in MiB, 413 above it (default 64); weight uploads may be as large "
         "as the model sent as float64",
     )
-    serve.add_argument(
-        "--read-timeout-s",
-        type=float,
-        default=30.0,
-        help="close a connection that sends no whole request head, or stalls its body, this long (default 30)",
-    )
+    limits.add_arguments(serve)
     serve.add_argument(
         "--max-running-requests",
         type=_at_least(1),
@@ -157,7 +153,7 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
         incremental_streaming_output=args.incremental_streaming_output,
         api_key=args.api_key,
         max_body_bytes=int(args.max_body_mb * (1 << 20)),
-        read_timeout_s=args.read_timeout_s,
+        body_limits=limits.from_arguments(args),
         max_running_requests=args.max_running_requests,
         prefix_cache_tokens=args.prefix_cache_tokens,
     )

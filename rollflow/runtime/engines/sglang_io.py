@@ -15,9 +15,9 @@ client and the built-in engine use.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from rollflow.runtime.engines.base import MAX_SEED, MIN_SEED, SamplingParams
 
@@ -102,21 +102,34 @@ def drop_neutral(data: Any, neutral: Neutral, where: str) -> Any:
     return kept
 
 
+def _integral(value: Any) -> Any:
+    """An integral float (8.0) as the int it is: SGLang runs on Python numbers and takes it."""
+    return int(value) if type(value) is float and value.is_integer() else value
+
+
+Int = Annotated[int, BeforeValidator(_integral)]
+"""A count or id field: a JSON integer, or an integral float such as 8.0; never a string or bool."""
+
+
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Types are strict: a string is never read as a number or a bool (`"8"`, `"yes"` are a 400
+    naming the field), a bool never as a number; a float field takes an integer. Token id lists
+    take integers only."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class SamplingParamsBody(_Body):
     """SGLang's `sampling_params` object (field names and defaults are SGLang's)."""
 
-    max_new_tokens: int = Field(128, ge=0)
+    max_new_tokens: Int = Field(128, ge=0)
     """Tokens to generate at most; the request finishes with `length` when it reaches them."""
-    min_new_tokens: int = Field(0, ge=0)
+    min_new_tokens: Int = Field(0, ge=0)
     """End-of-sequence and stop tokens cannot end the request before this many tokens."""
     temperature: float = Field(1.0, ge=0.0, allow_inf_nan=False)
     """0 is greedy decoding; otherwise logits are divided by it before sampling."""
     top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
-    top_k: int = Field(-1, ge=-1, le=MAX_TOKEN_ID)
+    top_k: Int = Field(-1, ge=-1, le=MAX_TOKEN_ID)
     """Keep the k most likely tokens; -1 (or 0) keeps all."""
     min_p: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
@@ -127,7 +140,7 @@ class SamplingParamsBody(_Body):
     """Strings that end the request with `stop` once the output text holds one."""
     stop_token_ids: list[int] | None = None
     """More token ids that finish the request with `stop` (null is none)."""
-    sampling_seed: int | None = Field(None, ge=MIN_SEED, le=MAX_SEED)
+    sampling_seed: Int | None = Field(None, ge=MIN_SEED, le=MAX_SEED)
     """A 64-bit seed of this request's sampler (what torch's and vLLM's generators take)."""
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True

@@ -1,4 +1,7 @@
-"""Bearer-token checks that answer 401 for a wrong, missing or malformed header, never a 500."""
+"""Bearer-token checks that answer 401 for a wrong, missing or malformed header, never a 500.
+
+The scheme is matched without regard to case (`Bearer`, `bearer`, `BEARER`: RFC 7235 section 2.1
+makes auth schemes case-insensitive); the token itself is compared exactly, in constant time."""
 
 from __future__ import annotations
 
@@ -27,7 +30,8 @@ def require_bearer(request: web.Request, token: str | None, what: str = "this en
         raise _unauthorized(
             f"{what} needs 'Authorization: Bearer <token>'; the header sent is not UTF-8"
         ) from None
-    if not hmac.compare_digest(given_bytes, f"Bearer {token}".encode()):
+    scheme, _, credentials = given_bytes.partition(b" ")
+    if scheme.lower() != b"bearer" or not hmac.compare_digest(credentials.strip(b" "), token.encode()):
         raise _unauthorized(f"{what} needs 'Authorization: Bearer <token>'")
 
 

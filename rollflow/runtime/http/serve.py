@@ -1,7 +1,9 @@
-"""An AppRunner that closes half-open connections: one that has not sent a whole request head
-within `read_timeout_s` of connecting is closed, and `read_body` closes one whose body stalls for
-as long. aiohttp has no header or body read timeout of its own; without one, each slow or
-abandoned client holds a socket (and a file descriptor) forever.
+"""An AppRunner that closes half-open and slow connections. aiohttp has no header or body read
+timeout of its own; without one, each slow or abandoned client holds a socket (and a file
+descriptor) forever, and a body sent a byte every few seconds holds it as well.
+
+A connection that has not sent a whole request head within `read_timeout_s` of connecting is
+closed; `iter_body` cuts off a body under the rule of `limits.BodyLimits`.
 """
 
 from __future__ import annotations
@@ -12,21 +14,23 @@ from typing import Any
 
 from aiohttp import web
 
+from rollflow.runtime.http.limits import DEFAULT_LIMITS, BodyLimits
+
 logger = logging.getLogger(__name__)
 
-DEFAULT_READ_TIMEOUT_S = 30.0
-READ_TIMEOUT_KEY = web.AppKey("rollflow_read_timeout_s", float)
+BODY_LIMITS_KEY = web.AppKey("rollflow_body_limits", BodyLimits)
 
 
 class GuardedRunner(web.AppRunner):
-    """`web.AppRunner` whose connections must deliver a request head within `read_timeout_s`."""
+    """`web.AppRunner` whose connections must deliver a request head within `read_timeout_s`, and
+    whose bodies are read under `limits` (by `iter_body`)."""
 
-    def __init__(
-        self, app: web.Application, read_timeout_s: float = DEFAULT_READ_TIMEOUT_S, **kwargs: Any
-    ) -> None:
-        app[READ_TIMEOUT_KEY] = read_timeout_s  # read_body's limit between two body chunks
+    def __init__(self, app: web.Application, limits: BodyLimits = DEFAULT_LIMITS, **kwargs: Any) -> None:
+        app[BODY_LIMITS_KEY] = limits
+        read_timeout_s = limits.read_timeout_s
         kwargs.setdefault("keepalive_timeout", read_timeout_s)  # an idle kept-alive connection too
         super().__init__(app, **kwargs)
+        self.limits = limits
         self._read_timeout_s = read_timeout_s
 
     async def _make_server(self) -> web.Server:
@@ -60,12 +64,14 @@ class GuardedRunner(web.AppRunner):
         return server
 
 
-def read_timeout(request: web.Request) -> float:
-    return request.app.get(READ_TIMEOUT_KEY, DEFAULT_READ_TIMEOUT_S)
+def body_limits(request: web.Request) -> BodyLimits:
+    return request.app.get(BODY_LIMITS_KEY) or DEFAULT_LIMITS
 
 
-def close_stalled(request: web.Request) -> web.HTTPException:
-    """Close the connection of a request whose body stalled; the returned 408 is for the log."""
+def close_slow(request: web.Request, why: str) -> web.HTTPException:
+    """Close the connection of a request whose body came too slowly; the returned 408 is for the log
+    (the client, which stopped sending in time, is not waiting for an answer)."""
+    logger.info("closing a connection whose body came too slowly: %s", why)
     if request.transport is not None:
         request.transport.close()
-    return web.HTTPRequestTimeout(text=f"no body bytes for {read_timeout(request):.0f}s")
+    return web.HTTPRequestTimeout(text=why)

@@ -39,7 +39,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--token",
         default=os.environ.get("ROLLFLOW_MANAGER_TOKEN"),
-        help="bearer token for the admin and trainer routes: workers, batches, step reports "
+        help="bearer token for the admin and trainer routes: workers, batches, step reports, reading "
+        "or closing sessions "
         "(default: $ROLLFLOW_MANAGER_TOKEN)",
     )
     serve.add_argument(

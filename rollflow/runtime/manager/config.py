@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 from rollflow.config import StrictModel
 from rollflow.policy.offload import OffloadConfig
 from rollflow.policy.routing import ROUTERS
+from rollflow.runtime.http.limits import BodyLimits
 
 
 class EngineEntry(StrictModel):
@@ -34,8 +35,9 @@ class ManagerConfig(StrictModel):
     port: int = Field(30100, ge=0, le=65535)
     token: str | None = None
     """Bearer token required, when set, by every admin and trainer route: engines (POST/DELETE
-    /workers..., /add_worker, /remove_worker), /abort_request with abort_all, batches (/batches...)
-    and POST /step_report."""
+    /workers..., /add_worker, /remove_worker), /abort_request with abort_all or a batch sample's id,
+    batches (/batches...), POST /step_report, and reading or closing a session (GET and DELETE
+    /v1/sessions/{id}, POST /close_session)."""
     router: Literal[tuple(ROUTERS)] = "least_outstanding"  # type: ignore[valid-type]
     router_path: str | None = None
     """Policy file of `router: learned` (an exported policy.npz; engine ids 0..N-1 are its slots)."""
@@ -67,8 +69,16 @@ class ManagerConfig(StrictModel):
     max_new_tokens_limit: int = Field(32768, ge=1)
     """Requests asking for more new tokens than this are rejected with a 400."""
     max_prompt_tokens: int = Field(131072, ge=1)
+    """Longest prompt (a session's whole context too), a 400 above it. A body of one prompt of
+    `input_ids` larger than 16 bytes per token plus 64 KiB is sure to be longer: it is refused with a
+    413 once its first 64 KiB are read, never read whole."""
     read_timeout_s: float = Field(30.0, gt=0)
-    """A connection that sends no whole request head, or stalls its body, this long is closed."""
+    """A connection that sends no whole request head, or pauses its body, this long is closed."""
+    body_timeout_s: float = Field(300.0, gt=0)
+    """A connection whose body has not all arrived this long after its head is closed."""
+    min_body_bytes_per_s: float = Field(16384.0, gt=0)
+    """A connection whose body, after its first `read_timeout_s`, has come at fewer bytes a second
+    on average is closed (a client trickling a byte every few seconds holds no socket for long)."""
     max_body_mb: float = Field(64.0, gt=0)
     """Largest request body in MiB (413 above it); a batch of 64 prompts of 128k tokens fits."""
     request_log: str | None = None
@@ -92,6 +102,9 @@ class ManagerConfig(StrictModel):
     session keeps its whole context in memory, and in the journal)."""
     offload: OffloadSection = OffloadSection()
     engines: list[EngineEntry] = Field(default_factory=list)
+
+    def body_limits(self) -> BodyLimits:
+        return BodyLimits(self.read_timeout_s, self.body_timeout_s, self.min_body_bytes_per_s)
 
     @model_validator(mode="after")
     def _router_file(self) -> ManagerConfig:

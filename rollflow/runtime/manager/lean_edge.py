@@ -15,8 +15,9 @@ of a connection that is anything else (another route or method, a streamed, batc
 a head that is too big) hands the connection, with every byte it has buffered, to aiohttp's request
 handler for good, which answers that request and the ones after it as before: one error shape, one
 set of routes. What the lean path keeps from aiohttp's server as the manager runs it: keep-alive,
-`Connection: close`, the read timeout (a head must come whole within `read_timeout_s` of the
-connection's start or its last answer, and a body may not stall as long), a request released
+`Connection: close`, the read timeouts (a head must come whole within `read_timeout_s` of the
+connection's start or its last answer, and a body is cut off under `BodyLimits`' rule, as
+`iter_body` cuts off aiohttp's), a request released
 when its client goes away (the sample is cancelled, and its engine request aborted), 4xx counted
 in `rollflow_requests_rejected_total`, and a graceful shutdown.
 """
@@ -31,8 +32,10 @@ import re
 
 from aiohttp import web
 
+from rollflow.runtime.http.body import THREAD_PARSE_BYTES
 from rollflow.runtime.http.errors import error_body
 from rollflow.runtime.http.head import header_value, split_content_length
+from rollflow.runtime.http.limits import BodyLimits
 from rollflow.runtime.http.serve import GuardedRunner
 from rollflow.runtime.manager import sglang_api
 from rollflow.runtime.manager.edge import MANAGER_KEY, body_limit_of
@@ -102,6 +105,7 @@ class _LeanConnection(asyncio.Protocol):
         self._closing = False  # the server shuts down: no request after the one in flight
         self._deadline = 0.0  # when a connection still waiting for a whole request is closed
         self._timer: asyncio.TimerHandle | None = None
+        self._body: tuple[float, float, int] | None = None  # a partial body's start, last bytes, size
 
     # ---------------------------------------------------------------- the protocol
 
@@ -145,13 +149,17 @@ class _LeanConnection(asyncio.Protocol):
             self._hand_over()
             return
         length, keep_alive = framing
-        if length > self._server.body_limit:
-            self._hand_over()  # aiohttp answers 413
+        if length > self._server.body_limit or length > THREAD_PARSE_BYTES:
+            self._hand_over()  # aiohttp refuses it (413) or parses it off the loop, as it arrives
             return
         start = end + 4
-        if len(buf) < start + length:
-            self._deadline = self._loop.time() + self._server.read_timeout_s  # no stall as long
+        if len(buf) < start + length:  # the body is not all here: it may come only so slowly
+            now = self._loop.time()
+            started = now if self._body is None else self._body[0]
+            self._body = (started, now, len(buf) - start)
+            self._deadline = self._server.limits.deadline(*self._body)
             return
+        self._body = None
         request = sglang_api.lean_request(self._server.app, bytes(buf[start : start + length]))
         if request is None:
             self._hand_over()
@@ -252,7 +260,14 @@ class _LeanConnection(asyncio.Protocol):
             if self._deadline != float("inf"):
                 self._timer = self._loop.call_at(self._deadline, self._due)
             return
-        log.info("closing a connection that sent no whole request in %.0fs", self._server.read_timeout_s)
+        if self._body is not None:
+            log.info(
+                "closing a connection whose body came too slowly: %s", self._server.limits.why(*self._body)
+            )
+        else:
+            log.info(
+                "closing a connection that sent no whole request head in %.0fs", self._server.read_timeout_s
+            )
         self.transport.close()
 
     def _cancel_timer(self) -> None:
@@ -279,11 +294,12 @@ class LeanServer:
     """The protocol factory the manager's site listens with: every connection starts on the lean
     path; `aiohttp_server` (aiohttp's `web.Server`) takes the ones handed over."""
 
-    def __init__(self, aiohttp_server: web.Server, app: web.Application, read_timeout_s: float) -> None:
+    def __init__(self, aiohttp_server: web.Server, app: web.Application, limits: BodyLimits) -> None:
         self.aiohttp_server = aiohttp_server
         self.app = app
         self.manager = app[MANAGER_KEY]
-        self.read_timeout_s = read_timeout_s
+        self.limits = limits
+        self.read_timeout_s = limits.read_timeout_s
         self.body_limit = body_limit_of(app)
         self.loop = asyncio.get_running_loop()
         self.connections: set[_LeanConnection] = set()
@@ -312,4 +328,4 @@ class LeanRunner(GuardedRunner):
     """`GuardedRunner` whose site listens with a `LeanServer` in front of aiohttp's server."""
 
     async def _make_server(self) -> LeanServer:  # type: ignore[override]
-        return LeanServer(await super()._make_server(), self.app, self._read_timeout_s)
+        return LeanServer(await super()._make_server(), self.app, self.limits)

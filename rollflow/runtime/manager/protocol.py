@@ -9,29 +9,38 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from rollflow.config import StrictModel
 from rollflow.runtime.engines.sglang_io import (
     MAX_TOKEN_ID,
     TOP_LEVEL_NEUTRAL,
+    Int,
     SamplingParamsBody,
     drop_neutral,
 )
 from rollflow.runtime.engines.sglang_io import GenerateBody as SGLangGenerateBody
 
+
+class _Body(StrictModel):
+    """A request body: unknown fields and loose types are refused (sglang_io's `_Body` rules: no
+    string read as a number or a bool; an integral float such as 8.0 is taken as an int)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
 SamplingBody = SamplingParamsBody
 """`sampling_params` of every manager route: SGLang's, shared with the built-in engine."""
 
 
-class SessionParamsBody(StrictModel):
+class SessionParamsBody(_Body):
     """SGLang's `session_params` of a `/generate`: the request is the next turn of session `id`
     (opened with `/open_session`); its `input_ids` follow the session's whole context."""
 
     id: str = Field(min_length=1, max_length=64)
     rid: str | None = None
     """The request it continues: null or the session's last request (branching is not served)."""
-    offset: int | None = None
+    offset: Int | None = None
     """Where in that request's context to append: null or 0, its end (cutting it is not served)."""
     replace: bool | None = None
     drop_previous_output: bool | None = None
@@ -67,10 +76,10 @@ class GenerateBody(SGLangGenerateBody):
         return rest | {"session_params": data["session_params"]}
 
 
-class OpenSGLangSessionBody(StrictModel):
+class OpenSGLangSessionBody(_Body):
     """SGLang's `/open_session` body."""
 
-    capacity_of_str_len: int = Field(0, ge=0)
+    capacity_of_str_len: Int = Field(0, ge=0)
     """SGLang's bound on the session's text; the manager's bound is max_prompt_tokens."""
     session_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     streaming: bool | None = None
@@ -79,13 +88,13 @@ class OpenSGLangSessionBody(StrictModel):
     """SGLang reaps an idle session after this long; the manager keeps it until closed (accepted, unused)."""
 
 
-class CloseSGLangSessionBody(StrictModel):
+class CloseSGLangSessionBody(_Body):
     """SGLang's `/close_session` body."""
 
     session_id: str = Field(min_length=1, max_length=64)
 
 
-class AbortBody(StrictModel):
+class AbortBody(_Body):
     """SGLang's `/abort_request` body."""
 
     rid: str = ""
@@ -94,10 +103,10 @@ class AbortBody(StrictModel):
     """Abort every sample the manager holds, /generate's and batches' alike."""
 
 
-class BatchBody(StrictModel):
+class BatchBody(_Body):
     prompts: list[list[int]] = Field(min_length=1)
     """Prompts as token ids; each becomes a group of `n` samples."""
-    n: int = Field(1, ge=1, le=4096)
+    n: Int = Field(1, ge=1, le=4096)
     sampling_params: SamplingBody = SamplingBody()
     allow_off_policy: bool = False
     batch_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.]{1,64}$")
@@ -116,11 +125,11 @@ class BatchBody(StrictModel):
         return self
 
 
-class NextMicroBatchBody(StrictModel):
-    min_groups: int = Field(1, ge=1)
-    max_groups: int = Field(1 << 30, ge=1)
+class NextMicroBatchBody(_Body):
+    min_groups: Int = Field(1, ge=1)
+    max_groups: Int = Field(1 << 30, ge=1)
     timeout_s: float | None = Field(None, ge=0, le=3600)
-    micro_batch: int | None = Field(None, ge=0)
+    micro_batch: Int | None = Field(None, ge=0)
     """Index of the micro-batch asked for (how many the client holds already): one handed out before
     is answered again, so a call retried across a manager restart hands no group out twice."""
     received: list[list[int]] | None = Field(None, max_length=1 << 20)
@@ -142,17 +151,17 @@ class NextMicroBatchBody(StrictModel):
         return self
 
 
-class WorkerBody(StrictModel):
+class WorkerBody(_Body):
     """sgl-router's `POST /workers` body, plus rollflow's engine kind, type and capacity."""
 
     url: str = Field(pattern=r"^https?://[^\s/]+(/.*)?$")
     worker_type: Literal["regular", "prefill", "decode"] = "regular"
     """sgl-router's worker role; prefill/decode (disaggregated serving) are refused with a message."""
-    bootstrap_port: int | None = Field(None, ge=0, le=65535)
+    bootstrap_port: Int | None = Field(None, ge=0, le=65535)
     """A prefill worker's KV bootstrap port (sgl-router's field): refused, as prefill workers are."""
     kind: Literal["local", "remote", "spot"] = "local"
     engine_type: Literal["sglang", "vllm", "builtin"] = "sglang"
-    capacity: int = Field(64, ge=1, le=100_000)
+    capacity: Int = Field(64, ge=1, le=100_000)
     api_key: str | None = Field(None, min_length=1, max_length=4096)
     """The engine's --api-key: the manager sends it as a bearer token on every call (sgl-router's field)."""
 
@@ -171,14 +180,14 @@ class WorkerBody(StrictModel):
         return self
 
 
-class StepReportBody(StrictModel):
+class StepReportBody(_Body):
     step_time_s: float = Field(gt=0)
     bubble_s: float = Field(ge=0)
     rollout_s: float | None = Field(None, gt=0)
     """Time the step's rollout took; the launcher's autoscaler reads it back from GET /step_report."""
 
 
-class UpdateWeightsBody(StrictModel):
+class UpdateWeightsBody(_Body):
     """Give exactly one source: a folder the engine reads, or a weight server it pulls from."""
 
     model_path: str | None = Field(None, min_length=1)
@@ -187,7 +196,7 @@ class UpdateWeightsBody(StrictModel):
     """Weight server (`rollflow weights serve`) the engine pulls `weight_version` from (built-in engines)."""
     codec: str | None = None
     """Pull codec (with weights_url only); the engine's default (delta+zstd) when absent."""
-    weight_version: int = Field(ge=0)
+    weight_version: Int = Field(ge=0)
 
     @model_validator(mode="after")
     def _one_source(self) -> UpdateWeightsBody:
@@ -212,7 +221,7 @@ class UpdateWeightsBody(StrictModel):
             raise ValueError(str(exc)) from None
 
 
-class ResumeWorkerBody(StrictModel):
+class ResumeWorkerBody(_Body):
     """Waking a released engine; with a weight source it loads the newest version before it rejoins."""
 
     model_path: str | None = Field(None, min_length=1)
@@ -221,7 +230,7 @@ class ResumeWorkerBody(StrictModel):
     """Weight server the engine pulls from (built-in engines); the newest version unless `weight_version`."""
     codec: str | None = None
     """Pull codec (with weights_url only); the engine's default when absent."""
-    weight_version: int | None = Field(None, ge=0)
+    weight_version: Int | None = Field(None, ge=0)
     """Version to serve once awake; none given: the version it held when released (or the weight
     server's newest with weights_url)."""
 
@@ -238,18 +247,18 @@ class ResumeWorkerBody(StrictModel):
         return self
 
 
-class OpenSessionBody(StrictModel):
+class OpenSessionBody(_Body):
     """`POST /v1/sessions`: a multi-turn session (sessions.py)."""
 
     session_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     """The client's id for the session (letters, digits, `_`, `.`, `-`); a new one when absent."""
-    weight_version: int | None = Field(None, ge=0)
+    weight_version: Int | None = Field(None, ge=0)
     """Hold the session to this weight version; absent: the version of its first token."""
     allow_off_policy: bool = False
     """Let later turns continue on engines of other weight versions (each token keeps its own)."""
 
 
-class TurnBody(StrictModel):
+class TurnBody(_Body):
     """`POST /v1/sessions/{id}/turns`: the first turn's input is the prompt; a later turn's is the
     environment's (or tool's) tokens that follow the last output, masked out of the loss."""
 

@@ -28,8 +28,8 @@ GET    /metrics                   Prometheus
 GET    /health                    200 {"status": "ok"}; 503 naming the journal's error while it
                                   cannot write (new batches and sessions are refused with it too)
 POST   /v1/completions, /v1/chat/completions    OpenAI's, one manager sample each (openai_routes.py)
-POST   /v1/sessions, /v1/sessions/{id}/turns; GET, DELETE /v1/sessions/{id}: multi-turn sessions
-                                  that keep their engine (sessions_api.py)
+POST   /v1/sessions, /v1/sessions/{id}/turns; GET, DELETE /v1/sessions/{id} (token): multi-turn
+                                  sessions that keep their engine (sessions_api.py)
 GET    /get_model_info, /get_server_info, /v1/models, /health_generate; POST /flush_cache,
        /pause_generation, /continue_generation, /update_weights_from_disk: to every engine
                                   (passthrough.py; the POSTs need the token)
@@ -92,14 +92,17 @@ async def _edge(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 def _protected(request: web.Request) -> bool:
-    """Admin and trainer routes: engines, batches (trainer API) and step reports. `/generate`
-    and the read-only routes (health, metrics, workers list, versions) stay open."""
+    """Admin and trainer routes: engines, batches (trainer API), step reports, and reading or
+    closing a session (sessions_api.py says why). `/generate`, a session's turns and the read-only
+    routes (health, metrics, workers list, versions) stay open."""
     path, method = request.path, request.method
     if workers_api.is_admin(path, method):
         return True
     if path.startswith("/batches") or path in ADMIN_PATHS or path in memory.ADMIN_PATHS:
         return True
-    return path == "/step_report" and method == "POST"
+    if path.startswith("/v1/sessions/") and method in ("GET", "DELETE"):
+        return True
+    return (path == "/step_report" and method == "POST") or path == "/close_session"
 
 
 # ------------------------------------------------------------------------------ batches
@@ -419,7 +422,7 @@ async def serve(config: ManagerConfig, ready: asyncio.Event | None = None) -> No
     sock = bind(config.host, config.port)  # before the manager contacts its engines
     app = create_app(RolloutManager(config))
     # `POST /generate` of one prompt on a lean path of its own, every other request on aiohttp's
-    runner = LeanRunner(app, config.read_timeout_s, handler_cancellation=True, access_log=None)
+    runner = LeanRunner(app, config.body_limits(), handler_cancellation=True, access_log=None)
     await runner.setup()
     await web.SockSite(runner, sock).start()
     log.info("rollflow manager listening on http://%s:%d", config.host, config.port)

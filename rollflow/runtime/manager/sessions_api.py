@@ -3,8 +3,8 @@
 POST   /v1/sessions                {session_id?, weight_version?, allow_off_policy?} -> the session
 POST   /v1/sessions/{id}/turns     {input_ids, sampling_params, return_logprob?, rid?} -> the turn's output,
                                    SGLang's meta_info (cached_tokens, spans in the turn, weight_version)
-GET    /v1/sessions/{id}           the whole context: ids, logprobs, loss_mask, segments, turns
-DELETE /v1/sessions/{id}           close it; answers the whole context once more
+GET    /v1/sessions/{id}           the whole context: ids, logprobs, loss_mask, segments, turns (token)
+DELETE /v1/sessions/{id}           close it; answers the whole context once more (token)
 
 SGLang's shapes of the same, for clients that drive SGLang's sessions (through sgl-router):
 
@@ -12,12 +12,20 @@ POST   /open_session               {capacity_of_str_len, session_id?} -> the ses
 POST   /generate                   with session_params {id, rid?}: the next turn, input_ids following
                                    the context (append only: offset, replace, drop_previous_output
                                    are refused; stream: false)
-POST   /close_session              {session_id} -> an empty 200
+POST   /close_session              {session_id} -> an empty 200 (token)
 
 A turn's `rid` (SGLang's `rid` on /generate) is its idempotency key: the same turn sent again (a
 client whose connection died with a manager that restarted on its journal) answers the turn of that
 rid, running or finished, rather than starting another; an open sent again with the same id and
 settings (no turn yet) answers 200 with the session it made.
+
+With a manager token set, reading or closing a session (GET and DELETE /v1/sessions/{id}, POST
+/close_session) needs it. A session's context is a trajectory the trainer trains on, and closing
+one ends its episode: they are the trainer's, as batches are. A session id is no capability that
+could stand in for the token: the client chooses it (any 1 to 64 letters, digits, `_.-`, so
+"episode-1" is as valid as a uuid), and it is written into every turn's sample id and the logs.
+Opening a session and sending its turns stay open, as `/generate` is: an agent's tool loop drives
+them without the trainer's token.
 
 Errors: an unknown session is a 404; a closed or busy session, or a turn on a weight version no
 engine serves (without allow_off_policy), a 409 that says what to do.
@@ -101,7 +109,8 @@ async def send_turn(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
     store = _store(request)
     session_id = request.match_info["session_id"]
-    body = await parse_body(request, TurnBody)
+    limit = sglang_api.one_prompt_limit(manager.config)
+    body = await parse_body(request, TurnBody, lambda head: limit)  # a turn's input is one prompt
     journal_writable(manager)
     params = sglang_api.sampling_params(body.sampling_params, manager.config)
     try:

@@ -4,7 +4,9 @@ POST /generate        one prompt (JSON answer or SSE stream) or a batch (a list 
                       of answers); every sample is tracked, routed and resumed by the manager
 POST /abort_request   {"rid": ...} or {"abort_all": true} (the token, when set): the sample (a
                       session's turn too) ends with finish_reason abort and the tokens it has
-                      (SGLang's meta_info), and is not resumed
+                      (SGLang's meta_info), and is not resumed. The rid of a `/generate` or a
+                      session's turn is open (a client aborts its own requests, as on SGLang);
+                      a batch sample's id needs the token too: that sample is the trainer's
 GET  /v1/loads        the load the manager holds per worker (sgl-router's aggregate), and its queue
 GET  /get_load        per worker, in the fields of SGLang's older per-rank list
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import re
 from typing import Any
 
 from aiohttp import web
@@ -24,7 +27,7 @@ from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.engines.sglang_io import MAX_TOKEN_ID, SamplingParamsBody, split_batch
 from rollflow.runtime.http.answer import dumps, json_response
 from rollflow.runtime.http.auth import require_bearer
-from rollflow.runtime.http.body import THREAD_PARSE_BYTES, parse_json_object, read_json_object
+from rollflow.runtime.http.body import THREAD_PARSE_BYTES, Narrow, parse_json_object, read_json_object
 from rollflow.runtime.http.sse import close_sse, open_sse, send_event
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.edge import (
@@ -60,6 +63,40 @@ def sampling_params(
     if params.max_new_tokens < 1:
         raise BadRequest("sampling_params.max_new_tokens must be at least 1 on the manager")
     return params
+
+
+ID_BYTES_PER_TOKEN = 16
+"""Most bytes a prompt's token id takes in a body: 10 digits for the largest id, then ", ", and
+room for more white space than any client sends."""
+_PROMPT_START = re.compile(rb'"input_ids"\s*:\s*\[\s*([\[\d-])')
+
+
+def one_prompt_bytes(config: ManagerConfig) -> int:
+    """Largest body of one prompt of `input_ids` that may hold `max_prompt_tokens` tokens: any
+    larger one holds more, and is refused before it is read (the other fields get 64 KiB)."""
+    return config.max_prompt_tokens * ID_BYTES_PER_TOKEN + (1 << 16)
+
+
+def one_prompt_limit(config: ManagerConfig) -> tuple[int, str]:
+    bound = one_prompt_bytes(config)
+    why = (
+        f"one prompt of input_ids this large holds more than max_prompt_tokens={config.max_prompt_tokens} "
+        f"tokens (a token id takes at most {ID_BYTES_PER_TOKEN} bytes; bodies above {bound} bytes are refused)"
+    )
+    return bound, why
+
+
+def generate_limit(config: ManagerConfig) -> Narrow:
+    """`/generate`'s limit from its body's start: a body whose `input_ids` are one prompt (not a
+    batch, `[[`) is held to `one_prompt_bytes`; a text prompt or a batch, to the body limit."""
+
+    def narrow(head: bytes) -> tuple[int, str] | None:
+        found = _PROMPT_START.search(head)  # a JSON string cannot hold `"input_ids"` unescaped
+        if found is None or found.group(1) == b"[":
+            return None
+        return one_prompt_limit(config)
+
+    return narrow
 
 
 def check_prompt(prompt: list[int], config: ManagerConfig, where: str) -> None:
@@ -182,7 +219,10 @@ async def _finished(manager: RolloutManager, sample: Sample) -> None:
 
 async def generate(request: web.Request) -> web.StreamResponse:
     manager = request.app[MANAGER_KEY]
-    bodies, batched = await read_json_object(request, body_limit(request), _generate_bodies)
+    config = manager.config
+    bodies, batched = await read_json_object(
+        request, body_limit(request), lambda data: _generate_bodies(data, config), generate_limit(config)
+    )
     if any(body.session_params is not None for body in bodies):
         from rollflow.runtime.manager import sessions_api  # it builds on this module
 
@@ -262,7 +302,7 @@ class BodyTemplates:
     prompt and rid, once those pass the same checks: ids all exact ints in range, not empty, and a
     rid a string of 1 to 256 characters. The request then holds the body seen before and its own
     prompt and rid beside it (`PromptRequest`'s `own`; a copy of a pydantic model costs about as
-    much as validating it). Anything else (a float or bool id pydantic would convert, a text
+    much as validating it). Anything else (a float or bool id, which validation refuses, a text
     prompt) is validated in full, and only bodies the lean path serves are remembered."""
 
     def __init__(self, max_entries: int = TEMPLATES_MAX) -> None:
@@ -309,12 +349,19 @@ class BodyTemplates:
 TEMPLATES_KEY = web.AppKey("generate_templates", BodyTemplates)
 
 
-def _generate_bodies(data: dict) -> tuple[list[GenerateBody], bool]:
-    """The body of each prompt, and whether they came as a batch (a batch of one answers a list)."""
+def _generate_bodies(data: dict, config: ManagerConfig | None = None) -> tuple[list[GenerateBody], bool]:
+    """The body of each prompt, and whether they came as a batch (a batch of one answers a list).
+    With `config`, a prompt of ids longer than max_prompt_tokens is refused before it is validated:
+    its length is known at once, and validating millions of ids holds the GIL for long."""
     try:
         items = split_batch(data)
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
+    if config is not None:
+        for index, item in enumerate(items or [data]):
+            ids = item.get("input_ids")
+            if type(ids) is list:
+                check_prompt(ids, config, "the prompt" if items is None else f"input_ids[{index}]")
     if items is None:
         return [validate(GenerateBody, data)], False
     return [validate(GenerateBody, item) for item in items], True
@@ -351,7 +398,11 @@ async def abort_request(request: web.Request) -> web.Response:
         targets = [*rids.values(), *batch_samples]
         message = "aborted by abort_request (abort_all)"
     elif body.rid:
-        sample = rids.get(body.rid) or next((s for s in batch_samples if s.sample_id == body.rid), None)
+        sample = rids.get(body.rid)
+        if sample is None:
+            sample = next((s for s in batch_samples if s.sample_id == body.rid), None)
+            if sample is not None:  # a trainer's sample, not the caller's own request
+                require_bearer(request, manager.config.token, "aborting a batch's sample")
         targets = [sample] if sample is not None else []
         message = f"aborted by abort_request (rid {body.rid})"
     else:

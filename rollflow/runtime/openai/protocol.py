@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollflow.config import describe_validation_error
 from rollflow.runtime.engines.base import MAX_SEED, MIN_SEED, SamplingParams
+from rollflow.runtime.engines.sglang_io import Int
 
 MAX_TOKEN_ID = 2**31 - 1
 MAX_STOP_STRINGS = 4
@@ -42,7 +43,10 @@ class OpenAIError(Exception):
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Strict types, as OpenAI's API: a string is never read as a number or a bool; an integral
+    float (8.0) is taken as an int (sglang_io's `Int`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class StreamOptions(_Body):
@@ -61,12 +65,12 @@ class _Common(_Body):
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
-    top_k: int | None = Field(None, ge=-1, le=MAX_TOKEN_ID)
+    top_k: Int | None = Field(None, ge=-1, le=MAX_TOKEN_ID)
     """vLLM's extension; -1 (or 0) keeps every token."""
-    n: int | None = Field(None, ge=1)
+    n: Int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
     """Up to 4 strings; the text ends before the first one the output holds (finish_reason stop)."""
-    seed: int | None = Field(None, ge=MIN_SEED, le=MAX_SEED)
+    seed: Int | None = Field(None, ge=MIN_SEED, le=MAX_SEED)
     frequency_penalty: float | None = Field(None, allow_inf_nan=False)
     presence_penalty: float | None = Field(None, allow_inf_nan=False)
     logit_bias: dict[str, float] | None = None
@@ -118,11 +122,11 @@ class _Common(_Body):
 class CompletionBody(_Common):
     prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     """Text, or token ids (one prompt per request: a list of one text or one id list is taken too)."""
-    max_tokens: int | None = Field(None, ge=1)
-    logprobs: int | None = Field(None, ge=0, le=20)
+    max_tokens: Int | None = Field(None, ge=1)
+    logprobs: Int | None = Field(None, ge=0, le=20)
     """Only 0: each sampled token's own logprob (`logprobs.token_logprobs`); no alternatives."""
     echo: bool = False
-    best_of: int | None = Field(None, ge=1)
+    best_of: Int | None = Field(None, ge=1)
     suffix: str | None = None
 
     def max_new_tokens(self) -> int:
@@ -174,12 +178,12 @@ class ChatMessage(_Body):
 
 class ChatBody(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: Int | None = Field(None, ge=1)
+    max_completion_tokens: Int | None = Field(None, ge=1)
     """OpenAI's newer name of max_tokens; the smaller wins when both are given."""
     logprobs: bool = False
     """Each sampled token's logprob in `choices[0].logprobs.content`."""
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: Int | None = Field(None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["none"] | None = None
     response_format: dict[str, Any] | None = None

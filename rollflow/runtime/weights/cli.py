@@ -11,6 +11,7 @@ import os
 import sys
 
 from rollflow.cli_util import add_command_group
+from rollflow.runtime.http import limits
 
 EXAMPLES = """examples:
   rollflow weights serve --dir outputs/weights --port 8650
@@ -48,12 +49,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--max-upload-gb", type=float, default=64.0, help="largest publish upload in GiB (default: 64)"
     )
-    serve.add_argument(
-        "--read-timeout-s",
-        type=float,
-        default=30.0,
-        help="close a connection that sends no whole request head, or stalls its body, this long (default: 30)",
-    )
+    limits.add_arguments(serve, body_timeout_s=limits.DEFAULT_UPLOAD_TIMEOUT_S)
     serve.add_argument("--chunk-mb", type=float, default=4.0, help="payload chunk size in MiB (default: 4)")
     serve.set_defaults(handler=_serve)
 
@@ -119,7 +115,7 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
         token=os.environ.get(TOKEN_ENV) or None,
         open_publish=args.insecure_open_publish,
         max_upload_bytes=int(args.max_upload_gb * (1 << 30)),
-        read_timeout_s=args.read_timeout_s,
+        body_limits=limits.from_arguments(args),
     )
 
     async def run() -> None:

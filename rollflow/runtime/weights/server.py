@@ -31,8 +31,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rollflow.runtime.http.auth import require_bearer
 from rollflow.runtime.http.body import iter_body
 from rollflow.runtime.http.errors import error_response, http_error
+from rollflow.runtime.http.limits import UPLOAD_LIMITS, BodyLimits
 from rollflow.runtime.http.listen import bind
-from rollflow.runtime.http.serve import DEFAULT_READ_TIMEOUT_S, GuardedRunner
+from rollflow.runtime.http.serve import GuardedRunner
 from rollflow.runtime.weights.errors import UnknownVersionError, WeightsError
 from rollflow.runtime.weights.store import MAX_VERSION, WeightStore
 
@@ -77,18 +78,19 @@ class WeightServer:
         token: str | None = None,
         open_publish: bool = False,
         max_upload_bytes: int = MAX_UPLOAD_BYTES,
-        read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+        body_limits: BodyLimits = UPLOAD_LIMITS,
     ) -> None:
         """`port=0` picks a free port. Publishing needs `Authorization: Bearer <token>`; a server
         without a token refuses publishes, unless `open_publish` lets anyone who can reach `host`
-        publish (what `--insecure-open-publish` asks for)."""
+        publish (what `--insecure-open-publish` asks for). `body_limits`: how slowly an upload may
+        come before its connection is closed (rollflow.runtime.http.limits)."""
         self.store = store
         self.host = host
         self.port = port
         self.token = token
         self.open_publish = open_publish
         self.max_upload_bytes = max_upload_bytes
-        self.read_timeout_s = read_timeout_s
+        self.body_limits = body_limits
         self._runner: web.AppRunner | None = None
         self._new_version = asyncio.Event()
 
@@ -114,7 +116,7 @@ class WeightServer:
     async def start(self) -> str:
         sock = bind(self.host, self.port)
         self.port = sock.getsockname()[1]
-        self._runner = GuardedRunner(self.build_app(), self.read_timeout_s, access_log=None)
+        self._runner = GuardedRunner(self.build_app(), self.body_limits, access_log=None)
         await self._runner.setup()
         await web.SockSite(self._runner, sock).start()
         logger.info("weight server on %s serving %s", self.url, self.store.root)
@@ -205,10 +207,31 @@ def _publish_file(store: WeightStore, version: int, path: Path):
         state = safetensors.torch.load_file(str(path))
         with safetensors.safe_open(str(path), framework="pt") as file:
             metadata = file.metadata() or {}
-        files = json.loads(metadata.get(FILES_METADATA_KEY, "{}"))
     except Exception as exc:  # safetensors raises its own error types for a bad header
         raise WeightsError(f"upload is not a safetensors file: {exc}") from None
-    return store.publish(version, state, files=files)
+    return store.publish(version, state, files=_published_files(metadata))
+
+
+def _published_files(metadata: dict[str, str]) -> dict[str, str]:
+    """The text files an upload's metadata carries under "rollflow.files": a JSON object of file
+    name -> text (a 400 naming what is wrong otherwise; the store checks the names)."""
+    raw = metadata.get(FILES_METADATA_KEY, "{}")
+    try:
+        files = json.loads(raw)
+    except ValueError as exc:
+        raise WeightsError(f'metadata "{FILES_METADATA_KEY}" is not JSON ({exc})') from None
+    if not isinstance(files, dict):
+        raise WeightsError(
+            f'metadata "{FILES_METADATA_KEY}" must be a JSON object of file name -> text, '
+            f"not a JSON {type(files).__name__}"
+        )
+    bad = next((name for name, text in files.items() if not isinstance(text, str)), None)
+    if bad is not None:
+        raise WeightsError(
+            f'metadata "{FILES_METADATA_KEY}": file {bad!r} holds a JSON {type(files[bad]).__name__}, '
+            "not text"
+        )
+    return files
 
 
 def _parse(model: type[BaseModel], request: web.Request):

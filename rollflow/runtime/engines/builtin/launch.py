@@ -11,6 +11,7 @@ from pathlib import Path
 
 from rollflow.errors import UserError
 from rollflow.runtime.engines.builtin import DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_PREFIX_CACHE_TOKENS
+from rollflow.runtime.http.limits import DEFAULT_LIMITS, BodyLimits
 from rollflow.runtime.http.listen import bind
 
 logger = logging.getLogger(__name__)
@@ -26,7 +27,7 @@ def serve_engine(
     incremental_streaming_output: bool = False,
     api_key: str | None = None,
     max_body_bytes: int = 64 << 20,
-    read_timeout_s: float = 30.0,
+    body_limits: BodyLimits = DEFAULT_LIMITS,
     max_running_requests: int = DEFAULT_MAX_RUNNING_REQUESTS,
     prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
 ) -> None:
@@ -104,17 +105,17 @@ def serve_engine(
         del pulled  # the server holds it, and drops it when the engine releases its memory
         worker.start()
         try:
-            asyncio.run(_serve(server, sock, read_timeout_s))
+            asyncio.run(_serve(server, sock, body_limits))
         finally:
             worker.stop()
 
 
-async def _serve(server, sock: socket.socket, read_timeout_s: float) -> None:
+async def _serve(server, sock: socket.socket, body_limits: BodyLimits) -> None:
     from aiohttp import web
 
     from rollflow.runtime.http.serve import GuardedRunner
 
-    runner = GuardedRunner(server.build_app(), read_timeout_s, handler_cancellation=True, access_log=None)
+    runner = GuardedRunner(server.build_app(), body_limits, handler_cancellation=True, access_log=None)
     await runner.setup()
     await web.SockSite(runner, sock).start()
     bound_host, bound_port = runner.addresses[0][:2]
