@@ -19,8 +19,8 @@ servers (all started with read_timeout_s 5, body_timeout_s 20, min_body_bytes_pe
 - loose types (`max_new_tokens: "8"`, `stream: "yes"`) and bad `rollflow.files` metadata are among
   the bad inputs; a 2xx for any of them counts as coerced.
 
-Writes its counts and goal verdicts to benchmarks/results/hostile_inputs.json and exits non-zero on
-any 5xx, outage, unauthenticated access or other missed goal.
+Writes its counts and goal verdicts to `hostile_inputs.json` in `--results-dir` (benchmarks/results.py)
+and exits non-zero on any 5xx, outage, unauthenticated access or other missed goal.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import select
 import socket
 import subprocess
@@ -42,12 +41,15 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.results import Results, add_results_dir
+
 TOKEN, API_KEY, WEIGHTS_TOKEN = "manager-token", "engine-key", "weights-token"
 LIMITS = {"read_timeout_s": 5, "body_timeout_s": 20, "min_body_bytes_per_s": 1000}
 LIMIT_FLAGS = [part for key, value in LIMITS.items() for part in (f"--{key.replace('_', '-')}", str(value))]
 SLOW_PER_PATH = 25
 HEALTH_LIMIT_S = 1.0
-RESULTS = Path(__file__).parent / "results" / "hostile_inputs.json"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -383,23 +385,12 @@ def access_checks(manager: str, engine: str, weights: str) -> dict:
     }
 
 
-def goal(name: str, target: str, measured, met: bool) -> dict:
-    print(f"{'met   ' if met else 'MISSED'} {name}: {measured} (goal {target})")
-    return {"name": name, "target": target, "measured": measured, "met": met}
-
-
-def commit() -> str:
-    run = subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
-    )
-    return run.stdout.strip()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="model folder (default: one made by `rollflow engine init-model`)")
-    parser.add_argument("--output", default=str(RESULTS), help=f"results file (default: {RESULTS})")
+    add_results_dir(parser)
     args = parser.parse_args()
+    results = Results("hostile_inputs", args.results_dir)
     work = Path(tempfile.mkdtemp(prefix="hostile-"))
     model = args.model or str(work / "model")
     if args.model is None:
@@ -552,43 +543,15 @@ def main() -> None:
             process.wait()
 
     slow_times = [t for times in slow.values() for t in times]
-    slow_closed = [t for t in slow_times if t is not None and t <= LIMITS["body_timeout_s"]]
-    goals = [
-        goal("5xx answers to bad inputs", "0", server_errors, server_errors == 0),
-        goal("outages", "0", len(outage_log), not outage_log),
-        goal("unauthenticated accesses", "0", len(access["let_in"]), not access["let_in"]),
-        goal("loose types or bad metadata taken (2xx)", "0", coerced, coerced == 0),
-        goal(
-            "lowercase bearer with the right token refused",
-            "0",
-            len(access["lowercase_bearer_refused"]),
-            not access["lowercase_bearer_refused"],
-        ),
-        goal(
-            "slow bodies closed within body_timeout_s",
-            f"{len(slow_times)} of {len(slow_times)} within {LIMITS['body_timeout_s']} s",
-            f"{len(slow_closed)}, slowest {max((t for t in slow_times if t is not None), default=None)} s",
-            len(slow_closed) == len(slow_times),
-        ),
-        goal(
-            "/health slowest answer during three 60 MB bodies (one prompt, then a batch) under load",
-            f"< {HEALTH_LIMIT_S} s",
-            round(large["health_max_s"], 3),
-            large["health_max_s"] < HEALTH_LIMIT_S,
-        ),
-        goal(
-            "60 MB bodies answered 4xx",
-            "6 of 6",
-            sum(400 <= status < 500 for status in large["answers"]),
-            all(400 <= status < 500 for status in large["answers"]) and len(large["answers"]) == 6,
-        ),
-    ]
-    counts = {
+    slow_late = [t for t in slow_times if t is None or t > LIMITS["body_timeout_s"]]
+    results.figures = {
+        "limits": LIMITS,
         "bad_inputs_tried": tried,
         "clear_4xx": clear,
         "5xx": server_errors,
         "other_answers": other,
         "outages": len(outage_log),
+        "outage_log": outage_log,
         "unauthenticated_tried": access["tried"],
         "unauthenticated_let_in": access["let_in"],
         "lowercase_bearer_tried": access["lowercase_bearer_tried"],
@@ -598,31 +561,35 @@ def main() -> None:
         "background_calls_ok": background["ok"],
         "background_calls": background["ok"] + background["failed"],
     }
+    results.goal("5xx answers to bad inputs", server_errors, "==", 0)
+    results.goal("outages", len(outage_log), "==", 0)
+    results.goal("unauthenticated accesses let in", len(access["let_in"]), "==", 0)
+    results.goal("loose types or bad metadata taken (2xx)", coerced, "==", 0)
+    results.goal(
+        "lowercase bearer with the right token refused", len(access["lowercase_bearer_refused"]), "==", 0
+    )
+    results.goal(
+        f"slow bodies not closed within body_timeout_s ({len(slow_times)} sent)", len(slow_late), "==", 0
+    )
+    results.goal(
+        "/health slowest answer (s) during three 60 MB bodies (one prompt, then a batch) under load",
+        round(large["health_max_s"], 3),
+        "<",
+        HEALTH_LIMIT_S,
+    )
+    results.goal(
+        "60 MB bodies not answered 4xx (of 6)",
+        6 - sum(400 <= status < 500 for status in large["answers"]),
+        "==",
+        0,
+    )
     print(f"bad inputs tried:            {tried}")
     print(f"4xx with a clear message:    {clear}")
     print(f"5xx:                         {server_errors}")
     print(f"other answers:               {other}")
     print(f"outages:                     {len(outage_log)}")
     print(f"background calls completed:  {background['ok']} of {background['ok'] + background['failed']}")
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    results = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "commit": commit(),
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-        },
-        "limits": LIMITS,
-        "counts": counts,
-        "outage_log": outage_log,
-        "goals": goals,
-    }
-    output.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"results: {output}")
-    if not all(g["met"] for g in goals):
-        raise SystemExit(1)
+    sys.exit(results.finish())
 
 
 if __name__ == "__main__":
