@@ -62,7 +62,7 @@ def test_a_results_file_renders_with_its_command_and_goals(tmp_path: Path):
     )
     (tmp_path / "benchmarks" / "later.py").write_text('"""Not run.\n\n    python benchmarks/later.py\n"""\n')
     results = {
-        "benchmark": "demo_bench",
+        "name": "demo_bench",
         "command": ".venv/bin/python benchmarks/demo_bench.py --n 3",
         "goals": [
             {
@@ -84,10 +84,25 @@ def test_a_results_file_renders_with_its_command_and_goals(tmp_path: Path):
     assert "[`benchmarks/results/demo_bench.json`]" in benchmarks_page.readme_table(tmp_path)
 
 
+def test_a_file_the_benchmarks_write_renders_with_its_peers(tmp_path: Path):
+    """The page reads what benchmarks/results.py writes, not a shape of its own."""
+    from benchmarks.results import Results
+
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "peer_bench.py").write_text('"""Peer."""\n')
+    results = Results("peer_bench", tmp_path / "benchmarks" / "results")
+    results.peers["sglang-router"] = "0.3.2"
+    results.goal("throughput manager / sglang-router", 1.07, ">=", 1.0)
+    assert results.finish() == 0
+    page = benchmarks_page.page(tmp_path)
+    assert "| throughput manager / sglang-router | >= 1 | sglang-router 0.3.2 | 1.07 | met |" in page
+    assert "sglang-router 0.3.2" in benchmarks_page.readme_table(tmp_path)
+
+
 def test_a_results_file_without_its_goals_is_an_error(tmp_path: Path):
     (tmp_path / "benchmarks" / "results").mkdir(parents=True)
     (tmp_path / "benchmarks" / "bad.py").write_text('"""Bad."""\n')
-    (tmp_path / "benchmarks" / "results" / "bad.json").write_text('{"benchmark": "bad", "command": "x"}')
+    (tmp_path / "benchmarks" / "results" / "bad.json").write_text('{"name": "bad", "command": "x"}')
     with pytest.raises(benchmarks_page.ResultsError, match="missing goals"):
         benchmarks_page.benchmarks(tmp_path)
 

@@ -1,9 +1,10 @@
 """`benchmarks/index.md` and the README's results table: each benchmark's goals, read from the
 results file it writes (`benchmarks/results/<name>.json`), never typed by hand.
 
-A results file holds `{"benchmark", "command", "goals": [{"name", "target", "measured", "met"}, ...]}`;
-a goal may add `"peer"` (what it is measured against), the file may add `"tables"`
-(`[{"title", "columns", "rows"}]`) for the figures behind the goals. A benchmark without a results
+A results file is what `benchmarks/results.py` writes: `{"name", "command", "commit", "machine",
+"peers", "figures", "goals": [{"name", "target", "measured", "met"}, ...]}`; `peers` (name -> version,
+null when it did not run) says what the goals are measured against; a goal may add `"peer"` of its own,
+and the file may add `"tables"` (`[{"title", "columns", "rows"}]`) for the figures behind the goals. A benchmark without a results
 file is listed with the command that makes one and "not yet run".
 """
 
@@ -57,7 +58,7 @@ def _load(path: Path) -> dict[str, Any]:
         results = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ResultsError(f"{path}: not JSON: {exc}") from None
-    missing = [key for key in ("benchmark", "command", "goals") if key not in results]
+    missing = [key for key in ("name", "command", "goals") if key not in results]
     if missing:
         raise ResultsError(f"{path}: missing {', '.join(missing)} (see tools/docs_site/benchmarks_page.py)")
     for goal in results["goals"]:
@@ -110,8 +111,8 @@ def page(root: Path = REPO) -> str:
         if bench.results is None:
             parts.append(f"Not yet run: no `{bench.results_path}` in this checkout.\n")
             continue
-        parts.append(f"From `{bench.results_path}`:\n")
-        parts.append(goals_table(bench.results["goals"]))
+        parts.append(f"From `{bench.results_path}`{_provenance(bench.results)}:\n")
+        parts.append(goals_table(bench.results["goals"], _peers(bench.results)))
         for extra in bench.results.get("tables", []):
             parts.append(f"**{cell(extra['title'])}**\n")
             parts.append(
@@ -120,14 +121,30 @@ def page(root: Path = REPO) -> str:
     return "\n".join(parts)
 
 
-def goals_table(goals: list[dict[str, Any]]) -> str:
-    with_peer = any("peer" in goal for goal in goals)
+def _peers(results: dict[str, Any]) -> str:
+    """The systems a file's goals are measured against, with their versions."""
+    return ", ".join(f"{name} {version}" for name, version in (results.get("peers") or {}).items())
+
+
+def _provenance(results: dict[str, Any]) -> str:
+    """Where and on what a run was made: the commit and the machine's cores and load."""
+    machine = results.get("machine") or {}
+    said = [f"commit `{results['commit']}`"] if results.get("commit") else []
+    if machine.get("cores"):
+        said.append(f"{machine['cores']} cores")
+    if machine.get("load_before"):
+        said.append(f"load average {machine['load_before'][0]:.1f} before the run")
+    return f" ({', '.join(said)})" if said else ""
+
+
+def goals_table(goals: list[dict[str, Any]], peers: str = "") -> str:
+    with_peer = bool(peers) or any("peer" in goal for goal in goals)
     header = ["goal", "target", *(["peer"] if with_peer else []), "measured", ""]
     rows = [
         (
             cell(g["name"]),
             cell(g["target"]),
-            *([cell(g.get("peer", ""))] if with_peer else []),
+            *([cell(g.get("peer", peers))] if with_peer else []),
             cell(g["measured"]),
             _met(g),
         )
@@ -141,7 +158,7 @@ def readme_table(root: Path = REPO) -> str:
     rows = [
         (
             cell(g["name"]),
-            cell(g.get("peer", "")),
+            cell(g.get("peer", _peers(b.results))),
             cell(g["measured"]) + ("" if g["met"] else " (missed)"),
             f"[`{b.results_path}`]({b.results_path})",
         )
