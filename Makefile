@@ -46,7 +46,7 @@ lint: $(STAMP)
 # The suite runs in pytest-xdist workers: most tests wait on servers and subprocesses, not on the CPU,
 # so there are more workers than cores. Tests that share a costly fixture (the vLLM server, a module's
 # engines) stay on one worker (tests/conftest.py groups them). The 20 slowest tests end the report.
-TEST_WORKERS ?= 6
+TEST_WORKERS ?= 4
 PYTEST_PARALLEL := $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=20
 
 # Everything: lint, then the unit, runtime, vLLM (tests/integration) and docs (tests/docs) tiers in one run.
