@@ -84,22 +84,21 @@ def _shared_scope_group(item: pytest.Item) -> str | None:
     return None
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its own hook of the same name)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_itemcollected(item: pytest.Item) -> None:
     """Mark the tests of the process folders `process`, and group the tests that share a costly
     fixture on one xdist worker (`--dist loadgroup`).
 
     The vLLM server's tests share one worker; so do a module's (or package's) tests that share a
     fixture of that scope. A test that names its group (`@pytest.mark.xdist_group("ray")`) keeps
     it. Every other test runs on any worker, and session fixtures (the tiny model) are made once
-    per worker that needs them.
+    per worker that needs them. This runs as each test is collected, before xdist reads the groups
+    (in its own pytest_collection_modifyitems).
     """
-    for item in items:
-        if item.nodeid.startswith(_PROCESS_FOLDERS):
-            item.add_marker(pytest.mark.process)
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        names = [group for fixture, group in _ONE_PER_RUN.items() if fixture in item.fixturenames]
-        group = names[0] if names else _shared_scope_group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+    if item.nodeid.startswith(_PROCESS_FOLDERS):
+        item.add_marker(pytest.mark.process)
+    if item.get_closest_marker("xdist_group") is not None:
+        return
+    names = [group for fixture, group in _ONE_PER_RUN.items() if fixture in item.fixturenames]
+    group = names[0] if names else _shared_scope_group(item)
+    if group is not None:
+        item.add_marker(pytest.mark.xdist_group(group))
