@@ -90,9 +90,9 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
     The vLLM server's tests share one worker; so do a module's (or package's) tests that share a
     fixture of that scope. A test that names its group (`@pytest.mark.xdist_group("ray")`) keeps
-    it. Every other test runs on any worker, and session fixtures (the tiny model) are made once
-    per worker that needs them. This runs as each test is collected, before xdist reads the groups
-    (in its own pytest_collection_modifyitems).
+    it. Every other test runs on any worker; a session fixture (the shared engine) is made once per
+    worker that needs it, the tiny models once per run (tests/once.py). This runs as each test is
+    collected, before xdist reads the groups (in its own pytest_collection_modifyitems).
     """
     if item.nodeid.startswith(_PROCESS_FOLDERS):
         item.add_marker(pytest.mark.process)
