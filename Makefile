@@ -1,4 +1,5 @@
-# Two entry points: `make demo` and `make test` (`make test-docs` runs only the README's commands). Each creates .venv/ on first use.
+# Two entry points: `make demo` and `make test` (`make test-fast` runs the unit tests only, `make test-docs`
+# only the README's commands). Each creates .venv/ on first use.
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -6,7 +7,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test test-docs lint clean vllm-venv compiled
+.PHONY: demo test test-fast test-docs lint clean vllm-venv compiled
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -42,9 +43,20 @@ lint: $(STAMP)
 	$(BIN)/ruff check rollflow tests benchmarks tools
 	$(BIN)/ruff format --check rollflow tests benchmarks tools
 
+# The suite runs in pytest-xdist workers: most tests wait on servers and subprocesses, not on the CPU,
+# so there are more workers than cores. Tests that share a costly fixture (the vLLM server, a module's
+# engines) stay on one worker (tests/conftest.py groups them). The 20 slowest tests end the report.
+TEST_WORKERS ?= 4
+PYTEST_PARALLEL := $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=20
+
+# Everything: lint, then the unit, runtime, vLLM (tests/integration) and docs (tests/docs) tiers in one run.
 test: lint compiled $(VLLM_STAMP)
-	$(BIN)/pytest -q --ignore=tests/docs
-	$(MAKE) test-docs
+	$(PYTEST_PARALLEL)
+
+# The unit tests, for the edit-test loop: no test marked `process` (one that starts servers or
+# subprocesses; see tests/conftest.py).
+test-fast: compiled
+	$(PYTEST_PARALLEL) -m "not process"
 
 # The docs tier (tests/docs/): every bash block of README.md and docs/, run as written, one shell and one copy
 # of the repository per page; the site's strict build; the generated reference's route tables.

@@ -5,7 +5,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.factories import CONV_TRACE, REPO, VIDUR_DATA
+
+pytestmark = pytest.mark.process  # runs the CLI as a subprocess (left out of `make test-fast`)
 
 
 def _rollflow(*args, cwd=REPO):

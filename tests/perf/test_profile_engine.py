@@ -14,6 +14,8 @@ from tests.perf.profiling import read_rows, run_rollflow, simulate_one_prompt, s
 from tests.runtime.engines.processes import EngineProcess
 from tests.runtime.processes import free_port
 
+pytestmark = pytest.mark.process  # runs the CLI as a subprocess (left out of `make test-fast`)
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):

@@ -12,6 +12,8 @@ from rollflow.perf.profile.operators import MLP_OPS
 from tests.factories import LLAMA7B_MLP
 from tests.perf.profiling import read_rows, run_rollflow, simulate_one_prompt
 
+pytestmark = pytest.mark.process  # runs the CLI as a subprocess (left out of `make test-fast`)
+
 LINEAR_OPS = tuple(op for op in MLP_OPS if op != "emb")  # every per-token operator of a layer
 
 

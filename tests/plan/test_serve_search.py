@@ -14,6 +14,8 @@ import yaml
 from rollflow.plan.bisect import Probe, max_qps
 from rollflow.plan.serve_config import BisectionConfig
 
+pytestmark = pytest.mark.process  # runs the CLI as a subprocess (left out of `make test-fast`)
+
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
@@ -178,6 +180,7 @@ def test_bad_search_configs_are_one_line_errors(tmp_path, override, expected):
     assert len(lines) == 1 and expected in lines[0], result.stderr
 
 
+@pytest.mark.xdist_group("ray")  # one Ray head on the machine at a time (tests/conftest.py)
 def test_ray_backend_on_a_local_head_finds_the_same_max_qps(searched):
     """`--backend ray` runs the same searches as Ray tasks on a one-node head bound to 127.0.0.1."""
     pytest.importorskip("ray")

@@ -4,24 +4,28 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from tests.once import made_once
 from tests.runtime.processes import ENV, REPO, Process, start_engine, start_manager
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
-    """A random tiny causal LM with an in-process trained tokenizer, written by the CLI."""
-    folder = tmp_path_factory.mktemp("tiny-model")
-    subprocess.run(
-        [sys.executable, "-m", "rollflow.cli", "engine", "init-model", str(folder)],
-        cwd=REPO,
-        env=ENV,
-        check=True,
-        capture_output=True,
-    )
-    return folder
+    """A random tiny causal LM with an in-process trained tokenizer, written by the CLI once per run."""
+
+    def init_model(folder: Path) -> None:
+        subprocess.run(
+            [sys.executable, "-m", "rollflow.cli", "engine", "init-model", str(folder)],
+            cwd=REPO,
+            env=ENV,
+            check=True,
+            capture_output=True,
+        )
+
+    return made_once(tmp_path_factory, "tiny-model", init_model)
 
 
 class ProcessFactory:

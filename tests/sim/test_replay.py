@@ -101,6 +101,7 @@ def test_a_line_that_is_not_a_log_entry_is_an_error_naming_file_and_line(tmp_pat
         read_manager_log(log)
 
 
+@pytest.mark.process  # runs the CLI as a subprocess (left out of `make test-fast`)
 def test_the_command_prints_both_and_writes_replay_json(tmp_path):
     log = tmp_path / "log.jsonl"
     log.write_text("".join(log_line(float(i), i + 0.3, i + 1.5, 200, 30) + "\n" for i in range(6)))

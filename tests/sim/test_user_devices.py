@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import yaml
 
+pytestmark = pytest.mark.process  # runs the CLI as a subprocess (left out of `make test-fast`)
+
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 # The catalog's a100 (rollflow.perf.specs.GPUS) and its a100_pairwise_nvlink node, written out.

@@ -1,4 +1,4 @@
-"""A tiny model made once per run and one shared built-in engine serving it."""
+"""A tiny model made once per run (for every worker) and one shared built-in engine serving it."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.once import made_once
 from tests.runtime.engines.processes import EngineProcess
 
 
@@ -16,7 +17,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     os.environ["HF_HUB_OFFLINE"] = "1"
     from rollflow.runtime.engines.tiny_model import TinyModelSpec, write_tiny_model
 
-    return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny", TinyModelSpec(seed=0))
+    return made_once(tmp_path_factory, "tiny", lambda folder: write_tiny_model(folder, TinyModelSpec(seed=0)))
 
 
 @pytest.fixture(scope="session")

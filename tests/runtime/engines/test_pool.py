@@ -59,6 +59,15 @@ async def raw_server(answer: Answer, close_after: int | None = None) -> AsyncIte
         server.close()
 
 
+async def until(condition: Callable[[], object], timeout_s: float = 10.0) -> None:
+    """Waits for the event `condition` reads (a loop turn at a time), failing after `timeout_s`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        assert loop.time() < deadline, f"still waiting after {timeout_s}s"
+        await asyncio.sleep(0.005)
+
+
 CHUNKED = [
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
     b"6\r\ndata: \r\n",
@@ -129,7 +138,7 @@ def test_a_caller_that_stops_early_closes_the_connection_and_one_that_has_enough
             response = await pool.request("POST", "/generate", b"{}")
             await response.read_chunk()
             response.release()  # has what it needs: the rest is drained, the connection kept
-            await asyncio.sleep(0.5)  # the rest of the body comes in 0.2s
+            await until(lambda: pool._idle)  # the rest of the body came (in 0.2s): it is back in the pool
             response = await pool.request("POST", "/generate", b"{}")
             await response.read_chunk()
             connections_after_release = seen["connections"]
@@ -175,7 +184,7 @@ def test_a_request_cancelled_before_its_answer_closes_the_connection():
         async with raw_server(lambda n: [b""] * 100) as seen:  # never answers
             pool = ConnectionPool(seen["url"])
             task = asyncio.ensure_future(pool.request("POST", "/generate", b"{}"))
-            await asyncio.sleep(0.1)
+            await until(lambda: seen["requests"])  # the server has it: the answer is what is awaited
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task

@@ -38,7 +38,9 @@ class RayHead:
             "--num-cpus=8",
             f"--temp-dir={self.temp_dir}",
         ]
-        argv += [f"--ray-client-server-port={free_port()}", f"--labels={PREEMPTIBLE_LABEL}=true"]
+        # the agent's HTTP port is the one Ray fixes by default (52365): two heads would share it
+        argv += [f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}"]
+        argv += [f"--labels={PREEMPTIBLE_LABEL}=true"]
         argv += ['--resources={"engine_slot": 4}']
         self.log_path = Path(self.temp_dir) / "head.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()

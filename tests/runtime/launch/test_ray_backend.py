@@ -13,6 +13,8 @@ from tests.runtime.processes import http
 
 ray = pytest.importorskip("ray")
 
+pytestmark = pytest.mark.xdist_group("ray")  # one Ray head on the machine at a time (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def ray_head():

@@ -173,7 +173,9 @@ def test_engine_that_will_not_sleep_stays_in_the_pool(processes):
         raise AssertionError("an engine that refused to sleep was reported released")
     assert workers(manager)[proxy.url]["state"] == "healthy"
     status, body = http(
-        "POST", manager.url + "/generate", {"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 4}}
+        "POST",
+        manager.url + "/generate",
+        {"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}},
     )
     assert status == 200 and len(body["output_ids"]) == 4, body
     assert "will not release its memory" in manager.log()
@@ -192,7 +194,9 @@ def test_fan_out_routes_release_and_resume_every_engine_behind_the_token(process
     assert status == 200 and body["success"] and len(body["moves"]) == 2, body
     assert {w["state"] for w in workers(manager).values()} == {"healthy"}
     status, body = http(
-        "POST", manager.url + "/generate", {"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 4}}
+        "POST",
+        manager.url + "/generate",
+        {"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}},
     )
     assert status == 200 and len(body["output_ids"]) == 4, body
 

@@ -16,7 +16,7 @@ from tests.runtime.weights.factories import (
 )
 
 
-def test_publish_then_pull_full_and_delta_into_a_checkpoint_folder(tmp_path):
+def test_publish_then_pull_full_and_delta_into_a_checkpoint_folder(tmp_path, monkeypatch):
     checkpoint = tmp_path / "ckpt"
     checkpoint.mkdir()
     first = {k: v.clone() for k, v in tiny_llama(0).items()}
@@ -25,25 +25,21 @@ def test_publish_then_pull_full_and_delta_into_a_checkpoint_folder(tmp_path):
     env = {**os.environ, "ROLLFLOW_WEIGHTS_TOKEN": "t0ken"}
     process, url = start_server_process(tmp_path / "store", env=env)
     try:
-        os.environ["ROLLFLOW_WEIGHTS_TOKEN"] = "t0ken"
-        try:
-            published = rollflow(
-                "weights", "publish", "--url", url, "--version", "1", "--from", str(checkpoint)
-            )
-            second = train_step(first, fraction=0.02, seed=1)
-            safetensors.torch.save_file(second, str(tmp_path / "step2.safetensors"))
-            rollflow(
-                "weights",
-                "publish",
-                "--url",
-                url,
-                "--version",
-                "2",
-                "--from",
-                str(tmp_path / "step2.safetensors"),
-            )
-        finally:
-            del os.environ["ROLLFLOW_WEIGHTS_TOKEN"]
+        monkeypatch.setenv("ROLLFLOW_WEIGHTS_TOKEN", "t0ken")  # the publishes read it, the pulls need none
+        published = rollflow("weights", "publish", "--url", url, "--version", "1", "--from", str(checkpoint))
+        second = train_step(first, fraction=0.02, seed=1)
+        safetensors.torch.save_file(second, str(tmp_path / "step2.safetensors"))
+        rollflow(
+            "weights",
+            "publish",
+            "--url",
+            url,
+            "--version",
+            "2",
+            "--from",
+            str(tmp_path / "step2.safetensors"),
+        )
+        monkeypatch.delenv("ROLLFLOW_WEIGHTS_TOKEN")
         assert published.returncode == 0, published.stderr
         out = tmp_path / "engine"
         full = rollflow("weights", "pull", "--url", url, "--out", str(out), "--version", "1")

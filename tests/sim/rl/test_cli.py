@@ -5,7 +5,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.factories import REPO
+
+pytestmark = pytest.mark.process  # runs the CLI as a subprocess (left out of `make test-fast`)
 
 SHORT = [
     "steps=1",
