@@ -157,8 +157,8 @@ def readme_table(root: Path = REPO) -> str:
     """The README's headline results: one row per goal of every benchmark that has a results file."""
     rows = [
         (
-            cell(g["name"]),
-            cell(g.get("peer", _peers(b.results))),
+            cell(f"{g['name']} ({g['target']})"),
+            cell(g.get("peer", _peers(b.results)) or "none"),
             cell(g["measured"]) + ("" if g["met"] else " (missed)"),
             f"[`{b.results_path}`]({b.results_path})",
         )
