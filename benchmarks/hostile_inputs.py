@@ -1,7 +1,7 @@
 """Bad inputs against a live manager, two built-in engines and a weight server, while a
 background client keeps making valid calls.
 
-    .venv/bin/python benchmarks/hostile_inputs.py [--model models/tiny] [--output FILE]
+    .venv/bin/python benchmarks/hostile_inputs.py [--model models/tiny] [--results-dir DIR]
 
 Each bad input is sent once; it counts as "4xx with a clear message" when the answer is a 4xx
 whose body carries an error message, as "5xx" on a 5xx, and as an outage when afterwards a
@@ -18,6 +18,13 @@ servers (all started with read_timeout_s 5, body_timeout_s 20, min_body_bytes_pe
 - a lowercase `bearer` scheme with the right token: each must be taken;
 - loose types (`max_new_tokens: "8"`, `stream: "yes"`) and bad `rollflow.files` metadata are among
   the bad inputs; a 2xx for any of them counts as coerced.
+
+Then, each on servers of its own:
+- queue waits: a manager whose capacity (64) is far above its two engines' running limit (2), with
+  stall_timeout_s 3, runs 96 samples of 96 tokens, so requests wait in the engines' queues past a
+  stall window: no engine may leave the pool and no sample may resume;
+- a second manager on a live manager's journal: it must exit non-zero within 5 s (its CLI's start
+  included) with one line naming the holder, and the first manager's batch must finish untouched.
 
 Writes its counts and goal verdicts to `hostile_inputs.json` in `--results-dir` (benchmarks/results.py)
 and exits non-zero on any 5xx, outage, unauthenticated access or other missed goal.
@@ -385,6 +392,143 @@ def access_checks(manager: str, engine: str, weights: str) -> dict:
     }
 
 
+QUEUE = {"max_running_requests": 2, "capacity": 64, "stall_timeout_s": 3.0, "samples": 96, "tokens": 96}
+
+
+def metric(manager: str, name: str) -> float:
+    """Sum of a Prometheus metric of the manager over its labels."""
+    text = urllib.request.urlopen(manager + "/metrics", timeout=10).read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name) and line[len(name)] in " {"
+    )
+
+
+def waiting(engine: str) -> int:
+    """Requests in the engine's own queue, by its SGLang-shaped load report."""
+    loads = get_json(engine + "/v1/loads", API_KEY)["loads"]
+    return sum(rank["num_waiting_reqs"] for rank in loads)
+
+
+def queue_waits(model: str, work: Path) -> dict:
+    """The manager lets two engines queue (its capacity far above their running limit) while their
+    queues hold requests for more than a stall window: no engine may leave the pool, no sample may
+    resume. `waited_past_a_window` says the premise held (a request still queued a window and a
+    sweep period after the queues formed)."""
+    from rollflow.runtime.manager.client import ManagerClient
+
+    processes = []
+    try:
+        engines = []
+        for index in range(2):
+            port = free_port()
+            argv = ["engine", "serve", "--model", model, "--port", str(port)]
+            argv += ["--max-running-requests", str(QUEUE["max_running_requests"])]
+            env = ENV | {"ROLLFLOW_ENGINE_API_KEY": API_KEY}
+            processes.append(start(argv, work / f"queue-engine{index}.log", env))
+            engines.append(f"http://127.0.0.1:{port}")
+        port = free_port()
+        config = work / "queue-manager.yaml"
+        config.write_text(
+            json.dumps(
+                {
+                    "engines": [
+                        {
+                            "url": e,
+                            "engine_type": "builtin",
+                            "api_key": API_KEY,
+                            "capacity": QUEUE["capacity"],
+                        }
+                        for e in engines
+                    ],
+                    "stall_timeout_s": QUEUE["stall_timeout_s"],
+                }
+            )
+        )
+        processes.append(
+            start(
+                ["manager", "serve", "--config", str(config), "--port", str(port)], work / "queue-manager.log"
+            )
+        )
+        manager = f"http://127.0.0.1:{port}"
+        for url in [*[e + "/health" for e in engines], manager + "/health"]:
+            wait_up(url)
+        prompts = [[11 + i % 40, 3, 60 + i % 50] for i in range(QUEUE["samples"])]
+        batch = ManagerClient(manager).submit(prompts, max_new_tokens=QUEUE["tokens"], ignore_eos=True)
+        deadline = time.monotonic() + 60
+        while not all(waiting(e) for e in engines) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        queued_at = time.monotonic()
+        while time.monotonic() - queued_at < QUEUE["stall_timeout_s"] * 1.25 and any(
+            waiting(e) for e in engines
+        ):
+            time.sleep(0.2)
+        waited_past_a_window = any(waiting(e) for e in engines)
+        samples = list(batch.samples())
+        return {
+            "waited_past_a_window": waited_past_a_window,
+            "samples_finished": sum(s["state"] == "finished" for s in samples),
+            "engines_retired": metric(manager, "rollflow_engine_failures_total"),
+            "samples_resumed": metric(manager, "rollflow_resumed_samples_total"),
+        }
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+
+
+def second_manager(model: str, work: Path) -> dict:
+    """A second manager started on a live manager's journal must refuse at once, saying who holds
+    it, and touch nothing: the first one's batch finishes with every token and no resume."""
+    from rollflow.runtime.manager.client import ManagerClient
+
+    processes = []
+    try:
+        port = free_port()
+        env = ENV | {"ROLLFLOW_ENGINE_API_KEY": API_KEY}
+        processes.append(
+            start(["engine", "serve", "--model", model, "--port", str(port)], work / "lock-engine.log", env)
+        )
+        engine = f"http://127.0.0.1:{port}"
+        config = work / "lock-manager.yaml"
+        config.write_text(
+            json.dumps({"engines": [{"url": engine, "engine_type": "builtin", "api_key": API_KEY}]})
+        )
+        journal = work / "manager.journal"
+        first_port, second_port = free_port(), free_port()
+        argv = ["manager", "serve", "--config", str(config), "--journal", str(journal)]
+        processes.append(start([*argv, "--port", str(first_port)], work / "lock-first.log"))
+        first = f"http://127.0.0.1:{first_port}"
+        for url in (engine + "/health", first + "/health"):
+            wait_up(url)
+        batch = ManagerClient(first).submit([[11, 12, 13]] * 8, max_new_tokens=32, ignore_eos=True)
+        began = time.monotonic()
+        second = subprocess.run(
+            [sys.executable, "-m", "rollflow.cli", *argv, "--port", str(second_port)],
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        refused_in_s = time.monotonic() - began
+        said = [line for line in second.stderr.splitlines() if line.strip()]
+        samples = list(batch.samples())
+        return {
+            "second_exit_status": second.returncode,
+            "second_refused_in_s": round(refused_in_s, 2),
+            "second_said": said[-1] if said else "",
+            "second_said_lines": len(said),
+            "first_samples_whole": sum(
+                s["state"] == "finished" and len(s["output_ids"]) == 32 and s["resumes"] == 0 for s in samples
+            ),
+        }
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="model folder (default: one made by `rollflow engine init-model`)")
@@ -542,6 +686,8 @@ def main() -> None:
             process.kill()
             process.wait()
 
+    queue = queue_waits(model, work)
+    lock = second_manager(model, work)
     slow_times = [t for times in slow.values() for t in times]
     slow_late = [t for t in slow_times if t is None or t > LIMITS["body_timeout_s"]]
     results.figures = {
@@ -560,6 +706,8 @@ def main() -> None:
         "large_bodies": large,
         "background_calls_ok": background["ok"],
         "background_calls": background["ok"] + background["failed"],
+        "queue_waits": {"setup": QUEUE, **queue},
+        "second_manager": lock,
     }
     results.goal("5xx answers to bad inputs", server_errors, "==", 0)
     results.goal("outages", len(outage_log), "==", 0)
@@ -582,6 +730,38 @@ def main() -> None:
         6 - sum(400 <= status < 500 for status in large["answers"]),
         "==",
         0,
+    )
+    results.goal(
+        "queued requests waited past a stall window (the premise; 1 = yes)",
+        int(queue["waited_past_a_window"]),
+        "==",
+        1,
+    )
+    results.goal("engines retired while their queues waited", queue["engines_retired"], "==", 0)
+    results.goal("samples resumed after a queue wait", queue["samples_resumed"], "==", 0)
+    results.goal(
+        f"queued samples not finished (of {QUEUE['samples']})",
+        QUEUE["samples"] - queue["samples_finished"],
+        "==",
+        0,
+    )
+    results.goal(
+        "second manager on a live journal started (exit status 0; 1 = yes)",
+        int(lock["second_exit_status"] == 0),
+        "==",
+        0,
+    )
+    results.goal(
+        "second manager: refused in (s), its CLI start included", lock["second_refused_in_s"], "<", 5
+    )
+    results.goal(
+        "second manager: said in one line who holds the journal (1 = yes)",
+        int(lock["second_said_lines"] == 1 and "in use by another manager" in lock["second_said"]),
+        "==",
+        1,
+    )
+    results.goal(
+        "first manager's samples touched by the second (of 8)", 8 - lock["first_samples_whole"], "==", 0
     )
     print(f"bad inputs tried:            {tried}")
     print(f"4xx with a clear message:    {clear}")
