@@ -47,3 +47,40 @@ def test_a_child_that_dies_is_replaced_for_the_next_body():
         assert await parse_process.parse_in_child(b'{"a": 1}') == {"a": 1}
 
     asyncio.run(run())
+
+
+SERVER = """
+import asyncio, sys
+from rollflow.runtime.http import parse_process
+asyncio.run(parse_process.parse_in_child(b"{}"))
+(pid,) = parse_process._executor()._processes
+print(pid, flush=True)
+sys.stdin.read()  # until killed
+"""
+
+
+def test_the_child_ends_when_its_server_is_killed():
+    """A server killed with SIGKILL never shuts its pool down: its child must not outlive it."""
+    import subprocess
+    import sys
+    import time
+
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    child = int(server.stdout.readline())
+    server.kill()
+    server.wait()
+    deadline = time.monotonic() + 60
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(child), f"the parsing child {child} outlived its server"
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (an exited child of init is reaped at once; a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

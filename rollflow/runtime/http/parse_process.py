@@ -19,6 +19,8 @@ import asyncio
 import multiprocessing
 import os
 import tempfile
+import threading
+import time
 from array import array
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -34,7 +36,12 @@ _pool: ProcessPoolExecutor | None = None
 def _executor() -> ProcessPoolExecutor:
     global _pool
     if _pool is None:
-        _pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        _pool = ProcessPoolExecutor(
+            max_workers=1,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_exit_with_parent,
+            initargs=(os.getpid(),),
+        )
     return _pool
 
 
@@ -61,6 +68,18 @@ async def parse_in_child(raw: bytes) -> dict[str, Any]:
             await asyncio.sleep(0)
         parent[path[-1]] = items
     return data
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """In the child: end when the server that started it is gone. A server killed with SIGKILL
+    never shuts its pool down, and the child, blocked on its task queue, would outlive it for good."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def _spill(raw: bytes) -> str:
