@@ -397,7 +397,8 @@ QUEUE = {"max_running_requests": 2, "capacity": 64, "stall_timeout_s": 3.0, "sam
 
 def metric(manager: str, name: str) -> float:
     """Sum of a Prometheus metric of the manager over its labels."""
-    text = urllib.request.urlopen(manager + "/metrics", timeout=10).read().decode()
+    request = urllib.request.Request(manager + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    text = urllib.request.urlopen(request, timeout=10).read().decode()
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
@@ -448,14 +449,16 @@ def queue_waits(model: str, work: Path) -> dict:
         )
         processes.append(
             start(
-                ["manager", "serve", "--config", str(config), "--port", str(port)], work / "queue-manager.log"
+                ["manager", "serve", "--config", str(config), "--port", str(port), "--token", TOKEN],
+                work / "queue-manager.log",
             )
         )
         manager = f"http://127.0.0.1:{port}"
         for url in [*[e + "/health" for e in engines], manager + "/health"]:
             wait_up(url)
         prompts = [[11 + i % 40, 3, 60 + i % 50] for i in range(QUEUE["samples"])]
-        batch = ManagerClient(manager).submit(prompts, max_new_tokens=QUEUE["tokens"], ignore_eos=True)
+        client = ManagerClient(manager, token=TOKEN)  # the manager's own token, whatever the environment says
+        batch = client.submit(prompts, max_new_tokens=QUEUE["tokens"], ignore_eos=True)
         deadline = time.monotonic() + 60
         while not all(waiting(e) for e in engines) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -497,12 +500,13 @@ def second_manager(model: str, work: Path) -> dict:
         )
         journal = work / "manager.journal"
         first_port, second_port = free_port(), free_port()
-        argv = ["manager", "serve", "--config", str(config), "--journal", str(journal)]
+        argv = ["manager", "serve", "--config", str(config), "--journal", str(journal), "--token", TOKEN]
         processes.append(start([*argv, "--port", str(first_port)], work / "lock-first.log"))
         first = f"http://127.0.0.1:{first_port}"
         for url in (engine + "/health", first + "/health"):
             wait_up(url)
-        batch = ManagerClient(first).submit([[11, 12, 13]] * 8, max_new_tokens=32, ignore_eos=True)
+        client = ManagerClient(first, token=TOKEN)
+        batch = client.submit([[11, 12, 13]] * 8, max_new_tokens=32, ignore_eos=True)
         began = time.monotonic()
         second = subprocess.run(
             [sys.executable, "-m", "rollflow.cli", *argv, "--port", str(second_port)],
