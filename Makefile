@@ -49,9 +49,12 @@ lint: $(STAMP)
 TEST_WORKERS ?= 4
 PYTEST_PARALLEL := $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=20
 
-# Everything: lint, then the unit, runtime, vLLM (tests/integration) and docs (tests/docs) tiers in one run.
+# Everything: lint, then the unit, runtime, vLLM (tests/integration) and docs (tests/docs) tiers in one
+# parallel run, then the few tests marked `serial` (they compare timings measured on this machine, which
+# the parallel run's load would skew) on their own.
 test: lint compiled $(VLLM_STAMP)
-	$(PYTEST_PARALLEL)
+	$(PYTEST_PARALLEL) -m "not serial"
+	$(BIN)/pytest -q -m serial --durations=5
 
 # The unit tests, for the edit-test loop: no test marked `process` (one that starts servers or
 # subprocesses; see tests/conftest.py).

@@ -17,6 +17,7 @@ import json
 import random
 
 import numpy as np
+import pytest
 
 from rollflow.perf.profile.hf_config import load_model_config, model_shape_section
 from rollflow.perf.profile.trace_replay import (
@@ -36,6 +37,7 @@ LOAD = 0.3  # of the profiled batch-8 decode throughput, in requests/s
 TOLERANCE = 2.0  # simulated / real median, either way
 
 
+@pytest.mark.serial  # the server's profile and its replay must see the same machine, not 4 workers' load
 def test_a_replay_on_real_vllm_and_its_simulation_on_the_servers_profile_agree(vllm_server, tmp_path):
     tables = tmp_path / "tables"
     proc = run_rollflow(
