@@ -37,14 +37,19 @@ class Preemptor(threading.Thread):
         self.timeline = timeline
         self.preempted: list[int] = []
         self.error: BaseException | None = None
-        self._tokens_at_step_start: int | None = None
+        self._tokens_at_step_start = 0  # step 1's engine starts with none; later steps note theirs
         self._stop_event = threading.Event()
 
     def run(self) -> None:
         try:
             while not self._stop_event.wait(TICK_S):
                 self.launch.check_processes()
-                if not self.preempted and self.step_in_progress() == self.settings.step:
+                if self.preempted:
+                    continue
+                step = self.step_in_progress()
+                if step == self.settings.step - 1:
+                    self._note_tokens_before_the_step()
+                elif step == self.settings.step:
                     self._maybe_preempt()
         except BaseException as exc:  # the main thread re-raises it after the trainer stops
             self.error = exc
@@ -56,25 +61,34 @@ class Preemptor(threading.Thread):
         if self.error is not None:
             raise self.error
 
-    def _maybe_preempt(self) -> None:
+    def _watched_engine(self) -> tuple[int, dict] | None:
+        """The pool's first engine and its row in the manager's worker list, while it is healthy."""
         target = next((e for e in self.launch.engines.values() if e.pool is self.pool), None)
         if target is None:
-            return
+            return None
         worker = next((w for w in self.launch.manager.workers() if w["id"] == target.engine_id), None)
         if worker is None or worker["state"] != "healthy":
+            return None
+        return target.engine_id, worker
+
+    def _note_tokens_before_the_step(self) -> None:
+        """Counts the step's tokens from the end of the step before, so that a first look that comes
+        late (this thread shares the GIL with the trainer) does not move the start of the count."""
+        found = self._watched_engine()
+        if found is not None:
+            self._tokens_at_step_start = found[1]["tokens_generated"]
+
+    def _maybe_preempt(self) -> None:
+        found = self._watched_engine()
+        if found is None:
             return
-        if self._tokens_at_step_start is None:
-            self._tokens_at_step_start = worker["tokens_generated"]
+        engine_id, worker = found
         made = worker["tokens_generated"] - self._tokens_at_step_start
         if worker["running"] == 0 or made < self.settings.after_tokens:
             return
-        self.launch.preempt(target.engine_id)
-        self.preempted.append(target.engine_id)
-        self.timeline.event(
-            "preempted",
-            f"SIGKILL with {worker['running']} samples in flight",
-            target.engine_id,
-        )
+        self.launch.preempt(engine_id)
+        self.preempted.append(engine_id)
+        self.timeline.event("preempted", f"SIGKILL with {worker['running']} samples in flight", engine_id)
         self.launch.check_processes()  # deregisters it (the manager may have noticed first)
         if self.settings.replace:
             joined = self.launch.add_engine(self.pool)

@@ -90,6 +90,8 @@ def run_demo(config: DemoFile, output_dir: Path, tty: bool = False) -> DemoSumma
         finally:
             sampler.stop()
             preemptor.stop()
+        if not preemptor.preempted:
+            _warn_not_preempted(config)
         counters = launch.manager.metrics()
         summary = _summarize(
             steps, counters, len(preemptor.preempted), launch.num_joined, startup_s, timeline
@@ -111,6 +113,20 @@ def prepare_model(config: DemoFile) -> None:
 
     print(f"building a tiny random model at {model}", file=sys.stderr, flush=True)
     write_tiny_model(model)
+
+
+def _warn_not_preempted(config: DemoFile) -> None:
+    """A step whose rollout is over before the engine made its tokens shows no preemption; say why
+    rather than leave a summary with 0 preempted to be puzzled over."""
+    preemption = config.demo.preemption
+    print(
+        f"note: no engine was preempted: the engine of launch.engines.{config.preempted_pool} never had "
+        f"{preemption.after_tokens} tokens of step {preemption.step} while samples were still running "
+        "(its share of the step was too short to catch); raise train.max_new_tokens or lower "
+        "demo.preemption.after_tokens",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _summarize(

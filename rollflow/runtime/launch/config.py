@@ -131,6 +131,9 @@ class RaySection(StrictModel):
     """Node label marking preemptible nodes (value "true"); spot pools are placed on them."""
     manager_placement: Placement = Placement()
     """Where the manager's actor runs."""
+    actor_start_timeout_s: float = Field(300.0, gt=0)
+    """How long an actor may take to start on a cluster that has room for it (a busy node starts its
+    Python worker slowly); one that no node has room for fails after 60 s, naming what is short."""
 
 
 class LaunchSection(StrictModel):

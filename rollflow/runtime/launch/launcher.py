@@ -246,7 +246,7 @@ class Launcher:
             "resources": placement.resources,
             "label_selector": selector,
         }
-        return RaySlot(name, options)
+        return RaySlot(name, options, self.config.ray.actor_start_timeout_s)
 
     def _check_free(self, host: str, port: int, port_key: str) -> None:
         """A fixed port taken on this machine is the launch's one-line error naming the config key,

@@ -9,6 +9,7 @@ deregisters the engine from the manager as a preempted one.
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any
 
 import ray
@@ -20,6 +21,8 @@ from rollflow.runtime.launch.slots import LocalSlot
 # what `exit_code` reports for a slot whose actor or node is gone
 LOST_EXIT_CODE = -9
 _CALL_TIMEOUT_S = 60.0
+# how often a pending actor is looked at while it waits for a node
+_PLACEMENT_POLL_S = 5.0
 
 
 class _ProcessActor:
@@ -56,12 +59,21 @@ class _ProcessActor:
 _RemoteProcessActor = ray.remote(_ProcessActor)
 
 
+def _asked(options: dict[str, Any]) -> dict[str, float]:
+    return {"CPU": options.get("num_cpus", 0.0), **options.get("resources", {})}
+
+
+def is_short(options: dict[str, Any], available: dict[str, float]) -> bool:
+    """Whether the cluster lacks free room for an actor with these `options` (a per-cluster sum: a
+    resource split over nodes may still leave no single node with enough)."""
+    return any(available.get(name, 0.0) < amount for name, amount in _asked(options).items() if amount > 0)
+
+
 def shortfall(options: dict[str, Any], available: dict[str, float], total: dict[str, float]) -> str:
     """Why an actor with these `options` may find no node: each resource it asks for against what the
     cluster has free and in all (per cluster, so a resource split over nodes can still fall short)."""
-    asked = {"CPU": options.get("num_cpus", 0.0), **options.get("resources", {})}
     parts = []
-    for resource, amount in asked.items():
+    for resource, amount in _asked(options).items():
         if amount <= 0:
             continue
         free, held = available.get(resource, 0.0), total.get(resource, 0.0)
@@ -75,17 +87,31 @@ def shortfall(options: dict[str, Any], available: dict[str, float], total: dict[
 
 
 class RaySlot:
-    def __init__(self, name: str, options: dict[str, Any]) -> None:
+    def __init__(self, name: str, options: dict[str, Any], start_timeout_s: float) -> None:
         self.name = name
         self.actor = _RemoteProcessActor.options(**options).remote(name)
-        try:
-            self.host = self._call("host")
-        except GetTimeoutError:
-            ray.kill(self.actor)
-            raise LaunchError(
-                f"{name}: no Ray node took its actor within {_CALL_TIMEOUT_S:.0f}s: "
-                f"{shortfall(options, ray.available_resources(), ray.cluster_resources())}"
-            ) from None
+        self.host = self._await_start(options, start_timeout_s)
+
+    def _await_start(self, options: dict[str, Any], start_timeout_s: float) -> str:
+        """The actor's node address once it runs. An actor no node has room for fails after
+        `_CALL_TIMEOUT_S`, naming what is short; one that has room may take up to `start_timeout_s`,
+        since a busy node starts a Python worker slowly (a minute and more on 2 loaded cores)."""
+        started = time.monotonic()
+        pending = self.actor.host.remote()
+        while True:
+            try:
+                return ray.get(pending, timeout=_PLACEMENT_POLL_S)
+            except GetTimeoutError:
+                waited = time.monotonic() - started
+                available = ray.available_resources()
+                limit = _CALL_TIMEOUT_S if is_short(options, available) else start_timeout_s
+                if waited < limit:
+                    continue
+                ray.kill(self.actor)
+                raise LaunchError(
+                    f"{self.name}: no Ray node took its actor within {waited:.0f}s: "
+                    f"{shortfall(options, available, ray.cluster_resources())}"
+                ) from None
 
     def _call(self, method: str, *args):
         return ray.get(getattr(self.actor, method).remote(*args), timeout=_CALL_TIMEOUT_S)

@@ -381,7 +381,7 @@ def create_app(manager: RolloutManager) -> web.Application:
     limit = int(manager.config.max_body_mb * (1 << 20))
     app = web.Application(middlewares=[_edge], client_max_size=limit)
     app[MANAGER_KEY] = manager
-    app[TOKENIZER_KEY] = _load_tokenizer(manager.config.tokenizer)
+    app[TOKENIZER_KEY] = manager.tokenizer = _load_tokenizer(manager.config.tokenizer)
 
     async def lifecycle(app: web.Application):
         await manager.start()

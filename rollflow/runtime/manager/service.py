@@ -29,6 +29,7 @@ import os
 import uuid
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
@@ -58,6 +59,9 @@ from rollflow.runtime.manager.samples import Sample, SampleRun, SampleState, Wat
 from rollflow.runtime.manager.stall import StallSweep
 from rollflow.runtime.manager.stops import SpanningStop
 from rollflow.runtime.manager.view import refresh_load, route_inputs
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 log = logging.getLogger("rollflow.manager")
 
@@ -165,6 +169,8 @@ class RolloutManager:
         self._reads_cache = getattr(self.router, "reads_cache", False)  # fill the view's cached_tokens
         self._reads_load = getattr(self.router, "reads_load", True)  # False: ids and order only
         self.session_router = make_router("session", seed=config.seed)  # routes sessions' turns (sessions.py)
+        # decodes output tokens (server.py sets it from `tokenizer:`): cuts a spanning stop at its token
+        self.tokenizer: Tokenizer | None = None
         self.registry = Registry()
         self.metrics = ManagerMetrics(before_render=self._update_gauges)
         self.num_step_reports = 0
@@ -976,6 +982,19 @@ class RolloutManager:
                 if chunk.cached_tokens is not None:
                     sample.cached_by_attempt[sample.attempts] = chunk.cached_tokens
                 tokens = chunk.token_ids[: sample.remaining_tokens]
+                reason = chunk.finish_reason
+                ended = reason != "abort" and (reason is not None or len(tokens) >= sample.remaining_tokens)
+                if spanning is not None and chunk.text is not None and reason is None and not ended:
+                    may_stop = len(sample.output_ids) + len(tokens) >= sample.sampling.min_new_tokens
+                    cut = spanning.find(chunk.text, may_stop)
+                    if cut is not None:  # as an undisturbed engine would: stop there, the text trimmed
+                        ended, reason = True, "stop"
+                        tokens = self._tokens_to_stop(sample, tokens, spanning)
+                        if not params.no_stop_trim:
+                            sample.trim_engine_text(cut)
+                        self._spawn(self._abort_quietly(engine, rid))
+                    elif spanning.done:
+                        spanning = None
                 logprobs = chunk.logprobs[: len(tokens)]
                 if tokens:
                     if run.resumed_at is not None:
@@ -987,19 +1006,6 @@ class RolloutManager:
                     engine.window_tokens += len(tokens)
                     self.metrics.generated_tokens[engine.engine_id] += len(tokens)
                     self._notify(sample)
-                ended = chunk.finish_reason != "abort" and (
-                    chunk.finish_reason is not None or sample.remaining_tokens <= 0
-                )
-                reason = chunk.finish_reason
-                if spanning is not None and chunk.text is not None and reason is None and not ended:
-                    cut = spanning.find(chunk.text, len(sample.output_ids) >= sample.sampling.min_new_tokens)
-                    if cut is not None:  # as an undisturbed engine would: stop there, the text trimmed
-                        ended, reason = True, "stop"
-                        if not params.no_stop_trim:
-                            sample.trim_engine_text(cut)
-                        self._spawn(self._abort_quietly(engine, rid))
-                    elif spanning.done:
-                        spanning = None
                 if ended:
                     sample.finish_reason = reason or "length"
                 # the journal's bound: a crash may lose no more than it (wait for room below)
@@ -1027,6 +1033,19 @@ class RolloutManager:
                     await self.journal.room()
         finally:
             await stream.aclose()
+
+    def _tokens_to_stop(self, sample: Sample, tokens: list[int], spanning: SpanningStop) -> list[int]:
+        """The event's tokens up to the one that completes a spanning stop string, as an engine that
+        checks after each token would keep them. A busy engine sends several tokens in one event, and
+        only decoding tells which of them completed it: without a tokenizer the event is kept whole."""
+        if len(tokens) <= 1 or self.tokenizer is None:
+            return tokens
+        decode = self.tokenizer.decode
+        earlier = decode(sample.output_ids)
+        for keep in range(1, len(tokens)):
+            if spanning.completed_in(decode(sample.output_ids + tokens[:keep])[len(earlier) :]):
+                return tokens[:keep]
+        return tokens
 
     async def _abort_quietly(self, engine: EngineRecord, rid: str) -> None:
         if engine.state in ("healthy", "updating", "releasing"):

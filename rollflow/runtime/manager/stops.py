@@ -32,3 +32,10 @@ class SpanningStop:
             return self.before - len(self.tail) + first
         self.done = may_stop and len(text) >= self.reach
         return None
+
+    def completed_in(self, text: str) -> bool:
+        """Whether the attempt's `text` already completes a stop string begun before the resume."""
+        window, edge = self.tail + text[: self.reach], len(self.tail)
+        return any(
+            window.find(stop, max(0, edge - len(stop) + 1), edge + len(stop) - 1) >= 0 for stop in self.stops
+        )

@@ -23,7 +23,9 @@ def _short_config(tmp_path: Path, model: Path, **demo) -> Path:
     raw["launch"]["startup_timeout_s"] = 120
     raw["launch"]["engines"][0].update(count=1, model=str(model))
     raw["launch"]["engines"][1]["tokenizer"] = str(model)
-    raw["train"].update(model=str(model), steps=3, prompts_per_step=4, n_samples=4, micro_batch_groups=2)
+    raw["train"].update(
+        model=str(model), steps=3, prompts_per_step=4, n_samples=4, micro_batch_groups=2, max_new_tokens=32
+    )
     raw["demo"] = {"preemption": {"step": 2, "after_tokens": 8}, **demo}
     path = tmp_path / "demo.yaml"
     path.write_text(yaml.safe_dump(raw))
