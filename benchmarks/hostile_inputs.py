@@ -50,7 +50,7 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.results import Results, add_results_dir
+from benchmarks.results import Results, add_results_dir, results_dir
 
 TOKEN, API_KEY, WEIGHTS_TOKEN = "manager-token", "engine-key", "weights-token"
 LIMITS = {"read_timeout_s": 5, "body_timeout_s": 20, "min_body_bytes_per_s": 1000}
@@ -538,7 +538,7 @@ def main() -> None:
     parser.add_argument("--model", help="model folder (default: one made by `rollflow engine init-model`)")
     add_results_dir(parser)
     args = parser.parse_args()
-    results = Results("hostile_inputs", args.results_dir)
+    results = Results("hostile_inputs", results_dir(args))
     work = Path(tempfile.mkdtemp(prefix="hostile-"))
     model = args.model or str(work / "model")
     if args.model is None:

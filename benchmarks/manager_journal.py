@@ -40,7 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.results import Results, add_results_dir  # noqa: E402
+from benchmarks.results import Results, add_results_dir, results_dir  # noqa: E402
 from rollflow.runtime.manager.client import ManagerClient  # noqa: E402
 from tests.runtime.processes import Process, free_port, http, rollflow  # noqa: E402
 
@@ -157,7 +157,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each, alternating; medians shown")
     add_results_dir(parser)
     args = parser.parse_args()
-    results = Results("manager_journal", args.results_dir)
+    results = Results("manager_journal", results_dir(args))
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
         runs: dict[str, list[dict]] = {"journal off": [], "journal on": []}

@@ -67,7 +67,7 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.results import Results, add_results_dir, package_version  # noqa: E402
+from benchmarks.results import Results, add_results_dir, package_version, results_dir  # noqa: E402
 from tests.runtime.processes import ENV, Process, free_port, rollflow, start_engine  # noqa: E402
 
 JSON = {"Content-Type": "application/json"}  # sglang-router refuses a body without it (415)
@@ -493,7 +493,7 @@ def main() -> None:
     if args.tokens < 1 or args.tokens_per_event < 0:
         parser.error("--tokens must be at least 1 and --tokens-per-event at least 0")
     name = "manager_overhead_instructions" if args.instructions else "manager_overhead"
-    results = Results(name, args.results_dir)
+    results = Results(name, results_dir(args))
     with tempfile.TemporaryDirectory() as tmp:
         if args.instructions:
             instructions(args, Path(tmp), results)

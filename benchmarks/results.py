@@ -9,14 +9,15 @@ what it measured and how, in one shape the docs render from:
     machine   cores, CPU model, Python, and the 1/5/15-minute load average before and after
     peers     each system compared against -> its version or commit (null: it did not run)
     figures   the measurements, as the benchmark names them
-    goals     [{name, target, measured, met}], target as "<op> <number>", e.g. ">= 0.9"
+    goals     [{name, target, measured, met, headline?}], target as "<op> <number>", e.g. ">= 0.9";
+              headline: true on the few goals the README's front page shows
 
 The exit rule (`exit_status`): non-zero when any goal is missed (a measurement that is missing or
 not a number misses its goal) or any peer did not run. What makes a run invalid (errors, lost or
 regenerated tokens where none may be) is stated as a goal with target "== 0", so it is recorded
 beside the rest and fails the run alike.
 
-    results = Results("manager_overhead", args.results_dir)
+    results = Results("manager_overhead", results_dir(args))
     results.peers["sglang-router"] = package_version("sglang-router")
     results.figures["rps"] = 1234.5
     results.goal("throughput manager / sglang-router", measured=1.1, op=">=", target=1.0)
@@ -53,14 +54,28 @@ OPS: dict[str, Callable[[float, float], bool]] = {
 
 
 def add_results_dir(parser: argparse.ArgumentParser) -> None:
-    """The `--results-dir` option every benchmark that writes a results file takes."""
+    """The options every benchmark that writes a results file takes: `--results-dir` and `--quick`
+    (the benchmark's smaller inputs, what `make bench-quick` runs; its figures mean little)."""
     parser.add_argument(
         "--results-dir",
         type=Path,
-        default=DEFAULT_DIR,
+        default=None,
         help=f"where <name>.json is written (default {DEFAULT_DIR.relative_to(REPO)}; "
-        f"quick runs: {QUICK_DIR.relative_to(REPO)}, not committed)",
+        f"with --quick: {QUICK_DIR.relative_to(REPO)}, not committed)",
     )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smaller inputs, to check the benchmark end to end in a minute or two (make bench-quick); "
+        "the goals are still judged",
+    )
+
+
+def results_dir(args: argparse.Namespace) -> Path:
+    """`--results-dir` if given, else the quick or the committed folder."""
+    if args.results_dir is not None:
+        return args.results_dir
+    return QUICK_DIR if args.quick else DEFAULT_DIR
 
 
 def package_version(distribution: str) -> str | None:
@@ -156,11 +171,15 @@ class Results:
         self.figures: dict[str, Any] = {}
         self.goals: list[dict[str, Any]] = []
 
-    def goal(self, name: str, measured: float | None, op: str, target: float) -> bool:
-        """Record a goal ("measured op target") and whether it was met."""
+    def goal(self, name: str, measured: float | None, op: str, target: float, headline: bool = False) -> bool:
+        """Record a goal ("measured op target") and whether it was met. A `headline` goal is one of
+        the few the README's front-page table shows (the site's Benchmarks page shows them all)."""
         written = f"{op} {target:g}"
         met = goal_met(written, measured)
-        self.goals.append({"name": name, "target": written, "measured": measured, "met": met})
+        entry = {"name": name, "target": written, "measured": measured, "met": met}
+        if headline:
+            entry["headline"] = True
+        self.goals.append(entry)
         return met
 
     def document(self) -> dict[str, Any]:
