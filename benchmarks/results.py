@@ -11,6 +11,7 @@ what it measured and how, in one shape the docs render from:
     figures   the measurements, as the benchmark names them
     goals     [{name, target, measured, met, headline?}], target as "<op> <number>", e.g. ">= 0.9";
               headline: true on the few goals the README's front page shows
+    tables    (optional) [{title, columns, rows}]: the figures behind the goals, as the site shows them
 
 The exit rule (`exit_status`): non-zero when any goal is missed (a measurement that is missing or
 not a number misses its goal) or any peer did not run. What makes a run invalid (errors, lost or
@@ -170,6 +171,7 @@ class Results:
         self.peers: dict[str, str | None] = {}
         self.figures: dict[str, Any] = {}
         self.goals: list[dict[str, Any]] = []
+        self.tables: list[dict[str, Any]] = []
 
     def goal(self, name: str, measured: float | None, op: str, target: float, headline: bool = False) -> bool:
         """Record a goal ("measured op target") and whether it was met. A `headline` goal is one of
@@ -181,6 +183,13 @@ class Results:
             entry["headline"] = True
         self.goals.append(entry)
         return met
+
+    def table(self, title: str, columns: list[str], rows: list[list[Any]]) -> None:
+        """A table of the figures behind the goals (per round, per load, per system), rendered as it
+        is on the site's Benchmarks page."""
+        if any(len(row) != len(columns) for row in rows):
+            raise ValueError(f"table {title!r}: every row needs {len(columns)} cells ({columns})")
+        self.tables.append({"title": title, "columns": columns, "rows": rows})
 
     def document(self) -> dict[str, Any]:
         machine = {
@@ -199,6 +208,7 @@ class Results:
                 "peers": self.peers,
                 "figures": self.figures,
                 "goals": self.goals,
+                **({"tables": self.tables} if self.tables else {}),
             }
         )
 
