@@ -34,6 +34,8 @@ class EnginePool(StrictModel):
     """`count` engines of one kind (built-in, vLLM or SGLang), serving a model folder or the newest published weights."""
 
     kind: Literal["local", "remote", "spot"] = "local"
+    """The manager's engine kind (local, remote, spot); with `backend: ray`, spot pools go to nodes
+    labelled preemptible."""
     count: int = Field(1, ge=0)
     """Engines of this pool started at launch."""
     model: str | None = None
@@ -74,6 +76,7 @@ class WeightServerSection(StrictModel):
     Its store (work_dir/weight_store) belongs to the launch: it starts empty every time."""
 
     enabled: bool = False
+    """Starts the weight server; pools with `weights_url: launched` need it."""
     port: int = Field(0, ge=0, le=65535)
     """0 picks a free port."""
     publish: str | None = None

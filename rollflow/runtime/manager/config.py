@@ -16,8 +16,12 @@ class EngineEntry(StrictModel):
     """An engine registered at start-up (more can join at run time via `POST /workers`)."""
 
     url: str
+    """Where the engine answers, e.g. http://127.0.0.1:30000."""
     kind: Literal["local", "remote", "spot"] = "local"
+    """local: a reserved engine; remote: one that local engines offload to; spot: preemptible, may
+    vanish at any time (its samples resume elsewhere). The routers and the offload balancer read it."""
     engine_type: Literal["sglang", "vllm", "builtin"] = "sglang"
+    """The API the engine speaks: SGLang's /generate (also rollflow's built-in engine), or vLLM's."""
     capacity: int = Field(64, ge=1)
     """Most samples in flight on this engine at once; more wait in the manager's queue."""
     api_key: str | None = None
@@ -28,20 +32,26 @@ class OffloadSection(OffloadConfig):
     """Local (reserved) engines generate for a budget per batch, then their leftovers move to remote ones."""
 
     enabled: bool = False
+    """Turns offloading on; off, every engine serves every batch as the router picks."""
 
 
 class ManagerConfig(StrictModel):
     host: str = "127.0.0.1"
+    """Address to listen on; 127.0.0.1 keeps the manager off the network (set a `token` before
+    opening it to other machines)."""
     port: int = Field(30100, ge=0, le=65535)
+    """Port to listen on; 0 picks a free one (printed at start)."""
     token: str | None = None
     """Bearer token required, when set, by every admin and trainer route: engines (POST/DELETE
     /workers..., /add_worker, /remove_worker), /abort_request with abort_all or a batch sample's id,
     batches (/batches...), POST /step_report, and reading or closing a session (GET and DELETE
     /v1/sessions/{id}, POST /close_session)."""
     router: Literal[tuple(ROUTERS)] = "least_outstanding"  # type: ignore[valid-type]
+    """Routing policy, the same function the simulator runs (rollflow/policy/routing.py)."""
     router_path: str | None = None
     """Policy file of `router: learned` (an exported policy.npz; engine ids 0..N-1 are its slots)."""
     seed: int = 0
+    """Seeds the `random` router's draws, so a run can be repeated."""
     resume: Literal["continue", "restart"] = "continue"
     """continue: resume from prompt + generated tokens; restart: regenerate from the prompt (for comparison)."""
     max_attempts: int = Field(8, ge=1)
@@ -53,19 +63,23 @@ class ManagerConfig(StrictModel):
     """An engine that sends nothing to any of its streams for this long while it has samples is
     treated as hung; a sample waiting in a producing engine's own queue is not silent, however long."""
     connect_timeout_s: float = Field(5.0, gt=0)
+    """How long a connection to an engine may take before the call counts as failed."""
     engine_startup_timeout_s: float = Field(120.0, ge=0)
     """How long the manager waits at start for each engine of `engines:` to answer (they take
     seconds to load); past it, the manager exits naming the engine."""
     health_interval_s: float = Field(2.0, gt=0)
+    """How often each engine's /health is asked."""
     load_poll_interval_s: float = Field(0.5, gt=0)
     """How often each engine is asked what it holds (SGLang's /v1/loads, vLLM's /metrics) for the
     routers' view; between two answers the manager counts what it dispatched itself."""
     health_failures_to_remove: int = Field(2, ge=1)
+    """Failed health checks in a row that take an engine out of the pool (its samples resume elsewhere)."""
     breaker_pause_s: float = Field(30.0, gt=0)
     """Circuit breaker (as sgl-router's): a failed engine is set aside this long, then the health
     checker tries it again (half-open) and it rejoins if it answers healthy. The pause doubles with
     each failure in a row, up to `breaker_max_pause_s`; a sample finished on it resets the count."""
     breaker_max_pause_s: float = Field(300.0, gt=0)
+    """Longest pause of the circuit breaker, however many failures in a row."""
     max_new_tokens_limit: int = Field(32768, ge=1)
     """Requests asking for more new tokens than this are rejected with a 400."""
     max_prompt_tokens: int = Field(131072, ge=1)
@@ -101,7 +115,9 @@ class ManagerConfig(StrictModel):
     """Multi-turn sessions open at once; opening one more is a 429 until one is closed (each open
     session keeps its whole context in memory, and in the journal)."""
     offload: OffloadSection = OffloadSection()
+    """When local engines hand a batch's leftovers to remote ones (the balancer the simulator runs)."""
     engines: list[EngineEntry] = Field(default_factory=list)
+    """Engines registered at start; more join at run time through POST /workers."""
 
     def body_limits(self) -> BodyLimits:
         return BodyLimits(self.read_timeout_s, self.body_timeout_s, self.min_body_bytes_per_s)
