@@ -67,7 +67,14 @@ def clipped_policy_loss(
     return loss, clip_fraction
 
 
+KL_K3_MAX = 10.0
+"""Cap of one token's k3 (verl's `low_var_kl` clamps at the same 10)."""
+
+
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
-    """Per-token KL(policy || reference) estimate exp(q - p) - (q - p) - 1 (Schulman's k3): >= 0, unbiased."""
+    """Per-token KL(policy || reference) estimate exp(q - p) - (q - p) - 1 (Schulman's k3): >= 0,
+    unbiased on tokens the policy drew. Its tail is exponential: a token the policy now finds far less
+    likely than the reference (drawn by an older policy, as off-policy samples are) gives exp(q - p),
+    e^24 for 24 nats, which would swamp the mean and the loss, so each token's is capped at KL_K3_MAX."""
     diff = ref_logprobs - logprobs
-    return torch.exp(diff) - diff - 1
+    return (torch.exp(diff) - diff - 1).clamp(max=KL_K3_MAX)
