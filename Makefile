@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test test-fast test-docs lint clean vllm-venv compiled
+.PHONY: demo test test-fast test-docs lint clean vllm-venv compiled bench bench-quick
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -65,6 +65,18 @@ test-fast: compiled
 # of the repository per page; the site's strict build; the generated reference's route tables.
 test-docs: $(STAMP)
 	$(BIN)/pytest -q tests/docs
+
+# Every benchmark behind a figure in the docs, one at a time (benchmarks/suite.py): each writes
+# benchmarks/results/<name>.json, its output goes to outputs/bench/<name>.log, and the run fails when any
+# benchmark missed a goal, overran its time limit or wrote no results file. About an hour on 2 cores;
+# then `.venv/bin/python -m benchmarks.render --write` puts the new figures into the docs.
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.suite
+
+# The same on smaller inputs, in under 10 minutes (the suite fails past that): results under
+# benchmarks/results/quick/, not committed, to check that every benchmark still runs end to end.
+bench-quick: $(STAMP)
+	$(BIN)/python -m benchmarks.suite --quick
 
 # The documentation site (mkdocs.yml), into site/; --strict: a broken link or any warning fails.
 .PHONY: docs
