@@ -233,7 +233,11 @@ def report(outcomes: Sequence[Outcome], total_s: float, budget_s: float | None) 
     print()
     for row in rows:
         print(
-            "  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True)) + "  " + row[4]
+            (
+                "  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True))
+                + "  "
+                + row[4]
+            ).rstrip()
         )
     failed = [o.name for o in outcomes if o.failed]
     print(f"\n{len(outcomes) - len(failed)} of {len(outcomes)} passed in {total_s:.0f} s", end="")
