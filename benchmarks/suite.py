@@ -8,8 +8,9 @@
 One at a time, because most of them time something and two at once would skew each other. Each
 one's output goes to outputs/bench/<name>.log; a benchmark that fails does not stop the rest. The
 suite ends with a table and exits non-zero when any benchmark exited non-zero, overran its time
-limit, wrote no results file, or wrote one from another commit than the one checked out; a quick
-suite also fails when it took longer than its budget (10 minutes).
+limit (it is stopped with every process it started), left processes running, wrote no results
+file, or wrote one from another commit than the one checked out; a quick suite also fails when it
+took longer than its budget (10 minutes).
 """
 
 from __future__ import annotations
@@ -126,9 +127,10 @@ def run_one(
             outcome.status = proc.wait(timeout=limit_s)
         except subprocess.TimeoutExpired:
             outcome.problems.append(f"killed after its {limit_s:g} s limit")
-            _stop_group(proc)
         finally:
-            if proc.returncode is None:  # interrupted (Ctrl-C): take its servers down with it
+            if proc.returncode is None or _group_alive(proc.pid):  # overrun, Ctrl-C, or servers left behind
+                if proc.returncode is not None:  # they would skew the next benchmark's timings
+                    outcome.problems.append("left processes running (stopped)")
                 _stop_group(proc)
     outcome.wall_s = time.monotonic() - started
     _judge_results(outcome, results_path, before, commit)
@@ -145,18 +147,31 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return stat.st_ino, stat.st_mtime_ns
 
 
+def _group_alive(pgid: int) -> bool:
+    """Whether a live process (not a zombie) is still in the process group."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[2] == str(pgid) and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
+            return True
+    return False
+
+
 def _stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to the benchmark's process group, SIGKILL if it is still there after a grace period."""
-    for sig, grace in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+    """SIGTERM to the benchmark's process group, SIGKILL to what is left after a grace period."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+            break
+        deadline = time.monotonic() + KILL_GRACE_S
+        while _group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)  # no event says a group's last member has gone: look in /proc
+        if not _group_alive(proc.pid):
+            break
+    proc.wait()
 
 
 def _judge_results(outcome: Outcome, path: Path, before: tuple[int, int] | None, commit: str) -> None:

@@ -158,3 +158,14 @@ def test_an_unknown_name_is_a_one_line_error():
         [sys.executable, "-m", "benchmarks.suite", "--only", "nope"], cwd=REPO, capture_output=True, text=True
     )
     assert answer.returncode == 2 and "invalid choice: 'nope'" in answer.stderr
+
+
+def test_servers_a_benchmark_leaves_behind_are_stopped_and_fail_it(tmp_path):
+    pid_file = tmp_path / "server.pid"
+    after = f"""
+    server = subprocess.Popen(["sleep", "600"])
+    open({str(pid_file)!r}, "w").write(str(server.pid))
+    """
+    [outcome] = _run(tmp_path, [_script(tmp_path, "leaks", after=after)])
+    assert outcome.status == 0 and outcome.problems == ["left processes running (stopped)"]
+    assert not _running(int(pid_file.read_text()))
