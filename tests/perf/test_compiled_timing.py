@@ -9,9 +9,14 @@ from rollflow.native import PURE_PYTHON_ENV
 from rollflow.perf import predictor as predictor_module
 from rollflow.perf.predictor import ExecutionTimePredictor
 from rollflow.sim.build import build_groups
+from tests.compiled import require_compiled
 from tests.factories import LLAMA7B_MLP, VIDUR_DATA, make_config
 
-pytest.importorskip("rollflow.perf._timing", reason="compiled core not built (make compiled)")
+
+@pytest.fixture
+def timing_core() -> None:
+    """The compiled lookups, which the tests that compare them with the reference need built."""
+    require_compiled("rollflow.perf._timing")
 
 
 def _predictors(monkeypatch, config) -> tuple[ExecutionTimePredictor, ExecutionTimePredictor]:
@@ -41,6 +46,7 @@ def _configs(attention_table):
         )
 
 
+@pytest.mark.usefixtures("timing_core")
 def test_compiled_lookups_equal_the_python_reference(monkeypatch, attention_table):
     rng = random.Random(7)
     for config in _configs(attention_table):
@@ -81,6 +87,7 @@ def test_pure_python_when_asked_or_not_built(monkeypatch):
     assert predictor.stage_seconds.__func__ is ExecutionTimePredictor.stage_seconds
 
 
+@pytest.mark.usefixtures("timing_core")
 def test_a_pickled_predictor_binds_its_own_compiled_lookups(monkeypatch):
     monkeypatch.delenv(PURE_PYTHON_ENV, raising=False)  # the compiled path, even in a pure-Python run
     predictor = build_groups(make_config())[0].predictor

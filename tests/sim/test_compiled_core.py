@@ -6,9 +6,14 @@ import pytest
 from rollflow.native import PURE_PYTHON_ENV
 from rollflow.sim.simulator import ServingSimulator
 from rollflow.sim.workload import build_requests
+from tests.compiled import require_compiled
 from tests.factories import CONV_TRACE, make_config, simulate
 
-pytest.importorskip("rollflow.perf._timing", reason="compiled core not built (make compiled)")
+
+@pytest.fixture(autouse=True)
+def timing_core() -> None:
+    """Every test here compares the compiled lookups with the reference: they must be built."""
+    require_compiled("rollflow.perf._timing")
 
 
 def _per_request(result):
@@ -43,7 +48,7 @@ def _run_both(monkeypatch, config, loop_compiled=True):
     assert compiled.replicas[0].predictor.compiled and not pure.replicas[0].predictor.compiled
     assert not pure.compiled_loop
     if loop_compiled:  # the configuration is one the C loop covers: it must have run it
-        pytest.importorskip("rollflow.sim._loop", reason="compiled loop not built (make compiled)")
+        require_compiled("rollflow.sim._loop")
     assert compiled.compiled_loop == loop_compiled
     assert (compiled.simulated_time_s, compiled.num_events) == (pure.simulated_time_s, pure.num_events)
     return pure, compiled
@@ -137,7 +142,7 @@ def test_compiled_loop_stops_at_the_time_limit_as_the_python_loop_does(monkeypat
 
 def test_compiled_loop_reports_progress_as_the_python_loop_does(monkeypatch):
     """The progress bar hears the same completion counts from both loops."""
-    pytest.importorskip("rollflow.sim._loop", reason="compiled loop not built (make compiled)")
+    require_compiled("rollflow.sim._loop")
     config = make_config(
         scheduler={"kind": "sarathi"},
         workload={"kind": "synthetic", "num_requests": 600},

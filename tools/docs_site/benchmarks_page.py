@@ -1,5 +1,4 @@
-"""`benchmarks/index.md` and the README's results table: each benchmark's goals, read from the
-results file it writes (`benchmarks/results/<name>.json`), never typed by hand.
+"""`benchmarks/index.md`: each benchmark's goals, read from the results file it writes (`benchmarks/results/<name>.json`), never typed by hand.
 
 A results file is what `benchmarks/results.py` writes: `{"name", "command", "commit", "machine",
 "peers", "figures", "goals": [{"name", "target", "measured", "met"}, ...]}`; `peers` (name -> version,
@@ -21,7 +20,9 @@ from tools.docs_site.markdown import cell, code, table
 REPO = Path(__file__).resolve().parents[2]
 BENCHMARKS = REPO / "benchmarks"
 RESULTS = BENCHMARKS / "results"
-HELPERS = frozenset({"canned_engine"})  # scripts the benchmarks start, not benchmarks themselves
+# benchmarks/ modules that are not benchmarks: an engine they start, the results file they write, the
+# suite that runs them (make bench), the renderer of their tables into the docs
+HELPERS = frozenset({"canned_engine", "results", "suite", "render"})
 
 
 class ResultsError(ValueError):
@@ -91,7 +92,7 @@ def page(root: Path = REPO) -> str:
         "Each benchmark writes its goals and figures to `benchmarks/results/<name>.json` and exits "
         "non-zero when it misses a goal; the tables below are read from those files when the site is "
         "built. A benchmark listed as *not yet run* has no results file in this checkout: its command "
-        "makes one.\n",
+        "makes one, and `make bench` runs them all ([Running the benchmarks](../guides/benchmarks.md)).\n",
         table(
             ["benchmark", "what it measures", "results"],
             [
@@ -111,8 +112,8 @@ def page(root: Path = REPO) -> str:
         if bench.results is None:
             parts.append(f"Not yet run: no `{bench.results_path}` in this checkout.\n")
             continue
-        parts.append(f"From `{bench.results_path}`{_provenance(bench.results)}:\n")
-        parts.append(goals_table(bench.results["goals"], _peers(bench.results)))
+        parts.append(f"From `{bench.results_path}`{provenance(bench.results)}:\n")
+        parts.append(goals_table(bench.results["goals"], peers(bench.results)))
         for extra in bench.results.get("tables", []):
             parts.append(f"**{cell(extra['title'])}**\n")
             parts.append(
@@ -121,12 +122,12 @@ def page(root: Path = REPO) -> str:
     return "\n".join(parts)
 
 
-def _peers(results: dict[str, Any]) -> str:
+def peers(results: dict[str, Any]) -> str:
     """The systems a file's goals are measured against, with their versions."""
     return ", ".join(f"{name} {version}" for name, version in (results.get("peers") or {}).items())
 
 
-def _provenance(results: dict[str, Any]) -> str:
+def provenance(results: dict[str, Any]) -> str:
     """Where and on what a run was made: the commit and the machine's cores and load."""
     machine = results.get("machine") or {}
     said = [f"commit `{results['commit']}`"] if results.get("commit") else []
@@ -151,24 +152,3 @@ def goals_table(goals: list[dict[str, Any]], peers: str = "") -> str:
         for g in goals
     ]
     return table(header, rows)
-
-
-def readme_table(root: Path = REPO) -> str:
-    """The README's headline results: one row per goal of every benchmark that has a results file."""
-    rows = [
-        (
-            cell(f"{g['name']} ({g['target']})"),
-            cell(g.get("peer", _peers(b.results)) or "none"),
-            cell(g["measured"]) + ("" if g["met"] else " (missed)"),
-            f"[`{b.results_path}`]({b.results_path})",
-        )
-        for b in benchmarks(root)
-        if b.results is not None
-        for g in b.results["goals"]
-    ]
-    if not rows:
-        return (
-            "No benchmark has written a results file in this checkout yet; the site's Benchmarks page "
-            "(`make docs`, then `site/benchmarks/index.html`) lists each one with the command that makes it.\n"
-        )
-    return table(["goal", "peer", "measured", "results file"], rows)
