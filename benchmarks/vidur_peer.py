@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -71,7 +72,7 @@ def checkout(source: str | None = None) -> None:
         return
     origin = source or os.environ.get("VIDUR_GIT") or VIDUR_GIT
     partial = CHECKOUT.with_name("vidur.partial")
-    subprocess.run(["rm", "-rf", str(partial)], check=True)
+    shutil.rmtree(partial, ignore_errors=True)
     partial.parent.mkdir(parents=True, exist_ok=True)
     clone = subprocess.run(
         ["git", "clone", "-q", "--no-checkout", str(origin), str(partial)],
@@ -86,6 +87,7 @@ def checkout(source: str | None = None) -> None:
         == 0
     )
     if not pinned:
+        shutil.rmtree(partial, ignore_errors=True)
         why = (
             clone.stderr.strip().splitlines()[-1]
             if clone.returncode
@@ -95,7 +97,7 @@ def checkout(source: str | None = None) -> None:
             f"Vidur's source is not reachable from {origin} ({why}): set VIDUR_SRC (or --vidur-src) to a clone "
             f"of microsoft/vidur holding commit {VIDUR_COMMIT[:7]}, or VIDUR_GIT to a git URL that serves it"
         )
-    subprocess.run(["rm", "-rf", str(CHECKOUT)], check=True)
+    shutil.rmtree(CHECKOUT, ignore_errors=True)
     partial.rename(CHECKOUT)
 
 
@@ -112,7 +114,7 @@ def build_venv() -> None:
     wanted = "\n".join([VIDUR_COMMIT, *EXTRA_PACKAGES]) + "\n"
     if STAMP.is_file() and STAMP.read_text() == wanted:
         return
-    subprocess.run(["rm", "-rf", str(VENV)], check=True)
+    shutil.rmtree(VENV, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
     log = REPO / ".bench" / "venv-vidur.log"
     with log.open("w") as out:

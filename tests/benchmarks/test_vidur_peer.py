@@ -65,7 +65,7 @@ def test_a_source_without_the_commit_fails_saying_what_to_set(
         vidur_peer.checkout(str(repo))
     message = str(exited.value)
     assert "has no commit 0000000" in message and "VIDUR_SRC" in message and "VIDUR_GIT" in message
-    assert not checkout_dir.exists()
+    assert not checkout_dir.exists() and not checkout_dir.with_name("vidur.partial").exists()
 
 
 def test_an_unreachable_source_fails_saying_what_to_set(tmp_path: Path, checkout_dir: Path) -> None:
