@@ -42,8 +42,8 @@ SB3_VERSION = "2.9.2"
 MIN_RETURN_VS_SB3_PCT = -10.0
 # task -> (steps, seeds) of a full run and of --quick
 TASKS = {
-    "cartpole": ((30_000, [0, 1]), (30_000, [0])),
-    "routing": ((12_288, [0, 1, 2, 3]), (6_144, [0, 1])),
+    "cartpole": ((30_000, [0, 1]), (20_480, [0])),
+    "routing": ((12_288, [0, 1, 2, 3]), (4_096, [0, 1])),
 }
 
 SB3_DEFAULTS = dict(

@@ -350,13 +350,10 @@ def main() -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     prepare_workdir(workdir, shared)
 
+    warm_case = Case("predictor warm-up", "sarathi", 1, WARMUP_ROWS, 1.0)
     before = cached_predictors(workdir)
     start = time.perf_counter()
-    for scheduler in sorted({case.scheduler for case in [*fidelity_cases, speed_case]}):
-        warm_case = Case("predictor warm-up", scheduler, 1, WARMUP_ROWS, 1.0)
-        run_vidur(
-            warm_case, vidur, training, workdir, trace_for(warm_case, workdir, shared), f"warmup-{scheduler}"
-        )
+    run_vidur(warm_case, vidur, training, workdir, trace_for(warm_case, workdir, shared), "warmup")
     results.figures["vidur_warmup"] = {
         "tensor_parallel": [1],
         "requests": WARMUP_ROWS,

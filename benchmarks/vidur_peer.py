@@ -1,6 +1,8 @@
 """Vidur, the peer of vidur_compare.py and search_vs_vidur.py: its source at one pinned commit and a
 virtual environment of its own, both set up by the benchmark itself.
 
+    .venv/bin/python benchmarks/vidur_peer.py    # only the setup, ahead of a timed suite
+
 Vidur is not a dependency of rollflow and has no release to install, so the benchmarks take its
 source from git: `--vidur-src` / `VIDUR_SRC` (a clone of microsoft/vidur, or any git repository that
 holds the commit), else the URL in `VIDUR_GIT` (default GitHub). The pinned commit is checked out
@@ -147,3 +149,16 @@ def venv_versions(
         [str(vidur.python), "-c", code, *packages], capture_output=True, text=True, check=True
     )
     return dict(zip(packages, out.stdout.split(), strict=True))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_vidur_options(parser)
+    vidur = ensure_vidur(parser.parse_args().vidur_src)
+    print(f"Vidur {vidur.commit[:7]} in {vidur.source}, its Python {vidur.python}: {venv_versions(vidur)}")
+
+
+if __name__ == "__main__":
+    main()
