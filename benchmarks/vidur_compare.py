@@ -1,36 +1,30 @@
 """rollflow versus Vidur on the same requests, tables and scheduler settings: fidelity and speed.
 
-    python benchmarks/vidur_compare.py --vidur-src ~/src/vidur --vidur-python ~/vidur-venv/bin/python
-    VIDUR_SRC=... VIDUR_PYTHON=... python benchmarks/vidur_compare.py   # the same, from the environment
-    python benchmarks/vidur_compare.py            # rollflow's side of the speed case only
+    .venv/bin/python benchmarks/vidur_compare.py
+    .venv/bin/python benchmarks/vidur_compare.py --quick    # smaller traces, one speed round
 
-Vidur is not a dependency of rollflow; it runs from its own source tree in its own virtual
-environment, built once (Python 3.10+; its requirements.txt, no GPU needed):
+Vidur runs at a pinned commit from its own checkout in its own virtual environment, both set up
+by the benchmark (benchmarks/vidur_peer.py: `--vidur-src`/`VIDUR_SRC` or `VIDUR_GIT` say where its
+source comes from). Both simulators get the same `python -m vidur.main` flags (rollflow through
+`rollflow sim from-vidur`), run from one work folder whose `data/profiling/...` holds Vidur's
+public MLP and network tables (from ../shared/data/vidur) and an attention table written by
+../shared/tools/attention_table.py, since Vidur's data has none.
 
-    git clone https://github.com/microsoft/vidur ~/src/vidur   # only vidur/ and requirements.txt are used
-    python3.11 -m venv ~/vidur-venv
-    ~/vidur-venv/bin/pip install -r ~/src/vidur/requirements.txt
+Fidelity: per config, p50/p90 of TTFT, TPOT and E2E from both (goal: every one within 5%).
+Speed, on the speed case, each side's best of `--repeats` rounds taken in turns (Vidur, rollflow,
+rollflow with plots, again): whole-process wall time, start-up, simulation (Vidur's
+`Simulator.run()`, which updates its metric store as it goes, against rollflow's event loop plus
+its request table and summary), output writing (Vidur's `_write_output`, which it otherwise runs
+from an atexit hook, against rollflow's requests.csv and chrome trace) and peak memory.
 
-The source tree goes on Vidur's PYTHONPATH (not installed), rollflow's own tree on rollflow's,
-so each side imports its own code.
-
-Both simulators get the same `python -m vidur.main` flags (rollflow through `rollflow sim
-from-vidur`), run from one work folder whose `data/profiling/...` holds Vidur's public MLP
-and network tables (from ../shared/data/vidur) and an attention table written by
-../shared/tools/attention_table.py, since Vidur's data has none. Prints, per config, p50/p90
-of TTFT, TPOT and E2E from both and their relative difference; then, on the speed config,
-whole-process wall time, start-up before the loop, the simulation loop (Vidur's
-`Simulator.run()` versus rollflow's event loop, both without start-up or predictor loading),
-output writing (Vidur's `_write_output`, which it otherwise runs from an atexit hook, versus
-rollflow's requests.csv and chrome trace) and peak memory, with their ratios; rollflow also
-with its two plots (the flags turn plots off on both sides). Without Vidur's source, only
-rollflow's side of the speed case runs.
-Vidur trains its random forests on its first run in a work folder and caches them there; the
-benchmark makes that run a 100-request warm-up before timing anything, so every timed Vidur run
-is warm. `--cold` measures a cold start once with an empty cache. rollflow likewise caches the
-operator grids it builds from the tables (rollflow/perf/grid_cache.py); a 100-request rollflow
-run on the speed case's replicas fills that cache first, so its timed runs are warm too. No
-Vidur code is copied: it runs from the checkout.
+Vidur's execution-time predictor trains random forests on its first run for a tensor-parallel
+size and caches them in the work folder. Before timing anything the benchmark runs Vidur once on
+100 requests with the same flags (tensor parallel 1, the only size used here), recording whether
+that trained and how long it took, and counts the cache's files around every timed Vidur run: a
+timed run that trained fails the run. `--vidur-full-training` trains Vidur's 27-point grid with
+10-fold cross-validation (most of an hour cold) instead of one setting (`QUICK_TRAINING`).
+rollflow likewise caches the operator grids it builds from the tables; a 100-request rollflow run
+fills that cache first. No Vidur code is copied: it runs from the checkout.
 """
 
 from __future__ import annotations
@@ -48,6 +42,10 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import Results, add_results_dir, results_dir
+from vidur_peer import Vidur, add_vidur_options, ensure_vidur, venv_versions
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 MODEL = "meta-llama/Llama-2-7b-hf"
@@ -60,9 +58,9 @@ COMMON = [
     "--trace_request_generator_config_max_tokens", "4096",
     "--no-metrics_config_store_plots",
 ]  # fmt: skip
-# `--vidur-quick-training`: one random-forest setting instead of Vidur's 27-point grid with 10-fold
-# cross-validation. It changes only Vidur's cold start (training and the cached prediction
-# tables) and so its execution times a little; its warm start-up and loop do the same work.
+# One random-forest setting instead of Vidur's 27-point grid with 10-fold cross-validation. It
+# changes only Vidur's cold start (training and the cached prediction tables) and so its execution
+# times a little; its warm start-up and loop do the same work.
 QUICK_TRAINING = [
     "--random_forrest_execution_time_predictor_config_num_estimators", "250",
     "--random_forrest_execution_time_predictor_config_max_depth", "32",
@@ -75,6 +73,10 @@ METRICS = {  # summary.json key -> Vidur request_metrics.csv column
     "e2e": "request_e2e_time",
     "scheduling_delay": "request_scheduling_delay",
 }
+FIDELITY_GOAL_PCT = 5.0
+# The speed goals of docs/guides/serving-simulator.md, on the whole trace.
+MAX_WALL_S, MAX_WALL_PLOTS_S = 1.0, 1.5
+MIN_WALL_RATIO, MIN_WALL_PLOTS_RATIO, MIN_SIM_RATIO = 45.0, 30.0, 100.0
 
 # Runs Vidur's own entry point, timing construction (predictor loading) and Simulator.run() apart.
 VIDUR_TIMER = """
@@ -94,7 +96,7 @@ import atexit
 atexit.unregister(simulator._write_output)  # timed here instead of at exit
 simulator._write_output()
 t3 = time.perf_counter()
-json.dump({"setup_s": t1 - t0, "sim_loop_s": t2 - t1, "output_s": t3 - t2,
+json.dump({"setup_s": t1 - t0, "sim_s": t2 - t1, "output_s": t3 - t2,
            "output_dir": config.metrics_config.output_dir}, open(timings_path, "w"))
 """
 
@@ -126,15 +128,21 @@ FIDELITY_CASES = [
     Case("vllm, 4 replicas", "vllm", 4, 4000, 0.3),
     Case("sarathi, 4 replicas", "sarathi", 4, 4000, 0.3),
 ]
-SPEED_CASE = Case("speed: splitwise_conv, sarathi x4", "sarathi", 4, None, 0.3)
+SPEED_CASE = Case("splitwise_conv, sarathi x4", "sarathi", 4, None, 0.3)
+QUICK_FIDELITY_CASES = [
+    Case("vllm, 1 replica", "vllm", 1, 300, 1.0),
+    Case("sarathi, 4 replicas", "sarathi", 4, 800, 0.3),
+]
+QUICK_SPEED_CASE = Case("splitwise_conv, sarathi x4", "sarathi", 4, 5000, 0.3)
+WARMUP_ROWS = 100
 
 
 @dataclass
 class Run:
-    summary: dict  # metric -> {p50, p90, ...}
-    wall_s: float
-    sim_loop_s: float
-    setup_s: float
+    summary: dict  # metric -> {p50, p90, ...}, and num_requests
+    wall_s: float  # the whole child process, as this benchmark sees it
+    setup_s: float  # before the loop: imports, config, predictors or grids, trace
+    sim_s: float  # the loop with its metric bookkeeping (Vidur's metric store; rollflow's table and summary)
     output_s: float
     peak_rss_mb: float
 
@@ -151,8 +159,12 @@ def measure(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> tuple[
     return wall, usage.ru_maxrss / 1024
 
 
-def prepare_workdir(workdir: Path, data: Path) -> None:
+def prepare_workdir(workdir: Path, shared: Path) -> None:
     """data/profiling/... as Vidur's default paths expect, with a generated attention table."""
+    data, tool = shared / "data" / "vidur", shared / "tools" / "attention_table.py"
+    if not (data / "profiling" / "compute" / "a100" / MODEL / "mlp.csv").is_file() or not tool.is_file():
+        sys.exit(f"{shared}: no data/vidur (Vidur's public data) and tools/attention_table.py there; "
+                 "give --shared the project's shared folder")  # fmt: skip
     compute = workdir / "data" / "profiling" / "compute" / "a100" / MODEL
     compute.mkdir(parents=True, exist_ok=True)
     mlp = compute / "mlp.csv"
@@ -164,14 +176,14 @@ def prepare_workdir(workdir: Path, data: Path) -> None:
     attention = compute / "attention.csv"
     if not attention.exists():
         subprocess.run(
-            [sys.executable, str(SHARED / "tools" / "attention_table.py"), "--embd", "4096", "--q-heads", "32",
+            [sys.executable, str(tool), "--embd", "4096", "--q-heads", "32",
              "--kv-heads", "32", "--device", "a100", "--tp", "1,2,4", str(attention)],
             check=True,
         )  # fmt: skip
 
 
-def trace_for(case: Case, workdir: Path, data: Path) -> Path:
-    source = data / "processed_traces" / "splitwise_conv.csv"
+def trace_for(case: Case, workdir: Path, shared: Path) -> Path:
+    source = shared / "data" / "vidur" / "processed_traces" / "splitwise_conv.csv"
     if case.trace_rows is None:
         return source
     subset = workdir / "traces" / f"conv{case.trace_rows}.csv"
@@ -186,158 +198,219 @@ def distribution(values: np.ndarray) -> dict[str, float]:
             "p99": float(np.percentile(values, 99)), "mean": float(values.mean())}  # fmt: skip
 
 
-def run_vidur(case: Case, args: argparse.Namespace, workdir: Path, trace: Path, tag: str, env: dict) -> Run:
+def cached_predictors(workdir: Path) -> int:
+    """Files in Vidur's predictor cache: a run that adds some trained a model or its predictions."""
+    return len(list((workdir / "cache").glob("*.pkl")))
+
+
+def run_vidur(case: Case, vidur: Vidur, training: list[str], workdir: Path, trace: Path, tag: str) -> Run:
     """Vidur's whole process (`VIDUR_TIMER`), from its own source tree and Python."""
     out = workdir / "out" / f"vidur-{tag}"
     timings = workdir / f"vidur-{tag}-timings.json"
-    cmd = [args.vidur_python, "-c", VIDUR_TIMER, str(timings), *case.flags(trace), *vidur_training(args),
+    cmd = [str(vidur.python), "-c", VIDUR_TIMER, str(timings), *case.flags(trace), *training,
            "--metrics_config_output_dir", str(out)]  # fmt: skip
-    wall, rss = measure(cmd, workdir, env, workdir / f"vidur-{tag}.log")
+    wall, rss = measure(cmd, workdir, vidur.env(COLUMNS="120"), workdir / f"vidur-{tag}.log")
     info = json.loads(timings.read_text())
     with open(Path(info["output_dir"]) / "request_metrics.csv") as handle:
         rows = list(csv.DictReader(handle))
     summary = {key: distribution(np.array([float(r[col]) for r in rows])) for key, col in METRICS.items()}
     summary["num_requests"] = len(rows)
-    return Run(summary, wall, info["sim_loop_s"], info["setup_s"], info["output_s"], rss)
+    return Run(summary, wall, info["setup_s"], info["sim_s"], info["output_s"], rss)
 
 
-def vidur_training(args: argparse.Namespace) -> list[str]:
-    return QUICK_TRAINING if args.vidur_quick_training else []
-
-
-def run_rollflow(case: Case, workdir: Path, trace: Path, tag: str, env: dict, plots: bool = False) -> Run:
-    """The same flags as Vidur's run (plots off, as `--no-metrics_config_store_plots` says), or with plots."""
+def run_rollflow(case: Case, workdir: Path, trace: Path, tag: str, plots: bool = False) -> Run:
+    """The same flags as Vidur's run (plots off, as `--no-metrics_config_store_plots` says), or with
+    plots. Its simulation time is the loop plus the request table and summary (what lies between
+    the end of start-up and the start of output writing), as Vidur's includes its metric store."""
     out = workdir / "out" / f"rollflow-{tag}"
     flags = [f for f in case.flags(trace) if not (plots and f == "--no-metrics_config_store_plots")]
     cmd = [sys.executable, "-m", "rollflow.cli", "sim", "from-vidur", "--output-dir", str(out), "--",
            *flags]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # this tree, not an installed copy
     wall, rss = measure(cmd, workdir, env, workdir / f"rollflow-{tag}.log")
     summary = json.loads((out / "summary.json").read_text())
-    return Run(summary, wall, summary["sim_loop_s"], summary["setup_s"], summary["output_s"], rss)
+    sim_s = summary["wall_time_s"] - summary["setup_s"] - summary["output_s"]
+    return Run(summary, wall, summary["setup_s"], sim_s, summary["output_s"], rss)
 
 
-def speed_table(runs: dict[str, Run]) -> str:
-    """One column per run, and Vidur's time over each rollflow run's where Vidur ran."""
-    names = list(runs)
-    vidur = runs.get("Vidur")
-    ratios = [name for name in names if vidur is not None and name != "Vidur"]
-    rows = [
-        ("whole-process wall time (s)", lambda r: r.wall_s, "{:.2f}"),
-        ("start-up before the loop (s)", lambda r: r.setup_s, "{:.2f}"),
-        ("simulation loop (s)", lambda r: r.sim_loop_s, "{:.2f}"),
-        ("output writing (s)", lambda r: r.output_s, "{:.2f}"),
-        ("simulated requests per CPU-second of loop", lambda r: r.summary["num_requests"] / r.sim_loop_s, "{:,.0f}"),
-        ("peak memory (MiB)", lambda r: r.peak_rss_mb, "{:.0f}"),
-    ]  # fmt: skip
-    lines = ["| measure | " + " | ".join(names) + "".join(f" | Vidur / {n}" for n in ratios) + " |",
-             "|---|" + "---:|" * (len(names) + len(ratios))]  # fmt: skip
-    for label, value, fmt in rows:
-        cells = [fmt.format(value(runs[n])) for n in names]
-        if "per CPU-second" in label:
-            cells += [f"{value(runs[n]) / value(vidur):.1f}x" for n in ratios]  # higher is better
-        else:
-            cells += [f"{value(vidur) / value(runs[n]):.1f}x" for n in ratios]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def fidelity_table(rows: list[tuple[str, Run, Run]]) -> str:
-    lines = ["| config | metric | Vidur p50 | rollflow p50 | diff | Vidur p90 | rollflow p90 | diff |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+def fidelity(results: Results, rows: list[tuple[str, Run, Run]]) -> None:
+    """The per-config table and the largest relative difference as the goal."""
+    table, diffs = [], []
     for name, vidur, ours in rows:
         for metric in ("ttft", "tpot", "e2e"):
-            cells = []
+            cells: list = [name, metric]
             for p in ("p50", "p90"):
                 v, o = vidur.summary[metric][p], ours.summary[metric][p]
-                cells += [f"{v:.4f}", f"{o:.4f}", f"{100 * (o - v) / v:+.1f}%"]
-            lines.append(f"| {name} | {metric} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+                diff = 100 * (o - v) / v
+                diffs.append(abs(diff))
+                cells += [round(v, 4), round(o, 4), f"{diff:+.1f}%"]
+            table.append(cells)
+    results.table(
+        "Fidelity (seconds; diff = rollflow against Vidur)",
+        ["config", "metric", "Vidur p50", "rollflow p50", "diff", "Vidur p90", "rollflow p90", "diff"],
+        table,
+    )
+    results.figures["fidelity_max_abs_diff_pct"] = max(diffs)
+    results.goal(
+        f"largest |rollflow - Vidur| / Vidur, TTFT, TPOT and E2E at p50 and p90, {len(rows)} configs (%)",
+        max(diffs),
+        "<=",
+        FIDELITY_GOAL_PCT,
+        headline=True,
+    )
+
+
+def best(runs: list[Run]) -> Run:
+    """Each measure's best (lowest) over the rounds, the same rule for both sides."""
+    fields = ("wall_s", "setup_s", "sim_s", "output_s", "peak_rss_mb")
+    return Run(runs[0].summary, *(min(getattr(r, f) for r in runs) for f in fields))
+
+
+def speed(results: Results, case: Case, runs: dict[str, Run]) -> None:
+    vidur, ours, plots = runs["Vidur"], runs["rollflow"], runs["rollflow, with plots"]
+    measures = [
+        ("whole-process wall time (s)", "wall_s"),
+        ("start-up before the loop (s)", "setup_s"),
+        ("simulation with its metric bookkeeping (s)", "sim_s"),
+        ("output writing (s)", "output_s"),
+        ("peak memory (MiB)", "peak_rss_mb"),
+    ]
+    rows = [
+        [label, *(round(getattr(r, field), 3) for r in runs.values()),
+         f"{getattr(vidur, field) / getattr(ours, field):.1f}x",
+         f"{getattr(vidur, field) / getattr(plots, field):.1f}x"]
+        for label, field in measures
+    ]  # fmt: skip
+    results.table(
+        f"Speed: {case.name}, {ours.summary['num_requests']:,} requests, best of each side's rounds",
+        ["measure", *runs, "Vidur / rollflow", "Vidur / rollflow, with plots"],
+        rows,
+    )
+    for name, run in runs.items():
+        results.figures[name] = {
+            "wall_s": run.wall_s, "setup_s": run.setup_s, "sim_s": run.sim_s, "output_s": run.output_s,
+            "peak_rss_mb": run.peak_rss_mb, "requests_per_sim_second": run.summary["num_requests"] / run.sim_s,
+        }  # fmt: skip
+    results.goal("rollflow whole process, no plots (s)", ours.wall_s, "<=", MAX_WALL_S)
+    results.goal("rollflow whole process, with plots (s)", plots.wall_s, "<=", MAX_WALL_PLOTS_S)
+    results.goal(
+        "whole process, Vidur / rollflow", vidur.wall_s / ours.wall_s, ">=", MIN_WALL_RATIO, headline=True
+    )
+    results.goal(
+        "whole process, Vidur / rollflow with plots", vidur.wall_s / plots.wall_s, ">=", MIN_WALL_PLOTS_RATIO
+    )
+    results.goal(
+        "simulation with metric bookkeeping, Vidur / rollflow", vidur.sim_s / ours.sim_s, ">=", MIN_SIM_RATIO
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    add_results_dir(parser)
+    add_vidur_options(parser)
     parser.add_argument(
-        "--vidur-src",
-        type=Path,
-        default=os.environ.get("VIDUR_SRC"),
-        help="source tree of microsoft/vidur, the folder holding vidur/ (default: $VIDUR_SRC; "
-        "omit both: rollflow's speed case only)",
-    )
-    parser.add_argument(
-        "--vidur-python",
-        default=os.environ.get("VIDUR_PYTHON", sys.executable),
-        help="python of a virtual environment with Vidur's requirements.txt (default: $VIDUR_PYTHON)",
-    )
-    parser.add_argument(
-        "--vidur-quick-training",
+        "--vidur-full-training",
         action="store_true",
-        help="train Vidur's random forests with one setting and 2-fold CV instead of its grid "
-        "(a cold start of minutes instead of most of an hour; the speed figures are warm)",
+        help="train Vidur's random forests over its 27-point grid with 10-fold CV (most of an hour cold) "
+        "instead of one setting",
     )
     parser.add_argument(
-        "--data", type=Path, default=SHARED / "data" / "vidur", help="Vidur's public data folder"
+        "--repeats",
+        type=int,
+        default=None,
+        help="speed rounds, each side's best kept (default 3; --quick: 1)",
+    )
+    parser.add_argument(
+        "--shared",
+        type=Path,
+        default=SHARED,
+        help="the folder holding data/vidur (Vidur's public data) and tools/attention_table.py (default ../shared)",
     )
     parser.add_argument("--workdir", type=Path, default=REPO / "outputs" / "bench" / "vidur")
-    parser.add_argument("--skip-fidelity", action="store_true")
-    parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument(
-        "--cold", action="store_true", help="also time Vidur's cold start (random-forest training)"
+        "--cold", action="store_true", help="also time Vidur's cold start (random-forest training), once"
     )
     args = parser.parse_args()
-
+    results = Results("vidur_compare", results_dir(args))
+    vidur = ensure_vidur(args.vidur_src)
+    results.peers["vidur"] = vidur.commit
+    results.figures["vidur_packages"] = venv_versions(vidur)
+    training = [] if args.vidur_full_training else QUICK_TRAINING
+    results.figures["vidur_training"] = (
+        "full grid" if args.vidur_full_training else "one setting (QUICK_TRAINING)"
+    )
+    fidelity_cases, speed_case = (
+        (QUICK_FIDELITY_CASES, QUICK_SPEED_CASE) if args.quick else (FIDELITY_CASES, SPEED_CASE)
+    )
+    repeats = args.repeats or (1 if args.quick else 3)
+    shared = args.shared.resolve()
     workdir = args.workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    prepare_workdir(workdir, args.data.resolve())
-    base = {**os.environ, "WANDB_MODE": "disabled", "COLUMNS": "120"}
-    env = {**base, "PYTHONPATH": str(REPO)}  # rollflow's side: this tree, not an installed copy
-    vidur_env = None
-    if args.vidur_src is not None:
-        if not (args.vidur_src / "vidur" / "main.py").is_file():
-            sys.exit(f"--vidur-src {args.vidur_src}: no vidur/main.py there")
-        vidur_env = {**base, "PYTHONPATH": str(args.vidur_src.resolve())}
-    else:
-        print("no --vidur-src: Vidur does not run; fidelity skipped, speed case measured for rollflow only")
+    prepare_workdir(workdir, shared)
 
-    if vidur_env is not None and not any((workdir / "cache").glob("*_predictions.pkl")):
-        # Vidur's first run trains its random forests and caches them in workdir/cache.
-        warm_case = Case("cache warm-up", "sarathi", 1, 100, 1.0)
-        print("Vidur's cache is empty: training its random forests once (cold start) ...", flush=True)
-        start = time.perf_counter()
-        run_vidur(
-            warm_case, args, workdir, trace_for(warm_case, workdir, args.data.resolve()), "warmup", vidur_env
+    warm_case = Case("predictor warm-up", "sarathi", 1, WARMUP_ROWS, 1.0)
+    before = cached_predictors(workdir)
+    start = time.perf_counter()
+    run_vidur(warm_case, vidur, training, workdir, trace_for(warm_case, workdir, shared), "warmup")
+    results.figures["vidur_warmup"] = {
+        "tensor_parallel": [1],
+        "requests": WARMUP_ROWS,
+        "seconds": time.perf_counter() - start,
+        "trained": cached_predictors(workdir) > before,
+    }
+    print(f"Vidur's predictors warmed for tensor parallel 1: {results.figures['vidur_warmup']}", flush=True)
+    trained_in_timed_runs = 0
+
+    def timed_vidur(case: Case, trace: Path, tag: str) -> Run:
+        nonlocal trained_in_timed_runs
+        before = cached_predictors(workdir)
+        run = run_vidur(case, vidur, training, workdir, trace, tag)
+        trained_in_timed_runs += cached_predictors(workdir) > before
+        return run
+
+    rows, unequal = [], 0
+    for i, case in enumerate(fidelity_cases):
+        trace = trace_for(case, workdir, shared)
+        print(f"[{i + 1}/{len(fidelity_cases)}] {case.name} ...", flush=True)
+        theirs = timed_vidur(case, trace, f"f{i}")
+        ours = run_rollflow(case, workdir, trace, f"f{i}")
+        unequal += theirs.summary["num_requests"] != ours.summary["num_requests"]
+        rows.append((f"{case.name}, {case.trace_rows:,} req., time scale {case.time_scale}", theirs, ours))
+    fidelity(results, rows)
+
+    trace = trace_for(speed_case, workdir, shared)
+    print(f"speed: {speed_case.name}, {repeats} round(s) ...", flush=True)
+    warm_grid = Case(
+        "grid cache warm-up", speed_case.scheduler, speed_case.replicas, WARMUP_ROWS, speed_case.time_scale
+    )
+    run_rollflow(warm_grid, workdir, trace_for(warm_grid, workdir, shared), "warmup")
+    rounds: dict[str, list[Run]] = {"Vidur": [], "rollflow": [], "rollflow, with plots": []}
+    for k in range(repeats):  # in turns, so a change in the machine's load touches every side
+        rounds["Vidur"].append(timed_vidur(speed_case, trace, f"speed{k}"))
+        rounds["rollflow"].append(run_rollflow(speed_case, workdir, trace, f"speed{k}"))
+        rounds["rollflow, with plots"].append(
+            run_rollflow(speed_case, workdir, trace, f"speed-plots{k}", plots=True)
         )
-        print(f"Vidur cold start incl. random-forest training: {time.perf_counter() - start:.0f} s")
+    for runs in rounds.values():
+        unequal += any(r.summary["num_requests"] != rounds["Vidur"][0].summary["num_requests"] for r in runs)
+    speed(results, speed_case, {name: best(runs) for name, runs in rounds.items()})
+    results.figures["speed_rounds"] = repeats
+    results.goal(
+        "timed Vidur runs that trained a predictor (warm-up missed them)", trained_in_timed_runs, "==", 0
+    )
+    results.goal("runs whose completed requests differ from Vidur's", unequal, "==", 0)
 
-    if not args.skip_fidelity and vidur_env is not None:
-        rows = []
-        for i, case in enumerate(FIDELITY_CASES):
-            trace = trace_for(case, workdir, args.data.resolve())
-            print(f"[{i + 1}/{len(FIDELITY_CASES)}] {case.name} ...", flush=True)
-            rows.append((case.name, run_vidur(case, args, workdir, trace, f"f{i}", vidur_env),
-                         run_rollflow(case, workdir, trace, f"f{i}", env)))  # fmt: skip
-        print("\nFidelity (seconds; diff = rollflow vs Vidur)\n" + fidelity_table(rows))
-
-    if not args.skip_speed:
-        case = SPEED_CASE
-        trace = trace_for(case, workdir, args.data.resolve())
-        print(f"\n{case.name} ...", flush=True)
-        warm_case = Case("grid cache warm-up", case.scheduler, case.replicas, 100, case.time_scale)
-        run_rollflow(warm_case, workdir, trace_for(warm_case, workdir, args.data.resolve()), "warmup", env)
-        runs: dict[str, Run] = {}
-        if vidur_env is not None:
-            runs["Vidur"] = run_vidur(case, args, workdir, trace, "speed", vidur_env)
-        runs["rollflow"] = run_rollflow(case, workdir, trace, "speed", env)
-        runs["rollflow, with plots"] = run_rollflow(case, workdir, trace, "speed-plots", env, plots=True)
-        print("\n" + speed_table(runs))
-        if args.cold and vidur_env is not None:
-            with tempfile.TemporaryDirectory() as cache:
-                cold_case_flags = ["--metrics_config_cache_dir", cache]
-                cmd = [args.vidur_python, "-c", VIDUR_TIMER, str(workdir / "cold.json"), *case.flags(trace),
-                       *vidur_training(args), *cold_case_flags, "--metrics_config_output_dir", str(workdir / "out" / "vidur-cold")]  # fmt: skip
-                wall, _ = measure(cmd, workdir, vidur_env, workdir / "vidur-cold.log")
-            print(f"| Vidur cold start incl. random-forest training (s) | {wall:.0f} | | |")
+    if args.cold:
+        with tempfile.TemporaryDirectory() as cache:
+            cmd = [str(vidur.python), "-c", VIDUR_TIMER, str(workdir / "cold.json"), *speed_case.flags(trace),
+                   *training, "--metrics_config_cache_dir", cache,
+                   "--metrics_config_output_dir", str(workdir / "out" / "vidur-cold")]  # fmt: skip
+            results.figures["vidur_cold_start_s"], _ = measure(
+                cmd, workdir, vidur.env(), workdir / "vidur-cold.log"
+            )
+    sys.exit(results.finish())
 
 
 if __name__ == "__main__":
