@@ -283,10 +283,11 @@ def overhead(args: argparse.Namespace, tmp: Path, results: Results) -> None:
     urls = [e.url for e in engines]
     engine_pids = [e.proc.pid for e in engines]
     manager = _start_manager(urls, tmp, router="round_robin")
-    router = _start_sglang_router(args.sglang_router_python, urls, tmp)
-    routers = {"rollflow manager": manager, "sglang-router": router}
+    router = None
     rounds: list[dict[str, dict]] = []
     try:
+        router = _start_sglang_router(args.sglang_router_python, urls, tmp)
+        routers = {"rollflow manager": manager, "sglang-router": router}
         for index in range(args.rounds):
             # each round starts its turns with another path: no router always goes first
             order = list(routers.items()) if index % 2 == 0 else list(reversed(routers.items()))
@@ -313,7 +314,7 @@ def overhead(args: argparse.Namespace, tmp: Path, results: Results) -> None:
             )
             print(f"round {index + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     finally:
-        for process in [manager, *engines, router]:
+        for process in [manager, *engines, *([router] if router else [])]:
             process.stop()
     failures = client.failures + streams.failures
     for failure in failures[:5]:
