@@ -31,8 +31,8 @@ Each path (direct to one engine, through `rollflow manager`, through sglang-rout
 round robin over two engines) gets the same requests: latency p50/p99 at concurrency 1, each
 request sent to every path in turn (paired samples), then requests/s at `--concurrency`, the load
 run in slices with the paths taking turns slice by slice, and the CPU time the router process and
-the engines spent per request (read from /proc, so a busy machine slows the clocks but barely
-this). Then long streams: `--stream-requests` streamed requests of `--stream-tokens` tokens at
+the engines spent per request (each process's CPU-time clock, which a busy machine barely
+touches). Then long streams: `--stream-requests` streamed requests of `--stream-tokens` tokens at
 `--stream-concurrency`, one engine event per token, in slices taken in turn as well: streamed
 tokens/s and the router's CPU per streamed token, the per-token work that dominates a real stream
 (what rollflow's manager spends more on than sglang-router today). Taking turns lets the machine's
@@ -95,7 +95,6 @@ ROUND_KEYS = (
 )
 """A path's figures in a round, in the order of the per-round table's columns after round and path."""
 THROUGHPUT_SLICES = 4  # turns each path takes per round in the throughput phase
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _start_canned_engine(log_dir: Path, name: str, tokens_per_event: int) -> Process:
@@ -116,9 +115,10 @@ def _start_sglang_router(interpreter: Path, worker_urls: list[str], log_dir: Pat
 
 
 def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process and its threads so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
+    """CPU seconds a process has run so far, all its threads (those that exited too), to the
+    nanosecond: the process's CPU-time clock (Linux's CPUCLOCK_SCHED for `pid`). /proc's utime and
+    stime count 10 ms ticks, too coarse for the few hundred requests of a short run."""
+    return time.clock_gettime(((~pid) << 3) | 2)
 
 
 class Client:
