@@ -26,8 +26,8 @@ Then, each on servers of its own:
 - a second manager on a live manager's journal: it must exit non-zero within 5 s (its CLI's start
   included) with one line naming the holder, and the first manager's batch must finish untouched.
 
-`--quick` sends every bad input and runs every check, with 5 slow bodies per path, one 60 MB body
-of each kind and 48 queued samples. Writes its counts and goal verdicts to `hostile_inputs.json` in
+`--quick` sends every bad input and runs every check, with 5 slow bodies per path and one 60 MB body
+of each kind. Writes its counts and goal verdicts to `hostile_inputs.json` in
 `--results-dir` (benchmarks/results.py) and exits non-zero on any 5xx, outage, unauthenticated
 access or other missed goal.
 """
@@ -399,7 +399,8 @@ def access_checks(manager: str, engine: str, weights: str) -> dict:
 
 
 QUEUE = {"max_running_requests": 2, "capacity": 64, "stall_timeout_s": 3.0, "samples": 96, "tokens": 96}
-QUICK_QUEUE = QUEUE | {"samples": 48}
+"""The queue-wait check's setup, --quick's too: with fewer samples a quiet machine empties the
+engines' queues within a stall window, and the check's premise fails."""
 
 
 def metric(manager: str, name: str) -> float:
@@ -419,7 +420,7 @@ def waiting(engine: str) -> int:
     return sum(rank["num_waiting_reqs"] for rank in loads)
 
 
-def queue_waits(model: str, work: Path, setup: dict) -> dict:
+def queue_waits(model: str, work: Path) -> dict:
     """The manager lets two engines queue (its capacity far above their running limit) while their
     queues hold requests for more than a stall window: no engine may leave the pool, no sample may
     resume. `waited_past_a_window` says the premise held (a request still queued a window and a
@@ -432,7 +433,7 @@ def queue_waits(model: str, work: Path, setup: dict) -> dict:
         for index in range(2):
             port = free_port()
             argv = ["engine", "serve", "--model", model, "--port", str(port)]
-            argv += ["--max-running-requests", str(setup["max_running_requests"])]
+            argv += ["--max-running-requests", str(QUEUE["max_running_requests"])]
             env = ENV | {"ROLLFLOW_ENGINE_API_KEY": API_KEY}
             processes.append(start(argv, work / f"queue-engine{index}.log", env))
             engines.append(f"http://127.0.0.1:{port}")
@@ -446,11 +447,11 @@ def queue_waits(model: str, work: Path, setup: dict) -> dict:
                             "url": e,
                             "engine_type": "builtin",
                             "api_key": API_KEY,
-                            "capacity": setup["capacity"],
+                            "capacity": QUEUE["capacity"],
                         }
                         for e in engines
                     ],
-                    "stall_timeout_s": setup["stall_timeout_s"],
+                    "stall_timeout_s": QUEUE["stall_timeout_s"],
                 }
             )
         )
@@ -463,14 +464,14 @@ def queue_waits(model: str, work: Path, setup: dict) -> dict:
         manager = f"http://127.0.0.1:{port}"
         for url in [*[e + "/health" for e in engines], manager + "/health"]:
             wait_up(url)
-        prompts = [[11 + i % 40, 3, 60 + i % 50] for i in range(setup["samples"])]
+        prompts = [[11 + i % 40, 3, 60 + i % 50] for i in range(QUEUE["samples"])]
         client = ManagerClient(manager, token=TOKEN)  # the manager's own token, whatever the environment says
-        batch = client.submit(prompts, max_new_tokens=setup["tokens"], ignore_eos=True)
+        batch = client.submit(prompts, max_new_tokens=QUEUE["tokens"], ignore_eos=True)
         deadline = time.monotonic() + 60
         while not all(waiting(e) for e in engines) and time.monotonic() < deadline:
             time.sleep(0.1)
         queued_at = time.monotonic()
-        while time.monotonic() - queued_at < setup["stall_timeout_s"] * 1.25 and any(
+        while time.monotonic() - queued_at < QUEUE["stall_timeout_s"] * 1.25 and any(
             waiting(e) for e in engines
         ):
             time.sleep(0.2)
@@ -546,7 +547,7 @@ def main() -> None:
     add_results_dir(parser)
     args = parser.parse_args()
     results = Results("hostile_inputs", results_dir(args))
-    scale, queue_setup = (QUICK_SCALE, QUICK_QUEUE) if args.quick else (SCALE, QUEUE)
+    scale = QUICK_SCALE if args.quick else SCALE
     work = Path(tempfile.mkdtemp(prefix="hostile-"))
     model = args.model or str(work / "model")
     if args.model is None:
@@ -699,7 +700,7 @@ def main() -> None:
             process.kill()
             process.wait()
 
-    queue = queue_waits(model, work, queue_setup)
+    queue = queue_waits(model, work)
     lock = second_manager(model, work)
     slow_times = [t for times in slow.values() for t in times]
     slow_late = [t for t in slow_times if t is None or t > LIMITS["body_timeout_s"]]
@@ -720,7 +721,7 @@ def main() -> None:
         "background_calls_ok": background["ok"],
         "background_calls": background["ok"] + background["failed"],
         "scale": scale,
-        "queue_waits": {"setup": queue_setup, **queue},
+        "queue_waits": {"setup": QUEUE, **queue},
         "second_manager": lock,
     }
     results.goal("5xx answers to bad inputs", server_errors, "==", 0, headline=True)
@@ -755,8 +756,8 @@ def main() -> None:
     results.goal("engines retired while their queues waited", queue["engines_retired"], "==", 0)
     results.goal("samples resumed after a queue wait", queue["samples_resumed"], "==", 0)
     results.goal(
-        f"queued samples not finished (of {queue_setup['samples']})",
-        queue_setup["samples"] - queue["samples_finished"],
+        f"queued samples not finished (of {QUEUE['samples']})",
+        QUEUE["samples"] - queue["samples_finished"],
         "==",
         0,
     )
