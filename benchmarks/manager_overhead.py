@@ -1,9 +1,15 @@
-"""What the rollout manager adds per request, against calling an engine directly and against sglang-router.
+"""What the rollout manager adds per request and per streamed token, against calling an engine
+directly and against sglang-router.
 
-    python benchmarks/manager_overhead.py [--rounds 5] [--requests 400] [--concurrency 32]
+    python benchmarks/manager_overhead.py [--quick] [--rounds 5] [--requests 400] [--concurrency 32]
         [--backend canned|builtin] [--tokens 8] [--tokens-per-event 1] [--no-client-stream]
+        [--stream-requests 512] [--stream-concurrency 64] [--stream-tokens 256]
         [--results-dir benchmarks/results]
     python benchmarks/manager_overhead.py --instructions 1000   # under valgrind: a count load cannot blur
+
+The peer is sglang-router at the version `benchmarks/_sglang_router.py` pins, installed by this
+benchmark into `.venv-sglang-router/` on first use (it needs PyPI then; without the peer the run
+fails).
 
 Two backends:
 - `canned` (default): `benchmarks/canned_engine.py`, an SGLang-shaped server in its own process
@@ -21,18 +27,22 @@ connection, a streamed answer's small writes after the first wait for the client
 (about 40 ms a request on Linux), which its added latency and requests/s then carry; a client that
 ACKs at once (TCP_QUICKACK), one on a fresh connection, or one asking for a JSON answer does not.
 
-Each path (direct to one engine, through `rollflow manager`, through the `sglang-router` package,
-both routing round robin over two engines) gets the same requests: latency p50/p99 at concurrency
-1, each request sent to every path in turn (paired samples), then requests/s at `--concurrency`,
-the load run in slices with the paths taking turns slice by slice, and the CPU time the router
-process and the engines spent per request (read from /proc, so a busy machine slows the clocks but
-barely this). Taking turns lets the machine's drifting speed reach every path alike. The load
-generator, the engines and the router share this machine's cores, so requests/s falls with the
-CPU any of them spends: the engines' column shows that the routers cost them alike. `--rounds`
-repeats all of it (each round another path starts the turns), because one run on a shared machine
-says little. Prints each round's table, then the ratios the goals are stated in (manager
-throughput at least sglang-router's; added p50 over the direct path at most 1.5x
-sglang-router's), per round and their medians.
+Each path (direct to one engine, through `rollflow manager`, through sglang-router, both routing
+round robin over two engines) gets the same requests: latency p50/p99 at concurrency 1, each
+request sent to every path in turn (paired samples), then requests/s at `--concurrency`, the load
+run in slices with the paths taking turns slice by slice, and the CPU time the router process and
+the engines spent per request (each process's CPU-time clock, which a busy machine barely
+touches). Then long streams: `--stream-requests` streamed requests of `--stream-tokens` tokens at
+`--stream-concurrency`, one engine event per token, in slices taken in turn as well: streamed
+tokens/s and the router's CPU per streamed token, the per-token work that dominates a real stream
+(what rollflow's manager spends more on than sglang-router today). Taking turns lets the machine's
+drifting speed reach every path alike. The load generator, the engines and the router share this
+machine's cores, so requests/s falls with the CPU any of them spends: the engines' column shows
+that the routers cost them alike. `--rounds` repeats all of it (each round another router starts
+the turns), because one run on a shared machine says little. Prints each round's table, then the
+ratios the goals are stated in (manager throughput at least sglang-router's; added p50 over the
+direct path at most 1.5x sglang-router's) and the CPU per streamed token of both, per round and
+their medians.
 
 `--instructions N` counts instead: each router's user-space instructions per request under
 valgrind's callgrind, over N requests at `--concurrency` (see `instructions`).
@@ -42,9 +52,11 @@ killed with SIGKILL, and the manager's own histogram gives the time from detecti
 to each moved sample's first token elsewhere (goal < 100 ms); the regenerated-token counter must
 stay 0, some sample must have moved, and every sample must end with all its tokens.
 
-Writes `manager_overhead.json` (`manager_overhead_instructions.json` with `--instructions`) into
-`--results-dir` (see benchmarks/results.py) and exits non-zero when a goal is missed or
-sglang-router, the peer, did not run (not installed: `pip install sglang-router`).
+`--quick` runs 2 rounds of fewer and shorter requests and a smaller preemption batch (about a
+minute); an option given on the command line wins over it. Writes `manager_overhead.json`
+(`manager_overhead_instructions.json` with `--instructions`) into `--results-dir` (see
+benchmarks/results.py) and exits non-zero when a goal is missed, a request failed or came back
+short, or sglang-router, the peer, did not run.
 """
 
 from __future__ import annotations
@@ -67,12 +79,22 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.results import Results, add_results_dir, package_version, results_dir  # noqa: E402
+from benchmarks import _sglang_router  # noqa: E402
+from benchmarks.results import Results, add_results_dir, results_dir  # noqa: E402
 from tests.runtime.processes import ENV, Process, free_port, rollflow, start_engine  # noqa: E402
 
 JSON = {"Content-Type": "application/json"}  # sglang-router refuses a body without it (415)
+ROUND_KEYS = (
+    "p50_ms",
+    "p99_ms",
+    "rps",
+    "cpu_us",
+    "engines_cpu_us",
+    "stream_tokens_per_s",
+    "stream_cpu_us_per_token",
+)
+"""A path's figures in a round, in the order of the per-round table's columns after round and path."""
 THROUGHPUT_SLICES = 4  # turns each path takes per round in the throughput phase
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _start_canned_engine(log_dir: Path, name: str, tokens_per_event: int) -> Process:
@@ -82,33 +104,36 @@ def _start_canned_engine(log_dir: Path, name: str, tokens_per_event: int) -> Pro
     return Process(argv, port, log_dir / f"{name}.log")
 
 
-def _sglang_router_argv(worker_urls: list[str], port: int) -> list[str]:
-    argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--policy", "round_robin", "--worker-urls", *worker_urls, "--disable-health-check"]
-    argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
-    return [*argv, "--log-level", "warn"]
+def _sglang_router_argv(interpreter: Path, worker_urls: list[str], port: int) -> list[str]:
+    options = ("--policy", "round_robin", "--disable-health-check")
+    return _sglang_router.router_argv(interpreter, worker_urls, port, free_port(), *options)
 
 
-def _start_sglang_router(worker_urls: list[str], log_dir: Path) -> Process:
+def _start_sglang_router(interpreter: Path, worker_urls: list[str], log_dir: Path) -> Process:
     port = free_port()
-    return Process(_sglang_router_argv(worker_urls, port), port, log_dir / "sglang-router.log")
+    return Process(_sglang_router_argv(interpreter, worker_urls, port), port, log_dir / "sglang-router.log")
 
 
 def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process and its threads so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
+    """CPU seconds a process has run so far, all its threads (those that exited too), to the
+    nanosecond: the process's CPU-time clock (Linux's CPUCLOCK_SCHED for `pid`). /proc's utime and
+    stime count 10 ms ticks, too coarse for the few hundred requests of a short run."""
+    return time.clock_gettime(((~pid) << 3) | 2)
 
 
 class Client:
-    """The load generator's requests: `tokens` tokens each, with logprobs, streamed or not."""
+    """The load generator's requests: `tokens` tokens each, with logprobs, streamed or not. A request
+    that fails (an error status, a broken connection, an answer short of its tokens) is counted in
+    `failures`, which fail the run, rather than ending it without a results file."""
 
     def __init__(self, tokens: int, stream: bool) -> None:
         self.tokens = tokens
         self.stream = stream
+        self.failures: list[str] = []
 
-    async def one(self, session: aiohttp.ClientSession, url: str, prompt: list[int]) -> float:
-        """Seconds until the whole answer is in; RuntimeError when it is not the tokens asked for."""
+    async def one(self, session: aiohttp.ClientSession, url: str, prompt: list[int]) -> float | None:
+        """Seconds until the whole answer is in; None (and a failure noted) when it is not the
+        tokens asked for."""
         sampling = {"max_new_tokens": self.tokens, "temperature": 0}
         body = {
             "input_ids": prompt,
@@ -117,8 +142,12 @@ class Client:
             "return_logprob": True,
         }
         started = time.perf_counter()
-        async with session.post(url + "/generate", data=orjson.dumps(body), headers=JSON) as response:
-            raw = await response.read()
+        try:
+            async with session.post(url + "/generate", data=orjson.dumps(body), headers=JSON) as response:
+                raw = await response.read()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            self.failures.append(f"{url}: {exc!r}")
+            return None
         elapsed = time.perf_counter() - started
         # a stream's last event before [DONE] holds the count so far (SGLang's completion_tokens)
         try:
@@ -128,7 +157,8 @@ class Client:
         except (orjson.JSONDecodeError, KeyError, TypeError, IndexError):
             good = False
         if response.status != 200 or not good:
-            raise RuntimeError(f"{url}: bad answer {response.status}: {raw[-300:]!r}")
+            self.failures.append(f"{url}: bad answer {response.status}: {raw[-300:]!r}")
+            return None
         return elapsed
 
 
@@ -168,11 +198,19 @@ async def _latencies(client: Client, urls: dict[str, str], requests: int) -> dic
             await _warm_up(client, session, url)
         for i in range(requests):
             for name in _in_turn(names, i):
-                latencies[name].append(await client.one(session, urls[name], [1, 2, 3, i % 50]))
-    return {
-        name: {"p50_ms": 1000 * statistics.median(v), "p99_ms": 1000 * sorted(v)[int(0.99 * (len(v) - 1))]}
-        for name, v in latencies.items()
-    }
+                elapsed = await client.one(session, urls[name], [1, 2, 3, i % 50])
+                if elapsed is not None:
+                    latencies[name].append(elapsed)
+    return {name: {"p50_ms": 1000 * _median(v), "p99_ms": 1000 * _p99(v)} for name, v in latencies.items()}
+
+
+def _median(values: list[float]) -> float:
+    """The median, NaN for no values (every request of a path failed: its goals then miss)."""
+    return statistics.median(values) if values else float("nan")
+
+
+def _p99(values: list[float]) -> float:
+    return sorted(values)[int(0.99 * (len(values) - 1))] if values else float("nan")
 
 
 async def _throughputs(
@@ -233,6 +271,7 @@ def _start_manager(engine_urls: list[str], tmp: Path, **config) -> Process:
 
 def overhead(args: argparse.Namespace, tmp: Path, results: Results) -> None:
     client = Client(args.tokens, args.client_stream)
+    streams = Client(args.stream_tokens, stream=True)
     if args.backend == "canned":
         engines = [_start_canned_engine(tmp, f"canned{i}", args.tokens_per_event) for i in range(2)]
     else:
@@ -244,10 +283,11 @@ def overhead(args: argparse.Namespace, tmp: Path, results: Results) -> None:
     urls = [e.url for e in engines]
     engine_pids = [e.proc.pid for e in engines]
     manager = _start_manager(urls, tmp, router="round_robin")
-    router = _start_sglang_router(urls, tmp) if _has_sglang_router(results) else None
-    routers = {"rollflow manager": manager, **({"sglang-router": router} if router else {})}
+    router = None
     rounds: list[dict[str, dict]] = []
     try:
+        router = _start_sglang_router(args.sglang_router_python, urls, tmp)
+        routers = {"rollflow manager": manager, "sglang-router": router}
         for index in range(args.rounds):
             # each round starts its turns with another path: no router always goes first
             order = list(routers.items()) if index % 2 == 0 else list(reversed(routers.items()))
@@ -258,11 +298,28 @@ def overhead(args: argparse.Namespace, tmp: Path, results: Results) -> None:
             speeds = asyncio.run(
                 _throughputs(client, paths, args.requests * 4, args.concurrency, engine_pids)
             )
-            rounds.append({name: row[name] | speeds[name] for name in paths})
+            long = asyncio.run(
+                _throughputs(streams, paths, args.stream_requests, args.stream_concurrency, engine_pids)
+            )
+            rounds.append(
+                {
+                    name: row[name]
+                    | speeds[name]
+                    | {
+                        "stream_tokens_per_s": long[name]["rps"] * args.stream_tokens,
+                        "stream_cpu_us_per_token": long[name]["cpu_us"] / args.stream_tokens,
+                    }
+                    for name in paths
+                }
+            )
             print(f"round {index + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     finally:
         for process in [manager, *engines, *([router] if router else [])]:
             process.stop()
+    failures = client.failures + streams.failures
+    for failure in failures[:5]:
+        print(f"FAILED REQUEST {failure}", file=sys.stderr)
+    results.goal("requests that failed or came back short, every path and phase", len(failures), "==", 0)
     _report(args, rounds, results)
 
 
@@ -276,49 +333,53 @@ def _report(args: argparse.Namespace, rounds: list[dict[str, dict]], results: Re
         "tokens_per_request": args.tokens,
         "tokens_per_event": args.tokens_per_event if args.backend == "canned" else None,
         "client_stream": args.client_stream,
+        "stream_requests": args.stream_requests,
+        "stream_concurrency": args.stream_concurrency,
+        "stream_tokens_per_request": args.stream_tokens,
     }
     results.figures |= {"settings": settings, "rounds": rounds}
     print("\n" + " ".join(f"{k}={v}" for k, v in settings.items()))
-    header = f"{'path':<22}{'p50 ms':>10}{'p99 ms':>10}{'req/s':>10}{'router CPU us/req':>20}"
-    print(header + f"{'engines CPU us/req':>20}")
-    for index, row in enumerate(rounds):
-        print(f"round {index + 1}")
-        for name, m in row.items():
-            print(
-                f"  {name:<20}{m['p50_ms']:>10.3f}{m['p99_ms']:>10.3f}{m['rps']:>10.0f}"
-                f"{m['cpu_us']:>20.0f}{m['engines_cpu_us']:>20.0f}"
-            )
+    columns = ["round", "path", "p50 ms", "p99 ms", "req/s", "router CPU us/req", "engines CPU us/req"]
+    columns += ["streamed tokens/s", "router CPU us/streamed token"]
+    rows = [
+        [index + 1, name, *(m[key] for key in ROUND_KEYS)]
+        for index, row in enumerate(rounds)
+        for name, m in row.items()
+    ]
+    results.table("Each round, each path", columns, [[_round(v) for v in r] for r in rows])
+    widths = [len(c) + 2 for c in columns[2:]]
+    print(f"{'path':<22}" + "".join(f"{c:>{w}}" for c, w in zip(columns[2:], widths, strict=True)))
+    for row in rows:
+        if row[1] == "direct (one engine)":
+            print(f"round {row[0]}")
+        cells = (f"{v:>{w}.3f}" if v < 100 else f"{v:>{w}.0f}" for v, w in zip(row[2:], widths, strict=True))
+        print(f"  {row[1]:<20}" + "".join(cells))
     added = [
         {name: m["p50_ms"] - row["direct (one engine)"]["p50_ms"] for name, m in row.items()}
         for row in rounds
     ]
-    ours = statistics.median(a["rollflow manager"] for a in added)
+    ours, theirs = (
+        statistics.median(a[name] for a in added) for name in ("rollflow manager", "sglang-router")
+    )
     results.figures["manager_added_p50_ms"] = ours
-    print(f"\nmanager added latency p50, median over rounds: {ours:.3f} ms")
-    if "sglang-router" not in rounds[0]:
-        return
-    theirs = statistics.median(a["sglang-router"] for a in added)
     results.figures["sglang_router_added_p50_ms"] = theirs
-    print(f"sglang-router added latency p50, median over rounds: {theirs:.3f} ms")
+    print(f"\nadded latency p50, median over rounds: manager {ours:.3f} ms, sglang-router {theirs:.3f} ms")
     ours_of = [r["rollflow manager"] for r in rounds]
     peer_of = [r["sglang-router"] for r in rounds]
-    ratios = {  # label: (per-round ratios, the goal as (op, target))
+
+    def ratio(key: str) -> list[float]:
+        return [o[key] / p[key] for o, p in zip(ours_of, peer_of, strict=True)]
+
+    ratios = {  # label: (per-round ratios, the goal as (op, target), headline)
         "added p50 manager / sglang-router": (
             [a["rollflow manager"] / max(a["sglang-router"], 1e-9) for a in added],
             ("<=", 1.5),
         ),
-        "throughput manager / sglang-router": (
-            [o["rps"] / p["rps"] for o, p in zip(ours_of, peer_of, strict=True)],
-            (">=", 1.0),
-        ),
-        "router CPU per request manager / sglang-router": (
-            [o["cpu_us"] / p["cpu_us"] for o, p in zip(ours_of, peer_of, strict=True)],
-            None,
-        ),
-        "engines CPU per request manager / sglang-router": (
-            [o["engines_cpu_us"] / p["engines_cpu_us"] for o, p in zip(ours_of, peer_of, strict=True)],
-            None,
-        ),
+        "throughput manager / sglang-router": (ratio("rps"), (">=", 1.0)),
+        "router CPU per request manager / sglang-router": (ratio("cpu_us"), None),
+        "engines CPU per request manager / sglang-router": (ratio("engines_cpu_us"), None),
+        "router CPU per streamed token manager / sglang-router": (ratio("stream_cpu_us_per_token"), None),
+        "streamed tokens/s manager / sglang-router": (ratio("stream_tokens_per_s"), None),
     }
     results.figures["ratios"] = {}
     for label, (values, goal) in ratios.items():
@@ -330,8 +391,22 @@ def _report(args: argparse.Namespace, rounds: list[dict[str, dict]], results: Re
             op, target = goal
             held = sum(1 for v in values if (v <= target if op == "<=" else v >= target))
             line += f"; goal {op} {target}x, held in {held} of {len(values)} rounds"
-            results.goal(f"{label}, median over rounds", median, op, target)
+            results.goal(f"{label}, median over rounds", median, op, target, headline=True)
         print(line)
+    per_token = {
+        name: statistics.median(m["stream_cpu_us_per_token"] for m in of)
+        for name, of in (("manager", ours_of), ("sglang_router", peer_of))
+    }
+    for name, value in per_token.items():
+        results.figures[f"{name}_cpu_us_per_streamed_token"] = value
+    print(
+        f"router CPU per streamed token, median over rounds: manager {per_token['manager']:.2f} us, "
+        f"sglang-router {per_token['sglang_router']:.2f} us"
+    )
+
+
+def _round(value: object) -> object:
+    return round(value, 3) if isinstance(value, float) else value
 
 
 async def _drive(client: Client, url: str, requests: int, concurrency: int) -> None:
@@ -351,9 +426,10 @@ def instructions(args: argparse.Namespace, tmp: Path, results: Results) -> None:
     engines = [_start_canned_engine(tmp, f"canned{i}", args.tokens_per_event) for i in range(2)]
     urls = [e.url for e in engines]
     polls_off = {"router": "round_robin", "health_interval_s": 3600, "load_poll_interval_s": 3600}
-    routers = {"rollflow manager": lambda port: _manager_argv(urls, tmp, port, **polls_off)}
-    if _has_sglang_router(results):
-        routers["sglang-router"] = lambda port: _sglang_router_argv(urls, port)
+    routers = {
+        "rollflow manager": lambda port: _manager_argv(urls, tmp, port, **polls_off),
+        "sglang-router": lambda port: _sglang_router_argv(args.sglang_router_python, urls, port),
+    }
     counts = {}
     try:
         for name, argv_at in routers.items():
@@ -383,10 +459,9 @@ def instructions(args: argparse.Namespace, tmp: Path, results: Results) -> None:
         "tokens_per_event": args.tokens_per_event,
         "client_stream": args.client_stream,
     }
-    if len(counts) == 2:
-        ratio = counts["rollflow manager"] / counts["sglang-router"]
-        results.figures["instructions_ratio_manager_over_sglang_router"] = ratio
-        print(f"instructions per request manager / sglang-router: {ratio:.2f}x")
+    ratio = counts["rollflow manager"] / counts["sglang-router"]
+    results.figures["instructions_ratio_manager_over_sglang_router"] = ratio
+    print(f"instructions per request manager / sglang-router: {ratio:.2f}x")
 
 
 def _callgrind_total(path: Path) -> int:
@@ -397,19 +472,14 @@ def _callgrind_total(path: Path) -> int:
     )
 
 
-def _has_sglang_router(results: Results) -> bool:
-    """Whether the peer is installed, recorded in `results` (a run without it fails)."""
-    results.peers["sglang-router"] = package_version("sglang-router")
-    if results.peers["sglang-router"] is None:
-        print(
-            "sglang-router, the peer, is not installed (pip install sglang-router): this run fails",
-            file=sys.stderr,
-        )
-        return False
-    return True
+def _peer(results: Results) -> Path:
+    """The pinned peer's interpreter (installed on first use), its version recorded in `results`."""
+    interpreter = _sglang_router.python()
+    results.peers["sglang-router"] = _sglang_router.version(interpreter)
+    return interpreter
 
 
-def preemption(tmp: Path, results: Results) -> None:
+def preemption(args: argparse.Namespace, tmp: Path, results: Results) -> None:
     from rollflow.runtime.manager.client import ManagerClient
     from tests.runtime.manager.helpers import metric, wait_until, workers
 
@@ -420,10 +490,15 @@ def preemption(tmp: Path, results: Results) -> None:
         )
     engines = [start_engine(model, tmp, name=f"preempt{i}") for i in range(2)]
     manager = _start_manager([e.url for e in engines], tmp, router="least_outstanding")
+    tokens = args.preempt_tokens
     try:
         client = ManagerClient(manager.url)
         batch = client.submit(
-            [[i + 1, 2, 3] for i in range(8)], n=1, max_new_tokens=200, temperature=0, ignore_eos=True
+            [[i + 1, 2, 3] for i in range(args.preempt_samples)],
+            n=1,
+            max_new_tokens=tokens,
+            temperature=0,
+            ignore_eos=True,
         )
         wait_until(lambda: workers(manager)[engines[0].url]["tokens_generated"] > 20, what="tokens")
         killed_at = time.perf_counter()
@@ -431,21 +506,22 @@ def preemption(tmp: Path, results: Results) -> None:
         samples = [s for mb in batch.micro_batches() for g in mb for s in g]
         done_at = time.perf_counter()
         moved = [s for s in samples if s["resumes"]]
-        short = sum(1 for s in samples if len(s["output_ids"]) != 200)
+        short = sum(1 for s in samples if len(s["output_ids"]) != tokens)
         count = metric(manager, "rollflow_resume_delay_seconds_count")
         total = metric(manager, "rollflow_resume_delay_seconds_sum")
         regenerated = metric(manager, "rollflow_regenerated_tokens_total")
     finally:
         for process in [manager, *engines]:
             process.stop()
+    delay_ms = 1000 * total / count if count else None
     print(f"\npreemption: {len(moved)} of {len(samples)} samples moved after SIGKILL of one of two engines")
     print(
-        f"detection -> first token elsewhere, mean over moved samples: {1000 * total / max(count, 1):.1f} ms (goal < 100 ms)"
+        f"detection -> first token elsewhere, mean over moved samples: {delay_ms or float('nan'):.1f} ms (goal < 100 ms)"
     )
     print(f"kill -> batch done: {done_at - killed_at:.2f} s; tokens regenerated: {regenerated:.0f} (goal 0)")
-    delay_ms = 1000 * total / count if count else None
     results.figures["preemption"] = {
         "samples": len(samples),
+        "tokens_per_sample": tokens,
         "moved": len(moved),
         "resume_delay_mean_ms": delay_ms,
         "kill_to_done_s": done_at - killed_at,
@@ -453,9 +529,32 @@ def preemption(tmp: Path, results: Results) -> None:
         "samples_short_of_their_tokens": short,
     }
     results.goal("preemption: samples moved after the kill", len(moved), ">=", 1)
-    results.goal("preemption: detection -> first token elsewhere, mean ms", delay_ms, "<", 100)
+    results.goal("preemption: detection -> first token elsewhere, mean ms", delay_ms, "<", 100, headline=True)
     results.goal("preemption: tokens regenerated", regenerated, "==", 0)
-    results.goal("preemption: samples short of their 200 tokens", short, "==", 0)
+    results.goal("preemption: samples short of their tokens", short, "==", 0)
+
+
+FULL = {
+    "rounds": 5,
+    "requests": 400,
+    "concurrency": 32,
+    "stream_requests": 512,
+    "stream_concurrency": 64,
+    "stream_tokens": 256,
+    "preempt_samples": 8,
+    "preempt_tokens": 200,
+}
+QUICK = FULL | {
+    "rounds": 2,
+    "requests": 60,
+    "concurrency": 16,
+    "stream_requests": 128,
+    "stream_concurrency": 32,
+    "stream_tokens": 128,
+    "preempt_samples": 4,
+    "preempt_tokens": 100,
+}
+"""Inputs of a run and of a `--quick` one; an option given on the command line wins over both."""
 
 
 def main() -> None:
@@ -463,16 +562,33 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--requests", type=int, default=400, help="sequential requests for latency (4x this for throughput)"
+        "--requests",
+        type=int,
+        help=f"sequential requests for latency (4x this for throughput; {FULL['requests']})",
     )
     parser.add_argument(
-        "--rounds", type=int, default=5, help="rounds over every path, the routers in alternating order"
+        "--rounds",
+        type=int,
+        help=f"rounds over every path, the routers in alternating order ({FULL['rounds']})",
     )
-    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument(
+        "--concurrency", type=int, help=f"requests in flight for throughput ({FULL['concurrency']})"
+    )
     parser.add_argument("--backend", choices=("canned", "builtin"), default="canned")
     parser.add_argument("--tokens", type=int, default=8, help="tokens each request asks for")
     parser.add_argument(
         "--tokens-per-event", type=int, default=1, help="the canned engines' tokens per streamed event"
+    )
+    parser.add_argument(
+        "--stream-requests",
+        type=int,
+        help=f"long streamed requests per path and round ({FULL['stream_requests']})",
+    )
+    parser.add_argument(
+        "--stream-concurrency", type=int, help=f"long streams in flight ({FULL['stream_concurrency']})"
+    )
+    parser.add_argument(
+        "--stream-tokens", type=int, help=f"tokens each long stream asks for ({FULL['stream_tokens']})"
     )
     parser.add_argument(
         "--client-stream",
@@ -490,17 +606,21 @@ def main() -> None:
     )
     add_results_dir(parser)
     args = parser.parse_args()
-    if args.tokens < 1 or args.tokens_per_event < 0:
-        parser.error("--tokens must be at least 1 and --tokens-per-event at least 0")
+    for key, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    if args.tokens < 1 or args.stream_tokens < 1 or args.tokens_per_event < 0:
+        parser.error("--tokens and --stream-tokens must be at least 1 and --tokens-per-event at least 0")
     name = "manager_overhead_instructions" if args.instructions else "manager_overhead"
     results = Results(name, results_dir(args))
+    args.sglang_router_python = _peer(results)
     with tempfile.TemporaryDirectory() as tmp:
         if args.instructions:
             instructions(args, Path(tmp), results)
         else:
             overhead(args, Path(tmp), results)
             if not args.skip_preemption:
-                preemption(Path(tmp), results)
+                preemption(args, Path(tmp), results)
     sys.exit(results.finish())
 
 

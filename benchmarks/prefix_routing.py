@@ -1,8 +1,8 @@
 """Prefix-aware routing live: GRPO groups on built-in engines with prefix caches, front by front,
 beside the simulator's prediction for the same traffic on the same engines' profile.
 
-    .venv/bin/python benchmarks/prefix_routing.py [--groups 6] [--group-size 8] [--engines 3]
-        [--output-dir outputs/bench/prefix_routing] [--quick]
+    .venv/bin/python benchmarks/prefix_routing.py [--quick] [--groups 6] [--group-size 8] [--engines 3]
+        [--output-dir outputs/bench/prefix_routing] [--results-dir benchmarks/results]
 
 A GRPO-shaped burst: `--groups` prompts, each sent `--group-size` times at once, every prompt a
 256-token system prompt shared by all followed by 768 tokens of its own, 16 tokens generated
@@ -14,8 +14,9 @@ First it checks that a cached prefix saves the engine compute time (the same pro
 with all but its last token cached, TTFT of each), and profiles engine 0 with `rollflow profile
 engine --kind builtin`. Then the burst goes through `rollflow manager` with `round_robin`, `lor`
 and `prefix_affinity` (engine capacity 64, the engines' own batch limit, so the manager forwards
-every sample at once as sgl-router does), and through the `sglang-router` package with `--policy
-cache_aware` (the peer), all in front of the same engines; every configuration gets a system
+every sample at once as sgl-router does), and through sglang-router with `--policy cache_aware` (the
+peer, pinned and installed into `.venv-sglang-router/` by `benchmarks/_sglang_router.py`), all in
+front of the same engines; every configuration gets a system
 prompt of its own and the engines' caches are flushed between them. Per front it prints the prefix
 hit rate and the prompt tokens the engines' prefills computed (both from the engines' own
 `/v1/loads` counters, not from any router's beliefs), TTFT p50/p99 (request sent to first streamed
@@ -25,8 +26,14 @@ same counters); beside them the simulator's prediction for the same burst (`work
 profiled round trip as `execution.request_overhead_ms`, sarathi batching with one whole prompt per
 chunk and late binding at the same capacity. The simulated replicas are independent; the live
 engines share this machine's cores (and its other jobs), so the live times are the longer.
-`--output-dir` gets `results.json` and `prefix_routing.png` (hit rate, prefill tokens and TTFT
-p50 per front, live beside simulated).
+`--output-dir` gets `prefix_routing.png` (hit rate, prefill tokens and TTFT p50 per front, live
+beside simulated).
+
+`--quick` sends 3 groups of 4 (the same prompts) and takes a shorter profile. Writes
+`prefix_routing.json` into `--results-dir` (see benchmarks/results.py) and exits non-zero when a
+goal is missed: prefix_affinity computing more than half the prompt tokens round_robin computes,
+or not answering sooner (TTFT p50), a cached prefix computed again, a front that did not start,
+a sample that failed or came back short, or sglang-router, the peer, not run.
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks import _sglang_router  # noqa: E402
+from benchmarks.results import Results, add_results_dir, results_dir  # noqa: E402
 from rollflow.perf.profile.hf_config import load_model_config, model_shape_section  # noqa: E402
 from rollflow.perf.profile.trace_replay import printed_overrides  # noqa: E402
 from tests.runtime.processes import ENV, Process, free_port, http, rollflow, start_engine  # noqa: E402
@@ -133,25 +142,37 @@ def profile(engine: Process, model: Path, out: Path, quick: bool) -> float:
     return printed_overrides(printed)["request_overhead_ms"]
 
 
-async def _burst(url: str, prompts: list[list[int]], group_size: int) -> tuple[list[float], float]:
-    """Send every sample at once, streamed; (TTFT of each, seconds for the whole burst)."""
+async def _burst(url: str, prompts: list[list[int]], group_size: int) -> tuple[list[float], float, list[str]]:
+    """Send every sample at once, streamed; (TTFT of each, seconds for the whole burst, what failed:
+    an error status, a broken stream, or one short of its NEW_TOKENS tokens)."""
+    failures: list[str] = []
 
-    async def one(session: aiohttp.ClientSession, prompt: list[int]) -> float:
+    async def one(session: aiohttp.ClientSession, prompt: list[int]) -> float | None:
         body = {
             "input_ids": prompt,
             "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True},
             "stream": True,
         }
         started = time.perf_counter()
-        ttft = None
-        async with session.post(url + "/generate", json=body) as response:
-            if response.status != 200:
-                raise RuntimeError(f"{url}: HTTP {response.status}: {await response.text()}")
-            async for line in response.content:
-                if ttft is None and line.startswith(b"data: {") and json.loads(line[6:]).get("output_ids"):
-                    ttft = time.perf_counter() - started
-        if ttft is None:
-            raise RuntimeError(f"{url}: a stream ended without a token")
+        ttft, completion = None, 0
+        try:
+            async with session.post(url + "/generate", json=body) as response:
+                if response.status != 200:
+                    failures.append(f"{url}: HTTP {response.status}: {(await response.text())[:200]}")
+                    return None
+                async for line in response.content:
+                    if not line.startswith(b"data: {"):
+                        continue
+                    event = json.loads(line[6:])
+                    if ttft is None and event.get("output_ids"):
+                        ttft = time.perf_counter() - started
+                    completion = event.get("meta_info", {}).get("completion_tokens", completion)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            failures.append(f"{url}: {exc!r}")
+            return None
+        if ttft is None or completion != NEW_TOKENS:
+            failures.append(f"{url}: a stream ended after {completion} of {NEW_TOKENS} tokens")
+            return None
         return ttft
 
     timeout = aiohttp.ClientTimeout(total=600)
@@ -159,7 +180,7 @@ async def _burst(url: str, prompts: list[list[int]], group_size: int) -> tuple[l
         started = time.perf_counter()
         ttfts = await asyncio.gather(*(one(session, prompt) for prompt in prompts for _ in range(group_size)))
         elapsed = time.perf_counter() - started
-    return list(ttfts), elapsed
+    return [t for t in ttfts if t is not None], elapsed, failures
 
 
 def _start_manager(router: str, engines: list[Process], tmp: Path) -> Process:
@@ -173,11 +194,10 @@ def _start_manager(router: str, engines: list[Process], tmp: Path) -> Process:
     return Process(argv, port, tmp / f"manager-{router}.log")
 
 
-def _start_sglang_router(engines: list[Process], tmp: Path) -> Process:
+def _start_sglang_router(interpreter: Path, engines: list[Process], tmp: Path) -> Process:
     port = free_port()
-    argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--policy", "cache_aware", "--worker-urls", *(e.url for e in engines), "--log-level", "warn"]
-    argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+    urls = [e.url for e in engines]
+    argv = _sglang_router.router_argv(interpreter, urls, port, free_port(), "--policy", "cache_aware")
     process = Process(argv, port, tmp / "sglang-router.log", wait=False)
     deadline = time.monotonic() + 120
     while True:  # the router registers its workers in the background once it listens
@@ -197,7 +217,7 @@ def run_live(front: Process, engines: list[Process], prompts: list[list[int]], g
     """One burst through `front`; hit rate and prefill tokens from the engines' own counters."""
     computed_before = _engine_counter(engines, "prefill_tokens_computed")
     seen_before = _prompt_tokens_seen(engines)
-    ttfts, elapsed = asyncio.run(_burst(front.url, prompts, group_size))
+    ttfts, elapsed, failures = asyncio.run(_burst(front.url, prompts, group_size))
     computed = _engine_counter(engines, "prefill_tokens_computed") - computed_before
     seen = [after - before for after, before in zip(_prompt_tokens_seen(engines), seen_before, strict=True)]
     prompt_tokens = group_size * sum(len(p) for p in prompts)
@@ -205,9 +225,11 @@ def run_live(front: Process, engines: list[Process], prompts: list[list[int]], g
         "hit_rate": 1 - computed / prompt_tokens,
         "prefill_tokens": computed,
         "samples_per_engine": [round(tokens / len(prompts[0])) for tokens in seen],
-        "ttft_p50_ms": 1000 * float(np.percentile(ttfts, 50)),
-        "ttft_p99_ms": 1000 * float(np.percentile(ttfts, 99)),
+        "ttft_p50_ms": 1000 * float(np.percentile(ttfts, 50)) if ttfts else None,
+        "ttft_p99_ms": 1000 * float(np.percentile(ttfts, 99)) if ttfts else None,
         "samples_per_s": len(ttfts) / elapsed,
+        "failed": len(failures),
+        "failures": failures[:5],
     }
 
 
@@ -285,8 +307,8 @@ def plot(results: dict, path: Path) -> Path:
     fig.subplots_adjust(left=0.05, right=0.98, bottom=0.17, top=0.86, wspace=0.25)
     x = np.arange(len(fronts))
     for ax, (key, label) in zip(axes, panels, strict=True):
-        live = [results["live"][f].get(key, np.nan) for f in fronts]
-        sim = [results["simulated"].get(f.removeprefix("manager "), {}).get(key, np.nan) for f in fronts]
+        live = [_number(results["live"][f].get(key)) for f in fronts]
+        sim = [_number(results["simulated"].get(f.removeprefix("manager "), {}).get(key)) for f in fronts]
         ax.bar(x - 0.2, live, width=0.4, label="live", color="tab:blue")
         ax.bar(x + 0.2, sim, width=0.4, label="simulated", color="tab:orange")
         ax.set_xticks(x, [f.replace(" ", "\n", 1) for f in fronts], fontsize=8)
@@ -302,6 +324,10 @@ def plot(results: dict, path: Path) -> Path:
     FigureCanvasAgg(fig)  # the canvas attaches itself to the figure
     fig.savefig(path, dpi=100)
     return path
+
+
+def _number(value: float | None) -> float:
+    return np.nan if value is None else value
 
 
 def _print(results: dict) -> None:
@@ -324,8 +350,8 @@ def _print(results: dict) -> None:
     for front, live in results["live"].items():
         sim = results["simulated"].get(front.removeprefix("manager "))
         cells = (
-            [f"failed: {live['error']}", "", "", "", ""]
-            if "error" in live
+            [f"failed: {live.get('error') or live['failures']}", "", "", "", ""]
+            if "error" in live or live["failed"]
             else [
                 f"{live['hit_rate']:.3f}",
                 f"{live['prefill_tokens']:,}",
@@ -351,20 +377,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--groups", type=int, default=6)
-    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--groups", type=int, help="prompts in the burst (6; --quick: 3)")
+    parser.add_argument("--group-size", type=int, help="samples per prompt (8; --quick: 4)")
     parser.add_argument("--engines", type=int, default=3)
     parser.add_argument("--output-dir", type=Path, default=REPO / "outputs" / "bench" / "prefix_routing")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="3 groups of 4 on 2 engines, 64+192-token prompts, a short profile",
-    )
+    add_results_dir(parser)
     args = parser.parse_args()
+    args.groups = args.groups or (3 if args.quick else 6)
+    args.group_size = args.group_size or (4 if args.quick else 8)
+    # the same prompts in --quick: on shorter ones prefill is too small a share of TTFT to show
     args.system_tokens, args.own_tokens = SYSTEM_TOKENS, OWN_TOKENS
-    if args.quick:
-        args.groups, args.group_size, args.engines = 3, 4, 2
-        args.system_tokens, args.own_tokens = 64, 192
+    record = Results("prefix_routing", results_dir(args))
+    interpreter = _sglang_router.python()
+    record.peers["sglang-router"] = _sglang_router.version(interpreter)
     results: dict = {"live": {}, "simulated": {}}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -388,7 +413,7 @@ def main() -> None:
             round_trip_ms = profile(engines[0], model, tmp / "tables", args.quick)
             _flush(engines)
             configs = [(f"manager {r}", lambda r=r: _start_manager(r, engines, tmp)) for r in ROUTERS]
-            configs.append((PEER, lambda: _start_sglang_router(engines, tmp)))
+            configs.append((PEER, lambda: _start_sglang_router(interpreter, engines, tmp)))
             loads = []
             for run, (name, start) in enumerate(configs):
                 prompts = _prompts(run, args.groups, args.system_tokens, args.own_tokens)
@@ -399,7 +424,7 @@ def main() -> None:
                         results["live"][name] = run_live(front, engines, prompts, args.group_size)
                     finally:
                         front.stop()
-                except RuntimeError as exc:  # the peer's requests refused by the engines, say
+                except RuntimeError as exc:  # the front did not start
                     results["live"][name] = {"error": str(exc)[:300]}
                 _flush(engines)
             for router in ROUTERS:
@@ -419,9 +444,74 @@ def main() -> None:
     }
     _print(results)
     args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / "results.json").write_text(json.dumps(results, indent=2))
     path = plot(results, args.output_dir / "prefix_routing.png")
-    print(f"\nwrote {args.output_dir / 'results.json'} and {path}")
+    print(f"\nwrote {path}")
+    _judge(results, record)
+    sys.exit(record.finish())
+
+
+def _judge(results: dict, record: Results) -> None:
+    """The figures, a table per front, and the goals: the docs' claims (prefix_affinity computes at
+    most half the prompt tokens round_robin does, and answers sooner; a cached prefix is not
+    computed again) and a valid run (every front started, every sample whole)."""
+    record.figures = results
+    live, simulated = results["live"], results["simulated"]
+    columns = ["front", "hit rate", "prompt tokens computed", "TTFT p50 ms", "TTFT p99 ms", "samples/s"]
+    columns += ["samples per engine", "simulated hit rate", "simulated tokens", "simulated TTFT p50 ms"]
+    rows = []
+    for front, m in live.items():
+        sim = simulated.get(front.removeprefix("manager "), {})
+        cells = [
+            m.get(k) for k in ("hit_rate", "prefill_tokens", "ttft_p50_ms", "ttft_p99_ms", "samples_per_s")
+        ]
+        rows.append(
+            [front, *(_rounded(c) for c in cells), " ".join(map(str, m.get("samples_per_engine", [])))]
+            + [_rounded(sim.get(k)) for k in ("hit_rate", "prefill_tokens", "ttft_p50_ms")]
+        )
+    setup = results["setup"]
+    record.table(
+        f"GRPO burst: {setup['groups']} prompts x {setup['group_size']} samples on {setup['engines']} engines",
+        columns,
+        rows,
+    )
+    failed = sum(m.get("failed", 0) for m in live.values()) + sum("error" in m for m in live.values())
+    record.goal("fronts that did not start, and samples failed or short, every front", failed, "==", 0)
+    check = results["prefill_check"]
+    record.goal(
+        "prefill check: prompt tokens computed again with the prefix cached",
+        check["cached_computed"],
+        "==",
+        1,
+    )
+    ours = live.get("manager prefix_affinity", {})
+    base = live.get("manager round_robin", {})
+    record.goal(
+        "prompt tokens computed, prefix_affinity / round_robin",
+        _ratio(ours.get("prefill_tokens"), base.get("prefill_tokens")),
+        "<=",
+        0.5,
+        headline=True,
+    )
+    record.goal(
+        "TTFT p50, prefix_affinity / round_robin",
+        _ratio(ours.get("ttft_p50_ms"), base.get("ttft_p50_ms")),
+        "<",
+        1.0,
+        headline=True,
+    )
+    peer = live.get(PEER, {})
+    record.figures["prefix_affinity_over_cache_aware"] = {
+        key: _ratio(ours.get(key), peer.get(key))
+        for key in ("prefill_tokens", "ttft_p50_ms", "samples_per_s")
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _rounded(value: float | None) -> float | None:
+    return round(value, 3) if isinstance(value, float) else value
 
 
 if __name__ == "__main__":
