@@ -200,6 +200,10 @@ class ServingSimulator:
         now, replicas = self.now, self.replicas
         return ClusterView(now, tuple([replicas[i].view(now, request) for i in self.accepting_ids()]))
 
+    def view(self, instance_id: int) -> InstanceView:
+        """One instance as a policy sees it now (taking work or not)."""
+        return self.replicas[instance_id].view(self.now)
+
     def add_instance(self, group: GroupPlan | None = None, kind: InstanceKind = "local") -> int:
         """A new replica of `group` (the first group by default), empty, taking work from now."""
         group = group or self.groups[0]

@@ -9,7 +9,9 @@ unfinished sequences, which the caller resumes elsewhere: from prompt plus gener
 (`migrate`, re-prefill, no KV transfer) or from the prompt (`restart`).
 
 The pool adds no batching or timing of its own: it drives a `ServingSimulator` through its public
-API (batches form in `rollflow.sim.batching` and take the time `rollflow.perf.predictor` gives).
+API (batches form in `rollflow.sim.batching` and take the time `rollflow.perf.predictor` gives),
+or the same API on the compiled loop (`rollflow.sim.compiled_cluster`) where that covers the
+cluster, with the same results.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from typing import Literal
 
 from rollflow.policy.offload import remote_only
 from rollflow.policy.routing import Router, make_router
-from rollflow.policy.view import ClusterView, InstanceKind, RouteRequest
+from rollflow.policy.view import ClusterView, InstanceKind, InstanceView, RouteRequest
+from rollflow.sim import compiled_cluster
 from rollflow.sim.build import GroupPlan
+from rollflow.sim.compiled_cluster import CompiledCluster
 from rollflow.sim.config import SimConfig
 from rollflow.sim.replica import Replica
 from rollflow.sim.request import SimRequest
@@ -46,6 +50,10 @@ class _OffloadAwareRouter:
         self.name = inner.name
         self.pool = pool
 
+    @property
+    def remote_only(self) -> bool:
+        return self.pool.remote_only
+
     def pick(self, request: RouteRequest, view: ClusterView) -> int:
         return self.inner.pick(request, remote_only(view) if self.pool.remote_only else view)
 
@@ -61,9 +69,13 @@ class RolloutPool:
             make_router(config.cluster.router, seed=config.seed, path=config.cluster.router_path), self
         )
         empty = [replace(groups[0], num_replicas=0)]  # the step adds its instances itself
-        self.sim = ServingSimulator(
-            config, router=router, groups=empty, on_complete=on_complete, start_time=start_time
-        )
+        self.sim: ServingSimulator | CompiledCluster
+        if compiled_cluster.covers(config, empty, router):
+            self.sim = CompiledCluster(config, router, empty, on_complete, start_time)
+        else:
+            self.sim = ServingSimulator(
+                config, router=router, groups=empty, on_complete=on_complete, start_time=start_time
+            )
         self.places: list[InstancePlace] = []
         self.remote_only = False
 
@@ -82,6 +94,9 @@ class RolloutPool:
             InstancePlace(gpu_start, layout.tensor_parallel * layout.pipeline_stages, borrowed)
         )
         return instance_id
+
+    def view(self, instance_id: int) -> InstanceView:
+        return self.sim.view(instance_id)
 
     def check_servable(self, requests: list[SimRequest]) -> None:
         self.sim.check_servable(requests)

@@ -429,7 +429,7 @@ class StepSimulator:
                 i,
                 pool.places[i].gpu_start,
                 pool.places[i].num_gpus,
-                pool.replicas[i].view(now).num_outstanding,
+                pool.view(i).num_outstanding,
                 pool.places[i].borrowed,
             )
             for i in local
@@ -624,7 +624,7 @@ class StepSimulator:
     def _cluster_view(self) -> ClusterView:
         """Instances taking work, with their kind, as the offload policy reads them."""
         pool = self.pool
-        views: list[InstanceView] = [pool.replicas[i].view(self.now) for i in pool.accepting_ids()]
+        views: list[InstanceView] = [pool.view(i) for i in pool.accepting_ids()]
         return ClusterView(self.now, views)
 
     # -- step end -----------------------------------------------------------------------------------
