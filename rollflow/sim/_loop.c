@@ -1666,6 +1666,19 @@ static PyObject *cluster_view(Cluster *self, PyObject *arg) {
     return instance_view(&self->loop, (int)replica_id);
 }
 
+/* num_outstanding() -> per instance, the requests on it, running or queued (InstanceView.num_outstanding). */
+static PyObject *cluster_num_outstanding(Cluster *self, PyObject *Py_UNUSED(ignored)) {
+    Loop *loop = &self->loop;
+    PyObject *counts = PyList_New(loop->num_replicas);
+    for (Py_ssize_t i = 0; counts != NULL && i < loop->num_replicas; i++) {
+        const Replica *rep = &loop->replicas[i];
+        PyObject *count = PyLong_FromLongLong(rep->num_resident + (long long)rep->waiting.size);
+        if (count == NULL) Py_CLEAR(counts);
+        else PyList_SET_ITEM(counts, i, count);
+    }
+    return counts;
+}
+
 /* totals(id) -> the replica's totals, as the closed loop returns them (compiled._write_back). */
 static PyObject *cluster_totals(Cluster *self, PyObject *arg) {
     Py_ssize_t replica_id = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
@@ -1723,6 +1736,7 @@ static PyMethodDef cluster_methods[] = {
     {"retire", (PyCFunction)cluster_retire, METH_O, "retire(id) -> [unfinished requests] or None"},
     {"stop_accepting", (PyCFunction)cluster_stop_accepting, METH_O, "stop_accepting(id)"},
     {"view", (PyCFunction)cluster_view, METH_O, "view(id) -> InstanceView"},
+    {"num_outstanding", (PyCFunction)cluster_num_outstanding, METH_NOARGS, "num_outstanding() -> [per instance]"},
     {"totals", (PyCFunction)cluster_totals, METH_O, "totals(id) -> dict"},
     {"write_back", (PyCFunction)cluster_write_back, METH_NOARGS, "write_back()"},
     {NULL},

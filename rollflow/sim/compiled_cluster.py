@@ -180,11 +180,17 @@ class CompiledCluster:
         )
         self.replicas.append(replica)
         self._accepting = None
-        return self.core.add_replica(compiled.replica_spec(replica), replica.stats.batches, replica.stats.kv_samples)
+        return self.core.add_replica(
+            compiled.replica_spec(replica), replica.stats.batches, replica.stats.kv_samples
+        )
 
     def view(self, instance_id: int) -> InstanceView:
         """The instance as a policy sees it now."""
         return self.core.view(instance_id)
+
+    def num_outstanding(self) -> list[int]:
+        """Per instance, the requests on it, running or queued (as its view counts them)."""
+        return self.core.num_outstanding()
 
     def accepting_ids(self) -> list[int]:
         if self._accepting is None:

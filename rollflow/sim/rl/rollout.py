@@ -16,6 +16,7 @@ cluster, with the same results.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -26,6 +27,7 @@ from rollflow.sim import compiled_cluster
 from rollflow.sim.build import GroupPlan
 from rollflow.sim.compiled_cluster import CompiledCluster
 from rollflow.sim.config import SimConfig
+from rollflow.sim.events import Event
 from rollflow.sim.replica import Replica
 from rollflow.sim.request import SimRequest
 from rollflow.sim.simulator import OnComplete, OnStopped, ServingSimulator
@@ -78,6 +80,9 @@ class RolloutPool:
             )
         self.places: list[InstancePlace] = []
         self.remote_only = False
+        # bumped whenever an instance is added, retires or stops: what reads of membership cache on
+        self.version = 0
+        self._live: tuple[int, list[int]] = (-1, [])
 
     @property
     def now(self) -> float:
@@ -88,6 +93,7 @@ class RolloutPool:
         return self.sim.replicas
 
     def add_instance(self, gpu_start: int, kind: InstanceKind = "local", borrowed: bool = False) -> int:
+        self.version += 1
         instance_id = self.sim.add_instance(kind=kind)
         layout = self.sim.groups[0].layout
         self.places.append(
@@ -105,8 +111,18 @@ class RolloutPool:
         return self.sim.accepting_ids()
 
     def live_ids(self) -> list[int]:
-        """Instances neither retired nor retiring."""
-        return [r.id for r in self.sim.replicas if r.retired_at is None and r.on_stopped is None]
+        """Instances neither retired nor retiring (the same list until `version` changes)."""
+        if self._live[0] != self.version:
+            replicas = self.sim.replicas
+            self._live = (
+                self.version,
+                [r.id for r in replicas if r.retired_at is None and r.on_stopped is None],
+            )
+        return self._live[1]
+
+    def num_outstanding(self) -> list[int]:
+        """Per instance, its unfinished sequences, running or queued."""
+        return self.sim.num_outstanding()
 
     def is_up(self, instance_id: int) -> bool:
         return self.sim.replicas[instance_id].retired_at is None
@@ -120,10 +136,17 @@ class RolloutPool:
 
     def retire(self, instance_id: int, on_stopped: OnStopped) -> None:
         """Stop an instance at its next iteration boundary; `on_stopped` gets its unfinished sequences."""
-        self.sim.retire_instance(instance_id, on_stopped)
+        self.version += 1
+
+        def stopped(requests: list[SimRequest]) -> Sequence[Event]:
+            self.version += 1
+            return on_stopped(requests)
+
+        self.sim.retire_instance(instance_id, stopped)
 
     def close(self) -> None:
         """The step is over: every instance still up is let go now (the rollout is finished)."""
+        self.version += 1
         self.sim.close()
 
 
