@@ -1771,6 +1771,9 @@ static struct PyModuleDef loop_module = {
 };
 
 PyMODINIT_FUNC PyInit__loop(void) {
+    PyObject *timing_module = PyImport_ImportModule("rollflow.perf._timing"); /* the capsule's home */
+    if (timing_module == NULL) return NULL;
+    Py_DECREF(timing_module);
     timing = PyCapsule_Import(ROLLFLOW_TIMING_CAPSULE, 0);
     if (timing == NULL || PyType_Ready(&ClusterType) < 0) return NULL;
     PyObject *module = PyModule_Create(&loop_module);
