@@ -71,12 +71,20 @@ class RolloutPool:
             make_router(config.cluster.router, seed=config.seed, path=config.cluster.router_path), self
         )
         empty = [replace(groups[0], num_replicas=0)]  # the step adds its instances itself
+        # instances whose count of unfinished sequences changed since `take_touched`: a sequence
+        # was placed there or finished there (an instance that stops leaves `live_ids` instead)
+        self.touched: set[int] = set()
+
+        def completed(requests: list[SimRequest], now: float) -> Sequence[Event]:
+            self.touched.update(request.replica_id for request in requests)
+            return on_complete(requests, now)
+
         self.sim: ServingSimulator | CompiledCluster
         if compiled_cluster.covers(config, empty, router):
-            self.sim = CompiledCluster(config, router, empty, on_complete, start_time)
+            self.sim = CompiledCluster(config, router, empty, completed, start_time)
         else:
             self.sim = ServingSimulator(
-                config, router=router, groups=empty, on_complete=on_complete, start_time=start_time
+                config, router=router, groups=empty, on_complete=completed, start_time=start_time
             )
         self.places: list[InstancePlace] = []
         self.remote_only = False
@@ -124,12 +132,18 @@ class RolloutPool:
         """Per instance, its unfinished sequences, running or queued."""
         return self.sim.num_outstanding()
 
+    def take_touched(self) -> set[int]:
+        """The instances `touched` since the last call (and forget them)."""
+        touched, self.touched = self.touched, set()
+        return touched
+
     def is_up(self, instance_id: int) -> bool:
         return self.sim.replicas[instance_id].retired_at is None
 
     def submit(self, request: SimRequest) -> None:
         """Route one sequence (new or resumed) to an instance that takes work, now."""
         self.sim.submit(request)
+        self.touched.add(request.replica_id)
 
     def stop_accepting(self, instance_id: int) -> None:
         self.sim.stop_accepting(instance_id)

@@ -168,7 +168,7 @@ class StepSimulator:
         # membership reads, cached on the pool's version (see RolloutPool.version)
         self._blocked_cache: tuple[tuple[int, int, int], bool] = ((-1, -1, -1), False)
         self._local_cache: tuple[int, list[int]] = (-1, [])
-        self._states_cache: tuple[list[int] | None, list[int], list] = (None, [], [])
+        self._states_cache: tuple[list[int] | None, dict[int, int], list] = (None, {}, [])
         # accounting
         self.timer = PhaseTimer(clock=lambda: self.now)  # the step's own phases, on the simulated clock
         self.regenerated = 0
@@ -448,20 +448,24 @@ class StepSimulator:
         )
 
     def _instance_states(self, local: list[int]) -> tuple[RolloutInstanceState, ...]:
-        """The local instances' states now; those whose sequences did not change since the last
-        snapshot of the same instances are reused (a step decides on every finished group)."""
+        """The local instances' states now. A step decides on every finished group, so the states
+        of the same instances are kept, and only those the pool touched since are read again."""
         pool = self.pool
-        counts = pool.num_outstanding()
-        counts = [counts[i] for i in local]
-        cached_local, cached_counts, states = self._states_cache
-        if cached_local is not local:
-            cached_counts, states = [-1] * len(local), [None] * len(local)
-        for k in [k for k, (a, b) in enumerate(zip(counts, cached_counts, strict=True)) if a != b]:
-            place = pool.places[local[k]]
-            states[k] = RolloutInstanceState(
-                local[k], place.gpu_start, place.num_gpus, counts[k], place.borrowed
-            )
-        self._states_cache = (local, counts, states)
+        touched = pool.take_touched()
+        cached_local, position, states = self._states_cache
+        if cached_local is not local:  # instances came or went: read them all
+            position = {i: k for k, i in enumerate(local)}
+            states = [None] * len(local)
+            touched = local
+        counts = pool.num_outstanding() if touched else []
+        for i in touched:
+            k = position.get(i)
+            if k is not None:
+                place = pool.places[i]
+                states[k] = RolloutInstanceState(
+                    i, place.gpu_start, place.num_gpus, counts[i], place.borrowed
+                )
+        self._states_cache = (local, position, states)
         return tuple(states)
 
     def _unfinished_fraction(self) -> float:
