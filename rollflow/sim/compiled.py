@@ -9,6 +9,9 @@ the Python loop.
 
 The router stays Python: the loop calls its `pick` once per routed request with the same frozen
 snapshot the Python loop would build.
+
+A simulator that composes a serving cluster and acts between its events (the RL step's rollout)
+runs the same C code through `rollflow.sim.compiled_cluster` instead, one call per event it hears of.
 """
 
 from __future__ import annotations
