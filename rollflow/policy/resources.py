@@ -23,6 +23,8 @@ simulator applies it now, a runtime executor later.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+from operator import attrgetter
 from typing import Literal, Protocol
 
 Trigger = Literal["step_start", "minibatch_end", "group_done", "rollout_done", "inference_done"]
@@ -72,9 +74,14 @@ class ResourceScheduler(Protocol):
 
 def valid_actor_sizes(num_gpus: int, model_parallel: int, minibatch_samples: int) -> list[int]:
     """Actor GPU counts whose data-parallel size divides the mini-batch, ascending."""
-    return [
+    return list(_valid_actor_sizes(num_gpus, model_parallel, minibatch_samples))
+
+
+@lru_cache(maxsize=256)  # a simulated step asks once per event it decides on, with few distinct sizes
+def _valid_actor_sizes(num_gpus: int, model_parallel: int, minibatch_samples: int) -> tuple[int, ...]:
+    return tuple(
         dp * model_parallel for dp in range(1, num_gpus // model_parallel + 1) if minibatch_samples % dp == 0
-    ]
+    )
 
 
 class StaticScheduler:
@@ -111,7 +118,7 @@ class DynamicScheduler:
     name: str = "dynamic"
 
     def decide(self, snapshot: ResourceSnapshot) -> ResourcePlan:
-        instances = sorted(snapshot.rollout_instances, key=lambda i: i.gpu_start)
+        instances = sorted(snapshot.rollout_instances, key=_gpu_start)
         release: set[int] = set()
         last_next = snapshot.minibatches_done == snapshot.num_minibatches - 1
         if snapshot.unfinished_fraction == 0:
@@ -122,9 +129,9 @@ class DynamicScheduler:
             kept = [i for i in instances if i.instance_id not in release]
             spare = _spare_instances(snapshot, len(kept))
             release |= {i.instance_id for i in kept[: _usable(snapshot, kept, spare)]}
-        kept = [i for i in instances if i.instance_id not in release]
+        kept = [i for i in instances if i.instance_id not in release] if release else instances
         release_inference = snapshot.inference_done and snapshot.inference_range is not None
-        free_end = min((i.gpu_start for i in kept), default=snapshot.num_gpus)
+        free_end = kept[0].gpu_start if kept else snapshot.num_gpus  # kept is in GPU order
         if snapshot.inference_range is not None and not release_inference:
             free_end = min(free_end, snapshot.inference_range[0])
         # The actor resizes between its own mini-batches; with wait_before_last_iter it also takes
@@ -140,6 +147,9 @@ class DynamicScheduler:
             actor_gpus=max([snapshot.actor_gpus, *sizes]) if grow else snapshot.actor_gpus,
             hold_last_minibatch=self.wait_before_last_iter,
         )
+
+
+_gpu_start = attrgetter("gpu_start")
 
 
 def _spare_instances(snapshot: ResourceSnapshot, num_instances: int) -> int:

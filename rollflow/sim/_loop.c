@@ -368,6 +368,8 @@ typedef struct {
     double busy_s, flops;
     long long num_iterations;
     PyObject *batches, *kv_samples; /* the stats' lists, as ReplicaStats keeps them */
+    /* membership (a Cluster's instances come and go; the closed loop's never do) */
+    int accepting, retiring, retired, is_local;
 } Replica;
 
 /* ReplicaScheduler._allocate */
@@ -944,6 +946,10 @@ typedef struct {
     int late_binding; /* dispatch from one cluster queue to instances below `capacity` requests */
     long long capacity;
     IntDeque cluster_queue;
+    /* a Cluster (below): the SimRequest of each request slot, and what the Python side must hear
+     * of (completions, stopped instances); NULL in the closed loop */
+    PyObject *request_objects, *reports;
+    char *live; /* per request slot: on an instance, not yet written back for good */
 } Loop;
 
 static int event_before(const Event *a, const Event *b) {
@@ -1001,8 +1007,12 @@ static int start_batch(Loop *loop, int replica_id) {
 }
 
 /* _schedule */
+static int stop_replica(Loop *loop, int replica_id);
+
 static int schedule(Loop *loop, int replica_id) {
     Replica *rep = &loop->replicas[replica_id];
+    if (rep->retiring) return stop_replica(loop, replica_id); /* stop at this iteration boundary */
+    if (rep->retired) return 0;
     rep->schedule_pending = 0;
     int formed = form_batch(rep, loop->requests, loop->now);
     if (formed <= 0) return formed;
@@ -1136,6 +1146,8 @@ static int on_arrival(Loop *loop, int index) {
     return 0;
 }
 
+static int report_completed(Loop *loop, const Replica *rep);
+
 /* _on_stage_end (one stage) */
 static int on_stage_end(Loop *loop, const Event *event) {
     Replica *rep = &loop->replicas[event->target];
@@ -1151,6 +1163,7 @@ static int on_stage_end(Loop *loop, const Event *event) {
             Py_DECREF(result);
         }
     }
+    if (done && loop->reports != NULL && report_completed(loop, rep) < 0) return -1;
     if (done && loop->cluster_queue.size && dispatch_queued(loop) < 0) return -1; /* slots just freed */
     return schedule(loop, event->target);
 }
@@ -1316,6 +1329,7 @@ static void free_loop(Loop *loop) {
     PyMem_Free(loop->requests);
     PyMem_Free(loop->heap);
     PyMem_Free(loop->cluster_queue.items);
+    PyMem_Free(loop->live);
     Py_XDECREF(loop->zero);
 }
 
@@ -1386,6 +1400,360 @@ done:
     return result;
 }
 
+/* -- a cluster that lives between calls: rollflow.sim._loop.Cluster ----------------------------
+ *
+ * The same replicas, batches and events as the closed loop above, for a simulator that composes
+ * the serving cluster and acts between its events (rollflow/sim/compiled_cluster.py: the RL
+ * step's rollout). Requests are submitted one at a time (each gets a new slot; a request handed
+ * back and resumed elsewhere gets another), instances are added, stop taking work and retire
+ * while the cluster runs, and `run(limit)` applies the serving events up to `limit`. What the
+ * caller must hear of comes back from `run` as reports, in the order the Python loop would have
+ * called its hooks: (0, replica, time, [completed requests]) after a batch, (1, replica, time,
+ * [unfinished requests, by id]) when a retiring instance stops. A report ends the run at its
+ * time (the caller's own events at that time come after the serving ones). Each reported
+ * request has been written back onto its SimRequest; `write_back` writes the others. */
+
+typedef struct {
+    PyObject_HEAD
+    Loop loop;
+    Py_ssize_t requests_capacity, replicas_capacity;
+} Cluster;
+
+enum { LOAD_QUEUED = 1, LOAD_OUTSTANDING = 2, LOAD_TOKENS = 3 }; /* the argmin routers' loads */
+
+static int report(Loop *loop, int kind, int replica_id, const IntVec *indices) {
+    PyObject *requests = PyList_New(indices->size);
+    if (requests == NULL) return -1;
+    for (Py_ssize_t i = 0; i < indices->size; i++) {
+        int index = indices->items[i];
+        PyObject *object = PyList_GET_ITEM(loop->request_objects, index);
+        if (write_request(object, &loop->requests[index], loop->replicas) < 0) {
+            Py_DECREF(requests);
+            return -1;
+        }
+        PyList_SET_ITEM(requests, i, Py_NewRef(object));
+    }
+    PyObject *entry = Py_BuildValue("(iidN)", kind, replica_id, loop->now, requests);
+    if (entry == NULL) return -1;
+    int status = PyList_Append(loop->reports, entry);
+    Py_DECREF(entry);
+    return status;
+}
+
+static int report_completed(Loop *loop, const Replica *rep) {
+    for (Py_ssize_t i = 0; i < rep->completed.size; i++) loop->live[rep->completed.items[i]] = 0;
+    return report(loop, 0, (int)(rep - loop->replicas), &rep->completed);
+}
+
+static const Request *sort_requests_by_id;
+
+static int by_id_then_slot(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    long long i = sort_requests_by_id[x].id, j = sort_requests_by_id[y].id;
+    if (i != j) return i < j ? -1 : 1;
+    return (x > y) - (x < y); /* slots grow with submission: a stable sort */
+}
+
+/* ServingSimulator._stop: ReplicaScheduler.release_all, then the unfinished requests by id. */
+static int stop_replica(Loop *loop, int replica_id) {
+    Replica *rep = &loop->replicas[replica_id];
+    Request *requests = loop->requests;
+    IntVec released = {0};
+    int status = -1;
+    while (rep->waiting.size)
+        if (intvec_push(&released, deque_popleft(&rep->waiting)) < 0) goto done;
+    rep->waiting_tokens = 0;
+    Py_ssize_t num_waiting = released.size;
+    for (Py_ssize_t i = 0; i < rep->running.size; i++)
+        if (intvec_push(&released, rep->running.items[i]) < 0) goto done;
+    rep->running.size = 0;
+    if (cohort_release_all(&rep->cohort, requests, &released) < 0) goto done;
+    for (Py_ssize_t i = num_waiting; i < released.size; i++) free_request(rep, &requests[released.items[i]]);
+    sort_requests_by_id = requests;
+    qsort(released.items, released.size, sizeof(int), by_id_then_slot);
+    for (Py_ssize_t i = 0; i < released.size; i++) loop->live[released.items[i]] = 0;
+    rep->retiring = 0;
+    rep->retired = 1;
+    status = report(loop, 1, replica_id, &released);
+done:
+    PyMem_Free(released.items);
+    return status;
+}
+
+/* The argmin routers (routing.py's _ArgminRouter): the lowest (load, id) among the instances
+ * taking work, or only the remote ones. */
+static Py_ssize_t argmin_pick(Loop *loop, int load_kind, int remote_only) {
+    Py_ssize_t best = -1;
+    long long best_load = 0;
+    for (Py_ssize_t i = 0; i < loop->num_replicas; i++) {
+        Replica *rep = &loop->replicas[i];
+        if (!rep->accepting || (remote_only && rep->is_local)) continue;
+        long long load;
+        if (load_kind == LOAD_QUEUED) {
+            load = rep->waiting.size;
+        } else if (load_kind == LOAD_OUTSTANDING) {
+            load = rep->num_resident + rep->waiting.size;
+        } else {
+            load = rep->waiting_tokens + rep->resident_remaining_tokens;
+            if (rep->run_in_flight) load -= iterations_done(&rep->batch, loop->now) * rep->batch.tokens_per_iteration;
+        }
+        if (best < 0 || load < best_load) {
+            best = i;
+            best_load = load;
+        }
+    }
+    if (best < 0) PyErr_SetString(PyExc_ValueError, "no instance to route to: none takes work");
+    return best;
+}
+
+static Replica *cluster_replica(Cluster *self, Py_ssize_t replica_id) {
+    if (replica_id < 0 || replica_id >= self->loop.num_replicas) {
+        PyErr_Format(PyExc_IndexError, "no instance %zd", replica_id);
+        return NULL;
+    }
+    return &self->loop.replicas[replica_id];
+}
+
+static int cluster_init(Cluster *self, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"instance_view_type", "start", NULL};
+    Loop *loop = &self->loop;
+    if (loop->reports != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "a Cluster is initialised once");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Od", keywords, &loop->instance_view_type, &loop->now))
+        return -1;
+    Py_INCREF(loop->instance_view_type);
+    loop->zero = PyLong_FromLong(0);
+    loop->request_objects = PyList_New(0);
+    loop->reports = PyList_New(0);
+    loop->on_progress = Py_None;
+    loop->progress_every = 1;
+    return loop->zero == NULL || loop->request_objects == NULL || loop->reports == NULL ? -1 : 0;
+}
+
+static void cluster_dealloc(Cluster *self) {
+    Py_XDECREF(self->loop.instance_view_type);
+    Py_XDECREF(self->loop.request_objects);
+    Py_XDECREF(self->loop.reports);
+    free_loop(&self->loop);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* add_replica(spec, batches, kv_samples) -> id: a new instance, empty, taking work; its batch
+ * rows and KV samples go to the two lists given (its ReplicaStats'). */
+static PyObject *cluster_add_replica(Cluster *self, PyObject *args) {
+    PyObject *spec, *batches, *kv_samples;
+    if (!PyArg_ParseTuple(args, "OO!O!", &spec, &PyList_Type, &batches, &PyList_Type, &kv_samples)) return NULL;
+    Loop *loop = &self->loop;
+    if (loop->num_replicas == self->replicas_capacity) {
+        Py_ssize_t capacity = self->replicas_capacity ? 2 * self->replicas_capacity : 16;
+        Replica *replicas = PyMem_Realloc(loop->replicas, sizeof(Replica) * capacity);
+        if (replicas == NULL) return PyErr_NoMemory();
+        loop->replicas = replicas;
+        self->replicas_capacity = capacity;
+    }
+    Replica *rep = &loop->replicas[loop->num_replicas];
+    memset(rep, 0, sizeof(Replica));
+    loop->num_replicas += 1; /* free_loop releases what read_replica took, even if it fails */
+    if (read_replica(spec, rep) < 0) return NULL;
+    Py_SETREF(rep->batches, Py_NewRef(batches));
+    Py_SETREF(rep->kv_samples, Py_NewRef(kv_samples));
+    rep->accepting = 1;
+    rep->is_local = PyUnicode_Check(rep->kind) && PyUnicode_CompareWithASCIIString(rep->kind, "local") == 0;
+    return PyLong_FromSsize_t(loop->num_replicas - 1);
+}
+
+/* submit(request, target, load, remote_only) -> target: place `request` (its fields read now) on
+ * `target`, or with target -1 on the argmin router's pick for `load` (LOAD_*). */
+static PyObject *cluster_submit(Cluster *self, PyObject *args) {
+    PyObject *object;
+    Py_ssize_t target;
+    int load_kind, remote_only;
+    if (!PyArg_ParseTuple(args, "Onip", &object, &target, &load_kind, &remote_only)) return NULL;
+    Loop *loop = &self->loop;
+    if (target < 0) {
+        target = argmin_pick(loop, load_kind, remote_only);
+        if (target < 0) return NULL;
+    } else if (cluster_replica(self, target) == NULL) {
+        return NULL;
+    }
+    if (loop->num_requests == self->requests_capacity) {
+        Py_ssize_t capacity = self->requests_capacity ? 2 * self->requests_capacity : 1024;
+        Request *requests = PyMem_Realloc(loop->requests, sizeof(Request) * capacity);
+        char *live = PyMem_Realloc(self->loop.live, capacity);
+        if (requests != NULL) loop->requests = requests;
+        if (live != NULL) self->loop.live = live;
+        if (requests == NULL || live == NULL) return PyErr_NoMemory();
+        self->requests_capacity = capacity;
+    }
+    int index = (int)loop->num_requests;
+    Request *r = &loop->requests[index];
+    memset(r, 0, sizeof(Request));
+    if (read_request(object, r) < 0) {
+        Py_CLEAR(r->prefix_key);
+        return NULL;
+    }
+    if (PyList_Append(loop->request_objects, object) < 0) {
+        Py_CLEAR(r->prefix_key);
+        return NULL;
+    }
+    loop->num_requests += 1;
+    self->loop.live[index] = 1;
+    if (place(loop, index, (int)target) < 0) return NULL;
+    return PyLong_FromSsize_t(target);
+}
+
+/* run(limit) -> [reports]: apply the serving events at or before `limit`, up to the first report's time. */
+static PyObject *cluster_run(Cluster *self, PyObject *arg) {
+    double limit = PyFloat_AsDouble(arg);
+    if (limit == -1.0 && PyErr_Occurred()) return NULL;
+    Loop *loop = &self->loop;
+    while (loop->heap_size && loop->heap[0].time <= limit) {
+        Event event = pop_event(loop);
+        loop->now = event.time;
+        loop->num_events += 1;
+        int status = event.phase == STAGE_END ? on_stage_end(loop, &event) : schedule(loop, event.target);
+        if (status < 0) return NULL;
+        if (PyList_GET_SIZE(loop->reports)) limit = loop->now;
+        if (!(loop->num_events & 0xFFF) && PyErr_CheckSignals() < 0) return NULL;
+    }
+    PyObject *reports = loop->reports;
+    loop->reports = PyList_New(0);
+    if (loop->reports == NULL) {
+        loop->reports = reports;
+        return NULL;
+    }
+    return reports;
+}
+
+/* retire(id) -> the unfinished requests if the instance stopped now, else None (it stops at the
+ * end of its batch in flight, cut at the first iteration boundary from now: a report of `run`). */
+static PyObject *cluster_retire(Cluster *self, PyObject *arg) {
+    Py_ssize_t replica_id = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    if (replica_id == -1 && PyErr_Occurred()) return NULL;
+    Replica *rep = cluster_replica(self, replica_id);
+    if (rep == NULL) return NULL;
+    Loop *loop = &self->loop;
+    rep->accepting = 0;
+    rep->retiring = 1;
+    if (cut_run_in_flight(loop, (int)replica_id) < 0) return NULL;
+    if (rep->batch_running) Py_RETURN_NONE;
+    if (stop_replica(loop, (int)replica_id) < 0) return NULL;
+    Py_ssize_t last = PyList_GET_SIZE(loop->reports) - 1;
+    PyObject *requests = Py_NewRef(PyTuple_GET_ITEM(PyList_GET_ITEM(loop->reports, last), 3));
+    if (PyList_SetSlice(loop->reports, last, last + 1, NULL) < 0) {
+        Py_DECREF(requests);
+        return NULL;
+    }
+    return requests;
+}
+
+static PyObject *cluster_stop_accepting(Cluster *self, PyObject *arg) {
+    Py_ssize_t replica_id = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    if (replica_id == -1 && PyErr_Occurred()) return NULL;
+    Replica *rep = cluster_replica(self, replica_id);
+    if (rep == NULL) return NULL;
+    rep->accepting = 0;
+    Py_RETURN_NONE;
+}
+
+/* view(id) -> InstanceView now (Replica.view). */
+static PyObject *cluster_view(Cluster *self, PyObject *arg) {
+    Py_ssize_t replica_id = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    if (replica_id == -1 && PyErr_Occurred()) return NULL;
+    if (cluster_replica(self, replica_id) == NULL) return NULL;
+    return instance_view(&self->loop, (int)replica_id);
+}
+
+/* num_outstanding() -> per instance, the requests on it, running or queued (InstanceView.num_outstanding). */
+static PyObject *cluster_num_outstanding(Cluster *self, PyObject *Py_UNUSED(ignored)) {
+    Loop *loop = &self->loop;
+    PyObject *counts = PyList_New(loop->num_replicas);
+    for (Py_ssize_t i = 0; counts != NULL && i < loop->num_replicas; i++) {
+        const Replica *rep = &loop->replicas[i];
+        PyObject *count = PyLong_FromLongLong(rep->num_resident + (long long)rep->waiting.size);
+        if (count == NULL) Py_CLEAR(counts);
+        else PyList_SET_ITEM(counts, i, count);
+    }
+    return counts;
+}
+
+/* totals(id) -> the replica's totals, as the closed loop returns them (compiled._write_back). */
+static PyObject *cluster_totals(Cluster *self, PyObject *arg) {
+    Py_ssize_t replica_id = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    if (replica_id == -1 && PyErr_Occurred()) return NULL;
+    Replica *rep = cluster_replica(self, replica_id);
+    return rep == NULL ? NULL : replica_result(rep);
+}
+
+/* write_back(): the requests still on an instance, written back onto their SimRequests as they are now. */
+static PyObject *cluster_write_back(Cluster *self, PyObject *Py_UNUSED(ignored)) {
+    Loop *loop = &self->loop;
+    for (Py_ssize_t i = 0; i < loop->num_requests; i++)
+        if (self->loop.live[i] &&
+            write_request(PyList_GET_ITEM(loop->request_objects, i), &loop->requests[i], loop->replicas) < 0)
+            return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *cluster_get_now(Cluster *self, void *closure) { return PyFloat_FromDouble(self->loop.now); }
+
+static int cluster_set_now(Cluster *self, PyObject *value, void *closure) {
+    double now = value == NULL ? -1.0 : PyFloat_AsDouble(value);
+    if (value == NULL) PyErr_SetString(PyExc_AttributeError, "now cannot be deleted");
+    if (now == -1.0 && PyErr_Occurred()) return -1;
+    self->loop.now = now;
+    return 0;
+}
+
+static PyObject *cluster_get_num_events(Cluster *self, void *closure) {
+    return PyLong_FromLongLong(self->loop.num_events);
+}
+
+static PyObject *cluster_get_num_pending(Cluster *self, void *closure) {
+    return PyLong_FromSsize_t(self->loop.heap_size);
+}
+
+static PyObject *cluster_get_next_time(Cluster *self, void *closure) {
+    return PyFloat_FromDouble(self->loop.heap_size ? self->loop.heap[0].time : INFINITY);
+}
+
+static PyGetSetDef cluster_getset[] = {
+    {"now", (getter)cluster_get_now, (setter)cluster_set_now, "the simulated clock", NULL},
+    {"num_events", (getter)cluster_get_num_events, NULL, "serving events applied so far", NULL},
+    {"num_pending", (getter)cluster_get_num_pending, NULL, "serving events queued", NULL},
+    {"next_time", (getter)cluster_get_next_time, NULL, "the earliest queued serving event's time (inf: none)",
+     NULL},
+    {NULL},
+};
+
+static PyMethodDef cluster_methods[] = {
+    {"add_replica", (PyCFunction)cluster_add_replica, METH_VARARGS, "add_replica(spec, batches, kv_samples) -> id"},
+    {"submit", (PyCFunction)cluster_submit, METH_VARARGS,
+     "submit(request, target, load, remote_only) -> target (-1: the argmin router's pick)"},
+    {"run", (PyCFunction)cluster_run, METH_O, "run(limit) -> [(kind, replica, time, [requests])]"},
+    {"retire", (PyCFunction)cluster_retire, METH_O, "retire(id) -> [unfinished requests] or None"},
+    {"stop_accepting", (PyCFunction)cluster_stop_accepting, METH_O, "stop_accepting(id)"},
+    {"view", (PyCFunction)cluster_view, METH_O, "view(id) -> InstanceView"},
+    {"num_outstanding", (PyCFunction)cluster_num_outstanding, METH_NOARGS, "num_outstanding() -> [per instance]"},
+    {"totals", (PyCFunction)cluster_totals, METH_O, "totals(id) -> dict"},
+    {"write_back", (PyCFunction)cluster_write_back, METH_NOARGS, "write_back()"},
+    {NULL},
+};
+
+static PyTypeObject ClusterType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "rollflow.sim._loop.Cluster",
+    .tp_doc = "A serving cluster in C that lives between calls (rollflow/sim/compiled_cluster.py drives it).",
+    .tp_basicsize = sizeof(Cluster),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)cluster_init,
+    .tp_dealloc = (destructor)cluster_dealloc,
+    .tp_methods = cluster_methods,
+    .tp_getset = cluster_getset,
+};
+
 static PyMethodDef loop_methods[] = {
     {"run", (PyCFunction)(void (*)(void))loop_run, METH_VARARGS | METH_KEYWORDS,
      "run(requests, replicas, pick, reads_load, id_views, types, overhead_s, start, until, on_progress, "
@@ -1403,7 +1771,12 @@ static struct PyModuleDef loop_module = {
 };
 
 PyMODINIT_FUNC PyInit__loop(void) {
+    PyObject *timing_module = PyImport_ImportModule("rollflow.perf._timing"); /* the capsule's home */
+    if (timing_module == NULL) return NULL;
+    Py_DECREF(timing_module);
     timing = PyCapsule_Import(ROLLFLOW_TIMING_CAPSULE, 0);
-    if (timing == NULL) return NULL;
-    return PyModule_Create(&loop_module);
+    if (timing == NULL || PyType_Ready(&ClusterType) < 0) return NULL;
+    PyObject *module = PyModule_Create(&loop_module);
+    if (module != NULL && PyModule_AddObjectRef(module, "Cluster", (PyObject *)&ClusterType) < 0) Py_CLEAR(module);
+    return module;
 }

@@ -9,6 +9,9 @@ the Python loop.
 
 The router stays Python: the loop calls its `pick` once per routed request with the same frozen
 snapshot the Python loop would build.
+
+A simulator that composes a serving cluster and acts between its events (the RL step's rollout)
+runs the same C code through `rollflow.sim.compiled_cluster` instead, one call per event it hears of.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from rollflow.sim.replica import THROUGHPUT_SMOOTHING, Replica
 if TYPE_CHECKING:
     from rollflow.sim.simulator import ServingSimulator
 
-_SCHEDULERS = {SarathiScheduler: 0, VllmScheduler: 1}  # the policy codes of _loop.c
+SCHEDULERS = {SarathiScheduler: 0, VllmScheduler: 1}  # the policy codes of _loop.c
 
 
 def covers(sim: ServingSimulator) -> bool:
@@ -44,7 +47,7 @@ def _covers_replica(replica: Replica) -> bool:
     scheduler = replica.scheduler
     return (
         replica.num_stages == 1
-        and type(scheduler) in _SCHEDULERS
+        and type(scheduler) in SCHEDULERS
         and scheduler.cohort is not None
         and scheduler.prefix_cache is None
         and replica.predictor.compiled
@@ -66,7 +69,7 @@ def run(sim: ServingSimulator, until: float, on_progress: Callable[[int], None] 
     requests = sim.requests
     now, num_events, totals, queued = loop.run(
         requests=requests,
-        replicas=[_replica_spec(replica) for replica in sim.replicas],
+        replicas=[replica_spec(replica) for replica in sim.replicas],
         pick=sim.router.pick,
         reads_load=sim._reads_load,
         id_views=sim._id_views(),
@@ -84,18 +87,18 @@ def run(sim: ServingSimulator, until: float, on_progress: Callable[[int], None] 
     sim.events.heap.clear()  # the loop's own queue is gone: run() is a simulator's last call
     sim.cluster_queue.extend(queued)  # late binding: arrived by the time limit, never dispatched
     for replica, total in zip(sim.replicas, totals, strict=True):
-        _write_back(replica, total)
+        write_back(replica, total)
     if on_progress is not None:
         on_progress(sum(1 for r in requests if r.completed_at is not None))
 
 
-def _replica_spec(replica: Replica) -> SimpleNamespace:
+def replica_spec(replica: Replica) -> SimpleNamespace:
     """What _loop.c reads of a replica, by attribute name."""
     scheduler = replica.scheduler
     predictor = replica.predictor
     return SimpleNamespace(
         timer=predictor.stage_seconds.__self__,  # the compiled StageTimer the predictor bound
-        policy=_SCHEDULERS[type(scheduler)],
+        policy=SCHEDULERS[type(scheduler)],
         fast_forward=replica.fast_forward,
         num_blocks=scheduler.num_blocks,
         block_size=scheduler.block_size,
@@ -114,7 +117,7 @@ def _replica_spec(replica: Replica) -> SimpleNamespace:
     )
 
 
-def _write_back(replica: Replica, total: dict) -> None:
+def write_back(replica: Replica, total: dict) -> None:
     stats = replica.stats
     stats.busy_s = total["busy_s"]
     stats.flops = total["flops"]

@@ -200,6 +200,14 @@ class ServingSimulator:
         now, replicas = self.now, self.replicas
         return ClusterView(now, tuple([replicas[i].view(now, request) for i in self.accepting_ids()]))
 
+    def view(self, instance_id: int) -> InstanceView:
+        """One instance as a policy sees it now (taking work or not)."""
+        return self.replicas[instance_id].view(self.now)
+
+    def num_outstanding(self) -> list[int]:
+        """Per instance, the requests on it, running or queued (as its view counts them)."""
+        return [r.scheduler.num_resident + len(r.scheduler.waiting) for r in self.replicas]
+
     def add_instance(self, group: GroupPlan | None = None, kind: InstanceKind = "local") -> int:
         """A new replica of `group` (the first group by default), empty, taking work from now."""
         group = group or self.groups[0]

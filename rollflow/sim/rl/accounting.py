@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import resource
+
 from rollflow.phases import PHASES, Span
 from rollflow.sim.rl.config import RLSimConfig
 from rollflow.sim.rl.staleness import tokens_by_staleness
@@ -135,8 +137,14 @@ def summarize_run(config: RLSimConfig, steps: list[StepResult], wall_s: float) -
         "num_gpus": config.num_gpus,
         "samples_per_step": steps[0].num_samples,
         "wall_time_s": wall_s,
+        "peak_memory_mib": peak_memory_mib(),
         "steps": [step_summary(s) for s in steps],
     }
+
+
+def peak_memory_mib() -> float:
+    """This process's peak resident memory so far, in MiB (what a simulation of this size needs)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 def step_summary(step: StepResult) -> dict:

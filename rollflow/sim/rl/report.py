@@ -85,7 +85,8 @@ def print_run(summary: dict, console: Console) -> None:
         f"GPU utilization {100 * summary['gpu_utilization']:.1f}%, idle {summary['idle_gpu_s_per_step']:.0f} GPU-s/step, "
         f"trainer bubble {summary['trainer_bubble_s_per_step']:.1f} s/step, "
         f"${summary['cost_usd_per_step']:.2f}/step (${summary['cost_usd_per_mtok']:.3f}/1M tokens), "
-        f"{summary['regenerated_tokens']} tokens regenerated; simulated in {summary['wall_time_s']:.2f} s"
+        f"{summary['regenerated_tokens']} tokens regenerated; simulated in {summary['wall_time_s']:.2f} s, "
+        f"peak memory {summary['peak_memory_mib']:.0f} MiB"
     )
     if summary["off_policy"]:
         steady = summary["steady_state_step_time_s"]

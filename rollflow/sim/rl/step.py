@@ -165,6 +165,10 @@ class StepSimulator:
         self.offloaded = False
         self.budget_spent = False
         self.spot_instance: dict[int, int] = {}
+        # membership reads, cached on the pool's version (see RolloutPool.version)
+        self._blocked_cache: tuple[tuple[int, int, int], bool] = ((-1, -1, -1), False)
+        self._local_cache: tuple[int, list[int]] = (-1, [])
+        self._states_cache: tuple[list[int] | None, dict[int, int], list] = (None, {}, [])
         # accounting
         self.timer = PhaseTimer(clock=lambda: self.now)  # the step's own phases, on the simulated clock
         self.regenerated = 0
@@ -403,7 +407,7 @@ class StepSimulator:
 
     # -- resource scheduling (RLinf) --------------------------------------------------------------------
     def _decide(self, trigger: Trigger) -> None:
-        local = [i for i in self.pool.live_ids() if self.pool.replicas[i].kind == "local"]
+        local = self._live_local()
         inference = self.inference
         snapshot = self._resource_snapshot(trigger, local)
         plan = self.scheduler.decide(snapshot)
@@ -423,17 +427,8 @@ class StepSimulator:
 
     def _resource_snapshot(self, trigger: Trigger, local: list[int]) -> ResourceSnapshot:
         """What the resource scheduler decides from: the step's progress and its local instances."""
-        pool, inference, now = self.pool, self.inference, self.now
-        instances = tuple(
-            RolloutInstanceState(
-                i,
-                pool.places[i].gpu_start,
-                pool.places[i].num_gpus,
-                pool.replicas[i].view(now).num_outstanding,
-                pool.places[i].borrowed,
-            )
-            for i in local
-        )
+        inference, now = self.inference, self.now
+        instances = self._instance_states(local)
         live_inference = inference is not None and not inference.released
         return ResourceSnapshot(
             now=now,
@@ -451,6 +446,27 @@ class StepSimulator:
             inference_range=(inference.gpu_start, inference.num_gpus) if live_inference else None,
             inference_done=self.inference_done,
         )
+
+    def _instance_states(self, local: list[int]) -> tuple[RolloutInstanceState, ...]:
+        """The local instances' states now. A step decides on every finished group, so the states
+        of the same instances are kept, and only those the pool touched since are read again."""
+        pool = self.pool
+        touched = pool.take_touched()
+        cached_local, position, states = self._states_cache
+        if cached_local is not local:  # instances came or went: read them all
+            position = {i: k for k, i in enumerate(local)}
+            states = [None] * len(local)
+            touched = local
+        counts = pool.num_outstanding() if touched else []
+        for i in touched:
+            k = position.get(i)
+            if k is not None:
+                place = pool.places[i]
+                states[k] = RolloutInstanceState(
+                    i, place.gpu_start, place.num_gpus, counts[i], place.borrowed
+                )
+        self._states_cache = (local, position, states)
+        return tuple(states)
 
     def _unfinished_fraction(self) -> float:
         """Of the batch, the share not generated yet (partial rollout: of its groups)."""
@@ -481,14 +497,30 @@ class StepSimulator:
         self._try_train(lane)
 
     def _blocked(self, lane: Lane) -> bool:
+        """Whether a rollout instance still up holds any of the lane's GPUs (the answer is cached
+        until the pool's instances change)."""
         pool = self.pool
         end = lane.gpu_start + max(lane.num_gpus, self.actor_target if lane is self.actor else 0)
-        return any(
-            replica.retired_at is None
-            and place.gpu_start < end
-            and lane.gpu_start < place.gpu_start + place.num_gpus
-            for place, replica in zip(pool.places, pool.replicas, strict=True)
-        )
+        key = (lane.gpu_start, end, pool.version)
+        if self._blocked_cache[0] != key:
+            blocked = any(
+                replica.retired_at is None
+                and place.gpu_start < end
+                and lane.gpu_start < place.gpu_start + place.num_gpus
+                for place, replica in zip(pool.places, pool.replicas, strict=True)
+            )
+            self._blocked_cache = (key, blocked)
+        return self._blocked_cache[1]
+
+    def _live_local(self) -> list[int]:
+        """Local instances neither retired nor retiring (cached until the pool's instances change)."""
+        pool = self.pool
+        if self._local_cache[0] != pool.version:
+            self._local_cache = (
+                pool.version,
+                [i for i in pool.live_ids() if pool.replicas[i].kind == "local"],
+            )
+        return self._local_cache[1]
 
     def _try_inference(self, lane: Lane) -> bool:
         if not self.ready or not (self.pipelined or self.rollout_done):
@@ -624,7 +656,7 @@ class StepSimulator:
     def _cluster_view(self) -> ClusterView:
         """Instances taking work, with their kind, as the offload policy reads them."""
         pool = self.pool
-        views: list[InstanceView] = [pool.replicas[i].view(self.now) for i in pool.accepting_ids()]
+        views: list[InstanceView] = [pool.view(i) for i in pool.accepting_ids()]
         return ClusterView(self.now, views)
 
     # -- step end -----------------------------------------------------------------------------------
