@@ -23,8 +23,9 @@ import aiohttp
 
 from rollflow.errors import UserError
 from rollflow.runtime.engines.base import EngineRejectedError, NotSupportedError
+from rollflow.runtime.manager.attempt import ENGINE_ERRORS
 from rollflow.runtime.manager.registry import EngineRecord
-from rollflow.runtime.manager.service import ENGINE_ERRORS, EngineUnavailable, RolloutManager
+from rollflow.runtime.manager.service import EngineUnavailable, RolloutManager
 
 ADMIN_PATHS = ("/release_memory_occupation", "/resume_memory_occupation")
 """Fan-outs that put every engine to sleep or wake it: admin routes, behind the token."""

@@ -27,8 +27,9 @@ from aiohttp import web
 from rollflow.runtime.engines.http import HttpEngine
 from rollflow.runtime.http.body import read_json_object
 from rollflow.runtime.http.errors import error_body
+from rollflow.runtime.manager.attempt import ENGINE_ERRORS
 from rollflow.runtime.manager.registry import EngineRecord
-from rollflow.runtime.manager.service import ENGINE_ERRORS, RolloutManager
+from rollflow.runtime.manager.service import RolloutManager
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from rollflow.runtime.engines.base import SamplingParams
@@ -102,6 +102,17 @@ class Sample:
     @property
     def remaining_tokens(self) -> int:
         return self.sampling.max_new_tokens - len(self.output_ids)
+
+    def attempt_sampling(self) -> SamplingParams:
+        """What the next attempt asks of its engine: a resumed sample asks only for what it lacks."""
+        if not self.output_ids:
+            return self.sampling
+        done = len(self.output_ids)
+        return replace(
+            self.sampling,
+            max_new_tokens=self.remaining_tokens,
+            min_new_tokens=max(0, self.sampling.min_new_tokens - done),
+        )
 
     @property
     def cached_tokens(self) -> int:

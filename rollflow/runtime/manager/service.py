@@ -28,8 +28,9 @@ import logging
 import os
 import uuid
 from collections import OrderedDict, deque
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
@@ -38,16 +39,11 @@ from rollflow.errors import UserError
 from rollflow.policy.offload import OffloadBalancer, StepReport
 from rollflow.policy.routing import Router, make_router
 from rollflow.policy.view import ClusterView, InstanceKind, RouteRequest
-from rollflow.runtime.engines.base import (
-    EngineError,
-    EngineRejectedError,
-    NotSupportedError,
-    RequestFailedError,
-    SamplingParams,
-)
+from rollflow.runtime.engines.base import NotSupportedError, SamplingParams
 from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.engines.http import failure_text
-from rollflow.runtime.manager import recovery
+from rollflow.runtime.manager import attempt, recovery
+from rollflow.runtime.manager.attempt import ENGINE_ERRORS, Outcome
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.journal import Journal
 from rollflow.runtime.manager.journal_lock import JournalLock
@@ -57,7 +53,6 @@ from rollflow.runtime.manager.registry import EngineRecord, Registry
 from rollflow.runtime.manager.request_log import RequestLog
 from rollflow.runtime.manager.samples import Sample, SampleRun, SampleState, Watcher
 from rollflow.runtime.manager.stall import StallSweep
-from rollflow.runtime.manager.stops import SpanningStop
 from rollflow.runtime.manager.view import refresh_load, route_inputs
 
 if TYPE_CHECKING:
@@ -69,7 +64,8 @@ ENGINE_STARTUP_POLL_S = 0.5
 LOOP_BEAT_S = 0.25
 LOOP_BLOCKED_S = 1.0
 """A beat this much later than due means the loop was blocked, not an engine silent."""
-ENGINE_ERRORS = (EngineError, aiohttp.ClientError, OSError, ValueError)
+# a move that ends an attempt with nothing left to resume: the sample ends or is gone
+MOVE_OUTCOMES = {"cancelled": Outcome.CANCELLED, "client_abort": Outcome.CLIENT_ABORT}
 
 
 DELETED_BATCHES_KEPT = 1024  # deleted batch ids remembered, each with the message of its deletion
@@ -166,7 +162,7 @@ class RolloutManager:
         self.config = config
         self.router = router or make_router(config.router, seed=config.seed, path=config.router_path)
         self._fallback_router = make_router("least_outstanding")
-        self._reads_cache = getattr(self.router, "reads_cache", False)  # fill the view's cached_tokens
+        self.reads_cache = getattr(self.router, "reads_cache", False)  # fill the view's cached_tokens
         self._reads_load = getattr(self.router, "reads_load", True)  # False: ids and order only
         self.session_router = make_router("session", seed=config.seed)  # routes sessions' turns (sessions.py)
         # decodes output tokens (server.py sets it from `tokenizer:`): cuts a spanning stop at its token
@@ -214,16 +210,16 @@ class RolloutManager:
         except BaseException:  # a journal refused (locked, read-only, corrupt...): nothing else started
             await self._session.close()
             raise
-        self._spawn(self._dispatch_loop())
-        self._spawn(self._health_loop())
-        self._spawn(self._load_loop())
-        self._spawn(self._loop_watch())
+        self.spawn(self._dispatch_loop())
+        self.spawn(self._health_loop())
+        self.spawn(self._load_loop())
+        self.spawn(self._loop_watch())
         # one sweep notices every engine that produces nothing for anyone while it has work (a
         # request queued in a producing engine is not silent); the manager may have been the silent one
         sweep = StallSweep(
             self.config.stall_timeout_s, self._busy_engines, self._stalled, self._manager_stalled
         )
-        self._spawn(sweep.run())
+        self.spawn(sweep.run())
         try:
             for index, entry in enumerate(self.config.engines):
                 await self._add_configured_engine(index, entry)
@@ -286,7 +282,8 @@ class RolloutManager:
             self.metrics.journal_errors.inc()
         self.metrics.journal_state.set(0 if error is None else 1)
 
-    def _spawn(self, coro) -> asyncio.Task:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
+        """Run `coro` in the background, kept until it ends and cancelled when the manager closes."""
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -454,6 +451,9 @@ class RolloutManager:
         """Take a failed engine out of the pool (its samples resume elsewhere); the breaker retries it."""
         self._retire(engine, "failed", reason)
 
+    def loop_time(self) -> float:
+        return self._loop.time()
+
     @property
     def http(self) -> aiohttp.ClientSession:
         """The manager's one HTTP session."""
@@ -476,7 +476,7 @@ class RolloutManager:
             )
         for sample_id in list(engine.running):
             self._move(sample_id, reason if state == "failed" else "engine_removed")
-        self._spawn(engine.client.close())
+        self.spawn(engine.client.close())
         self._wake.set()
 
     def _open_breaker(self, engine: EngineRecord) -> None:
@@ -773,7 +773,8 @@ class RolloutManager:
         if wake:
             self._wake.set()
 
-    def _notify(self, sample: Sample) -> None:
+    def notify(self, sample: Sample) -> None:
+        """Tell whoever waits on the sample (a single request's caller) that it changed."""
         run = self._runs.get(sample.sample_id)
         if run is not None and run.watcher is not None:
             run.watcher.set()
@@ -800,7 +801,7 @@ class RolloutManager:
                 blocked.append(sample)
                 continue
             router, reads_cache, reads_load = (
-                (self.router, self._reads_cache, self._reads_load)
+                (self.router, self.reads_cache, self._reads_load)
                 if sample.session_id is None
                 else (self.session_router, False, True)
             )
@@ -857,7 +858,7 @@ class RolloutManager:
         sample.begin_attempt(engine.engine_id)
         if not engine.running:  # the stall sweep's clock starts when an idle engine is given work
             engine.heard_at = self._loop.time()
-        if self._reads_cache:  # the record's only reader: routers that never read it pay nothing
+        if self.reads_cache:  # the record's only reader: routers that never read it pay nothing
             engine.prefixes.sent(sample.prompt_ids + sample.output_ids)  # a resume sends its tokens too
         engine.dispatched(
             sample.sample_id, len(sample.prompt_ids) + len(sample.output_ids), sample.remaining_tokens
@@ -898,20 +899,23 @@ class RolloutManager:
     # ------------------------------------------------------------------ streaming
 
     async def _run_attempt(self, run: SampleRun, engine: EngineRecord) -> None:
+        """Run one attempt, then decide from its outcome: finish, resume elsewhere, or fail."""
         sample = run.sample
         rid = self._rid(sample)
+        moved_for: str | None = None
         try:
-            outcome = await self._stream(run, engine, rid)
+            outcome = await attempt.stream(self, run, engine, rid)
         except asyncio.CancelledError:
-            outcome, run.move_reason = run.move_reason, None
-            if outcome is None:
+            moved_for, run.move_reason = run.move_reason, None
+            if moved_for is None:
                 raise  # the manager is shutting down
             asyncio.current_task().uncancel()
-            self._spawn(self._abort_quietly(engine, rid))
+            self.spawn(attempt.abort_quietly(engine, rid, self.config.connect_timeout_s))
+            outcome = MOVE_OUTCOMES.get(moved_for, Outcome.MOVED)
         except Exception as exc:  # a fault of the manager's own code: the sample must end, not hang
             log.exception("attempt %s on engine %d failed unexpectedly", rid, engine.engine_id)
             sample.error = f"internal error reading engine {engine.engine_id}'s answer: {exc!r}"
-            outcome = "request_failed"  # tried elsewhere, then failed with this error
+            outcome = Outcome.REQUEST_FAILED  # tried elsewhere, then failed with this error
         finally:
             engine.ended(sample.sample_id)
             run.task = None
@@ -919,140 +923,26 @@ class RolloutManager:
                 self.journal.attempt_ended(sample)
             if self._queue:  # the engine has room again for what waits (a resume below wakes anyway)
                 self._wake.set()
-        if outcome == "cancelled":
-            return
-        if outcome == "client_abort":
+        if outcome is Outcome.FINISHED:
+            self._finish(sample)
+        elif outcome is Outcome.CLIENT_ABORT:
             self._end_aborted(sample, sample.error or "aborted by request")
-            return
-        if outcome == "rejected":  # the request itself is bad: another engine would refuse it too
+        elif outcome is Outcome.REJECTED:  # the request itself is bad: another engine would refuse it too
             sample.state = SampleState.FAILED
             sample.refused = True
             self._complete(sample)
-            return
-        if outcome == "request_failed":
-            sample.request_failures += 1
-            if sample.request_failures >= self.config.request_failures_to_fail:
-                sample.state = SampleState.FAILED
-                log.warning("sample %s failed: %s", sample.sample_id, sample.error)
-                self._complete(sample)
-                return
-        if outcome is None:
-            self._finish(sample)
-        else:
-            self._resume(sample, outcome)
+        elif outcome is Outcome.REQUEST_FAILED and not self._note_request_failure(sample):
+            sample.state = SampleState.FAILED
+            log.warning("sample %s failed: %s", sample.sample_id, sample.error)
+            self._complete(sample)
+        elif outcome is not Outcome.CANCELLED:
+            self._resume(sample, moved_for or outcome.value)
 
-    async def _stream(self, run: SampleRun, engine: EngineRecord, rid: str) -> str | None:
-        """Stream one attempt; return None when the sample finished, else why it must resume."""
-        sample = run.sample
-        params = sample.sampling
-        if sample.output_ids:  # a resumed sample asks only for what it still lacks
-            params = dataclasses.replace(
-                params,
-                max_new_tokens=sample.remaining_tokens,
-                min_new_tokens=max(0, params.min_new_tokens - len(sample.output_ids)),
-            )
-        stream = engine.client.generate(rid, sample.prompt_ids + sample.output_ids, params)
-        # an engine sees only its own text: a stop string begun before a resume is the manager's to find
-        spanning = (
-            SpanningStop(sample.engine_text, params.stop) if sample.output_ids and params.stop else None
-        )
-        try:
-            while True:
-                try:
-                    chunk = await anext(stream)
-                except StopAsyncIteration:
-                    self._retire(engine, "failed", reason="stream_ended")
-                    return "engine_failed"
-                except EngineRejectedError as exc:
-                    sample.error = f"engine {engine.engine_id} refused the request: {exc}"
-                    return "rejected"
-                except RequestFailedError as exc:
-                    # the engine is alive and says this request failed: another engine may agree
-                    sample.error = f"engine {engine.engine_id} failed the request: {exc}"
-                    return "request_failed"
-                except ENGINE_ERRORS as exc:
-                    log.warning("engine %d failed on %s: %s", engine.engine_id, rid, exc)
-                    self._retire(engine, "failed", reason="stream_error")
-                    return "engine_failed"
-                engine.heard_at = self._loop.time()  # it produces for someone: not hung
-                if chunk.weight_version is not None:
-                    engine.weight_version = chunk.weight_version
-                if chunk.text is not None:
-                    sample.engine_texts[sample.attempts] = chunk.text
-                if chunk.cached_tokens is not None:
-                    sample.cached_by_attempt[sample.attempts] = chunk.cached_tokens
-                tokens = chunk.token_ids[: sample.remaining_tokens]
-                reason = chunk.finish_reason
-                ended = reason != "abort" and (reason is not None or len(tokens) >= sample.remaining_tokens)
-                if spanning is not None and chunk.text is not None and reason is None and not ended:
-                    may_stop = len(sample.output_ids) + len(tokens) >= sample.sampling.min_new_tokens
-                    cut = spanning.find(chunk.text, may_stop)
-                    if cut is not None:  # as an undisturbed engine would: stop there, the text trimmed
-                        ended, reason = True, "stop"
-                        tokens = self._tokens_to_stop(sample, tokens, spanning)
-                        if not params.no_stop_trim:
-                            sample.trim_engine_text(cut)
-                        self._spawn(self._abort_quietly(engine, rid))
-                    elif spanning.done:
-                        spanning = None
-                logprobs = chunk.logprobs[: len(tokens)]
-                if tokens:
-                    if run.resumed_at is not None:
-                        self.metrics.resume_delay.observe(asyncio.get_running_loop().time() - run.resumed_at)
-                        run.resumed_at = None
-                    sample.record(engine.engine_id, engine.url, engine.weight_version, tokens, logprobs)
-                    engine.progressed(sample.sample_id, sample.remaining_tokens)
-                    engine.tokens_generated += len(tokens)
-                    engine.window_tokens += len(tokens)
-                    self.metrics.generated_tokens[engine.engine_id] += len(tokens)
-                    self._notify(sample)
-                if ended:
-                    sample.finish_reason = reason or "length"
-                # the journal's bound: a crash may lose no more than it (wait for room below)
-                journal_full = (
-                    self.journal is not None
-                    and (tokens or ended)
-                    and self.journal.tokens(sample, len(tokens), ended)
-                )
-                if chunk.finish_reason == "abort" and chunk.status_code is not None:
-                    # the engine blames the request (SGLang's status_code): another engine may agree
-                    why = chunk.message or "no reason given"
-                    sample.error = f"engine {engine.engine_id} aborted the request: {why}"
-                    return "request_failed"
-                if chunk.finish_reason == "abort":
-                    # the manager's own aborts cancel the attempt first, so someone asked the engine
-                    # (slime's abort_all to every worker, a pause that aborts): the client's abort
-                    sample.error = chunk.message or f"aborted on engine {engine.engine_id}"
-                    return "client_abort"
-                if ended:
-                    engine.consecutive_failures = 0  # the breaker's count: it served a whole sample
-                    if self._reads_cache:
-                        engine.prefixes.sent(sample.prompt_ids + sample.output_ids)  # engines cache answers
-                    return None
-                if journal_full:
-                    await self.journal.room()
-        finally:
-            await stream.aclose()
-
-    def _tokens_to_stop(self, sample: Sample, tokens: list[int], spanning: SpanningStop) -> list[int]:
-        """The event's tokens up to the one that completes a spanning stop string, as an engine that
-        checks after each token would keep them. A busy engine sends several tokens in one event, and
-        only decoding tells which of them completed it: without a tokenizer the event is kept whole."""
-        if len(tokens) <= 1 or self.tokenizer is None:
-            return tokens
-        decode = self.tokenizer.decode
-        earlier = decode(sample.output_ids)
-        for keep in range(1, len(tokens)):
-            if spanning.completed_in(decode(sample.output_ids + tokens[:keep])[len(earlier) :]):
-                return tokens[:keep]
-        return tokens
-
-    async def _abort_quietly(self, engine: EngineRecord, rid: str) -> None:
-        if engine.state in ("healthy", "updating", "releasing"):
-            try:
-                await asyncio.wait_for(engine.client.abort(rid), self.config.connect_timeout_s)
-            except (*ENGINE_ERRORS, TimeoutError) as exc:
-                log.debug("abort of %s on engine %d failed: %s", rid, engine.engine_id, exc)
+    def _note_request_failure(self, sample: Sample) -> bool:
+        """Count a request an engine failed; True while the sample may try another engine (up to
+        `request_failures_to_fail` failures)."""
+        sample.request_failures += 1
+        return sample.request_failures < self.config.request_failures_to_fail
 
     def _resume(self, sample: Sample, reason: str) -> None:
         sample.resumes += 1
@@ -1118,4 +1008,4 @@ class RolloutManager:
                 self.journal.sample_changed(sample, completed=len(batch.completed) - 1)
             batch.packer.sample_done(sample)
             batch.notify()
-        self._notify(sample)
+        self.notify(sample)

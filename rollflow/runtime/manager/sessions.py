@@ -445,7 +445,7 @@ class SessionStore:
         self._open[session.session_id] = session
         if running is not None:
             session.running = running
-            self.manager._spawn(self._drive_restored(session, running))
+            self.manager.spawn(self._drive_restored(session, running))
 
     async def _drive_restored(self, session: Session, running: RunningTurn) -> None:
         try:
