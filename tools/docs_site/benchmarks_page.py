@@ -22,7 +22,7 @@ BENCHMARKS = REPO / "benchmarks"
 RESULTS = BENCHMARKS / "results"
 # benchmarks/ modules that are not benchmarks: an engine they start, the results file they write, the
 # suite that runs them (make bench), the renderer of their tables into the docs
-HELPERS = frozenset({"canned_engine", "results", "suite", "render"})
+HELPERS = frozenset({"canned_engine", "results", "suite", "render", "vidur_peer"})
 
 
 class ResultsError(ValueError):
