@@ -164,7 +164,19 @@ def device_figures(device: str) -> dict:
     """What ran the measurements: the GPU's name and torch's CUDA, or the CPU."""
     import torch
 
-    figures = {"device": device, "torch": torch.__version__}
+    import rollflow
+    from rollflow.native import extension
+
+    figures = {
+        "device": device,
+        "torch": torch.__version__,
+        "rollflow": str(Path(rollflow.__file__).parent),
+        # _timing first: _loop takes _timing's capsule as it loads
+        "compiled_core": all(
+            extension(name) is not None
+            for name in ("rollflow.perf._timing", "rollflow.sim._loop", "rollflow.sim._trace")
+        ),
+    }
     if device.startswith("cuda"):
         figures |= {"gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda}
     else:

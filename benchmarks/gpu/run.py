@@ -32,7 +32,9 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import rollflow  # noqa: F401 - the installed one (make bench-gpu's wheel), before the checkout's
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # for benchmarks/ and tests/
 
 from benchmarks.gpu import engine_vs_sim, manager_tokens, ops_vs_vidur, trainer_step
 from benchmarks.gpu.common import REPO, Budget, Fleet, StageFailed, device_figures, num_parameters, settings
