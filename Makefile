@@ -72,18 +72,17 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 # The GPU benchmark (benchmarks/gpu/run.py, docs/guides/gpu-benchmark.md). `make gpu-wheels`, here (it
-# needs a registry and pyenv's Pythons): every wheel the run needs besides torch, into dist/gpu-wheels/
-# (under 64 MiB), for GPU_PYTHONS (numpy, 16 MiB a version, for GPU_NUMPY_PYTHONS only). `make bench-gpu`,
-# on the GPU machine with the folder carried: installs them offline with that machine's python3
-# (GPU_PYTHON) into .gpu-site/ and runs the benchmark from them (PYTHONSAFEPATH: the installed rollflow,
-# with its compiled core, not the checkout's sources).
-GPU_PYTHONS ?= 3.11,3.12
-GPU_NUMPY_PYTHONS ?= 3.12
+# needs a registry and pyenv's Pythons): every wheel the run needs besides torch, and Vidur's two files it
+# reads, into dist/gpu-wheels/ for GPU_PYTHONS (one version's set: 47 MiB of the 64 that may travel).
+# `make bench-gpu`, on the GPU machine with that folder carried: installs them offline with the machine's
+# python3 (GPU_PYTHON) into .gpu-site/ and runs the benchmark from them (PYTHONSAFEPATH: the installed
+# rollflow, with its compiled core, not the checkout's sources).
+GPU_PYTHONS ?= 3.12
 GPU_PYTHON ?= python3
 BENCH_GPU_ARGS ?=
 
 gpu-wheels: $(STAMP)
-	$(BIN)/python tools/gpu_wheels.py --out dist/gpu-wheels --pythons $(GPU_PYTHONS) --numpy-pythons $(GPU_NUMPY_PYTHONS)
+	$(BIN)/python tools/gpu_wheels.py --out dist/gpu-wheels --pythons $(GPU_PYTHONS)
 
 bench-gpu:
 	$(GPU_PYTHON) tools/gpu_install.py --wheels dist/gpu-wheels --target .gpu-site

@@ -3,10 +3,9 @@
     python3 tools/gpu_install.py [--wheels dist/gpu-wheels] [--target .gpu-site]
 
 Each pin of the folder's requirements.txt is installed from the folder's wheel for this Python
-(`pip install --no-index --no-deps --target`); a pin with no wheel for this Python (numpy, by
-default, outside 3.12: see tools/gpu_wheels.py) is taken from the machine when it has that distribution, and said
-so; otherwise the install stops naming what is missing. The run then puts the target folder first
-on PYTHONPATH: its packages come before the machine's, and the machine's CUDA torch is used.
+(`pip install --no-index --no-deps --target`); when the folder has none for this Python, the
+install stops naming what is missing and how to make it. The run then puts the target folder
+first on PYTHONPATH: its packages come before the machine's, and the machine's CUDA torch is used.
 
 A target folder rather than a venv with --system-site-packages: on the project's GPU image python3
 is itself a venv (/opt/torch/.venv), and a venv made from a venv sees the base interpreter's
@@ -16,7 +15,6 @@ packages, not that venv's torch.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import re
 import shutil
 import subprocess
@@ -42,13 +40,13 @@ def fits_this_python(wheel: Path) -> bool:
     return python_tag == this and abi_tag == this
 
 
-def choose(wheels_dir: Path) -> tuple[list[Path], list[str], list[str]]:
-    """(wheels to install, pins the machine provides, pins neither has), from requirements.txt."""
+def choose(wheels_dir: Path) -> tuple[list[Path], list[str]]:
+    """(the wheels of requirements.txt's pins for this Python, the pins that have none)."""
     requirements = (wheels_dir / "requirements.txt").read_text().split()
     by_name: dict[str, list[Path]] = {}
     for wheel in wheels_dir.glob("*.whl"):
         by_name.setdefault(normalized(wheel.name.split("-")[0]), []).append(wheel)
-    chosen, machine, missing = [], [], []
+    chosen, missing = [], []
     for pin in requirements:
         name, version = pin.split("==")
         fitting = [
@@ -58,14 +56,9 @@ def choose(wheels_dir: Path) -> tuple[list[Path], list[str], list[str]]:
         ]
         if fitting:
             chosen.append(fitting[0])
-            continue
-        try:
-            machine.append(
-                f"{name} {importlib.metadata.version(name)} (the folder has {version} for other Pythons)"
-            )
-        except importlib.metadata.PackageNotFoundError:
+        else:
             missing.append(pin)
-    return chosen, machine, missing
+    return chosen, missing
 
 
 def main() -> None:
@@ -79,18 +72,16 @@ def main() -> None:
         )
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     here = f"Python {version}"
-    chosen, machine, missing = choose(args.wheels)
+    chosen, missing = choose(args.wheels)
     if missing:
         raise SystemExit(
-            f"{args.wheels} has no wheel for {here} of {', '.join(missing)}, and this Python has none installed: "
-            f"make the folder for it with `make gpu-wheels GPU_PYTHONS={version} GPU_NUMPY_PYTHONS={version}`"
+            f"{args.wheels} has no wheel for {here} of {', '.join(missing)}: make the folder for it with "
+            f"`make gpu-wheels GPU_PYTHONS={version}` where a registry is reachable"
         )
     shutil.rmtree(args.target, ignore_errors=True)
     pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
     subprocess.run([*pip, "--target", str(args.target), *map(str, chosen)], check=True)
     print(f"installed {len(chosen)} wheels for {here} into {args.target}")
-    for line in machine:
-        print(f"  from this machine: {line}")
 
 
 if __name__ == "__main__":

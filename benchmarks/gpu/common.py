@@ -4,6 +4,7 @@ engines behind a rollout manager that the engine, manager and trainer stages use
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 import urllib.request
@@ -30,7 +31,7 @@ class Settings:
     ops_args: tuple[str, ...]
     # requests decoding at once in each engine and in the simulation
     max_running: int
-    # `rollflow profile engine` options (url, model and output added)
+    # `rollflow profile engine` options (url, model and output added); its largest batch is max_running
     profile_engine_args: tuple[str, ...]
     # requests replayed per load, their lengths clipped to these
     num_requests: int
@@ -61,7 +62,7 @@ def settings(device: str, small: bool) -> Settings:
             max_running=4,
             profile_engine_args=("--batch-sizes", "1,4", "--prompt-lengths", "1,16", "--decode-prompt-lengths",
                                  "16", "--decode-tokens", "8", "--repeats", "1"),
-            num_requests=8, max_prompt=32, max_decode=8, loads=(0.3, 0.8),
+            num_requests=8, max_prompt=32, max_decode=8, loads=(0.4, 0.8),
             manager_requests=8, manager_slices=2, manager_concurrency=4, manager_tokens=8,
             train={"prompts_per_step": 2, "n_samples": 2, "micro_batch_groups": 1, "mini_batch_micro_batches": 2,
                    "max_new_tokens": 4},
@@ -74,8 +75,8 @@ def settings(device: str, small: bool) -> Settings:
         max_running=8,
         profile_engine_args=("--batch-sizes", "1,4,8", "--prompt-lengths", "1,16,64,256",
                              "--decode-prompt-lengths", "16,128", "--decode-tokens", "16", "--repeats", "2"),
-        num_requests=30, max_prompt=256, max_decode=32, loads=(0.3, 0.8),
-        manager_requests=48, manager_slices=3, manager_concurrency=16, manager_tokens=32,
+        num_requests=24, max_prompt=256, max_decode=32, loads=(0.4, 0.8),
+        manager_requests=16, manager_slices=2, manager_concurrency=16, manager_tokens=16,
         train={"prompts_per_step": 4, "n_samples": 4, "micro_batch_groups": 2, "mini_batch_micro_batches": 2,
                "max_new_tokens": 16},
     )  # fmt: skip
@@ -112,8 +113,6 @@ class Budget:
 
 
 def http_json(url: str, timeout: float = 10.0) -> dict:
-    import json
-
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return json.loads(response.read())
 
@@ -134,11 +133,9 @@ class Fleet:
                 self.engines.append(Process(rollflow(*args), port, work / f"engine{i}.log", wait=False))
             for engine in self.engines:
                 engine.wait_ready(timeout=budget.left())
-            config = work / "manager.yaml"
-            config.write_text(
-                "router: round_robin\nengines:\n"
-                + "".join(f"  - {{url: '{e.url}', capacity: 1024}}\n" for e in self.engines)
-            )
+            config = work / "manager.yaml"  # JSON is YAML
+            engines = [{"url": engine.url, "capacity": 1024} for engine in self.engines]
+            config.write_text(json.dumps({"router": "round_robin", "engines": engines}))
             port = free_port()
             argv = rollflow("manager", "serve", "--config", str(config), "--port", str(port))
             self.manager = Process(argv, port, work / "manager.log", wait=False)

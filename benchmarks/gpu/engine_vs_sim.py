@@ -46,11 +46,10 @@ def profile(
     )  # fmt: skip
     overrides = printed_overrides(out)
     round_trip_ms = overrides.pop("request_overhead_ms")
-    full_batch = settings.profile_engine_args[settings.profile_engine_args.index("--batch-sizes") + 1]
-    biggest = full_batch.split(",")[-1]
-    line = next((x for x in out.splitlines() if x.startswith(f"decode batch {biggest}, KV ")), None)
+    batch = settings.max_running
+    line = next((x for x in out.splitlines() if x.startswith(f"decode batch {batch}, KV ")), None)
     if line is None:
-        raise StageFailed(f"`rollflow profile engine` printed no decode batch {biggest}:\n{out[-1000:]}")
+        raise StageFailed(f"`rollflow profile engine` printed no decode batch {batch}:\n{out[-1000:]}")
     return round_trip_ms, float(line.split()[5]) * 1e-3, overrides
 
 

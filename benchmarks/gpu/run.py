@@ -17,8 +17,9 @@ and the next one still runs:
 4. gpu_trainer_step: one `rollflow train` step on the device, its weights pushed to the engines
    (trainer_step.py).
 
-Vidur's data (tables and the Splitwise trace) is read from --vidur-data: by default shared/data/vidur
-in the repository root (where a GPU machine has it) or beside it (../shared/data/vidur). Goals that
+Vidur's data (the H100 table and the Splitwise trace) is read from --vidur-data: by default
+shared/data/vidur in the repository or beside it (../shared/data/vidur), else the copy that
+`make gpu-wheels` puts in dist/gpu-wheels/vidur (what a GPU machine has). Goals that
 compare with a GPU's figures are judged on cuda only; on a CPU the run checks every stage end to end.
 """
 
@@ -45,10 +46,11 @@ BUDGETS = {"profile ops": 100, "engine vs sim": 190, "manager": 50, "trainer ste
 
 
 def default_vidur_data() -> Path:
-    for shared in (REPO / "shared", REPO.parent / "shared"):
-        if (shared / "data" / "vidur").is_dir():
-            return shared / "data" / "vidur"
-    return REPO / "shared" / "data" / "vidur"
+    """shared/data/vidur in or beside the repository, else the copy `make gpu-wheels` carries."""
+    for folder in (REPO / "shared" / "data" / "vidur", REPO.parent / "shared" / "data" / "vidur"):
+        if folder.is_dir():
+            return folder
+    return REPO / "dist" / "gpu-wheels" / "vidur"
 
 
 class Run:
