@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test test-fast test-docs lint clean vllm-venv compiled bench bench-quick
+.PHONY: demo test test-fast test-docs lint clean vllm-venv compiled bench bench-quick gpu-wheels bench-gpu
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -99,5 +99,22 @@ bench-quick: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
+# The GPU benchmark (benchmarks/gpu/run.py, docs/guides/gpu-benchmark.md). `make gpu-wheels`, here (it
+# needs a registry and pyenv's Pythons): every wheel the run needs besides torch, and Vidur's two files it
+# reads, into dist/gpu-wheels/ for GPU_PYTHONS (one version's set: 47 MiB of the 64 that may travel).
+# `make bench-gpu`, on the GPU machine with that folder carried: installs them offline with the machine's
+# python3 (GPU_PYTHON) into .gpu-site/ and runs the benchmark from them (PYTHONSAFEPATH: the installed
+# rollflow, with its compiled core, not the checkout's sources).
+GPU_PYTHONS ?= 3.12
+GPU_PYTHON ?= python3
+BENCH_GPU_ARGS ?=
+
+gpu-wheels: $(STAMP)
+	$(BIN)/python tools/gpu_wheels.py --out dist/gpu-wheels --pythons $(GPU_PYTHONS)
+
+bench-gpu:
+	$(GPU_PYTHON) tools/gpu_install.py --wheels dist/gpu-wheels --target .gpu-site
+	PYTHONPATH=$(CURDIR)/.gpu-site PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1 $(GPU_PYTHON) benchmarks/gpu/run.py $(BENCH_GPU_ARGS)
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) outputs site .pytest_cache build rollflow/perf/_timing.*.so rollflow/sim/_loop.*.so rollflow/sim/_trace.*.so
+	rm -rf $(VENV) $(VLLM_VENV) .gpu-site dist outputs site .pytest_cache build rollflow/perf/_timing.*.so rollflow/sim/_loop.*.so rollflow/sim/_trace.*.so

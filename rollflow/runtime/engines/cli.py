@@ -7,12 +7,15 @@ import os
 
 from rollflow.cli_util import add_command_group
 from rollflow.runtime.engines.builtin import DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_PREFIX_CACHE_TOKENS
+from rollflow.runtime.engines.tiny_model import DTYPES, TinyModelSpec, write_tiny_model
 from rollflow.runtime.http import limits
 
 EXAMPLES = """examples:
   rollflow engine init-model models/tiny
   rollflow engine init-model models/tiny-4l --layers 4 --heads 4 --vocab 1024 --seed 1
+  rollflow engine init-model models/llama-1b --layers 16 --heads 32 --kv-heads 8 --mlp-dim 8192 --dtype bfloat16 --init-std 0.02
   rollflow engine serve --model models/tiny --port 30000
+  rollflow engine serve --model models/llama-1b --device cuda --dtype bfloat16
   rollflow engine serve --model models/tiny --port 0 --weight-version 3 --threads 1
 """
 
@@ -21,14 +24,15 @@ API_KEY_ENV = "ROLLFLOW_ENGINE_API_KEY"
 
 def register(commands: argparse._SubParsersAction) -> None:
     engine_commands = add_command_group(
-        commands, "engine", "make a tiny model; serve it with the built-in CPU engine", EXAMPLES
+        commands, "engine", "make a tiny model; serve it with the built-in engine", EXAMPLES
     )
 
     init = engine_commands.add_parser(
         "init-model",
         help="write a tiny random Llama model and its tokenizer (no download)",
-        description="Write a tiny random causal LM (Llama, head_dim 64, float32 safetensors) with a byte-level "
-        "BPE tokenizer trained here, to a folder that transformers, vLLM and `rollflow engine serve` load.",
+        description="Write a random causal LM (Llama, head_dim 64; tiny by default, any Llama shape with the "
+        "options) with a byte-level BPE tokenizer trained here, to a folder that transformers, vLLM and "
+        "`rollflow engine serve` load.",
         epilog="example: rollflow engine init-model models/tiny --layers 2 --heads 2 --vocab 512",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -40,12 +44,26 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     init.add_argument("--vocab", type=int, default=512, help="tokenizer vocabulary size (default 512)")
     init.add_argument("--max-len", type=int, default=2048, help="context length (default 2048)")
+    init.add_argument(
+        "--kv-heads", type=int, help="key/value heads (grouped-query attention; default: --heads)"
+    )
+    init.add_argument("--mlp-dim", type=int, help="MLP intermediate size (default 2 * hidden)")
+    init.add_argument(
+        "--dtype", default="float32", choices=DTYPES, help="dtype of the saved weights (default float32)"
+    )
+    init.add_argument(
+        "--init-std",
+        type=float,
+        default=TinyModelSpec.init_std,
+        help=f"std of the random weights (default {TinyModelSpec.init_std}: peaked logits for tests; "
+        "0.02, transformers' own, keeps a large model's activations in float16's range)",
+    )
     init.set_defaults(handler=_init_model)
 
     serve = engine_commands.add_parser(
         "serve",
         help="serve a model folder with the built-in engine (SGLang's /generate API subset)",
-        description="Serve a model on CPU with transformers behind the part of SGLang's HTTP API that the "
+        description="Serve a model on CPU or a GPU with transformers behind the part of SGLang's HTTP API that the "
         "rollout manager uses: /generate (streaming, logprobs, batches), /abort_request, /v1/loads, /get_load, "
         "/health, /health_generate, "
         "/get_model_info, /get_weight_version, /update_weights_from_disk, /update_weights_from_safetensors, "
@@ -67,6 +85,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "per engine, so two engines never return the same samples)",
     )
     serve.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    serve.add_argument(
+        "--device", default="cpu", help="torch device of the model: cpu, cuda, cuda:N (default cpu)"
+    )
+    serve.add_argument(
+        "--dtype", default="float32", choices=DTYPES, help="dtype the model runs in (default float32)"
+    )
     serve.add_argument(
         "--incremental-streaming-output",
         action="store_true",
@@ -120,14 +144,16 @@ def _at_least(low: int):
 
 
 def _init_model(args: argparse.Namespace, started_at: float) -> None:
-    from rollflow.runtime.engines.tiny_model import TinyModelSpec, write_tiny_model
-
     spec = TinyModelSpec(
         num_layers=args.layers,
         num_heads=args.heads,
         vocab_size=args.vocab,
         max_position_embeddings=args.max_len,
         seed=args.seed,
+        num_kv_heads=args.kv_heads,
+        mlp_dim=args.mlp_dim,
+        dtype=args.dtype,
+        init_std=args.init_std,
     )
     out = write_tiny_model(args.dir, spec)
     print(f"wrote a {args.layers}-layer model with a {args.vocab}-token tokenizer to {out}")
@@ -150,6 +176,8 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
         weight_version=args.weight_version,
         seed=args.seed,
         num_threads=args.threads,
+        device=args.device,
+        dtype=args.dtype,
         incremental_streaming_output=args.incremental_streaming_output,
         api_key=args.api_key,
         max_body_bytes=int(args.max_body_mb * (1 << 20)),

@@ -31,9 +31,16 @@ Saved with the tokenizer (transformers 5 writes `chat_template.jinja`), where tr
 `apply_chat_template` and vLLM's chat route read it."""
 
 
+DTYPES = ("float32", "float16", "bfloat16")
+
+
 @dataclass(frozen=True)
 class TinyModelSpec:
-    """Shape of the model; head_dim is fixed at 64, the smallest vLLM's CPU attention supports."""
+    """Shape of the model; head_dim is fixed at 64, the smallest vLLM's CPU attention supports.
+
+    The defaults make the tiny test model; the other fields give Llama shapes of any size (16 layers,
+    32 heads, 8 KV heads and an MLP of 8192 are Llama-3.2-1B's body, about 1B parameters), for
+    timing engines on a GPU where the weights' values do not matter."""
 
     num_layers: int = 2
     # hidden size = num_heads * 64
@@ -43,10 +50,16 @@ class TinyModelSpec:
     # std of the random weights; larger than transformers' 0.02 so logits are far apart
     init_std: float = 0.25
     seed: int = 0
+    # key/value heads (grouped-query attention); None: one per attention head
+    num_kv_heads: int | None = None
+    # the MLP's intermediate size; None: 2 * hidden
+    mlp_dim: int | None = None
+    # dtype of the saved weights, one of DTYPES
+    dtype: str = "float32"
 
 
 def write_tiny_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
-    """Write config.json, model.safetensors (float32) and a tokenizer to `out_dir`; return the folder."""
+    """Write config.json, model.safetensors (in `spec.dtype`) and a tokenizer to `out_dir`; return the folder."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -57,6 +70,11 @@ def write_tiny_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec())
         )
     if spec.num_layers < 1 or spec.num_heads < 1:
         raise UserError("--layers and --heads must be at least 1")
+    num_kv_heads = spec.num_kv_heads or spec.num_heads
+    if spec.num_heads % num_kv_heads:
+        raise UserError(f"--kv-heads {num_kv_heads} must divide --heads {spec.num_heads}")
+    if spec.dtype not in DTYPES:
+        raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {spec.dtype!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -75,10 +93,10 @@ def write_tiny_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec())
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
-        intermediate_size=2 * hidden,
+        intermediate_size=spec.mlp_dim or 2 * hidden,
         num_hidden_layers=spec.num_layers,
         num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_heads,
+        num_key_value_heads=num_kv_heads,
         head_dim=64,
         max_position_embeddings=spec.max_position_embeddings,
         bos_token_id=tokenizer.bos_token_id,
@@ -86,10 +104,10 @@ def write_tiny_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec())
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
         initializer_range=spec.init_std,
-        dtype="float32",
+        dtype=spec.dtype,
     )
     torch.manual_seed(spec.seed)
-    model = LlamaForCausalLM(config).to(torch.float32)
+    model = LlamaForCausalLM(config).to(getattr(torch, spec.dtype))
     model.save_pretrained(out, safe_serialization=True)
     return out
 

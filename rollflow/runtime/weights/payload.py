@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import zstandard
 
 from rollflow.runtime.weights.codecs import (
     CodecSpec,
@@ -137,6 +136,9 @@ def _decode_tensor(entry: TensorEntry, record: memoryview, base: StateDict | Non
 
 
 def _decoded_chunks(manifest: Manifest, read_wire: Callable[[ChunkEntry], bytes]) -> Iterator[bytes]:
+    # imported here, not with the module: an engine imports this module to serve, and pulls rarely
+    import zstandard
+
     decompressor = zstandard.ZstdDecompressor() if "zstd" in manifest.codec.split("+") else None
     for entry in manifest.chunks:
         wire = read_wire(entry)
@@ -158,7 +160,12 @@ class _ChunkWriter:
     def __init__(self, out_dir: Path, chunk_bytes: int, zstd_level: int | None) -> None:
         self.out_dir = out_dir
         self.chunk_bytes = chunk_bytes
-        self.compressor = zstandard.ZstdCompressor(level=zstd_level) if zstd_level is not None else None
+        if zstd_level is not None:
+            import zstandard
+
+            self.compressor = zstandard.ZstdCompressor(level=zstd_level)
+        else:
+            self.compressor = None
         self.buffer = bytearray()
         self.position = 0
         self.chunks: list[ChunkEntry] = []

@@ -8,11 +8,15 @@ import os
 import socket
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rollflow.errors import UserError
 from rollflow.runtime.engines.builtin import DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_PREFIX_CACHE_TOKENS
 from rollflow.runtime.http.limits import DEFAULT_LIMITS, BodyLimits
 from rollflow.runtime.http.listen import bind
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +28,8 @@ def serve_engine(
     weight_version: int = 0,
     seed: int | None = None,
     num_threads: int | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
     incremental_streaming_output: bool = False,
     api_key: str | None = None,
     max_body_bytes: int = 64 << 20,
@@ -32,7 +38,9 @@ def serve_engine(
     prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
 ) -> None:
     """Serve until interrupted; prints `serving on http://HOST:PORT` once requests are accepted.
-    With `api_key`, every route but /health needs `Authorization: Bearer <api_key>`.
+    With `api_key`, every route but /health needs `Authorization: Bearer <api_key>`. The model
+    runs on `device` (cpu, cuda, cuda:N) in `dtype`; sampling runs on the CPU in float32 whatever
+    the device, so the same seed draws the same tokens from the same logits everywhere.
 
     `seed` seeds the samplers of requests that bring no `sampling_seed`; None draws one per engine,
     so engines started alike still sample differently (a GRPO group spread over engines must not
@@ -55,10 +63,12 @@ def serve_engine(
     transformers_logging.disable_progress_bar()
     if num_threads:
         torch.set_num_threads(num_threads)
+    torch_device = _torch_device(device)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
 
     def load_model():
-        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+        return model.to(torch_device).eval()
 
     model = load_model()
     config = model.config
@@ -108,6 +118,24 @@ def serve_engine(
             asyncio.run(_serve(server, sock, body_limits))
         finally:
             worker.stop()
+
+
+def _torch_device(device: str) -> torch.device:
+    """`device` as a torch device that this machine has; UserError naming the problem otherwise."""
+    import torch
+
+    try:
+        torch_device = torch.device(device)
+    except RuntimeError:
+        raise UserError(f"--device: not a torch device: {device!r} (try cpu or cuda)") from None
+    if torch_device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"--device {device}: torch {torch.__version__} sees no CUDA GPU here")
+        if (torch_device.index or 0) >= torch.cuda.device_count():
+            raise UserError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+    elif torch_device.type != "cpu":
+        raise UserError(f"--device {device}: the built-in engine runs on cpu or cuda")
+    return torch_device
 
 
 async def _serve(server, sock: socket.socket, body_limits: BodyLimits) -> None:

@@ -316,7 +316,7 @@ class GenerationWorker:
             if seq.num_generated == 0:
                 seq.cached_tokens = seq.num_cached
         num_new = len(seq.token_ids) - seq.num_cached
-        new_ids = torch.tensor([seq.token_ids[seq.num_cached :]], dtype=torch.long)
+        new_ids = torch.tensor([seq.token_ids[seq.num_cached :]], dtype=torch.long, device=self._model.device)
         out = self._model(input_ids=new_ids, past_key_values=seq.past_key_values, use_cache=True)
         seq.past_key_values = out.past_key_values
         seq.num_cached = len(seq.token_ids)
@@ -327,8 +327,10 @@ class GenerationWorker:
             self._cache_stats = (looked_up, hits, self._cache_stats[2] + num_new)
         if seq.generator is not None:
             seq.generator.manual_seed(position_seed(seq.seed, len(seq.token_ids)))
+        # on the CPU in float32 whatever the model's device and dtype: one sampler everywhere
+        logits = out.logits[0, -1].float().cpu()
         token_id, logprob = sample_next_token(
-            out.logits[0, -1], seq.sampling, seq.generator, seq.generated, self._banned(seq)
+            logits, seq.sampling, seq.generator, seq.generated, self._banned(seq)
         )
         seq.token_ids.append(token_id)
         seq.num_generated += 1
@@ -420,6 +422,8 @@ class GenerationWorker:
             self._prefix_cache.clear()  # its keys and values are KV memory too
         self._released = self._released | tags
         gc.collect()
+        if torch.cuda.is_initialized():  # hand the freed blocks back to the device, not torch's cache
+            torch.cuda.empty_cache()
         logger.info("released %s", ", ".join(sorted(tags)))
 
     def _resume_memory(self, tags: frozenset[str], backup: Path) -> None:

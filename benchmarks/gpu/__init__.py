@@ -1,0 +1,1 @@
+"""The GPU benchmark (`make bench-gpu`): run.py and its stages."""
