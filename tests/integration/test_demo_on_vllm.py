@@ -8,12 +8,12 @@ import json
 import yaml
 
 from rollflow.runtime.engines.tiny_model import write_tiny_model
-from tests.integration.conftest import _vllm_python
+from tests.integration.conftest import vllm_python
 from tests.runtime.demo.test_demo import _demo, _short_config
 
 
 def test_demo_trains_on_a_launched_vllm_engine_through_a_preemption(tmp_path):
-    python = _vllm_python()  # skips, saying why, when the tier's venv is missing
+    python = vllm_python()  # fails, saying why, when the tier's venv is missing (skips when left out)
     path = _short_config(tmp_path, write_tiny_model(tmp_path / "tiny"))
     raw = yaml.safe_load(path.read_text())
     raw["launch"]["startup_timeout_s"] = 600
