@@ -370,15 +370,22 @@ def _report(args: argparse.Namespace, rounds: list[dict[str, dict]], results: Re
     def ratio(key: str) -> list[float]:
         return [o[key] / p[key] for o, p in zip(ours_of, peer_of, strict=True)]
 
-    ratios = {  # label: (per-round ratios, the goal as (op, target), headline)
+    # label: (per-round ratios, the goal as (op, target, headline) or None). sglang-router 0.3.2 streams
+    # with Nagle's algorithm on, so its added latency and throughput carry a ~40 ms stall per streamed
+    # answer on a kept-alive connection: those goals flatter the manager and stay off the front page;
+    # the CPU per streamed token does not carry the stall (issue 31's goal: at most sglang-router's)
+    ratios = {
         "added p50 manager / sglang-router": (
             [a["rollflow manager"] / max(a["sglang-router"], 1e-9) for a in added],
-            ("<=", 1.5),
+            ("<=", 1.5, False),
         ),
-        "throughput manager / sglang-router": (ratio("rps"), (">=", 1.0)),
+        "throughput manager / sglang-router": (ratio("rps"), (">=", 1.0, False)),
         "router CPU per request manager / sglang-router": (ratio("cpu_us"), None),
         "engines CPU per request manager / sglang-router": (ratio("engines_cpu_us"), None),
-        "router CPU per streamed token manager / sglang-router": (ratio("stream_cpu_us_per_token"), None),
+        "router CPU per streamed token manager / sglang-router": (
+            ratio("stream_cpu_us_per_token"),
+            ("<=", 1.0, True),
+        ),
         "streamed tokens/s manager / sglang-router": (ratio("stream_tokens_per_s"), None),
     }
     results.figures["ratios"] = {}
@@ -388,10 +395,10 @@ def _report(args: argparse.Namespace, rounds: list[dict[str, dict]], results: Re
         per_round = " ".join(f"{v:.2f}" for v in values)
         line = f"{label}: median {median:.2f}x (rounds: {per_round})"
         if goal is not None:
-            op, target = goal
+            op, target, headline = goal
             held = sum(1 for v in values if (v <= target if op == "<=" else v >= target))
             line += f"; goal {op} {target}x, held in {held} of {len(values)} rounds"
-            results.goal(f"{label}, median over rounds", median, op, target, headline=True)
+            results.goal(f"{label}, median over rounds", median, op, target, headline=headline)
         print(line)
     per_token = {
         name: statistics.median(m["stream_cpu_us_per_token"] for m in of)
