@@ -22,12 +22,7 @@ class SpanningStop:
         """Where the output's text ends before the spanning stop string (the trim point), or None.
 
         `text` is the attempt's text so far; `may_stop` is false while min_new_tokens is not met."""
-        window, edge = self.tail + text[: self.reach], len(self.tail)
-        # only an occurrence that starts in the earlier text and ends in this attempt's is ours
-        starts = (
-            window.find(stop, max(0, edge - len(stop) + 1), edge + len(stop) - 1) for stop in self.stops
-        )
-        first = min((at for at in starts if at >= 0), default=None)
+        first = self._first_start(text)
         if first is not None and may_stop:
             return self.before - len(self.tail) + first
         self.done = may_stop and len(text) >= self.reach
@@ -35,7 +30,13 @@ class SpanningStop:
 
     def completed_in(self, text: str) -> bool:
         """Whether the attempt's `text` already completes a stop string begun before the resume."""
+        return self._first_start(text) is not None
+
+    def _first_start(self, text: str) -> int | None:
+        """Where, in the earlier text's tail, the first spanning stop string starts, or None."""
         window, edge = self.tail + text[: self.reach], len(self.tail)
-        return any(
-            window.find(stop, max(0, edge - len(stop) + 1), edge + len(stop) - 1) >= 0 for stop in self.stops
+        # only an occurrence that starts in the earlier text and ends in this attempt's is ours
+        starts = (
+            window.find(stop, max(0, edge - len(stop) + 1), edge + len(stop) - 1) for stop in self.stops
         )
+        return min((at for at in starts if at >= 0), default=None)
