@@ -128,14 +128,10 @@ def peers(results: dict[str, Any]) -> str:
 
 
 def provenance(results: dict[str, Any]) -> str:
-    """Where and on what a run was made: the commit and the machine's cores and load."""
-    machine = results.get("machine") or {}
-    said = [f"commit `{results['commit']}`"] if results.get("commit") else []
-    if machine.get("cores"):
-        said.append(f"{machine['cores']} cores")
-    if machine.get("load_before"):
-        said.append(f"load average {machine['load_before'][0]:.1f} before the run")
-    return f" ({', '.join(said)})" if said else ""
+    """What a run was made on, for the reader: the machine's cores. The commit and the load average
+    stay in the results file the text links to (user docs carry no commit hashes or load diaries)."""
+    cores = (results.get("machine") or {}).get("cores")
+    return f" ({cores} cores)" if cores else ""
 
 
 def goals_table(goals: list[dict[str, Any]], peers: str = "") -> str:
