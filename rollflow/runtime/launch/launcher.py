@@ -267,7 +267,10 @@ class Launcher:
             except (urllib.error.URLError, OSError):
                 pass
             time.sleep(0.1)
-        raise LaunchError(f"{slot.name} did not answer {url}{path} within {self.config.startup_timeout_s}s")
+        raise LaunchError(
+            f"{slot.name} did not answer {url}{path} within {self.config.startup_timeout_s:g}s"
+            f" (launch.startup_timeout_s); its log ends:\n{slot.log_tail()}"
+        )
 
     def _start_manager(self) -> None:
         config = self.config.manager

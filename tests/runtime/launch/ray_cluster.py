@@ -35,7 +35,7 @@ class RayHead:
         argv += [
             "--include-dashboard=false",
             "--disable-usage-stats",
-            "--num-cpus=8",
+            "--num-cpus=4",  # the 3 actors a test asks for, and no more idle workers prestarted on 2 cores
             f"--temp-dir={self.temp_dir}",
         ]
         # the agent's HTTP port is the one Ray fixes by default (52365): two heads would share it

@@ -43,7 +43,8 @@ def test_ray_actors_serve_on_loopback_and_a_lost_spot_actor_is_deregistered(tmp_
         "node_ip_address": "127.0.0.1",
         "preemptible_label": PREEMPTIBLE_LABEL,
     }
-    config = launch_config(tmp_path, pools, backend="ray", ray=ray_section)
+    # the default start timeout: Ray's workers and two engines importing torch share 2 loaded cores
+    config = launch_config(tmp_path, pools, backend="ray", ray=ray_section, startup_timeout_s=300)
     with Launcher(config) as launch:
         samples = _serve_batch(launch)
         assert len(samples) == 4 and all(s["state"] == "finished" for s in samples)
