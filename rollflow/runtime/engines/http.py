@@ -176,36 +176,69 @@ def sse_line_json(raw_line: bytes, url: str) -> Any:
 
 
 class SseLines:
-    """Splits a body that arrives in arbitrary pieces into the JSON objects of its SSE data lines."""
+    """Splits a body that arrives in arbitrary pieces into blocks of whole SSE lines, read either
+    line by line (`lines`) or from both ends only (`ends`): a caller that needs only the newest of
+    many events then splits and parses none of the others."""
 
     def __init__(self, url: str) -> None:
         self._url = url
         self._rest = b""
         self.done = False  # `data: [DONE]` was seen
 
-    def feed(self, data: bytes) -> list[dict[str, Any]]:
-        lines = (self._rest + data).split(b"\n") if self._rest else data.split(b"\n")
-        self._rest = lines.pop()
-        return self._payloads(lines)
+    def feed(self, data: bytes) -> bytes:
+        """The whole lines that `data` completes (with what earlier pieces left), as one block."""
+        data = self._rest + data if self._rest else data
+        cut = data.rfind(b"\n") + 1
+        self._rest = data[cut:]
+        return data[:cut]
 
-    def end(self) -> list[dict[str, Any]]:
+    def end(self) -> bytes:
         """The body ended: a last line without its newline still counts."""
-        lines, self._rest = [self._rest], b""
-        return self._payloads(lines)
+        block, self._rest = self._rest, b""
+        return block + b"\n" if block else b""
 
-    def _payloads(self, lines: list[bytes]) -> list[dict[str, Any]]:
-        payloads = []
-        for line in lines:
+    def lines(self, block: bytes) -> list[bytes]:
+        """The block's data lines, in order, up to `data: [DONE]` (which sets `done`)."""
+        events = []
+        for raw_line in block.split(b"\n"):
             if self.done:
                 break
-            if not line or line == b"\r":
-                continue  # the blank line that ends each event
-            payload = sse_line_json(line, self._url)
-            if payload is SSE_DONE:
+            if raw_line.startswith(b"data: {"):  # an event as servers write it
+                events.append(raw_line)
+                continue
+            line = raw_line.strip()
+            if not line or line.startswith(b":"):
+                continue  # the blank line that ends each event, or a comment
+            if not line.startswith(b"data:"):
+                raise EngineResponseError(
+                    f"{self._url} streamed a line that is not an SSE data line: {line[:200]!r}"
+                )
+            if line[5:].strip() == b"[DONE]":
                 self.done = True
-            elif payload is not None:
-                payloads.append(payload)
-        return payloads
+            else:
+                events.append(line)
+        return events
+
+    def ends(self, block: bytes) -> tuple[bytes, bytes, bool] | None:
+        """The block's first and last events and whether `data: [DONE]` follows the last, found
+        without splitting the lines between; None when the block holds fewer than two events or is
+        not only `data: ...` lines each followed by a blank one, as servers write events (then
+        `lines` reads it, and says what is wrong with it). Two counts over the bytes check that."""
+        first = block[: block.find(b"\n")]
+        if not first.startswith(b"data: {") or block.count(b"\n") - 2 * block.count(b"data: ") not in (-1, 0):
+            return None
+        end, done = len(block), False
+        while end > len(first):
+            start = block.rfind(b"\n", 0, end - 1) + 1
+            line = block[start:end].rstrip(b"\r\n")
+            if line.startswith(b"data: {"):
+                return (first, line, done) if start > 0 else None
+            if line == b"data: [DONE]" and not done:
+                done = True
+            elif line:
+                return None
+            end = start
+        return None
 
 
 async def iter_sse_json(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:

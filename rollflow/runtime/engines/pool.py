@@ -157,6 +157,8 @@ class _Connection(asyncio.Protocol):
                 self._keep(take)
                 if self._remaining == 0:
                     self._state = _DONE if state == _LENGTH else _CHUNK_END
+            elif state == _CHUNK_SIZE and self._whole_chunks(buf):
+                continue
             elif state in (_CHUNK_SIZE, _TRAILERS):
                 end = buf.find(b"\r\n")
                 if end < 0:
@@ -183,6 +185,32 @@ class _Connection(asyncio.Protocol):
             else:  # bytes past the end of the response: the connection cannot be trusted again
                 self._keep_alive = False
                 buf.clear()
+
+    def _whole_chunks(self, buf: bytearray) -> bool:
+        """Take the whole data chunks at the front of `buf` in one pass, as one piece of body;
+        whether there was one. A streaming engine writes a chunk per event, and a read holds tens of
+        them under load: one slice each and one cut of the buffer, not a trip through the state
+        machine per chunk. A partial chunk, the last (empty) one and what follows are left to it."""
+        pieces, start = [], 0
+        while True:
+            end = buf.find(b"\r\n", start)
+            if end < 0:
+                break
+            size = int(buf[start:end].split(b";", 1)[0], 16)
+            if size < 0:
+                raise ProtocolError(f"chunk size {size}")
+            stop = end + 2 + size
+            if size == 0 or stop + 2 > len(buf):
+                break
+            if buf[stop : stop + 2] != b"\r\n":
+                raise ProtocolError("chunk not followed by CRLF")
+            pieces.append(buf[end + 2 : stop])
+            start = stop + 2
+        if not pieces:
+            return False
+        del buf[:start]
+        self._keep(bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces))
+        return True
 
     def _start_body(self, head: bytes) -> None:
         end = head.find(b"\r\n")

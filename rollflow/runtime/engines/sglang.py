@@ -28,6 +28,7 @@ from rollflow.runtime.engines.http import (
     failure_text,
     parse_weight_version,
     raise_for_status,
+    sse_line_json,
     status_error,
 )
 from rollflow.runtime.engines.load import EngineLoad, parse_sglang_get_load, parse_sglang_loads
@@ -77,14 +78,10 @@ class SGLangClient(HttpEngine):
                 if response.status >= 300:
                     text = (await response.read()).decode(errors="replace")
                     raise status_error("POST", self.url + "/generate", response.status, text)
-                events = SseLines(self.url + "/generate")
-                num_seen, text = 0, ""
+                events = EventReducer(self.url + "/generate")
                 while not events.done:
                     data = await response.read_chunk()
-                    for payload in events.feed(data) if data else events.end():
-                        chunk = parse_sglang_event(payload, num_seen, text)
-                        num_seen += len(chunk.token_ids)
-                        text = chunk.text if chunk.text is not None else text
+                    for chunk in events.feed(data) if data else events.end():
                         finished = chunk.finish_reason is not None
                         yield chunk
                         if finished:
@@ -220,6 +217,101 @@ def sglang_sampling_params(sampling: SamplingParams) -> dict[str, Any]:
     if sampling.no_stop_trim:
         params["no_stop_trim"] = True
     return params
+
+
+class EventReducer:
+    """One `/generate` stream's events, reduced to as few chunks as each read of the socket allows.
+
+    An engine that outruns its reader leaves many events in each read (tens per read under a load
+    of long streams), and SGLang's default events each repeat the whole output so far: parsing
+    every one costs the manager time in proportion to the output's length, per token. The newest
+    event of a read holds everything the older ones do, so it alone is parsed, unless it does not
+    (an engine streaming increments: every event is parsed, and the read's tokens go out as one
+    chunk) or the engine's weight version changed within the read (every event is parsed, and each
+    version's tokens make a chunk of their own, so every token keeps the version that made it)."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._sse = SseLines(url)
+        self._num_seen = 0
+        self._text = ""
+        self._version: int | None = None
+        self._started = False  # an event was parsed: `_version` is the stream's version so far
+
+    @property
+    def done(self) -> bool:
+        """The stream's `data: [DONE]` was read."""
+        return self._sse.done
+
+    def feed(self, data: bytes) -> list[GenerateChunk]:
+        """The chunks of tokens that one read's `data` adds, up to a finish."""
+        return self._reduce(self._sse.feed(data))
+
+    def end(self) -> list[GenerateChunk]:
+        """The body ended: what its last line without a newline adds."""
+        return self._reduce(self._sse.end())
+
+    def _reduce(self, block: bytes) -> list[GenerateChunk]:
+        ends = self._sse.ends(block) if block else None
+        if ends is not None:
+            first, last, done = ends
+            newest = sse_line_json(last, self._url)
+            if _holds_whole_output(newest) and self._keeps_version(newest, first):
+                self._sse.done = done
+                return self._chunks([newest])
+        return self._chunks([sse_line_json(line, self._url) for line in self._sse.lines(block)])
+
+    def _chunks(self, payloads: list[dict[str, Any]]) -> list[GenerateChunk]:
+        self._started = self._started or bool(payloads)
+        chunks: list[GenerateChunk] = []
+        for payload in payloads:
+            chunk = parse_sglang_event(payload, self._num_seen, self._text)
+            self._num_seen += len(chunk.token_ids)
+            if chunk.text is not None:
+                self._text = chunk.text
+            if chunk.weight_version is not None:
+                self._version = chunk.weight_version
+            if (
+                chunks
+                and chunks[-1].weight_version == chunk.weight_version
+                and chunks[-1].finish_reason is None
+            ):
+                chunks[-1] = _joined(chunks[-1], chunk)
+            else:
+                chunks.append(chunk)
+            if chunk.finish_reason is not None:
+                break
+        return chunks
+
+    def _keeps_version(self, newest: dict[str, Any], first_line: bytes) -> bool:
+        """Whether the read's newest event has the weight version the stream had before the read
+        (on a stream's first read, the version of its first event)."""
+        before = self._version if self._started else _version_of(sse_line_json(first_line, self._url))
+        return _version_of(newest) == before
+
+
+def _version_of(payload: dict[str, Any]) -> int | None:
+    meta = payload.get("meta_info")
+    return parse_weight_version(meta.get("weight_version")) if isinstance(meta, dict) else None
+
+
+def _holds_whole_output(payload: dict[str, Any]) -> bool:
+    """Whether an event repeats every token of its request (SGLang's default streaming)."""
+    meta = payload.get("meta_info")
+    if "error" in payload or not isinstance(meta, dict):
+        return False
+    entries = meta.get("output_token_logprobs")
+    return isinstance(entries, list) and len(entries) == meta.get("completion_tokens")
+
+
+def _joined(earlier: GenerateChunk, later: GenerateChunk) -> GenerateChunk:
+    """Two consecutive chunks of one stream, of one weight version, as one."""
+    return later._replace(
+        token_ids=earlier.token_ids + later.token_ids,
+        logprobs=earlier.logprobs + later.logprobs,
+        text=later.text if later.text is not None else earlier.text,
+        cached_tokens=later.cached_tokens if later.cached_tokens is not None else earlier.cached_tokens,
+    )
 
 
 def parse_sglang_event(payload: dict[str, Any], num_seen: int, text_seen: str = "") -> GenerateChunk:

@@ -119,8 +119,34 @@ def output_text(sample: Sample, tokenizer: Any) -> str:
     return text
 
 
-def generate_payload(sample: Sample, body: GenerateBody, rid: str, tokenizer: Any) -> dict:
-    """SGLang's answer: text, output ids and meta_info (with rollflow's spans and resumes)."""
+class LogprobEntries:
+    """SGLang's `output_token_logprobs` of one sample, kept from one event of its stream to the next:
+    each event repeats every entry so far, and building them all again per event cost the manager
+    time in proportion to the output's length, per token. Only the entries of new tokens are
+    made; a sample whose output was discarded (restarted from its prompt) is built again."""
+
+    def __init__(self) -> None:
+        self.entries: list[list] = []
+        self._regenerated = 0
+
+    def of(self, sample: Sample, tokenizer: Any, with_text: bool) -> list[list]:
+        if sample.regenerated_tokens != self._regenerated or len(self.entries) > len(sample.output_ids):
+            self.entries, self._regenerated = [], sample.regenerated_tokens
+        start = len(self.entries)
+        tokens = sample.output_ids[start:]
+        texts = [tokenizer.decode([token]) for token in tokens] if with_text else [None] * len(tokens)
+        self.entries += [
+            [logprob, token, text]
+            for logprob, token, text in zip(sample.output_logprobs[start:], tokens, texts, strict=True)
+        ]
+        return self.entries
+
+
+def generate_payload(
+    sample: Sample, body: GenerateBody, rid: str, tokenizer: Any, entries: LogprobEntries | None = None
+) -> dict:
+    """SGLang's answer: text, output ids and meta_info (with rollflow's spans and resumes). A
+    stream passes the `entries` it keeps from event to event."""
     meta: dict = {
         "id": rid,
         "prompt_tokens": len(sample.prompt_ids),
@@ -138,15 +164,8 @@ def generate_payload(sample: Sample, body: GenerateBody, rid: str, tokenizer: An
     elif sample.state == SampleState.FAILED:
         meta["finish_reason"] = {"type": "abort", "message": sample.error}
     if body.return_logprob:
-        texts = (
-            [tokenizer.decode([token]) for token in sample.output_ids]
-            if body.return_text_in_logprobs
-            else [None] * len(sample.output_ids)
-        )
-        meta["output_token_logprobs"] = [
-            [logprob, token, text]
-            for logprob, token, text in zip(sample.output_logprobs, sample.output_ids, texts, strict=True)
-        ]
+        entries = entries or LogprobEntries()
+        meta["output_token_logprobs"] = entries.of(sample, tokenizer, body.return_text_in_logprobs)
     return {"text": output_text(sample, tokenizer), "output_ids": list(sample.output_ids), "meta_info": meta}
 
 
@@ -176,6 +195,7 @@ class PromptRequest:
             raise BadRequest(f"rid {self.asked_rid!r} is already in use by a running request")
         self.prompt = self._prompt(manager.config, input_ids)
         self.params = sampling_params(body.sampling_params, manager.config, params)
+        self._entries = LogprobEntries()  # kept from one streamed event to the next
 
     def _prompt(self, config: ManagerConfig, input_ids: list[int] | None) -> list[int]:
         if self.body.text is not None:
@@ -201,7 +221,7 @@ class PromptRequest:
         return self.sample
 
     def payload(self) -> dict:
-        return generate_payload(self.sample, self.body, self.rid, self.tokenizer)
+        return generate_payload(self.sample, self.body, self.rid, self.tokenizer, self._entries)
 
     def refusal(self) -> BadRequest | None:
         """The 4xx to answer when an engine refused the request's own input."""

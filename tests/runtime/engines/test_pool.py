@@ -242,3 +242,38 @@ def test_a_length_that_is_no_number_is_a_protocol_error():
 
     with pytest.raises(ProtocolError, match="bad HTTP response"):
         run(go())
+
+
+def test_many_chunks_in_one_write_are_read_as_the_same_body():
+    """A streaming engine that outruns its reader leaves tens of chunks in one read: they are taken
+    in one pass (chunk extensions and a partial last chunk included) and make the same body."""
+    events = [b'data: {"n": %d}\n\n' % n for n in range(40)]
+    chunks = b"".join(b"%x;ext=1\r\n%s\r\n" % (len(e), e) for e in events)
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    cut = len(chunks) - 7  # the last chunk's end comes in a second write
+
+    async def go():
+        async with raw_server(lambda n: [head + chunks[:cut], chunks[cut:] + b"0\r\n\r\n"]) as seen:
+            pool = ConnectionPool(seen["url"])
+            response = await pool.request("POST", "/generate", b"{}")
+            body = await response.read()
+            pool.close()
+            return body
+
+    assert run(go()) == b"".join(events)
+
+
+def test_a_chunk_not_ended_by_crlf_among_whole_chunks_is_a_protocol_error():
+    bad = [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n2\r\ncdXX2\r\nef\r\n0\r\n\r\n"]
+
+    async def go():
+        async with raw_server(lambda n: bad) as seen:
+            pool = ConnectionPool(seen["url"])
+            try:
+                response = await pool.request("POST", "/generate", b"{}")
+                await response.read()
+            finally:
+                pool.close()
+
+    with pytest.raises(ProtocolError, match="CRLF"):
+        run(go())

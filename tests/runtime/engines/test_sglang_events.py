@@ -1,0 +1,100 @@
+"""SGLang `/generate` streams reduced one read at a time (`EventReducer`): a read of many events
+gives the tokens and logprobs that parsing every event would, whichever way the engine streams."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from rollflow.runtime.engines.base import EngineResponseError
+from rollflow.runtime.engines.sglang import EventReducer, parse_sglang_event
+
+URL = "http://engine/generate"
+
+
+def event(ids: list[int], total: int, version: int | str = 3, finish: str | None = None) -> bytes:
+    """An event holding `ids` (the whole output so far, or only new ones) of `total` tokens so far."""
+    meta = {
+        "completion_tokens": total,
+        "finish_reason": {"type": finish} if finish else None,
+        "weight_version": version,
+        "output_token_logprobs": [[-0.1 * t, t, None] for t in ids],
+    }
+    return b"data: " + orjson.dumps({"text": "", "output_ids": ids, "meta_info": meta}) + b"\n\n"
+
+
+def cumulative(n: int, **kwargs) -> list[bytes]:
+    return [event(list(range(1, end + 1)), end, **kwargs) for end in range(1, n + 1)]
+
+
+def incremental(n: int, **kwargs) -> list[bytes]:
+    return [event([end], end, **kwargs) for end in range(1, n + 1)]
+
+
+def one_by_one(events: list[bytes]) -> list[tuple[list[int], list[float], int | None]]:
+    """What parsing each event on its own gives: (tokens, logprobs, version) per event."""
+    seen, out = 0, []
+    for raw in events:
+        chunk = parse_sglang_event(orjson.loads(raw[6:]), seen)
+        seen += len(chunk.token_ids)
+        out.append((chunk.token_ids, chunk.logprobs, chunk.weight_version))
+    return out
+
+
+def tokens(chunks) -> tuple[list[int], list[float]]:
+    return [t for c in chunks for t in c.token_ids], [lp for c in chunks for lp in c.logprobs]
+
+
+@pytest.mark.parametrize("shape", [cumulative, incremental])
+@pytest.mark.parametrize("per_read", [1, 3, 40])
+def test_reads_of_many_events_give_what_each_event_gives(shape, per_read):
+    events = [*shape(40, finish=None)[:-1], shape(40, finish="length")[-1], b"data: [DONE]\n\n"]
+    reducer = EventReducer(URL)
+    chunks = []
+    body = b"".join(events)
+    step = sum(len(e) for e in events[:per_read])
+    for start in range(0, len(body), step):
+        chunks += reducer.feed(body[start : start + step])
+    expected = one_by_one(events[:-1])
+    assert tokens(chunks) == (
+        [t for ids, _, _ in expected for t in ids],
+        [lp for _, lps, _ in expected for lp in lps],
+    )
+    assert chunks[-1].finish_reason == "length" and reducer.done
+    if per_read == 40:
+        assert len(chunks) == 1  # one read, one chunk: the newest event alone was parsed
+
+
+def test_a_weight_version_change_within_a_read_keeps_each_token_s_version():
+    events = cumulative(6, version=3)[:3] + cumulative(6, version=4)[3:]
+    reducer = EventReducer(URL)
+    chunks = reducer.feed(events[0]) + reducer.feed(b"".join(events[1:]))
+    by_version = [(c.weight_version, c.token_ids) for c in chunks]
+    assert by_version == [(3, [1]), (3, [2, 3]), (4, [4, 5, 6])]
+
+
+def test_a_version_change_on_the_first_read_is_seen_too():
+    events = cumulative(4, version=1)[:2] + cumulative(4, version=2)[2:]
+    chunks = EventReducer(URL).feed(b"".join(events))
+    assert [(c.weight_version, c.token_ids) for c in chunks] == [(1, [1, 2]), (2, [3, 4])]
+
+
+def test_lines_split_across_reads_and_a_last_line_without_newline():
+    body = b"".join(cumulative(5)) + b"data: [DONE]"
+    reducer = EventReducer(URL)
+    chunks = [c for start in range(0, len(body), 17) for c in reducer.feed(body[start : start + 17])]
+    assert not reducer.done
+    chunks += reducer.end()
+    assert tokens(chunks)[0] == [1, 2, 3, 4, 5] and reducer.done
+
+
+def test_a_line_that_is_not_sse_is_an_error_even_among_events():
+    reducer = EventReducer(URL)
+    with pytest.raises(EngineResponseError, match="not an SSE data line"):
+        reducer.feed(cumulative(2)[0] + b"<html>oops</html>\n" + cumulative(2)[1])
+
+
+def test_an_error_event_is_reported_not_skipped():
+    error = b'data: {"error": "out of memory"}\n\n'
+    with pytest.raises(Exception, match="out of memory"):
+        EventReducer(URL).feed(b"".join(cumulative(3)) + error)
