@@ -41,8 +41,14 @@ machine's cores, so requests/s falls with the CPU any of them spends: the engine
 that the routers cost them alike. `--rounds` repeats all of it (each round another router starts
 the turns), because one run on a shared machine says little. Prints each round's table, then the
 ratios the goals are stated in (manager throughput at least sglang-router's; added p50 over the
-direct path at most 1.5x sglang-router's) and the CPU per streamed token of both, per round and
-their medians.
+direct path at most 1.5x sglang-router's; CPU per streamed token at most sglang-router's) and the
+CPU per streamed token of both, per round and their medians.
+
+The long streams run twice per round: from the engines above (`--tokens-per-event`, one token per
+event by default), and from a second pair of canned engines sending `--batched-tokens-per-event`
+tokens per event (8 by default; SGLang's `--stream-interval 8`), each with a manager and an
+sglang-router of its own. Per event the routers' work is the same, so the second mode shows what a
+router spends per token beyond its per-event work: both modes have the same goal.
 
 `--instructions N` counts instead: each router's user-space instructions per request under
 valgrind's callgrind, over N requests at `--concurrency` (see `instructions`).
@@ -92,6 +98,8 @@ ROUND_KEYS = (
     "engines_cpu_us",
     "stream_tokens_per_s",
     "stream_cpu_us_per_token",
+    "batched_stream_tokens_per_s",
+    "batched_stream_cpu_us_per_token",
 )
 """A path's figures in a round, in the order of the per-round table's columns after round and path."""
 THROUGHPUT_SLICES = 4  # turns each path takes per round in the throughput phase
@@ -282,12 +290,21 @@ def overhead(args: argparse.Namespace, tmp: Path, results: Results) -> None:
         engines = [start_engine(model, tmp, name=f"engine{i}") for i in range(2)]
     urls = [e.url for e in engines]
     engine_pids = [e.proc.pid for e in engines]
+    (tmp / "batched").mkdir()
+    batched = [_start_canned_engine(tmp, f"batched{i}", args.batched_tokens_per_event) for i in range(2)]
+    batched_urls = [e.url for e in batched]
+    batched_pids = [e.proc.pid for e in batched]
     manager = _start_manager(urls, tmp, router="round_robin")
-    router = None
+    batched_manager = _start_manager(batched_urls, tmp / "batched", router="round_robin")
+    routers_started = [manager, batched_manager]
     rounds: list[dict[str, dict]] = []
     try:
         router = _start_sglang_router(args.sglang_router_python, urls, tmp)
+        routers_started.append(router)
+        batched_router = _start_sglang_router(args.sglang_router_python, batched_urls, tmp / "batched")
+        routers_started.append(batched_router)
         routers = {"rollflow manager": manager, "sglang-router": router}
+        batched_routers = {"rollflow manager": batched_manager, "sglang-router": batched_router}
         for index in range(args.rounds):
             # each round starts its turns with another path: no router always goes first
             order = list(routers.items()) if index % 2 == 0 else list(reversed(routers.items()))
@@ -301,6 +318,16 @@ def overhead(args: argparse.Namespace, tmp: Path, results: Results) -> None:
             long = asyncio.run(
                 _throughputs(streams, paths, args.stream_requests, args.stream_concurrency, engine_pids)
             )
+            batched_order = [(n, batched_routers[n]) for n, _ in order]
+            batched_paths = {
+                "direct (one engine)": (batched_urls[0], None),
+                **{n: (p.url, p.proc.pid) for n, p in batched_order},
+            }
+            long_batched = asyncio.run(
+                _throughputs(
+                    streams, batched_paths, args.stream_requests, args.stream_concurrency, batched_pids
+                )
+            )
             rounds.append(
                 {
                     name: row[name]
@@ -308,13 +335,15 @@ def overhead(args: argparse.Namespace, tmp: Path, results: Results) -> None:
                     | {
                         "stream_tokens_per_s": long[name]["rps"] * args.stream_tokens,
                         "stream_cpu_us_per_token": long[name]["cpu_us"] / args.stream_tokens,
+                        "batched_stream_tokens_per_s": long_batched[name]["rps"] * args.stream_tokens,
+                        "batched_stream_cpu_us_per_token": long_batched[name]["cpu_us"] / args.stream_tokens,
                     }
                     for name in paths
                 }
             )
             print(f"round {index + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     finally:
-        for process in [manager, *engines, *([router] if router else [])]:
+        for process in [*routers_started, *engines, *batched]:
             process.stop()
     failures = client.failures + streams.failures
     for failure in failures[:5]:
@@ -336,11 +365,14 @@ def _report(args: argparse.Namespace, rounds: list[dict[str, dict]], results: Re
         "stream_requests": args.stream_requests,
         "stream_concurrency": args.stream_concurrency,
         "stream_tokens_per_request": args.stream_tokens,
+        "batched_tokens_per_event": args.batched_tokens_per_event,
     }
     results.figures |= {"settings": settings, "rounds": rounds}
     print("\n" + " ".join(f"{k}={v}" for k, v in settings.items()))
     columns = ["round", "path", "p50 ms", "p99 ms", "req/s", "router CPU us/req", "engines CPU us/req"]
     columns += ["streamed tokens/s", "router CPU us/streamed token"]
+    batched = f"{args.batched_tokens_per_event} per event"
+    columns += [f"streamed tokens/s, {batched}", f"router CPU us/streamed token, {batched}"]
     rows = [
         [index + 1, name, *(m[key] for key in ROUND_KEYS)]
         for index, row in enumerate(rounds)
@@ -387,6 +419,14 @@ def _report(args: argparse.Namespace, rounds: list[dict[str, dict]], results: Re
             ("<=", 1.0, True),
         ),
         "streamed tokens/s manager / sglang-router": (ratio("stream_tokens_per_s"), None),
+        f"router CPU per streamed token, {batched}, manager / sglang-router": (
+            ratio("batched_stream_cpu_us_per_token"),
+            ("<=", 1.0, False),
+        ),
+        f"streamed tokens/s, {batched}, manager / sglang-router": (
+            ratio("batched_stream_tokens_per_s"),
+            None,
+        ),
     }
     results.figures["ratios"] = {}
     for label, (values, goal) in ratios.items():
@@ -400,16 +440,18 @@ def _report(args: argparse.Namespace, rounds: list[dict[str, dict]], results: Re
             line += f"; goal {op} {target}x, held in {held} of {len(values)} rounds"
             results.goal(f"{label}, median over rounds", median, op, target, headline=headline)
         print(line)
-    per_token = {
-        name: statistics.median(m["stream_cpu_us_per_token"] for m in of)
-        for name, of in (("manager", ours_of), ("sglang_router", peer_of))
-    }
-    for name, value in per_token.items():
-        results.figures[f"{name}_cpu_us_per_streamed_token"] = value
-    print(
-        f"router CPU per streamed token, median over rounds: manager {per_token['manager']:.2f} us, "
-        f"sglang-router {per_token['sglang_router']:.2f} us"
-    )
+    for mode, key in (("", "stream_cpu_us_per_token"), ("batched_", "batched_stream_cpu_us_per_token")):
+        per_token = {
+            name: statistics.median(m[key] for m in of)
+            for name, of in (("manager", ours_of), ("sglang_router", peer_of))
+        }
+        for name, value in per_token.items():
+            results.figures[f"{name}_cpu_us_per_{mode}streamed_token"] = value
+        label = f"{args.tokens_per_event} per event" if not mode else batched
+        print(
+            f"router CPU per streamed token, {label}, median over rounds: manager {per_token['manager']:.2f} us, "
+            f"sglang-router {per_token['sglang_router']:.2f} us"
+        )
 
 
 def _round(value: object) -> object:
@@ -587,6 +629,12 @@ def main() -> None:
         "--tokens-per-event", type=int, default=1, help="the canned engines' tokens per streamed event"
     )
     parser.add_argument(
+        "--batched-tokens-per-event",
+        type=int,
+        default=8,
+        help="tokens per streamed event of the second pair of canned engines (SGLang's --stream-interval)",
+    )
+    parser.add_argument(
         "--stream-requests",
         type=int,
         help=f"long streamed requests per path and round ({FULL['stream_requests']})",
@@ -616,8 +664,16 @@ def main() -> None:
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
-    if args.tokens < 1 or args.stream_tokens < 1 or args.tokens_per_event < 0:
-        parser.error("--tokens and --stream-tokens must be at least 1 and --tokens-per-event at least 0")
+    if (
+        args.tokens < 1
+        or args.stream_tokens < 1
+        or args.tokens_per_event < 0
+        or args.batched_tokens_per_event < 1
+    ):
+        parser.error(
+            "--tokens, --stream-tokens and --batched-tokens-per-event must be at least 1 and "
+            "--tokens-per-event at least 0"
+        )
     name = "manager_overhead_instructions" if args.instructions else "manager_overhead"
     results = Results(name, results_dir(args))
     args.sglang_router_python = _peer(results)

@@ -1,25 +1,31 @@
-"""A lean HTTP/1.1 path for the manager's hottest request, with aiohttp's server behind it.
+"""A lean HTTP/1.1 path for the manager's hottest requests, with aiohttp's server behind it.
 
-`POST /generate` with one prompt, answered as one JSON body, is what a router in front of engines
-serves thousands of times a second (SGLang-style rollout clients send little else). Profiled under
-that load against an engine answering at once (benchmarks/manager_overhead.py), aiohttp's request
-machinery (the request and its payload stream, the handler task, the middleware, the response and
-its writer) took about a fifth of the manager's CPU per request. Here a connection's requests are parsed by
-one asyncio protocol: the head's request line and its framing, the body, and an answer written in
-one write. No task waits on the request: the connection is the sample's watcher (the manager tells
-it of every update), and answers in a callback once the sample is final.
+`POST /generate` with one prompt, answered as one JSON body or streamed, is what a router in front
+of engines serves thousands of times a second (SGLang-style rollout clients send little else).
+Profiled under that load against an engine answering at once (benchmarks/manager_overhead.py),
+aiohttp's request machinery (the request and its payload stream, the handler task, the middleware,
+the response and its writer) took about a fifth of the manager's CPU per request, and a streamed
+answer paid a task wake-up and a trip through aiohttp's writer per event. Here a connection's
+requests are parsed by one asyncio protocol: the head's request line and its framing, the body,
+and an answer written in one write, or a stream's events each written as they come. No task waits
+on the request: the connection is the sample's watcher (the manager tells it of every update),
+and writes in a callback: the answer once the sample is final, or a stream's next event.
 
 Only requests this path answers exactly as aiohttp's route would are served here. The first request
-of a connection that is anything else (another route or method, a streamed, batched or session
-`/generate`, a body that is malformed or would be refused, a chunked or `Expect:` body, HTTP/1.0,
-a head that is too big) hands the connection, with every byte it has buffered, to aiohttp's request
-handler for good, which answers that request and the ones after it as before: one error shape, one
-set of routes. What the lean path keeps from aiohttp's server as the manager runs it: keep-alive,
+of a connection that is anything else (another route or method, a batched or session `/generate`,
+a body that is malformed or would be refused, a chunked or `Expect:` body, HTTP/1.0, a head that is
+too big) hands the connection, with every byte it has buffered, to aiohttp's request handler for
+good, which answers that request and the ones after it as before: one error shape, one set of
+routes. What the lean path keeps from aiohttp's server as the manager runs it: keep-alive,
 `Connection: close`, the read timeouts (a head must come whole within `read_timeout_s` of the
 connection's start or its last answer, and a body is cut off under `BodyLimits`' rule, as
 `iter_body` cuts off aiohttp's), a request released
 when its client goes away (the sample is cancelled, and its engine request aborted), 4xx counted
-in `rollflow_requests_rejected_total`, and a graceful shutdown.
+in `rollflow_requests_rejected_total`, and a graceful shutdown. A stream opens with its first
+tokens (so a request an engine refuses is still answered with its 4xx), and each event holds the
+whole output so far, as SGLang's and the aiohttp route's do; a client that reads more slowly than
+tokens come gets fewer events rather than a growing buffer (the next event holds what a skipped
+one would have), and always the last.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from rollflow.runtime.http.errors import error_body
 from rollflow.runtime.http.head import header_value, split_content_length
 from rollflow.runtime.http.limits import BodyLimits
 from rollflow.runtime.http.serve import GuardedRunner
+from rollflow.runtime.http.sse import DONE
 from rollflow.runtime.manager import sglang_api
 from rollflow.runtime.manager.edge import MANAGER_KEY, body_limit_of
 from rollflow.runtime.manager.samples import SampleState
@@ -44,6 +51,13 @@ from rollflow.runtime.manager.samples import SampleState
 log = logging.getLogger(__name__)
 
 MAX_HEAD_BYTES = 8190  # aiohttp's own limit on a request line and on each header line
+# unsent bytes of a stream's events past which a mid-stream event is skipped (the next one holds it)
+STREAM_BACKLOG_BYTES = 1 << 20
+_STREAM_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+    b"Transfer-Encoding: chunked\r\n"
+)
+_STREAM_END = b"%x\r\n%s\r\n0\r\n\r\n" % (len(DONE), DONE)
 _REQUEST_LINE = b"POST /generate HTTP/1.1"
 _HANDED_OVER = re.compile(rb"\r\n(?:transfer-encoding|expect|upgrade):")  # bodies framed otherwise
 # header lines as RFC 9110 spells them (a token, a colon, a value), lower-cased, each after its CRLF
@@ -106,6 +120,7 @@ class _LeanConnection(asyncio.Protocol):
         self._deadline = 0.0  # when a connection still waiting for a whole request is closed
         self._timer: asyncio.TimerHandle | None = None
         self._body: tuple[float, float, int] | None = None  # a partial body's start, last bytes, size
+        self._streamed = -1  # a stream's tokens in its events so far; -1 until its head is written
 
     # ---------------------------------------------------------------- the protocol
 
@@ -183,8 +198,41 @@ class _LeanConnection(asyncio.Protocol):
     def _check(self) -> None:
         self._answer_due = False
         request = self.request
-        if request is not None and request.sample.state >= SampleState.FINISHED:
+        if request is None:
+            return
+        if request.body.stream:
+            self._stream(request)
+        elif request.sample.state >= SampleState.FINISHED:
             self._answer()
+
+    def _stream(self, request: sglang_api.PromptRequest) -> None:
+        """A streamed request's next event, as `sglang_api`'s route writes them: the head with the
+        first tokens (or the end), then an event per update that added tokens, `[DONE]` at the end."""
+        sample = request.sample
+        final = sample.state >= SampleState.FINISHED
+        if self._streamed < 0:
+            if not final and not sample.output_ids:
+                return
+            if request.refusal() is not None:
+                self._answer()  # its 4xx, before any byte of a stream
+                return
+            keep_alive = self._keep_alive and not self._closing
+            self.transport.write(_STREAM_HEAD + (b"\r\n" if keep_alive else b"Connection: close\r\n\r\n"))
+            self._streamed = 0
+        transport = self.transport
+        news = len(sample.output_ids) > self._streamed
+        if final or (news and transport.get_write_buffer_size() < STREAM_BACKLOG_BYTES):
+            try:
+                event = b"data: " + sglang_api.dumps(request.payload()) + b"\n\n"
+            except Exception:
+                log.exception("error streaming POST /generate")
+                transport.close()  # mid-stream: the client sees the stream break off
+                return
+            transport.write(b"%x\r\n%s\r\n" % (len(event), event))
+            self._streamed = len(sample.output_ids)
+        if final:
+            transport.write(_STREAM_END)
+            self._finish(request)
 
     def _answer(self, failure: Exception | None = None) -> None:
         """Write the request's answer (its JSON, or its error in aiohttp's shape: the `failure` that
@@ -214,6 +262,18 @@ class _LeanConnection(asyncio.Protocol):
             return
         keep_alive = self._keep_alive and not self._closing
         transport.write(_answer_head(status, content_type, len(body), keep_alive) + body)
+        self._next_request(keep_alive)
+
+    def _finish(self, request: sglang_api.PromptRequest) -> None:
+        """A stream's end was written: release its request and go on to the connection's next."""
+        self.request, self._streamed = None, -1
+        request.release(self._server.manager)
+        self._done()
+        if not self.transport.is_closing():
+            self._next_request(self._keep_alive and not self._closing)
+
+    def _next_request(self, keep_alive: bool) -> None:
+        transport = self.transport
         if not keep_alive:
             transport.close()
             return

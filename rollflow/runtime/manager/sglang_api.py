@@ -288,10 +288,10 @@ def final_answer(req: PromptRequest) -> bytes:
 
 
 def lean_request(app: web.Application, raw: bytes) -> PromptRequest | None:
-    """For the lean edge (lean_edge.py), which answers it with `final_answer`: the request of a
-    `/generate` body that is one prompt, not streamed and not a session's turn, with nothing in it
-    to refuse; None for any other body, which `generate` then answers (errors included) through
-    aiohttp. The caller has checked the body's size against the manager's limit."""
+    """For the lean edge (lean_edge.py), which answers it with `final_answer` or streams its
+    `payload`s: the request of a `/generate` body that is one prompt and not a session's turn, with
+    nothing in it to refuse; None for any other body, which `generate` then answers (errors
+    included) through aiohttp. The caller has checked the body's size against the manager's limit."""
     if len(raw) > THREAD_PARSE_BYTES:
         return None
     try:
@@ -302,7 +302,7 @@ def lean_request(app: web.Application, raw: bytes) -> PromptRequest | None:
             return PromptRequest(app, template, params, own=(data["input_ids"], data.get("rid")))
         bodies, batched = _generate_bodies(data)
         body = bodies[0]
-        if batched or body.stream or body.session_params is not None:
+        if batched or body.session_params is not None:
             return None
         request = PromptRequest(app, body)
         app[TEMPLATES_KEY].put(data, body, request.params)

@@ -88,10 +88,10 @@ def test_lines_split_across_reads_and_a_last_line_without_newline():
     assert tokens(chunks)[0] == [1, 2, 3, 4, 5] and reducer.done
 
 
-def test_a_line_that_is_not_sse_is_an_error_even_among_events():
+def test_a_line_that_is_not_sse_at_the_end_of_a_read_is_an_error():
     reducer = EventReducer(URL)
     with pytest.raises(EngineResponseError, match="not an SSE data line"):
-        reducer.feed(cumulative(2)[0] + b"<html>oops</html>\n" + cumulative(2)[1])
+        reducer.feed(b"".join(cumulative(2)) + b"<html>oops</html>\n")
 
 
 def test_an_error_event_is_reported_not_skipped():

@@ -30,6 +30,24 @@ def _read(reader) -> tuple[int, dict[str, str], bytes]:
     return status, headers, reader.read(int(headers["content-length"]))
 
 
+def _read_stream(reader) -> tuple[int, dict[str, str], list[dict]]:
+    """One streamed response: its status, its headers and its events' JSON (chunked body)."""
+    status = int(reader.readline().split()[1])
+    headers = {}
+    while (line := reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode().partition(":")
+        headers[name.strip().lower()] = value.strip()
+    assert headers["transfer-encoding"] == "chunked"
+    body = b""
+    while size := int(reader.readline().split(b";")[0], 16):
+        body += reader.read(size)
+        assert reader.read(2) == b"\r\n"
+    assert reader.readline() == b"\r\n"  # no trailers
+    events = [line[6:] for line in body.split(b"\n\n") if line]
+    assert events[-1] == b"[DONE]"
+    return status, headers, [json.loads(event) for event in events[:-1]]
+
+
 def _connect(manager) -> tuple[socket.socket, object]:
     parts = urlsplit(manager.url)
     sock = socket.create_connection((parts.hostname, parts.port), timeout=60)
@@ -79,6 +97,51 @@ def test_a_streamed_or_batched_generate_is_answered_as_before(processes):
         assert batch[0]["output_ids"] == single["output_ids"]  # greedy: the same tokens either way
     status, events = http("POST", manager.url + "/generate", _generate([1, 2, 3], stream=True))
     assert status == 200 and "data: [DONE]" in events
+
+
+def test_a_stream_is_served_on_the_lean_path_and_its_connection_goes_on(processes):
+    """A streamed /generate is written event by event by the connection itself: chunked SSE with the
+    whole output so far in each event, the last equal to the JSON answer of the same request, and
+    the connection serving the next request (JSON, then a stream with `Connection: close`)."""
+    engine = processes.engine()
+    manager = processes.manager(engines=[{"url": engine.url}])
+    sock, reader = _connect(manager)
+    with sock:
+        sock.sendall(
+            _request("POST", "/generate", _generate([1, 2, 3], 12, stream=True, return_logprob=True))
+        )
+        status, headers, events = _read_stream(reader)
+        assert (status, headers["content-type"]) == (200, "text/event-stream")
+        assert "server" not in headers  # the lean path's head, not aiohttp's
+        lengths = [len(event["output_ids"]) for event in events]
+        assert lengths == sorted(lengths) and lengths[-1] == 12  # each event holds everything so far
+        last = events[-1]
+        assert last["meta_info"]["finish_reason"] == {"type": "length"}
+        assert [entry[1] for entry in last["meta_info"]["output_token_logprobs"]] == last["output_ids"]
+        sock.sendall(_request("POST", "/generate", _generate([1, 2, 3], 12, return_logprob=True)))
+        status, _, body = _read(reader)
+        answer = json.loads(body)
+        assert status == 200 and answer["output_ids"] == last["output_ids"]  # greedy: the same tokens
+        assert answer["meta_info"]["output_token_logprobs"] == last["meta_info"]["output_token_logprobs"]
+        closing = _request("POST", "/generate", _generate([4, 5], 3, stream=True), "Connection: close\r\n")
+        sock.sendall(closing)
+        status, headers, events = _read_stream(reader)
+        assert status == 200 and headers["connection"] == "close" and len(events[-1]["output_ids"]) == 3
+        assert reader.read() == b""  # closed after the stream's end
+
+
+def test_a_stream_refused_by_every_engine_is_a_4xx_not_a_stream(processes):
+    engine = processes.engine()
+    manager = processes.manager(engines=[{"url": engine.url}])
+    sock, reader = _connect(manager)
+    with sock:
+        outside = _generate([1, 99_999], 4, stream=True)  # a token outside the vocabulary: the engine refuses
+        sock.sendall(_request("POST", "/generate", outside))
+        status, headers, body = _read(reader)
+        assert status == 400 and headers["content-type"].startswith("application/json"), body
+        assert "outside the vocabulary" in json.loads(body)["error"]["message"]
+        sock.sendall(_request("GET", "/health"))
+        assert _read(reader)[0] == 200
 
 
 def test_a_body_shaped_like_one_served_before_is_still_checked_whole(processes):
