@@ -1,6 +1,6 @@
 """An SGLang-shaped engine with no model: `/generate` streams canned tokens as SGLang does.
 
-    python benchmarks/canned_engine.py --port 30000 [--tokens-per-event 1]
+    python benchmarks/canned_engine.py --port 30000 [--tokens-per-event 1] [--events-per-write 1]
         [--incremental-streaming-output] [--token-delay-ms 0]
 
 A backend fast enough never to be the bound, so a benchmark measures what a router in front of
@@ -10,7 +10,8 @@ routes) and answers `/generate` with `max_new_tokens` tokens (ids 1..n, logprob 
 
 Streamed, it sends one server-sent event per `--tokens-per-event` tokens (1 by default: one event
 per token, the per-token work a router meets in front of a real engine; N is SGLang's
-`--stream-interval N`; 0 sends the whole output in one event), each event its own write. Each
+`--stream-interval N`; 0 sends the whole output in one event), each event its own write, or
+`--events-per-write` events to a write (as a busy engine's events reach its socket together). Each
 event holds the output so far, as SGLang streams by default, or only its new tokens with
 `--incremental-streaming-output` (SGLang's flag of the same name): `output_ids`, and with
 `return_logprob` `meta_info.output_token_logprobs`, hold the same span, while
@@ -32,6 +33,7 @@ from aiohttp import web
 TOKENS_PER_EVENT = web.AppKey("tokens_per_event", int)
 INCREMENTAL = web.AppKey("incremental", bool)
 TOKEN_DELAY_S = web.AppKey("token_delay_s", float)
+EVENTS_PER_WRITE = web.AppKey("events_per_write", int)
 
 
 def _answer(body: dict[str, Any], ids: list[int], start: int, end: int) -> dict[str, Any]:
@@ -57,17 +59,21 @@ async def _generate(request: web.Request) -> web.StreamResponse:
         return web.json_response(_answer(body, ids, 0, n))
     step = request.app[TOKENS_PER_EVENT] or max(n, 1)
     incremental, delay_s = request.app[INCREMENTAL], request.app[TOKEN_DELAY_S]
+    per_write = request.app[EVENTS_PER_WRITE]
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     with contextlib.suppress(ConnectionResetError):  # the router went away (aborted, or killed)
-        sent = 0
+        sent, pending = 0, []
         for end in [*range(step, n, step), n]:
             answer = _answer(body, ids, sent if incremental else 0, end)
-            await response.write(b"data: " + orjson.dumps(answer) + b"\n\n")
+            pending.append(b"data: " + orjson.dumps(answer) + b"\n\n")
             sent = end
+            if len(pending) == per_write:
+                await response.write(b"".join(pending))
+                pending.clear()
             if delay_s:
                 await asyncio.sleep(delay_s)
-        await response.write(b"data: [DONE]\n\n")
+        await response.write(b"".join(pending) + b"data: [DONE]\n\n")
         await response.write_eof()
     return response
 
@@ -91,10 +97,14 @@ async def _loads(request: web.Request) -> web.Response:
 
 
 def build_app(
-    tokens_per_event: int = 1, incremental: bool = False, token_delay_s: float = 0.0
+    tokens_per_event: int = 1,
+    incremental: bool = False,
+    token_delay_s: float = 0.0,
+    events_per_write: int = 1,
 ) -> web.Application:
     app = web.Application()
     app[TOKENS_PER_EVENT] = tokens_per_event
+    app[EVENTS_PER_WRITE] = events_per_write
     app[INCREMENTAL] = incremental
     app[TOKEN_DELAY_S] = token_delay_s
     app.add_routes(
@@ -121,16 +131,26 @@ def main() -> None:
         "--tokens-per-event", type=int, default=1, help="tokens per streamed event (0: all in one event)"
     )
     parser.add_argument(
+        "--events-per-write", type=int, default=1, help="streamed events sent together in one write"
+    )
+    parser.add_argument(
         "--incremental-streaming-output", action="store_true", help="each event holds only its new tokens"
     )
     parser.add_argument("--token-delay-ms", type=float, default=0.0, help="wait between streamed events")
     args = parser.parse_args()
-    if args.tokens_per_event < 0 or args.token_delay_ms < 0:
-        parser.error("--tokens-per-event and --token-delay-ms cannot be negative")
+    if args.tokens_per_event < 0 or args.token_delay_ms < 0 or args.events_per_write < 1:
+        parser.error(
+            "--tokens-per-event and --token-delay-ms cannot be negative, --events-per-write is at least 1"
+        )
     # sglang-router probes workers with an HTTP/2 preface first; aiohttp logs each as a bad request
     logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
     web.run_app(
-        build_app(args.tokens_per_event, args.incremental_streaming_output, args.token_delay_ms / 1000),
+        build_app(
+            args.tokens_per_event,
+            args.incremental_streaming_output,
+            args.token_delay_ms / 1000,
+            args.events_per_write,
+        ),
         host=args.host,
         port=args.port,
         access_log=None,

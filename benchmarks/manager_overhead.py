@@ -44,11 +44,11 @@ ratios the goals are stated in (manager throughput at least sglang-router's; add
 direct path at most 1.5x sglang-router's; CPU per streamed token at most sglang-router's) and the
 CPU per streamed token of both, per round and their medians.
 
-The long streams run twice per round: from the engines above (`--tokens-per-event`, one token per
-event by default), and from a second pair of canned engines sending `--batched-tokens-per-event`
-tokens per event (8 by default; SGLang's `--stream-interval 8`), each with a manager and an
-sglang-router of its own. Per event the routers' work is the same, so the second mode shows what a
-router spends per token beyond its per-event work: both modes have the same goal.
+The long streams run twice per round: from the engines above, each event its own write, and from a
+second pair of canned engines that write `--batched-events-per-write` events at a time (8 by
+default, as a busy engine's events reach its socket together), each pair with a manager and an
+sglang-router of its own: a router that forwards bytes spends less per token when its reads hold
+more events, and one that parsed every event would not. Both modes have the same goal.
 
 `--instructions N` counts instead: each router's user-space instructions per request under
 valgrind's callgrind, over N requests at `--concurrency` (see `instructions`).
@@ -105,10 +105,12 @@ ROUND_KEYS = (
 THROUGHPUT_SLICES = 4  # turns each path takes per round in the throughput phase
 
 
-def _start_canned_engine(log_dir: Path, name: str, tokens_per_event: int) -> Process:
+def _start_canned_engine(
+    log_dir: Path, name: str, tokens_per_event: int, events_per_write: int = 1
+) -> Process:
     port = free_port()
     argv = [sys.executable, str(REPO / "benchmarks" / "canned_engine.py"), "--port", str(port)]
-    argv += ["--tokens-per-event", str(tokens_per_event)]
+    argv += ["--tokens-per-event", str(tokens_per_event), "--events-per-write", str(events_per_write)]
     return Process(argv, port, log_dir / f"{name}.log")
 
 
@@ -291,7 +293,10 @@ def overhead(args: argparse.Namespace, tmp: Path, results: Results) -> None:
     urls = [e.url for e in engines]
     engine_pids = [e.proc.pid for e in engines]
     (tmp / "batched").mkdir()
-    batched = [_start_canned_engine(tmp, f"batched{i}", args.batched_tokens_per_event) for i in range(2)]
+    batched = [
+        _start_canned_engine(tmp, f"batched{i}", args.tokens_per_event, args.batched_events_per_write)
+        for i in range(2)
+    ]
     batched_urls = [e.url for e in batched]
     batched_pids = [e.proc.pid for e in batched]
     manager = _start_manager(urls, tmp, router="round_robin")
@@ -365,13 +370,13 @@ def _report(args: argparse.Namespace, rounds: list[dict[str, dict]], results: Re
         "stream_requests": args.stream_requests,
         "stream_concurrency": args.stream_concurrency,
         "stream_tokens_per_request": args.stream_tokens,
-        "batched_tokens_per_event": args.batched_tokens_per_event,
+        "batched_events_per_write": args.batched_events_per_write,
     }
     results.figures |= {"settings": settings, "rounds": rounds}
     print("\n" + " ".join(f"{k}={v}" for k, v in settings.items()))
     columns = ["round", "path", "p50 ms", "p99 ms", "req/s", "router CPU us/req", "engines CPU us/req"]
     columns += ["streamed tokens/s", "router CPU us/streamed token"]
-    batched = f"{args.batched_tokens_per_event} per event"
+    batched = f"{args.batched_events_per_write} events per write"
     columns += [f"streamed tokens/s, {batched}", f"router CPU us/streamed token, {batched}"]
     rows = [
         [index + 1, name, *(m[key] for key in ROUND_KEYS)]
@@ -447,7 +452,7 @@ def _report(args: argparse.Namespace, rounds: list[dict[str, dict]], results: Re
         }
         for name, value in per_token.items():
             results.figures[f"{name}_cpu_us_per_{mode}streamed_token"] = value
-        label = f"{args.tokens_per_event} per event" if not mode else batched
+        label = "1 event per write" if not mode else batched
         print(
             f"router CPU per streamed token, {label}, median over rounds: manager {per_token['manager']:.2f} us, "
             f"sglang-router {per_token['sglang_router']:.2f} us"
@@ -629,10 +634,10 @@ def main() -> None:
         "--tokens-per-event", type=int, default=1, help="the canned engines' tokens per streamed event"
     )
     parser.add_argument(
-        "--batched-tokens-per-event",
+        "--batched-events-per-write",
         type=int,
         default=8,
-        help="tokens per streamed event of the second pair of canned engines (SGLang's --stream-interval)",
+        help="streamed events the second pair of canned engines writes at a time",
     )
     parser.add_argument(
         "--stream-requests",
@@ -668,10 +673,10 @@ def main() -> None:
         args.tokens < 1
         or args.stream_tokens < 1
         or args.tokens_per_event < 0
-        or args.batched_tokens_per_event < 1
+        or args.batched_events_per_write < 1
     ):
         parser.error(
-            "--tokens, --stream-tokens and --batched-tokens-per-event must be at least 1 and "
+            "--tokens, --stream-tokens and --batched-events-per-write must be at least 1 and "
             "--tokens-per-event at least 0"
         )
     name = "manager_overhead_instructions" if args.instructions else "manager_overhead"

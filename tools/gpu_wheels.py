@@ -5,8 +5,7 @@
 The GPU machine has Python and a CUDA build of PyTorch; the rest travels with the repository as
 this folder, carried beside the working tree, which together may hold at most 64 MiB. It holds:
 
-- rollflow itself, one wheel per Python version, its compiled core (rollflow/perf/_timing,
-  rollflow/sim/_loop, rollflow/sim/_trace) built here with gcc for that version, each wheel checked
+- rollflow itself, one wheel per Python version, its compiled core (`EXTENSIONS`) built here with gcc for that version, each wheel checked
   to load it with that interpreter. Built here rather than there from the sdist: a machine with a
   pip-installed PyTorch often has no Python headers (python3-dev) and nothing to build with offline
   (setuptools). Each version's interpreter is found among pyenv's versions or on PATH (python3.X).
@@ -67,7 +66,12 @@ PLATFORMS = (
     "manylinux_2_17_x86_64",
     "manylinux2014_x86_64",
 )
-EXTENSIONS = ("rollflow/perf/_timing", "rollflow/sim/_loop", "rollflow/sim/_trace")
+EXTENSIONS = (
+    "rollflow/perf/_timing",
+    "rollflow/sim/_loop",
+    "rollflow/sim/_trace",
+    "rollflow/runtime/engines/_chunked",
+)
 
 
 def interpreter(version: str) -> str:
@@ -118,7 +122,7 @@ def build_rollflow(version: str, source: Path, out: Path) -> Path:
                 )
         with tempfile.TemporaryDirectory() as unpacked:
             archive.extractall(unpacked)
-            check = "import rollflow.perf._timing, rollflow.sim._loop, rollflow.sim._trace"
+            check = "import " + ", ".join(path.replace("/", ".") for path in EXTENSIONS)
             subprocess.run(
                 [python, "-I", "-c", f"import sys; sys.path.insert(0, {unpacked!r}); {check}"], check=True
             )

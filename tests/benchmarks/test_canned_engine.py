@@ -1,4 +1,5 @@
-"""The canned engine streams as SGLang does: the manager's own client reads every token of it."""
+"""The canned engine streams as SGLang does: the manager's own client reads every token of it, its
+events written one at a time or several to a write."""
 
 from __future__ import annotations
 
@@ -16,9 +17,12 @@ from tests.runtime.processes import free_port
 TOKENS = 7
 
 
-async def _serve_and_read(tokens_per_event: int, incremental: bool) -> tuple[list, list[bytes]]:
+async def _serve_and_read(
+    tokens_per_event: int, incremental: bool, events_per_write: int = 1
+) -> tuple[list, list[bytes]]:
     """(the chunks SGLangClient parsed, the raw events) of one streamed request of TOKENS tokens."""
-    runner = web.AppRunner(build_app(tokens_per_event, incremental), access_log=None)
+    app = build_app(tokens_per_event, incremental, events_per_write=events_per_write)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -39,15 +43,28 @@ async def _serve_and_read(tokens_per_event: int, incremental: bool) -> tuple[lis
 
 
 @pytest.mark.parametrize(
-    ("tokens_per_event", "incremental", "events"),
-    [(1, False, TOKENS), (1, True, TOKENS), (3, False, 3), (3, True, 3), (0, False, 1)],
+    ("tokens_per_event", "incremental", "events_per_write", "events"),
+    [
+        (1, False, 1, TOKENS),
+        (1, True, 1, TOKENS),
+        (3, False, 1, 3),
+        (3, True, 1, 3),
+        (0, False, 1, 1),
+        (1, False, 4, TOKENS),
+        (1, True, 4, TOKENS),
+    ],
 )
-def test_stream_reads_as_sglang(tokens_per_event: int, incremental: bool, events: int) -> None:
-    chunks, raw = asyncio.run(_serve_and_read(tokens_per_event, incremental))
+def test_stream_reads_as_sglang(
+    tokens_per_event: int, incremental: bool, events_per_write: int, events: int
+) -> None:
+    chunks, raw = asyncio.run(_serve_and_read(tokens_per_event, incremental, events_per_write))
     assert [t for c in chunks for t in c.token_ids] == list(range(1, TOKENS + 1))
     assert all(lp == -0.5 for c in chunks for lp in c.logprobs)
-    assert len(chunks) == events
-    assert [c.finish_reason for c in chunks] == [None] * (events - 1) + ["length"]
+    # the client reduces each read (one or more writes) to one chunk: as many as events at most
+    assert 1 <= len(chunks) <= events
+    assert [c.finish_reason for c in chunks][-1] == "length" and all(
+        c.finish_reason is None for c in chunks[:-1]
+    )
     assert len(raw) == events + 1 and raw[-1] == b"data: [DONE]"
     # cumulative events repeat the output so far; incremental ones only their new tokens
     assert (b'"output_ids":[7]' if incremental else b'"output_ids":[1,2,3,4,5,6,7]') in raw[-2]

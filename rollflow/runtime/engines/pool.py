@@ -21,6 +21,7 @@ import functools
 import ssl as ssl_module
 from urllib.parse import urlsplit
 
+from rollflow.runtime.engines.chunked import whole_chunks
 from rollflow.runtime.http.head import header_value, split_content_length
 
 MAX_HEAD_BYTES = 64 * 1024
@@ -187,29 +188,14 @@ class _Connection(asyncio.Protocol):
                 buf.clear()
 
     def _whole_chunks(self, buf: bytearray) -> bool:
-        """Take the whole data chunks at the front of `buf` in one pass, as one piece of body;
-        whether there was one. A streaming engine writes a chunk per event, and a read holds tens of
-        them under load: one slice each and one cut of the buffer, not a trip through the state
-        machine per chunk. A partial chunk, the last (empty) one and what follows are left to it."""
-        pieces, start = [], 0
-        while True:
-            end = buf.find(b"\r\n", start)
-            if end < 0:
-                break
-            size = int(buf[start:end].split(b";", 1)[0], 16)
-            if size < 0:
-                raise ProtocolError(f"chunk size {size}")
-            stop = end + 2 + size
-            if size == 0 or stop + 2 > len(buf):
-                break
-            if buf[stop : stop + 2] != b"\r\n":
-                raise ProtocolError("chunk not followed by CRLF")
-            pieces.append(buf[end + 2 : stop])
-            start = stop + 2
-        if not pieces:
+        """Take the whole data chunks at the front of `buf` in one pass, as one piece of body
+        (chunked.py says why); whether there was one."""
+        taken = whole_chunks(buf)
+        if taken is None:
             return False
-        del buf[:start]
-        self._keep(bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces))
+        body, consumed = taken
+        del buf[:consumed]
+        self._keep(body)
         return True
 
     def _start_body(self, head: bytes) -> None:
