@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 import orjson
@@ -175,32 +175,51 @@ def sse_line_json(raw_line: bytes, url: str) -> Any:
     return payload
 
 
+class SseBlock(NamedTuple):
+    """Whole SSE lines: `head` (the start of a line an earlier piece of the body began) and then
+    `body[:cut]`, kept apart: a block read only at its ends is never copied whole (its bytes are an
+    engine's whole output, again and again, when events repeat it)."""
+
+    head: bytes
+    body: bytes
+    cut: int
+
+    def __bool__(self) -> bool:
+        return self.cut > 0 or bool(self.head)
+
+    def whole(self) -> bytes:
+        return self.head + self.body[: self.cut]
+
+
 class SseLines:
     """Splits a body that arrives in arbitrary pieces into blocks of whole SSE lines, read either
     line by line (`lines`) or from both ends only (`ends`): a caller that needs only the newest of
-    many events then splits and parses none of the others."""
+    many events then splits, copies and parses none of the others."""
 
     def __init__(self, url: str) -> None:
         self._url = url
         self._rest = b""
         self.done = False  # `data: [DONE]` was seen
 
-    def feed(self, data: bytes) -> bytes:
-        """The whole lines that `data` completes (with what earlier pieces left), as one block."""
-        data = self._rest + data if self._rest else data
+    def feed(self, data: bytes) -> SseBlock:
+        """The whole lines that `data` completes (with what earlier pieces left)."""
         cut = data.rfind(b"\n") + 1
+        if cut == 0:
+            self._rest += data
+            return SseBlock(b"", b"", 0)
+        block = SseBlock(self._rest, data, cut)
         self._rest = data[cut:]
-        return data[:cut]
+        return block
 
-    def end(self) -> bytes:
+    def end(self) -> SseBlock:
         """The body ended: a last line without its newline still counts."""
-        block, self._rest = self._rest, b""
-        return block + b"\n" if block else b""
+        rest, self._rest = self._rest, b""
+        return SseBlock(b"", rest + b"\n", len(rest) + 1) if rest else SseBlock(b"", b"", 0)
 
-    def lines(self, block: bytes) -> list[bytes]:
+    def lines(self, block: SseBlock) -> list[bytes]:
         """The block's data lines, in order, up to `data: [DONE]` (which sets `done`)."""
         events = []
-        for raw_line in block.split(b"\n"):
+        for raw_line in block.whole().split(b"\n"):
             if self.done:
                 break
             if raw_line.startswith(b"data: {"):  # an event as servers write it
@@ -219,26 +238,28 @@ class SseLines:
                 events.append(line)
         return events
 
-    def ends(self, block: bytes) -> tuple[bytes, bytes, bool] | None:
+    def ends(self, block: SseBlock) -> tuple[bytes, bytes, bool] | None:
         """The block's first and last events and whether `data: [DONE]` follows the last, found
         without splitting or reading the lines between (a caller that uses them has no need to:
         they are older states of what the last one holds); None when the block holds fewer than
         two events or its ends are not events as servers write them (then `lines` reads it)."""
-        first = block[: block.find(b"\n")]
+        head, body, end = block
+        first = head + body[: body.find(b"\n")]
         if not first.startswith(b"data: {"):
             return None
-        end, done = len(block), False
-        while end > len(first):
-            start = block.rfind(b"\n", 0, end - 1) + 1
-            line = block[start:end].rstrip(b"\r\n")
+        done = False
+        while True:
+            start = body.rfind(b"\n", 0, end - 1) + 1
+            if start == 0:
+                return None  # back at the first line: it is the only event
+            line = body[start:end].rstrip(b"\r\n")
             if line.startswith(b"data: {"):
-                return (first, line, done) if start > 0 else None
+                return first, line, done
             if line == b"data: [DONE]" and not done:
                 done = True
             elif line:
                 return None
             end = start
-        return None
 
 
 async def iter_sse_json(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
