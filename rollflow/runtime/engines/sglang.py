@@ -24,6 +24,7 @@ from rollflow.runtime.engines.base import (
 )
 from rollflow.runtime.engines.http import (
     HttpEngine,
+    SseBlock,
     SseLines,
     failure_text,
     parse_weight_version,
@@ -251,7 +252,7 @@ class EventReducer:
         """The body ended: what its last line without a newline adds."""
         return self._reduce(self._sse.end())
 
-    def _reduce(self, block: bytes) -> list[GenerateChunk]:
+    def _reduce(self, block: SseBlock) -> list[GenerateChunk]:
         ends = self._sse.ends(block) if block else None
         if ends is not None:
             first, last, done = ends
