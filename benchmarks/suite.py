@@ -68,6 +68,7 @@ BENCHMARKS = registry(
         Benchmark("real_engine_fidelity", quick_limit_s=240.0),  # a vLLM server starts in about a minute
         Benchmark("rl_paper_claims"),
         Benchmark("rl_step_scale"),
+        Benchmark("rl_search_scale"),
         Benchmark("router_decision_latency", ("examples/router/heterogeneous.policy.npz",)),
         Benchmark("ppo_vs_sb3", quick_limit_s=180.0),
         Benchmark("manager_overhead"),

@@ -183,3 +183,24 @@ def test_a_pipelined_disaggregated_plan_is_the_cluster_section_the_trainer_takes
     unpipelined = {**plan, "placement": {**plan["placement"], "pipelining": False}}
     assert live_cluster_section(unpipelined) is None
     assert live_cluster_section({**plan, "placement": {"kind": "collocated"}}) is None
+
+
+def test_the_cluster_scale_example_searches_51_plans_of_256_to_1024_gpus(tmp_path):
+    """examples/search/rl_cluster_scale.yaml as shipped expands to 51 plans that all fit; its 256-GPU
+    plans, on a smaller workload, run through the CLI and each gives a step."""
+    from rollflow.config import load_config
+    from rollflow.plan.rl_config import RLSearchConfig
+    from rollflow.plan.rl_plans import expand_plans
+
+    example = REPO / "examples" / "search" / "rl_cluster_scale.yaml"
+    plans = expand_plans(load_config(RLSearchConfig, example).space)
+    assert len(plans) == 51 and {p["num_gpus"] for p in plans} == {256, 512, 1024}
+    split = [p for p in plans if p["placement"] == "disaggregated"]
+    assert all(p["actor_gpus"] + p["inference_gpus"] < p["num_gpus"] for p in split)
+    out = tmp_path / "scale"
+    small = ["space.num_gpus=[256]", "simulation.workload.num_prompts=64", f"output_dir={out}"]
+    result = rollflow("rl-sim", "search", "--config", str(example), *small)
+    assert result.returncode == 0, result.stderr
+    rows = json.loads((out / "results.json").read_text())
+    assert len(rows) == 17 and not any(r["skipped"] for r in rows)
+    assert all(r["step_time_s"] > 0 and r["num_gpus"] == 256 for r in rows)
