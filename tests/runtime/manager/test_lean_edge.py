@@ -130,33 +130,6 @@ def test_a_stream_is_served_on_the_lean_path_and_its_connection_goes_on(processe
         assert reader.read() == b""  # closed after the stream's end
 
 
-def test_a_client_that_does_not_read_gets_fewer_fuller_events_and_the_last_whole(processes):
-    """Each event repeats the output so far: a client that reads nothing until the end would have the
-    manager hold every event meanwhile (megabytes for a long answer). Past a backlog of unsent bytes
-    the mid-stream events are skipped, and the last one, which holds everything, is always sent."""
-    engine = processes.engine()
-    manager = processes.manager(engines=[{"url": engine.url}])
-    sock, reader = _connect(manager)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # little room on the client's side
-    tokens = 2000  # events of up to 50 kB: the first ~600 fill the kernel's buffers, the rest wait
-    body = _generate([1, 2, 3], tokens, stream=True, return_logprob=True)
-    body["sampling_params"]["ignore_eos"] = True
-    with sock:
-        sock.sendall(_request("POST", "/generate", body))
-        loads = manager.url + "/v1/loads"
-        wait_until(lambda: http("GET", loads)[1]["num_running_reqs"] == 1, what="the request to run")
-        wait_until(
-            lambda: http("GET", loads)[1]["num_running_reqs"] == 0,
-            timeout=300,
-            what="the whole answer to be generated while the client reads nothing",
-        )
-        status, _, events = _read_stream(reader)
-    lengths = [len(event["output_ids"]) for event in events]
-    assert status == 200 and lengths[-1] == tokens and lengths == sorted(lengths)
-    assert len(events) < tokens // 2, f"{len(events)} events for {tokens} tokens: too few were skipped"
-    assert len(events[-1]["meta_info"]["output_token_logprobs"]) == tokens
-
-
 def test_a_stream_refused_by_every_engine_is_a_4xx_not_a_stream(processes):
     engine = processes.engine()
     manager = processes.manager(engines=[{"url": engine.url}])
