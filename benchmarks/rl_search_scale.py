@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/rl_search_scale.py [--quick] [--workers 2] [--results-dir DIR]
 
 Runs examples/search/rl_cluster_scale.yaml through the CLI, as a user would (the whole process
-timed): Llama-3-8B GRPO steps of 2,048 prompts x 16 samples, the collocated plan and four
-disaggregated actor/inference splits under static, pipelined and dynamic scheduling. Records the
+timed): Llama-3-8B GRPO steps of 8,192 prompts x 16 samples (the 1,024-GPU step of
+rl_step_scale.py), the collocated plan and four disaggregated actor/inference splits under static,
+pipelined and dynamic scheduling. Records the
 plans simulated, the wall time, the slowest plan's own time, and the Pareto front of throughput and
 cost. Goals: at least 50 plans simulated, in under 10 minutes with 2 workers, none failed. No peer
 runs: the figure is rollflow's own. --quick: the 256-GPU plans only, 256 prompts.
