@@ -145,34 +145,38 @@ SSE_DONE = object()
 """What `sse_line_json` returns for `data: [DONE]`."""
 
 
-def sse_line_json(raw_line: bytes, url: str) -> Any:
-    """The JSON object of one `data: {...}` line; None for a blank or comment line, SSE_DONE at the end."""
-    if raw_line.startswith(b"data: {"):  # an event as servers write it: parsed as it is, no copies
-        try:
-            payload = orjson.loads(memoryview(raw_line)[6:])
-        except ValueError:
-            pass  # read below, where every other line is
-        else:
-            if type(payload) is dict:
-                return payload
+def sse_data(raw_line: bytes, url: str) -> bytes | memoryview | object | None:
+    """What one SSE line carries: its data (an event's JSON, not yet parsed), None for a blank or
+    comment line, SSE_DONE for `data: [DONE]`. The one place a stream's lines are classified."""
+    if raw_line.startswith(b"data: {"):  # an event as servers write it: no copy, no strip
+        return memoryview(raw_line)[6:]
     line = raw_line.strip()
     if not line or line.startswith(b":"):
         return None
     if not line.startswith(b"data:"):
         raise EngineResponseError(f"{url} streamed a line that is not an SSE data line: {line[:200]!r}")
     data = line[5:].strip()
-    if data == b"[DONE]":
-        return SSE_DONE
+    return SSE_DONE if data == b"[DONE]" else data
+
+
+def sse_json(data: bytes | memoryview, url: str) -> dict[str, Any]:
+    """The JSON object an event's data holds."""
     try:
         payload = orjson.loads(data)
     except ValueError:
         try:  # NaN and Infinity, which Python's json writes and orjson refuses to read
-            payload = json.loads(data)
+            payload = json.loads(bytes(data))
         except ValueError:
-            raise EngineResponseError(f"{url} streamed non-JSON data: {data[:200]!r}") from None
+            raise EngineResponseError(f"{url} streamed non-JSON data: {bytes(data[:200])!r}") from None
     if not isinstance(payload, dict):
         raise EngineResponseError(f"{url} streamed {type(payload).__name__}, not an object")
     return payload
+
+
+def sse_line_json(raw_line: bytes, url: str) -> Any:
+    """The JSON object of one `data: {...}` line; None for a blank or comment line, SSE_DONE at the end."""
+    data = sse_data(raw_line, url)
+    return data if data is None or data is SSE_DONE else sse_json(data, url)
 
 
 class SseBlock(NamedTuple):
@@ -216,26 +220,17 @@ class SseLines:
         rest, self._rest = self._rest, b""
         return SseBlock(b"", rest + b"\n", len(rest) + 1) if rest else SseBlock(b"", b"", 0)
 
-    def lines(self, block: SseBlock) -> list[bytes]:
-        """The block's data lines, in order, up to `data: [DONE]` (which sets `done`)."""
+    def lines(self, block: SseBlock) -> list[bytes | memoryview]:
+        """The data of the block's events, in order, up to `data: [DONE]` (which sets `done`)."""
         events = []
         for raw_line in block.whole().split(b"\n"):
             if self.done:
                 break
-            if raw_line.startswith(b"data: {"):  # an event as servers write it
-                events.append(raw_line)
-                continue
-            line = raw_line.strip()
-            if not line or line.startswith(b":"):
-                continue  # the blank line that ends each event, or a comment
-            if not line.startswith(b"data:"):
-                raise EngineResponseError(
-                    f"{self._url} streamed a line that is not an SSE data line: {line[:200]!r}"
-                )
-            if line[5:].strip() == b"[DONE]":
+            data = sse_data(raw_line, self._url)
+            if data is SSE_DONE:
                 self.done = True
-            else:
-                events.append(line)
+            elif data is not None:
+                events.append(data)
         return events
 
     def ends(self, block: SseBlock) -> tuple[bytes, bytes, bool] | None:

@@ -29,6 +29,7 @@ from rollflow.runtime.engines.http import (
     failure_text,
     parse_weight_version,
     raise_for_status,
+    sse_json,
     sse_line_json,
     status_error,
 )
@@ -260,11 +261,11 @@ class EventReducer:
             if _holds_whole_output(newest) and self._keeps_version(newest, first):
                 self._sse.done = done
                 return self._chunks([newest])
-        return self._chunks([sse_line_json(line, self._url) for line in self._sse.lines(block)])
+        return self._chunks([sse_json(data, self._url) for data in self._sse.lines(block)])
 
     def _chunks(self, payloads: list[dict[str, Any]]) -> list[GenerateChunk]:
         self._started = self._started or bool(payloads)
-        chunks: list[GenerateChunk] = []
+        runs: list[list[GenerateChunk]] = []  # consecutive chunks of one weight version
         for payload in payloads:
             chunk = parse_sglang_event(payload, self._num_seen, self._text)
             self._num_seen += len(chunk.token_ids)
@@ -273,16 +274,16 @@ class EventReducer:
             if chunk.weight_version is not None:
                 self._version = chunk.weight_version
             if (
-                chunks
-                and chunks[-1].weight_version == chunk.weight_version
-                and chunks[-1].finish_reason is None
+                runs
+                and runs[-1][-1].weight_version == chunk.weight_version
+                and runs[-1][-1].finish_reason is None
             ):
-                chunks[-1] = _joined(chunks[-1], chunk)
+                runs[-1].append(chunk)
             else:
-                chunks.append(chunk)
+                runs.append([chunk])
             if chunk.finish_reason is not None:
                 break
-        return chunks
+        return [run[0] if len(run) == 1 else _joined(run) for run in runs]
 
     def _keeps_version(self, newest: dict[str, Any], first_line: bytes) -> bool:
         """Whether the read's newest event has the weight version the stream had before the read
@@ -305,13 +306,16 @@ def _holds_whole_output(payload: dict[str, Any]) -> bool:
     return isinstance(entries, list) and len(entries) == meta.get("completion_tokens")
 
 
-def _joined(earlier: GenerateChunk, later: GenerateChunk) -> GenerateChunk:
-    """Two consecutive chunks of one stream, of one weight version, as one."""
-    return later._replace(
-        token_ids=earlier.token_ids + later.token_ids,
-        logprobs=earlier.logprobs + later.logprobs,
-        text=later.text if later.text is not None else earlier.text,
-        cached_tokens=later.cached_tokens if later.cached_tokens is not None else earlier.cached_tokens,
+def _joined(run: list[GenerateChunk]) -> GenerateChunk:
+    """Consecutive chunks of one stream, of one weight version, as one (joined once, not pairwise:
+    a read of many incremental events would otherwise copy its tokens once per event)."""
+    texts = [chunk.text for chunk in run if chunk.text is not None]
+    cached = [chunk.cached_tokens for chunk in run if chunk.cached_tokens is not None]
+    return run[-1]._replace(
+        token_ids=[token for chunk in run for token in chunk.token_ids],
+        logprobs=[logprob for chunk in run for logprob in chunk.logprobs],
+        text=texts[-1] if texts else None,
+        cached_tokens=cached[-1] if cached else None,
     )
 
 

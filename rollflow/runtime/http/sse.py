@@ -19,8 +19,13 @@ async def open_sse(request: web.Request) -> web.StreamResponse:
     return response
 
 
+def event(payload: Any) -> bytes:
+    """One `data: {json}` event."""
+    return b"data: " + dumps(payload) + b"\n\n"
+
+
 async def send_event(response: web.StreamResponse, payload: Any) -> None:
-    await response.write(b"data: " + dumps(payload) + b"\n\n")
+    await response.write(event(payload))
 
 
 async def close_sse(response: web.StreamResponse) -> web.StreamResponse:

@@ -46,7 +46,6 @@ from rollflow.runtime.http.serve import GuardedRunner
 from rollflow.runtime.http.sse import DONE
 from rollflow.runtime.manager import sglang_api
 from rollflow.runtime.manager.edge import MANAGER_KEY, body_limit_of
-from rollflow.runtime.manager.samples import SampleState
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +56,14 @@ _STREAM_HEAD = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
     b"Transfer-Encoding: chunked\r\n"
 )
-_STREAM_END = b"%x\r\n%s\r\n0\r\n\r\n" % (len(DONE), DONE)
+
+
+def _chunk(data: bytes) -> bytes:
+    """`data` as one chunk of a chunked body."""
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+_STREAM_END = _chunk(DONE) + b"0\r\n\r\n"
 _REQUEST_LINE = b"POST /generate HTTP/1.1"
 _HANDED_OVER = re.compile(rb"\r\n(?:transfer-encoding|expect|upgrade):")  # bodies framed otherwise
 # header lines as RFC 9110 spells them (a token, a colon, a value), lower-cased, each after its CRLF
@@ -120,7 +126,7 @@ class _LeanConnection(asyncio.Protocol):
         self._deadline = 0.0  # when a connection still waiting for a whole request is closed
         self._timer: asyncio.TimerHandle | None = None
         self._body: tuple[float, float, int] | None = None  # a partial body's start, last bytes, size
-        self._streamed = -1  # a stream's tokens in its events so far; -1 until its head is written
+        self._streaming = False  # a stream's head is written
 
     # ---------------------------------------------------------------- the protocol
 
@@ -202,35 +208,32 @@ class _LeanConnection(asyncio.Protocol):
             return
         if request.body.stream:
             self._stream(request)
-        elif request.sample.state >= SampleState.FINISHED:
+        elif request.finished:
             self._answer()
 
     def _stream(self, request: sglang_api.PromptRequest) -> None:
-        """A streamed request's next event, as `sglang_api`'s route writes them: the head with the
-        first tokens (or the end), then an event per update that added tokens, `[DONE]` at the end."""
-        sample = request.sample
-        final = sample.state >= SampleState.FINISHED
-        if self._streamed < 0:
-            if not final and not sample.output_ids:
+        """A streamed request's next event, as `sglang_api`'s route writes them (the request says
+        what is due), except that a reader more than STREAM_BACKLOG_BYTES behind is sent no event
+        until it catches up or the stream ends."""
+        if not self._streaming:
+            if not request.stream_can_open():
                 return
             if request.refusal() is not None:
                 self._answer()  # its 4xx, before any byte of a stream
                 return
             keep_alive = self._keep_alive and not self._closing
             self.transport.write(_STREAM_HEAD + (b"\r\n" if keep_alive else b"Connection: close\r\n\r\n"))
-            self._streamed = 0
+            self._streaming = True
         transport = self.transport
-        news = len(sample.output_ids) > self._streamed
-        if final or (news and transport.get_write_buffer_size() < STREAM_BACKLOG_BYTES):
-            try:
-                event = b"data: " + sglang_api.dumps(request.payload()) + b"\n\n"
-            except Exception:
-                log.exception("error streaming POST /generate")
-                transport.close()  # mid-stream: the client sees the stream break off
-                return
-            transport.write(b"%x\r\n%s\r\n" % (len(event), event))
-            self._streamed = len(sample.output_ids)
-        if final:
+        try:
+            event = request.next_event(backlogged=transport.get_write_buffer_size() >= STREAM_BACKLOG_BYTES)
+        except Exception:
+            log.exception("error streaming POST /generate")
+            transport.close()  # mid-stream: the client sees the stream break off
+            return
+        if event is not None:
+            transport.write(_chunk(event))
+        if request.finished:
             transport.write(_STREAM_END)
             self._finish(request)
 
@@ -266,7 +269,7 @@ class _LeanConnection(asyncio.Protocol):
 
     def _finish(self, request: sglang_api.PromptRequest) -> None:
         """A stream's end was written: release its request and go on to the connection's next."""
-        self.request, self._streamed = None, -1
+        self.request, self._streaming = None, False
         request.release(self._server.manager)
         self._done()
         if not self.transport.is_closing():

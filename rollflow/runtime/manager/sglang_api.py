@@ -28,7 +28,8 @@ from rollflow.runtime.engines.sglang_io import MAX_TOKEN_ID, SamplingParamsBody,
 from rollflow.runtime.http.answer import dumps, json_response
 from rollflow.runtime.http.auth import require_bearer
 from rollflow.runtime.http.body import THREAD_PARSE_BYTES, Narrow, parse_json_object, read_json_object
-from rollflow.runtime.http.sse import close_sse, open_sse, send_event
+from rollflow.runtime.http.sse import close_sse, open_sse
+from rollflow.runtime.http.sse import event as sse_event
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.edge import (
     MANAGER_KEY,
@@ -196,6 +197,7 @@ class PromptRequest:
         self.prompt = self._prompt(manager.config, input_ids)
         self.params = sampling_params(body.sampling_params, manager.config, params)
         self._entries = LogprobEntries()  # kept from one streamed event to the next
+        self._streamed = -1  # the tokens of the stream's events so far
 
     def _prompt(self, config: ManagerConfig, input_ids: list[int] | None) -> list[int]:
         if self.body.text is not None:
@@ -222,6 +224,25 @@ class PromptRequest:
 
     def payload(self) -> dict:
         return generate_payload(self.sample, self.body, self.rid, self.tokenizer, self._entries)
+
+    @property
+    def finished(self) -> bool:
+        return self.sample.state >= SampleState.FINISHED
+
+    def stream_can_open(self) -> bool:
+        """Whether a stream of this request may open: it opens with the first tokens or the end, so
+        a request an engine refuses is still answered with its 4xx, before any byte of a stream."""
+        return bool(self.sample.output_ids) or self.finished
+
+    def next_event(self, backlogged: bool = False) -> bytes | None:
+        """The stream's next event (the whole output so far, as SGLang streams by default), or None
+        when none is due: no tokens since the last event, or the reader is `backlogged` (the next
+        event holds these tokens too). The end is always due."""
+        num_tokens = len(self.sample.output_ids)
+        if not self.finished and (backlogged or num_tokens <= self._streamed):
+            return None
+        self._streamed = num_tokens
+        return sse_event(self.payload())
 
     def refusal(self) -> BadRequest | None:
         """The 4xx to answer when an engine refused the request's own input."""
@@ -391,18 +412,17 @@ async def _stream(request: web.Request, manager: RolloutManager, req: PromptRequ
     """SSE events with the whole output so far, as SGLang streams by default. The stream opens with
     the first tokens (or the end), so a request an engine refuses is still answered with its 4xx."""
     sample = req.sample
-    while not sample.output_ids and sample.state < SampleState.FINISHED:
+    while not req.stream_can_open():
         await manager.wait_for_update(sample)
     refusal = req.refusal()
     if refusal is not None:
         raise refusal
     response = await open_sse(request)
-    sent = -1
     while True:
-        if len(sample.output_ids) > sent or sample.state >= SampleState.FINISHED:
-            sent = len(sample.output_ids)
-            await send_event(response, req.payload())
-        if sample.state >= SampleState.FINISHED:
+        event = req.next_event()
+        if event is not None:
+            await response.write(event)
+        if req.finished:
             break
         await manager.wait_for_update(sample)
     return await close_sse(response)

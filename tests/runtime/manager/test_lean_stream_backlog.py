@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 from rollflow.runtime.manager.lean_edge import STREAM_BACKLOG_BYTES, _LeanConnection
 from rollflow.runtime.manager.samples import SampleState
+from rollflow.runtime.manager.sglang_api import PromptRequest
 
 
 class Transport:
@@ -36,21 +37,33 @@ class Transport:
         self.closed = True
 
 
+class StreamedRequest(PromptRequest):
+    """A streamed /generate with PromptRequest's own rules for what is due, and no manager behind it."""
+
+    def __init__(self, sample: SimpleNamespace) -> None:
+        self.body = SimpleNamespace(stream=True)
+        self.sample = sample
+        self._streamed = -1
+        self.released: list[object] = []
+
+    def refusal(self) -> None:
+        return None
+
+    def payload(self) -> dict:
+        return {"output_ids": list(self.sample.output_ids)}
+
+    def release(self, manager: object) -> None:
+        self.released.append(manager)
+
+
 def test_events_are_skipped_while_the_client_lags_and_the_last_is_always_written():
     loop = asyncio.new_event_loop()
     try:
-        released = []
         server = SimpleNamespace(loop=loop, manager=None, connections=set(), read_timeout_s=30.0)
         conn = _LeanConnection(server)
         conn.transport = Transport()
         sample = SimpleNamespace(state=SampleState.RUNNING, output_ids=[])
-        request = SimpleNamespace(
-            body=SimpleNamespace(stream=True),
-            sample=sample,
-            refusal=lambda: None,
-            payload=lambda: {"output_ids": list(sample.output_ids)},
-            release=released.append,
-        )
+        request = StreamedRequest(sample)
         conn.request = request
         for token in range(1, 101):
             sample.output_ids.append(token)
@@ -67,4 +80,4 @@ def test_events_are_skipped_while_the_client_lags_and_the_last_is_always_written
     counts = [event.count(b",") + 1 for event in events]  # tokens in each event's output_ids
     assert counts == [*range(1, 10), *range(90, 101), 100]  # 10-89 skipped; the final event after
     assert writes[-1].endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
-    assert released == [None] and conn.request is None  # released, the connection ready for the next
+    assert request.released == [None] and conn.request is None  # released, the connection ready for the next
