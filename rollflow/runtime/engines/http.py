@@ -17,6 +17,10 @@ from rollflow.runtime.engines.pool import ConnectionPool
 CONNECT_TIMEOUT_S = 10.0
 
 
+ENGINE_ERRORS = (EngineError, aiohttp.ClientError, OSError, ValueError)
+"""What a call to an engine raises when the engine (not the request) is at fault."""
+
+
 class HttpEngine:
     """Base of the clients: owns (or borrows) one aiohttp session and reports errors by type."""
 

@@ -14,24 +14,21 @@ from collections.abc import Coroutine
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
-import aiohttp
-
-from rollflow.runtime.engines.base import EngineError, EngineRejectedError, RequestFailedError
+from rollflow.runtime.engines.base import EngineRejectedError, RequestFailedError
+from rollflow.runtime.engines.http import ENGINE_ERRORS
 from rollflow.runtime.manager.stops import SpanningStop
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
     from rollflow.runtime.manager.config import ManagerConfig
-    from rollflow.runtime.manager.journal import Journal
+    from rollflow.runtime.manager.fleet import EngineFleet
+    from rollflow.runtime.manager.journal_events import NoJournal
     from rollflow.runtime.manager.metrics import ManagerMetrics
     from rollflow.runtime.manager.registry import EngineRecord
     from rollflow.runtime.manager.samples import Sample, SampleRun
 
 log = logging.getLogger("rollflow.manager")
-
-ENGINE_ERRORS = (EngineError, aiohttp.ClientError, OSError, ValueError)
-"""What a call to an engine raises when the engine (not the request) is at fault."""
 
 
 class Outcome(StrEnum):
@@ -52,13 +49,12 @@ class AttemptHost(Protocol):
 
     config: ManagerConfig
     metrics: ManagerMetrics
-    journal: Journal | None
+    journal: NoJournal  # or the Journal
+    fleet: EngineFleet
     tokenizer: Tokenizer | None
     reads_cache: bool  # the router reads the engines' cached prefixes: record what they cache
 
     def loop_time(self) -> float: ...
-
-    def retire(self, engine: EngineRecord, reason: str) -> None: ...
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task: ...
 
@@ -77,7 +73,7 @@ async def stream(host: AttemptHost, run: SampleRun, engine: EngineRecord, rid: s
             try:
                 chunk = await anext(stream)
             except StopAsyncIteration:
-                host.retire(engine, "stream_ended")
+                host.fleet.retire(engine, "stream_ended")
                 return Outcome.ENGINE_FAILED
             except EngineRejectedError as exc:
                 sample.error = f"engine {engine.engine_id} refused the request: {exc}"
@@ -88,7 +84,7 @@ async def stream(host: AttemptHost, run: SampleRun, engine: EngineRecord, rid: s
                 return Outcome.REQUEST_FAILED
             except ENGINE_ERRORS as exc:
                 log.warning("engine %d failed on %s: %s", engine.engine_id, rid, exc)
-                host.retire(engine, "stream_error")
+                host.fleet.retire(engine, "stream_error")
                 return Outcome.ENGINE_FAILED
             engine.heard_at = host.loop_time()  # it produces for someone: not hung
             if chunk.weight_version is not None:
@@ -116,10 +112,7 @@ async def stream(host: AttemptHost, run: SampleRun, engine: EngineRecord, rid: s
             if ended:
                 sample.finish_reason = reason or "length"
             # the journal's bound: a crash may lose no more than it (wait for room below)
-            journal = host.journal
-            journal_full = (
-                journal is not None and (tokens or ended) and journal.tokens(sample, len(tokens), ended)
-            )
+            journal_full = (tokens or ended) and host.journal.tokens(sample, len(tokens), ended)
             if chunk.finish_reason == "abort" and chunk.status_code is not None:
                 # the engine blames the request (SGLang's status_code): another engine may agree
                 why = chunk.message or "no reason given"
@@ -136,7 +129,7 @@ async def stream(host: AttemptHost, run: SampleRun, engine: EngineRecord, rid: s
                     engine.prefixes.sent(sample.prompt_ids + sample.output_ids)  # engines cache answers
                 return Outcome.FINISHED
             if journal_full:
-                await journal.room()
+                await host.journal.room()
     finally:
         await stream.aclose()
 

@@ -56,7 +56,7 @@ async def parse_body(request: web.Request, model: type[BodyT], narrow: Narrow | 
 def journal_writable(manager: RolloutManager) -> None:
     """A 503 naming the journal's error while it cannot write: a batch or session begun now would not
     survive a restart (what runs already goes on and finishes)."""
-    error = manager.journal_error
+    error = manager.journal.error
     if error is not None:
         message = (
             f"{error}; new batches and sessions are refused until it writes again (GET /health says when)"

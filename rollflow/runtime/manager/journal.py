@@ -48,6 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rollflow.runtime.manager.journal_events import NoJournal
 from rollflow.runtime.manager.journal_file import BATCH_TABLES, OWNED_TABLES, SESSION_OWNER, pack
 from rollflow.runtime.manager.samples import Sample, SampleState
 
@@ -141,10 +142,12 @@ class _Failure:
     try_s: float = 0.0  # how long the last try took
 
 
-class Journal:
+class Journal(NoJournal):
     """The loop's side of the writer. Its methods run on the event loop and only note what changed (no
     lock, no disk, no JSON for a streamed chunk); `durable` and `room` await the writer without
     blocking the loop."""
+
+    enabled = True
 
     def __init__(
         self,

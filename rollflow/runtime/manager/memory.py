@@ -23,9 +23,10 @@ import aiohttp
 
 from rollflow.errors import UserError
 from rollflow.runtime.engines.base import EngineRejectedError, NotSupportedError
-from rollflow.runtime.manager.attempt import ENGINE_ERRORS
+from rollflow.runtime.engines.http import ENGINE_ERRORS
+from rollflow.runtime.manager.fleet import EngineUnavailable
 from rollflow.runtime.manager.registry import EngineRecord
-from rollflow.runtime.manager.service import EngineUnavailable, RolloutManager
+from rollflow.runtime.manager.service import RolloutManager
 
 ADMIN_PATHS = ("/release_memory_occupation", "/resume_memory_occupation")
 """Fan-outs that put every engine to sleep or wake it: admin routes, behind the token."""
@@ -100,11 +101,11 @@ async def release_engine(manager: RolloutManager, engine_id: int) -> MemoryMove:
         await asyncio.wait_for(engine.client.release_memory_occupation(), manager.config.stall_timeout_s)
     except (NotSupportedError, EngineRejectedError) as exc:
         engine.state = "healthy"
-        manager.route_again()
+        manager.dispatcher.wake()
         log.warning("engine %d will not release its memory (%s); it stays in the pool", engine_id, exc)
         raise EngineWontSleep(f"engine {engine_id} will not release its memory: {exc}") from None
     except (*ENGINE_ERRORS, TimeoutError) as exc:
-        manager.retire(engine, "release_failed")
+        manager.fleet.retire(engine, "release_failed")
         log.warning(
             "engine %d failed while releasing its memory (%s); its %d samples had already moved",
             engine_id,
@@ -139,11 +140,11 @@ async def resume_engine(
             engine.client.weight_version(), manager.config.connect_timeout_s
         )
     except (*ENGINE_ERRORS, TimeoutError) as exc:
-        manager.retire(engine, "resume_failed")
+        manager.fleet.retire(engine, "resume_failed")
         raise EngineUnavailable(f"engine {engine_id} failed to wake: {exc or type(exc).__name__}") from None
     if weights is not None and target is not None and engine.weight_version != target:
         engine.state = "updating"
-        await manager.update_engine_weights(
+        await manager.fleet.update_engine_weights(
             engine_id,
             target,
             model_path=weights.model_path,
@@ -151,7 +152,7 @@ async def resume_engine(
             codec=weights.codec,
         )
     engine.state = "healthy"
-    manager.route_again()
+    manager.dispatcher.wake()
     move = MemoryMove(engine_id, "resume", 0, 0.0, loop.time() - started, engine.weight_version)
     log.info(
         "engine %d resumed on weight version %s in %.3fs", engine_id, engine.weight_version, move.seconds

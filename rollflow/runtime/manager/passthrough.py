@@ -24,10 +24,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from rollflow.runtime.engines.http import HttpEngine
+from rollflow.runtime.engines.http import ENGINE_ERRORS, HttpEngine
 from rollflow.runtime.http.body import read_json_object
 from rollflow.runtime.http.errors import error_body
-from rollflow.runtime.manager.attempt import ENGINE_ERRORS
 from rollflow.runtime.manager.registry import EngineRecord
 from rollflow.runtime.manager.service import RolloutManager
 
@@ -158,7 +157,7 @@ async def _record_versions(manager: RolloutManager, engines: list[EngineRecord])
                 "engine %d loaded weights but its version could not be read: %s", engine.engine_id, exc
             )
             return engine.weight_version
-        manager.record_weight_version(engine, version)
+        manager.fleet.record_weight_version(engine, version)
         return version
 
     versions = await asyncio.gather(*(read(e) for e in engines))

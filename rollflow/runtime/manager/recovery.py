@@ -20,18 +20,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import itertools
 import logging
 import time
 from typing import TYPE_CHECKING
 
 from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.engines.clients import make_client
+from rollflow.runtime.manager.batches import Batch, sample_sampling
+from rollflow.runtime.manager.fleet import EngineUnavailable, normalise_url
 from rollflow.runtime.manager.journal import Journal
 from rollflow.runtime.manager.journal_file import JournalRefused, Snapshot, open_journal
 from rollflow.runtime.manager.journal_lock import JournalLock
 from rollflow.runtime.manager.packing import GroupPacker
-from rollflow.runtime.manager.samples import Sample, SampleRun, SampleState, Span
+from rollflow.runtime.manager.samples import Sample, SampleState, Span
 
 if TYPE_CHECKING:
     from rollflow.runtime.manager.registry import EngineRecord
@@ -82,23 +83,21 @@ async def restore(manager: RolloutManager) -> Snapshot:
     """Lock and open the manager's journal, put its state back, abort the attempts the last manager left
     running."""
     config = manager.config
-    manager.journal_lock = await asyncio.to_thread(
-        JournalLock.acquire, config.journal, config.host, config.port
-    )
+    lock = await asyncio.to_thread(JournalLock.acquire, config.journal, config.host, config.port)
     try:
         conn, snapshot = await asyncio.to_thread(open_journal, config.journal, config.model_dump(mode="json"))
     except BaseException:
-        manager.journal_lock.release()
+        lock.release()
         raise
-    manager.journal = Journal(
+    journal = Journal(
         conn,
         config.journal_flush_interval_ms,
         config.journal_max_unflushed_tokens,
         path=config.journal,
         on_write=manager.journal_written,
     )
-    manager.journal.start()
-    manager._restarts = snapshot.restarts
+    journal.start()
+    manager.use_journal(journal, lock, snapshot.restarts)
     if snapshot.restarts == 0:
         return snapshot
     _restore_counters(manager, snapshot)
@@ -117,7 +116,7 @@ async def restore(manager: RolloutManager) -> Snapshot:
         len(snapshot.sessions),
         len(snapshot.engines),
     )
-    manager._wake.set()
+    manager.dispatcher.wake()
     return snapshot
 
 
@@ -125,7 +124,7 @@ def _restore_counters(manager: RolloutManager, snapshot: Snapshot) -> None:
     state = snapshot.state
     manager.registry.next_id = state.get("next_engine_id", 0)  # ids in journaled spans stay unique
     seqs = [row["seq"] for row in snapshot.samples.values()]
-    manager._seq = itertools.count(max(seqs, default=-1) + 1)
+    manager.restore_sequence(max(seqs, default=-1) + 1)
     reports = state.get("step_reports")
     if reports is not None:
         manager.num_step_reports = reports["num_step_reports"]
@@ -139,8 +138,6 @@ def _sampling(journaled: dict) -> SamplingParams:
 
 
 def _restore_batch(manager: RolloutManager, snapshot: Snapshot, batch_id: str, submission: dict) -> None:
-    from rollflow.runtime.manager.service import Batch, sample_sampling  # service imports this module
-
     sampling = _sampling(submission["sampling"])
     groups = [
         [
@@ -159,41 +156,31 @@ def _restore_batch(manager: RolloutManager, snapshot: Snapshot, batch_id: str, s
     ]
     batch = Batch(batch_id, groups, GroupPacker(groups), submission["budget_s"], submission["offloaded"])
     batch.handouts = snapshot.handouts.get(batch_id, [])
-    manager.batches[batch_id] = batch
-    samples = batch.samples
     completed = sorted(
-        (s for s in samples if s.state >= SampleState.FINISHED),
+        (s for s in batch.samples if s.state >= SampleState.FINISHED),
         key=lambda s: snapshot.samples[s.sample_id]["completed"],
     )
     for sample in completed:
         batch.completed.append(sample)
         batch.packer.sample_done(sample)
     batch.packer.mark_delivered([index for handout in batch.handouts for index in handout])
-    running = {attempt["sample_id"] for attempt in snapshot.attempts}
-    for sample in samples:
-        if sample.state >= SampleState.FINISHED:
-            continue
-        manager._runs[sample.sample_id] = SampleRun(sample)
-        _carry_on(manager, sample, running)
     budget = submission["budget_s"]
-    if budget is not None and not batch.offloaded and not batch.done:
-        left = budget - (time.time() - submission["submitted_at"])
-        asyncio.get_running_loop().call_later(max(0.0, left), manager._expire_budget, batch)
-
-
-def _carry_on(manager: RolloutManager, sample: Sample, running: set[str]) -> None:
-    """An unfinished sample goes on by the path it was on when the manager stopped."""
-    if sample.finish_reason is not None:  # its last tokens ended it; the manager died before noting it
-        manager._finish(sample)
-    elif sample.sample_id in running:  # cut off mid-attempt: resumed as from a failed engine
-        manager._resume(sample, RESTART_REASON)
-    else:  # queued (its tokens, if any, are part of its next input all the same)
-        manager._enqueue(sample)
+    budget_left = (
+        budget - (time.time() - submission["submitted_at"])
+        if budget is not None and not batch.offloaded and not batch.done
+        else None
+    )
+    manager.restore_batch(batch, {attempt["sample_id"] for attempt in snapshot.attempts}, budget_left)
 
 
 def _restore_session(manager: RolloutManager, snapshot: Snapshot, session_id: str, row: dict) -> None:
     """A session's context, rebuilt turn by turn as it was built, and its turn in flight."""
-    from rollflow.runtime.manager.sessions import RunningTurn, Session, Turn, turn_future  # (as above)
+    from rollflow.runtime.manager.sessions import (  # sessions imports this module
+        RunningTurn,
+        Session,
+        Turn,
+        turn_future,
+    )
 
     session = Session(session_id, row["weight_version"], row["allow_off_policy"], closed_at=row["closed_at"])
     for entry in snapshot.session_turns.get(session_id, []):
@@ -233,8 +220,7 @@ def _restore_session(manager: RolloutManager, snapshot: Snapshot, session_id: st
         if entry["sample_id"] in snapshot.samples:
             _replay(snapshot, sample)
         if sample.state < SampleState.FINISHED:
-            manager._runs[sample.sample_id] = SampleRun(sample, watcher=asyncio.Event())
-            _carry_on(manager, sample, {attempt["sample_id"] for attempt in snapshot.attempts})
+            manager.restore_turn(sample, {attempt["sample_id"] for attempt in snapshot.attempts})
         running = RunningTurn(sample, entry["rid"], entry["input_ids"], turn_future())
     manager.sessions.restore(session, running)
 
@@ -290,8 +276,6 @@ def _replay(snapshot: Snapshot, sample: Sample) -> None:
 
 async def _abort_left_running(manager: RolloutManager, snapshot: Snapshot) -> None:
     """Engines may still be generating for the dead manager: stop them, so they serve the live one."""
-    from rollflow.runtime.manager.service import normalise_url  # service imports this module
-
     engines = {normalise_url(entry.url): entry for entry in manager.config.engines}
     known = {record["url"]: record for record in snapshot.engines}
 
@@ -300,7 +284,7 @@ async def _abort_left_running(manager: RolloutManager, snapshot: Snapshot) -> No
         entry = known.get(url) or (engines[url].model_dump() if url in engines else None)
         if entry is None:
             return  # an engine removed since: not the manager's to call any more
-        client = make_client(entry["engine_type"], url, manager._session, api_key=entry.get("api_key"))
+        client = make_client(entry["engine_type"], url, manager.http, api_key=entry.get("api_key"))
         try:
             await asyncio.wait_for(client.abort(attempt["rid"]), manager.config.connect_timeout_s)
             log.info("aborted %s on %s, left running by the last manager", attempt["rid"], url)
@@ -314,17 +298,15 @@ async def _abort_left_running(manager: RolloutManager, snapshot: Snapshot) -> No
 
 async def rejoin_engines(manager: RolloutManager, snapshot: Snapshot) -> None:
     """Register again the engines that joined at run time (those of `engines:` joined already)."""
-    from rollflow.runtime.manager.service import EngineUnavailable, normalise_url  # (as above)
-
     configured = {normalise_url(entry.url) for entry in manager.config.engines}
     for record in snapshot.engines:
         if record["url"] in configured or manager.registry.by_url(record["url"]) is not None:
             continue
         args = (record["url"], record["kind"], record["engine_type"], record["capacity"], record["api_key"])
         try:
-            await manager.add_engine(*args)
+            await manager.fleet.add_engine(*args)
         except EngineUnavailable as exc:
             log.warning(
                 "engine %s did not come back (%s); the health checker tries it again", record["url"], exc
             )
-            manager.add_failed_engine(*args)
+            manager.fleet.add_failed_engine(*args)

@@ -58,6 +58,7 @@ from rollflow.runtime.manager.edge import (
     not_found,
     parse_body,
 )
+from rollflow.runtime.manager.fleet import EngineUnavailable, WeightUpdateNotSupported
 from rollflow.runtime.manager.lean_edge import LeanRunner
 from rollflow.runtime.manager.openai_routes import openai_routes
 from rollflow.runtime.manager.packing import BatchDeleted
@@ -70,7 +71,7 @@ from rollflow.runtime.manager.protocol import (
     UpdateWeightsBody,
 )
 from rollflow.runtime.manager.samples import SampleState
-from rollflow.runtime.manager.service import EngineUnavailable, RolloutManager, WeightUpdateNotSupported
+from rollflow.runtime.manager.service import RolloutManager
 
 __all__ = ["MANAGER_KEY", "TOKENIZER_KEY", "create_app", "serve"]
 
@@ -122,7 +123,7 @@ def _consumed_batch(request: web.Request):
     for a batch deleted a moment before, as a consumer already waiting is answered, so a DELETE
     that races the trainer's own next call reads the same; 404 for an id never known."""
     manager = request.app[MANAGER_KEY]
-    deleted = manager.deleted_batches.get(request.match_info["batch_id"])
+    deleted = manager.batches.why_deleted(request.match_info["batch_id"])
     if deleted is not None:
         raise http_error(web.HTTPGone, deleted)
     return _batch(request)
@@ -133,7 +134,7 @@ async def submit_batch(request: web.Request) -> web.Response:
     body = await parse_body(request, BatchBody)
     for index, prompt in enumerate(body.prompts):
         sglang_api.check_prompt(prompt, manager.config, f"prompts[{index}]")
-    known = manager.batches.get(body.batch_id) if body.batch_id is not None else None
+    known = manager.batches.get(body.batch_id)
     if known is not None:  # a retried submission: the batch it made already
         return web.json_response(known.status())
     journal_writable(manager)
@@ -219,7 +220,7 @@ async def stream_samples(request: web.Request) -> web.StreamResponse:
                 if sample.state < SampleState.FINISHED:
                     break
                 ready.append(sample)
-        if ready and manager.journal is not None:
+        if ready:
             await manager.journal.durable()  # a line the client sees is one a restart keeps in its place
         for sample in ready:
             await response.write(json.dumps(sample.to_json()).encode() + b"\n")
@@ -274,7 +275,7 @@ async def update_worker_weights(request: web.Request) -> web.Response:
     engine_id = workers_api.engine_id(request)
     body = await parse_body(request, UpdateWeightsBody)
     try:
-        engine = await manager.update_engine_weights(
+        engine = await manager.fleet.update_engine_weights(
             engine_id,
             body.weight_version,
             model_path=body.model_path,
@@ -360,7 +361,7 @@ async def metrics(request: web.Request) -> web.Response:
 async def health(request: web.Request) -> web.Response:
     """200 while the manager can do all it is asked; 503 naming the journal's error while it cannot
     write (the manager serves on: running samples finish, new batches and sessions wait for it)."""
-    error = request.app[MANAGER_KEY].journal_error
+    error = request.app[MANAGER_KEY].journal.error
     if error is not None:
         return web.json_response({"status": "journal_failing", "error": {"message": error}}, status=503)
     return web.json_response({"status": "ok"})

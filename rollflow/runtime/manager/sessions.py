@@ -35,12 +35,14 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from rollflow.errors import UserError
 from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.samples import Sample, SampleState
-from rollflow.runtime.manager.service import RolloutManager
+
+if TYPE_CHECKING:
+    from rollflow.runtime.manager.service import RolloutManager
 
 log = logging.getLogger(__name__)
 
@@ -254,9 +256,8 @@ class SessionStore:
         session = Session(session_id, weight_version, allow_off_policy)
         self._open[session_id] = session
         log.info("session %s opened (version %s)", session_id, weight_version)
-        if self.manager.journal is not None:
-            self.manager.journal.session_changed(session_id, session.row())
-            await self.manager.journal.durable()
+        self.manager.journal.session_changed(session_id, session.row())
+        await self.manager.journal.durable()
         return session, True
 
     def running_turns(self) -> dict[str, Sample]:
@@ -286,12 +287,11 @@ class SessionStore:
         del self._open[session_id]
         self._remember_closed(session)
         journal = self.manager.journal
-        if journal is not None:
-            if running is not None:
-                journal.turn_ended(session_id, session.row(), running.sample)
-            else:
-                journal.session_changed(session_id, session.row())
-            await journal.durable()
+        if running is not None:
+            journal.turn_ended(session_id, session.row(), running.sample)
+        else:
+            journal.session_changed(session_id, session.row())
+        await journal.durable()
         log.info("session %s closed after %d turns", session_id, len(session.turns))
         return session
 
@@ -299,8 +299,7 @@ class SessionStore:
         self._closed[session.session_id] = session
         if len(self._closed) > MAX_CLOSED_SESSIONS:
             forgotten, _ = self._closed.popitem(last=False)
-            if self.manager.journal is not None:
-                self.manager.journal.session_forgotten(forgotten)
+            self.manager.journal.session_forgotten(forgotten)
 
     async def turn(
         self,
@@ -328,8 +327,7 @@ class SessionStore:
                 # its first caller went away, cancelling it: this one sends it anew
                 return await self.turn(session_id, input_ids, sampling, rid, continues, caller_gone)
             if known is not None:
-                if self.manager.journal is not None:
-                    await self.manager.journal.durable()  # a restored turn's end may be on its way to disk
+                await self.manager.journal.durable()  # a restored turn's end may be on its way to disk
                 return known
         self._check_turn(session, input_ids)
         if continues is not None and (not session.turns or session.turns[-1].rid != continues):
@@ -348,8 +346,7 @@ class SessionStore:
         )
         running = RunningTurn(sample, rid or sample.sample_id, list(input_ids), turn_future())
         session.running = running
-        if self.manager.journal is not None:
-            self.manager.journal.session_changed(session_id, session.row(), running=sample)
+        self.manager.journal.session_changed(session_id, session.row(), running=sample)
         return await self.drive(session, running, caller_gone)
 
     def _find(self, session: Session, rid: str, input_ids: list[int]) -> Turn | RunningTurn | None:
@@ -385,8 +382,7 @@ class SessionStore:
                 if caller_gone() and not self._stopping:  # the context stays as it was
                     self.manager.release(sample)
                     self._end(session, running)
-                    if self.manager.journal is not None:
-                        self.manager.journal.flush_soon()  # a restart must not bring the turn back
+                    self.manager.journal.flush_soon()  # a restart must not bring the turn back
                 raise
             self.manager.release(sample)
             turn = self._end(session, running)
@@ -397,8 +393,7 @@ class SessionStore:
                 )
             if turn is None:
                 raise SessionConflict(f"session {session.session_id!r} was closed during the turn")
-            if self.manager.journal is not None:
-                await self.manager.journal.durable()
+            await self.manager.journal.durable()
         except asyncio.CancelledError:
             running.done.cancel()
             raise
@@ -427,11 +422,9 @@ class SessionStore:
             session.turns.append(turn)
             if session.weight_version is None:
                 session.weight_version = sample.weight_version
-        journal = self.manager.journal
-        if journal is not None:
-            row = turn_row(turn, running.input_ids) if turn is not None else None
-            index = turn.index if turn is not None else None
-            journal.turn_ended(session.session_id, session.row(), sample, index, row)
+        row = turn_row(turn, running.input_ids) if turn is not None else None
+        index = turn.index if turn is not None else None
+        self.manager.journal.turn_ended(session.session_id, session.row(), sample, index, row)
         return turn
 
     # ------------------------------------------------------------------ after a restart

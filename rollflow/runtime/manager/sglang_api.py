@@ -432,7 +432,7 @@ async def abort_request(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
     body = await parse_body(request, AbortBody)
     rids: dict[str, Sample] = {**manager.sessions.running_turns(), **request.app[RIDS_KEY]}
-    batch_samples = [s for batch in manager.batches.values() for s in batch.samples]
+    batch_samples = list(manager.batches.samples())
     if body.abort_all:
         require_bearer(request, manager.config.token, "abort_all")  # it ends everyone's samples
         targets = [*rids.values(), *batch_samples]
@@ -479,7 +479,7 @@ async def loads(request: web.Request) -> web.Response:
             "total_workers": len(workers),
             "successful": len(workers),
             "failed": 0,
-            "num_waiting_reqs": manager.num_queued,
+            "num_waiting_reqs": len(manager.dispatcher),
             "num_running_reqs": sum(w["num_running_reqs"] for w in workers),
             "loads": workers,
         }

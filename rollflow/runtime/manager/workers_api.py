@@ -18,9 +18,9 @@ from collections import deque
 from aiohttp import web
 
 from rollflow.runtime.manager.edge import MANAGER_KEY, BadRequest, not_found, parse_body, validate
+from rollflow.runtime.manager.fleet import EngineUnavailable, normalise_url
 from rollflow.runtime.manager.protocol import WorkerBody
 from rollflow.runtime.manager.registry import EngineRecord
-from rollflow.runtime.manager.service import EngineUnavailable, normalise_url
 
 REMOVED_KEY = web.AppKey("removed_workers", deque)
 """The last engines removed by hand, for `GET /workers?include_removed=true`."""
@@ -40,7 +40,9 @@ def worker_json(engine: EngineRecord) -> dict:
 async def _register(request: web.Request, body: WorkerBody) -> web.Response:
     manager = request.app[MANAGER_KEY]
     try:
-        engine = await manager.add_engine(body.url, body.kind, body.engine_type, body.capacity, body.api_key)
+        engine = await manager.fleet.add_engine(
+            body.url, body.kind, body.engine_type, body.capacity, body.api_key
+        )
     except EngineUnavailable as exc:
         raise BadRequest(str(exc)) from None
     answer = worker_json(engine) | {
@@ -83,7 +85,7 @@ async def list_worker_urls(request: web.Request) -> web.Response:
 
 async def _remove(request: web.Request, engine_id: int) -> web.Response:
     try:
-        engine = await request.app[MANAGER_KEY].remove_engine(engine_id)
+        engine = await request.app[MANAGER_KEY].fleet.remove_engine(engine_id)
     except KeyError:
         raise not_found(f"unknown engine id {engine_id}") from None
     request.app[REMOVED_KEY].append(engine)

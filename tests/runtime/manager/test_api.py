@@ -231,7 +231,7 @@ def test_a_failing_router_is_overruled_and_counted_not_fatal(fleet):
         await manager.start()
         try:
             for engine in engines:
-                await manager.add_engine(engine.url)
+                await manager.fleet.add_engine(engine.url)
             batch = manager.submit_batch([[6, 6]] * 3, 1, SamplingParams(max_new_tokens=2, temperature=0))
             while not batch.done:
                 await batch.changed()

@@ -31,7 +31,7 @@ def test_the_same_router_object_routes_a_simulated_and_a_live_cluster(tmp_path, 
             await manager.start()
             try:
                 for engine in engines:
-                    await manager.add_engine(engine.url)
+                    await manager.fleet.add_engine(engine.url)
                 batch = manager.submit_batch([[1, 2]] * 6, 1, SamplingParams(max_new_tokens=2, temperature=0))
                 while not batch.done:
                     await batch.changed()
@@ -82,18 +82,18 @@ def test_one_learned_policy_file_routes_the_simulator_and_the_live_manager(tmp_p
 
         async def live() -> RecordingRouter:
             manager = RolloutManager(ManagerConfig(router="learned", router_path=policy))
-            manager.router = RecordingRouter(manager.router)
+            manager.dispatcher.router = RecordingRouter(manager.dispatcher.router)
             await manager.start()
             try:
                 for engine in engines:
-                    await manager.add_engine(engine.url)
+                    await manager.fleet.add_engine(engine.url)
                 batch = manager.submit_batch(
                     [[3, 4, 5]] * 12, 1, SamplingParams(max_new_tokens=3, temperature=0)
                 )
                 while not batch.done:
                     await batch.changed()
                 assert all(sample.state.name == "FINISHED" for sample in batch.samples)
-                return manager.router
+                return manager.dispatcher.router
             finally:
                 await manager.close()
 
