@@ -19,6 +19,8 @@ from pathlib import Path
 
 import yaml
 
+from tests.runtime.engine_fork import ForkedProcess
+
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
 
@@ -47,28 +49,37 @@ def http(method: str, url: str, body=None, token: str | None = None, timeout: fl
         return status, raw.decode(errors="replace")
 
 
+ROLLFLOW = [sys.executable, "-m", "rollflow.cli"]
+
+
 def rollflow(*args: str) -> list[str]:
     """The command line of `rollflow ARGS` in this interpreter."""
-    return [sys.executable, "-m", "rollflow.cli", *args]
+    return [*ROLLFLOW, *args]
 
 
 class Process:
     """A server process on 127.0.0.1; `url` is where it listens, ready once `ready_path` answers 200."""
 
     def __init__(
-        self, argv: list[str], port: int, log_path: Path, ready_path: str = "/health", wait: bool = True
+        self,
+        argv: list[str],
+        port: int,
+        log_path: Path,
+        ready_path: str = "/health",
+        wait: bool = True,
+        forked: bool = False,
     ) -> None:
+        """`forked`: `argv` is a `rollflow(...)` command line, run forked from the forkserver that
+        imported an engine's modules once (engine_fork.py) rather than exec'd."""
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            argv,
-            cwd=REPO,
-            env=ENV,
-            stdout=self._log,
-            stderr=self._log,
-        )
+        if forked:
+            assert argv[: len(ROLLFLOW)] == ROLLFLOW, argv
+            self.proc = ForkedProcess(argv[len(ROLLFLOW) :], log_path, REPO, ENV)
+        else:
+            self.proc = subprocess.Popen(argv, cwd=REPO, env=ENV, stdout=self._log, stderr=self._log)
         self.ready_path = ready_path
         if wait:
             self.wait_ready()
@@ -119,11 +130,14 @@ def start_engine(
     name: str = "engine",
     wait: bool = True,
     extra_args: tuple[str, ...] = (),
+    forked: bool = True,
 ) -> Process:
+    """`forked`: from the forkserver that imported an engine's modules (engine_fork.py), so the engine
+    is up in a fraction of a second; False: exec'd, taking the seconds a user's engine takes."""
     port = free_port()
     args = ["engine", "serve", "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
     args += ["--weight-version", str(weight_version), *extra_args]
-    return Process(rollflow(*args), port, tmp_path / f"{name}-{port}.log", wait=wait)
+    return Process(rollflow(*args), port, tmp_path / f"{name}-{port}.log", wait=wait, forked=forked)
 
 
 def start_manager(tmp_path: Path, config: dict, token: str | None = None) -> Process:

@@ -13,7 +13,9 @@ from tests.runtime.processes import ENV, REPO, free_port, start_engine
 
 
 def test_the_manager_waits_for_configured_engines_that_are_still_loading(processes, tmp_path):
-    engine = start_engine(processes.model, tmp_path, wait=False)  # loads its model for seconds
+    engine = start_engine(
+        processes.model, tmp_path, wait=False, forked=False
+    )  # imports and loads for seconds
     processes.started.append(engine)
     manager = processes.manager(engines=[{"url": engine.url, "engine_type": "builtin"}])
     assert [w["state"] for w in workers(manager).values()] == ["healthy"]
