@@ -19,7 +19,7 @@ from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.http.body import read_json_object
 from rollflow.runtime.manager.samples import SampleState
 from rollflow.runtime.manager.service import RolloutManager
-from rollflow.runtime.manager.vllm_api import session_of
+from rollflow.runtime.manager.vllm_api import check_limits, session_of
 from rollflow.runtime.openai.protocol import OpenAIError
 from rollflow.runtime.openai.serve import Delta, Tokenizer, error_response, handle
 
@@ -35,20 +35,7 @@ class ManagerTokens:
     def open(
         self, prompt_ids: list[int], sampling: SamplingParams, incremental: bool
     ) -> AsyncIterator[Delta]:
-        config = self._manager.config
-        if len(prompt_ids) > config.max_prompt_tokens:
-            raise OpenAIError(
-                400,
-                f"the prompt has {len(prompt_ids)} tokens, above max_prompt_tokens={config.max_prompt_tokens}",
-                "prompt",
-            )
-        if sampling.max_new_tokens > config.max_new_tokens_limit:
-            raise OpenAIError(
-                400,
-                f"max_tokens={sampling.max_new_tokens} exceeds this manager's limit of "
-                f"{config.max_new_tokens_limit} (max_new_tokens_limit)",
-                "max_tokens",
-            )
+        check_limits(self._manager.config, len(prompt_ids), sampling.max_new_tokens, "prompt", "max_tokens")
         return self._run(prompt_ids, sampling, incremental)
 
     async def _run(

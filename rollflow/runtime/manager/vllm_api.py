@@ -19,7 +19,9 @@ what SkyRL's client reads; a field this server cannot honour is a 400 naming it,
 
 from __future__ import annotations
 
+import functools
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from aiohttp import web
@@ -30,9 +32,9 @@ from rollflow.runtime.engines.base import MAX_SEED, MIN_SEED, SamplingParams
 from rollflow.runtime.engines.sglang_io import MAX_TOKEN_ID, Int
 from rollflow.runtime.http.body import read_json_object
 from rollflow.runtime.manager.batches import sample_sampling
+from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.edge import MANAGER_KEY, TOKENIZER_KEY, body_limit
 from rollflow.runtime.manager.samples import Sample, SampleState
-from rollflow.runtime.manager.service import RolloutManager
 from rollflow.runtime.openai.protocol import OpenAIError
 
 SESSION_HEADER = "X-Session-ID"
@@ -148,22 +150,34 @@ def session_of(request: web.Request, body_session: str | None = None) -> str | N
     return request.headers.get(SESSION_HEADER) or body_session
 
 
-def _error(exc: OpenAIError) -> web.Response:
-    return web.json_response(exc.body(), status=exc.status)
+def answers_errors(handler: Callable[[web.Request], Awaitable[web.Response]]) -> Callable:
+    """A route whose OpenAIError is answered in vLLM's error shape (and counted, as the manager
+    counts every 4xx it answers)."""
+
+    @functools.wraps(handler)
+    async def route(request: web.Request) -> web.Response:
+        try:
+            return await handler(request)
+        except OpenAIError as exc:
+            if exc.status < 500:
+                request.app[MANAGER_KEY].metrics.requests_rejected.labels(str(exc.status)).inc()
+            return web.json_response(exc.body(), status=exc.status)
+
+    return route
 
 
+@answers_errors
 async def generate(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
-    try:
-        body = await _parse(request, GenerateBody)
-        if body.stream:
-            raise OpenAIError(
-                400, "stream: true is not served on /inference/v1/generate; send stream: false", "stream"
-            )
-        params = body.sampling_params.to_params()
-        _check_limits(manager, body.token_ids, params)
-    except OpenAIError as exc:
-        return _error(exc)
+    body = await _parse(request, GenerateBody)
+    if body.stream:
+        raise OpenAIError(
+            400, "stream: true is not served on /inference/v1/generate; send stream: false", "stream"
+        )
+    params = body.sampling_params.to_params()
+    check_limits(
+        manager.config, len(body.token_ids), params.max_new_tokens, "token_ids", "sampling_params.max_tokens"
+    )
     session = session_of(request, body.session_id)
     samples = [
         manager.submit_sample(body.token_ids, sample_sampling(params, 0, index), session_id=session)
@@ -178,8 +192,7 @@ async def generate(request: web.Request) -> web.Response:
             manager.release(sample)
     failed = next((sample for sample in samples if sample.state == SampleState.FAILED), None)
     if failed is not None:
-        status = 400 if failed.refused else 502
-        return _error(OpenAIError(status, f"the request failed: {failed.error}"))
+        raise OpenAIError(400 if failed.refused else 502, f"the request failed: {failed.error}")
     want_logprobs = body.sampling_params.logprobs is not None
     return web.json_response(
         {
@@ -192,20 +205,22 @@ async def generate(request: web.Request) -> web.Response:
     )
 
 
-def _check_limits(manager: RolloutManager, token_ids: list[int], params: SamplingParams) -> None:
-    config = manager.config
-    if len(token_ids) > config.max_prompt_tokens:
+def check_limits(
+    config: ManagerConfig, num_prompt_tokens: int, max_new_tokens: int, prompt_field: str, max_field: str
+) -> None:
+    """A 400 naming the field past this manager's `max_prompt_tokens` or `max_new_tokens_limit`."""
+    if num_prompt_tokens > config.max_prompt_tokens:
         raise OpenAIError(
             400,
-            f"token_ids has {len(token_ids)} tokens, above max_prompt_tokens={config.max_prompt_tokens}",
-            "token_ids",
+            f"{prompt_field} has {num_prompt_tokens} tokens, above max_prompt_tokens={config.max_prompt_tokens}",
+            prompt_field,
         )
-    if params.max_new_tokens > config.max_new_tokens_limit:
+    if max_new_tokens > config.max_new_tokens_limit:
         raise OpenAIError(
             400,
-            f"sampling_params.max_tokens={params.max_new_tokens} exceeds this manager's limit of "
-            f"{config.max_new_tokens_limit} (max_new_tokens_limit)",
-            "sampling_params.max_tokens",
+            f"{max_field}={max_new_tokens} exceeds this manager's limit of {config.max_new_tokens_limit} "
+            "(max_new_tokens_limit)",
+            max_field,
         )
 
 
@@ -225,11 +240,12 @@ def _choice(index: int, sample: Sample, want_logprobs: bool) -> dict[str, Any]:
     }
 
 
+@answers_errors
 async def finish_session(request: web.Request) -> web.Response:
     """vllm-router's `/finish_session`: the session's requests are done; its engine is forgotten."""
     session_id = request.query.get("session_id")
     if not session_id:
-        return _error(OpenAIError(400, "give the session: POST /finish_session?session_id=ID", "session_id"))
+        raise OpenAIError(400, "give the session: POST /finish_session?session_id=ID", "session_id")
     request.app[MANAGER_KEY].dispatcher.end_session(session_id)
     return web.json_response({"status": "ok", "session_id": session_id})
 
@@ -245,13 +261,10 @@ def _tokenizer(request: web.Request) -> Any:
     return tokenizer
 
 
+@answers_errors
 async def tokenize(request: web.Request) -> web.Response:
-    try:
-        body = await _parse(request, TokenizeBody)
-        tokenizer = _tokenizer(request)
-    except OpenAIError as exc:
-        return _error(exc)
-    encoding = tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+    body = await _parse(request, TokenizeBody)
+    encoding = _tokenizer(request).encode(body.prompt, add_special_tokens=body.add_special_tokens)
     return web.json_response(
         {
             "count": len(encoding.ids),
@@ -262,13 +275,10 @@ async def tokenize(request: web.Request) -> web.Response:
     )
 
 
+@answers_errors
 async def detokenize(request: web.Request) -> web.Response:
-    try:
-        body = await _parse(request, DetokenizeBody)
-        tokenizer = _tokenizer(request)
-    except OpenAIError as exc:
-        return _error(exc)
-    return web.json_response({"prompt": tokenizer.decode(body.tokens, skip_special_tokens=False)})
+    body = await _parse(request, DetokenizeBody)
+    return web.json_response({"prompt": _tokenizer(request).decode(body.tokens, skip_special_tokens=False)})
 
 
 def routes() -> list[web.RouteDef]:
