@@ -16,6 +16,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0  # before the extras, so pip keeps this build of torch
 	$(BIN)/pip install -q -e '.[dev,docs]'  # builds the compiled core in place too (setup.py)
+	# SkyRL's RemoteInferenceClient as SkyRL ships it, for tests/runtime/compat/test_skyrl_client.py: in a
+	# folder of its own, without its dependencies (jax, datasets...; the client needs only these two more)
+	$(BIN)/pip install -q --no-deps --target $(VENV)/skyrl-client skyrl==0.3.0 pybase64==1.4.3 cloudpathlib==0.23.0
 	touch $(STAMP)
 
 # The compiled core (rollflow/perf/_timing.c, rollflow/sim/_loop.c, rollflow/sim/_trace.c and

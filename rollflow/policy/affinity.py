@@ -43,6 +43,9 @@ class _KeyRecord:
     def get(self, key: int) -> int | None:
         return self._last.get(key) if key else None
 
+    def forget(self, key: int) -> None:
+        self._last.pop(key, None)
+
     def put(self, key: int, instance_id: int) -> None:
         if not key:
             return
@@ -98,6 +101,10 @@ class PrefixAffinityRouter(_Balanced):
 
 class SessionRouter(_Balanced):
     name = "session"
+
+    def end(self, key: int) -> None:
+        """A session (its prefix key) is over: its instance is no longer kept for it."""
+        self.record.forget(key)
 
     def pick(self, request: RouteRequest, view: ClusterView) -> int:
         least = _least_loaded(view)

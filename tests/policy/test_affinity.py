@@ -56,6 +56,14 @@ def test_session_sticks_until_its_instance_is_overloaded():
     assert router.pick(_request(key=3), _view((3, 0), (0, 0))) == 0
 
 
+def test_an_ended_session_goes_to_the_least_loaded_again():
+    router = make_router("session", thresholds=THRESHOLDS)
+    assert router.pick(_request(key=3), _view((1, 0), (0, 0))) == 1
+    assert router.pick(_request(key=3), _view((0, 0), (2, 0))) == 1  # sticky
+    router.end(3)
+    assert router.pick(_request(key=3), _view((0, 0), (2, 0))) == 0  # forgotten: least loaded
+
+
 def test_consistent_hash_ignores_load_and_remaps_only_a_removed_instances_keys():
     router = make_router("consistent_hash")
     four = _view((0, 0), (0, 0), (0, 0), (0, 0))

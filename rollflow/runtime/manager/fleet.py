@@ -18,7 +18,7 @@ import aiohttp
 
 from rollflow.errors import UserError
 from rollflow.policy.view import InstanceKind
-from rollflow.runtime.engines.base import NotSupportedError
+from rollflow.runtime.engines.base import EngineClient, NotSupportedError
 from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.engines.http import ENGINE_ERRORS, failure_text
 from rollflow.runtime.manager.config import ManagerConfig
@@ -136,15 +136,7 @@ class EngineFleet:
             raise EngineUnavailable(f"engine at {url} is not healthy")
         if existing is not None:
             self.registry.forget(existing.engine_id)
-        engine = self.registry.add(
-            url=url,
-            kind=kind,
-            engine_type=engine_type,
-            capacity=capacity,
-            client=client,
-            weight_version=version,
-            api_key=api_key,
-        )
+        engine = self._record(url, kind, engine_type, capacity, api_key, client, version)
         log.info("engine %d joined: %s kind=%s version=%s", engine.engine_id, url, kind, version)
         self._listener.engine_recorded(engine)
         if kind != "local":
@@ -158,19 +150,31 @@ class EngineFleet:
         """An engine known from before a restart that does not answer yet: set aside in the circuit
         breaker, whose half-open checks register it again once it answers."""
         client = make_client(engine_type, url, self.http, api_key=api_key)
-        engine = self.registry.add(
+        engine = self._record(url, kind, engine_type, capacity, api_key, client, None)
+        engine.state = "failed"
+        self._open_breaker(engine)
+        self._listener.engine_recorded(engine)
+        return engine
+
+    def _record(
+        self,
+        url: str,
+        kind: InstanceKind,
+        engine_type: str,
+        capacity: int,
+        api_key: str | None,
+        client: EngineClient,
+        version: int | None,
+    ) -> EngineRecord:
+        return self.registry.add(
             url=url,
             kind=kind,
             engine_type=engine_type,
             capacity=capacity,
             client=client,
-            weight_version=None,
+            weight_version=version,
             api_key=api_key,
         )
-        engine.state = "failed"
-        self._open_breaker(engine)
-        self._listener.engine_recorded(engine)
-        return engine
 
     async def remove_engine(self, engine_id: int) -> EngineRecord:
         """Deregister and forget: the engine's running samples resume elsewhere with their tokens,

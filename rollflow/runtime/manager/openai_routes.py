@@ -19,33 +19,23 @@ from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.http.body import read_json_object
 from rollflow.runtime.manager.samples import SampleState
 from rollflow.runtime.manager.service import RolloutManager
+from rollflow.runtime.manager.vllm_api import check_limits, session_of
 from rollflow.runtime.openai.protocol import OpenAIError
-from rollflow.runtime.openai.serve import Delta, Tokenizer, handle
+from rollflow.runtime.openai.serve import Delta, Tokenizer, error_response, handle
 
 
 class ManagerTokens:
     """Token source of the OpenAI routes: one sample of the manager per request."""
 
-    def __init__(self, manager: RolloutManager) -> None:
+    def __init__(self, manager: RolloutManager, session_id: str | None = None) -> None:
+        """`session_id`: the request's session (routed by the manager's session router)."""
         self._manager = manager
+        self._session_id = session_id
 
     def open(
         self, prompt_ids: list[int], sampling: SamplingParams, incremental: bool
     ) -> AsyncIterator[Delta]:
-        config = self._manager.config
-        if len(prompt_ids) > config.max_prompt_tokens:
-            raise OpenAIError(
-                400,
-                f"the prompt has {len(prompt_ids)} tokens, above max_prompt_tokens={config.max_prompt_tokens}",
-                "prompt",
-            )
-        if sampling.max_new_tokens > config.max_new_tokens_limit:
-            raise OpenAIError(
-                400,
-                f"max_tokens={sampling.max_new_tokens} exceeds this manager's limit of "
-                f"{config.max_new_tokens_limit} (max_new_tokens_limit)",
-                "max_tokens",
-            )
+        check_limits(self._manager.config, len(prompt_ids), sampling.max_new_tokens, "prompt", "max_tokens")
         return self._run(prompt_ids, sampling, incremental)
 
     async def _run(
@@ -55,7 +45,7 @@ class ManagerTokens:
         `resume: restart` a sample may drop the tokens it has, which only a client that has seen
         none of them can be spared."""
         manager = self._manager
-        sample = manager.submit_sample(prompt_ids, sampling)
+        sample = manager.submit_sample(prompt_ids, sampling, session_id=self._session_id)
         sent = 0
         try:
             while True:
@@ -110,12 +100,16 @@ class LazyTokenizer:
 
 
 def openai_routes(manager: RolloutManager) -> list[web.RouteDef]:
-    source = ManagerTokens(manager)
     tokenizer = LazyTokenizer(manager.config.tokenizer)
     limit = int(manager.config.max_body_mb * (1 << 20))
 
     async def answer(request: web.Request, chat: bool) -> web.StreamResponse:
         data = await read_json_object(request, limit)
+        # vllm-router's sessions: the X-Session-ID header, or `session_id` in the body
+        body_session = data.pop("session_id", None)
+        if body_session is not None and (not isinstance(body_session, str) or not body_session):
+            return error_response(OpenAIError(400, "session_id must be a non-empty string", "session_id"))
+        source = ManagerTokens(manager, session_of(request, body_session))
         response = await handle(request, chat, data, source, await tokenizer.get())
         if 400 <= response.status < 500:  # answered, not raised: count it as the middleware would
             manager.metrics.requests_rejected.labels(str(response.status)).inc()

@@ -113,6 +113,24 @@ ROUTES: dict[str, RouteDoc] = {
         "OpenAI's chat body, through the tokenizer's chat template; needs `tokenizer:`",
         "OpenAI's answer or SSE chunks",
     ),
+    # vLLM's router API, as vllm-router serves it (vllm_api.py)
+    "POST /inference/v1/generate": RouteDoc(
+        'vLLM\'s token-in/token-out body: `{"token_ids", "sampling_params", "model"?}` (vLLM\'s sampling '
+        "fields; `n` up to 64, `logprobs` 0 or 1, not streamed); `X-Session-ID` header (or `session_id`) "
+        "keeps a session's requests on one engine",
+        '`{"request_id", "model", "choices": [{"index", "token_ids", "finish_reason", "logprobs": '
+        '{"content": [{"token", "logprob", "bytes", "top_logprobs": []}]} | null}], "prompt_logprobs": null}`; '
+        'errors `{"error": {"message", "type", "param", "code"}}`',
+    ),
+    "POST /finish_session": RouteDoc(
+        "`?session_id=ID`: the session's requests are done",
+        '`{"status": "ok", "session_id"}`; its engine is no longer kept for it',
+    ),
+    "POST /tokenize": RouteDoc(
+        '`{"prompt", "add_special_tokens"?, "return_token_strs"?, "model"?}`; needs `tokenizer:`',
+        '`{"count", "max_model_len" (the manager\'s max_prompt_tokens), "tokens", "token_strs"}`',
+    ),
+    "POST /detokenize": RouteDoc('`{"tokens", "model"?}`; needs `tokenizer:`', '`{"prompt"}`'),
     # multi-turn sessions
     "POST /v1/sessions": RouteDoc(
         '`{"session_id"?, "weight_version"?, "allow_off_policy"?}`',

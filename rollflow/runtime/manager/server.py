@@ -48,7 +48,7 @@ from aiohttp import web
 from rollflow.runtime.http.auth import require_bearer
 from rollflow.runtime.http.errors import error_body, http_error
 from rollflow.runtime.http.listen import bind
-from rollflow.runtime.manager import memory, sessions_api, sglang_api, workers_api
+from rollflow.runtime.manager import memory, sessions_api, sglang_api, vllm_api, workers_api
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.edge import (
     MANAGER_KEY,
@@ -412,6 +412,7 @@ def create_app(manager: RolloutManager) -> web.Application:
             web.get("/metrics", metrics),
             web.get("/health", health),
             *openai_routes(manager),
+            *vllm_api.routes(),
             *passthrough_routes(manager),
         ]
     )

@@ -1,0 +1,290 @@
+"""vLLM's router API on the manager: the data plane that vllm-router serves to SkyRL's
+`RemoteInferenceClient`, prime-rl and NeMo-RL, over whatever engines the manager runs (built-in,
+vLLM, SGLang), with the manager's token tracking under every request.
+
+- `POST /inference/v1/generate`: vLLM's token-in/token-out generate. `{"token_ids",
+  "sampling_params", "model"}` in; `{"choices": [{"token_ids", "finish_reason", "logprobs":
+  {"content": [{"logprob"}]}}]}` out. Each choice is one manager sample: routed by the manager,
+  every token recorded with its engine and weight version, and resumed on another engine from its
+  tokens when its engine dies, so the answer is the one an undisturbed engine gives.
+- Sessions by header, as vllm-router's `sticky_least_loaded` (SkyRL's and prime-rl's default): the
+  requests of one `X-Session-ID` (or a body's `session_id`) follow the engine the first went to,
+  which holds their prefix, unless it is far more loaded than the least loaded engine (the
+  manager's `session` router, the simulator's). `POST /finish_session?session_id=` forgets it.
+- `POST /tokenize` and `POST /detokenize` in vLLM's shapes, with the manager's `tokenizer:`.
+
+Errors are in vLLM's (OpenAI's) shape, `{"error": {"message", "type", "param", "code"}}`, which is
+what SkyRL's client reads; a field this server cannot honour is a 400 naming it, never ignored.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rollflow.config import describe_validation_error
+from rollflow.runtime.engines.base import MAX_SEED, MIN_SEED, SamplingParams
+from rollflow.runtime.engines.sglang_io import MAX_TOKEN_ID, Int
+from rollflow.runtime.http.body import read_json_object
+from rollflow.runtime.manager.batches import sample_sampling
+from rollflow.runtime.manager.config import ManagerConfig
+from rollflow.runtime.manager.edge import MANAGER_KEY, TOKENIZER_KEY, body_limit
+from rollflow.runtime.manager.samples import Sample, SampleState
+from rollflow.runtime.openai.protocol import OpenAIError
+
+SESSION_HEADER = "X-Session-ID"
+DEFAULT_MAX_TOKENS = 16
+"""vLLM's `SamplingParams.max_tokens` default, for a body that leaves it out."""
+MAX_CHOICES = 64  # `n` per request: more samples of one prompt belong in a batch (/batches)
+
+TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class VllmSamplingParams(_Body):
+    """vLLM's `SamplingParams` fields an RL client sends, as vLLM names them."""
+
+    n: Int = Field(1, ge=1, le=MAX_CHOICES)
+    max_tokens: Int | None = Field(None, ge=1)
+    min_tokens: Int = Field(0, ge=0)
+    temperature: float = Field(1.0, ge=0.0, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: Int = Field(-1, ge=-1, le=MAX_TOKEN_ID)
+    """-1 (or 0) keeps every token."""
+    min_p: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    seed: Int | None = Field(None, ge=MIN_SEED, le=MAX_SEED)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[TokenId] | None = None
+    ignore_eos: bool = False
+    logprobs: Int | None = Field(None, ge=0, le=1)
+    """0 or 1: each sampled token's logprob (`logprobs.content[i].logprob`). The engines' top
+    alternatives are not recorded, so `top_logprobs` is empty and more than 1 is refused."""
+    prompt_logprobs: Int | None = None
+    presence_penalty: float = Field(0.0, allow_inf_nan=False)
+    frequency_penalty: float = Field(0.0, allow_inf_nan=False)
+    repetition_penalty: float = Field(1.0, gt=0.0, allow_inf_nan=False)
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    detokenize: bool = True
+    output_kind: Int | None = None
+    """vLLM's streaming mode (cumulative, delta, final only): an answer here is always whole."""
+
+    def to_params(self) -> SamplingParams:
+        if self.prompt_logprobs is not None:
+            raise OpenAIError(
+                400, "prompt_logprobs is not served by the manager", "sampling_params.prompt_logprobs"
+            )
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        return SamplingParams(
+            max_new_tokens=self.max_tokens or DEFAULT_MAX_TOKENS,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k if self.top_k != 0 else -1,
+            ignore_eos=self.ignore_eos,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            seed=self.seed,
+            stop=tuple(s for s in stop if s),
+            min_new_tokens=self.min_tokens,
+            frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
+            repetition_penalty=self.repetition_penalty,
+            min_p=self.min_p,
+            skip_special_tokens=self.skip_special_tokens,
+            spaces_between_special_tokens=self.spaces_between_special_tokens,
+            no_stop_trim=self.include_stop_str_in_output,
+        )
+
+
+class GenerateBody(_Body):
+    """vLLM's `GenerateRequest` (`/inference/v1/generate`), without what the manager cannot serve
+    (streaming, multimodal features, LoRA adapters by name, KV transfer)."""
+
+    token_ids: list[TokenId] = Field(min_length=1)
+    sampling_params: VllmSamplingParams = VllmSamplingParams()
+    model: str | None = None
+    """Echoed back; the manager serves the model its engines run, whatever name is asked."""
+    request_id: str | None = None
+    stream: bool = False
+    cache_salt: str | None = None
+    """Accepted and not used: the engines' prefix caches are the engines' own."""
+    priority: int = 0
+    session_id: str | None = Field(None, min_length=1)
+    """The session's routing key when the client sends no X-Session-ID header."""
+
+
+class TokenizeBody(_Body):
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeBody(_Body):
+    model: str | None = None
+    tokens: list[TokenId]
+
+
+async def _parse(request: web.Request, model: type[_Body]) -> Any:
+    def validate(data: Any) -> Any:
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            raise OpenAIError(
+                400, describe_validation_error(model, exc, prefix="invalid request: ")
+            ) from None
+
+    return await read_json_object(request, body_limit(request), validate)
+
+
+def session_of(request: web.Request, body_session: str | None = None) -> str | None:
+    """The request's session: its X-Session-ID header, else its body's `session_id`."""
+    return request.headers.get(SESSION_HEADER) or body_session
+
+
+def answers_errors(handler: Callable[[web.Request], Awaitable[web.Response]]) -> Callable:
+    """A route whose OpenAIError is answered in vLLM's error shape (and counted, as the manager
+    counts every 4xx it answers)."""
+
+    @functools.wraps(handler)
+    async def route(request: web.Request) -> web.Response:
+        try:
+            return await handler(request)
+        except OpenAIError as exc:
+            if exc.status < 500:
+                request.app[MANAGER_KEY].metrics.requests_rejected.labels(str(exc.status)).inc()
+            return web.json_response(exc.body(), status=exc.status)
+
+    return route
+
+
+@answers_errors
+async def generate(request: web.Request) -> web.Response:
+    manager = request.app[MANAGER_KEY]
+    body = await _parse(request, GenerateBody)
+    if body.stream:
+        raise OpenAIError(
+            400, "stream: true is not served on /inference/v1/generate; send stream: false", "stream"
+        )
+    params = body.sampling_params.to_params()
+    check_limits(
+        manager.config, len(body.token_ids), params.max_new_tokens, "token_ids", "sampling_params.max_tokens"
+    )
+    session = session_of(request, body.session_id)
+    samples = [
+        manager.submit_sample(body.token_ids, sample_sampling(params, 0, index), session_id=session)
+        for index in range(body.sampling_params.n)
+    ]
+    try:
+        for sample in samples:
+            while sample.state < SampleState.FINISHED:
+                await manager.wait_for_update(sample)
+    finally:
+        for sample in samples:
+            manager.release(sample)
+    failed = next((sample for sample in samples if sample.state == SampleState.FAILED), None)
+    if failed is not None:
+        raise OpenAIError(400 if failed.refused else 502, f"the request failed: {failed.error}")
+    want_logprobs = body.sampling_params.logprobs is not None
+    return web.json_response(
+        {
+            "request_id": f"generate-tokens-{body.request_id or uuid.uuid4().hex}",
+            "model": body.model,
+            "choices": [_choice(index, sample, want_logprobs) for index, sample in enumerate(samples)],
+            "prompt_logprobs": None,
+            "kv_transfer_params": None,
+        }
+    )
+
+
+def check_limits(
+    config: ManagerConfig, num_prompt_tokens: int, max_new_tokens: int, prompt_field: str, max_field: str
+) -> None:
+    """A 400 naming the field past this manager's `max_prompt_tokens` or `max_new_tokens_limit`."""
+    if num_prompt_tokens > config.max_prompt_tokens:
+        raise OpenAIError(
+            400,
+            f"{prompt_field} has {num_prompt_tokens} tokens, above max_prompt_tokens={config.max_prompt_tokens}",
+            prompt_field,
+        )
+    if max_new_tokens > config.max_new_tokens_limit:
+        raise OpenAIError(
+            400,
+            f"{max_field}={max_new_tokens} exceeds this manager's limit of {config.max_new_tokens_limit} "
+            "(max_new_tokens_limit)",
+            max_field,
+        )
+
+
+def _choice(index: int, sample: Sample, want_logprobs: bool) -> dict[str, Any]:
+    logprobs = None
+    if want_logprobs:
+        content = [
+            {"token": f"token_id:{token}", "logprob": logprob, "bytes": None, "top_logprobs": []}
+            for token, logprob in zip(sample.output_ids, sample.output_logprobs, strict=True)
+        ]
+        logprobs = {"content": content}
+    return {
+        "index": index,
+        "token_ids": list(sample.output_ids),
+        "finish_reason": sample.finish_reason or "length",
+        "logprobs": logprobs,
+    }
+
+
+@answers_errors
+async def finish_session(request: web.Request) -> web.Response:
+    """vllm-router's `/finish_session`: the session's requests are done; its engine is forgotten."""
+    session_id = request.query.get("session_id")
+    if not session_id:
+        raise OpenAIError(400, "give the session: POST /finish_session?session_id=ID", "session_id")
+    request.app[MANAGER_KEY].dispatcher.end_session(session_id)
+    return web.json_response({"status": "ok", "session_id": session_id})
+
+
+def _tokenizer(request: web.Request) -> Any:
+    tokenizer = request.app[TOKENIZER_KEY]
+    if tokenizer is None:
+        raise OpenAIError(
+            400,
+            "/tokenize and /detokenize need the manager's tokenizer: start it with `tokenizer:` set to "
+            "the model folder",
+        )
+    return tokenizer
+
+
+@answers_errors
+async def tokenize(request: web.Request) -> web.Response:
+    body = await _parse(request, TokenizeBody)
+    encoding = _tokenizer(request).encode(body.prompt, add_special_tokens=body.add_special_tokens)
+    return web.json_response(
+        {
+            "count": len(encoding.ids),
+            "max_model_len": request.app[MANAGER_KEY].config.max_prompt_tokens,
+            "tokens": encoding.ids,
+            "token_strs": encoding.tokens if body.return_token_strs else None,
+        }
+    )
+
+
+@answers_errors
+async def detokenize(request: web.Request) -> web.Response:
+    body = await _parse(request, DetokenizeBody)
+    return web.json_response({"prompt": _tokenizer(request).decode(body.tokens, skip_special_tokens=False)})
+
+
+def routes() -> list[web.RouteDef]:
+    return [
+        web.post("/inference/v1/generate", generate),
+        web.post("/finish_session", finish_session),
+        web.post("/tokenize", tokenize),
+        web.post("/detokenize", detokenize),
+    ]
