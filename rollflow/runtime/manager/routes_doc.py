@@ -61,8 +61,13 @@ ROUTES: dict[str, RouteDoc] = {
     "DELETE /workers/{engine_id}": RouteDoc(
         "- (token)", "200; its running samples resume on the other engines from their tokens"
     ),
-    "POST /add_worker": RouteDoc("query `url=` (token)", "as `POST /workers` (sgl-router's older form)"),
-    "POST /remove_worker": RouteDoc("query `url=` (token)", "as `DELETE /workers/{id}`"),
+    "POST /add_worker": RouteDoc(
+        "query `url=` and any `POST /workers` field (token)",
+        "200 `Successfully added worker: URL` (text, as sgl-router and vllm-router answer); 400 naming why not",
+    ),
+    "POST /remove_worker": RouteDoc(
+        "query `url=` (token)", "200 `Successfully removed worker: URL` (text); 404 for a url not registered"
+    ),
     "GET /list_workers": RouteDoc("-", '`{"urls": [...]}` of the live engines'),
     "POST /workers/{engine_id}/update_weights": RouteDoc(
         '`{"model_path", "weight_version"}` (token)',

@@ -37,14 +37,18 @@ def worker_json(engine: EngineRecord) -> dict:
     }
 
 
-async def _register(request: web.Request, body: WorkerBody) -> web.Response:
+async def _register(request: web.Request, body: WorkerBody) -> EngineRecord:
     manager = request.app[MANAGER_KEY]
     try:
-        engine = await manager.fleet.add_engine(
+        return await manager.fleet.add_engine(
             body.url, body.kind, body.engine_type, body.capacity, body.api_key
         )
     except EngineUnavailable as exc:
         raise BadRequest(str(exc)) from None
+
+
+async def add_worker(request: web.Request) -> web.Response:
+    engine = await _register(request, await parse_body(request, WorkerBody))
     answer = worker_json(engine) | {
         "status": "accepted",
         "worker_id": engine.engine_id,
@@ -53,17 +57,14 @@ async def _register(request: web.Request, body: WorkerBody) -> web.Response:
     return web.json_response(answer, status=201)
 
 
-async def add_worker(request: web.Request) -> web.Response:
-    return await _register(request, await parse_body(request, WorkerBody))
-
-
 async def add_worker_by_query(request: web.Request) -> web.Response:
-    """`POST /add_worker?url=...` (verl and older sgl-router clients); other WorkerBody fields may
-    come as query parameters too."""
+    """`POST /add_worker?url=...` (verl, launchers written for sgl-router or vllm-router); other
+    WorkerBody fields may come as query parameters too. Answered as both routers answer it."""
     query = dict(request.query)
     if "capacity" in query:
         query["capacity"] = _int(query["capacity"], "capacity")
-    return await _register(request, validate(WorkerBody, query))
+    engine = await _register(request, validate(WorkerBody, query))
+    return web.Response(text=f"Successfully added worker: {engine.url}")
 
 
 async def list_workers(request: web.Request) -> web.Response:
@@ -106,7 +107,8 @@ async def remove_worker_by_query(request: web.Request) -> web.Response:
         raise BadRequest(f"bad engine url {url!r}: {exc}") from None
     if engine is None:
         raise not_found(f"no engine with url {url} is registered (see GET /workers)")
-    return await _remove(request, engine.engine_id)
+    await _remove(request, engine.engine_id)
+    return web.Response(text=f"Successfully removed worker: {engine.url}")  # as sgl-router and vllm-router
 
 
 def engine_id(request: web.Request) -> int:
