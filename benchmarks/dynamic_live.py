@@ -80,7 +80,7 @@ def live_run(out: Path, auto_scheduler: bool, overrides: list[str]) -> dict:
 def profile_engine(model: Path, out: Path) -> Path:
     """A built-in engine's iteration times as Vidur-format tables under `out` (what rl-sim's rollout
     reads); SystemExit with the profiler's last words when it fails."""
-    engine = start_engine(model, out, name="profiled", extra_args=("--threads", "1"))
+    engine = start_engine(model, out, name="profiled", extra_args=("--threads", "1"), forked=False)
     try:
         tables = out / "profile"
         argv = rollflow(

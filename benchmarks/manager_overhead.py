@@ -289,7 +289,7 @@ def overhead(args: argparse.Namespace, tmp: Path, results: Results) -> None:
         subprocess.run(
             [sys.executable, "-m", "rollflow.cli", "engine", "init-model", str(model)], env=ENV, check=True
         )
-        engines = [start_engine(model, tmp, name=f"engine{i}") for i in range(2)]
+        engines = [start_engine(model, tmp, name=f"engine{i}", forked=False) for i in range(2)]
     urls = [e.url for e in engines]
     engine_pids = [e.proc.pid for e in engines]
     (tmp / "batched").mkdir()
@@ -542,7 +542,7 @@ def preemption(args: argparse.Namespace, tmp: Path, results: Results) -> None:
         subprocess.run(
             [sys.executable, "-m", "rollflow.cli", "engine", "init-model", str(model)], env=ENV, check=True
         )
-    engines = [start_engine(model, tmp, name=f"preempt{i}") for i in range(2)]
+    engines = [start_engine(model, tmp, name=f"preempt{i}", forked=False) for i in range(2)]
     manager = _start_manager([e.url for e in engines], tmp, router="least_outstanding")
     tokens = args.preempt_tokens
     try:

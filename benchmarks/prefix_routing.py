@@ -402,7 +402,7 @@ def main() -> None:
         )
         engine_args = ("--threads", "1")
         engines = [
-            start_engine(model, tmp, name=f"engine{i}", wait=False, extra_args=engine_args)
+            start_engine(model, tmp, name=f"engine{i}", wait=False, extra_args=engine_args, forked=False)
             for i in range(args.engines)
         ]
         try:

@@ -133,7 +133,7 @@ def start_engine(
     forked: bool = True,
 ) -> Process:
     """`forked`: from the forkserver that imported an engine's modules (engine_fork.py), so the engine
-    is up in a fraction of a second; False: exec'd, taking the seconds a user's engine takes."""
+    is up in a fraction of a second; False: exec'd, as a user starts it (what benchmarks measure)."""
     port = free_port()
     args = ["engine", "serve", "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
     args += ["--weight-version", str(weight_version), *extra_args]
