@@ -19,7 +19,7 @@ from rollflow.policy.view import ClusterView, RouteRequest
 from rollflow.runtime.manager.batches import BatchBook
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.metrics import ManagerMetrics
-from rollflow.runtime.manager.prefixes import prefix_key
+from rollflow.runtime.manager.prefixes import session_key
 from rollflow.runtime.manager.registry import EngineRecord, Registry
 from rollflow.runtime.manager.samples import Sample, SampleState
 from rollflow.runtime.manager.view import route_inputs
@@ -78,7 +78,7 @@ class Dispatcher:
     def end_session(self, session_id: str) -> None:
         """The client says a session is over (vllm-router's `/finish_session`): its engine is no
         longer kept for it."""
-        self.session_router.end(prefix_key(f"session/{session_id}", 0, ()))
+        self.session_router.end(session_key(session_id))
 
     def wake(self) -> None:
         """Engines have room, or samples wait: route what can be routed, a loop turn from now."""

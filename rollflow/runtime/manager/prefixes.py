@@ -34,6 +34,11 @@ def prefix_key(group: str | None, group_index: int, prompt_ids: Sequence[int]) -
     return int.from_bytes(hashlib.blake2b(source, digest_size=8).digest(), "big") >> 1 or 1
 
 
+def session_key(session_id: str) -> int:
+    """The prefix key of a session's requests: the one every turn of it is routed by."""
+    return prefix_key(f"session/{session_id}", 0, ())
+
+
 class PrefixRecord:
     """One engine's record: the block hashes of what was sent there, least recently sent first."""
 

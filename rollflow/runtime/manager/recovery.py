@@ -31,7 +31,6 @@ from rollflow.runtime.manager.fleet import EngineUnavailable, normalise_url
 from rollflow.runtime.manager.journal import Journal
 from rollflow.runtime.manager.journal_file import JournalRefused, Snapshot, open_journal
 from rollflow.runtime.manager.journal_lock import JournalLock
-from rollflow.runtime.manager.packing import GroupPacker
 from rollflow.runtime.manager.samples import Sample, SampleState, Span
 
 if TYPE_CHECKING:
@@ -139,30 +138,23 @@ def _sampling(journaled: dict) -> SamplingParams:
 
 def _restore_batch(manager: RolloutManager, snapshot: Snapshot, batch_id: str, submission: dict) -> None:
     sampling = _sampling(submission["sampling"])
-    groups = [
-        [
-            _restore_sample(
-                snapshot,
-                batch_id,
-                f"{batch_id}-{g}-{i}",
-                prompt,
-                sample_sampling(sampling, g, i),
-                submission,
-                g,
-            )
-            for i in range(submission["n"])
-        ]
-        for g, prompt in enumerate(submission["prompts"])
-    ]
-    batch = Batch(batch_id, groups, GroupPacker(groups), submission["budget_s"], submission["offloaded"])
+
+    def restored(sample_id: str, prompt: list[int], group: int, index: int) -> Sample:
+        return _restore_sample(
+            snapshot, batch_id, sample_id, prompt, sample_sampling(sampling, group, index), submission, group
+        )
+
+    batch = Batch.of_prompts(
+        batch_id, submission["prompts"], submission["n"], submission["budget_s"], restored
+    )
+    batch.offloaded = submission["offloaded"]
     batch.handouts = snapshot.handouts.get(batch_id, [])
     completed = sorted(
         (s for s in batch.samples if s.state >= SampleState.FINISHED),
         key=lambda s: snapshot.samples[s.sample_id]["completed"],
     )
     for sample in completed:
-        batch.completed.append(sample)
-        batch.packer.sample_done(sample)
+        batch.sample_completed(sample)
     batch.packer.mark_delivered([index for handout in batch.handouts for index in handout])
     budget = submission["budget_s"]
     budget_left = (

@@ -40,7 +40,7 @@ import aiohttp
 
 from rollflow.policy.view import ClusterView, InstanceView, RouteRequest, id_only_view
 from rollflow.runtime.engines.base import EngineError
-from rollflow.runtime.manager.prefixes import BLOCK_TOKENS, prefix_key
+from rollflow.runtime.manager.prefixes import BLOCK_TOKENS, prefix_key, session_key
 from rollflow.runtime.token_blocks import block_hashes
 
 if TYPE_CHECKING:
@@ -74,8 +74,11 @@ def route_inputs(
     hashed. Any other gets every engine's view as it is now. Either way the view is frozen."""
     key = 0
     if reads_load:
-        group = sample.batch_id if sample.session_id is None else f"session/{sample.session_id}"
-        key = prefix_key(group, sample.group_index, sample.prompt_ids)
+        key = (
+            prefix_key(sample.batch_id, sample.group_index, sample.prompt_ids)
+            if sample.session_id is None
+            else session_key(sample.session_id)
+        )
     request = RouteRequest(
         sample.seq, len(sample.prompt_ids) + len(sample.output_ids), sample.remaining_tokens, key
     )
