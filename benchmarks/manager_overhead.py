@@ -80,16 +80,28 @@ import time
 from pathlib import Path
 
 import aiohttp
-import orjson
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import _sglang_router  # noqa: E402
+from benchmarks._router_load import (  # noqa: E402
+    Client,
+    cpu_seconds,
+    in_turn,
+    load,
+    manager_argv,
+    median,
+    p99,
+    sglang_router_argv,
+    start_canned_engine,
+    start_manager,
+    start_sglang_router,
+    warm_up,
+)
 from benchmarks.results import Results, add_results_dir, results_dir  # noqa: E402
-from tests.runtime.processes import ENV, Process, free_port, rollflow, start_engine  # noqa: E402
+from tests.runtime.processes import ENV, Process, free_port, start_engine  # noqa: E402
 
-JSON = {"Content-Type": "application/json"}  # sglang-router refuses a body without it (415)
 ROUND_KEYS = (
     "p50_ms",
     "p99_ms",
@@ -105,98 +117,6 @@ ROUND_KEYS = (
 THROUGHPUT_SLICES = 4  # turns each path takes per round in the throughput phase
 
 
-def _start_canned_engine(
-    log_dir: Path, name: str, tokens_per_event: int, events_per_write: int = 1
-) -> Process:
-    port = free_port()
-    argv = [sys.executable, str(REPO / "benchmarks" / "canned_engine.py"), "--port", str(port)]
-    argv += ["--tokens-per-event", str(tokens_per_event), "--events-per-write", str(events_per_write)]
-    return Process(argv, port, log_dir / f"{name}.log")
-
-
-def _sglang_router_argv(interpreter: Path, worker_urls: list[str], port: int) -> list[str]:
-    options = ("--policy", "round_robin", "--disable-health-check")
-    return _sglang_router.router_argv(interpreter, worker_urls, port, free_port(), *options)
-
-
-def _start_sglang_router(interpreter: Path, worker_urls: list[str], log_dir: Path) -> Process:
-    port = free_port()
-    return Process(_sglang_router_argv(interpreter, worker_urls, port), port, log_dir / "sglang-router.log")
-
-
-def _cpu_seconds(pid: int) -> float:
-    """CPU seconds a process has run so far, all its threads (those that exited too), to the
-    nanosecond: the process's CPU-time clock (Linux's CPUCLOCK_SCHED for `pid`). /proc's utime and
-    stime count 10 ms ticks, too coarse for the few hundred requests of a short run."""
-    return time.clock_gettime(((~pid) << 3) | 2)
-
-
-class Client:
-    """The load generator's requests: `tokens` tokens each, with logprobs, streamed or not. A request
-    that fails (an error status, a broken connection, an answer short of its tokens) is counted in
-    `failures`, which fail the run, rather than ending it without a results file."""
-
-    def __init__(self, tokens: int, stream: bool) -> None:
-        self.tokens = tokens
-        self.stream = stream
-        self.failures: list[str] = []
-
-    async def one(self, session: aiohttp.ClientSession, url: str, prompt: list[int]) -> float | None:
-        """Seconds until the whole answer is in; None (and a failure noted) when it is not the
-        tokens asked for."""
-        sampling = {"max_new_tokens": self.tokens, "temperature": 0}
-        body = {
-            "input_ids": prompt,
-            "sampling_params": sampling,
-            "stream": self.stream,
-            "return_logprob": True,
-        }
-        started = time.perf_counter()
-        try:
-            async with session.post(url + "/generate", data=orjson.dumps(body), headers=JSON) as response:
-                raw = await response.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            self.failures.append(f"{url}: {exc!r}")
-            return None
-        elapsed = time.perf_counter() - started
-        # a stream's last event before [DONE] holds the count so far (SGLang's completion_tokens)
-        try:
-            last = raw.rstrip().rsplit(b"data: ", 2)[-2] if self.stream else raw
-            meta = orjson.loads(last)["meta_info"]
-            good = meta["completion_tokens"] == self.tokens and meta["finish_reason"] is not None
-        except (orjson.JSONDecodeError, KeyError, TypeError, IndexError):
-            good = False
-        if response.status != 200 or not good:
-            self.failures.append(f"{url}: bad answer {response.status}: {raw[-300:]!r}")
-            return None
-        return elapsed
-
-
-async def _load(
-    client: Client, session: aiohttp.ClientSession, url: str, requests: int, concurrency: int
-) -> None:
-    """`requests` requests, `concurrency` of them in flight at a time."""
-    left = list(range(requests))
-
-    async def worker() -> None:
-        while left:
-            await client.one(session, url, [4, 5, left.pop() % 50])
-
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-
-
-def _in_turn(names: list[str], turn: int) -> list[str]:
-    """The paths in the order they take `turn`: each turn another one starts."""
-    first = turn % len(names)
-    return names[first:] + names[:first]
-
-
-async def _warm_up(client: Client, session: aiohttp.ClientSession, url: str) -> None:
-    """Open connections and fill caches before anything is timed."""
-    for _ in range(50):
-        await client.one(session, url, [1, 2, 3])
-
-
 async def _latencies(client: Client, urls: dict[str, str], requests: int) -> dict[str, dict]:
     """p50/p99 of `requests` sequential requests per path, each request sent to every path in turn
     (in a rotating order): paired samples, so a machine whose speed drifts (other processes, CPU
@@ -205,22 +125,13 @@ async def _latencies(client: Client, urls: dict[str, str], requests: int) -> dic
     names = list(urls)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         for url in urls.values():
-            await _warm_up(client, session, url)
+            await warm_up(client, session, url)
         for i in range(requests):
-            for name in _in_turn(names, i):
+            for name in in_turn(names, i):
                 elapsed = await client.one(session, urls[name], [1, 2, 3, i % 50])
                 if elapsed is not None:
                     latencies[name].append(elapsed)
-    return {name: {"p50_ms": 1000 * _median(v), "p99_ms": 1000 * _p99(v)} for name, v in latencies.items()}
-
-
-def _median(values: list[float]) -> float:
-    """The median, NaN for no values (every request of a path failed: its goals then miss)."""
-    return statistics.median(values) if values else float("nan")
-
-
-def _p99(values: list[float]) -> float:
-    return sorted(values)[int(0.99 * (len(values) - 1))] if values else float("nan")
+    return {name: {"p50_ms": 1000 * median(v), "p99_ms": 1000 * p99(v)} for name, v in latencies.items()}
 
 
 async def _throughputs(
@@ -239,17 +150,17 @@ async def _throughputs(
     sessions = {name: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) for name in paths}
     try:
         for name, (url, _) in paths.items():
-            await _warm_up(client, sessions[name], url)
+            await warm_up(client, sessions[name], url)
         for i in range(THROUGHPUT_SLICES):
-            for name in _in_turn(names, i):
+            for name in in_turn(names, i):
                 url, pid = paths[name]
-                cpu_before = _cpu_seconds(pid) if pid else 0.0
-                engines_before = sum(map(_cpu_seconds, engine_pids))
+                cpu_before = cpu_seconds(pid) if pid else 0.0
+                engines_before = sum(map(cpu_seconds, engine_pids))
                 started = time.perf_counter()
-                await _load(client, sessions[name], url, per_slice, concurrency)
+                await load(client, sessions[name], url, per_slice, concurrency)
                 totals[name]["s"] += time.perf_counter() - started
-                totals[name]["cpu"] += _cpu_seconds(pid) - cpu_before if pid else float("nan")
-                totals[name]["engines"] += sum(map(_cpu_seconds, engine_pids)) - engines_before
+                totals[name]["cpu"] += cpu_seconds(pid) - cpu_before if pid else float("nan")
+                totals[name]["engines"] += sum(map(cpu_seconds, engine_pids)) - engines_before
     finally:
         for session in sessions.values():
             await session.close()
@@ -264,26 +175,11 @@ async def _throughputs(
     }
 
 
-def _manager_argv(engine_urls: list[str], tmp: Path, port: int, **config) -> list[str]:
-    import yaml
-
-    path = tmp / "manager.yaml"
-    path.write_text(
-        yaml.safe_dump({"engines": [{"url": u, "capacity": 1024} for u in engine_urls], **config})
-    )
-    return rollflow("manager", "serve", "--config", str(path), "--port", str(port))
-
-
-def _start_manager(engine_urls: list[str], tmp: Path, **config) -> Process:
-    port = free_port()
-    return Process(_manager_argv(engine_urls, tmp, port, **config), port, tmp / "manager.log")
-
-
 def overhead(args: argparse.Namespace, tmp: Path, results: Results) -> None:
     client = Client(args.tokens, args.client_stream)
     streams = Client(args.stream_tokens, stream=True)
     if args.backend == "canned":
-        engines = [_start_canned_engine(tmp, f"canned{i}", args.tokens_per_event) for i in range(2)]
+        engines = [start_canned_engine(tmp, f"canned{i}", args.tokens_per_event) for i in range(2)]
     else:
         model = tmp / "model"
         subprocess.run(
@@ -294,19 +190,19 @@ def overhead(args: argparse.Namespace, tmp: Path, results: Results) -> None:
     engine_pids = [e.proc.pid for e in engines]
     (tmp / "batched").mkdir()
     batched = [
-        _start_canned_engine(tmp, f"batched{i}", args.tokens_per_event, args.batched_events_per_write)
+        start_canned_engine(tmp, f"batched{i}", args.tokens_per_event, args.batched_events_per_write)
         for i in range(2)
     ]
     batched_urls = [e.url for e in batched]
     batched_pids = [e.proc.pid for e in batched]
-    manager = _start_manager(urls, tmp, router="round_robin")
-    batched_manager = _start_manager(batched_urls, tmp / "batched", router="round_robin")
+    manager = start_manager(urls, tmp, router="round_robin")
+    batched_manager = start_manager(batched_urls, tmp / "batched", router="round_robin")
     routers_started = [manager, batched_manager]
     rounds: list[dict[str, dict]] = []
     try:
-        router = _start_sglang_router(args.sglang_router_python, urls, tmp)
+        router = start_sglang_router(args.sglang_router_python, urls, tmp)
         routers_started.append(router)
-        batched_router = _start_sglang_router(args.sglang_router_python, batched_urls, tmp / "batched")
+        batched_router = start_sglang_router(args.sglang_router_python, batched_urls, tmp / "batched")
         routers_started.append(batched_router)
         routers = {"rollflow manager": manager, "sglang-router": router}
         batched_routers = {"rollflow manager": batched_manager, "sglang-router": batched_router}
@@ -465,7 +361,7 @@ def _round(value: object) -> object:
 
 async def _drive(client: Client, url: str, requests: int, concurrency: int) -> None:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        await _load(client, session, url, requests, concurrency)
+        await load(client, session, url, requests, concurrency)
 
 
 def instructions(args: argparse.Namespace, tmp: Path, results: Results) -> None:
@@ -477,12 +373,12 @@ def instructions(args: argparse.Namespace, tmp: Path, results: Results) -> None:
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         sys.exit("--instructions needs valgrind and callgrind_control (apt install valgrind)")
     client = Client(args.tokens, args.client_stream)
-    engines = [_start_canned_engine(tmp, f"canned{i}", args.tokens_per_event) for i in range(2)]
+    engines = [start_canned_engine(tmp, f"canned{i}", args.tokens_per_event) for i in range(2)]
     urls = [e.url for e in engines]
     polls_off = {"router": "round_robin", "health_interval_s": 3600, "load_poll_interval_s": 3600}
     routers = {
-        "rollflow manager": lambda port: _manager_argv(urls, tmp, port, **polls_off),
-        "sglang-router": lambda port: _sglang_router_argv(args.sglang_router_python, urls, port),
+        "rollflow manager": lambda port: manager_argv(urls, tmp, port, **polls_off),
+        "sglang-router": lambda port: sglang_router_argv(args.sglang_router_python, urls, port),
     }
     counts = {}
     try:
@@ -543,7 +439,7 @@ def preemption(args: argparse.Namespace, tmp: Path, results: Results) -> None:
             [sys.executable, "-m", "rollflow.cli", "engine", "init-model", str(model)], env=ENV, check=True
         )
     engines = [start_engine(model, tmp, name=f"preempt{i}", forked=False) for i in range(2)]
-    manager = _start_manager([e.url for e in engines], tmp, router="least_outstanding")
+    manager = start_manager([e.url for e in engines], tmp, router="least_outstanding")
     tokens = args.preempt_tokens
     try:
         client = ManagerClient(manager.url)

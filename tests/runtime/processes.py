@@ -22,6 +22,9 @@ import yaml
 from tests.runtime.engine_fork import ForkedProcess
 
 REPO = Path(__file__).resolve().parents[2]
+# `ROLLFLOW_TEST_MANAGER_PROCESSES=2 pytest tests/runtime`: every manager a test starts runs with
+# `processes: 2` unless the test says otherwise (the manager's guarantees hold at N > 1)
+MANAGER_PROCESSES = int(os.environ.get("ROLLFLOW_TEST_MANAGER_PROCESSES", "1"))
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
 
 
@@ -55,6 +58,11 @@ ROLLFLOW = [sys.executable, "-m", "rollflow.cli"]
 def rollflow(*args: str) -> list[str]:
     """The command line of `rollflow ARGS` in this interpreter."""
     return [*ROLLFLOW, *args]
+
+
+def with_test_processes(config: dict) -> dict:
+    """The manager's config with `processes` from ROLLFLOW_TEST_MANAGER_PROCESSES, unless it sets one."""
+    return config if MANAGER_PROCESSES == 1 else {"processes": MANAGER_PROCESSES, **config}
 
 
 class Process:
@@ -141,6 +149,7 @@ def start_engine(
 
 
 def start_manager(tmp_path: Path, config: dict, token: str | None = None) -> Process:
+    config = with_test_processes(config)
     port = free_port()
     config_path = tmp_path / f"manager-{port}.yaml"
     config_path.write_text(yaml.safe_dump(config))

@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rollflow.runtime.engines.base import EngineRejectedError, RequestFailedError
+from rollflow.runtime.engines.base import (
+    EngineRejectedError,
+    GenerateChunk,
+    RequestFailedError,
+    SamplingParams,
+)
 from rollflow.runtime.engines.http import ENGINE_ERRORS
 from rollflow.runtime.manager.stops import SpanningStop
+from rollflow.runtime.manager.stream_wire import StreamProcessLost
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -42,6 +48,7 @@ class Outcome(StrEnum):
     CLIENT_ABORT = "client_abort"  # a client aborted it: it ends with the tokens it has
     CANCELLED = "cancelled"  # its caller or batch went away: nothing more to do
     MOVED = "moved"  # the manager ended it early (`SampleRun.move_reason` says why): it resumes
+    STREAM_LOST = "stream_process_lost"  # the stream process reading it died: it resumes
 
 
 class AttemptHost(Protocol):
@@ -60,12 +67,18 @@ class AttemptHost(Protocol):
 
     def notify(self, sample: Sample) -> None: ...
 
+    def open_stream(
+        self, engine: EngineRecord, rid: str, input_ids: list[int], sampling: SamplingParams
+    ) -> AsyncIterator[GenerateChunk]:
+        """The engine's stream of the attempt: read here, or by a stream process."""
+        ...
+
 
 async def stream(host: AttemptHost, run: SampleRun, engine: EngineRecord, rid: str) -> Outcome:
     """Stream one attempt into its sample until it ends; the outcome says how."""
     sample = run.sample
     params = sample.attempt_sampling()
-    stream = engine.client.generate(rid, sample.prompt_ids + sample.output_ids, params)
+    stream = host.open_stream(engine, rid, sample.prompt_ids + sample.output_ids, params)
     # an engine sees only its own text: a stop string begun before a resume is the manager's to find
     spanning = SpanningStop(sample.engine_text, params.stop) if sample.output_ids and params.stop else None
     try:
@@ -78,6 +91,10 @@ async def stream(host: AttemptHost, run: SampleRun, engine: EngineRecord, rid: s
             except EngineRejectedError as exc:
                 sample.error = f"engine {engine.engine_id} refused the request: {exc}"
                 return Outcome.REJECTED
+            except StreamProcessLost as exc:  # the engine is not at fault: it keeps its place
+                log.warning("%s; sample %s resumes", exc, sample.sample_id)
+                host.spawn(abort_quietly(engine, rid, host.config.connect_timeout_s))
+                return Outcome.STREAM_LOST
             except RequestFailedError as exc:
                 # the engine is alive and says this request failed: another engine may agree
                 sample.error = f"engine {engine.engine_id} failed the request: {exc}"

@@ -13,6 +13,8 @@ EXAMPLES = """examples:
   rollflow manager serve --config examples/manager/local.yaml router=least_tokens offload.enabled=true
   rollflow manager serve --config examples/manager/local.yaml --journal run/manager.journal
       (killed, the same command carries on from the journal: batches, tokens, engines)
+  rollflow manager serve --config examples/manager/local.yaml --processes 3
+      (the engines' token streams read by 2 more processes, on 2 more cores)
 
 then, from anywhere on the machine:
   curl -X POST localhost:30100/workers -H 'Authorization: Bearer T' -d '{"url": "http://127.0.0.1:30000", "kind": "spot"}'
@@ -49,6 +51,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="SQLite journal of the manager's state (config key `journal`); started again on it, the "
         "manager carries on from where it stopped; one manager per journal (a second one on it refuses to start)",
     )
+    serve.add_argument(
+        "--processes",
+        type=int,
+        metavar="N",
+        help="OS processes to run as (config key `processes`, default 1): N > 1 reads the engines' "
+        "token streams in N - 1 stream processes, so the per-token work uses more cores",
+    )
     serve.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format")
     serve.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     serve.set_defaults(handler=_serve)
@@ -66,7 +75,7 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
     from rollflow.runtime.signals import stop_on_sigterm, until_sigterm
 
     overrides = list(args.overrides)
-    for key in ("host", "port", "journal"):
+    for key in ("host", "port", "journal", "processes"):
         value = getattr(args, key)
         if value is not None:
             overrides.append(f"{key}={value}")

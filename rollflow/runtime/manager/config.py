@@ -114,6 +114,15 @@ class ManagerConfig(StrictModel):
     max_open_sessions: int = Field(4096, ge=1)
     """Multi-turn sessions open at once; opening one more is a 429 until one is closed (each open
     session keeps its whole context in memory, and in the journal)."""
+    processes: int = Field(1, ge=1, le=256)
+    """OS processes the manager runs as. 1: one process does everything. N > 1: the first keeps the
+    engines, batches, router, journal and HTTP API, and N - 1 stream processes read the engines'
+    token streams (the per-token work: reading, parsing, merging events) on other cores."""
+    stream_flush_ms: float = Field(10.0, gt=0, le=1000)
+    """With processes > 1: how often a stream process sends the manager what its streams produced,
+    merged into one chunk per sample. A stream process killed takes with it at most this long of
+    each of its samples' tokens (generated again when they resume); clients that stream see events
+    at most this often per sample."""
     offload: OffloadSection = OffloadSection()
     """When local engines hand a batch's leftovers to remote ones (the balancer the simulator runs)."""
     engines: list[EngineEntry] = Field(default_factory=list)

@@ -27,14 +27,14 @@ import itertools
 import logging
 import os
 import uuid
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
 from rollflow.policy.offload import OffloadBalancer, StepReport
 from rollflow.policy.routing import Router
-from rollflow.runtime.engines.base import SamplingParams
+from rollflow.runtime.engines.base import GenerateChunk, SamplingParams
 from rollflow.runtime.manager import attempt, recovery
 from rollflow.runtime.manager.attempt import Outcome
 from rollflow.runtime.manager.batches import Batch, BatchBook, sample_sampling
@@ -50,6 +50,7 @@ from rollflow.runtime.manager.request_log import RequestLog
 from rollflow.runtime.manager.samples import Sample, SampleRun, SampleState, Watcher
 from rollflow.runtime.manager.sessions import SessionStore
 from rollflow.runtime.manager.stall import StallSweep
+from rollflow.runtime.manager.stream_processes import StreamProcesses
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -90,6 +91,8 @@ class RolloutManager:
         self._loop_watch: LoopWatch | None = None
         self.request_log = RequestLog(config.request_log) if config.request_log else None
         self.sessions = SessionStore(self)  # multi-turn sessions, restored with the batches
+        # `processes: N > 1`: the engines' streams are read by N - 1 stream processes
+        self.streams: StreamProcesses | None = None
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -103,6 +106,9 @@ class RolloutManager:
         except BaseException:  # a journal refused (locked, read-only, corrupt...): nothing else started
             await self.fleet.close()
             raise
+        if self.config.processes > 1:  # before any attempt starts: a restored batch's samples wait
+            self.streams = StreamProcesses(self.config, self.config.processes - 1)
+            await self.streams.start()
         self.spawn(self.dispatcher.run())
         self.spawn(self.fleet.health_loop())
         self.spawn(self.fleet.load_loop())
@@ -161,6 +167,8 @@ class RolloutManager:
         if self.journal_lock is not None:
             self.journal_lock.release()
         await self.fleet.close()
+        if self.streams is not None:
+            await self.streams.close()
         if self.request_log is not None:
             await asyncio.to_thread(self.request_log.close)
 
@@ -184,6 +192,13 @@ class RolloutManager:
 
     def loop_time(self) -> float:
         return self._loop.time()
+
+    def open_stream(
+        self, engine: EngineRecord, rid: str, input_ids: list[int], sampling: SamplingParams
+    ) -> AsyncIterator[GenerateChunk]:
+        if self.streams is None:
+            return engine.client.generate(rid, input_ids, sampling)
+        return self.streams.open(engine.engine_type, engine.url, engine.api_key, rid, input_ids, sampling)
 
     @property
     def http(self) -> aiohttp.ClientSession:

@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from tests.runtime.processes import Process, free_port, http, rollflow
+from tests.runtime.processes import Process, free_port, http, rollflow, with_test_processes
 
 _SEEN = contextvars.ContextVar("seen")
 
@@ -30,10 +30,12 @@ def wait_until(condition, timeout: float = 60.0, interval: float = 0.02, what: s
 def manager_on_journal(tmp_path: Path, config: dict, port: int, wait: bool = True) -> Process:
     """The manager as a user (re)starts it on its journal: its config file, the journal given on the
     command line; on `port`, so that its clients find it again after a restart."""
+    journal = config["journal"]
     config_path = tmp_path / "manager.yaml"
-    config_path.write_text(json.dumps({k: v for k, v in config.items() if k != "journal"}))
+    config = with_test_processes({k: v for k, v in config.items() if k != "journal"})
+    config_path.write_text(json.dumps(config))
     args = ["manager", "serve", "--config", str(config_path), "--port", str(port), "--log-format", "json"]
-    args += ["--journal", config["journal"]]
+    args += ["--journal", journal]
     log_path = tmp_path / f"manager-{port}-{len(list(tmp_path.glob('manager-*.log')))}.log"
     return Process(rollflow(*args), port, log_path, wait=wait)
 

@@ -1,0 +1,150 @@
+"""The load and the processes the router benchmarks share (manager_overhead.py, stream_relay.py):
+canned engines, sglang-router and the manager started on 127.0.0.1, a load generator whose failed
+requests fail the run, and each process's CPU time."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import orjson
+
+from benchmarks import _sglang_router
+from tests.runtime.processes import Process, free_port, rollflow
+
+REPO = Path(__file__).resolve().parents[1]
+JSON = {"Content-Type": "application/json"}  # sglang-router refuses a body without it (415)
+
+
+def start_canned_engine(
+    log_dir: Path, name: str, tokens_per_event: int, events_per_write: int = 1
+) -> Process:
+    port = free_port()
+    argv = [sys.executable, str(REPO / "benchmarks" / "canned_engine.py"), "--port", str(port)]
+    argv += ["--tokens-per-event", str(tokens_per_event), "--events-per-write", str(events_per_write)]
+    return Process(argv, port, log_dir / f"{name}.log")
+
+
+def sglang_router_argv(interpreter: Path, worker_urls: list[str], port: int) -> list[str]:
+    options = ("--policy", "round_robin", "--disable-health-check")
+    return _sglang_router.router_argv(interpreter, worker_urls, port, free_port(), *options)
+
+
+def start_sglang_router(interpreter: Path, worker_urls: list[str], log_dir: Path) -> Process:
+    port = free_port()
+    return Process(sglang_router_argv(interpreter, worker_urls, port), port, log_dir / "sglang-router.log")
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds a process has run so far, all its threads (those that exited too), to the
+    nanosecond: the process's CPU-time clock (Linux's CPUCLOCK_SCHED for `pid`). /proc's utime and
+    stime count 10 ms ticks, too coarse for the few hundred requests of a short run."""
+    return time.clock_gettime(((~pid) << 3) | 2)
+
+
+class Client:
+    """The load generator's requests: `tokens` tokens each, with logprobs, streamed or not. A request
+    that fails (an error status, a broken connection, an answer short of its tokens) is counted in
+    `failures`, which fail the run, rather than ending it without a results file."""
+
+    def __init__(self, tokens: int, stream: bool) -> None:
+        self.tokens = tokens
+        self.stream = stream
+        self.failures: list[str] = []
+
+    async def one(self, session: aiohttp.ClientSession, url: str, prompt: list[int]) -> float | None:
+        """Seconds until the whole answer is in; None (and a failure noted) when it is not the
+        tokens asked for."""
+        sampling = {"max_new_tokens": self.tokens, "temperature": 0}
+        body = {
+            "input_ids": prompt,
+            "sampling_params": sampling,
+            "stream": self.stream,
+            "return_logprob": True,
+        }
+        started = time.perf_counter()
+        try:
+            async with session.post(url + "/generate", data=orjson.dumps(body), headers=JSON) as response:
+                raw = await response.read()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            self.failures.append(f"{url}: {exc!r}")
+            return None
+        elapsed = time.perf_counter() - started
+        # a stream's last event before [DONE] holds the count so far (SGLang's completion_tokens)
+        try:
+            last = raw.rstrip().rsplit(b"data: ", 2)[-2] if self.stream else raw
+            meta = orjson.loads(last)["meta_info"]
+            good = meta["completion_tokens"] == self.tokens and meta["finish_reason"] is not None
+        except (orjson.JSONDecodeError, KeyError, TypeError, IndexError):
+            good = False
+        if response.status != 200 or not good:
+            self.failures.append(f"{url}: bad answer {response.status}: {raw[-300:]!r}")
+            return None
+        return elapsed
+
+
+async def load(
+    client: Client, session: aiohttp.ClientSession, url: str, requests: int, concurrency: int
+) -> None:
+    """`requests` requests, `concurrency` of them in flight at a time."""
+    left = list(range(requests))
+
+    async def worker() -> None:
+        while left:
+            await client.one(session, url, [4, 5, left.pop() % 50])
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+def in_turn(names: list[str], turn: int) -> list[str]:
+    """The paths in the order they take `turn`: each turn another one starts."""
+    first = turn % len(names)
+    return names[first:] + names[:first]
+
+
+async def warm_up(client: Client, session: aiohttp.ClientSession, url: str) -> None:
+    """Open connections and fill caches before anything is timed."""
+    for _ in range(50):
+        await client.one(session, url, [1, 2, 3])
+
+
+def median(values: list[float]) -> float:
+    """The median, NaN for no values (every request of a path failed: its goals then miss)."""
+    return statistics.median(values) if values else float("nan")
+
+
+def p99(values: list[float]) -> float:
+    return sorted(values)[int(0.99 * (len(values) - 1))] if values else float("nan")
+
+
+def manager_argv(engine_urls: list[str], tmp: Path, port: int, **config) -> list[str]:
+    import yaml
+
+    path = tmp / "manager.yaml"
+    path.write_text(
+        yaml.safe_dump({"engines": [{"url": u, "capacity": 1024} for u in engine_urls], **config})
+    )
+    return rollflow("manager", "serve", "--config", str(path), "--port", str(port))
+
+
+def start_manager(engine_urls: list[str], tmp: Path, **config) -> Process:
+    port = free_port()
+    return Process(manager_argv(engine_urls, tmp, port, **config), port, tmp / "manager.log")
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes `pid` started (a manager's stream processes), from /proc."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                children.append(int(entry.name))
+    return children

@@ -1,0 +1,266 @@
+"""The manager's per-token cost and how it scales with `processes: N`, against sglang-router.
+
+    python benchmarks/stream_relay.py [--quick] [--rounds 3] [--requests 384] [--concurrency 64]
+        [--tokens 256] [--events-per-write 8] [--batch-prompts 96] [--results-dir benchmarks/results]
+
+Model-free engines (`benchmarks/canned_engine.py`, each in its own process) stream one token per
+server-sent event, in two modes: each event its own write, and `--events-per-write` events to a
+write (as a busy engine's events reach its socket together). In front of each mode's pair of
+engines run sglang-router (round robin, the version `_sglang_router.py` pins), the rollflow
+manager as one process, and the manager with `processes: 2` (the manager and one stream process,
+which reads the engines' streams and sends their tokens back merged every `stream_flush_ms`).
+
+Each round sends `--requests` streamed `/generate` requests of `--tokens` tokens at
+`--concurrency` through every path (and straight to one engine, the path with no router), in
+slices with the paths taking turns, and measures each path's tokens/s and its router's CPU per
+streamed token: every process of the router, summed (the manager and its stream processes), from
+each process's CPU-time clock. Then the manager's own batch API: a `/batches` batch of
+`--batch-prompts` prompts x 4 samples of `--tokens` tokens through each manager, in turn; the
+manager streams them from the engines, as an RL trainer's rollouts run.
+
+It prints the medians over rounds and the share of the manager's CPU spent in the process every
+sample passes through (with `processes: 2`, the first), which is what bounds how far more stream
+processes scale a manager: a share s lets N stream processes carry about 1/s times one core's
+tokens before that process is the bound.
+
+Goals (the run exits non-zero when one is missed, a request fails or comes back short, or
+sglang-router did not run): the manager's CPU per streamed token at most 1.0x sglang-router's in
+both modes, with the manager as it is best run for the mode (`processes: 1` or `2`, each reported);
+with 2 processes, tokens per CPU-second within 10% of one process's (the stream process adds no
+cost of its own). `--quick` runs 2 rounds of fewer requests (about a minute and a half). Writes
+`stream_relay.json` into `--results-dir` (see benchmarks/results.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks import _sglang_router  # noqa: E402
+from benchmarks._router_load import (  # noqa: E402
+    Client,
+    child_pids,
+    cpu_seconds,
+    in_turn,
+    load,
+    median,
+    start_canned_engine,
+    start_manager,
+    start_sglang_router,
+    warm_up,
+)
+from benchmarks.results import Results, add_results_dir, results_dir  # noqa: E402
+from rollflow.runtime.manager.client import ManagerClient  # noqa: E402
+
+SLICES = 4  # turns each path takes per round
+MANAGERS = {"rollflow, 1 process": 1, "rollflow, 2 processes": 2}
+BATCH_N = 4
+
+
+def _router_cpu(pids: list[int]) -> list[float]:
+    return [cpu_seconds(pid) for pid in pids]
+
+
+async def _streams(
+    client: Client, paths: dict[str, tuple[str, list[int]]], requests: int, concurrency: int
+) -> dict[str, dict]:
+    """Tokens/s and router CPU per token of each path (its url and its router's pids), the paths
+    taking turns slice by slice."""
+    per_slice = requests // SLICES
+    totals = {name: {"s": 0.0, "cpu": [0.0] * len(pids)} for name, (_, pids) in paths.items()}
+    sessions = {name: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) for name in paths}
+    try:
+        for name, (url, _) in paths.items():
+            await warm_up(client, sessions[name], url)
+        for turn in range(SLICES):
+            for name in in_turn(list(paths), turn):
+                url, pids = paths[name]
+                before = _router_cpu(pids)
+                started = time.perf_counter()
+                await load(client, sessions[name], url, per_slice, concurrency)
+                totals[name]["s"] += time.perf_counter() - started
+                for i, (end, start) in enumerate(zip(_router_cpu(pids), before, strict=True)):
+                    totals[name]["cpu"][i] += end - start
+    finally:
+        for session in sessions.values():
+            await session.close()
+    tokens = per_slice * SLICES * client.tokens
+    return {name: _figures(tokens, t["s"], t["cpu"]) for name, t in totals.items()}
+
+
+def _figures(tokens: int, seconds: float, cpu: list[float]) -> dict:
+    """A path's figures from its tokens, wall seconds and CPU seconds per router process (the
+    process every sample passes through first)."""
+    total = sum(cpu)
+    return {
+        "tokens_per_s": tokens / seconds,
+        "cpu_us_per_token": 1e6 * total / tokens if cpu else None,
+        "first_process_cpu_share": cpu[0] / total if cpu and total > 0 else None,
+    }
+
+
+def _batches(
+    managers: dict[str, tuple[str, list[int]]], prompts: int, tokens: int, failures: list[str]
+) -> dict:
+    """A `/batches` batch through each manager in turn: tokens/s and CPU per token."""
+    figures = {}
+    for name, (url, pids) in managers.items():
+        client = ManagerClient(url)
+        before = _router_cpu(pids)
+        started = time.perf_counter()
+        batch = client.submit([[4, 5, i % 50] for i in range(prompts)], n=BATCH_N, max_new_tokens=tokens)
+        samples = [
+            sample for micro_batch in batch.micro_batches() for group in micro_batch for sample in group
+        ]
+        seconds = time.perf_counter() - started
+        cpu = [end - start for end, start in zip(_router_cpu(pids), before, strict=True)]
+        short = [s for s in samples if s["state"] != "finished" or len(s["output_ids"]) != tokens]
+        if len(samples) != prompts * BATCH_N or short:
+            failures.append(f"{name} /batches: {len(samples)} samples, {len(short)} short or not finished")
+        figures[name] = _figures(prompts * BATCH_N * tokens, seconds, cpu)
+    return figures
+
+
+def run(args: argparse.Namespace, tmp: Path, results: Results) -> None:
+    modes = {"one event per write": 1, f"{args.events_per_write} events per write": args.events_per_write}
+    started: list = []
+    rounds: list[dict[str, dict[str, dict]]] = []
+    client = Client(args.tokens, stream=True)
+    failures: list[str] = []
+    try:
+        setups = {}
+        for mode, events_per_write in modes.items():
+            folder = tmp / f"epw{events_per_write}"
+            folder.mkdir()
+            engines = [start_canned_engine(folder, f"canned{i}", 1, events_per_write) for i in range(2)]
+            urls = [engine.url for engine in engines]
+            routers = {"sglang-router": start_sglang_router(args.sglang_router_python, urls, folder)}
+            for name, count in MANAGERS.items():
+                (folder / str(count)).mkdir()
+                routers[name] = start_manager(
+                    urls, folder / str(count), router="round_robin", processes=count
+                )
+            started += [*engines, *routers.values()]
+            paths = {"direct (one engine)": (urls[0], [])}
+            paths |= {name: (r.url, [r.proc.pid, *child_pids(r.proc.pid)]) for name, r in routers.items()}
+            setups[mode] = paths
+        for index in range(args.rounds):
+            row: dict[str, dict[str, dict]] = {}
+            for mode, paths in setups.items():
+                ordered = dict(
+                    list(paths.items())[:1] + list(paths.items())[1:][:: 1 if index % 2 == 0 else -1]
+                )
+                row[mode] = asyncio.run(_streams(client, ordered, args.requests, args.concurrency))
+            managers = {name: setups[next(iter(modes))][name] for name in MANAGERS}
+            if index % 2:
+                managers = dict(reversed(managers.items()))
+            row["/batches, one event per write"] = _batches(
+                managers, args.batch_prompts, args.tokens, failures
+            )
+            rounds.append(row)
+            print(f"round {index + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+    finally:
+        for process in started:
+            process.stop()
+    failures += client.failures
+    for failure in failures[:5]:
+        print(f"FAILED {failure}", file=sys.stderr)
+    results.goal("requests or samples that failed or came back short", len(failures), "==", 0)
+    _report(rounds, list(modes), results)
+
+
+def _report(rounds: list[dict[str, dict[str, dict]]], modes: list[str], results: Results) -> None:
+    results.figures["rounds"] = rounds
+    medians: dict[str, dict[str, dict]] = {}
+    for phase in rounds[0]:
+        medians[phase] = {}
+        for path in rounds[0][phase]:
+            medians[phase][path] = {
+                key: median([r[phase][path][key] for r in rounds if r[phase][path][key] is not None])
+                if rounds[0][phase][path][key] is not None
+                else None
+                for key in rounds[0][phase][path]
+            }
+    results.figures["medians"] = medians
+    print(f"{'phase':<34} {'path':<24} {'tokens/s':>10} {'CPU us/token':>13} {'first process':>14}")
+    for phase, paths in medians.items():
+        for path, f in paths.items():
+            cpu = f"{f['cpu_us_per_token']:.2f}" if f["cpu_us_per_token"] is not None else "-"
+            share = (
+                f"{100 * f['first_process_cpu_share']:.0f}%"
+                if f["first_process_cpu_share"] is not None
+                else "-"
+            )
+            print(f"{phase:<34} {path:<24} {f['tokens_per_s']:>10.0f} {cpu:>13} {share:>14}")
+    for mode in modes:
+        peer = medians[mode]["sglang-router"]["cpu_us_per_token"]
+        best = min(MANAGERS, key=lambda name: medians[mode][name]["cpu_us_per_token"])
+        ratio = medians[mode][best]["cpu_us_per_token"] / peer
+        results.figures[f"best manager, {mode}"] = best
+        results.goal(
+            f"manager CPU per streamed token / sglang-router's, {mode} ({best})",
+            round(ratio, 3),
+            "<=",
+            1.0,
+            headline=mode == modes[0],
+        )
+    for phase in medians:
+        one, two = (medians[phase][name]["cpu_us_per_token"] for name in MANAGERS)
+        results.goal(f"CPU per token, 2 processes / 1 process, {phase}", round(two / one, 3), "<=", 1.1)
+    two = medians["/batches, one event per write"]["rollflow, 2 processes"]
+    results.figures["first process share of CPU, 2 processes, /batches"] = two["first_process_cpu_share"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, help="repeats of every phase (default 3; 2 with --quick)")
+    parser.add_argument("--requests", type=int, help="streamed requests per path and round (default 384)")
+    parser.add_argument("--concurrency", type=int, default=64, help="streamed requests in flight")
+    parser.add_argument("--tokens", type=int, help="tokens per request (default 256)")
+    parser.add_argument("--events-per-write", type=int, default=8, help="events per write of the second mode")
+    parser.add_argument(
+        "--batch-prompts", type=int, help="prompts of the /batches phase (x4 samples; default 96)"
+    )
+    parser.add_argument(
+        "--stream-flush-ms", type=float, help="the 2-process manager's stream_flush_ms (default: its default)"
+    )
+    add_results_dir(parser)
+    args = parser.parse_args()
+    quick = {"rounds": 2, "requests": 128, "tokens": 128, "batch_prompts": 32}
+    full = {"rounds": 3, "requests": 384, "tokens": 256, "batch_prompts": 96}
+    for key, value in (quick if args.quick else full).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.sglang_router_python = _sglang_router.python()
+    results = Results("stream_relay", results_dir(args))
+    results.peers["sglang-router"] = _sglang_router.version(args.sglang_router_python)
+    results.figures["settings"] = {
+        key: getattr(args, key)
+        for key in (
+            "rounds",
+            "requests",
+            "concurrency",
+            "tokens",
+            "events_per_write",
+            "batch_prompts",
+            "stream_flush_ms",
+        )
+    }
+    with tempfile.TemporaryDirectory(prefix="stream-relay-") as tmp:
+        run(args, Path(tmp), results)
+    sys.exit(results.finish())
+
+
+if __name__ == "__main__":
+    main()

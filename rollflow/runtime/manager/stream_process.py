@@ -1,0 +1,209 @@
+"""A stream process: reads engines' token streams for the manager (`processes: N`, N > 1).
+
+Reading a stream is the manager's per-token work: the engine's events are read, parsed and reduced
+into tokens and log-probs. A stream process does that for the streams the manager opens on it, and
+sends back what arrived every `flush_ms`, merged: one chunk per request (its tokens since the last
+message) and one message for every request that had news. The manager then pays per message and
+per chunk, not per event, and the parsing runs on another core.
+
+What it may take with it when it dies (kill -9): the tokens it read in its last `flush_ms`, which
+the manager never saw. Those are generated again when the sample resumes, and the sample loses
+nothing it was told.
+
+Started by the manager (`stream_processes.py`) as `python -m rollflow.runtime.manager.stream_process
+--fd N`, with its end of a socket pair; it exits when the manager's end closes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import socket
+from typing import Any
+
+import aiohttp
+
+from rollflow.runtime.engines.base import EngineClient, EngineRejectedError, RequestFailedError
+from rollflow.runtime.engines.clients import make_client
+from rollflow.runtime.engines.http import ENGINE_ERRORS
+from rollflow.runtime.manager import stream_wire as wire
+
+log = logging.getLogger("rollflow.manager.streams")
+
+
+class _Pending:
+    """A request's chunks since its last message, merged."""
+
+    __slots__ = (
+        "cached_tokens",
+        "finish_reason",
+        "logprobs",
+        "message",
+        "status_code",
+        "text",
+        "token_ids",
+        "weight_version",
+    )
+
+    def __init__(self, chunk) -> None:
+        self.token_ids = list(chunk.token_ids)
+        self.logprobs = list(chunk.logprobs)
+        (
+            _,
+            _,
+            self.finish_reason,
+            self.weight_version,
+            self.message,
+            self.status_code,
+            self.text,
+            self.cached_tokens,
+        ) = chunk
+
+    def merge(self, chunk) -> None:
+        self.token_ids += chunk.token_ids
+        self.logprobs += chunk.logprobs
+        self.finish_reason = chunk.finish_reason
+        self.message = chunk.message
+        self.status_code = chunk.status_code
+        if chunk.text is not None:
+            self.text = chunk.text
+        if chunk.cached_tokens is not None:
+            self.cached_tokens = chunk.cached_tokens
+
+    def item(self, rid: str) -> tuple:
+        return (
+            wire.CHUNK,
+            rid,
+            self.token_ids,
+            self.logprobs,
+            self.finish_reason,
+            self.weight_version,
+            self.message,
+            self.status_code,
+            self.text,
+            self.cached_tokens,
+        )
+
+
+class StreamProcess:
+    def __init__(self, sock: socket.socket, flush_s: float, connect_timeout_s: float) -> None:
+        self._sock = sock
+        self._flush_s = flush_s
+        self._connect_timeout_s = connect_timeout_s
+        self._clients: dict[tuple[str, str, str | None], EngineClient] = {}
+        self._streams: dict[str, asyncio.Task] = {}
+        self._pending: dict[str, _Pending] = {}
+        self._outbox: list[tuple] = []  # items ready to go, in order, ahead of `_pending`'s
+        self._flush_handle: asyncio.TimerHandle | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._http: aiohttp.ClientSession | None = None
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        connector = aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout_s)
+        self._http = aiohttp.ClientSession(connector=connector, timeout=timeout)
+        reader, self._writer = await asyncio.open_unix_connection(sock=self._sock)
+        frames = wire.FrameReader()
+        try:
+            while data := await reader.read(1 << 16):
+                for message in frames.feed(data):
+                    if message[0] == wire.OPEN:
+                        _, rid, engine_type, url, api_key, input_ids, fields = message
+                        client = self._client(engine_type, url, api_key)
+                        sampling = wire.sampling_from(fields)
+                        self._streams[rid] = loop.create_task(self._read(client, rid, input_ids, sampling))
+                    elif message[0] == wire.CLOSE:
+                        task = self._streams.pop(message[1], None)
+                        if task is not None:
+                            task.cancel()
+        finally:  # the manager is gone: nothing is read for it any more
+            for task in self._streams.values():
+                task.cancel()
+            await asyncio.gather(*self._streams.values(), return_exceptions=True)
+            await self._http.close()
+
+    def _client(self, engine_type: str, url: str, api_key: str | None) -> EngineClient:
+        key = (engine_type, url, api_key)
+        client = self._clients.get(key)
+        if client is None:
+            client = self._clients[key] = make_client(engine_type, url, self._http, api_key=api_key)
+        return client
+
+    async def _read(self, client: EngineClient, rid: str, input_ids: list[int], sampling: Any) -> None:
+        stream = client.generate(rid, input_ids, sampling)
+        try:
+            async for chunk in stream:
+                self._add(rid, chunk)
+                if chunk.finish_reason is not None:
+                    return
+            self._fail(rid, wire.ENDED, "the engine closed the stream without a finish_reason")
+        except EngineRejectedError as exc:
+            self._fail(rid, wire.REJECTED, str(exc))
+        except RequestFailedError as exc:
+            self._fail(rid, wire.REQUEST_FAILED, str(exc))
+        except ENGINE_ERRORS as exc:
+            self._fail(rid, wire.ENGINE, str(exc))
+        except asyncio.CancelledError:
+            self._pending.pop(rid, None)  # the manager closed it: it reads no more of it
+            raise
+        except Exception as exc:  # a fault of this process's code: the manager must hear of it
+            log.exception("reading %s failed unexpectedly", rid)
+            self._fail(rid, wire.INTERNAL, repr(exc))
+        finally:
+            self._streams.pop(rid, None)
+            await stream.aclose()
+
+    def _add(self, rid: str, chunk) -> None:
+        pending = self._pending.get(rid)
+        if pending is None:
+            self._pending[rid] = _Pending(chunk)
+        elif pending.weight_version != chunk.weight_version:
+            # tokens keep the version that made them: a new version starts a new chunk
+            self._outbox.append(self._pending.pop(rid).item(rid))
+            self._pending[rid] = _Pending(chunk)
+        else:
+            pending.merge(chunk)
+        self._schedule()
+
+    def _fail(self, rid: str, kind: str, message: str) -> None:
+        pending = self._pending.pop(rid, None)
+        if pending is not None:
+            self._outbox.append(pending.item(rid))
+        self._outbox.append((wire.FAILED, rid, kind, message))
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if self._flush_handle is None:
+            self._flush_handle = asyncio.get_running_loop().call_later(self._flush_s, self._flush)
+
+    def _flush(self) -> None:
+        self._flush_handle = None
+        items = self._outbox
+        items.extend(pending.item(rid) for rid, pending in self._pending.items())
+        self._outbox = []
+        self._pending.clear()
+        if items:
+            self._writer.write(wire.frame(items))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Read engines' token streams for a rollflow manager.")
+    parser.add_argument(
+        "--fd", type=int, required=True, help="this process's end of the manager's socket pair"
+    )
+    parser.add_argument("--flush-ms", type=float, required=True)
+    parser.add_argument("--connect-timeout-s", type=float, required=True)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import uvloop
+
+    sock = socket.socket(fileno=args.fd)
+    process = StreamProcess(sock, args.flush_ms / 1000.0, args.connect_timeout_s)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(process.run())
+
+
+if __name__ == "__main__":
+    main()
