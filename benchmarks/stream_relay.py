@@ -214,10 +214,28 @@ def _report(rounds: list[dict[str, dict[str, dict]]], modes: list[str], results:
             headline=mode == modes[0],
         )
     for phase in medians:
-        one, two = (medians[phase][name]["cpu_us_per_token"] for name in MANAGERS)
-        results.goal(f"CPU per token, 2 processes / 1 process, {phase}", round(two / one, 3), "<=", 1.1)
-    two = medians["/batches, one event per write"]["rollflow, 2 processes"]
-    results.figures["first process share of CPU, 2 processes, /batches"] = two["first_process_cpu_share"]
+        one, two = (medians[phase][name] for name in MANAGERS)
+        ratio = two["cpu_us_per_token"] / one["cpu_us_per_token"]
+        results.goal(f"CPU per token, 2 processes / 1 process, {phase}", round(ratio, 3), "<=", 1.1)
+        share = two["first_process_cpu_share"]
+        results.goal(
+            f"first process's share of the manager's CPU, 2 processes, {phase}", round(share, 3), "<=", 0.4
+        )
+        results.figures[f"sizing, {phase}"] = _sizing(one["cpu_us_per_token"], two["cpu_us_per_token"], share)
+
+
+def _sizing(one_cpu_us: float, many_cpu_us: float, share: float) -> dict[str, float]:
+    """What the measured costs imply for a node and a cluster: the first process fills its core at
+    1 / (share x CPU per token) tokens/s, whatever the number of stream processes; below that, a
+    manager needs CPU per token x tokens/s cores."""
+    first_process_limit = 1e6 / (share * many_cpu_us)
+    return {
+        "tokens_per_s_one_process": round(1e6 / one_cpu_us),
+        "tokens_per_s_before_the_first_process_fills_its_core": round(first_process_limit),
+        "tokens_per_s_16_core_node": round(min(16e6 / many_cpu_us, first_process_limit)),
+        "cores_for_64_gpus_at_15k_tokens_per_s": round(64 * 15_000 * many_cpu_us / 1e6, 1),
+        "first_process_keeps_up_with_64_gpus": float(first_process_limit >= 64 * 15_000),
+    }
 
 
 def main() -> None:

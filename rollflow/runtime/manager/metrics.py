@@ -62,6 +62,11 @@ class ManagerMetrics:
             buckets=RESUME_BUCKETS,
             registry=r,
         )
+        self.stream_process_restarts = Counter(
+            "rollflow_stream_process_restarts_total",
+            "Stream processes (processes: N > 1) that died and were started again",
+            registry=r,
+        )
         for reason in (
             "engine_failed",
             "engine_hung",

@@ -107,7 +107,8 @@ class RolloutManager:
             await self.fleet.close()
             raise
         if self.config.processes > 1:  # before any attempt starts: a restored batch's samples wait
-            self.streams = StreamProcesses(self.config, self.config.processes - 1)
+            restarts = self.metrics.stream_process_restarts
+            self.streams = StreamProcesses(self.config, self.config.processes - 1, restarts)
             await self.streams.start()
         self.spawn(self.dispatcher.run())
         self.spawn(self.fleet.health_loop())

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from rollflow.runtime.engines.base import (
     EngineError,
@@ -28,6 +29,11 @@ from rollflow.runtime.engines.base import (
     SamplingParams,
 )
 from rollflow.runtime.manager import stream_wire as wire
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter
+
+    from rollflow.runtime.manager.config import ManagerConfig
 
 log = logging.getLogger("rollflow.manager")
 
@@ -109,13 +115,14 @@ class _Process(asyncio.Protocol):
 class StreamProcesses:
     """The pool of stream processes an attempt's engine stream is opened on."""
 
-    def __init__(self, config, count: int) -> None:
+    def __init__(self, config: ManagerConfig, count: int, restarts: Counter) -> None:
+        """`restarts` counts the processes started again after one died."""
         self.config = config
         self._count = count
         self._processes: list[_Process] = []
         self._closing = False
-        self._restarts: set[asyncio.Task] = set()
-        self.restarted = 0  # processes started again after one died
+        self._restarting: set[asyncio.Task] = set()
+        self._restarts = restarts
 
     @property
     def pids(self) -> list[int]:
@@ -130,7 +137,7 @@ class StreamProcesses:
 
     async def close(self) -> None:
         self._closing = True
-        for task in self._restarts:
+        for task in self._restarting:
             task.cancel()
         for process in self._processes:
             if process.transport is not None:
@@ -156,8 +163,8 @@ class StreamProcesses:
             code,
         )
         task = asyncio.get_running_loop().create_task(self._restart(process))
-        self._restarts.add(task)
-        task.add_done_callback(self._restarts.discard)
+        self._restarting.add(task)
+        task.add_done_callback(self._restarting.discard)
 
     async def _restart(self, process: _Process) -> None:
         if process.popen is not None:
@@ -165,7 +172,7 @@ class StreamProcesses:
         fresh = _Process(process.index, self)
         await fresh.start()
         self._processes[process.index] = fresh
-        self.restarted += 1
+        self._restarts.inc()
 
     def open(
         self,
