@@ -107,6 +107,7 @@ def summarize_step(trace: StepTrace) -> StepResult:
         generated_end=trace.rollout_end - trace.manager_delay_s,
         manager=trace.manager,
         manager_delay_s=trace.manager_delay_s,
+        manager_max_wait_s=trace.manager_max_wait_s,
         manager_cost_usd=manager_cost,
     )
 
@@ -157,7 +158,9 @@ def summarize_run(config: RLSimConfig, steps: list[StepResult], wall_s: float) -
 
 def manager_summary(config: RLSimConfig, steps: list[StepResult]) -> dict:
     """The relay processes against the token rate the engines generated at: whether they held the
-    rollout back (`manager_bound_s_per_step` > 0: the manager was the bottleneck), what they cost."""
+    rollout back (`manager_bound_s_per_step` > 0: the manager was the bottleneck), whether samples
+    waited for them on the way (a wait mid-rollout delays rewards, inference and training, and the
+    dynamic scheduler's moves, without delaying the rollout's end), what they cost."""
     capacity = steps[0].manager
     window = sum(s.generated_end - s.start for s in steps)
     delay = sum(s.manager_delay_s for s in steps) / len(steps)
@@ -169,6 +172,7 @@ def manager_summary(config: RLSimConfig, steps: list[StepResult]) -> dict:
         "rollout_generated_tokens_per_s": _ratio(sum(s.decode_tokens for s in steps), window),
         "manager_bound_s_per_step": delay,
         "manager_bottleneck": delay > 0,
+        "manager_max_sample_wait_s": max(s.manager_max_wait_s for s in steps),
         "manager_cost_usd_per_step": sum(s.manager_cost_usd for s in steps) / len(steps),
     }
 
@@ -213,6 +217,7 @@ def step_summary(step: StepResult) -> dict:
         "carried_samples": step.carried_samples,
         "decode_tokens": step.decode_tokens,
         "manager_bound_s": step.manager_delay_s,
+        "manager_max_sample_wait_s": step.manager_max_wait_s,
     }
 
 

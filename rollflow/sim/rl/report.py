@@ -114,6 +114,8 @@ def print_manager(summary: dict, console: Console) -> None:
         if summary["manager_bottleneck"]
         else "not the bottleneck"
     )
+    if summary["manager_max_sample_wait_s"] > 0:
+        verdict += f", samples waited for it up to {summary['manager_max_sample_wait_s']:.1f} s"
     console.print(
         f"manager: {summary['manager_processes']} relay processes x "
         f"{summary['manager_cpu_us_per_token']:.2f} us/token relay at most "

@@ -731,4 +731,5 @@ class StepSimulator:
             offload_budget_s=self.balancer.budget_s if self.balancer is not None else None,
             manager=self.relay.capacity if self.relay is not None else None,
             manager_delay_s=self.relay.delay_s if self.relay is not None else 0.0,
+            manager_max_wait_s=self.relay.max_wait_s if self.relay is not None else 0.0,
         )

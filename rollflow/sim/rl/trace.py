@@ -49,6 +49,7 @@ class StepResult:
     generated_end: float = 0.0  # the last sample generated, engine side (`rollout_end`: delivered)
     manager: ManagerCapacity | None = None  # the relay processes (None: not simulated)
     manager_delay_s: float = 0.0  # how much later the last sample reached the step than it was generated
+    manager_max_wait_s: float = 0.0  # the longest any sample waited for the relay
     manager_cost_usd: float = 0.0  # the relay processes' CPU cores (included in cost_usd)
 
     @property
@@ -101,3 +102,4 @@ class StepTrace:
     num_carried_out: int = 0  # partial rollout: samples handed to the next step
     manager: ManagerCapacity | None = None  # the relay processes (None: not simulated)
     manager_delay_s: float = 0.0  # the last sample's delivery after its generation
+    manager_max_wait_s: float = 0.0  # the longest any sample waited for the relay

@@ -69,6 +69,7 @@ def test_enough_relay_processes_give_the_step_of_a_run_without_the_manager(tmp_p
         tmp_path, "enough", "manager.processes=64", f"manager.cpu_us_per_token={SLOW_RELAY_US}"
     )
     assert enough["manager_bottleneck"] is False and enough["manager_bound_s_per_step"] == 0
+    assert enough["manager_max_sample_wait_s"] == 0  # no sample waited for the relay
     assert enough["steps"][0]["rollout_end_s"] == free["steps"][0]["rollout_end_s"]
     assert enough["step_time_s"] == free["step_time_s"]
     # the processes cost their CPU cores ($0.05/core-hour by default) over the step
