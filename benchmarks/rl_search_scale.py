@@ -1,13 +1,13 @@
-"""Time `rollflow rl-sim search` at cluster scale: 51 plans of 256, 512 and 1,024 H100s.
+"""Time `rollflow rl-sim search` at cluster scale: 54 plans of 256, 512 and 1,024 H100s.
 
     .venv/bin/python benchmarks/rl_search_scale.py [--quick] [--workers 2] [--results-dir DIR]
 
 Runs examples/search/rl_cluster_scale.yaml through the CLI, as a user would (the whole process
 timed): Llama-3-8B GRPO steps of 8,192 prompts x 16 samples (the 1,024-GPU step of
-rl_step_scale.py), the collocated plan and four disaggregated actor/inference splits under static,
-pipelined and dynamic scheduling. Records the
-plans simulated, the wall time, the slowest plan's own time, and the Pareto front of throughput and
-cost. Goals: at least 50 plans simulated, in under 10 minutes with 2 workers, none failed. No peer
+rl_step_scale.py), the collocated plan and two disaggregated actor/inference splits under static,
+pipelined and dynamic scheduling, each with 8 or 32 rollout-manager relay processes. Records the
+plans simulated, the wall time, the slowest plan's own time, the plans the manager held back, and
+the Pareto front of throughput and cost. Goals: at least 50 plans simulated, in under 10 minutes with 2 workers, none failed. No peer
 runs: the figure is rollflow's own. --quick: the 256-GPU plans only, 256 prompts.
 """
 
@@ -62,15 +62,18 @@ def main() -> None:
             "wall_s": wall,
             "workers": args.workers,
             "slowest_plan_s": max((row["seconds"] for row in ran), default=None),
+            "manager_bound_plans": sum(1 for row in ran if row["manager_bound_s_per_step"] > 0),
             "num_gpus": sorted({row["num_gpus"] for row in rows}),
         }
     )
     results.table(
         "The Pareto front: throughput against $ per 1M trained tokens",
-        ["GPUs", "placement", "actor", "inference", "pipelined", "scheduling", "step (s)", "tokens/s", "$/1M tokens"],
+        ["GPUs", "placement", "actor", "inference", "pipelined", "scheduling", "manager processes",
+         "manager-bound (s)", "step (s)", "tokens/s", "$/1M tokens"],
         [
             [r["num_gpus"], r["placement"], r["actor_gpus"], r["inference_gpus"], r["pipelining"], r["scheduling"],
-             round(r["step_time_s"], 1), round(r["throughput_tokens_per_s"]), round(r["cost_usd_per_mtok"], 3)]
+             r["manager_processes"], round(r["manager_bound_s_per_step"], 1), round(r["step_time_s"], 1),
+             round(r["throughput_tokens_per_s"]), round(r["cost_usd_per_mtok"], 3)]
             for r in front
         ],
     )  # fmt: skip

@@ -40,6 +40,9 @@ class RLSearchSpace(StrictModel):
     off_policy: list[int] = Field([0], min_length=1)
     """Staleness bounds tried (`off_policy` of `rl-sim run`; 0: on-policy). A collocated off-policy plan
     needs preemptible instances (nothing else rolls out while it trains)."""
+    manager_processes: list[int] = Field([0], min_length=1)
+    """Rollout-manager relay processes tried (`manager.processes` of `rl-sim run`; 0: the manager is
+    left out). Each costs a CPU core (`cost.cpu_usd_per_core_hour`) for the whole step."""
     partial_rollout: list[int] = Field([0], min_length=1)
     """Extra prompts kept generating (`partial_rollout` of `rl-sim run`; 0: off): a full batch leaves
     the other groups' samples to the next step. Tried with static scheduling without preemptible
@@ -55,6 +58,8 @@ class RLSearchSpace(StrictModel):
             raise ValueError("num_gpus must be >= 1 and spot_instances >= 0")
         if any(n < 0 for n in self.off_policy):
             raise ValueError(f"off_policy: staleness bounds must be >= 0, got {self.off_policy}")
+        if any(n < 0 for n in self.manager_processes):
+            raise ValueError(f"manager_processes: process counts must be >= 0, got {self.manager_processes}")
         if any(n < 0 for n in self.partial_rollout):
             raise ValueError(f"partial_rollout: extra prompts must be >= 0, got {self.partial_rollout}")
         return self

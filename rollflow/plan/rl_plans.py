@@ -21,14 +21,14 @@ def expand_plans(space: RLSearchSpace) -> list[dict[str, Any]]:
     off-policy, collocated, needs spot instances to roll out while it trains; partial rollout needs
     static scheduling and no spot instances)."""
     plans = []
-    for plan, bound, extra in itertools.product(
-        _placement_plans(space), space.off_policy, space.partial_rollout
+    for plan, bound, extra, processes in itertools.product(
+        _placement_plans(space), space.off_policy, space.partial_rollout, space.manager_processes
     ):
         if bound and plan["placement"] == "collocated" and not plan["spot_instances"]:
             continue
         if extra and (plan["scheduling"] != "static" or plan["spot_instances"]):
             continue
-        plans.append(plan | {"off_policy": bound, "partial_rollout": extra})
+        plans.append(plan | {"off_policy": bound, "partial_rollout": extra, "manager_processes": processes})
     return plans
 
 
@@ -88,6 +88,7 @@ def plan_config(base: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
         spot.setdefault("offload", {})["initial_budget_s"] = plan["local_budget_s"]
     raw["off_policy"] = plan["off_policy"]
     raw["partial_rollout"] = plan.get("partial_rollout", 0)
+    raw.setdefault("manager", {})["processes"] = plan.get("manager_processes", 0)
     raw.pop("compare", None)
     return raw
 
@@ -100,7 +101,8 @@ def _range(start: int, stop: int) -> str:
 def plan_label(plan: dict[str, Any]) -> str:
     off = f" off-policy {plan['off_policy']}" if plan.get("off_policy") else ""
     partial = f" partial +{plan['partial_rollout']}" if plan.get("partial_rollout") else ""
-    return _placement_label(plan) + off + partial
+    manager = f" manager x{plan['manager_processes']}" if plan.get("manager_processes") else ""
+    return _placement_label(plan) + off + partial + manager
 
 
 def _placement_label(plan: dict[str, Any]) -> str:

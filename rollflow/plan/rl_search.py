@@ -23,7 +23,13 @@ from rollflow.plan.rl_config import RLSearchConfig
 from rollflow.plan.rl_export import live_cluster_section
 from rollflow.plan.rl_plans import expand_plans, plan_config, plan_label
 
-METRICS = ("step_time_s", "throughput_tokens_per_s", "gpu_utilization", "cost_usd_per_mtok")
+METRICS = (
+    "step_time_s",
+    "throughput_tokens_per_s",
+    "gpu_utilization",
+    "cost_usd_per_mtok",
+    "manager_bound_s_per_step",
+)
 
 
 def evaluate_plan(job: dict[str, Any]) -> dict[str, Any]:
@@ -51,6 +57,7 @@ def evaluate_plan(job: dict[str, Any]) -> dict[str, Any]:
     usd_per_hour = (
         config.num_gpus * cost.on_demand_usd_per_gpu_hour
         + config.spot.instances * config.rollout.tensor_parallel * cost.spot_usd_per_gpu_hour
+        + config.manager.processes * cost.cpu_usd_per_core_hour
     )
     row["usd_per_hour"] = usd_per_hour
     if job["budget_usd_per_hour"] is not None and usd_per_hour > job["budget_usd_per_hour"]:
@@ -75,6 +82,11 @@ def run_rl_search(config: RLSearchConfig, console: Console | None = None) -> lis
     plans = expand_plans(config.space)
     if not plans:
         raise ConfigError("config error: space: no plan to search (every combination is excluded)")
+    if any(plan["manager_processes"] for plan in plans):  # a missing results file fails once, here
+        from rollflow.sim.rl.config import ManagerConfig
+        from rollflow.sim.rl.manager import cpu_us_per_token
+
+        cpu_us_per_token(validate_config(ManagerConfig, config.simulation.get("manager") or {}))
     jobs = []
     for index, plan in enumerate(plans):
         raw = plan_config(config.simulation, plan)
@@ -118,17 +130,21 @@ def _write(out: Path, rows: list[dict], config: RLSearchConfig, jobs: list[dict]
     ran = [r for r in rows if not r["skipped"]]
     written = [out / "results.json", out / "results.csv"]
     table = Table(title="RL plans")
+    manager = any(r["manager_processes"] for r in ran)  # a column of its own when the search tries it
     for column in ("plan", "step s", "tokens/s", "GPU util", "$/1M tok", "$/hour"):
         table.add_column(column)
+    if manager:
+        table.add_column("manager-bound s")
     for row in ran:
-        table.add_row(
+        cells = [
             plan_label(row),
             f"{row['step_time_s']:.1f}",
             f"{row['throughput_tokens_per_s']:.0f}",
             f"{100 * row['gpu_utilization']:.1f}%",
             f"{row['cost_usd_per_mtok']:.3f}",
             f"{row['usd_per_hour']:.2f}",
-        )
+        ]
+        table.add_row(*cells, *([f"{row['manager_bound_s_per_step']:.1f}"] if manager else []))
     print_table(table, console)
     for row in rows:
         if row["skipped"]:

@@ -366,7 +366,7 @@ typedef struct {
     Batch batch;
     double tokens_per_s, idle_since;
     double busy_s, flops;
-    long long num_iterations;
+    long long num_iterations, decode_tokens;
     PyObject *batches, *kv_samples; /* the stats' lists, as ReplicaStats keeps them */
     /* membership (a Cluster's instances come and go; the closed loop's never do) */
     int accepting, retiring, retired, is_local;
@@ -856,6 +856,7 @@ static int finish_batch(Replica *rep, Request *requests, double now) {
     rep->idle_since = now;
     rep->busy_s += b->last_stage_s;
     rep->num_iterations += b->num_iterations;
+    rep->decode_tokens += (b->tokens_per_iteration - b->num_prefill_tokens) * b->num_iterations;
     PyObject *row = Py_BuildValue("(ddLLLL)", b->scheduled_at, now - b->scheduled_at, b->size,
                                   b->tokens_per_iteration, b->num_prefill_tokens, b->num_iterations);
     if (row == NULL) return -1;
@@ -1335,8 +1336,9 @@ static void free_loop(Loop *loop) {
 
 /* A replica's totals, as ReplicaStats and the scheduler keep them. */
 static PyObject *replica_result(const Replica *rep) {
-    return Py_BuildValue("{s:d,s:d,s:L,s:O,s:O,s:d,s:d,s:L,s:L,s:L,s:L,s:L}", "busy_s", rep->busy_s, "flops",
-                         rep->flops, "num_iterations", rep->num_iterations, "batches", rep->batches, "kv_samples",
+    return Py_BuildValue("{s:d,s:d,s:L,s:L,s:O,s:O,s:d,s:d,s:L,s:L,s:L,s:L,s:L}", "busy_s", rep->busy_s, "flops",
+                         rep->flops, "num_iterations", rep->num_iterations, "decode_tokens", rep->decode_tokens,
+                         "batches", rep->batches, "kv_samples",
                          rep->kv_samples, "tokens_per_s", rep->tokens_per_s, "idle_since", rep->idle_since,
                          "num_preemptions", rep->num_preemptions, "num_allocated_blocks", rep->num_allocated_blocks,
                          "num_resident", rep->num_resident, "waiting_tokens", rep->waiting_tokens,
@@ -1711,6 +1713,12 @@ static PyObject *cluster_get_num_events(Cluster *self, void *closure) {
     return PyLong_FromLongLong(self->loop.num_events);
 }
 
+static PyObject *cluster_get_decode_tokens(Cluster *self, void *closure) {
+    long long total = 0;
+    for (Py_ssize_t i = 0; i < self->loop.num_replicas; i++) total += self->loop.replicas[i].decode_tokens;
+    return PyLong_FromLongLong(total);
+}
+
 static PyObject *cluster_get_num_pending(Cluster *self, void *closure) {
     return PyLong_FromSsize_t(self->loop.heap_size);
 }
@@ -1723,6 +1731,8 @@ static PyGetSetDef cluster_getset[] = {
     {"now", (getter)cluster_get_now, (setter)cluster_set_now, "the simulated clock", NULL},
     {"num_events", (getter)cluster_get_num_events, NULL, "serving events applied so far", NULL},
     {"num_pending", (getter)cluster_get_num_pending, NULL, "serving events queued", NULL},
+    {"decode_tokens", (getter)cluster_get_decode_tokens, NULL,
+     "tokens sampled by the decode iterations of every batch ended so far, on every replica", NULL},
     {"next_time", (getter)cluster_get_next_time, NULL, "the earliest queued serving event's time (inf: none)",
      NULL},
     {NULL},

@@ -122,6 +122,7 @@ def write_back(replica: Replica, total: dict) -> None:
     stats.busy_s = total["busy_s"]
     stats.flops = total["flops"]
     stats.num_iterations = total["num_iterations"]
+    stats.decode_tokens = total["decode_tokens"]
     stats.batches = total["batches"]
     stats.kv_samples = total["kv_samples"]
     replica.tokens_per_s = total["tokens_per_s"]

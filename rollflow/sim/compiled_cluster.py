@@ -105,6 +105,11 @@ class CompiledCluster:
         return self.core.now
 
     @property
+    def decode_tokens(self) -> int:
+        """As `ServingSimulator.decode_tokens`, counted in C."""
+        return self.core.decode_tokens
+
+    @property
     def num_events(self) -> int:
         return self.core.num_events + self._num_own_events
 

@@ -34,6 +34,7 @@ class ReplicaStats:
     busy_s: float = 0.0  # summed over stages
     flops: float = 0.0
     num_iterations: int = 0
+    decode_tokens: int = 0  # tokens sampled by decode iterations (a prefill's first token is not counted)
     batches: list[tuple[float, float, int, int, int, int]] = field(default_factory=list)
     # (scheduled_at, duration, size, tokens per iteration, prefill tokens, iterations)
     kv_samples: list[tuple[float, float, int, int]] = field(default_factory=list)
@@ -178,6 +179,7 @@ class Replica:
         if self.num_stages > 1:
             stats.busy_s += (self.num_stages - 1) * batch.stage_seconds[0]
         stats.num_iterations += iterations
+        stats.decode_tokens += (batch.tokens_per_iteration - batch.num_prefill_tokens) * iterations
         stats.batches.append(
             (
                 batch.scheduled_at,

@@ -204,6 +204,11 @@ class ServingSimulator:
         """One instance as a policy sees it now (taking work or not)."""
         return self.replicas[instance_id].view(self.now)
 
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens the decode iterations of every batch ended so far sampled, on every replica."""
+        return sum(r.stats.decode_tokens for r in self.replicas)
+
     def num_outstanding(self) -> list[int]:
         """Per instance, the requests on it, running or queued (as its view counts them)."""
         return [r.scheduler.num_resident + len(r.scheduler.waiting) for r in self.replicas]

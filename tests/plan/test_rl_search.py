@@ -185,16 +185,18 @@ def test_a_pipelined_disaggregated_plan_is_the_cluster_section_the_trainer_takes
     assert live_cluster_section({**plan, "placement": {"kind": "collocated"}}) is None
 
 
-def test_the_cluster_scale_example_searches_51_plans_of_256_to_1024_gpus(tmp_path):
-    """examples/search/rl_cluster_scale.yaml as shipped expands to 51 plans that all fit; its 256-GPU
-    plans, on a smaller workload, run through the CLI and each gives a step."""
+def test_the_cluster_scale_example_searches_54_plans_of_256_to_1024_gpus(tmp_path):
+    """examples/search/rl_cluster_scale.yaml as shipped expands to 54 plans that all fit, half with 8
+    manager processes, half with 32; its 256-GPU plans, on a smaller workload, run through the CLI
+    and each gives a step."""
     from rollflow.config import load_config
     from rollflow.plan.rl_config import RLSearchConfig
     from rollflow.plan.rl_plans import expand_plans
 
     example = REPO / "examples" / "search" / "rl_cluster_scale.yaml"
     plans = expand_plans(load_config(RLSearchConfig, example).space)
-    assert len(plans) == 51 and {p["num_gpus"] for p in plans} == {256, 512, 1024}
+    assert len(plans) == 54 and {p["num_gpus"] for p in plans} == {256, 512, 1024}
+    assert sorted({p["manager_processes"] for p in plans}) == [8, 32]
     split = [p for p in plans if p["placement"] == "disaggregated"]
     assert all(p["actor_gpus"] + p["inference_gpus"] < p["num_gpus"] for p in split)
     out = tmp_path / "scale"
@@ -202,5 +204,49 @@ def test_the_cluster_scale_example_searches_51_plans_of_256_to_1024_gpus(tmp_pat
     result = rollflow("rl-sim", "search", "--config", str(example), *small)
     assert result.returncode == 0, result.stderr
     rows = json.loads((out / "results.json").read_text())
-    assert len(rows) == 17 and not any(r["skipped"] for r in rows)
+    assert len(rows) == 18 and not any(r["skipped"] for r in rows)
     assert all(r["step_time_s"] > 0 and r["num_gpus"] == 256 for r in rows)
+
+
+def test_manager_processes_are_a_knob_of_the_rl_search_and_cost_their_cores(tmp_path):
+    """A relay of one slow process holds every plan's rollout back; 64 of them do not, for 63 more
+    CPU cores an hour."""
+    result = rollflow(
+        "rl-sim",
+        "search",
+        "--config",
+        str(rl_search_config(tmp_path)),
+        "space.placement=[disaggregated]",
+        "space.splits=[{actor: 2, inference: 2}]",
+        "space.pipelining=[true]",
+        "space.scheduling=[static]",
+        "space.manager_processes=[1, 64]",
+        "simulation.manager.cpu_us_per_token=2000",
+        "budget.usd_per_hour=30",  # 8 GPUs x $2.5 + 64 cores x $0.05
+    )
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / "rl"
+    rows = {r["manager_processes"]: r for r in json.loads((out / "results.json").read_text())}
+    assert set(rows) == {1, 64} and not any(r["skipped"] for r in rows.values())
+    assert rows[1]["manager_bound_s_per_step"] > 0 and rows[64]["manager_bound_s_per_step"] == 0
+    assert rows[1]["step_time_s"] > rows[64]["step_time_s"]
+    assert rows[64]["usd_per_hour"] - rows[1]["usd_per_hour"] == pytest.approx(63 * 0.05)
+    printed = result.stderr + result.stdout
+    assert "manager x64" in printed and "manager-bound" in printed
+    assert yaml.safe_load((out / "best.yaml").read_text())["manager"]["processes"] == 64
+
+
+def test_a_search_whose_manager_lacks_its_results_file_fails_once_naming_it(tmp_path):
+    result = rollflow(
+        "rl-sim",
+        "search",
+        "--config",
+        str(rl_search_config(tmp_path)),
+        "space.manager_processes=[4]",
+        "simulation.manager.results_file=/nonexistent/manager_overhead.json",
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert (
+        len(lines) == 1 and "manager.results_file: /nonexistent/manager_overhead.json not found" in lines[0]
+    )

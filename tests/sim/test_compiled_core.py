@@ -31,6 +31,7 @@ def _replica_totals(result):
             replica.stats.busy_s,
             replica.stats.flops,
             replica.stats.num_iterations,
+            replica.stats.decode_tokens,
             replica.tokens_per_s,
             replica.scheduler.num_preemptions,
             replica.scheduler.num_allocated_blocks,

@@ -58,9 +58,12 @@ def summarize_step(trace: StepTrace) -> StepResult:
         tp = config.rollout.tensor_parallel
         spot_gpu_s = tp * sum(market.alive_seconds(s, paid_from, end) for s in range(market.num_slots))
     price = config.cost
+    manager_cost = 0.0
+    if trace.manager is not None:  # each relay process keeps a CPU core busy for the step
+        manager_cost = trace.manager.processes * price.cpu_usd_per_core_hour * (end - paid_from) / 3600
     cost = (
         reserved_gpu_s * price.on_demand_usd_per_gpu_hour + spot_gpu_s * price.spot_usd_per_gpu_hour
-    ) / 3600
+    ) / 3600 + manager_cost
     requests = trace.requests
     by_staleness, stalest = tokens_by_staleness(
         requests, trace.index, trace.sync_ends, trace.earlier_versions
@@ -96,6 +99,16 @@ def summarize_step(trace: StepTrace) -> StepResult:
         tokens_by_staleness=by_staleness,
         max_sample_staleness=stalest,
         carried_samples=trace.num_carried_out,
+        decode_tokens=sum(
+            (tokens - prefill) * iterations
+            for info in trace.instances
+            for _, _, _, tokens, prefill, iterations in info.batches
+        ),
+        generated_end=trace.rollout_end - trace.manager_delay_s,
+        manager=trace.manager,
+        manager_delay_s=trace.manager_delay_s,
+        manager_max_wait_s=trace.manager_max_wait_s,
+        manager_cost_usd=manager_cost,
     )
 
 
@@ -133,12 +146,34 @@ def summarize_run(config: RLSimConfig, steps: list[StepResult], wall_s: float) -
         "carried_samples": sum(s.carried_samples for s in steps),
         "tokens_by_staleness": {str(k): v for k, v in sorted(staleness.items())},
         "max_sample_staleness": max(s.max_sample_staleness for s in steps),
+        **manager_summary(config, steps),
         "num_steps": len(steps),
         "num_gpus": config.num_gpus,
         "samples_per_step": steps[0].num_samples,
         "wall_time_s": wall_s,
         "peak_memory_mib": peak_memory_mib(),
         "steps": [step_summary(s) for s in steps],
+    }
+
+
+def manager_summary(config: RLSimConfig, steps: list[StepResult]) -> dict:
+    """The relay processes against the token rate the engines generated at: whether they held the
+    rollout back (`manager_bound_s_per_step` > 0: the manager was the bottleneck), whether samples
+    waited for them on the way (a wait mid-rollout delays rewards, inference and training, and the
+    dynamic scheduler's moves, without delaying the rollout's end), what they cost."""
+    capacity = steps[0].manager
+    window = sum(s.generated_end - s.start for s in steps)
+    delay = sum(s.manager_delay_s for s in steps) / len(steps)
+    return {
+        "manager_processes": config.manager.processes,
+        "manager_cpu_us_per_token": capacity.cpu_us_per_token if capacity else None,
+        "manager_cpu_us_source": capacity.source if capacity else None,
+        "manager_tokens_per_s_capacity": capacity.tokens_per_s if capacity else None,
+        "rollout_generated_tokens_per_s": _ratio(sum(s.decode_tokens for s in steps), window),
+        "manager_bound_s_per_step": delay,
+        "manager_bottleneck": delay > 0,
+        "manager_max_sample_wait_s": max(s.manager_max_wait_s for s in steps),
+        "manager_cost_usd_per_step": sum(s.manager_cost_usd for s in steps) / len(steps),
     }
 
 
@@ -180,6 +215,9 @@ def step_summary(step: StepResult) -> dict:
         "actor_gpus_per_minibatch": step.actor_sizes,
         "tokens_by_staleness": {str(k): v for k, v in step.tokens_by_staleness.items()},
         "carried_samples": step.carried_samples,
+        "decode_tokens": step.decode_tokens,
+        "manager_bound_s": step.manager_delay_s,
+        "manager_max_sample_wait_s": step.manager_max_wait_s,
     }
 
 

@@ -151,6 +151,23 @@ class CostConfig(Section):
     """Price of a reserved GPU (every GPU of `num_gpus`)."""
     spot_usd_per_gpu_hour: float = Field(1.0, ge=0.0)
     """Price of a preemptible GPU, paid while it is alive."""
+    cpu_usd_per_core_hour: float = Field(0.05, ge=0.0)
+    """Price of the CPU core each manager relay process keeps busy (an on-demand cloud vCPU)."""
+
+
+class ManagerConfig(Section):
+    processes: int = Field(0, ge=0)
+    """Relay processes of the rollout manager that every generated token passes through (one CPU
+    core each); 0: the manager is left out (it relays any token rate)."""
+    cpu_us_per_token: float | None = Field(None, gt=0.0)
+    """CPU microseconds a relay process spends per token; unset: the median over rounds of the
+    manager benchmark's measurement in `results_file`."""
+    results_file: str | None = None
+    """The results of benchmarks/manager_overhead.py; unset: benchmarks/results/manager_overhead.json
+    of the checkout rollflow runs from."""
+    engine_writes: Literal["batched", "per_event"] = "batched"
+    """Which measurement of the benchmark: engines writing several stream events per socket write,
+    as a busy engine's events reach its socket (batched), or each event on its own (per_event)."""
 
 
 class GeneratedAvailability(Section):
@@ -267,6 +284,9 @@ class RLSimConfig(Section):
     """GPU prices, for the cost per token."""
     spot: SpotConfig = Field(default_factory=SpotConfig)
     """Preemptible rollout instances (RLBoost): how many, how long they live, what a preemption does."""
+    manager: ManagerConfig = Field(default_factory=ManagerConfig)
+    """The rollout manager's relay processes: a finished sample reaches the step once they have relayed
+    its tokens (`rollflow.sim.rl.manager`)."""
     output: RLOutputConfig = Field(default_factory=RLOutputConfig)
     """What the run writes, and where."""
     compare: list[Variant] = Field(default_factory=list)

@@ -88,6 +88,8 @@ def print_run(summary: dict, console: Console) -> None:
         f"{summary['regenerated_tokens']} tokens regenerated; simulated in {summary['wall_time_s']:.2f} s, "
         f"peak memory {summary['peak_memory_mib']:.0f} MiB"
     )
+    if summary["manager_processes"]:
+        print_manager(summary, console)
     if summary["off_policy"]:
         steady = summary["steady_state_step_time_s"]
         by_staleness = ", ".join(f"{k}: {v}" for k, v in summary["tokens_by_staleness"].items())
@@ -103,6 +105,24 @@ def print_run(summary: dict, console: Console) -> None:
             f"carried to a next step, {summary['reprefill_tokens']} tokens re-prefilled; "
             f"response tokens trained per staleness {{{by_staleness}}}"
         )
+
+
+def print_manager(summary: dict, console: Console) -> None:
+    """One line: the relay's capacity against the engines' token rate, and whether it bound."""
+    verdict = (
+        f"the bottleneck: rollout ends {summary['manager_bound_s_per_step']:.1f} s/step later than generated"
+        if summary["manager_bottleneck"]
+        else "not the bottleneck"
+    )
+    if summary["manager_max_sample_wait_s"] > 0:
+        verdict += f", samples waited for it up to {summary['manager_max_sample_wait_s']:.1f} s"
+    console.print(
+        f"manager: {summary['manager_processes']} relay processes x "
+        f"{summary['manager_cpu_us_per_token']:.2f} us/token relay at most "
+        f"{summary['manager_tokens_per_s_capacity']:.0f} tokens/s; the engines generated "
+        f"{summary['rollout_generated_tokens_per_s']:.0f} tokens/s during rollout; {verdict} "
+        f"(${summary['manager_cost_usd_per_step']:.4f}/step of CPU)"
+    )
 
 
 COMPARE_METRICS = (

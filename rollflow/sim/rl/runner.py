@@ -15,6 +15,7 @@ from rollflow.sim.build import build_groups
 from rollflow.sim.rl.accounting import summarize_run
 from rollflow.sim.rl.config import RLSimConfig, SchedulingConfig
 from rollflow.sim.rl.costs import StepCosts
+from rollflow.sim.rl.manager import ManagerCapacity
 from rollflow.sim.rl.partial import CarriedSample
 from rollflow.sim.rl.spot import SpotMarket
 from rollflow.sim.rl.step import StepSimulator
@@ -58,6 +59,7 @@ def simulate_steps(
     config: RLSimConfig, on_step: Callable[[StepResult], None] | None = None
 ) -> list[StepResult]:
     costs = StepCosts.from_config(config)
+    manager = ManagerCapacity.from_config(config.manager)
     scheduler = make_resource_scheduler(config.scheduling)
     balancer = market = None
     if config.spot.instances:
@@ -84,6 +86,7 @@ def simulate_steps(
             sync_ends,
             carried,
             gpus_free_at,
+            manager,
         )
         step = simulator.run()
         carried = simulator.carried_out

@@ -6,6 +6,7 @@
       lane done   an inference pass or a mini-batch finished on its GPUs; pick the next task
       spot        instance ready / preemption notice / preempted (its sequences resume elsewhere)
       budget      local rollout hands its leftovers to remote instances (the offload policy)
+      delivered   finished samples the manager's relay was behind on reach the step (`manager`)
     after each  snapshot -> ResourceScheduler.decide -> apply (release + migrate, grow the actor)
     end         last mini-batch -> weight sync
 
@@ -54,6 +55,7 @@ from rollflow.sim.request import SimRequest
 from rollflow.sim.rl.accounting import summarize_step
 from rollflow.sim.rl.config import RLSimConfig
 from rollflow.sim.rl.costs import StepCosts
+from rollflow.sim.rl.manager import ManagerCapacity, ManagerRelay
 from rollflow.sim.rl.partial import CarriedSample, stop_sample
 from rollflow.sim.rl.rollout import ResumeMode, RolloutPool, resume
 from rollflow.sim.rl.spot import SpotMarket, serving_window
@@ -88,13 +90,15 @@ class StepSimulator:
         sync_ends: Sequence[float] = (),
         carried: Sequence[CarriedSample] = (),
         gpus_free_at: Sequence[float] = (),
+        manager: ManagerCapacity | None = None,
     ) -> None:
         """`groups`: the rollout cluster's built replica groups, shared by a run's steps.
         `lanes_free_at`: when the previous step's training and sync end (off-policy: after `start`).
         `sync_ends`: when each earlier step's weights reached rollout, for the tokens' versions.
         `carried`: the previous step's unfinished groups (partial rollout), generated first.
         `gpus_free_at`: per reserved GPU, when the previous step's lanes last use it (off-policy: a
-        disaggregated rollout instance starts on its GPUs no earlier, e.g. after a grown actor)."""
+        disaggregated rollout instance starts on its GPUs no earlier, e.g. after a grown actor).
+        `manager`: the relay processes finished samples pass through (None: not simulated)."""
         self.config = config
         self.index = index
         self.start = start
@@ -109,6 +113,7 @@ class StepSimulator:
         self.scheduler = scheduler
         self.balancer = balancer
         self.market = market
+        self.relay = ManagerRelay(manager, start) if manager is not None else None
         workload = config.workload
         self.group_size = workload.samples_per_prompt
         self.partial = config.partial_rollout > 0
@@ -344,6 +349,15 @@ class StepSimulator:
             )
 
     def _on_samples_done(self, event: Event) -> list[Event]:
+        """Samples generated now: they reach the step when the manager has relayed their tokens."""
+        if self.relay is not None:
+            delivered = self.relay.delivered_at(self.now, self.pool.sim.decode_tokens)
+            if delivered > self.now:
+                self._emit(delivered, Phase.ROLLOUT, self._on_samples_delivered, event.payload)
+                return self._emitted()
+        return self._on_samples_delivered(event)
+
+    def _on_samples_delivered(self, event: Event) -> list[Event]:
         requests: list[SimRequest] = event.payload
         self._count_done(requests, self.now + self.config.reward_s)
         if not self.partial and self.num_done == self.num_samples:
@@ -715,4 +729,7 @@ class StepSimulator:
             preempted_sequences=self.preempted_sequences,
             spot_market=self.market if self.spot else None,
             offload_budget_s=self.balancer.budget_s if self.balancer is not None else None,
+            manager=self.relay.capacity if self.relay is not None else None,
+            manager_delay_s=self.relay.delay_s if self.relay is not None else 0.0,
+            manager_max_wait_s=self.relay.max_wait_s if self.relay is not None else 0.0,
         )

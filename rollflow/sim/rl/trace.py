@@ -12,6 +12,7 @@ from rollflow.phases import Span
 from rollflow.policy.view import InstanceKind
 from rollflow.sim.request import SimRequest
 from rollflow.sim.rl.config import RLSimConfig
+from rollflow.sim.rl.manager import ManagerCapacity
 from rollflow.sim.rl.spot import SpotMarket
 
 
@@ -44,6 +45,12 @@ class StepResult:
     tokens_by_staleness: dict[int, int]  # response tokens per weight versions behind the trainer
     max_sample_staleness: int  # the stalest token of any sample
     carried_samples: int = 0  # partial rollout: samples handed to the next step
+    decode_tokens: int = 0  # tokens the engines generated (every one passes the manager's relay)
+    generated_end: float = 0.0  # the last sample generated, engine side (`rollout_end`: delivered)
+    manager: ManagerCapacity | None = None  # the relay processes (None: not simulated)
+    manager_delay_s: float = 0.0  # how much later the last sample reached the step than it was generated
+    manager_max_wait_s: float = 0.0  # the longest any sample waited for the relay
+    manager_cost_usd: float = 0.0  # the relay processes' CPU cores (included in cost_usd)
 
     @property
     def step_time_s(self) -> float:
@@ -93,3 +100,6 @@ class StepTrace:
         default_factory=dict
     )  # carried-in samples' tokens per version
     num_carried_out: int = 0  # partial rollout: samples handed to the next step
+    manager: ManagerCapacity | None = None  # the relay processes (None: not simulated)
+    manager_delay_s: float = 0.0  # the last sample's delivery after its generation
+    manager_max_wait_s: float = 0.0  # the longest any sample waited for the relay

@@ -1,6 +1,7 @@
 """The RL step's rollout on the compiled core (`rollflow.sim.compiled_cluster`) matches its
-pure-Python twin exactly on every shipped RL example and each of its `compare` variants: every
-sample's times, every instance's batches and life, the event count, the run's summary."""
+pure-Python twin exactly on every shipped RL example and each of its `compare` variants, and with
+a manager whose relay holds the rollout back: every sample's times, every instance's batches and
+life, the event count, the run's summary."""
 
 from pathlib import Path
 
@@ -27,6 +28,9 @@ def _cases() -> list:
     for path in sorted(EXAMPLES.glob("*.yaml")):
         variants = yaml.safe_load(path.read_text()).get("compare") or [{"name": "as-is", "overrides": []}]
         cases += [pytest.param(path, v["overrides"], id=f"{path.stem}-{v['name']}") for v in variants]
+    # a manager that holds the rollout back: deliveries, not generation, drive the step's decisions
+    bound = ["manager.processes=1", "manager.cpu_us_per_token=50"]
+    cases.append(pytest.param(EXAMPLES / "rlinf_dynamic.yaml", bound, id="rlinf_dynamic-manager-bound"))
     return cases
 
 
@@ -64,7 +68,15 @@ def _sample(r) -> tuple:
 def _instance(replica) -> tuple:
     stats = replica.stats
     life = (replica.kind, replica.started_at, replica.retired_at)
-    return (*life, stats.batches, stats.kv_samples, stats.busy_s, stats.flops, replica.tokens_per_s)
+    return (
+        *life,
+        stats.batches,
+        stats.kv_samples,
+        stats.busy_s,
+        stats.flops,
+        stats.decode_tokens,
+        replica.tokens_per_s,
+    )
 
 
 @pytest.mark.parametrize(("path", "overrides"), _cases())
