@@ -72,6 +72,7 @@ BENCHMARKS = registry(
         Benchmark("router_decision_latency", ("examples/router/heterogeneous.policy.npz",)),
         Benchmark("ppo_vs_sb3", quick_limit_s=180.0),
         Benchmark("manager_overhead"),
+        Benchmark("vllm_router"),
         Benchmark("manager_journal"),
         Benchmark("hostile_inputs"),
         Benchmark("dynamic_live", quick_limit_s=180.0),

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rollflow.config import describe_validation_error
 from rollflow.runtime.engines.base import MAX_SEED, MIN_SEED, SamplingParams
 from rollflow.runtime.engines.sglang_io import MAX_TOKEN_ID, Int
+from rollflow.runtime.http.answer import json_response
 from rollflow.runtime.http.body import read_json_object
 from rollflow.runtime.manager.batches import sample_sampling
 from rollflow.runtime.manager.config import ManagerConfig
@@ -194,7 +195,7 @@ async def generate(request: web.Request) -> web.Response:
     if failed is not None:
         raise OpenAIError(400 if failed.refused else 502, f"the request failed: {failed.error}")
     want_logprobs = body.sampling_params.logprobs is not None
-    return web.json_response(
+    return json_response(
         {
             "request_id": f"generate-tokens-{body.request_id or uuid.uuid4().hex}",
             "model": body.model,
