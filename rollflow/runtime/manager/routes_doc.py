@@ -129,6 +129,12 @@ ROUTES: dict[str, RouteDoc] = {
         "[that choice, its new `token_ids` and `logprobs`]}`, the usage event if `stream_options.include_usage`, "
         '`data: [DONE]`; errors `{"error": {"message", "type", "param", "code"}}` (an event, once streaming)',
     ),
+    "POST /v1/chat/completions/render": RouteDoc(
+        "OpenAI's chat body, as `/v1/chat/completions` takes it (text only); needs `tokenizer:`",
+        'vLLM\'s render: the `/inference/v1/generate` body that answers it, `{"request_id", "token_ids" '
+        '(through the chat template), "features": null, "sampling_params" (vLLM\'s names), "model", "stream", '
+        '"stream_options", "cache_salt": null, "priority": 0}`',
+    ),
     "POST /finish_session": RouteDoc(
         "`?session_id=ID`: the session's requests are done",
         '`{"status": "ok", "session_id"}`; its engine is no longer kept for it',

@@ -14,6 +14,9 @@ vLLM, SGLang), with the manager's token tracking under every request.
   which holds their prefix, unless it is far more loaded than the least loaded engine (the
   manager's `session` router, the simulator's). `POST /finish_session?session_id=` forgets it.
 - `POST /tokenize` and `POST /detokenize` in vLLM's shapes, with the manager's `tokenizer:`.
+- `POST /v1/chat/completions/render`: vLLM's render, a chat body turned into the
+  `/inference/v1/generate` body that generates its answer (the prompt's token ids through the
+  tokenizer's chat template, the sampling fields as vLLM names them), text only.
 
 Errors are in vLLM's (OpenAI's) shape, `{"error": {"message", "type", "param", "code"}}`, which is
 what SkyRL's client reads; a field this server cannot honour is a 400 naming it, never ignored.
@@ -33,13 +36,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rollflow.config import describe_validation_error
 from rollflow.runtime.engines.base import MAX_SEED, MIN_SEED, SamplingParams
 from rollflow.runtime.engines.sglang_io import MAX_TOKEN_ID, Int
+from rollflow.runtime.engines.vllm import vllm_sampling_params
 from rollflow.runtime.http.answer import dumps, json_response
 from rollflow.runtime.http.body import read_json_object
 from rollflow.runtime.manager.batches import sample_sampling
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.edge import MANAGER_KEY, TOKENIZER_KEY, body_limit
 from rollflow.runtime.manager.samples import Sample, SampleState
-from rollflow.runtime.openai.protocol import OpenAIError, StreamOptions
+from rollflow.runtime.openai.protocol import ChatBody, OpenAIError, StreamOptions, parse_body
+from rollflow.runtime.openai.serve import Tokenizer
 
 SESSION_HEADER = "X-Session-ID"
 DEFAULT_MAX_TOKENS = 16
@@ -125,6 +130,8 @@ class GenerateBody(_Body):
     cache_salt: str | None = None
     """Accepted and not used: the engines' prefix caches are the engines' own."""
     priority: int = 0
+    features: None = None
+    """Multimodal features: none (a render of a text-only chat sends `features: null`)."""
     session_id: str | None = Field(None, min_length=1)
     """The session's routing key when the client sends no X-Session-ID header."""
 
@@ -158,14 +165,14 @@ def session_of(request: web.Request, body_session: str | None = None) -> str | N
     return request.headers.get(SESSION_HEADER) or body_session
 
 
-def answers_errors(handler: Callable[[web.Request], Awaitable[web.Response]]) -> Callable:
-    """A route whose OpenAIError is answered in vLLM's error shape (and counted, as the manager
-    counts every 4xx it answers)."""
+def answers_errors(handler: Callable[..., Awaitable[web.StreamResponse]]) -> Callable:
+    """A route (given the request, and whatever else its registration passes) whose OpenAIError is
+    answered in vLLM's error shape (and counted, as the manager counts every 4xx it answers)."""
 
     @functools.wraps(handler)
-    async def route(request: web.Request) -> web.Response:
+    async def route(request: web.Request, *args: Any) -> web.StreamResponse:
         try:
-            return await handler(request)
+            return await handler(request, *args)
         except OpenAIError as exc:
             if exc.status < 500:
                 request.app[MANAGER_KEY].metrics.requests_rejected.labels(str(exc.status)).inc()
@@ -381,6 +388,42 @@ async def tokenize(request: web.Request) -> web.Response:
 async def detokenize(request: web.Request) -> web.Response:
     body = await _parse(request, DetokenizeBody)
     return web.json_response({"prompt": _tokenizer(request).decode(body.tokens, skip_special_tokens=False)})
+
+
+@answers_errors
+async def render_chat(
+    request: web.Request, tokenizer_of: Callable[[], Awaitable[Tokenizer | None]]
+) -> web.Response:
+    """vLLM's `/v1/chat/completions/render`: the `/inference/v1/generate` body (vLLM's
+    `GenerateRequest`) that answers this chat as `/v1/chat/completions` would, so a client can
+    render on one server and generate on another. Its token ids are the chat template's, as the
+    manager's `/v1/chat/completions` builds its prompt; `max_tokens` is the count that route would
+    generate."""
+    data = await read_json_object(request, body_limit(request))
+    data.pop("session_id", None)  # a session routes generation; a render generates nothing
+    body = parse_body(ChatBody, data)
+    tokenizer = await tokenizer_of()
+    if tokenizer is None:
+        raise OpenAIError(
+            400,
+            "rendering a chat needs the manager's tokenizer: start it with `tokenizer:` set to the model folder",
+        )
+    sampling = vllm_sampling_params(body.sampling(body.max_new_tokens()))
+    stop = body.stop_strings()
+    sampling |= {"n": 1, "logprobs": 0 if body.logprobs else None} | ({"stop": list(stop)} if stop else {})
+    return json_response(
+        {
+            "request_id": f"chatcmpl-{uuid.uuid4().hex}",
+            "token_ids": tokenizer.chat_prompt(body.conversation(), body.add_generation_prompt),
+            "features": None,
+            "sampling_params": sampling,
+            "model": body.model,
+            "stream": body.stream,
+            "stream_options": body.stream_options.model_dump() if body.stream_options else None,
+            "cache_salt": None,
+            "priority": 0,
+        }
+    )
 
 
 def routes() -> list[web.RouteDef]:
