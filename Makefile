@@ -127,4 +127,4 @@ bench-gpu:
 	PYTHONPATH=$(CURDIR)/.gpu-site PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1 $(GPU_PYTHON) benchmarks/gpu/run.py $(BENCH_GPU_ARGS)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .venv-sglang-router .venv-vidur .bench .gpu-site dist outputs site .pytest_cache build rollflow/perf/_timing.*.so rollflow/sim/_loop.*.so rollflow/sim/_trace.*.so rollflow/runtime/engines/_chunked.*.so
+	rm -rf $(VENV) $(VLLM_VENV) .venv-sglang-router .venv-vllm-router .venv-vidur .bench .gpu-site dist outputs site .pytest_cache build rollflow/perf/_timing.*.so rollflow/sim/_loop.*.so rollflow/sim/_trace.*.so rollflow/runtime/engines/_chunked.*.so

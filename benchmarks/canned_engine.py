@@ -1,4 +1,4 @@
-"""An SGLang-shaped engine with no model: `/generate` streams canned tokens as SGLang does.
+"""An engine with no model: `/generate` streams canned tokens as SGLang does, and vLLM's routes as vLLM does.
 
     python benchmarks/canned_engine.py --port 30000 [--tokens-per-event 1] [--events-per-write 1]
         [--incremental-streaming-output] [--token-delay-ms 0]
@@ -17,6 +17,15 @@ event holds the output so far, as SGLang streams by default, or only its new tok
 `return_logprob` `meta_info.output_token_logprobs`, hold the same span, while
 `meta_info.completion_tokens` is always the count so far. Not streamed, it answers one JSON body.
 `--token-delay-ms` waits between events (0: none). Prints `serving on http://HOST:PORT` when ready.
+
+The same process answers as a vLLM server too (vLLM 0.32's shapes), so a benchmark can put
+vllm-router and the manager in front of the same engines: `/inference/v1/generate` (the token-in/
+token-out generate RL clients send through vllm-router; one JSON body, or with `stream: true` one
+event per `--tokens-per-event` tokens holding only its new tokens, as vLLM streams it),
+`/v1/completions` streamed (what the manager's vLLM client reads: `token_ids` and the sampled
+tokens' logprobs per event, then a usage event), `/v1/models` and the `/metrics` gauges the manager
+polls for load. `sampling_params.max_tokens` (`max_tokens` on /v1/completions) sets the count, 16
+when left out, as vLLM's default.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -57,17 +67,30 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     ids = list(range(1, n + 1))
     if not body.get("stream"):
         return web.json_response(_answer(body, ids, 0, n))
-    step = request.app[TOKENS_PER_EVENT] or max(n, 1)
-    incremental, delay_s = request.app[INCREMENTAL], request.app[TOKEN_DELAY_S]
-    per_write = request.app[EVENTS_PER_WRITE]
+    incremental = request.app[INCREMENTAL]
+    events = (
+        b"data: " + orjson.dumps(_answer(body, ids, start if incremental else 0, end)) + b"\n\n"
+        for start, end in _spans(request.app, n)
+    )
+    return await _stream(request, events)
+
+
+def _spans(app: web.Application, n: int) -> list[tuple[int, int]]:
+    """The (start, end) token span of each streamed event of an `n`-token answer."""
+    step = app[TOKENS_PER_EVENT] or max(n, 1)
+    ends = [*range(step, n, step), n]
+    return list(zip([0, *ends[:-1]], ends, strict=True))
+
+
+async def _stream(request: web.Request, events: Iterable[bytes]) -> web.StreamResponse:
+    """`events` as server-sent events, `--events-per-write` to a write, then `data: [DONE]`."""
+    delay_s, per_write = request.app[TOKEN_DELAY_S], request.app[EVENTS_PER_WRITE]
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     with contextlib.suppress(ConnectionResetError):  # the router went away (aborted, or killed)
-        sent, pending = 0, []
-        for end in [*range(step, n, step), n]:
-            answer = _answer(body, ids, sent if incremental else 0, end)
-            pending.append(b"data: " + orjson.dumps(answer) + b"\n\n")
-            sent = end
+        pending = []
+        for event in events:
+            pending.append(event)
             if len(pending) == per_write:
                 await response.write(b"".join(pending))
                 pending.clear()
@@ -76,6 +99,72 @@ async def _generate(request: web.Request) -> web.StreamResponse:
         await response.write(b"".join(pending) + b"data: [DONE]\n\n")
         await response.write_eof()
     return response
+
+
+def _vllm_logprobs(ids: list[int], wanted: bool) -> dict[str, Any] | None:
+    """vLLM's tokens-mode logprobs of `ids` (each -0.5), None when the request asked for none."""
+    if not wanted:
+        return None
+    return {"content": [{"token_id": t, "logprob": -0.5, "rank": 1, "top_logprobs": []} for t in ids]}
+
+
+async def _inference_generate(request: web.Request) -> web.StreamResponse:
+    """vLLM's `/inference/v1/generate`: one JSON answer, or a stream of new tokens."""
+    body = await request.json()
+    sampling = body.get("sampling_params") or {}
+    n = int(sampling.get("max_tokens") or 16)
+    ids, rid = list(range(1, n + 1)), body.get("request_id") or "canned"
+    logprobs = sampling.get("logprobs") is not None
+
+    def choice(start: int, end: int) -> dict[str, Any]:
+        return {
+            "index": 0,
+            "finish_reason": "length" if end == n else None,
+            "token_ids": ids[start:end],
+            "logprobs": _vllm_logprobs(ids[start:end], logprobs),
+        }
+
+    if not body.get("stream"):
+        answer = {"request_id": rid, "model": body.get("model"), "choices": [choice(0, n)]}
+        return web.json_response(answer | {"prompt_logprobs": None, "kv_transfer_params": None})
+    events = (
+        b"data: " + orjson.dumps({"request_id": rid, "choices": [choice(start, end)]}) + b"\n\n"
+        for start, end in _spans(request.app, n)
+    )
+    return await _stream(request, events)
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    """vLLM's `/v1/completions` with a token-id prompt, streamed with `return_token_ids` and the
+    sampled tokens' logprobs, then the usage event (what the manager's vLLM client asks for)."""
+    body = await request.json()
+    if not body.get("stream"):
+        raise web.HTTPBadRequest(text="the canned engine streams /v1/completions only")
+    n, rid = int(body.get("max_tokens") or 16), body.get("request_id") or "canned"
+    ids = list(range(1, n + 1))
+
+    def event(start: int, end: int) -> bytes:
+        logprobs = {"tokens": [""] * (end - start), "token_logprobs": [-0.5] * (end - start)}
+        choice = {"index": 0, "text": "", "logprobs": logprobs, "token_ids": ids[start:end]}
+        choice["finish_reason"] = "length" if end == n else None
+        answer = {"id": rid, "object": "text_completion", "model": "canned", "choices": [choice]}
+        return b"data: " + orjson.dumps(answer) + b"\n\n"
+
+    prompt = len(body.get("prompt") or [])
+    usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
+    last = orjson.dumps({"id": rid, "object": "text_completion", "choices": [], "usage": usage})
+    events = [*(event(start, end) for start, end in _spans(request.app, n)), b"data: " + last + b"\n\n"]
+    return await _stream(request, events)
+
+
+async def _models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [{"id": "canned", "object": "model"}]})
+
+
+async def _vllm_metrics(request: web.Request) -> web.Response:
+    # vLLM's load gauges: nothing is ever held, as on /v1/loads
+    gauges = 'vllm:num_requests_running{model_name="canned"} 0.0\nvllm:num_requests_waiting{model_name="canned"} 0.0\n'
+    return web.Response(text=gauges, content_type="text/plain")
 
 
 async def _ok(request: web.Request) -> web.Response:
@@ -116,6 +205,10 @@ def build_app(
             web.get("/get_weight_version", _version),
             web.post("/abort_request", _ok),
             web.get("/v1/loads", _loads),
+            web.post("/inference/v1/generate", _inference_generate),
+            web.post("/v1/completions", _completions),
+            web.get("/v1/models", _models),
+            web.get("/metrics", _vllm_metrics),
         ]
     )
     return app

@@ -73,6 +73,7 @@ BENCHMARKS = registry(
         Benchmark("ppo_vs_sb3", quick_limit_s=180.0),
         Benchmark("manager_overhead"),
         Benchmark("stream_relay"),
+        Benchmark("vllm_router"),
         Benchmark("manager_journal"),
         Benchmark("hostile_inputs"),
         Benchmark("dynamic_live", quick_limit_s=180.0),

@@ -1,17 +1,20 @@
 """The canned engine streams as SGLang does: the manager's own client reads every token of it, its
-events written one at a time or several to a write."""
+events written one at a time or several to a write; and it answers as vLLM does, to the manager's
+vLLM client and to a client of vLLM's token-in/token-out generate."""
 
 from __future__ import annotations
 
 import asyncio
 
 import aiohttp
+import orjson
 import pytest
 from aiohttp import web
 
 from benchmarks.canned_engine import build_app
 from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.engines.sglang import SGLangClient
+from rollflow.runtime.engines.vllm import VLLMClient
 from tests.runtime.processes import free_port
 
 TOKENS = 7
@@ -68,3 +71,44 @@ def test_stream_reads_as_sglang(
     assert len(raw) == events + 1 and raw[-1] == b"data: [DONE]"
     # cumulative events repeat the output so far; incremental ones only their new tokens
     assert (b'"output_ids":[7]' if incremental else b'"output_ids":[1,2,3,4,5,6,7]') in raw[-2]
+
+
+async def _serve_as_vllm(tokens_per_event: int) -> tuple[list, dict, list[bytes]]:
+    """(the chunks VLLMClient parsed, a JSON /inference/v1/generate answer, the events of a streamed
+    one) of TOKENS tokens each."""
+    runner = web.AppRunner(build_app(tokens_per_event), access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        client = VLLMClient(url)
+        try:
+            chunks = [c async for c in client.generate("r1", [1, 2], SamplingParams(max_new_tokens=TOKENS))]
+        finally:
+            await client.close()
+        async with aiohttp.ClientSession() as session:
+            body = {"token_ids": [1, 2], "sampling_params": {"max_tokens": TOKENS, "logprobs": 0}}
+            async with session.post(url + "/inference/v1/generate", json=body) as response:
+                answer = await response.json()
+            async with session.post(url + "/inference/v1/generate", json=body | {"stream": True}) as response:
+                raw = await response.read()
+    finally:
+        await runner.cleanup()
+    return chunks, answer, [e for e in raw.split(b"\n\n") if e]
+
+
+@pytest.mark.parametrize(("tokens_per_event", "events"), [(1, TOKENS), (3, 3)])
+def test_it_answers_as_vllm(tokens_per_event: int, events: int) -> None:
+    chunks, answer, raw = asyncio.run(_serve_as_vllm(tokens_per_event))
+    assert [t for c in chunks for t in c.token_ids] == list(range(1, TOKENS + 1))
+    assert all(lp == -0.5 for c in chunks for lp in c.logprobs)
+    assert chunks[-1].finish_reason == "length" and all(c.finish_reason is None for c in chunks[:-1])
+    (choice,) = answer["choices"]
+    assert choice["token_ids"] == list(range(1, TOKENS + 1)) and choice["finish_reason"] == "length"
+    assert [c["logprob"] for c in choice["logprobs"]["content"]] == [-0.5] * TOKENS
+    # streamed, each event holds only its new tokens; the last one finishes
+    assert len(raw) == events + 1 and raw[-1] == b"data: [DONE]"
+    streamed = [orjson.loads(e.removeprefix(b"data: "))["choices"][0] for e in raw[:-1]]
+    assert [t for c in streamed for t in c["token_ids"]] == list(range(1, TOKENS + 1))
+    assert [c["finish_reason"] for c in streamed] == [None] * (events - 1) + ["length"]

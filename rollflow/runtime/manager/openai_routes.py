@@ -19,7 +19,7 @@ from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.http.body import read_json_object
 from rollflow.runtime.manager.samples import SampleState
 from rollflow.runtime.manager.service import RolloutManager
-from rollflow.runtime.manager.vllm_api import check_limits, session_of
+from rollflow.runtime.manager.vllm_api import check_limits, render_chat, session_of
 from rollflow.runtime.openai.protocol import OpenAIError
 from rollflow.runtime.openai.serve import Delta, Tokenizer, error_response, handle
 
@@ -121,4 +121,11 @@ def openai_routes(manager: RolloutManager) -> list[web.RouteDef]:
     async def chat_completions(request: web.Request) -> web.StreamResponse:
         return await answer(request, chat=True)
 
-    return [web.post("/v1/completions", completions), web.post("/v1/chat/completions", chat_completions)]
+    async def render(request: web.Request) -> web.Response:
+        return await render_chat(request, tokenizer.get)
+
+    return [
+        web.post("/v1/completions", completions),
+        web.post("/v1/chat/completions", chat_completions),
+        web.post("/v1/chat/completions/render", render),
+    ]

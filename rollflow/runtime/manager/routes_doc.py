@@ -120,12 +120,20 @@ ROUTES: dict[str, RouteDoc] = {
     ),
     # vLLM's router API, as vllm-router serves it (vllm_api.py)
     "POST /inference/v1/generate": RouteDoc(
-        'vLLM\'s token-in/token-out body: `{"token_ids", "sampling_params", "model"?}` (vLLM\'s sampling '
-        "fields; `n` up to 64, `logprobs` 0 or 1, not streamed); `X-Session-ID` header (or `session_id`) "
-        "keeps a session's requests on one engine",
+        'vLLM\'s token-in/token-out body: `{"token_ids", "sampling_params", "model"?, "stream"?, '
+        '"stream_options"?}` (vLLM\'s sampling fields; `n` up to 64, `logprobs` 0 or 1); `X-Session-ID` '
+        "header (or `session_id`) keeps a session's requests on one engine",
         '`{"request_id", "model", "choices": [{"index", "token_ids", "finish_reason", "logprobs": '
         '{"content": [{"token", "logprob", "bytes", "top_logprobs": []}]} | null}], "prompt_logprobs": null}`; '
-        'errors `{"error": {"message", "type", "param", "code"}}`',
+        'with `stream: true`, vLLM\'s SSE: an event per choice with new tokens, `{"request_id", "choices": '
+        "[that choice, its new `token_ids` and `logprobs`]}`, the usage event if `stream_options.include_usage`, "
+        '`data: [DONE]`; errors `{"error": {"message", "type", "param", "code"}}` (an event, once streaming)',
+    ),
+    "POST /v1/chat/completions/render": RouteDoc(
+        "OpenAI's chat body, as `/v1/chat/completions` takes it (text only); needs `tokenizer:`",
+        'vLLM\'s render: the `/inference/v1/generate` body that answers it, `{"request_id", "token_ids" '
+        '(through the chat template), "features": null, "sampling_params" (vLLM\'s names), "model", "stream", '
+        '"stream_options", "cache_salt": null, "priority": 0}`',
     ),
     "POST /finish_session": RouteDoc(
         "`?session_id=ID`: the session's requests are done",

@@ -4,14 +4,19 @@ vLLM, SGLang), with the manager's token tracking under every request.
 
 - `POST /inference/v1/generate`: vLLM's token-in/token-out generate. `{"token_ids",
   "sampling_params", "model"}` in; `{"choices": [{"token_ids", "finish_reason", "logprobs":
-  {"content": [{"logprob"}]}}]}` out. Each choice is one manager sample: routed by the manager,
-  every token recorded with its engine and weight version, and resumed on another engine from its
-  tokens when its engine dies, so the answer is the one an undisturbed engine gives.
+  {"content": [{"logprob"}]}}]}` out, or with `stream: true` vLLM's server-sent events, each one
+  choice's new tokens, then `data: [DONE]`. Each choice is one manager sample: routed by the
+  manager, every token recorded with its engine and weight version, and resumed on another engine
+  from its tokens when its engine dies, so the answer (streamed or not) is the one an undisturbed
+  engine gives.
 - Sessions by header, as vllm-router's `sticky_least_loaded` (SkyRL's and prime-rl's default): the
   requests of one `X-Session-ID` (or a body's `session_id`) follow the engine the first went to,
   which holds their prefix, unless it is far more loaded than the least loaded engine (the
   manager's `session` router, the simulator's). `POST /finish_session?session_id=` forgets it.
 - `POST /tokenize` and `POST /detokenize` in vLLM's shapes, with the manager's `tokenizer:`.
+- `POST /v1/chat/completions/render`: vLLM's render, a chat body turned into the
+  `/inference/v1/generate` body that generates its answer (the prompt's token ids through the
+  tokenizer's chat template, the sampling fields as vLLM names them), text only.
 
 Errors are in vLLM's (OpenAI's) shape, `{"error": {"message", "type", "param", "code"}}`, which is
 what SkyRL's client reads; a field this server cannot honour is a 400 naming it, never ignored.
@@ -19,6 +24,7 @@ what SkyRL's client reads; a field this server cannot honour is a 400 naming it,
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import uuid
 from collections.abc import Awaitable, Callable
@@ -30,12 +36,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rollflow.config import describe_validation_error
 from rollflow.runtime.engines.base import MAX_SEED, MIN_SEED, SamplingParams
 from rollflow.runtime.engines.sglang_io import MAX_TOKEN_ID, Int
+from rollflow.runtime.engines.vllm import vllm_sampling_params
+from rollflow.runtime.http.answer import dumps, json_response
 from rollflow.runtime.http.body import read_json_object
 from rollflow.runtime.manager.batches import sample_sampling
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.edge import MANAGER_KEY, TOKENIZER_KEY, body_limit
 from rollflow.runtime.manager.samples import Sample, SampleState
-from rollflow.runtime.openai.protocol import OpenAIError
+from rollflow.runtime.openai.protocol import ChatBody, OpenAIError, StreamOptions, parse_body
+from rollflow.runtime.openai.serve import Tokenizer
 
 SESSION_HEADER = "X-Session-ID"
 DEFAULT_MAX_TOKENS = 16
@@ -106,7 +115,7 @@ class VllmSamplingParams(_Body):
 
 class GenerateBody(_Body):
     """vLLM's `GenerateRequest` (`/inference/v1/generate`), without what the manager cannot serve
-    (streaming, multimodal features, LoRA adapters by name, KV transfer)."""
+    (multimodal features, LoRA adapters by name, KV transfer)."""
 
     token_ids: list[TokenId] = Field(min_length=1)
     sampling_params: VllmSamplingParams = VllmSamplingParams()
@@ -114,9 +123,15 @@ class GenerateBody(_Body):
     """Echoed back; the manager serves the model its engines run, whatever name is asked."""
     request_id: str | None = None
     stream: bool = False
+    """Server-sent events as vLLM streams them: one per choice that has new tokens or ended."""
+    stream_options: StreamOptions | None = None
+    """`include_usage`: a last event with `usage` and no choices; with it, `continuous_usage_stats`
+    puts `usage` (that choice's tokens so far) in every event too, as vLLM does."""
     cache_salt: str | None = None
     """Accepted and not used: the engines' prefix caches are the engines' own."""
     priority: int = 0
+    features: None = None
+    """Multimodal features: none (a render of a text-only chat sends `features: null`)."""
     session_id: str | None = Field(None, min_length=1)
     """The session's routing key when the client sends no X-Session-ID header."""
 
@@ -150,14 +165,14 @@ def session_of(request: web.Request, body_session: str | None = None) -> str | N
     return request.headers.get(SESSION_HEADER) or body_session
 
 
-def answers_errors(handler: Callable[[web.Request], Awaitable[web.Response]]) -> Callable:
-    """A route whose OpenAIError is answered in vLLM's error shape (and counted, as the manager
-    counts every 4xx it answers)."""
+def answers_errors(handler: Callable[..., Awaitable[web.StreamResponse]]) -> Callable:
+    """A route (given the request, and whatever else its registration passes) whose OpenAIError is
+    answered in vLLM's error shape (and counted, as the manager counts every 4xx it answers)."""
 
     @functools.wraps(handler)
-    async def route(request: web.Request) -> web.Response:
+    async def route(request: web.Request, *args: Any) -> web.StreamResponse:
         try:
-            return await handler(request)
+            return await handler(request, *args)
         except OpenAIError as exc:
             if exc.status < 500:
                 request.app[MANAGER_KEY].metrics.requests_rejected.labels(str(exc.status)).inc()
@@ -166,43 +181,138 @@ def answers_errors(handler: Callable[[web.Request], Awaitable[web.Response]]) ->
     return route
 
 
+class _Updates:
+    """The watcher of one request's samples (the manager tells it of each update): it wakes the
+    request at every update when it streams, else only once every sample has ended, so a JSON
+    answer costs no wake-up per token."""
+
+    def __init__(self, stream: bool) -> None:
+        self.samples: list[Sample] = []
+        self.event = asyncio.Event()
+        self._stream = stream
+
+    def set(self) -> None:
+        if self._stream or all(sample.state >= SampleState.FINISHED for sample in self.samples):
+            self.event.set()
+
+    async def next(self) -> None:
+        await self.event.wait()
+        self.event.clear()
+
+
 @answers_errors
-async def generate(request: web.Request) -> web.Response:
+async def generate(request: web.Request) -> web.StreamResponse:
     manager = request.app[MANAGER_KEY]
     body = await _parse(request, GenerateBody)
-    if body.stream:
-        raise OpenAIError(
-            400, "stream: true is not served on /inference/v1/generate; send stream: false", "stream"
-        )
     params = body.sampling_params.to_params()
     check_limits(
         manager.config, len(body.token_ids), params.max_new_tokens, "token_ids", "sampling_params.max_tokens"
     )
     session = session_of(request, body.session_id)
-    samples = [
-        manager.submit_sample(body.token_ids, sample_sampling(params, 0, index), session_id=session)
-        for index in range(body.sampling_params.n)
-    ]
+    updates = _Updates(body.stream)
+    samples = updates.samples
+    request_id = f"generate-tokens-{body.request_id or uuid.uuid4().hex}"
     try:
-        for sample in samples:
-            while sample.state < SampleState.FINISHED:
-                await manager.wait_for_update(sample)
+        for index in range(body.sampling_params.n):
+            sampling = sample_sampling(params, 0, index)
+            samples.append(
+                manager.submit_sample(body.token_ids, sampling, session_id=session, watcher=updates)
+            )
+        if body.stream:
+            return await _stream(request, body, request_id, updates)
+        while not all(sample.state >= SampleState.FINISHED for sample in samples):
+            await updates.next()
     finally:
         for sample in samples:
             manager.release(sample)
-    failed = next((sample for sample in samples if sample.state == SampleState.FAILED), None)
-    if failed is not None:
-        raise OpenAIError(400 if failed.refused else 502, f"the request failed: {failed.error}")
+    _raise_if_failed(samples)
     want_logprobs = body.sampling_params.logprobs is not None
-    return web.json_response(
+    return json_response(
         {
-            "request_id": f"generate-tokens-{body.request_id or uuid.uuid4().hex}",
+            "request_id": request_id,
             "model": body.model,
-            "choices": [_choice(index, sample, want_logprobs) for index, sample in enumerate(samples)],
+            "choices": [
+                _choice(index, sample, 0, sample.finish_reason or "length", want_logprobs)
+                for index, sample in enumerate(samples)
+            ],
             "prompt_logprobs": None,
             "kv_transfer_params": None,
         }
     )
+
+
+def _raise_if_failed(samples: list[Sample]) -> None:
+    failed = next((sample for sample in samples if sample.state == SampleState.FAILED), None)
+    if failed is not None:
+        raise OpenAIError(400 if failed.refused else 502, f"the request failed: {failed.error}")
+
+
+async def _stream(
+    request: web.Request, body: GenerateBody, request_id: str, updates: _Updates
+) -> web.StreamResponse:
+    """vLLM's stream: at each update, an event per choice with new tokens (or that ended), holding
+    only those tokens; then the usage event if asked, then `data: [DONE]`. A failure before the
+    first event is an error answer; one after it is an `{"error"}` event before `[DONE]`, as vLLM
+    sends it. With `resume: restart` a sample may drop the tokens it has, which a client that has
+    seen some of them cannot be spared: that is an error too."""
+    samples = updates.samples
+    want_logprobs = body.sampling_params.logprobs is not None
+    options = body.stream_options
+    usage_last = bool(options and options.include_usage)
+    usage_each = bool(options and options.include_usage and options.continuous_usage_stats)
+    sent = [0] * len(samples)
+    ended = [False] * len(samples)
+    dropped = [0] * len(samples)  # each sample's tokens dropped by a restart, when it last streamed
+    response: web.StreamResponse | None = None
+    try:
+        while True:
+            events = []
+            for index, sample in enumerate(samples):
+                if sample.state == SampleState.FAILED:
+                    _raise_if_failed(samples)
+                if sent[index] and sample.regenerated_tokens > dropped[index]:
+                    raise OpenAIError(
+                        502,
+                        f"the sample restarted from its prompt (resume: restart) after {sent[index]} tokens "
+                        "were streamed, which cannot be taken back; use resume: continue, or stream: false",
+                    )
+                done = sample.state >= SampleState.FINISHED
+                if ended[index] or not (done or len(sample.output_ids) > sent[index]):
+                    continue
+                finish = (sample.finish_reason or "length") if done else None
+                choice = _choice(index, sample, sent[index], finish, want_logprobs)
+                sent[index] += len(choice["token_ids"])
+                dropped[index] = sample.regenerated_tokens
+                ended[index] = done
+                event: dict[str, Any] = {"request_id": request_id, "choices": [choice]}
+                if usage_each:
+                    event["usage"] = _usage(len(body.token_ids), sent[index])
+                events.append(event)
+            if all(ended) and usage_last:
+                events.append(
+                    {"request_id": request_id, "choices": [], "usage": _usage(len(body.token_ids), sum(sent))}
+                )
+            if events:
+                if response is None:
+                    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+                    await response.prepare(request)
+                await response.write(b"".join(b"data: " + dumps(event) + b"\n\n" for event in events))
+            if all(ended):
+                break
+            await updates.next()
+    except OpenAIError as exc:
+        if response is None:
+            raise
+        await response.write(b"data: " + dumps(exc.body()) + b"\n\n")
+    assert response is not None  # every sample ended, so each sent an event
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    total = prompt_tokens + completion_tokens
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": total}
 
 
 def check_limits(
@@ -224,20 +334,19 @@ def check_limits(
         )
 
 
-def _choice(index: int, sample: Sample, want_logprobs: bool) -> dict[str, Any]:
+def _choice(
+    index: int, sample: Sample, start: int, finish_reason: str | None, want_logprobs: bool
+) -> dict[str, Any]:
+    """Choice `index`: the sample's tokens from `start` on (a stream's new ones, else all)."""
+    ids = sample.output_ids[start:]
     logprobs = None
     if want_logprobs:
         content = [
             {"token": f"token_id:{token}", "logprob": logprob, "bytes": None, "top_logprobs": []}
-            for token, logprob in zip(sample.output_ids, sample.output_logprobs, strict=True)
+            for token, logprob in zip(ids, sample.output_logprobs[start : start + len(ids)], strict=True)
         ]
         logprobs = {"content": content}
-    return {
-        "index": index,
-        "token_ids": list(sample.output_ids),
-        "finish_reason": sample.finish_reason or "length",
-        "logprobs": logprobs,
-    }
+    return {"index": index, "token_ids": list(ids), "finish_reason": finish_reason, "logprobs": logprobs}
 
 
 @answers_errors
@@ -279,6 +388,42 @@ async def tokenize(request: web.Request) -> web.Response:
 async def detokenize(request: web.Request) -> web.Response:
     body = await _parse(request, DetokenizeBody)
     return web.json_response({"prompt": _tokenizer(request).decode(body.tokens, skip_special_tokens=False)})
+
+
+@answers_errors
+async def render_chat(
+    request: web.Request, tokenizer_of: Callable[[], Awaitable[Tokenizer | None]]
+) -> web.Response:
+    """vLLM's `/v1/chat/completions/render`: the `/inference/v1/generate` body (vLLM's
+    `GenerateRequest`) that answers this chat as `/v1/chat/completions` would, so a client can
+    render on one server and generate on another. Its token ids are the chat template's, as the
+    manager's `/v1/chat/completions` builds its prompt; `max_tokens` is the count that route would
+    generate."""
+    data = await read_json_object(request, body_limit(request))
+    data.pop("session_id", None)  # a session routes generation; a render generates nothing
+    body = parse_body(ChatBody, data)
+    tokenizer = await tokenizer_of()
+    if tokenizer is None:
+        raise OpenAIError(
+            400,
+            "rendering a chat needs the manager's tokenizer: start it with `tokenizer:` set to the model folder",
+        )
+    sampling = vllm_sampling_params(body.sampling(body.max_new_tokens()))
+    stop = body.stop_strings()
+    sampling |= {"n": 1, "logprobs": 0 if body.logprobs else None} | ({"stop": list(stop)} if stop else {})
+    return json_response(
+        {
+            "request_id": f"chatcmpl-{uuid.uuid4().hex}",
+            "token_ids": tokenizer.chat_prompt(body.conversation(), body.add_generation_prompt),
+            "features": None,
+            "sampling_params": sampling,
+            "model": body.model,
+            "stream": body.stream,
+            "stream_options": body.stream_options.model_dump() if body.stream_options else None,
+            "cache_salt": None,
+            "priority": 0,
+        }
+    )
 
 
 def routes() -> list[web.RouteDef]:

@@ -181,3 +181,30 @@ def test_with_resume_restart_an_unstreamed_answer_holds_only_the_regenerated_tok
     assert answers[0].choices[0].model_extra["token_ids"] == greedy_reference(survivor, PROMPT, 300)
     assert answers[0].usage.completion_tokens == 300
     assert metric(manager, "rollflow_regenerated_tokens_total") >= 20
+
+
+def test_a_rendered_chat_generates_what_the_chat_route_answers(fleet, hf_tokenizer):
+    """vLLM's render then vLLM's generate, on the manager: the chat template's token ids, and a
+    body that /inference/v1/generate answers with the tokens /v1/chat/completions gives."""
+    manager, _ = fleet
+    messages = [{"role": "user", "content": "hello there"}]
+    chat = {"model": "m", "messages": messages, "max_tokens": 12, "temperature": 0, "logprobs": True}
+    status, rendered = http("POST", manager.url + "/v1/chat/completions/render", chat | {"session_id": "t-1"})
+    assert status == 200, rendered
+    prompt = hf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert rendered["token_ids"] == hf_tokenizer.encode(prompt, add_special_tokens=False)
+    assert rendered["sampling_params"]["max_tokens"] == 12 and rendered["sampling_params"]["logprobs"] == 0
+    assert rendered["features"] is None and rendered["model"] == "m" and rendered["stream"] is False
+    status, generated = http("POST", manager.url + "/inference/v1/generate", rendered)
+    assert status == 200, generated
+    answer = _client(manager).chat.completions.create(
+        model="m", messages=messages, max_tokens=12, temperature=0, extra_body={"return_token_ids": True}
+    )
+    assert generated["choices"][0]["token_ids"] == answer.choices[0].model_extra["token_ids"]
+    assert len(generated["choices"][0]["logprobs"]["content"]) == len(
+        answer.choices[0].model_extra["token_ids"]
+    )
+    status, body = http(
+        "POST", manager.url + "/v1/chat/completions/render", chat | {"tools": [{"type": "x"}]}
+    )
+    assert status == 400 and "tools" in body["error"]["message"]
