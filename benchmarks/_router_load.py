@@ -136,15 +136,17 @@ def start_manager(engine_urls: list[str], tmp: Path, **config) -> Process:
     return Process(manager_argv(engine_urls, tmp, port, **config), port, tmp / "manager.log")
 
 
-def child_pids(pid: int) -> list[int]:
-    """The processes `pid` started (a manager's stream processes), from /proc."""
-    children = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                children.append(int(entry.name))
-    return children
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds the process `pid` and every process under it have run so far (all threads, to
+    the nanosecond: each process's CPU-time clock, Linux's CPUCLOCK_SCHED), so a router that works
+    in several processes is counted whole."""
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            total += time.clock_gettime(((~current) << 3) | 2)
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:  # it exited between two readings
+            continue
+    return total

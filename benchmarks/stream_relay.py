@@ -48,7 +48,6 @@ sys.path.insert(0, str(REPO))
 from benchmarks import _sglang_router  # noqa: E402
 from benchmarks._router_load import (  # noqa: E402
     Client,
-    child_pids,
     cpu_seconds,
     in_turn,
     load,
@@ -56,6 +55,7 @@ from benchmarks._router_load import (  # noqa: E402
     start_canned_engine,
     start_manager,
     start_sglang_router,
+    tree_cpu_seconds,
     warm_up,
 )
 from benchmarks.results import Results, add_results_dir, results_dir  # noqa: E402
@@ -66,67 +66,71 @@ MANAGERS = {"rollflow, 1 process": 1, "rollflow, 2 processes": 2}
 BATCH_N = 4
 
 
-def _router_cpu(pids: list[int]) -> list[float]:
-    return [cpu_seconds(pid) for pid in pids]
+def _router_cpu(pid: int | None) -> tuple[float, float]:
+    """CPU seconds of a router's first process, and of it with every process it started."""
+    return (cpu_seconds(pid), tree_cpu_seconds(pid)) if pid else (0.0, 0.0)
 
 
 async def _streams(
-    client: Client, paths: dict[str, tuple[str, list[int]]], requests: int, concurrency: int
+    client: Client, paths: dict[str, tuple[str, int | None]], requests: int, concurrency: int
 ) -> dict[str, dict]:
-    """Tokens/s and router CPU per token of each path (its url and its router's pids), the paths
+    """Tokens/s and router CPU per token of each path (its url and its router's pid), the paths
     taking turns slice by slice."""
     per_slice = requests // SLICES
-    totals = {name: {"s": 0.0, "cpu": [0.0] * len(pids)} for name, (_, pids) in paths.items()}
+    totals = {name: {"s": 0.0, "first": 0.0, "all": 0.0} for name in paths}
     sessions = {name: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) for name in paths}
     try:
         for name, (url, _) in paths.items():
             await warm_up(client, sessions[name], url)
         for turn in range(SLICES):
             for name in in_turn(list(paths), turn):
-                url, pids = paths[name]
-                before = _router_cpu(pids)
+                url, pid = paths[name]
+                first, whole = _router_cpu(pid)
                 started = time.perf_counter()
                 await load(client, sessions[name], url, per_slice, concurrency)
                 totals[name]["s"] += time.perf_counter() - started
-                for i, (end, start) in enumerate(zip(_router_cpu(pids), before, strict=True)):
-                    totals[name]["cpu"][i] += end - start
+                first_after, whole_after = _router_cpu(pid)
+                totals[name]["first"] += first_after - first
+                totals[name]["all"] += whole_after - whole
     finally:
         for session in sessions.values():
             await session.close()
     tokens = per_slice * SLICES * client.tokens
-    return {name: _figures(tokens, t["s"], t["cpu"]) for name, t in totals.items()}
-
-
-def _figures(tokens: int, seconds: float, cpu: list[float]) -> dict:
-    """A path's figures from its tokens, wall seconds and CPU seconds per router process (the
-    process every sample passes through first)."""
-    total = sum(cpu)
     return {
-        "tokens_per_s": tokens / seconds,
-        "cpu_us_per_token": 1e6 * total / tokens if cpu else None,
-        "first_process_cpu_share": cpu[0] / total if cpu and total > 0 else None,
+        name: _figures(tokens, t["s"], t["first"], t["all"], paths[name][1] is not None)
+        for name, t in totals.items()
     }
 
 
-def _batches(
-    managers: dict[str, tuple[str, list[int]]], prompts: int, tokens: int, failures: list[str]
-) -> dict:
+def _figures(tokens: int, seconds: float, first_cpu: float, all_cpu: float, routed: bool) -> dict:
+    """A path's figures from its tokens, wall seconds, and the CPU seconds of its router's first
+    process and of all its processes (none for the path with no router)."""
+    return {
+        "tokens_per_s": tokens / seconds,
+        "cpu_us_per_token": 1e6 * all_cpu / tokens if routed else None,
+        "first_process_cpu_share": first_cpu / all_cpu if routed and all_cpu > 0 else None,
+    }
+
+
+def _batches(managers: dict[str, tuple[str, int]], prompts: int, tokens: int, failures: list[str]) -> dict:
     """A `/batches` batch through each manager in turn: tokens/s and CPU per token."""
     figures = {}
-    for name, (url, pids) in managers.items():
+    for name, (url, pid) in managers.items():
         client = ManagerClient(url)
-        before = _router_cpu(pids)
+        first, whole = _router_cpu(pid)
         started = time.perf_counter()
         batch = client.submit([[4, 5, i % 50] for i in range(prompts)], n=BATCH_N, max_new_tokens=tokens)
         samples = [
             sample for micro_batch in batch.micro_batches() for group in micro_batch for sample in group
         ]
         seconds = time.perf_counter() - started
-        cpu = [end - start for end, start in zip(_router_cpu(pids), before, strict=True)]
+        first_after, whole_after = _router_cpu(pid)
         short = [s for s in samples if s["state"] != "finished" or len(s["output_ids"]) != tokens]
         if len(samples) != prompts * BATCH_N or short:
             failures.append(f"{name} /batches: {len(samples)} samples, {len(short)} short or not finished")
-        figures[name] = _figures(prompts * BATCH_N * tokens, seconds, cpu)
+        figures[name] = _figures(
+            prompts * BATCH_N * tokens, seconds, first_after - first, whole_after - whole, True
+        )
     return figures
 
 
@@ -150,8 +154,8 @@ def run(args: argparse.Namespace, tmp: Path, results: Results) -> None:
                     urls, folder / str(count), router="round_robin", processes=count
                 )
             started += [*engines, *routers.values()]
-            paths = {"direct (one engine)": (urls[0], [])}
-            paths |= {name: (r.url, [r.proc.pid, *child_pids(r.proc.pid)]) for name, r in routers.items()}
+            paths: dict[str, tuple[str, int | None]] = {"direct (one engine)": (urls[0], None)}
+            paths |= {name: (router.url, router.proc.pid) for name, router in routers.items()}
             setups[mode] = paths
         for index in range(args.rounds):
             row: dict[str, dict[str, dict]] = {}

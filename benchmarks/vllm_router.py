@@ -59,6 +59,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import _vllm_router  # noqa: E402
+from benchmarks._router_load import in_turn, load, median, p99, start_canned_engine, tree_cpu_seconds  # noqa: E402
 from benchmarks.results import Results, add_results_dir, results_dir  # noqa: E402
 from tests.runtime.processes import Process, free_port, rollflow  # noqa: E402
 
@@ -126,41 +127,6 @@ def _streamed_choices(raw: bytes) -> list[dict]:
     return [choice for event in events for choice in orjson.loads(event.removeprefix(b"data: "))["choices"]]
 
 
-def _tree_cpu_seconds(pid: int) -> float:
-    """CPU seconds the process `pid` and every process under it have run so far (all threads, to
-    the nanosecond: each process's CPU-time clock, Linux's CPUCLOCK_SCHED), so a router that works
-    in several processes is counted whole."""
-    total, todo = 0.0, [pid]
-    while todo:
-        current = todo.pop()
-        try:
-            total += time.clock_gettime(((~current) << 3) | 2)
-            for task in Path(f"/proc/{current}/task").iterdir():
-                todo += [int(child) for child in (task / "children").read_text().split()]
-        except OSError:  # it exited between two readings
-            continue
-    return total
-
-
-def _in_turn(names: list[str], turn: int) -> list[str]:
-    """The paths in the order they take `turn`: each turn another one starts."""
-    first = turn % len(names)
-    return names[first:] + names[:first]
-
-
-async def _load(
-    client: Client, session: aiohttp.ClientSession, url: str, requests: int, concurrency: int
-) -> None:
-    """`requests` requests, `concurrency` of them in flight at a time."""
-    left = list(range(requests))
-
-    async def worker() -> None:
-        while left:
-            await client.one(session, url, [4, 5, left.pop() % 50])
-
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-
-
 async def _loaded(
     client: Client,
     sessions: dict[str, aiohttp.ClientSession],
@@ -174,15 +140,15 @@ async def _loaded(
     per_slice = requests // THROUGHPUT_SLICES
     totals = {name: {"s": 0.0, "cpu": 0.0, "engines": 0.0, "done": 0.0} for name in paths}
     for i in range(THROUGHPUT_SLICES):
-        for name in _in_turn(list(paths), i):
+        for name in in_turn(list(paths), i):
             url, pid = paths[name]
-            cpu_before = _tree_cpu_seconds(pid) if pid else 0.0
-            engines_before = sum(map(_tree_cpu_seconds, engine_pids))
+            cpu_before = tree_cpu_seconds(pid) if pid else 0.0
+            engines_before = sum(map(tree_cpu_seconds, engine_pids))
             started = time.perf_counter()
-            await _load(client, sessions[name], url, per_slice, concurrency)
+            await load(client, sessions[name], url, per_slice, concurrency)
             totals[name]["s"] += time.perf_counter() - started
-            totals[name]["cpu"] += _tree_cpu_seconds(pid) - cpu_before if pid else 0.0
-            totals[name]["engines"] += sum(map(_tree_cpu_seconds, engine_pids)) - engines_before
+            totals[name]["cpu"] += tree_cpu_seconds(pid) - cpu_before if pid else 0.0
+            totals[name]["engines"] += sum(map(tree_cpu_seconds, engine_pids)) - engines_before
             totals[name]["done"] += per_slice
     return totals
 
@@ -197,7 +163,7 @@ async def _round(
     """One round, path `first` starting each phase's turns: paired latencies at concurrency 1,
     requests/s and CPU per request at `args.concurrency` (JSON answers), then long streams."""
     json_client, stream_client = clients
-    paths = {name: paths[name] for name in _in_turn(list(paths), first)}
+    paths = {name: paths[name] for name in in_turn(list(paths), first)}
     latencies: dict[str, list[float]] = {name: [] for name in paths}
     sessions = {name: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) for name in paths}
     try:
@@ -205,7 +171,7 @@ async def _round(
             for _ in range(WARM_UP_REQUESTS):  # open connections and fill caches, untimed
                 await json_client.one(sessions[name], url, [1, 2, 3])
         for i in range(args.requests):
-            for name in _in_turn(list(paths), i):
+            for name in in_turn(list(paths), i):
                 elapsed = await json_client.one(sessions[name], paths[name][0], [1, 2, 3, i % 50])
                 if elapsed is not None:
                     latencies[name].append(elapsed)
@@ -219,8 +185,8 @@ async def _round(
     tokens = stream_client.tokens
     return {
         name: {
-            "p50_ms": 1000 * _median(latencies[name]),
-            "p99_ms": 1000 * _p99(latencies[name]),
+            "p50_ms": 1000 * median(latencies[name]),
+            "p99_ms": 1000 * p99(latencies[name]),
             "rps": loaded[name]["done"] / loaded[name]["s"],
             "router_cpu_us": 1e6 * loaded[name]["cpu"] / loaded[name]["done"],
             "engines_cpu_us": 1e6 * loaded[name]["engines"] / loaded[name]["done"],
@@ -229,15 +195,6 @@ async def _round(
         }
         for name in sorted(paths, key=list(PATHS).index)
     }
-
-
-def _median(values: list[float]) -> float:
-    """The median, NaN for no values (every request of a path failed: its goals then miss)."""
-    return statistics.median(values) if values else float("nan")
-
-
-def _p99(values: list[float]) -> float:
-    return sorted(values)[int(0.99 * (len(values) - 1))] if values else float("nan")
 
 
 def _start_manager(engine_urls: list[str], tmp: Path) -> Process:
@@ -251,14 +208,8 @@ def _start_manager(engine_urls: list[str], tmp: Path) -> Process:
     return Process(argv, port, tmp / "manager.log")
 
 
-def _start_engine(tmp: Path, name: str) -> Process:
-    port = free_port()
-    argv = [sys.executable, str(REPO / "benchmarks" / "canned_engine.py"), "--port", str(port)]
-    return Process(argv, port, tmp / f"{name}.log")
-
-
 def run(args: argparse.Namespace, interpreter: Path, tmp: Path, results: Results) -> None:
-    engines = [_start_engine(tmp, f"canned{i}") for i in range(2)]
+    engines = [start_canned_engine(tmp, f"canned{i}", tokens_per_event=1) for i in range(2)]
     processes = list(engines)
     try:
         urls = [engine.url for engine in engines]

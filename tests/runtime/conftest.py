@@ -9,7 +9,17 @@ from pathlib import Path
 import pytest
 
 from tests.once import made_once
+from tests.runtime import processes as processes_module
 from tests.runtime.processes import ENV, REPO, Process, start_engine, start_manager
+
+
+@pytest.fixture(params=[1, 2], ids=["1-process", "2-processes"])
+def both_manager_process_modes(request, monkeypatch) -> int:
+    """Runs the test twice (`@pytest.mark.usefixtures("both_manager_process_modes")`): every manager
+    it starts with `processes: 1`, then with `processes: 2`, so its guarantees are checked with the
+    engines' streams read by a stream process too."""
+    monkeypatch.setattr(processes_module, "MANAGER_PROCESSES", request.param)
+    return request.param
 
 
 @pytest.fixture(scope="session")

@@ -48,6 +48,7 @@ def _running_tokens(manager: Process) -> int:
     return sum(w["tokens_generated"] for w in workers(manager).values())
 
 
+@pytest.mark.usefixtures("both_manager_process_modes")
 def test_manager_killed_twice_mid_batch_finishes_every_sample_exactly(processes, tmp_path):
     engines = [processes.engine() for _ in range(2)]
     proxies = [CountingProxy(engine.url) for engine in engines]

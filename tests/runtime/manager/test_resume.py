@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from rollflow.runtime.manager.client import ManagerClient
 from tests.runtime.manager.helpers import (
     assert_spans_tile_the_output,
@@ -31,6 +33,7 @@ def _kill_when_busy(engine, manager, min_tokens: int = 8) -> None:
     engine.kill()
 
 
+@pytest.mark.usefixtures("both_manager_process_modes")
 def test_kill_9_engines_mid_stream_loses_and_regenerates_nothing(processes):
     engines = [processes.engine() for _ in range(3)]
     joiner = processes.engine()  # started now, registered mid-batch
