@@ -6,8 +6,10 @@ sends back what arrived every `flush_ms`, merged: one chunk per request (its tok
 message) and one message for every request that had news. The manager then pays per message and
 per chunk, not per event, and the parsing runs on another core.
 
-What it may take with it when it dies (kill -9): the tokens it read in its last `flush_ms`, which
-the manager never saw. Those are generated again when the sample resumes, and the sample loses
+Each stream is read once per flush (what the engine sent since then, in one go), and its new tokens
+wait in the process until the next flush: a token reaches the manager at most two `flush_ms` after
+the engine sent it. What the process may take with it when it dies (kill -9): the tokens the
+engines sent in its last two `flush_ms`, which the manager never saw. Those are generated again when the sample resumes, and the sample loses
 nothing it was told.
 
 Started by the manager (`stream_processes.py`) as `python -m rollflow.runtime.manager.stream_process
@@ -96,6 +98,7 @@ class StreamProcess:
         self._pending: dict[str, _Pending] = {}
         self._outbox: list[tuple] = []  # items ready to go, in order, ahead of `_pending`'s
         self._flush_handle: asyncio.TimerHandle | None = None
+        self._flushed: asyncio.Future | None = None  # resolved by the next flush
         self._writer: asyncio.StreamWriter | None = None
         self._http: aiohttp.ClientSession | None = None
 
@@ -138,6 +141,7 @@ class StreamProcess:
                 self._add(rid, chunk)
                 if chunk.finish_reason is not None:
                     return
+                await self._next_flush()  # what the engine sends meanwhile is read in one go
             self._fail(rid, wire.ENDED, "the engine closed the stream without a finish_reason")
         except EngineRejectedError as exc:
             self._fail(rid, wire.REJECTED, str(exc))
@@ -174,12 +178,25 @@ class StreamProcess:
         self._outbox.append((wire.FAILED, rid, kind, message))
         self._schedule()
 
+    def _next_flush(self) -> asyncio.Future:
+        """Resolved at the next flush. A stream read again only then finds every event the engine
+        sent meanwhile in one read: the events' parsing, the task's wake-up and the chunk's merge
+        are paid once per stream and flush rather than once per event (a process with cores to
+        spare would otherwise read each event as it comes, at several times the CPU per token)."""
+        if self._flushed is None:
+            self._flushed = asyncio.get_running_loop().create_future()
+            self._schedule()
+        return self._flushed
+
     def _schedule(self) -> None:
         if self._flush_handle is None:
             self._flush_handle = asyncio.get_running_loop().call_later(self._flush_s, self._flush)
 
     def _flush(self) -> None:
         self._flush_handle = None
+        flushed, self._flushed = self._flushed, None
+        if flushed is not None:
+            flushed.set_result(None)
         items = self._outbox
         items.extend(pending.item(rid) for rid, pending in self._pending.items())
         self._outbox = []

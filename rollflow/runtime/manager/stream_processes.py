@@ -7,8 +7,8 @@ parses the engine's events and sends their tokens back every `stream_flush_ms` (
 An attempt reads the chunks as it would read its engine client's (attempt.py is the same either way).
 
 A stream process that dies is started again; the attempts it was reading end with
-`StreamProcessLost`, and their samples resume from the tokens the manager had (what the process
-read in its last `stream_flush_ms` is generated again).
+`StreamProcessLost`, and their samples resume from the tokens the manager had (what the engines
+sent the process in its last two `stream_flush_ms` is generated again).
 """
 
 from __future__ import annotations
