@@ -11,8 +11,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rollflow.runtime.trainer.losses import clipped_policy_loss, gae, grpo_advantages, kl_k3, masked_mean
-from rollflow.runtime.trainer.models import Critic, token_logprobs, token_logprobs_and_entropy
+from rollflow.runtime.trainer.losses import (
+    clipped_policy_loss,
+    exact_kl,
+    gae,
+    grpo_advantages,
+    kl_k3,
+    masked_mean,
+)
+from rollflow.runtime.trainer.models import Critic, gather_tokens, next_token_logprobs
 from rollflow.runtime.trainer.rollouts import RolloutTensors
 
 
@@ -33,7 +40,7 @@ class MicroBatchStats:
 
     loss: float
     policy_loss: float
-    kl: float
+    kl: float  # KL(policy || reference): exact over the vocabulary, or k3's estimate (see backward_micro_batch)
     entropy: float
     clip_fraction: float
     value_loss: float
@@ -58,18 +65,9 @@ def backward_micro_batch(
     """Accumulate this micro-batch's gradient (times `scale`, 1/micro-batches per mini-batch).
 
     The reference log-probs come with the rollout when inference workers computed them (RLinf's
-    rollout -> inference -> actor); otherwise the `reference` model gives them here."""
+    rollout -> inference -> actor); otherwise the `reference` model gives them here, whole
+    distributions, and the reported `kl` is then exact (`exact_kl`) rather than k3's estimate."""
     mask = rollout.mask
-    ref_logprobs = rollout.ref_logprobs
-    if ref_logprobs is None:
-        if reference is None:
-            raise RuntimeError(
-                "no reference log-probs: the samples carry none and this trainer holds no reference"
-            )
-        with torch.no_grad():
-            ref_logprobs = token_logprobs(
-                reference, rollout.input_ids, rollout.attention_mask, settings.temperature
-            )
     value_loss = torch.zeros((), device=mask.device)
     if settings.algorithm == "grpo":
         advantages = grpo_advantages(rewards, rollout.group_ids)[:, None] * mask
@@ -80,9 +78,12 @@ def backward_micro_batch(
             token_rewards(rewards, rollout), values.detach(), mask, settings.gamma, settings.gae_lambda
         )
         value_loss = masked_mean((values - returns) ** 2, mask)
-    logprobs, entropy = token_logprobs_and_entropy(
+    logprobs_all = next_token_logprobs(
         policy, rollout.input_ids, rollout.attention_mask, settings.temperature
     )
+    logprobs = gather_tokens(logprobs_all, rollout.input_ids)
+    entropy = -(logprobs_all.exp() * logprobs_all).sum(-1)
+    ref_logprobs, kl_metric = _reference(reference, rollout, logprobs_all.detach(), settings.temperature)
     policy_loss, clip_fraction = clipped_policy_loss(
         logprobs, rollout.old_logprobs, advantages, mask, settings.clip
     )
@@ -93,8 +94,25 @@ def backward_micro_batch(
     return MicroBatchStats(
         loss=loss.item(),
         policy_loss=policy_loss.item(),
-        kl=kl.item(),
+        kl=kl.item() if kl_metric is None else kl_metric,
         entropy=float(masked_mean(entropy.detach(), mask)),
         clip_fraction=clip_fraction.item(),
         value_loss=value_loss.item(),
     )
+
+
+def _reference(
+    reference: nn.Module | None, rollout: RolloutTensors, logprobs_all: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, float | None]:
+    """The reference's log-prob of each token (for the k3 penalty) and the exact KL metric, or None
+    for it when the rollout brought per-token reference log-probs only (the k3 mean is reported)."""
+    if rollout.ref_logprobs is not None:
+        return rollout.ref_logprobs, None
+    if reference is None:
+        raise RuntimeError(
+            "no reference log-probs: the samples carry none and this trainer holds no reference"
+        )
+    with torch.no_grad():
+        ref_all = next_token_logprobs(reference, rollout.input_ids, rollout.attention_mask, temperature)
+        kl = masked_mean(exact_kl(logprobs_all, ref_all), rollout.mask).item()
+        return gather_tokens(ref_all, rollout.input_ids), kl

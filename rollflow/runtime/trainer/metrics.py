@@ -16,7 +16,7 @@ class StepMetrics:
     step: int  # 1-based step just finished
     weight_version: int  # version the engines run after the push
     reward_mean: float
-    kl: float  # token mean of the k3 estimate against the reference
+    kl: float  # token mean of KL(policy || reference) over the output positions (algorithm.py)
     entropy: float  # token mean of the policy's entropy
     policy_loss: float
     value_loss: float
