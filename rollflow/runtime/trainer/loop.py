@@ -23,6 +23,7 @@ of each micro-batch, an optimizer step when told (distributed.py). With an elast
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import os
@@ -194,7 +195,8 @@ class Trainer:
                 if self.config.off_policy and self.carry is None and self.step + 1 < self.config.steps:
                     pending = self._submit(self.step + 1)
                 result = self._train_step(batch)
-                pending, self._early = self._early, None
+                if self._early is not None:  # partial rollout, off-policy: submitted as this rollout ended
+                    pending, self._early = self._early, None
                 if pending is None and self.step < self.config.steps:
                     pending = self._submit(self.step)
                 metrics.write(result)
@@ -277,7 +279,9 @@ class Trainer:
         next step's rollout starts now, beside this step's training."""
         assert self.carry is not None
         self.carry.carry(leftover)
-        self._carried_out = leftover
+        self._carried_out = copy.deepcopy(
+            leftover
+        )  # as carried: off-policy, the next rollout goes on with them
         (self.output_dir / "carried.json").write_text(json.dumps({"step": self.step + 1, "groups": leftover}))
         if self.config.off_policy and self.step + 1 < self.config.steps:
             self._early = self._submit(self.step + 1)
@@ -562,7 +566,7 @@ class Trainer:
     def _save_checkpoint(self) -> None:
         state: dict[str, Any] = {"rng": _list_state(self.rng.getstate())}
         if self.carry is not None:  # a resumed run trains them: none is lost across a restart
-            state["carried"] = self.carry.groups
+            state["carried"] = self._carried_out
         checkpoints.save_checkpoint(
             self.output_dir, self.step, self.policy, self.tokenizer, self.optimizer, self.critic, state
         )

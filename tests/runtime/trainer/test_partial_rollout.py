@@ -100,6 +100,41 @@ def test_partial_rollout_carries_samples_across_steps_and_an_engine_killed_betwe
     assert sum(staleness.values()) == sum(int(r["tokens"]) for r in steps)
 
 
+def test_partial_rollout_off_policy_starts_the_next_rollout_as_this_one_ends(processes, tiny_model, tmp_path):
+    engines = [processes.engine() for _ in range(2)]
+    manager = processes.manager(engines=[{"url": e.url, "capacity": 2} for e in engines])
+    output = tmp_path / "run"
+    config = base_config(
+        manager,
+        tiny_model,
+        output,
+        prompts_per_step=PROMPTS_PER_STEP,
+        n_samples=N_SAMPLES,
+        max_new_tokens=24,
+        partial_rollout=4,
+        off_policy=True,
+        max_staleness=MAX_STALENESS,
+    )
+    train(config, tmp_path, "--resume", "never")
+    steps = rows(output)
+    assert [int(r["samples"]) for r in steps] == [PROMPTS_PER_STEP * N_SAMPLES] * 2
+    assert all(int(r["samples_carried"]) > 0 for r in steps)
+    trained = [json.loads(line) for line in (output / "trained_samples.jsonl").read_text().splitlines()]
+    assert len({r["sample_id"] for r in trained}) == len(trained)
+    for record in trained:
+        assert all(0 <= (record["step"] - 1) - s["weight_version"] <= MAX_STALENESS for s in record["spans"])
+    # step 2's rollout started as step 1's ended, before step 1's weights were pushed: samples carried
+    # out of step 1 went on making tokens on version 0
+    spans_at_carry = {s["sample_id"]: s["spans"] for g in _checkpoint_carried(output, 1) for s in g}
+    went_on = [
+        span
+        for record in trained
+        if record["step"] == 2 and record["sample_id"] in spans_at_carry
+        for span in record["spans"][len(spans_at_carry[record["sample_id"]]) :]
+    ]
+    assert any(span["weight_version"] == 0 for span in went_on)
+
+
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
