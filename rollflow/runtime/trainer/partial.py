@@ -27,7 +27,7 @@ from typing import Any
 from rollflow.runtime.manager.client import BatchHandle, ManagerClient, ManagerError, ManagerUnreachable
 from rollflow.runtime.trainer.rollouts import oldest_version
 
-MAX_PARALLEL_RESUMES = 64  # carried samples resumed at once (each a blocking /generate on a thread)
+MAX_PARALLEL_RESUMES = 256  # carried samples resumed at once (each a blocking /generate on a thread)
 
 
 def is_unfinished(sample: dict) -> bool:
@@ -80,14 +80,13 @@ class PartialStep:
         self,
         client: ManagerClient,
         carried: list[list[dict]],
-        submit_fresh: Callable[[], BatchHandle] | None,
+        submit_fresh: Callable[[], BatchHandle],
         n: int,
         sampling_params: dict[str, Any],
         quota: int,
         on_end: Callable[[list[list[dict]]], None],
     ) -> None:
         self.client = client
-        self.fresh: BatchHandle | None = None
         self.n = n
         self.sampling_params = sampling_params
         self.quota = quota
@@ -97,36 +96,31 @@ class PartialStep:
         self._running_rids: set[str] = set()
         self._lock = threading.Lock()
         self._received_fresh: list[int] = []  # group indexes of the fresh batch taken from the manager
-        self._threads: list[threading.Thread] = []
         self._pool = ThreadPoolExecutor(MAX_PARALLEL_RESUMES, "resume")
         # the carried samples' resumes go to the manager before the fresh prompts, so they run first
-        self._unsent = sum(is_unfinished(sample) for group in carried for sample in group)
+        # (as many as run at once: the rest follow as those end)
+        to_resume = sum(is_unfinished(sample) for group in carried for sample in group)
+        self._unsent = min(to_resume, MAX_PARALLEL_RESUMES)
         self._all_sent = threading.Event()
         if not self._unsent:
             self._all_sent.set()
         self._running = 0  # producers (one per carried group, one for the fresh batch) not yet ended
         for group in carried:
             self._start(self._finish_group, group)
-        if submit_fresh is not None:
-            self.fresh = self._submit_after_resumes(submit_fresh)
-            self._start(self._feed_fresh)
-
-    def _submit_after_resumes(self, submit: Callable[[], BatchHandle]) -> BatchHandle:
         self._all_sent.wait()
-        return submit()
+        self.fresh = submit_fresh()
+        self._start(self._feed_fresh)
 
     def _sent(self) -> None:
         """One carried sample's resume is on its way (or needs none)."""
         with self._lock:
             self._unsent -= 1
-            if self._unsent == 0:
+            if self._unsent <= 0:
                 self._all_sent.set()
 
     def _start(self, target: Callable, *args: Any) -> None:
         self._running += 1
-        thread = threading.Thread(target=self._produce, args=(target, *args), daemon=True)
-        self._threads.append(thread)
-        thread.start()
+        threading.Thread(target=self._produce, args=(target, *args), daemon=True).start()
 
     def _produce(self, target: Callable, *args: Any) -> None:
         try:
@@ -172,7 +166,6 @@ class PartialStep:
         append_continuation(sample, answer)
 
     def _feed_fresh(self) -> None:
-        assert self.fresh is not None
         for groups in self.fresh.micro_batches(min_groups=1):
             for group in groups:
                 self._received_fresh.append(group[0]["group_index"])
@@ -210,9 +203,8 @@ class PartialStep:
         """Abort whatever still runs (each sample keeps its tokens), collect every group not handed
         out, and pass them to `on_end`."""
         self._ending.set()
-        if self.fresh is not None:
-            taken = set(self._received_fresh)  # a group taken meanwhile is finished: its abort is a no-op
-            self.fresh.abort_groups([g for g in range(self.fresh.num_groups) if g not in taken], self.n)
+        taken = set(self._received_fresh)  # a group taken meanwhile is finished: its abort is a no-op
+        self.fresh.abort_groups([g for g in range(self.fresh.num_groups) if g not in taken], self.n)
         with self._lock:
             rids = list(self._running_rids)
         for rid in rids:
@@ -228,8 +220,7 @@ class PartialStep:
     def cancel(self) -> None:
         """Stop: the fresh batch is cancelled, resumes are aborted; nothing is carried."""
         self._ending.set()
-        if self.fresh is not None:
-            self.fresh.cancel()
+        self.fresh.cancel()
         with self._lock:
             rids = list(self._running_rids)
         for rid in rids:
