@@ -100,7 +100,9 @@ def test_partial_rollout_carries_samples_across_steps_and_an_engine_killed_betwe
     assert sum(staleness.values()) == sum(int(r["tokens"]) for r in steps)
 
 
-def test_partial_rollout_off_policy_starts_the_next_rollout_as_this_one_ends(processes, tiny_model, tmp_path):
+def test_partial_rollout_off_policy_starts_the_next_rollout_as_this_one_ends_and_a_resume_goes_on_with_the_carried(
+    processes, tiny_model, tmp_path
+):
     engines = [processes.engine() for _ in range(2)]
     manager = processes.manager(engines=[{"url": e.url, "capacity": 2} for e in engines])
     output = tmp_path / "run"
@@ -133,6 +135,15 @@ def test_partial_rollout_off_policy_starts_the_next_rollout_as_this_one_ends(pro
         for span in record["spans"][len(spans_at_carry[record["sample_id"]]) :]
     ]
     assert any(span["weight_version"] == 0 for span in went_on)
+
+    # --resume auto goes on with the groups the last step carried (in its checkpoint): none is lost
+    left = {s["sample_id"] for g in _checkpoint_carried(output, 2) for s in g}
+    train({**config, "steps": 3}, tmp_path, "--resume", "auto")
+    trained = [json.loads(line) for line in (output / "trained_samples.jsonl").read_text().splitlines()]
+    in_step_3 = {r["sample_id"] for r in trained if r["step"] == 3}
+    carried_on = {s["sample_id"] for g in _checkpoint_carried(output, 3) for s in g}
+    assert left <= in_step_3 | carried_on and left & in_step_3
+    assert len({r["sample_id"] for r in trained}) == len(trained)
 
 
 @pytest.mark.parametrize(
