@@ -139,12 +139,10 @@ class Trainer:
         self.rng = random.Random(config.seed)
         self.carry = CarryBook() if config.partial_rollout else None
         self._carried_out: list[list[dict]] = []  # what the step now training carries into the next
-        self._early: PartialStep | None = (
-            None  # off-policy partial rollout: the next step, submitted at the end of this one's rollout
-        )
-        self.tokens_by_staleness: Counter[int] = (
-            Counter()
-        )  # trained tokens by (trainer version - token's version)
+        # off-policy partial rollout: the next step's rollout, started as this one's ended
+        self._early: PartialStep | None = None
+        # trained tokens by staleness: the trainer's version less the token's
+        self.tokens_by_staleness: Counter[int] = Counter()
         if checkpoint is not None:
             self._restore(checkpoint)
         # the modules that run forward/backward: DDP wrappers under torchrun (saving uses the bare ones)
@@ -212,10 +210,8 @@ class Trainer:
             metrics.close()
             # once per run, not per step: rewriting every span of the run each step grows quadratically
             write_chrome_trace(self.output_dir / "chrome_trace.json", self._phase_spans)
-            for left in (
-                pending,
-                self._early,
-            ):  # interrupted: stop the manager generating for a step that won't come
+            # interrupted: stop the manager generating for a step that won't come
+            for left in (pending, self._early):
                 if left is not None:
                     with contextlib.suppress(OSError, ManagerError, ManagerUnreachable):
                         left.cancel()
@@ -279,9 +275,8 @@ class Trainer:
         next step's rollout starts now, beside this step's training."""
         assert self.carry is not None
         self.carry.carry(leftover)
-        self._carried_out = copy.deepcopy(
-            leftover
-        )  # as carried: off-policy, the next rollout goes on with them
+        # as carried (for the checkpoint): off-policy, the next rollout goes on with them at once
+        self._carried_out = copy.deepcopy(leftover)
         (self.output_dir / "carried.json").write_text(json.dumps({"step": self.step + 1, "groups": leftover}))
         if self.config.off_policy and self.step + 1 < self.config.steps:
             self._early = self._submit(self.step + 1)
@@ -341,6 +336,7 @@ class Trainer:
             totals.rejected += rejected
             if not groups:
                 continue
+            self._note_trained(groups)
             with self.timer.phase("training", num_gpus=self._num_ranks(), label="micro-batch"):
                 self._train_micro_batch(groups, totals, scale=1.0 / per_mini_batch)
                 pending_micro_batches += 1
@@ -397,9 +393,7 @@ class Trainer:
             log.warning("%d samples failed in the manager and are skipped", failed)
         # partial rollout trains carried tokens a version or more behind, as off-policy does
         bound = self.config.max_staleness if self.config.off_policy or self.carry is not None else 0
-        kept, dropped = filter_stale([g for g in finished if g], self.step, bound)
-        self._note_trained(kept)
-        return kept, dropped
+        return filter_stale([g for g in finished if g], self.step, bound)
 
     def _note_trained(self, groups: list[list[dict]]) -> None:
         """Count the tokens about to be trained by staleness; under partial rollout, log each sample
@@ -407,9 +401,8 @@ class Trainer:
         for sample in (sample for group in groups for sample in group):
             for span in sample["spans"]:
                 if span["weight_version"] is not None:
-                    self.tokens_by_staleness[self.step - span["weight_version"]] += (
-                        span["end"] - span["start"]
-                    )
+                    staleness = self.step - span["weight_version"]
+                    self.tokens_by_staleness[staleness] += span["end"] - span["start"]
         if self.carry is None:
             return
         with open(self.output_dir / "trained_samples.jsonl", "a") as file:
