@@ -22,6 +22,9 @@ from rollflow.runtime.trainer.losses import (
 from rollflow.runtime.trainer.models import Critic, gather_tokens, next_token_logprobs
 from rollflow.runtime.trainer.rollouts import RolloutTensors
 
+REFERENCE_CHUNK_ELEMENTS = 1 << 27
+"""Most elements of the reference's `[rows, T-1, V]` next-token log-probs held at once (512 MiB in float32)."""
+
 
 @dataclass(frozen=True)
 class LossSettings:
@@ -105,14 +108,25 @@ def _reference(
     reference: nn.Module | None, rollout: RolloutTensors, logprobs_all: torch.Tensor, temperature: float
 ) -> tuple[torch.Tensor, float | None]:
     """The reference's log-prob of each token (for the k3 penalty) and the exact KL metric, or None
-    for it when the rollout brought per-token reference log-probs only (the k3 mean is reported)."""
+    for it when the rollout brought per-token reference log-probs only (the k3 mean is reported).
+
+    The reference runs on a few rows at a time (`REFERENCE_CHUNK_ELEMENTS`), so its distributions add
+    at most that much to the policy's `[B, T-1, V]` ones at the step's peak memory."""
     if rollout.ref_logprobs is not None:
         return rollout.ref_logprobs, None
     if reference is None:
         raise RuntimeError(
             "no reference log-probs: the samples carry none and this trainer holds no reference"
         )
+    rows, length, vocab = logprobs_all.shape
+    chunk = max(1, REFERENCE_CHUNK_ELEMENTS // max(1, length * vocab))
+    ref_logprobs, kl_sum = [], logprobs_all.new_zeros(())
     with torch.no_grad():
-        ref_all = next_token_logprobs(reference, rollout.input_ids, rollout.attention_mask, temperature)
-        kl = masked_mean(exact_kl(logprobs_all, ref_all), rollout.mask).item()
-        return gather_tokens(ref_all, rollout.input_ids), kl
+        for start in range(0, rows, chunk):
+            part = slice(start, start + chunk)
+            input_ids = rollout.input_ids[part]
+            ref_all = next_token_logprobs(reference, input_ids, rollout.attention_mask[part], temperature)
+            kl_sum += (exact_kl(logprobs_all[part], ref_all) * rollout.mask[part]).sum()
+            ref_logprobs.append(gather_tokens(ref_all, input_ids))
+    kl = (kl_sum / rollout.mask.sum().clamp(min=1)).item()
+    return torch.cat(ref_logprobs), kl

@@ -116,3 +116,28 @@ def test_k3_is_capped_per_token_where_the_policy_finds_a_token_far_less_likely_t
     kl = kl_k3(logprobs, ref)
     assert kl[0].item() == KL_K3_MAX  # exp(24) - 25 uncapped: one token would swamp the mean
     assert kl[1].item() == 0.0
+
+
+def test_the_reference_run_a_row_at_a_time_gives_the_same_log_probs_and_kl(tiny_model, monkeypatch):
+    """The reference's distributions are held a few rows at a time (bounded memory beside the
+    policy's): rows of different lengths give what one batched pass gives."""
+    from rollflow.runtime.trainer import algorithm
+
+    torch.manual_seed(0)
+    policy, reference = load_policy(tiny_model), load_reference(tiny_model)
+    with torch.no_grad():
+        for parameter in policy.parameters():
+            parameter.add_(0.01 * torch.randn_like(parameter))
+    generator = torch.Generator().manual_seed(3)
+    prompt = torch.randint(3, 400, (5,), generator=generator).tolist()
+    samples = [
+        {"prompt_ids": prompt, "output_ids": torch.randint(3, 400, (n,), generator=generator).tolist()}
+        | {"output_logprobs": [0.0] * n, "spans": []}
+        for n in (3, 7, 12)
+    ]
+    rollout = to_tensors([samples], pad_id=0)
+    batched = algorithm._reference(reference, rollout, _distributions(policy, rollout), 1.0)
+    monkeypatch.setattr(algorithm, "REFERENCE_CHUNK_ELEMENTS", 1)
+    by_row = algorithm._reference(reference, rollout, _distributions(policy, rollout), 1.0)
+    assert torch.allclose(batched[0] * rollout.mask, by_row[0] * rollout.mask, atol=1e-5)
+    assert abs(batched[1] - by_row[1]) < 1e-5 and batched[1] > 0
