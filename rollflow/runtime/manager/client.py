@@ -380,6 +380,17 @@ class BatchHandle:
             if received == self.num_samples:
                 return
 
+    def abort_groups(self, group_indexes: list[int], n: int) -> int:
+        """Abort the samples of these groups that still run (`POST /abort_request` with each sample's
+        id, `{batch_id}-{group}-{index}`): each ends with the tokens it has, finish_reason abort.
+        Returns how many were running; a finished sample is left as it is."""
+        aborted = 0
+        for group in group_indexes:
+            for index in range(n):
+                body = {"rid": f"{self.batch_id}-{group}-{index}"}
+                aborted += self.client.request("POST", "/abort_request", body, idempotent=True)["num_aborted"]
+        return aborted
+
     def flush(self) -> list[list[dict]]:
         return self.client.request("POST", f"/batches/{self.batch_id}/flush")["groups"]
 

@@ -60,7 +60,12 @@ class TrainConfig(StrictModel):
     off_policy: bool = False
     """Submit the next step's batch before training on this one; its samples may span weight versions."""
     max_staleness: int = Field(1, ge=0)
-    """Off-policy: reject a sample any of whose tokens came from more than this many versions back."""
+    """Off-policy or partial rollout: reject a sample any of whose tokens came from more than this many
+    versions back (partial rollout restarts a carried sample from its prompt before that happens)."""
+    partial_rollout: int = Field(0, ge=0)
+    """Partial rollout: groups of extra prompts each step runs beside its `prompts_per_step`; the step
+    trains the first `prompts_per_step` groups to finish, aborts the rest with the tokens they have and
+    carries them into the next step, resumed first (rollflow/runtime/trainer/partial.py). 0: off."""
     reward: str = "rollflow.runtime.trainer.tasks:letter_e"
     """'module:function' (prompt_ids, output_ids, tokenizer) -> float; see rollflow/runtime/trainer/tasks.py."""
     prompts: str = "rollflow.runtime.trainer.tasks:random_prompts"
@@ -142,6 +147,26 @@ class TrainConfig(StrictModel):
             raise ValueError(
                 f"device: {self.device!r}, but cluster.device={self.cluster.device} (rank 0 sits on {first}); "
                 f"set device: {first}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _partial_rollout_fits(self) -> TrainConfig:
+        if not self.partial_rollout:
+            return self
+        if self.environment is not None:
+            raise ValueError(
+                "partial_rollout: multi-turn episodes (environment) are not carried across steps; "
+                "set partial_rollout: 0 or leave environment unset"
+            )
+        if (
+            self.cluster is not None
+            and "inference" in self.cluster.component_placement
+            and self.algorithm == "ppo"
+        ):
+            raise ValueError(
+                "partial_rollout: with ppo, inference workers recompute old log-probs on one version, but "
+                "carried samples span versions; set partial_rollout: 0 or leave inference out of the placement"
             )
         return self
 

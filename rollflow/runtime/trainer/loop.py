@@ -10,7 +10,9 @@ On-policy (default): the next batch is submitted after the push, so every token 
 the trainer's current version. Off-policy: the next batch is submitted before training on this one,
 so its samples are generated while the weights change under them (`allow_off_policy`); each token
 keeps the version that made it, samples older than `max_staleness` are dropped, and the importance
-ratio uses the engines' recorded log-probs token by token.
+ratio uses the engines' recorded log-probs token by token. Partial rollout (`partial_rollout: N`,
+partial.py): each step over-samples N groups, trains the first `prompts_per_step` to finish and carries
+the rest, aborted with their tokens, into the next step.
 
 Under torchrun, rank 0 runs this loop and every other rank only `_obey`s it: a backward of its share
 of each micro-batch, an optimizer step when told (distributed.py). With an elastic actor (elastic.py,
@@ -21,9 +23,12 @@ of each micro-batch, an optimizer step when told (distributed.py). With an elast
 from __future__ import annotations
 
 import contextlib
+import copy
+import json
 import logging
 import os
 import random
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +46,7 @@ from rollflow.runtime.trainer.distributed import Command, DataParallel, Share, i
 from rollflow.runtime.trainer.episodes import EpisodeBatch
 from rollflow.runtime.trainer.metrics import MetricsWriter, StepMetrics
 from rollflow.runtime.trainer.models import Critic, load_policy, load_reference
+from rollflow.runtime.trainer.partial import CarryBook, PartialStep, carried_tokens
 from rollflow.runtime.trainer.rollouts import filter_stale, model_output, to_tensors
 from rollflow.runtime.trainer.tasks import load_callable
 from rollflow.runtime.weights.checkpoint import publish_checkpoint, published_versions
@@ -131,6 +137,12 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=0.0)
         self.step = 0
         self.rng = random.Random(config.seed)
+        self.carry = CarryBook() if config.partial_rollout else None
+        self._carried_out: list[list[dict]] = []  # what the step now training carries into the next
+        # off-policy partial rollout: the next step's rollout, started as this one's ended
+        self._early: PartialStep | None = None
+        # trained tokens by staleness: the trainer's version less the token's
+        self.tokens_by_staleness: Counter[int] = Counter()
         if checkpoint is not None:
             self._restore(checkpoint)
         # the modules that run forward/backward: DDP wrappers under torchrun (saving uses the bare ones)
@@ -161,6 +173,8 @@ class Trainer:
         if self.critic is not None:
             self.critic.load_state_dict(torch.load(checkpoint / "critic.pt", map_location=self.device))
         self.rng.setstate(_tuple_state(state["rng"]))
+        if self.carry is not None:
+            self.carry.groups = state.get("carried", [])
         log.info("resumed from %s (step %d)", checkpoint, self.step)
 
     def run(self, on_step: Callable[[StepMetrics], None] = lambda m: None) -> None:
@@ -173,18 +187,21 @@ class Trainer:
         metrics = MetricsWriter(self.output_dir)
         pending = None
         try:
-            pending = self._submit() if self.step < self.config.steps else None
+            pending = self._submit(self.step) if self.step < self.config.steps else None
             while self.step < self.config.steps:
                 batch, pending = pending, None
-                if self.config.off_policy and self.step + 1 < self.config.steps:
-                    pending = self._submit()
+                if self.config.off_policy and self.carry is None and self.step + 1 < self.config.steps:
+                    pending = self._submit(self.step + 1)
                 result = self._train_step(batch)
+                if self._early is not None:  # partial rollout, off-policy: submitted as this rollout ended
+                    pending, self._early = self._early, None
                 if pending is None and self.step < self.config.steps:
-                    pending = self._submit()
+                    pending = self._submit(self.step)
                 metrics.write(result)
                 on_step(result)
             if self.parallel is not None:
                 self.parallel.tell_all(Command.STOP)
+            self._write_summary()
         finally:
             if self.actor is not None:
                 self.actor.close()
@@ -193,16 +210,21 @@ class Trainer:
             metrics.close()
             # once per run, not per step: rewriting every span of the run each step grows quadratically
             write_chrome_trace(self.output_dir / "chrome_trace.json", self._phase_spans)
-            if pending is not None:  # interrupted: stop the manager generating for a step that won't come
-                with contextlib.suppress(OSError, ManagerError, ManagerUnreachable):
-                    pending.cancel()
+            # interrupted: stop the manager generating for a step that won't come
+            for left in (pending, self._early):
+                if left is not None:
+                    with contextlib.suppress(OSError, ManagerError, ManagerUnreachable):
+                        left.cancel()
 
     def _num_ranks(self) -> int:
         if self.actor is not None:
             return self.actor.active_ranks
         return self.parallel.world_size if self.parallel is not None else 1
 
-    def _submit(self) -> BatchHandle | EpisodeBatch:
+    def _submit(self, train_version: int) -> BatchHandle | EpisodeBatch | PartialStep:
+        """The rollout of the step that version `train_version` of the policy will train on."""
+        if self.carry is not None:
+            return self._submit_partial(train_version)
         prompts = self.prompts_fn(self.tokenizer, self.config.prompts_per_step, self.rng)
         if self.environment_fn is not None:
             return EpisodeBatch(
@@ -222,12 +244,50 @@ class Trainer:
             **self._sampling_params(),
         )
 
+    def _submit_partial(self, train_version: int) -> PartialStep:
+        """The carried groups, resumed first, and fresh prompts making up `prompts_per_step +
+        partial_rollout` groups in all."""
+        assert self.carry is not None
+        carried = self.carry.take(train_version, self.config.max_staleness)
+        num_fresh = self.config.prompts_per_step + self.config.partial_rollout - len(carried)
+        prompts = self.prompts_fn(self.tokenizer, num_fresh, self.rng)
+
+        def submit_fresh() -> BatchHandle:
+            return self.client.submit(
+                prompts,
+                n=self.config.n_samples,
+                allow_off_policy=self.config.off_policy,
+                **self._sampling_params(),
+            )
+
+        return PartialStep(
+            self.client,
+            carried,
+            submit_fresh,
+            self.config.n_samples,
+            self._sampling_params(),
+            quota=self.config.prompts_per_step,
+            on_end=self._rollout_ended,
+        )
+
+    def _rollout_ended(self, leftover: list[list[dict]]) -> None:
+        """Partial rollout: the step's rollout is over and `leftover` is what it carries; off-policy, the
+        next step's rollout starts now, beside this step's training."""
+        assert self.carry is not None
+        self.carry.carry(leftover)
+        # as carried (for the checkpoint): off-policy, the next rollout goes on with them at once
+        self._carried_out = copy.deepcopy(leftover)
+        (self.output_dir / "carried.json").write_text(json.dumps({"step": self.step + 1, "groups": leftover}))
+        if self.config.off_policy and self.step + 1 < self.config.steps:
+            self._early = self._submit(self.step + 1)
+
     def _sampling_params(self) -> dict[str, Any]:
         """SGLang sampling params of the step's batch."""
         return {"max_new_tokens": self.config.max_new_tokens, "temperature": self.config.temperature}
 
-    def _train_step(self, batch: BatchHandle) -> StepMetrics:
+    def _train_step(self, batch: BatchHandle | EpisodeBatch | PartialStep) -> StepMetrics:
         started = self.timer.clock()
+        self._carried_out = []
         totals = self._train_on(batch)
         self.step += 1
         with self.timer.phase("sync", num_gpus=self._num_ranks(), label=f"update weights v{self.step}"):
@@ -253,6 +313,8 @@ class Trainer:
             samples=len(totals.rewards),
             samples_rejected_stale=totals.rejected,
             samples_resumed=totals.resumed,
+            samples_carried=sum(len(group) for group in self._carried_out),
+            tokens_carried=carried_tokens(self._carried_out),
             tokens=totals.tokens,
             tokens_per_s=totals.tokens / step_time,
             rollout_wait_s=wait_s,
@@ -274,6 +336,7 @@ class Trainer:
             totals.rejected += rejected
             if not groups:
                 continue
+            self._note_trained(groups)
             with self.timer.phase("training", num_gpus=self._num_ranks(), label="micro-batch"):
                 self._train_micro_batch(groups, totals, scale=1.0 / per_mini_batch)
                 pending_micro_batches += 1
@@ -328,8 +391,48 @@ class Trainer:
         failed = sum(len(g) for g in groups) - sum(len(g) for g in finished)
         if failed:
             log.warning("%d samples failed in the manager and are skipped", failed)
-        bound = self.config.max_staleness if self.config.off_policy else 0
+        # partial rollout trains carried tokens a version or more behind, as off-policy does
+        bound = self.config.max_staleness if self.config.off_policy or self.carry is not None else 0
         return filter_stale([g for g in finished if g], self.step, bound)
+
+    def _note_trained(self, groups: list[list[dict]]) -> None:
+        """Count the tokens about to be trained by staleness; under partial rollout, log each sample
+        (trained_samples.jsonl: its step, whether it was carried, the version of each token span)."""
+        for sample in (sample for group in groups for sample in group):
+            for span in sample["spans"]:
+                if span["weight_version"] is not None:
+                    staleness = self.step - span["weight_version"]
+                    self.tokens_by_staleness[staleness] += span["end"] - span["start"]
+        if self.carry is None:
+            return
+        with open(self.output_dir / "trained_samples.jsonl", "a") as file:
+            for group in groups:
+                for sample in group:
+                    record = {
+                        "step": self.step + 1,
+                        "sample_id": sample["sample_id"],
+                        "carried": sample.get("carried", 0),
+                        "num_output": len(sample["output_ids"]),
+                        "spans": sample["spans"],
+                    }
+                    file.write(json.dumps(record) + "\n")
+
+    def _write_summary(self) -> None:
+        """summary.json: this run's totals (the steps it trained, not earlier runs' before a resume)."""
+        summary: dict[str, Any] = {
+            "steps": self.step,
+            "tokens_by_staleness": {str(k): v for k, v in sorted(self.tokens_by_staleness.items())},
+            "samples_carried": 0,
+            "tokens_carried": 0,
+        }
+        if self.carry is not None:
+            summary |= {
+                "samples_carried": self.carry.samples_carried,
+                "tokens_carried": self.carry.tokens_carried,
+                "tokens_regenerated": self.carry.tokens_regenerated,
+                "samples_left_carried": sum(len(group) for group in self.carry.groups),
+            }
+        (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
     def _train_micro_batch(self, groups: list[list[dict]], totals: StepTotals, scale: float) -> None:
         if self.actor is not None:
@@ -454,7 +557,9 @@ class Trainer:
         self.client.update_weights(engine_id, weight_version=self.step, model_path=str(folder.resolve()))
 
     def _save_checkpoint(self) -> None:
-        state = {"rng": _list_state(self.rng.getstate())}
+        state: dict[str, Any] = {"rng": _list_state(self.rng.getstate())}
+        if self.carry is not None:  # a resumed run trains them: none is lost across a restart
+            state["carried"] = self._carried_out
         checkpoints.save_checkpoint(
             self.output_dir, self.step, self.policy, self.tokenizer, self.optimizer, self.critic, state
         )

@@ -78,3 +78,13 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     e^24 for 24 nats, which would swamp the mean and the loss, so each token's is capped at KL_K3_MAX."""
     diff = ref_logprobs - logprobs
     return (torch.exp(diff) - diff - 1).clamp(max=KL_K3_MAX)
+
+
+def exact_kl(logprobs_all: torch.Tensor, ref_logprobs_all: torch.Tensor) -> torch.Tensor:
+    """[B, T-1] KL(policy || reference) of each position's next-token distribution, summed over the
+    vocabulary from `[B, T-1, V]` log-probs: exact, whichever version drew the tokens.
+
+    The k3 mean over sampled tokens estimates the same KL only when the policy itself drew them; over
+    tokens an older version drew (off-policy, or after a step's first optimizer step) it is biased, and
+    upward without bound but for its cap: a token the policy moved away from weighs exp(ref - policy)."""
+    return (logprobs_all.exp() * (logprobs_all - ref_logprobs_all)).sum(-1)

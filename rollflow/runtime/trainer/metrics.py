@@ -16,7 +16,7 @@ class StepMetrics:
     step: int  # 1-based step just finished
     weight_version: int  # version the engines run after the push
     reward_mean: float
-    kl: float  # token mean of the k3 estimate against the reference
+    kl: float  # token mean of KL(policy || reference) over the output positions (algorithm.py)
     entropy: float  # token mean of the policy's entropy
     policy_loss: float
     value_loss: float
@@ -24,6 +24,8 @@ class StepMetrics:
     samples: int  # samples trained on
     samples_rejected_stale: int  # dropped by the staleness bound
     samples_resumed: int  # samples resumed at least once: engine failure, preemption, offload, weight update
+    samples_carried: int  # partial rollout: samples carried into the next step (cut off, or surplus)
+    tokens_carried: int  # partial rollout: their tokens so far
     tokens: int  # generated tokens trained on
     tokens_per_s: float  # generated tokens / step time
     rollout_wait_s: float  # blocked waiting for micro-batches (the bubble)
@@ -76,4 +78,5 @@ def describe(metrics: StepMetrics) -> str:
         f"entropy {metrics.entropy:.3f}  {metrics.tokens_per_s:.0f} tok/s  "
         f"wait {metrics.rollout_wait_s:.1f}s train {metrics.train_s:.1f}s push {metrics.update_weights_s:.1f}s  "
         f"stale {metrics.samples_rejected_stale} resumed {metrics.samples_resumed}"
+        + (f" carried {metrics.samples_carried}" if metrics.samples_carried else "")
     )

@@ -39,7 +39,7 @@ class Critic(nn.Module):
         return self.value_head(hidden[:, :-1]).squeeze(-1)
 
 
-def _log_softmax_at_temperature(
+def next_token_logprobs(
     model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float
 ) -> torch.Tensor:
     """[B, T-1, V] log-probs of the next token, from logits divided by the sampling temperature
@@ -48,19 +48,23 @@ def _log_softmax_at_temperature(
     return torch.log_softmax(logits, dim=-1)
 
 
+def gather_tokens(logprobs_all: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """[B, T-1] log-prob of token t+1, picked from the `[B, T-1, V]` distributions."""
+    return logprobs_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+
 def token_logprobs(
     model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float
 ) -> torch.Tensor:
     """[B, T-1] log-prob of token t+1 (the reference model needs no entropy)."""
-    logprobs_all = _log_softmax_at_temperature(model, input_ids, attention_mask, temperature)
-    return logprobs_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return gather_tokens(next_token_logprobs(model, input_ids, attention_mask, temperature), input_ids)
 
 
 def token_logprobs_and_entropy(
     model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, T-1] log-prob of token t+1 and the entropy of the distribution it was drawn from."""
-    logprobs_all = _log_softmax_at_temperature(model, input_ids, attention_mask, temperature)
-    logprobs = logprobs_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    logprobs_all = next_token_logprobs(model, input_ids, attention_mask, temperature)
+    logprobs = gather_tokens(logprobs_all, input_ids)
     entropy = -(logprobs_all.exp() * logprobs_all).sum(-1)
     return logprobs, entropy

@@ -332,10 +332,10 @@ class RLSimConfig(Section):
                 )
             if scheduling.kind == "dynamic" and not placement.pipelining:
                 raise ValueError("scheduling.kind=dynamic needs placement.pipelining=true")
-        if self.partial_rollout and (scheduling.kind != "static" or self.spot.instances):
+        if self.partial_rollout and scheduling.kind != "static":
             raise ValueError(
-                f"partial_rollout={self.partial_rollout} needs scheduling.kind=static and spot.instances=0 "
-                "(the batch-full abort is not modelled with moving or preemptible instances); or set partial_rollout=0"
+                f"partial_rollout={self.partial_rollout} needs scheduling.kind=static "
+                "(the batch-full abort is not modelled with moving instances); or set partial_rollout=0"
             )
         actor_gpus = self.gpu_ranges()["actor"][1]
         minibatch = samples // self.training.num_minibatches

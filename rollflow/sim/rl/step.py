@@ -13,7 +13,8 @@
 Partial rollout (`partial_rollout` > 0): the step generates its carried-over samples and enough
 new groups to keep `num_prompts + partial_rollout` groups going; when `num_prompts` groups have
 finished the batch is full, every instance stops at its next iteration boundary and the samples
-of the other groups are handed to the next step (`carried_out`, see `rollflow.sim.rl.partial`).
+of the other groups are handed to the next step (`carried_out`, see `rollflow.sim.rl.partial`),
+with those a preemptible instance's preemption left waiting for an instance.
 
 Off-policy (`off_policy` >= 1): the runner starts a step's rollout before the previous step has
 trained (`lanes_free_at` > `start`). Until then the lanes wait, and so do the rollout instances on
@@ -324,8 +325,8 @@ class StepSimulator:
         Every instance stops first, so the resource scheduler finds none left to release."""
         self.rollout_done = True
         self.rollout_end = self.now
-        held, self.held = self.held, []
-        self._carry(held)
+        held, parked, self.held, self.parked = self.held, self.parked, [], []
+        self._carry(held + parked)  # parked: a preempted instance's, waiting for another
         for instance_id in self.pool.live_ids():
             self.pool.retire(
                 instance_id,
@@ -414,7 +415,9 @@ class StepSimulator:
         requests, mode, preempted = event.payload
         if preempted:
             self.preempted_sequences += len(requests)
-        if requests:
+        if requests and self.partial and self.rollout_done:  # stopped as the batch filled: carried
+            self._carry(requests)
+        elif requests:
             self._resume_all(requests, mode)
         self._dispatch()
         return self._emitted()

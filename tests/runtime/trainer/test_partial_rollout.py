@@ -1,0 +1,163 @@
+"""`rollflow train` with `partial_rollout`: a manager, two built-in engines, the tiny model, 3 steps.
+
+Each step over-samples 8 groups, trains the first 4 to finish and carries the rest, aborted with their
+tokens, into the next step; between steps 1 and 2 the engine that made a carried sample's newest tokens
+is killed, and the sample is finished on the other engine from its tokens.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.runtime.trainer.partial_plugin import PIDS_ENV, RUN_ENV
+from tests.runtime.trainer.test_train_e2e import base_config, rows, train
+
+PROMPTS_PER_STEP = 4
+N_SAMPLES = 4
+MAX_STALENESS = 1
+
+
+def _checkpoint_carried(output, step: int) -> list[list[dict]]:
+    state = json.loads((output / "checkpoints" / f"step_{step}" / "state.json").read_text())
+    return state["carried"]
+
+
+def test_partial_rollout_carries_samples_across_steps_and_an_engine_killed_between_steps(
+    processes, tiny_model, tmp_path
+):
+    engines = [processes.engine() for _ in range(2)]
+    # two samples at a time per engine: the step's 48 samples run in waves, so its tail is cut off
+    manager = processes.manager(
+        engines=[{"url": e.url, "capacity": 2} for e in engines], health_interval_s=0.5
+    )
+    output = tmp_path / "run"
+    config = base_config(
+        manager,
+        tiny_model,
+        output,
+        steps=3,
+        prompts_per_step=PROMPTS_PER_STEP,
+        n_samples=N_SAMPLES,
+        max_new_tokens=24,
+        partial_rollout=8,
+        max_staleness=MAX_STALENESS,
+        prompts="tests.runtime.trainer.partial_plugin:prompts_killing_an_engine",
+    )
+    env = {PIDS_ENV: json.dumps({e.url: e.proc.pid for e in engines}), RUN_ENV: str(output)}
+    train(config, tmp_path, "--resume", "never", env=env)
+
+    steps = rows(output)
+    assert [int(r["step"]) for r in steps] == [1, 2, 3]
+    # every step trains 4 groups whole, and carries some samples into the next
+    assert all(int(r["samples"]) == PROMPTS_PER_STEP * N_SAMPLES for r in steps)
+    assert all(int(r["samples_carried"]) > 0 and int(r["tokens_carried"]) > 0 for r in steps)
+    carried = {step: _checkpoint_carried(output, step) for step in (1, 2, 3)}
+    for step, groups in carried.items():
+        assert sum(len(g) for g in groups) == int(steps[step - 1]["samples_carried"])
+        assert all(len(g) == N_SAMPLES for g in groups)  # carried whole
+
+    trained = [json.loads(line) for line in (output / "trained_samples.jsonl").read_text().splitlines()]
+    ids = [record["sample_id"] for record in trained]
+    assert len(ids) == len(set(ids)) == 3 * PROMPTS_PER_STEP * N_SAMPLES  # none trained twice
+    # none lost: each sample carried out of a step is trained later or still carried at the run's end
+    left = {s["sample_id"] for g in carried[3] for s in g}
+    assert not left & set(ids)
+    for step in (1, 2):
+        for sample in (s for g in carried[step] for s in g):
+            assert sample["sample_id"] in set(ids) | left
+    # each carried token's version is recorded, and within the bound of the policy that trained it
+    resumed = [r for r in trained if r["carried"]]
+    assert resumed and {r["step"] for r in resumed} == {2, 3}
+    for record in resumed:
+        spans = record["spans"]
+        assert [s["start"] for s in spans] == [0] + [s["end"] for s in spans[:-1]]
+        assert spans[-1]["end"] == record["num_output"]
+        for span in spans:
+            assert span["weight_version"] is not None
+            assert 0 <= (record["step"] - 1) - span["weight_version"] <= MAX_STALENESS
+    assert any(len({s["weight_version"] for s in r["spans"]}) > 1 for r in resumed)  # across versions
+
+    # the sample cut off on the killed engine went on on the other one, after the tokens it had: as
+    # step 2 trained it, or as step 2 carried it again (its group not finished yet)
+    killed = json.loads((output / "killed.json").read_text())
+    again = [s for g in carried[2] for s in g if s["sample_id"] == killed["sample_id"]]
+    after = again[0] if again else next(r for r in trained if r["sample_id"] == killed["sample_id"])
+    assert again or after["step"] == 2
+    before = killed["spans"]
+    assert after["spans"][: len(before)] == before
+    assert after["spans"][-1]["end"] > before[-1]["end"]
+    others = {e.url for e in engines} - {killed["url"]}
+    assert {s["engine_url"] for s in after["spans"][len(before) :]} == others
+
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["samples_carried"] == sum(int(r["samples_carried"]) for r in steps)
+    assert summary["tokens_carried"] == sum(int(r["tokens_carried"]) for r in steps)
+    assert summary["samples_left_carried"] == len(left)
+    staleness = {int(k): v for k, v in summary["tokens_by_staleness"].items()}
+    assert set(staleness) <= set(range(MAX_STALENESS + 1)) and staleness[1] > 0
+    assert sum(staleness.values()) == sum(int(r["tokens"]) for r in steps)
+
+
+def test_partial_rollout_off_policy_starts_the_next_rollout_as_this_one_ends_and_a_resume_goes_on_with_the_carried(
+    processes, tiny_model, tmp_path
+):
+    engines = [processes.engine() for _ in range(2)]
+    manager = processes.manager(engines=[{"url": e.url, "capacity": 2} for e in engines])
+    output = tmp_path / "run"
+    config = base_config(
+        manager,
+        tiny_model,
+        output,
+        prompts_per_step=PROMPTS_PER_STEP,
+        n_samples=N_SAMPLES,
+        max_new_tokens=24,
+        partial_rollout=4,
+        off_policy=True,
+        max_staleness=MAX_STALENESS,
+    )
+    train(config, tmp_path, "--resume", "never")
+    steps = rows(output)
+    assert [int(r["samples"]) for r in steps] == [PROMPTS_PER_STEP * N_SAMPLES] * 2
+    assert all(int(r["samples_carried"]) > 0 for r in steps)
+    trained = [json.loads(line) for line in (output / "trained_samples.jsonl").read_text().splitlines()]
+    assert len({r["sample_id"] for r in trained}) == len(trained)
+    for record in trained:
+        assert all(0 <= (record["step"] - 1) - s["weight_version"] <= MAX_STALENESS for s in record["spans"])
+    # step 2's rollout started as step 1's ended, before step 1's weights were pushed: samples carried
+    # out of step 1 went on making tokens on version 0
+    spans_at_carry = {s["sample_id"]: s["spans"] for g in _checkpoint_carried(output, 1) for s in g}
+    went_on = [
+        span
+        for record in trained
+        if record["step"] == 2 and record["sample_id"] in spans_at_carry
+        for span in record["spans"][len(spans_at_carry[record["sample_id"]]) :]
+    ]
+    assert any(span["weight_version"] == 0 for span in went_on)
+
+    # --resume auto goes on with the groups the last step carried (in its checkpoint): none is lost
+    left = {s["sample_id"] for g in _checkpoint_carried(output, 2) for s in g}
+    train({**config, "steps": 3}, tmp_path, "--resume", "auto")
+    trained = [json.loads(line) for line in (output / "trained_samples.jsonl").read_text().splitlines()]
+    in_step_3 = {r["sample_id"] for r in trained if r["step"] == 3}
+    carried_on = {s["sample_id"] for g in _checkpoint_carried(output, 3) for s in g}
+    assert left <= in_step_3 | carried_on and left & in_step_3
+    assert len({r["sample_id"] for r in trained}) == len(trained)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"partial_rollout": -1}, "partial_rollout"),
+        ({"partial_rollout": 2, "environment": "rollflow.runtime.trainer.tasks:calculator"}, "environment"),
+    ],
+)
+def test_partial_rollout_config_errors_name_the_key(changes, message, tiny_model):
+    from pydantic import ValidationError
+
+    from rollflow.runtime.trainer.config import TrainConfig
+
+    with pytest.raises(ValidationError, match=message) as info:
+        TrainConfig(model=str(tiny_model), **changes)
+    assert "partial_rollout" in str(info.value)
