@@ -16,6 +16,9 @@ EXAMPLES = """examples:
   rollflow manager serve --config examples/manager/local.yaml --processes 3
       (the engines' token streams read by 2 more processes, on 2 more cores)
 
+  rollflow manager relay --host 10.0.0.2 --port 30200 --token "$ROLLFLOW_MANAGER_TOKEN"
+      (on an engine's node; the engine registers with "relay": "10.0.0.2:30200" beside its url)
+
 then, from anywhere on the machine:
   curl -X POST localhost:30100/workers -H 'Authorization: Bearer T' -d '{"url": "http://127.0.0.1:30000", "kind": "spot"}'
   curl localhost:30100/generate -d '{"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 16}}'
@@ -62,6 +65,35 @@ def register(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     serve.set_defaults(handler=_serve)
 
+    relay = sub.add_parser(
+        "relay",
+        help="read the token streams of this node's engines for a manager on another node",
+        description="Serve a relay: a manager dials it and opens on it the streams of the engines "
+        "registered with `relay: HOST:PORT`; it reads them on this node and sends the manager their "
+        "tokens merged, once every --flush-ms. Binds 127.0.0.1 unless --host says otherwise; a "
+        "manager must greet it with --token (set one before opening it to other machines).",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    relay.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    relay.add_argument("--port", type=int, default=30200, help="port (default 30200; 0 picks a free one)")
+    relay.add_argument(
+        "--token",
+        default=os.environ.get("ROLLFLOW_MANAGER_TOKEN"),
+        help="the manager's token, which it greets the relay with (default: $ROLLFLOW_MANAGER_TOKEN)",
+    )
+    relay.add_argument(
+        "--flush-ms",
+        type=float,
+        default=10.0,
+        help="how often the streams' tokens go to the manager (default 10)",
+    )
+    relay.add_argument(
+        "--connect-timeout-s", type=float, default=5.0, help="how long a connection to an engine may take"
+    )
+    relay.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format")
+    relay.set_defaults(handler=_relay)
+
 
 def _serve(args: argparse.Namespace, started_at: float) -> None:
     import asyncio
@@ -91,3 +123,23 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         if runner.run(until_sigterm(serve(config))):
             raise KeyboardInterrupt  # the CLI's way out of a stop: "rollflow: interrupted", exit 130
+
+
+def _relay(args: argparse.Namespace, started_at: float) -> None:
+    import asyncio
+
+    import uvloop
+
+    from rollflow.errors import UserError
+    from rollflow.runtime.logs import setup_logging
+    from rollflow.runtime.manager.relay import serve_relay
+    from rollflow.runtime.signals import stop_on_sigterm, until_sigterm
+
+    if not 0 < args.flush_ms <= 1000:
+        raise UserError(f"--flush-ms must be in (0, 1000], not {args.flush_ms:g}")
+    setup_logging(args.log_format)
+    stop_on_sigterm()
+    relay = serve_relay(args.host, args.port, args.token, args.flush_ms / 1000.0, args.connect_timeout_s)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        if runner.run(until_sigterm(relay)):
+            raise KeyboardInterrupt

@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from rollflow.config import StrictModel
 from rollflow.policy.offload import OffloadConfig
 from rollflow.policy.routing import ROUTERS
 from rollflow.runtime.http.limits import BodyLimits
+
+_HOST_PORT = re.compile(r"(\[[0-9a-fA-F:.]+\]|[^\s:/\[\]]+):([0-9]{1,5})")  # an IPv6 host in brackets
+
+
+def _relay_address(value: str) -> str:
+    match = _HOST_PORT.fullmatch(value)
+    if match is None or not 0 < int(match.group(2)) < 65536:
+        raise ValueError(
+            f"a relay is HOST:PORT of a `rollflow manager relay` (e.g. 10.0.0.2:30200), not {value!r}"
+        )
+    return value
+
+
+RelayAddress = Annotated[str, AfterValidator(_relay_address)]
 
 
 class EngineEntry(StrictModel):
@@ -26,6 +41,9 @@ class EngineEntry(StrictModel):
     """Most samples in flight on this engine at once; more wait in the manager's queue."""
     api_key: str | None = None
     """The engine's --api-key, sent as a bearer token on every call to it."""
+    relay: RelayAddress | None = None
+    """HOST:PORT of a `rollflow manager relay` on the engine's node: its token streams are read
+    there and reach the manager merged, once a `stream_flush_ms` (read here while the relay is down)."""
 
 
 class OffloadSection(OffloadConfig):

@@ -111,6 +111,7 @@ class EngineFleet:
         engine_type: str = "sglang",
         capacity: int = 64,
         api_key: str | None = None,
+        relay: str | None = None,
     ) -> EngineRecord:
         """Health-check an engine, read its weight version, and put it in the pool at once.
 
@@ -136,7 +137,7 @@ class EngineFleet:
             raise EngineUnavailable(f"engine at {url} is not healthy")
         if existing is not None:
             self.registry.forget(existing.engine_id)
-        engine = self._record(url, kind, engine_type, capacity, api_key, client, version)
+        engine = self._record(url, kind, engine_type, capacity, api_key, client, version, relay)
         log.info("engine %d joined: %s kind=%s version=%s", engine.engine_id, url, kind, version)
         self._listener.engine_recorded(engine)
         if kind != "local":
@@ -145,12 +146,18 @@ class EngineFleet:
         return engine
 
     def add_failed_engine(
-        self, url: str, kind: InstanceKind, engine_type: str, capacity: int, api_key: str | None
+        self,
+        url: str,
+        kind: InstanceKind,
+        engine_type: str,
+        capacity: int,
+        api_key: str | None,
+        relay: str | None = None,
     ) -> EngineRecord:
         """An engine known from before a restart that does not answer yet: set aside in the circuit
         breaker, whose half-open checks register it again once it answers."""
         client = make_client(engine_type, url, self.http, api_key=api_key)
-        engine = self._record(url, kind, engine_type, capacity, api_key, client, None)
+        engine = self._record(url, kind, engine_type, capacity, api_key, client, None, relay)
         engine.state = "failed"
         self._open_breaker(engine)
         self._listener.engine_recorded(engine)
@@ -165,6 +172,7 @@ class EngineFleet:
         api_key: str | None,
         client: EngineClient,
         version: int | None,
+        relay: str | None,
     ) -> EngineRecord:
         return self.registry.add(
             url=url,
@@ -174,6 +182,7 @@ class EngineFleet:
             client=client,
             weight_version=version,
             api_key=api_key,
+            relay=relay,
         )
 
     async def remove_engine(self, engine_id: int) -> EngineRecord:
@@ -279,6 +288,7 @@ class EngineFleet:
                 engine_type=engine.engine_type,
                 capacity=engine.capacity,
                 api_key=engine.api_key,
+                relay=engine.relay,
             )
         except EngineAlreadyRegistered:  # registered again by hand meanwhile
             self.registry.forget(engine.engine_id)

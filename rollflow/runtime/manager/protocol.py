@@ -20,6 +20,7 @@ from rollflow.runtime.engines.sglang_io import (
     drop_neutral,
 )
 from rollflow.runtime.engines.sglang_io import GenerateBody as SGLangGenerateBody
+from rollflow.runtime.manager.config import RelayAddress
 
 
 class _Body(StrictModel):
@@ -164,6 +165,8 @@ class WorkerBody(_Body):
     capacity: Int = Field(64, ge=1, le=100_000)
     api_key: str | None = Field(None, min_length=1, max_length=4096)
     """The engine's --api-key: the manager sends it as a bearer token on every call (sgl-router's field)."""
+    relay: RelayAddress | None = None
+    """HOST:PORT of the `rollflow manager relay` on the engine's node, which reads its token streams."""
 
     @model_validator(mode="after")
     def _regular_only(self) -> WorkerBody:

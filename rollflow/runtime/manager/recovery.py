@@ -65,6 +65,7 @@ def engine_record(engine: EngineRecord) -> dict:
         "engine_type": engine.engine_type,
         "capacity": engine.capacity,
         "api_key": engine.api_key,
+        "relay": engine.relay,
         "weight_version": engine.weight_version,
         "engine_id": engine.engine_id,
     }
@@ -294,7 +295,14 @@ async def rejoin_engines(manager: RolloutManager, snapshot: Snapshot) -> None:
     for record in snapshot.engines:
         if record["url"] in configured or manager.registry.by_url(record["url"]) is not None:
             continue
-        args = (record["url"], record["kind"], record["engine_type"], record["capacity"], record["api_key"])
+        args = (
+            record["url"],
+            record["kind"],
+            record["engine_type"],
+            record["capacity"],
+            record["api_key"],
+            record.get("relay"),  # journals written before relays have none
+        )
         try:
             await manager.fleet.add_engine(*args)
         except EngineUnavailable as exc:

@@ -36,6 +36,7 @@ class EngineRecord:
     # none: the stall sweep's clock (an engine is hung when it produces for no one while it has work)
     heard_at: float = 0.0
     api_key: str | None = None  # sent on every call to the engine; kept to reconnect after a failure
+    relay: str | None = None  # HOST:PORT of the relay that reads its streams on its node
     consecutive_failures: int = 0  # failures since a sample last finished on it (the breaker's count)
     retry_at: float = 0.0  # loop time at which the breaker half-opens a failed engine
     tokens_generated: int = 0
@@ -85,6 +86,7 @@ class EngineRecord:
             "kind": self.kind,
             "engine_type": self.engine_type,
             "capacity": self.capacity,
+            "relay": self.relay,
             "state": self.state,
             "weight_version": self.weight_version,
             "running": len(self.running),

@@ -50,7 +50,7 @@ from rollflow.runtime.manager.request_log import RequestLog
 from rollflow.runtime.manager.samples import Sample, SampleRun, SampleState, Watcher
 from rollflow.runtime.manager.sessions import SessionStore
 from rollflow.runtime.manager.stall import StallSweep
-from rollflow.runtime.manager.stream_processes import StreamProcesses
+from rollflow.runtime.manager.stream_processes import StreamReaders
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -91,8 +91,8 @@ class RolloutManager:
         self._loop_watch: LoopWatch | None = None
         self.request_log = RequestLog(config.request_log) if config.request_log else None
         self.sessions = SessionStore(self)  # multi-turn sessions, restored with the batches
-        # `processes: N > 1`: the engines' streams are read by N - 1 stream processes
-        self.streams: StreamProcesses | None = None
+        # the engines' streams are read by N - 1 stream processes (`processes: N > 1`) and by relays
+        self.streams: StreamReaders | None = None
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -108,7 +108,7 @@ class RolloutManager:
             raise
         if self.config.processes > 1:  # before any attempt starts: a restored batch's samples wait
             restarts = self.metrics.stream_process_restarts
-            self.streams = StreamProcesses(self.config, self.config.processes - 1, restarts)
+            self.streams = StreamReaders(self.config, self.config.processes - 1, restarts)
             await self.streams.start()
         self.spawn(self.dispatcher.run())
         self.spawn(self.fleet.health_loop())
@@ -139,7 +139,7 @@ class RolloutManager:
         while True:
             try:
                 await self.fleet.add_engine(
-                    entry.url, entry.kind, entry.engine_type, entry.capacity, entry.api_key
+                    entry.url, entry.kind, entry.engine_type, entry.capacity, entry.api_key, entry.relay
                 )
                 return
             except EngineAlreadyRegistered:
@@ -197,9 +197,14 @@ class RolloutManager:
     def open_stream(
         self, engine: EngineRecord, rid: str, input_ids: list[int], sampling: SamplingParams
     ) -> AsyncIterator[GenerateChunk]:
+        stream = self.streams.open(engine, rid, input_ids, sampling) if self.streams is not None else None
+        return stream if stream is not None else engine.client.generate(rid, input_ids, sampling)
+
+    def _stream_readers(self) -> StreamReaders:
+        """The stream readers, made for the first relay when the manager runs as one process."""
         if self.streams is None:
-            return engine.client.generate(rid, input_ids, sampling)
-        return self.streams.open(engine.engine_type, engine.url, engine.api_key, rid, input_ids, sampling)
+            self.streams = StreamReaders(self.config, 0, self.metrics.stream_process_restarts)
+        return self.streams
 
     @property
     def http(self) -> aiohttp.ClientSession:
@@ -221,6 +226,8 @@ class RolloutManager:
                 self._move_local_samples(batch)
 
     def engine_recorded(self, engine: EngineRecord) -> None:
+        if engine.relay is not None:
+            self._stream_readers().use_relay(engine.relay)
         self.journal.engine_registered(engine.url, recovery.engine_record(engine))
         self.journal.set_state("next_engine_id", self.registry.next_id)
 

@@ -88,30 +88,38 @@ class _Pending:
         )
 
 
-class StreamProcess:
-    def __init__(self, sock: socket.socket, flush_s: float, connect_timeout_s: float) -> None:
-        self._sock = sock
+class StreamSession:
+    """The streams one manager opened on this process, over one connection to it."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        http: aiohttp.ClientSession,
+        flush_s: float,
+        frames: wire.FrameReader | None = None,
+    ) -> None:
+        """`frames`: the reader's framing when the caller has read from it already (a relay's
+        greeting)."""
+        self._reader = reader
+        self._writer = writer
+        self._http = http
         self._flush_s = flush_s
-        self._connect_timeout_s = connect_timeout_s
+        self._frames = frames or wire.FrameReader()
         self._clients: dict[tuple[str, str, str | None], EngineClient] = {}
         self._streams: dict[str, asyncio.Task] = {}
         self._pending: dict[str, _Pending] = {}
         self._outbox: list[tuple] = []  # items ready to go, in order, ahead of `_pending`'s
         self._flush_handle: asyncio.TimerHandle | None = None
         self._flushed: asyncio.Future | None = None  # resolved by the next flush
-        self._writer: asyncio.StreamWriter | None = None
-        self._http: aiohttp.ClientSession | None = None
 
-    async def run(self) -> None:
+    async def run(self, first: list | None = None) -> None:
+        """Serve the manager until its connection closes; `first`: messages already read from it."""
         loop = asyncio.get_running_loop()
-        connector = aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True)
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout_s)
-        self._http = aiohttp.ClientSession(connector=connector, timeout=timeout)
-        reader, self._writer = await asyncio.open_unix_connection(sock=self._sock)
-        frames = wire.FrameReader()
         try:
-            while data := await reader.read(1 << 16):
-                for message in frames.feed(data):
+            messages = first or []
+            while True:
+                for message in messages:
                     if message[0] == wire.OPEN:
                         _, rid, engine_type, url, api_key, input_ids, fields = message
                         client = self._client(engine_type, url, api_key)
@@ -121,11 +129,17 @@ class StreamProcess:
                         task = self._streams.pop(message[1], None)
                         if task is not None:
                             task.cancel()
+                data = await self._reader.read(1 << 16)
+                if not data:
+                    break
+                messages = self._frames.feed(data)
         finally:  # the manager is gone: nothing is read for it any more
             for task in self._streams.values():
                 task.cancel()
             await asyncio.gather(*self._streams.values(), return_exceptions=True)
-            await self._http.close()
+            if self._flush_handle is not None:
+                self._flush_handle.cancel()
+            self._writer.close()
 
     def _client(self, engine_type: str, url: str, api_key: str | None) -> EngineClient:
         key = (engine_type, url, api_key)
@@ -205,6 +219,20 @@ class StreamProcess:
             self._writer.write(wire.frame(items))
 
 
+def http_session(connect_timeout_s: float) -> aiohttp.ClientSession:
+    """The session the engine clients share (as the manager's own: no pool limit)."""
+    connector = aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True)
+    return aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
+    )
+
+
+async def _serve_manager(sock: socket.socket, flush_s: float, connect_timeout_s: float) -> None:
+    async with http_session(connect_timeout_s) as http:
+        reader, writer = await asyncio.open_unix_connection(sock=sock)
+        await StreamSession(reader, writer, http, flush_s).run()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Read engines' token streams for a rollflow manager.")
     parser.add_argument(
@@ -217,9 +245,8 @@ def main() -> None:
     import uvloop
 
     sock = socket.socket(fileno=args.fd)
-    process = StreamProcess(sock, args.flush_ms / 1000.0, args.connect_timeout_s)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(process.run())
+        runner.run(_serve_manager(sock, args.flush_ms / 1000.0, args.connect_timeout_s))
 
 
 if __name__ == "__main__":

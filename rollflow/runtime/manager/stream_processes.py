@@ -1,14 +1,18 @@
-"""The manager's stream processes (`processes: N`): N - 1 processes read the engines' token streams.
+"""Where the manager's engine streams are read: its stream processes and the engines' relays.
 
 The manager process keeps everything that decides: the engine fleet, the batches, the queue and the
-router, the journal, the HTTP API. It sees samples and merged chunks, not the engines' events: each
-attempt's stream is opened on the stream process with the fewest open streams, which reads and
-parses the engine's events and sends their tokens back every `stream_flush_ms` (stream_process.py).
-An attempt reads the chunks as it would read its engine client's (attempt.py is the same either way).
+router, the journal, the HTTP API. With `processes: N` (N > 1) it sees samples and merged chunks,
+not the engines' events: each attempt's stream is opened on the stream process with the fewest open
+streams, which reads and parses the engine's events and sends their tokens back every
+`stream_flush_ms` (stream_process.py). An engine registered with a `relay` (`rollflow manager
+relay` on the engine's own node) has its streams read there instead, so its tokens cross the network
+once a flush, merged. An attempt reads the chunks as it would read its engine client's (attempt.py
+is the same either way).
 
-A stream process that dies is started again; the attempts it was reading end with
-`StreamProcessLost`, and their samples resume from the tokens the manager had (what the engines
-sent the process in its last two `stream_flush_ms` is generated again).
+A stream process that dies is started again; a relay that goes away is dialled again every few
+seconds, its engines' streams read here meanwhile. Either way, the attempts it was reading end with
+`StreamProcessLost`, and their samples resume from the tokens the manager had (what the engines sent
+it in its last two `stream_flush_ms` is generated again).
 """
 
 from __future__ import annotations
@@ -34,10 +38,12 @@ if TYPE_CHECKING:
     from prometheus_client import Counter
 
     from rollflow.runtime.manager.config import ManagerConfig
+    from rollflow.runtime.manager.registry import EngineRecord
 
 log = logging.getLogger("rollflow.manager")
 
-_LOST = object()  # what a stream's queue gets when its process died
+_LOST = object()  # what a stream's queue gets when its reader went away
+RELAY_RETRY_S = (1.0, 5.0)  # a lost relay is dialled again after the first, then every second value
 
 _ERRORS: dict[str, type[Exception]] = {
     wire.REJECTED: EngineRejectedError,
@@ -47,17 +53,64 @@ _ERRORS: dict[str, type[Exception]] = {
 }
 
 
-class _Process(asyncio.Protocol):
-    """One stream process: its OS process, its socket, and the streams open on it."""
+class _Channel(asyncio.Protocol):
+    """A connection to something that reads streams for the manager (a stream process or a
+    relay), and the streams open on it."""
 
-    def __init__(self, index: int, pool: StreamProcesses) -> None:
-        self.index = index
-        self.pool = pool
+    name = "stream reader"
+
+    def __init__(self) -> None:
         self.streams: dict[str, asyncio.Queue] = {}
-        self.popen: subprocess.Popen | None = None
         self.transport: asyncio.Transport | None = None
         self._frames = wire.FrameReader()
-        self.closed = asyncio.get_running_loop().create_future()
+
+    @property
+    def up(self) -> bool:
+        return self.transport is not None and not self.transport.is_closing()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        streams = self.streams
+        try:
+            messages = self._frames.feed(data)
+        except ValueError as exc:  # not a rollflow stream reader: drop it, its streams resume
+            log.error("%s sent something unreadable (%s); closing it", self.name, exc)
+            self.transport.close()
+            return
+        for message in messages:
+            for item in message:
+                queue = streams.get(item[1])
+                if queue is not None:
+                    queue.put_nowait(item)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        for queue in self.streams.values():
+            queue.put_nowait(_LOST)
+        self.streams.clear()
+        self.lost()
+
+    def lost(self) -> None:
+        """What to do once the connection is gone."""
+
+    def send(self, message: tuple | list) -> bool:
+        if not self.up:
+            return False
+        self.transport.write(wire.frame(message))
+        return True
+
+
+class _Process(_Channel):
+    """A stream process: an OS process this manager started, on the other end of a socket pair."""
+
+    def __init__(self, index: int, pool: StreamReaders) -> None:
+        super().__init__()
+        self.index = index
+        self.name = f"stream process {index}"
+        self.pool = pool
+        self.popen: subprocess.Popen | None = None
 
     @property
     def pid(self) -> int | None:
@@ -82,45 +135,75 @@ class _Process(asyncio.Protocol):
             stdin=subprocess.DEVNULL,
         )
         theirs.close()
-        loop = asyncio.get_running_loop()
-        await loop.create_unix_connection(lambda: self, sock=mine)
+        await asyncio.get_running_loop().create_unix_connection(lambda: self, sock=mine)
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        streams = self.streams
-        for message in self._frames.feed(data):
-            for item in message:
-                queue = streams.get(item[1])
-                if queue is not None:
-                    queue.put_nowait(item)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.transport = None
-        for queue in self.streams.values():
-            queue.put_nowait(_LOST)
-        self.streams.clear()
-        if not self.closed.done():
-            self.closed.set_result(None)
+    def lost(self) -> None:
         self.pool.process_lost(self)
 
-    def send(self, message: tuple) -> bool:
-        if self.transport is None or self.transport.is_closing():
-            return False
-        self.transport.write(wire.frame(message))
-        return True
+
+class _Relay(_Channel):
+    """A relay on an engine's node (`rollflow manager relay`), reached over TCP at `address`."""
+
+    def __init__(self, address: str, pool: StreamReaders) -> None:
+        super().__init__()
+        self.address = address
+        self.name = f"relay {address}"
+        self.pool = pool
+        self._dialling: asyncio.Task | None = None
+
+    def dial(self, after_s: float = 0.0) -> None:
+        """Connect in the background (again, `after_s` from now after a loss), until it answers or
+        the pool closes."""
+        if self._dialling is None or self._dialling.done():
+            self._dialling = asyncio.get_running_loop().create_task(self._dial(after_s))
+
+    async def _dial(self, after_s: float) -> None:
+        await asyncio.sleep(after_s)
+        host, _, port = self.address.rpartition(":")
+        retry_s = 0.0
+        while not self.pool.closing:
+            try:
+                await asyncio.wait_for(
+                    asyncio.get_running_loop().create_connection(lambda: self, host.strip("[]"), int(port)),
+                    self.pool.config.connect_timeout_s,
+                )
+            except (OSError, TimeoutError) as exc:
+                if retry_s == 0.0:
+                    log.warning(
+                        "%s does not answer (%s): its engines' streams are read here meanwhile",
+                        self.name,
+                        exc,
+                    )
+                retry_s = RELAY_RETRY_S[0] if retry_s == 0.0 else RELAY_RETRY_S[1]
+                await asyncio.sleep(retry_s)
+                continue
+            self.send((wire.HELLO, self.pool.config.token))
+            log.info("%s connected", self.name)
+            return
+
+    def lost(self) -> None:
+        if not self.pool.closing:
+            log.warning("%s went away: its samples resume; dialling it again", self.name)
+            self.dial(after_s=RELAY_RETRY_S[0])  # a relay that refuses this manager is not asked in a loop
+
+    def close(self) -> None:
+        if self._dialling is not None:
+            self._dialling.cancel()
+        if self.transport is not None:
+            self.transport.close()
 
 
-class StreamProcesses:
-    """The pool of stream processes an attempt's engine stream is opened on."""
+class StreamReaders:
+    """The stream processes and relays an attempt's engine stream can be opened on."""
 
-    def __init__(self, config: ManagerConfig, count: int, restarts: Counter) -> None:
-        """`restarts` counts the processes started again after one died."""
+    def __init__(self, config: ManagerConfig, processes: int, restarts: Counter) -> None:
+        """`processes` stream processes (none: only relays); `restarts` counts the processes
+        started again after one died."""
         self.config = config
-        self._count = count
+        self._count = processes
         self._processes: list[_Process] = []
-        self._closing = False
+        self._relays: dict[str, _Relay] = {}
+        self.closing = False
         self._restarting: set[asyncio.Task] = set()
         self._restarts = restarts
 
@@ -133,12 +216,15 @@ class StreamProcesses:
             process = _Process(index, self)
             await process.start()
             self._processes.append(process)
-        log.info("stream processes: %s", ", ".join(str(pid) for pid in self.pids))
+        if self._processes:
+            log.info("stream processes: %s", ", ".join(str(pid) for pid in self.pids))
 
     async def close(self) -> None:
-        self._closing = True
+        self.closing = True
         for task in self._restarting:
             task.cancel()
+        for relay in self._relays.values():
+            relay.close()
         for process in self._processes:
             if process.transport is not None:
                 process.transport.close()  # the process sees its socket close and exits
@@ -151,13 +237,19 @@ class StreamProcesses:
                 process.popen.kill()
                 await asyncio.to_thread(process.popen.wait)
 
+    def use_relay(self, address: str) -> None:
+        """Read the streams of the engines registered with this relay through it (dialled now)."""
+        if address not in self._relays:
+            self._relays[address] = relay = _Relay(address, self)
+            relay.dial()
+
     def process_lost(self, process: _Process) -> None:
         """A stream process's socket closed: unless the manager is closing, it died; start another."""
-        if self._closing:
+        if self.closing:
             return
         code = process.popen.poll() if process.popen is not None else None
         log.warning(
-            "stream process %s (pid %s) died (exit %s): its streams resume elsewhere; starting another",
+            "stream process %s (pid %s) died (exit %s): its streams resume; starting another",
             process.index,
             process.pid,
             code,
@@ -175,46 +267,34 @@ class StreamProcesses:
         self._restarts.inc()
 
     def open(
-        self,
-        engine_type: str,
-        url: str,
-        api_key: str | None,
-        rid: str,
-        input_ids: list[int],
-        sampling: SamplingParams,
-    ) -> AsyncIterator[GenerateChunk]:
-        """The engine's stream of `rid`, read by the stream process with the fewest streams open."""
-        process = min(
-            (p for p in self._processes if p.transport is not None),
-            key=lambda p: len(p.streams),
-            default=None,
-        )
-        return self._stream(process, engine_type, url, api_key, rid, input_ids, sampling)
+        self, engine: EngineRecord, rid: str, input_ids: list[int], sampling: SamplingParams
+    ) -> AsyncIterator[GenerateChunk] | None:
+        """The engine's stream of `rid`, read by its relay when it has one that is connected, else
+        by the stream process with the fewest streams open; None when neither can (no relay, and
+        no stream process, or none up while one is started again): the manager then reads it itself,
+        rather than end attempt after attempt on a reader that is not there."""
+        relay = self._relays.get(engine.relay) if engine.relay else None
+        if relay is not None and relay.up:
+            channel: _Channel | None = relay
+        else:
+            channel = min((p for p in self._processes if p.up), key=lambda p: len(p.streams), default=None)
+            if channel is None:
+                return None
+        opening = (wire.OPEN, rid, engine.engine_type, engine.url, engine.api_key, input_ids)
+        return self._stream(channel, rid, (*opening, wire.sampling_fields(sampling)))
 
-    async def _stream(
-        self,
-        process: _Process | None,
-        engine_type: str,
-        url: str,
-        api_key: str | None,
-        rid: str,
-        input_ids: list[int],
-        sampling: SamplingParams,
-    ) -> AsyncIterator[GenerateChunk]:
+    async def _stream(self, channel: _Channel, rid: str, opening: tuple) -> AsyncIterator[GenerateChunk]:
+        if not channel.send(opening):  # it went away since `open` chose it
+            raise wire.StreamProcessLost(f"{channel.name} went away before {rid} was opened on it")
         queue: asyncio.Queue = asyncio.Queue()
-        opened = process is not None and process.send(
-            (wire.OPEN, rid, engine_type, url, api_key, input_ids, wire.sampling_fields(sampling))
-        )
-        if not opened:
-            raise wire.StreamProcessLost("no stream process is running (one is being started again)")
-        process.streams[rid] = queue
+        channel.streams[rid] = queue
         ended = False
         try:
             while True:
                 item = await queue.get()
                 if item is _LOST:
                     ended = True
-                    raise wire.StreamProcessLost(f"stream process {process.index} died while reading {rid}")
+                    raise wire.StreamProcessLost(f"{channel.name} went away while reading {rid}")
                 if item[0] == wire.FAILED:
                     ended = True
                     kind, message = item[2], item[3]
@@ -228,6 +308,6 @@ class StreamProcesses:
                     return
                 yield chunk
         finally:
-            process.streams.pop(rid, None)
+            channel.streams.pop(rid, None)
             if not ended:
-                process.send((wire.CLOSE, rid))
+                channel.send((wire.CLOSE, rid))

@@ -1,26 +1,29 @@
-"""What the manager and its stream processes say to each other (`processes: N`, N > 1).
+"""What the manager and its stream processes and relays say to each other.
 
-A stream process reads engines' token streams for the manager: the manager opens a stream by a
-request id, the process sends back what the engine streamed, several events merged into one chunk
-per request and many requests' chunks in one message, and a stream's end or error. The messages go
-over a local socket pair as a 4-byte length and a `marshal`-ed tuple: the two sides are one Python
-build (the manager starts the process with its own interpreter), and marshal reads and writes
-lists of ints and floats several times faster than JSON or pickle.
+A stream process (`processes: N`, N > 1) or a relay (`rollflow manager relay`, on an engine's own
+node) reads engines' token streams for the manager: the manager opens a stream by a request id, and
+gets back what the engine streamed, several events merged into one chunk per request and many
+requests' chunks in one message, and a stream's end or error. A message is a 4-byte length and a
+JSON array (orjson: as fast as marshal on these lists of ints and floats, and safe to read from
+another machine). A relay's first message from the manager is HELLO with the relay's token.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import marshal
 import struct
+
+import orjson
 
 from rollflow.runtime.engines.base import GenerateChunk, SamplingParams
 
 HEADER = struct.Struct("<I")
+MAX_MESSAGE_BYTES = 1 << 30
 
 # manager -> stream process
 OPEN = 0  # (OPEN, rid, engine_type, url, api_key, input_ids, sampling fields)
 CLOSE = 1  # (CLOSE, rid): stop reading it (the engine sees its client go away)
+HELLO = 2  # (HELLO, token): a relay's first message; a wrong token closes the connection
 
 # stream process -> manager: one message is a list of these
 CHUNK = 0  # (CHUNK, rid, *GenerateChunk fields)
@@ -40,17 +43,19 @@ class StreamProcessLost(Exception):
 
 
 def frame(message: object) -> bytes:
-    payload = marshal.dumps(message)
+    payload = orjson.dumps(message)
     return HEADER.pack(len(payload)) + payload
 
 
 def sampling_fields(sampling: SamplingParams) -> tuple:
-    """The sampling parameters as marshal carries them (a tuple in field order)."""
+    """The sampling parameters as the wire carries them (their values in field order)."""
     return dataclasses.astuple(sampling)
 
 
-def sampling_from(fields: tuple) -> SamplingParams:
-    return SamplingParams(*fields)
+def sampling_from(fields: list) -> SamplingParams:
+    """The sampling parameters back from the fields (JSON makes the tuples lists)."""
+    values = [tuple(value) if isinstance(value, list) else value for value in fields]
+    return SamplingParams(*values)
 
 
 def chunk_from(item: tuple) -> GenerateChunk:
@@ -59,10 +64,12 @@ def chunk_from(item: tuple) -> GenerateChunk:
 
 
 class FrameReader:
-    """Splits a byte stream into messages; feed it what the socket gave."""
+    """Splits a byte stream into messages; feed it what the socket gave. A message longer than
+    `max_bytes` is refused (ValueError): a peer that sends one is not a rollflow manager."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int = MAX_MESSAGE_BYTES) -> None:
         self._buffer = bytearray()
+        self.max_bytes = max_bytes
 
     def feed(self, data: bytes) -> list:
         self._buffer += data
@@ -71,10 +78,12 @@ class FrameReader:
         buffer = self._buffer
         while len(buffer) - offset >= HEADER.size:
             (size,) = HEADER.unpack_from(buffer, offset)
+            if size > self.max_bytes:
+                raise ValueError(f"a message of {size} bytes, more than {self.max_bytes}")
             end = offset + HEADER.size + size
             if len(buffer) < end:
                 break
-            messages.append(marshal.loads(memoryview(buffer)[offset + HEADER.size : end]))
+            messages.append(orjson.loads(memoryview(buffer)[offset + HEADER.size : end]))
             offset = end
         if offset:
             del buffer[:offset]

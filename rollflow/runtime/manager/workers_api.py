@@ -41,7 +41,7 @@ async def _register(request: web.Request, body: WorkerBody) -> EngineRecord:
     manager = request.app[MANAGER_KEY]
     try:
         return await manager.fleet.add_engine(
-            body.url, body.kind, body.engine_type, body.capacity, body.api_key
+            body.url, body.kind, body.engine_type, body.capacity, body.api_key, body.relay
         )
     except EngineUnavailable as exc:
         raise BadRequest(str(exc)) from None
