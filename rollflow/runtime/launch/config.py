@@ -137,6 +137,10 @@ class RaySection(StrictModel):
     actor_start_timeout_s: float = Field(300.0, gt=0)
     """How long an actor may take to start on a cluster that has room for it (a busy node starts its
     Python worker slowly); one that no node has room for fails after 60 s, naming what is short."""
+    relays: bool = True
+    """Start a `rollflow manager relay` on every node that runs engines (one actor per node) and
+    register each engine with its node's relay: the node's tokens reach the manager merged, once a
+    `manager.stream_flush_ms`, and no process parses every token of the cluster."""
 
 
 class LaunchSection(StrictModel):

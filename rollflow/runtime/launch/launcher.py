@@ -24,6 +24,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -36,6 +37,9 @@ from rollflow.runtime.launch.slots import LocalSlot, Slot
 from rollflow.runtime.manager.client import ManagerClient, ManagerError
 from rollflow.runtime.weights.checkpoint import publish_checkpoint
 from rollflow.runtime.weights.cli import TOKEN_ENV as WEIGHTS_TOKEN_ENV
+
+if TYPE_CHECKING:
+    from rollflow.runtime.launch.relays import NodeRelays
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +70,7 @@ class Launcher:
         self._steps_seen = 0
         self._ray_started = False
         self._lock = threading.Lock()  # engines register from several threads
+        self.relays: NodeRelays | None = None  # backend ray with launch.ray.relays: one per engine node
 
     def __enter__(self) -> Launcher:
         try:
@@ -89,6 +94,17 @@ class Launcher:
             self._connect_ray()
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self._start_manager()
+        if self.config.backend == "ray" and self.config.ray.relays:
+            from rollflow.runtime.launch.relays import NodeRelays
+
+            manager = self.config.manager
+            self.relays = NodeRelays(
+                str(self.work_dir),
+                manager.token,
+                manager.stream_flush_ms,
+                self.config.startup_timeout_s,
+                self.config.ray.actor_start_timeout_s,
+            )
         if self.config.weights.enabled:
             self._start_weight_server()
         starting: list[_StartingEngine] = []
@@ -208,6 +224,8 @@ class Launcher:
         for engine in self.engines.values():
             engine.slot.stop()
         self.engines.clear()
+        if self.relays is not None:
+            self.relays.stop()
         if self.weights_slot is not None:
             self.weights_slot.stop()
         if self.manager_slot is not None:
@@ -332,10 +350,11 @@ class Launcher:
             command = engine_command(pool, model, slot.host, port, version)
             log_path = str(self.work_dir / f"{name}.log")
             slot.start(command.argv, log_path, command.env, rollflow=command.rollflow, files={})
+            relay = self.relays.address_for(slot) if self.relays is not None else None
         except BaseException:
             slot.stop()
             raise
-        return _StartingEngine(name, pool, slot, f"http://{slot.host}:{port}", version, command)
+        return _StartingEngine(name, pool, slot, f"http://{slot.host}:{port}", version, command, relay)
 
     def _register_engine(self, starting: _StartingEngine) -> LaunchedEngine:
         """Wait until the engine answers, then register it with the manager (safe on any thread)."""
@@ -343,7 +362,9 @@ class Launcher:
         if starting.command.version_over_http:
             set_weight_version(starting.url, starting.version)
         pool = starting.pool
-        worker = self.manager.add_worker(starting.url, pool.kind, pool.server, pool.capacity)
+        worker = self.manager.add_worker(
+            starting.url, pool.kind, pool.server, pool.capacity, relay=starting.relay
+        )
         engine = LaunchedEngine(worker["id"], starting.url, pool.kind, starting.version, starting.slot, pool)
         with self._lock:
             self.engines[engine.engine_id] = engine
@@ -367,3 +388,4 @@ class _StartingEngine:
     url: str
     version: int
     command: EngineCommand
+    relay: str | None  # HOST:PORT of its node's relay (backend ray, launch.ray.relays)

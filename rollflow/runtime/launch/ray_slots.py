@@ -35,6 +35,9 @@ class _ProcessActor:
     def host(self) -> str:
         return self.slot.host
 
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
     def free_port(self) -> int:
         return self.slot.free_port()
 
@@ -91,6 +94,7 @@ class RaySlot:
         self.name = name
         self.actor = _RemoteProcessActor.options(**options).remote(name)
         self.host = self._await_start(options, start_timeout_s)
+        self.node_id: str = self._call("node_id")
 
     def _await_start(self, options: dict[str, Any], start_timeout_s: float) -> str:
         """The actor's node address once it runs. An actor no node has room for fails after

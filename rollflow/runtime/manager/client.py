@@ -240,10 +240,13 @@ class ManagerClient:
         engine_type: str = "sglang",
         capacity: int = 64,
         api_key: str | None = None,
+        relay: str | None = None,
     ) -> dict:
-        """Register an engine; `api_key` is the engine's own key, sent by the manager on every call."""
+        """Register an engine; `api_key` is the engine's own key, sent by the manager on every call;
+        `relay`: HOST:PORT of the `rollflow manager relay` on its node, which reads its streams."""
         body = {"url": url, "kind": kind, "engine_type": engine_type, "capacity": capacity}
-        return self.request("POST", "/workers", body | ({"api_key": api_key} if api_key else {}))
+        optional = {"api_key": api_key, "relay": relay}
+        return self.request("POST", "/workers", body | {k: v for k, v in optional.items() if v is not None})
 
     def remove_worker(self, engine_id: int) -> dict:
         return self.request("DELETE", f"/workers/{engine_id}")

@@ -54,19 +54,7 @@ class RayHead:
 
     def descendants(self) -> set[int]:
         """Every process started under the head (its daemons, workers and what actors started)."""
-        parent_of = {}
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    stat = (entry / "stat").read_text()
-                except OSError:
-                    continue
-                parent_of[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-        found, frontier = set(), {self.proc.pid}
-        while frontier:
-            found |= frontier
-            frontier = {pid for pid, ppid in parent_of.items() if ppid in frontier} - found
-        return found
+        return descendants(self.proc.pid)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -78,6 +66,23 @@ class RayHead:
                 self.proc.wait()
         self._log.close()
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def descendants(pid: int) -> set[int]:
+    """`pid` and every process started under it."""
+    parent_of = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parent_of[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        found |= frontier
+        frontier = {child for child, parent in parent_of.items() if parent in frontier} - found
+    return found
 
 
 def listening_addresses(pids: set[int]) -> list[str]:

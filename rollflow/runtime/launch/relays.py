@@ -1,0 +1,95 @@
+"""One `rollflow manager relay` per Ray node that runs engines (`launch.ray.relays`).
+
+An engine launched on a node is registered with the relay of that node, started the first time an
+engine lands there, in an actor pinned to the node: the node's tokens then reach the manager merged,
+once a `manager.stream_flush_ms`, and no process parses every token of the cluster. A relay the
+launch loses costs nothing but that: the manager reads the node's engines itself until it is back.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from dataclasses import dataclass
+
+from rollflow.runtime.launch.process import LaunchError
+from rollflow.runtime.launch.ray_slots import RaySlot
+
+logger = logging.getLogger(__name__)
+
+_POLL_S = 0.1
+
+
+@dataclass
+class NodeRelay:
+    slot: RaySlot
+    address: str  # HOST:PORT, as an engine registers it
+
+
+class NodeRelays:
+    """The relays of a Ray launch, one per node that runs engines."""
+
+    def __init__(
+        self,
+        work_dir: str,
+        token: str | None,
+        flush_ms: float,
+        start_timeout_s: float,
+        actor_start_timeout_s: float,
+    ) -> None:
+        self._work_dir = work_dir
+        self._token = token
+        self._flush_ms = flush_ms
+        self._start_timeout_s = start_timeout_s
+        self._actor_start_timeout_s = actor_start_timeout_s
+        self.by_node: dict[str, NodeRelay] = {}
+
+    def address_for(self, engine_slot: RaySlot) -> str:
+        """The relay of the engine's node (started now if the node has none yet)."""
+        relay = self.by_node.get(engine_slot.node_id)
+        if relay is None:
+            relay = self.by_node[engine_slot.node_id] = self._start(engine_slot.node_id)
+        return relay.address
+
+    def stop(self) -> None:
+        for relay in self.by_node.values():
+            relay.slot.stop()
+        self.by_node.clear()
+
+    def _start(self, node_id: str) -> NodeRelay:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        name = f"relay{len(self.by_node)}"
+        # no CPU reserved: a relay spends a fraction of a core on what the node's engines stream
+        options = {"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
+        slot = RaySlot(name, options, self._actor_start_timeout_s)
+        try:
+            port = slot.free_port()
+            argv = ["manager", "relay", "--host", slot.host, "--port", str(port)]
+            argv += ["--flush-ms", f"{self._flush_ms:g}", "--log-format", "json"]
+            env = {"ROLLFLOW_MANAGER_TOKEN": self._token} if self._token else {}
+            slot.start(argv, f"{self._work_dir}/{name}.log", env, rollflow=True, files={})
+            self._wait_listening(slot, port)
+        except BaseException:
+            slot.stop()
+            raise
+        address = f"{slot.host}:{port}"
+        logger.info("%s up on %s (node %s)", name, address, node_id[:12])
+        return NodeRelay(slot, address)
+
+    def _wait_listening(self, slot: RaySlot, port: int) -> None:
+        deadline = time.monotonic() + self._start_timeout_s
+        while time.monotonic() < deadline:
+            code = slot.exit_code()
+            if code is not None:
+                raise LaunchError(f"{slot.name} exited with code {code} while starting:\n{slot.log_tail()}")
+            try:
+                socket.create_connection((slot.host, port), timeout=2).close()
+                return
+            except OSError:
+                time.sleep(_POLL_S)
+        raise LaunchError(
+            f"{slot.name} did not listen on {slot.host}:{port} within {self._start_timeout_s:g}s"
+            f" (launch.startup_timeout_s); its log ends:\n{slot.log_tail()}"
+        )
