@@ -264,6 +264,7 @@ class ManagerClient:
         *,
         weights_url: str | None = None,
         codec: str | None = None,
+        transport: str | None = None,
     ) -> dict:
         """Have one engine load a checkpoint folder, or pull `weight_version` from the weight server
         at `weights_url`; it rejoins the pool only on `weight_version`."""
@@ -274,6 +275,8 @@ class ManagerClient:
             body["weights_url"] = weights_url
         if codec is not None:
             body["codec"] = codec
+        if transport is not None:
+            body["transport"] = transport
         # repeated across a manager restart, the engine loads the same version again: no harm done
         return self.request("POST", f"/workers/{engine_id}/update_weights", body, idempotent=True)
 

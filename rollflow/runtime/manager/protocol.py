@@ -196,14 +196,18 @@ class UpdateWeightsBody(_Body):
     """Weight server (`rollflow weights serve`) the engine pulls `weight_version` from (built-in engines)."""
     codec: str | None = None
     """Pull codec (with weights_url only); the engine's default (delta+zstd) when absent."""
+    transport: Literal["http", "mooncake"] | None = None
+    """How the pulled chunks travel (with weights_url only): http, or mooncake (from a weight server
+    started with --mooncake); the engine's default (http) when absent."""
     weight_version: Int = Field(ge=0)
 
     @model_validator(mode="after")
     def _one_source(self) -> UpdateWeightsBody:
         if (self.model_path is None) == (self.weights_url is None):
             raise ValueError("give exactly one of model_path and weights_url")
-        if self.codec is not None and self.weights_url is None:
-            raise ValueError("codec applies to weights_url only, not to model_path")
+        for name in ("codec", "transport"):
+            if getattr(self, name) is not None and self.weights_url is None:
+                raise ValueError(f"{name} applies to weights_url only, not to model_path")
         return self
 
     @field_validator("codec")

@@ -281,6 +281,7 @@ async def update_worker_weights(request: web.Request) -> web.Response:
             model_path=body.model_path,
             weights_url=body.weights_url,
             codec=body.codec,
+            transport=body.transport,
         )
     except KeyError:
         raise not_found(f"unknown or failed engine id {engine_id}") from None

@@ -85,6 +85,11 @@ class TrainConfig(StrictModel):
     which `rollflow launch up` sets when it starts a weight server."""
     weights_codec: str = "delta+zstd"
     """Codec engines pull with (weights_url only): delta+zstd sends only what changed since their version."""
+    weights_transport: Literal["http", "mooncake"] = "http"
+    """How engines pull each version's chunks from the weight server (weights_url only): http GETs, or
+    mooncake: read straight from the server's registered memory by Mooncake's transfer engine (the
+    server started with `--mooncake tcp` or `rdma`). An engine that cannot use Mooncake pulls over http
+    and logs why."""
     seed: int = 0
     """Seed of torch (a new critic's initialisation) and of the trainer's own random draws."""
     device: str = "cpu"

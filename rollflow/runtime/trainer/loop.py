@@ -475,6 +475,7 @@ class Trainer:
                     weight_version=self.step,
                     weights_url=self.config.weights_url,
                     codec=self.config.weights_codec,
+                    transport=self.config.weights_transport,
                 )
                 return
             except ManagerError as exc:
