@@ -141,6 +141,8 @@ class Trainer:
         if self.sharded:  # before the optimizer is made: sharding replaces the parameters
             self.policy = parallel.wrap(self.policy)
             self.critic = parallel.wrap(self.critic) if self.critic is not None else None
+            # the frozen reference too: a model too big for one device is as big when frozen
+            self.reference = parallel.wrap(self.reference) if self.reference is not None else None
         parameters = list(self.policy.parameters())
         if self.critic is not None:
             parameters += list(self.critic.parameters())
