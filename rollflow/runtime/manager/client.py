@@ -292,6 +292,7 @@ class ManagerClient:
         model_path: str | None = None,
         weights_url: str | None = None,
         weight_version: int | None = None,
+        transport: str | None = None,
     ) -> dict:
         """Wake a released engine; with a source it loads that (or the newest) version, then rejoins."""
         body = {
@@ -300,6 +301,7 @@ class ManagerClient:
                 ("model_path", model_path),
                 ("weights_url", weights_url),
                 ("weight_version", weight_version),
+                ("transport", transport),
             )
             if value is not None
         }

@@ -326,7 +326,9 @@ async def resume_worker(request: web.Request) -> web.Response:
 def _weight_source(body: ResumeWorkerBody) -> memory.WeightSource | None:
     if body.model_path is None and body.weights_url is None:
         return None
-    return memory.WeightSource(body.weight_version, body.model_path, body.weights_url, body.codec)
+    return memory.WeightSource(
+        body.weight_version, body.model_path, body.weights_url, body.codec, body.transport
+    )
 
 
 async def release_all(request: web.Request) -> web.Response:

@@ -188,6 +188,12 @@ def test_samples_stream_in_submission_order(fleet):
             400,
             "transport applies to weights_url only",
         ),
+        (
+            "/workers/0/resume",
+            {"model_path": "/x", "weight_version": 1, "transport": "mooncake"},
+            400,
+            "transport applies to weights_url only",
+        ),
     ],
 )
 def test_bad_input_gets_a_4xx_that_names_the_problem(fleet, path, body, status, message):

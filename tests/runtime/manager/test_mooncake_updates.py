@@ -1,4 +1,5 @@
-"""An engine pulling a new version over Mooncake whose transport dies mid-transfer (the weight
+"""Engines take new versions over Mooncake through the manager: a released engine resumes on the
+weight server's newest, read over Mooncake; one whose transport dies mid-transfer (the weight
 server killed with SIGKILL once the engine holds the manifest and the chunks' Mooncake location)
 stays on its old version, out of the pool, and the other engine serves on."""
 
@@ -13,6 +14,27 @@ from tests.runtime.manager.helpers import workers
 from tests.runtime.processes import http
 from tests.runtime.weights.factories import start_server_process
 from tests.runtime.weights.proxy import ChunkProxy
+
+
+def test_a_released_engine_resumes_on_the_newest_version_read_over_mooncake(processes, tiny_model, tmp_path):
+    store_dir = tmp_path / "store"
+    state, files = read_checkpoint(tiny_model)
+    WeightStore(store_dir).publish(3, {n: t * 1.5 for n, t in state.items()}, files=files)
+    server, server_url = start_server_process(store_dir, "--mooncake", "tcp")
+    engine = processes.engine()
+    manager = processes.manager(engines=[{"url": engine.url, "engine_type": "builtin"}])
+    client = ManagerClient(manager.url)
+    try:
+        engine_id = workers(manager)[engine.url]["id"]
+        client.release_worker(engine_id)
+        answer = client.resume_worker(engine_id, weights_url=server_url, transport="mooncake")
+    finally:
+        server.kill()
+        server.wait()
+    assert answer["state"] == "healthy" and answer["weight_version"] == 3
+    assert http("GET", engine.url + "/get_weight_version")[1]["weight_version"] == 3
+    log = next((tmp_path).glob("serve-*.log")).read_text()
+    assert "in mooncake memory" in log and "pulling over http" not in engine.log_path.read_text()
 
 
 def test_the_transport_killed_mid_mooncake_transfer_leaves_the_engine_on_its_old_version_out_of_the_pool(
