@@ -14,9 +14,10 @@ ratio uses the engines' recorded log-probs token by token.
 
 Under torchrun, rank 0 runs this loop and every other rank only `_obey`s it: a backward of its share
 of each micro-batch, an optimizer step when told (distributed.py); with `parallelism: fsdp` also its
-part in gathering a weight version and in writing a checkpoint's shards (sharded.py). With an elastic actor (elastic.py,
-`trainer.actor`) this process is its rank 0, and each mini-batch trains on the ranks active for it;
-`minibatch_end_hooks` run between mini-batches, where a live executor resizes the actor.
+part in gathering a weight version and in writing a checkpoint's shards (sharded.py). With an
+elastic actor (elastic.py, `trainer.actor`) this process is its rank 0, and each mini-batch trains
+on the ranks active for it; `minibatch_end_hooks` run between mini-batches, where a live executor
+resizes the actor.
 """
 
 from __future__ import annotations
