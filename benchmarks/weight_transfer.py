@@ -20,8 +20,9 @@ zeros away).
 Then the two transports, between real processes on 127.0.0.1: a `rollflow weights serve --mooncake
 tcp` process serves both versions, and this process pulls the full model (zstd) and the step
 (delta+zstd against the first) over HTTP and over Mooncake TCP: seconds and wire bytes of each pull
-(one engine, one rank; payloads built and the puller's Mooncake engine started beforehand; the
-first Mooncake read of a payload includes the server copying it into registered memory). Goals: every pull gives the published weights exactly, and every Mooncake
+for 1, 2 and 4 engines pulling at once (--quick: 1 and 2; one process, each engine its own puller and
+cache; payloads built and this process's Mooncake engine started beforehand; the first Mooncake
+read of a payload includes the server copying it into registered memory). Goals: every pull gives the published weights exactly, and every Mooncake
 pull went over Mooncake. Writes `weight_transfer.json` into `--results-dir` (see benchmarks/results.py) and
 exits non-zero when a goal is missed.
 """
@@ -173,10 +174,27 @@ async def pull_over(
         return await puller.pull(version, codec, base=base.weights if base is not None else None)
 
 
+async def pull_together(
+    url: str,
+    caches: list[Path],
+    transport: str,
+    version: int,
+    codec: str,
+    bases: list[PullResult] | None = None,
+) -> list[PullResult]:
+    """Engines pulling `version` at the same time, one cache each (as engines on one server do)."""
+    pulls = [
+        pull_over(url, cache, transport, version, codec, bases[i] if bases else None)
+        for i, cache in enumerate(caches)
+    ]
+    return list(await asyncio.gather(*pulls))
+
+
 def compare_transports(
     first: dict[str, torch.Tensor], second: dict[str, torch.Tensor], workdir: Path, args: argparse.Namespace
 ) -> list[list]:
-    """Each transport pulls the full model, then the step as a delta: one row per pull."""
+    """For 1, 2 and 4 engines at once (--quick: 1 and 2), each transport pulls the full model, then the
+    step as a delta: one row per pull, with the slowest engine's seconds and one engine's wire bytes."""
     store_dir = workdir / "store"
     store = WeightStore(
         store_dir, chunk_bytes=int(args.chunk_mb * (1 << 20)), delta_block_bytes=args.block_kb << 10
@@ -189,15 +207,21 @@ def compare_transports(
     process, url = start_server(store_dir, args.chunk_mb)
     rows = []
     try:
-        for transport in ("http", "mooncake"):
-            cache = workdir / f"cache-{transport}"
-            full = asyncio.run(pull_over(url, cache, transport, 1, "zstd"))
-            delta = asyncio.run(pull_over(url, cache, transport, 2, "delta+zstd", base=full))
-            for name, result, state in (("full model", full, first), ("1 step, delta+zstd", delta, second)):
-                wrong = int(mismatched(state, result.weights.state_dict, lossless=True) > 0)
-                seconds, wire_mb = round(result.stats.seconds, 3), round(result.stats.wire_nbytes / MB, 1)
-                rows.append([transport, name, seconds, wire_mb, result.stats.transport, wrong])
-                print("| " + " | ".join(str(cell) for cell in rows[-1]) + " |", flush=True)
+        for engines in (1, 2) if args.quick else (1, 2, 4):
+            for transport in ("http", "mooncake"):
+                caches = [workdir / f"cache-{engines}-{transport}-{i}" for i in range(engines)]
+                full = asyncio.run(pull_together(url, caches, transport, 1, "zstd"))
+                delta = asyncio.run(pull_together(url, caches, transport, 2, "delta+zstd", bases=full))
+                for name, results, state in (
+                    ("full model", full, first),
+                    ("1 step, delta+zstd", delta, second),
+                ):
+                    wrong = sum(mismatched(state, r.weights.state_dict, lossless=True) > 0 for r in results)
+                    seconds = round(max(r.stats.seconds for r in results), 3)
+                    wire_mb = round(results[0].stats.wire_nbytes / MB, 1)
+                    went = ",".join(sorted({r.stats.transport for r in results}))
+                    rows.append([transport, engines, name, seconds, wire_mb, went, wrong])
+                    print("| " + " | ".join(str(cell) for cell in rows[-1]) + " |", flush=True)
     finally:
         process.kill()
         process.wait()
@@ -271,12 +295,21 @@ def main() -> None:
             rows.append(row)
             print("| " + " | ".join(str(cell) for cell in row) + " |", flush=True)
     print(
-        "\n| transport | pull | seconds | wire MB | went over | weights wrong |\n|---|---|---:|---:|---|---:|"
+        "\n| transport | engines | pull | seconds | wire MB per engine | went over | weights wrong |"
+        "\n|---|---:|---|---:|---:|---|---:|"
     )
     with tempfile.TemporaryDirectory() as workdir:
         transport_rows = compare_transports(first, second, Path(workdir), args)
     results.peers["mooncake-transfer-engine-non-cuda"] = package_version("mooncake-transfer-engine-non-cuda")
-    transport_columns = ["transport", "pull", "seconds", "wire MB", "went over", "weights wrong"]
+    transport_columns = [
+        "transport",
+        "engines",
+        "pull",
+        "seconds",
+        "wire MB per engine",
+        "went over",
+        "weights wrong",
+    ]
     results.figures = {
         "transports": [dict(zip(transport_columns, row, strict=True)) for row in transport_rows],
         "settings": {k: getattr(args, k) for k in ("hidden", "intermediate", "layers", "vocab", "changed")}
@@ -287,7 +320,8 @@ def main() -> None:
     }
     results.table(f"Each codec on a {model_nbytes / MB:.0f} MB bf16 model, one process", columns, rows)
     results.table(
-        "HTTP and Mooncake TCP pulls between two processes on 127.0.0.1 (one engine rank)",
+        "HTTP and Mooncake TCP pulls from a weight server process on 127.0.0.1, engines pulling at once "
+        "(seconds: the slowest engine)",
         transport_columns,
         transport_rows,
     )
@@ -305,11 +339,11 @@ def main() -> None:
         headline=True,
     )
     results.goal(
-        "transports: pulls not giving the published weights", sum(r[5] for r in transport_rows), "==", 0
+        "transports: pulls not giving the published weights", sum(r[6] for r in transport_rows), "==", 0
     )
     results.goal(
         "mooncake pulls that went over http instead",
-        sum(r[0] == "mooncake" and r[4] != "mooncake" for r in transport_rows),
+        sum(r[0] == "mooncake" and r[5] != "mooncake" for r in transport_rows),
         "==",
         0,
     )
