@@ -16,6 +16,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0  # before the extras, so pip keeps this build of torch
 	$(BIN)/pip install -q -e '.[dev,docs]'  # builds the compiled core in place too (setup.py)
+	# Mooncake's transfer engine (weights_transport: mooncake); it loads Debian's RDMA and NUMA libraries,
+	# installed here when this runs as root (otherwise: apt-get install libibverbs1 librdmacm1 libnuma1)
+	$(BIN)/pip install -q mooncake-transfer-engine-non-cuda==0.3.13.post1
+	for lib in libibverbs.so.1 librdmacm.so.1 libnuma.so.1; do ldconfig -p | grep -q $$lib || missing=1; done; \
+	  if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -q && apt-get install -y -q libibverbs1 librdmacm1 libnuma1; fi
 	# SkyRL's RemoteInferenceClient as SkyRL ships it, for tests/runtime/compat/test_skyrl_client.py: in a
 	# folder of its own, without its dependencies (jax, datasets...; the client needs only these two more)
 	$(BIN)/pip install -q --no-deps --target $(VENV)/skyrl-client skyrl==0.3.0 pybase64==1.4.3 cloudpathlib==0.23.0

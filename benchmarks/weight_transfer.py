@@ -15,13 +15,23 @@ Goals (docs/guides/weights.md): every lossless codec round-trips bit for bit (th
 digests, and the tensors compared); every int8 element within the documented bound
 amax_row * (1/254 + 2^-8) of its bf16 weight, vectors exact; and after one training step with its
 base held, `delta+zstd` sends at most a tenth of the bytes `zstd` sends (it compresses the XOR's
-zeros away). Writes `weight_transfer.json` into `--results-dir` (see benchmarks/results.py) and
+zeros away).
+
+Then the two transports, between real processes on 127.0.0.1: a `rollflow weights serve --mooncake
+tcp` process serves both versions, and this process pulls the full model (zstd) and the step
+(delta+zstd against the first) over HTTP and over Mooncake TCP: seconds and wire bytes of each pull
+for 1, 2 and 4 engines pulling at once (--quick: 1 and 2; one process, each engine its own puller and
+cache; payloads built and this process's Mooncake engine started beforehand; the first Mooncake
+read of a payload includes the server copying it into registered memory). Goals: every pull gives the published weights exactly, and every Mooncake
+pull went over Mooncake. Writes `weight_transfer.json` into `--results-dir` (see benchmarks/results.py) and
 exits non-zero when a goal is missed.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,10 +41,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.results import Results, add_results_dir, results_dir
+from benchmarks.results import Results, add_results_dir, package_version, results_dir
 from rollflow.runtime.weights.codecs import CodecSpec
 from rollflow.runtime.weights.io import Manifest
+from rollflow.runtime.weights.mooncake import Unavailable, local_engine
 from rollflow.runtime.weights.payload import chunk_file, decode_payload, encode_payload
+from rollflow.runtime.weights.puller import PullResult, WeightPuller
+from rollflow.runtime.weights.store import WeightStore
 from rollflow.runtime.weights.tensors import state_digest
 
 MB = 1e6
@@ -133,6 +146,88 @@ def mismatched(state: dict[str, torch.Tensor], decoded: dict[str, torch.Tensor],
     return wrong
 
 
+def start_server(store_dir: Path, chunk_mb: float) -> tuple[subprocess.Popen, str]:
+    """`rollflow weights serve --mooncake tcp` on a free port, once it listens; (process, url)."""
+    log = store_dir.parent / "serve.log"
+    argv = [sys.executable, "-m", "rollflow.cli", "weights", "serve", "--dir", str(store_dir)]
+    argv += ["--port", "0", "--chunk-mb", str(chunk_mb), "--mooncake", "tcp"]
+    with open(log, "w") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        text = log.read_text()
+        if " on http://" in text:
+            if "mooncake unavailable" in text:
+                process.kill()
+                sys.exit(f"the weight server cannot serve Mooncake: {text}")
+            return process, "http://" + text.split(" on http://")[1].split()[0]
+        time.sleep(0.1)
+    process.kill()
+    sys.exit(f"the weight server did not start: {log.read_text()}")
+
+
+async def pull_over(
+    url: str, cache: Path, transport: str, version: int, codec: str, base: PullResult | None = None
+) -> PullResult:
+    """One engine's pull of `version`, its chunks over `transport`."""
+    async with WeightPuller(url, cache, transport=transport) as puller:
+        return await puller.pull(version, codec, base=base.weights if base is not None else None)
+
+
+async def pull_together(
+    url: str,
+    caches: list[Path],
+    transport: str,
+    version: int,
+    codec: str,
+    bases: list[PullResult] | None = None,
+) -> list[PullResult]:
+    """Engines pulling `version` at the same time, one cache each (as engines on one server do)."""
+    pulls = [
+        pull_over(url, cache, transport, version, codec, bases[i] if bases else None)
+        for i, cache in enumerate(caches)
+    ]
+    return list(await asyncio.gather(*pulls))
+
+
+def compare_transports(
+    first: dict[str, torch.Tensor], second: dict[str, torch.Tensor], workdir: Path, args: argparse.Namespace
+) -> list[list]:
+    """For 1, 2 and 4 engines at once (--quick: 1 and 2), each transport pulls the full model, then the
+    step as a delta: one row per pull, with the slowest engine's seconds and one engine's wire bytes."""
+    store_dir = workdir / "store"
+    store = WeightStore(
+        store_dir, chunk_bytes=int(args.chunk_mb * (1 << 20)), delta_block_bytes=args.block_kb << 10
+    )
+    store.publish(1, first)
+    store.publish(2, second)
+    store.manifest(2, "delta+zstd", base_version=1)  # built now, so neither transport's pull builds it
+    if isinstance(local_engine(), Unavailable):  # started now: an engine's once-only start is no transfer
+        sys.exit(f"this process cannot pull over Mooncake: {local_engine().reason}")
+    process, url = start_server(store_dir, args.chunk_mb)
+    rows = []
+    try:
+        for engines in (1, 2) if args.quick else (1, 2, 4):
+            for transport in ("http", "mooncake"):
+                caches = [workdir / f"cache-{engines}-{transport}-{i}" for i in range(engines)]
+                full = asyncio.run(pull_together(url, caches, transport, 1, "zstd"))
+                delta = asyncio.run(pull_together(url, caches, transport, 2, "delta+zstd", bases=full))
+                for name, results, state in (
+                    ("full model", full, first),
+                    ("1 step, delta+zstd", delta, second),
+                ):
+                    wrong = sum(mismatched(state, r.weights.state_dict, lossless=True) > 0 for r in results)
+                    seconds = round(max(r.stats.seconds for r in results), 3)
+                    wire_mb = round(results[0].stats.wire_nbytes / MB, 1)
+                    went = ",".join(sorted({r.stats.transport for r in results}))
+                    rows.append([transport, engines, name, seconds, wire_mb, went, wrong])
+                    print("| " + " | ".join(str(cell) for cell in rows[-1]) + " |", flush=True)
+    finally:
+        process.kill()
+        process.wait()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -199,7 +294,24 @@ def main() -> None:
             row += [round(model_nbytes / MB / encode_s), round(model_nbytes / MB / decode_s), wrong]
             rows.append(row)
             print("| " + " | ".join(str(cell) for cell in row) + " |", flush=True)
+    print(
+        "\n| transport | engines | pull | seconds | wire MB per engine | went over | weights wrong |"
+        "\n|---|---:|---|---:|---:|---|---:|"
+    )
+    with tempfile.TemporaryDirectory() as workdir:
+        transport_rows = compare_transports(first, second, Path(workdir), args)
+    results.peers["mooncake-transfer-engine-non-cuda"] = package_version("mooncake-transfer-engine-non-cuda")
+    transport_columns = [
+        "transport",
+        "engines",
+        "pull",
+        "seconds",
+        "wire MB per engine",
+        "went over",
+        "weights wrong",
+    ]
     results.figures = {
+        "transports": [dict(zip(transport_columns, row, strict=True)) for row in transport_rows],
         "settings": {k: getattr(args, k) for k in ("hidden", "intermediate", "layers", "vocab", "changed")}
         | {"chunk_mb": args.chunk_mb, "block_kb": args.block_kb, "zstd_level": args.zstd_level},
         "model_mb": model_nbytes / MB,
@@ -207,6 +319,12 @@ def main() -> None:
         "cases": [dict(zip(columns, row, strict=True)) for row in rows],
     }
     results.table(f"Each codec on a {model_nbytes / MB:.0f} MB bf16 model, one process", columns, rows)
+    results.table(
+        "HTTP and Mooncake TCP pulls from a weight server process on 127.0.0.1, engines pulling at once "
+        "(seconds: the slowest engine)",
+        transport_columns,
+        transport_rows,
+    )
     lossless_wrong = sum(row[6] for row in rows if CodecSpec.parse(row[1]).lossless)
     int8_wrong = sum(row[6] for row in rows if not CodecSpec.parse(row[1]).lossless)
     results.goal(
@@ -219,6 +337,15 @@ def main() -> None:
         "<=",
         0.1,
         headline=True,
+    )
+    results.goal(
+        "transports: pulls not giving the published weights", sum(r[6] for r in transport_rows), "==", 0
+    )
+    results.goal(
+        "mooncake pulls that went over http instead",
+        sum(r[0] == "mooncake" and r[5] != "mooncake" for r in transport_rows),
+        "==",
+        0,
     )
     sys.exit(results.finish())
 

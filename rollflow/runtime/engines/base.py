@@ -137,9 +137,11 @@ class EngineClient(Protocol):
         """Load a checkpoint folder the engine can read and report `version` from then on."""
         ...
 
-    async def update_weights_from_server(self, url: str, version: int, codec: str | None = None) -> None:
-        """Pull `version` from the weight server at `url` (rollflow's pull-based update; `codec`
-        None is the engine's default) and report it from then on; NotSupportedError for engines
+    async def update_weights_from_server(
+        self, url: str, version: int, codec: str | None = None, transport: str | None = None
+    ) -> None:
+        """Pull `version` from the weight server at `url` (rollflow's pull-based update; `codec` and
+        `transport`, http or mooncake, None for the engine's defaults) and report it from then on; NotSupportedError for engines
         without such a route (nothing is loaded then)."""
         ...
 

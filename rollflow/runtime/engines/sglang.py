@@ -139,7 +139,9 @@ class SGLangClient(HttpEngine):
         )
         _check_success(answer, self.url, "update_weights_from_disk")
 
-    async def update_weights_from_server(self, url: str, version: int, codec: str | None = None) -> None:
+    async def update_weights_from_server(
+        self, url: str, version: int, codec: str | None = None, transport: str | None = None
+    ) -> None:
         raise NotSupportedError(
             f"{self.url} is an SGLang server, which cannot pull from a rollflow weight server; "
             "update it with a model_path on a shared disk"
@@ -166,8 +168,11 @@ class SGLangClient(HttpEngine):
 class BuiltinEngineClient(SGLangClient):
     """The built-in engine, which also takes weights pushed over HTTP or pulls them itself."""
 
-    async def update_weights_from_server(self, url: str, version: int, codec: str | None = None) -> None:
+    async def update_weights_from_server(
+        self, url: str, version: int, codec: str | None = None, transport: str | None = None
+    ) -> None:
         body = {"url": url, "weight_version": version} | ({"codec": codec} if codec is not None else {})
+        body |= {"transport": transport} if transport is not None else {}
         answer = await self.post_json("/update_weights_from_server", body, timeout_s=600)
         _check_success(answer, self.url, "update_weights_from_server")
 

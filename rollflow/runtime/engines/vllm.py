@@ -164,7 +164,9 @@ class VLLMClient(HttpEngine):
         await self._dev_post("/reset_prefix_cache", None, "resetting the prefix cache")
         await self._dev_post("/update_weight_version", {"new_version": str(version)}, "weight versions")
 
-    async def update_weights_from_server(self, url: str, version: int, codec: str | None = None) -> None:
+    async def update_weights_from_server(
+        self, url: str, version: int, codec: str | None = None, transport: str | None = None
+    ) -> None:
         raise NotSupportedError(
             f"{self.url} is a vLLM server, which cannot pull from a rollflow weight server; "
             "update it with a model_path on a shared disk"

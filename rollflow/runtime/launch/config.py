@@ -83,6 +83,9 @@ class WeightServerSection(StrictModel):
     """Checkpoint folder published as version 0 at start: pulling engines need a version to join on."""
     keep_versions: int = Field(4, ge=1)
     """Newest versions the server keeps (deltas need the engines' current one)."""
+    mooncake: Literal["tcp", "rdma"] | None = None
+    """Also serve payload chunks over Mooncake's transfer engine with this protocol (`--mooncake`), for
+    a trainer with `weights_transport: mooncake`; None: HTTP only."""
     placement: Placement = Placement()
     """Where the weight server's actor runs (backend ray)."""
 

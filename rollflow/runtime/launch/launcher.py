@@ -320,6 +320,7 @@ class Launcher:
         port = settings.port or self.weights_slot.free_port()
         argv = ["weights", "serve", "--dir", str(store), "--host", host]
         argv += ["--port", str(port), "--keep-versions", str(settings.keep_versions)]
+        argv += ["--mooncake", settings.mooncake] if settings.mooncake is not None else []
         # publishing needs a token: the user's, or one made for this launch (its trainer gets it too)
         self.weights_token = os.environ.get(WEIGHTS_TOKEN_ENV) or secrets.token_urlsafe(24)
         env = {WEIGHTS_TOKEN_ENV: self.weights_token}

@@ -267,6 +267,7 @@ class ManagerClient:
         *,
         weights_url: str | None = None,
         codec: str | None = None,
+        transport: str | None = None,
     ) -> dict:
         """Have one engine load a checkpoint folder, or pull `weight_version` from the weight server
         at `weights_url`; it rejoins the pool only on `weight_version`."""
@@ -277,6 +278,8 @@ class ManagerClient:
             body["weights_url"] = weights_url
         if codec is not None:
             body["codec"] = codec
+        if transport is not None:
+            body["transport"] = transport
         # repeated across a manager restart, the engine loads the same version again: no harm done
         return self.request("POST", f"/workers/{engine_id}/update_weights", body, idempotent=True)
 
@@ -292,6 +295,7 @@ class ManagerClient:
         model_path: str | None = None,
         weights_url: str | None = None,
         weight_version: int | None = None,
+        transport: str | None = None,
     ) -> dict:
         """Wake a released engine; with a source it loads that (or the newest) version, then rejoins."""
         body = {
@@ -300,6 +304,7 @@ class ManagerClient:
                 ("model_path", model_path),
                 ("weights_url", weights_url),
                 ("weight_version", weight_version),
+                ("transport", transport),
             )
             if value is not None
         }

@@ -205,10 +205,11 @@ class EngineFleet:
         model_path: str | None = None,
         weights_url: str | None = None,
         codec: str | None = None,
+        transport: str | None = None,
     ) -> EngineRecord:
         """Hold the engine out of the pool while it loads new weights (from `model_path`, or pulled
-        from the weight server at `weights_url` with `codec`, None for the engine's default); it
-        rejoins on `version` only.
+        from the weight server at `weights_url` with `codec` over `transport`, None for the engine's
+        defaults); it rejoins on `version` only.
 
         An engine that failed to load is retired; one whose kind cannot pull (NotSupportedError)
         loaded nothing, so it rejoins on its old weights and WeightUpdateNotSupported is raised.
@@ -222,7 +223,7 @@ class EngineFleet:
         self._listener.displace(engine, "weight_update")
         try:
             if weights_url is not None:
-                await engine.client.update_weights_from_server(weights_url, version, codec)
+                await engine.client.update_weights_from_server(weights_url, version, codec, transport)
             else:
                 await engine.client.update_weights_from_disk(model_path, version)
             loaded = await engine.client.weight_version()

@@ -56,6 +56,7 @@ class WeightSource:
     model_path: str | None = None
     weights_url: str | None = None
     codec: str | None = None
+    transport: str | None = None  # http or mooncake (weights_url only); None: the engine's default
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,7 @@ async def resume_engine(
             model_path=weights.model_path,
             weights_url=weights.weights_url,
             codec=weights.codec,
+            transport=weights.transport,
         )
     engine.state = "healthy"
     manager.dispatcher.wake()

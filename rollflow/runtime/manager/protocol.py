@@ -199,14 +199,18 @@ class UpdateWeightsBody(_Body):
     """Weight server (`rollflow weights serve`) the engine pulls `weight_version` from (built-in engines)."""
     codec: str | None = None
     """Pull codec (with weights_url only); the engine's default (delta+zstd) when absent."""
+    transport: Literal["http", "mooncake"] | None = None
+    """How the pulled chunks travel (with weights_url only): http, or mooncake (from a weight server
+    started with --mooncake); the engine's default (http) when absent."""
     weight_version: Int = Field(ge=0)
 
     @model_validator(mode="after")
     def _one_source(self) -> UpdateWeightsBody:
         if (self.model_path is None) == (self.weights_url is None):
             raise ValueError("give exactly one of model_path and weights_url")
-        if self.codec is not None and self.weights_url is None:
-            raise ValueError("codec applies to weights_url only, not to model_path")
+        for name in ("codec", "transport"):
+            if getattr(self, name) is not None and self.weights_url is None:
+                raise ValueError(f"{name} applies to weights_url only, not to model_path")
         return self
 
     @field_validator("codec")
@@ -233,6 +237,8 @@ class ResumeWorkerBody(_Body):
     """Weight server the engine pulls from (built-in engines); the newest version unless `weight_version`."""
     codec: str | None = None
     """Pull codec (with weights_url only); the engine's default when absent."""
+    transport: Literal["http", "mooncake"] | None = None
+    """How the pulled chunks travel (with weights_url only); the engine's default (http) when absent."""
     weight_version: Int | None = Field(None, ge=0)
     """Version to serve once awake; none given: the version it held when released (or the weight
     server's newest with weights_url)."""
@@ -243,8 +249,9 @@ class ResumeWorkerBody(_Body):
             raise ValueError("give at most one of model_path and weights_url")
         if self.model_path is not None and self.weight_version is None:
             raise ValueError("model_path needs the weight_version it holds")
-        if self.codec is not None and self.weights_url is None:
-            raise ValueError("codec applies to weights_url only, not to model_path")
+        for name in ("codec", "transport"):
+            if getattr(self, name) is not None and self.weights_url is None:
+                raise ValueError(f"{name} applies to weights_url only, not to model_path")
         if self.weight_version is not None and self.model_path is None and self.weights_url is None:
             raise ValueError("weight_version needs a source: model_path or weights_url")
         return self

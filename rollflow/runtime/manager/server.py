@@ -281,6 +281,7 @@ async def update_worker_weights(request: web.Request) -> web.Response:
             model_path=body.model_path,
             weights_url=body.weights_url,
             codec=body.codec,
+            transport=body.transport,
         )
     except KeyError:
         raise not_found(f"unknown or failed engine id {engine_id}") from None
@@ -325,7 +326,9 @@ async def resume_worker(request: web.Request) -> web.Response:
 def _weight_source(body: ResumeWorkerBody) -> memory.WeightSource | None:
     if body.model_path is None and body.weights_url is None:
         return None
-    return memory.WeightSource(body.weight_version, body.model_path, body.weights_url, body.codec)
+    return memory.WeightSource(
+        body.weight_version, body.model_path, body.weights_url, body.codec, body.transport
+    )
 
 
 async def release_all(request: web.Request) -> web.Response:

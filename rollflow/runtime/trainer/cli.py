@@ -9,6 +9,7 @@ EXAMPLES = """examples:
   rollflow train --config examples/train/grpo_tiny.yaml algorithm=ppo steps=20 output_dir=outputs/ppo
   rollflow train --config examples/train/grpo_tiny.yaml --resume never off_policy=true max_staleness=1
   torchrun --nproc-per-node 2 --no-python rollflow train --config examples/train/grpo_tiny.yaml device=cuda
+  torchrun --nproc-per-node 2 --no-python rollflow train --config examples/train/grpo_tiny.yaml parallelism=fsdp
   rollflow train --config examples/train/grpo_tiny.yaml cluster.component_placement.actor=0-1 cluster.component_placement.rollout=2
 
 the manager and its engines must be running first (README, section Trainer).
@@ -56,7 +57,8 @@ def _train(args: argparse.Namespace, started_at: float) -> None:
     setup_logging("text")
     from rollflow.runtime.trainer.distributed import init_from_env
 
-    parallel = init_from_env(config.device, config.distributed_timeout_s)  # None outside torchrun
+    # None outside torchrun
+    parallel = init_from_env(config.device, config.distributed_timeout_s, config.parallelism)
     if parallel is not None and config.cluster is not None:
         from rollflow.errors import UserError
 
@@ -84,7 +86,7 @@ def _train(args: argparse.Namespace, started_at: float) -> None:
         else:
             trainer.run()
         step = trainer.step
-        del trainer  # its DDP modules hold the process group, which close() frees
+        del trainer  # its DDP/FSDP modules hold the process group, which close() frees
         finished = True
     finally:
         if parallel is not None:

@@ -90,6 +90,11 @@ class TrainConfig(StrictModel):
     which `rollflow launch up` sets when it starts a weight server."""
     weights_codec: str = "delta+zstd"
     """Codec engines pull with (weights_url only): delta+zstd sends only what changed since their version."""
+    weights_transport: Literal["http", "mooncake"] = "http"
+    """How engines pull each version's chunks from the weight server (weights_url only): http GETs, or
+    mooncake: read straight from the server's registered memory by Mooncake's transfer engine (the
+    server started with `--mooncake tcp` or `rdma`). An engine that cannot use Mooncake pulls over http
+    and logs why."""
     seed: int = 0
     """Seed of torch (a new critic's initialisation) and of the trainer's own random draws."""
     device: str = "cpu"
@@ -99,6 +104,12 @@ class TrainConfig(StrictModel):
     """Where the components sit (RLinf's `cluster:` section, README section Placement): the actor trains as an
     elastic actor, one process per device of its range (cpu: device slots of `threads_per_device` threads;
     cuda: GPU i), rank 0 being this process. Leave out to train in this one process (or under torchrun)."""
+    parallelism: Literal["ddp", "fsdp"] = "ddp"
+    """Under torchrun, how the ranks split the work: ddp: every rank holds the whole model, optimizer
+    state and gradients (fastest while they fit one device); fsdp: FSDP2, each rank holds 1/ranks of
+    them and gathers a block's weights only while it runs (for models whose training state does not
+    fit one device). Both train to the same weights; fsdp checkpoints are sharded. Without torchrun
+    there is one rank and no difference."""
     distributed_timeout_s: float = Field(1800.0, gt=0)
     """Under torchrun: how long a rank waits on the others (rank 0 meanwhile waits for rollouts and pushes
     weights) before it fails the job instead of hanging."""
@@ -167,6 +178,15 @@ class TrainConfig(StrictModel):
             raise ValueError(
                 "partial_rollout: with ppo, inference workers recompute old log-probs on one version, but "
                 "carried samples span versions; set partial_rollout: 0 or leave inference out of the placement"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _elastic_actor_is_ddp(self) -> TrainConfig:
+        if self.cluster is not None and self.parallelism == "fsdp":
+            raise ValueError(
+                "parallelism: fsdp runs under torchrun, but `cluster:` starts an elastic actor whose ranks "
+                "each hold the whole model; drop one of the two"
             )
         return self
 

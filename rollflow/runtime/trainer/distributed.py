@@ -8,6 +8,10 @@ loss by `world * share tokens / micro-batch tokens`: the average is then exactly
 single-process gradient. A rank with no groups still joins the all-reduce with a zero-weight
 backward on one padding row. Rank 0 also tells every rank when to take an optimizer step and when
 to stop, so all ranks step together and their weights stay equal.
+
+With `parallelism: fsdp` the same messages drive FSDP2 instead of DDP (sharded.py): the gradient
+average is the same, but each rank keeps only its shard of the weights, so rank 0 also asks every
+rank to join when it needs the whole model (a weight version) or writes a checkpoint (shards).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import logging
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,7 +39,15 @@ class Command(enum.Enum):
     """What rank 0 tells every rank besides a micro-batch share."""
 
     OPTIMIZER_STEP = "optimizer_step"
+    GATHER_WEIGHTS = "gather_weights"  # fsdp: join gathering the full policy on rank 0
     STOP = "stop"
+
+
+@dataclass(frozen=True)
+class SaveShards:
+    """fsdp: every rank writes its shards of a checkpoint into `folder` (one all ranks see)."""
+
+    folder: Path
 
 
 @dataclass(frozen=True)
@@ -77,18 +90,26 @@ def idle_rollout(pad_id: int, device: torch.device) -> RolloutTensors:
 class DataParallel:
     """This process's place in the torchrun job, and the few collectives the trainer needs."""
 
-    def __init__(self, rank: int, world_size: int, device: torch.device, timeout_s: float) -> None:
+    def __init__(
+        self, rank: int, world_size: int, device: torch.device, timeout_s: float, sharded: bool = False
+    ) -> None:
         self.rank = rank
         self.world_size = world_size
         self.device = device
         self.timeout_s = timeout_s
+        self.sharded = sharded  # fsdp: each rank holds a shard of the parameters; ddp: all of them
 
     @property
     def is_leader(self) -> bool:
         return self.rank == 0
 
     def wrap(self, module: nn.Module) -> nn.Module:
-        """DDP over `module` (its parameters are broadcast from rank 0 here)."""
+        """fsdp: `module` sharded in place (before its optimizer is made: its parameters are replaced).
+        ddp: a DDP wrapper over `module` (its parameters are broadcast from rank 0 here)."""
+        if self.sharded:
+            from rollflow.runtime.trainer.sharded import shard
+
+            return shard(module, self.device, self.world_size)
         from torch.nn.parallel import DistributedDataParallel
 
         device_ids = [self.device.index] if self.device.type == "cuda" else None
@@ -106,11 +127,11 @@ class DataParallel:
         self._collective(dist.scatter_object_list, received, per_rank, src=0)
         return received[0]
 
-    def tell_all(self, command: Command) -> None:
+    def tell_all(self, command: Command | SaveShards) -> None:
         """Rank 0: the same command to every rank."""
         self.send([command] * self.world_size)
 
-    def receive(self) -> Share | Command:
+    def receive(self) -> Share | Command | SaveShards:
         """Other ranks: the next message from rank 0."""
         received: list[Any] = [None]
         self._collective(dist.scatter_object_list, received, None, src=0)
@@ -132,7 +153,7 @@ class DataParallel:
         """
         if wait_for_peers:
             self._collective(dist.barrier)
-        gc.collect()  # the caller dropped its DDP modules; collect any cycle still holding the group
+        gc.collect()  # the caller dropped its DDP/FSDP modules; collect any cycle still holding the group
         dist.destroy_process_group()
 
     def _collective(self, fn: Any, *args: Any, **kwargs: Any) -> None:
@@ -145,8 +166,10 @@ class DataParallel:
             ) from exc
 
 
-def init_from_env(device: str, timeout_s: float) -> DataParallel | None:
+def init_from_env(device: str, timeout_s: float, parallelism: str = "ddp") -> DataParallel | None:
     """The process group of a torchrun job (nccl on cuda, gloo on cpu); None outside torchrun.
+
+    `parallelism`: ddp (every rank holds the whole model) or fsdp (each holds a shard).
 
     A world of one process is not distributed: the trainer runs exactly as without torchrun.
     """
@@ -173,6 +196,8 @@ def init_from_env(device: str, timeout_s: float) -> DataParallel | None:
     else:
         raise UserError(f"device: {device!r} under torchrun; use cpu (gloo) or cuda (nccl)")
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    sharded = parallelism == "fsdp"
     if rank == 0:
-        log.info("data parallel over %d ranks (%s, %s)", world_size, backend, placed.type)
-    return DataParallel(rank, world_size, placed, timeout_s)
+        how = f", fsdp: each rank holds 1/{world_size} of the parameters" if sharded else ""
+        log.info("data parallel over %d ranks (%s, %s)%s", world_size, backend, placed.type, how)
+    return DataParallel(rank, world_size, placed, timeout_s, sharded)

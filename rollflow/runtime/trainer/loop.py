@@ -15,9 +15,11 @@ partial.py): each step over-samples N groups, trains the first `prompts_per_step
 the rest, aborted with their tokens, into the next step.
 
 Under torchrun, rank 0 runs this loop and every other rank only `_obey`s it: a backward of its share
-of each micro-batch, an optimizer step when told (distributed.py). With an elastic actor (elastic.py,
-`trainer.actor`) this process is its rank 0, and each mini-batch trains on the ranks active for it;
-`minibatch_end_hooks` run between mini-batches, where a live executor resizes the actor.
+of each micro-batch, an optimizer step when told (distributed.py); with `parallelism: fsdp` also its
+part in gathering a weight version and in writing a checkpoint's shards (sharded.py). With an
+elastic actor (elastic.py, `trainer.actor`) this process is its rank 0, and each mini-batch trains
+on the ranks active for it; `minibatch_end_hooks` run between mini-batches, where a live executor
+resizes the actor.
 """
 
 from __future__ import annotations
@@ -42,12 +44,20 @@ from rollflow.runtime.manager.client import BatchHandle, ManagerClient, ManagerE
 from rollflow.runtime.trainer import checkpoints
 from rollflow.runtime.trainer.algorithm import LossSettings, MicroBatchStats, backward_micro_batch
 from rollflow.runtime.trainer.config import TrainConfig
-from rollflow.runtime.trainer.distributed import Command, DataParallel, Share, idle_rollout, split_micro_batch
+from rollflow.runtime.trainer.distributed import (
+    Command,
+    DataParallel,
+    SaveShards,
+    Share,
+    idle_rollout,
+    split_micro_batch,
+)
 from rollflow.runtime.trainer.episodes import EpisodeBatch
 from rollflow.runtime.trainer.metrics import MetricsWriter, StepMetrics
 from rollflow.runtime.trainer.models import Critic, load_policy, load_reference
 from rollflow.runtime.trainer.partial import CarryBook, PartialStep, carried_tokens
 from rollflow.runtime.trainer.rollouts import filter_stale, model_output, to_tensors
+from rollflow.runtime.trainer.sharded import full_state_dict, is_sharded, load_shards, save_shards
 from rollflow.runtime.trainer.tasks import load_callable
 from rollflow.runtime.weights.checkpoint import publish_checkpoint, published_versions
 from rollflow.runtime.weights.cli import TOKEN_ENV as WEIGHTS_TOKEN_ENV
@@ -120,18 +130,28 @@ class Trainer:
         checkpoint = checkpoints.latest_checkpoint(self.output_dir) if resume else None
         if parallel is not None:  # every rank resumes from the checkpoint rank 0 picked
             checkpoint = parallel.broadcast(checkpoint)
+        self.sharded = parallel is not None and parallel.sharded  # fsdp under torchrun
+        if checkpoint is not None:
+            _check_checkpoint_kind(checkpoint, self.sharded)
         start_from = checkpoint or Path(config.model)
         self.tokenizer = AutoTokenizer.from_pretrained(start_from)
         self.device = parallel.device if parallel is not None else torch.device(config.device)
-        self.policy = load_policy(start_from).to(self.device)
+        # a sharded checkpoint holds no whole policy: start from `model`'s, then read the shards into it
+        self.policy = load_policy(config.model if self.sharded else start_from).to(self.device)
         self.policy.train()
         # with an inference placement, inference workers give the reference log-probs (start_inference)
         places_inference = config.cluster is not None and "inference" in config.cluster.component_placement
         self.reference = None if places_inference else load_reference(config.model).to(self.device)
         self.critic = None
-        parameters = list(self.policy.parameters())
         if config.algorithm == "ppo":
             self.critic = Critic(config.model).to(self.device)
+        if self.sharded:  # before the optimizer is made: sharding replaces the parameters
+            self.policy = parallel.wrap(self.policy)
+            self.critic = parallel.wrap(self.critic) if self.critic is not None else None
+            # the frozen reference too: a model too big for one device is as big when frozen
+            self.reference = parallel.wrap(self.reference) if self.reference is not None else None
+        parameters = list(self.policy.parameters())
+        if self.critic is not None:
             parameters += list(self.critic.parameters())
         self.parameters = parameters
         self.optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=0.0)
@@ -147,7 +167,7 @@ class Trainer:
             self._restore(checkpoint)
         # the modules that run forward/backward: DDP wrappers under torchrun (saving uses the bare ones)
         self.train_policy, self.train_critic = self.policy, self.critic
-        if parallel is not None:
+        if parallel is not None and not self.sharded:
             self.train_policy = parallel.wrap(self.policy)
             self.train_critic = parallel.wrap(self.critic) if self.critic is not None else None
         self.settings = LossSettings(
@@ -163,15 +183,18 @@ class Trainer:
     def _restore(self, checkpoint: Path) -> None:
         state = checkpoints.read_state(checkpoint)
         self.step = state["step"]
-        has_critic = (checkpoint / "critic.pt").is_file()
+        has_critic = state.get("critic", (checkpoint / "critic.pt").is_file())
         if has_critic != (self.critic is not None):
             raise UserError(
                 f"{checkpoint} was written by a {'ppo' if has_critic else 'grpo'} run; resume it with that "
                 "algorithm, or start over with --resume never"
             )
-        self.optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", map_location=self.device))
-        if self.critic is not None:
-            self.critic.load_state_dict(torch.load(checkpoint / "critic.pt", map_location=self.device))
+        if self.sharded:
+            load_shards(checkpoint, self.policy, self.critic, self.optimizer)
+        else:
+            self.optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", map_location=self.device))
+            if self.critic is not None:
+                self.critic.load_state_dict(torch.load(checkpoint / "critic.pt", map_location=self.device))
         self.rng.setstate(_tuple_state(state["rng"]))
         if self.carry is not None:
             self.carry.groups = state.get("carried", [])
@@ -452,6 +475,10 @@ class Trainer:
             return False
         if message is Command.OPTIMIZER_STEP:
             self._optimizer_step()
+        elif message is Command.GATHER_WEIGHTS:
+            full_state_dict(self.policy)  # the whole policy lands on rank 0 only
+        elif isinstance(message, SaveShards):
+            save_shards(message.folder, self.policy, self.critic, self.optimizer)
         else:
             assert isinstance(message, Share)
             self.parallel.gather(self._backward(message.groups, message.loss_scale))
@@ -493,20 +520,26 @@ class Trainer:
         """
         folder = checkpoints.weights_folder(self.output_dir, self.step)
         if not folder.is_dir():
-            checkpoints.save_pretrained(self.policy, self.tokenizer, folder)
+            self._write_weights(folder)
         url = self.config.weights_url
         if url is not None and self.step not in published_versions(url):
             self._publish(folder)
         self._update_engines(folder, skip_up_to_date=True)
 
     def _push_weights(self) -> None:
-        folder = checkpoints.save_pretrained(
-            self.policy, self.tokenizer, checkpoints.weights_folder(self.output_dir, self.step)
-        )
+        folder = self._write_weights(checkpoints.weights_folder(self.output_dir, self.step))
         if self.config.weights_url is not None:
             self._publish(folder)
         self._update_engines(folder, skip_up_to_date=False)
         checkpoints.prune_weights(self.output_dir, self.config.keep_weight_versions)
+
+    def _write_weights(self, folder: Path) -> Path:
+        """The policy as a `save_pretrained` folder engines load (fsdp: gathered from every rank first)."""
+        if not self.sharded:
+            return checkpoints.save_pretrained(self.policy, self.tokenizer, folder)
+        self.parallel.tell_all(Command.GATHER_WEIGHTS)
+        state = full_state_dict(self.policy)
+        return checkpoints.save_pretrained(self.policy, self.tokenizer, folder, state_dict=state)
 
     def _publish(self, folder: Path) -> None:
         """Put the trainer's version on the weight server, where engines pull it."""
@@ -548,6 +581,7 @@ class Trainer:
                     weight_version=self.step,
                     weights_url=self.config.weights_url,
                     codec=self.config.weights_codec,
+                    transport=self.config.weights_transport,
                 )
                 return
             except ManagerError as exc:
@@ -560,9 +594,35 @@ class Trainer:
         state: dict[str, Any] = {"rng": _list_state(self.rng.getstate())}
         if self.carry is not None:  # a resumed run trains them: none is lost across a restart
             state["carried"] = self._carried_out
+        if self.sharded:
+            state["critic"] = self.critic is not None
+            checkpoints.save_sharded_checkpoint(
+                self.output_dir, self.step, self.tokenizer, state, self._write_shards
+            )
+            return
         checkpoints.save_checkpoint(
             self.output_dir, self.step, self.policy, self.tokenizer, self.optimizer, self.critic, state
         )
+
+    def _write_shards(self, folder: Path) -> None:
+        """fsdp: every rank writes its shards of the model and optimizer state into `folder`."""
+        self.parallel.tell_all(SaveShards(folder))
+        save_shards(folder, self.policy, self.critic, self.optimizer)
+
+
+def _check_checkpoint_kind(checkpoint: Path, sharded: bool) -> None:
+    """A sharded (fsdp) checkpoint resumes only under fsdp, a whole one (one process, ddp) only without it."""
+    if is_sharded(checkpoint) == sharded:
+        return
+    if sharded:
+        raise UserError(
+            f"{checkpoint} holds a whole model (written by one process or parallelism: ddp); resume it "
+            "that way, or start over with --resume never"
+        )
+    raise UserError(
+        f"{checkpoint} holds FSDP shards (parallelism: fsdp); resume it under torchrun with "
+        "parallelism: fsdp, or start over with --resume never"
+    )
 
 
 def _list_state(state: tuple) -> list:

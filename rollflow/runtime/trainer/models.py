@@ -36,7 +36,8 @@ class Critic(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """[B, T-1]: value of the state before token t+1 (aligned with the log-prob rows)."""
         hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        return self.value_head(hidden[:, :-1]).squeeze(-1)
+        # a copy, not a view: FSDP2 hooks the module's output for its backward, which a view may skip
+        return self.value_head(hidden[:, :-1]).squeeze(-1).clone()
 
 
 def next_token_logprobs(

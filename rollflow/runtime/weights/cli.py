@@ -51,6 +51,16 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     limits.add_arguments(serve, body_timeout_s=limits.DEFAULT_UPLOAD_TIMEOUT_S)
     serve.add_argument("--chunk-mb", type=float, default=4.0, help="payload chunk size in MiB (default: 4)")
+    serve.add_argument(
+        "--mooncake",
+        choices=("tcp", "rdma"),
+        help="also let engines read payload chunks over Mooncake's transfer engine with this protocol "
+        "(weights_transport: mooncake); where Mooncake cannot start, the server says why and serves HTTP only",
+    )
+    serve.add_argument(
+        "--mooncake-host",
+        help="address engines reach this server's Mooncake engine at (default: --host; set it when --host is 0.0.0.0)",
+    )
     serve.set_defaults(handler=_serve)
 
     publish = sub.add_parser(
@@ -95,12 +105,20 @@ def register(commands: argparse._SubParsersAction) -> None:
         "since the version already in --out); default: zstd",
     )
     pull.add_argument("--cache-dir", help="where partial pulls are kept (default: OUT/.partial)")
+    pull.add_argument(
+        "--transport",
+        choices=("http", "mooncake"),
+        default="http",
+        help="how the chunks travel: http, or mooncake from a server started with --mooncake (http, "
+        "saying why, where Mooncake cannot be used); default: http",
+    )
     pull.set_defaults(handler=_pull)
 
 
 def _serve(args: argparse.Namespace, started_at: float) -> None:
     import asyncio
 
+    from rollflow.runtime.logs import setup_logging
     from rollflow.runtime.signals import stop_on_sigterm
     from rollflow.runtime.weights.server import WeightServer
     from rollflow.runtime.weights.store import WeightStore
@@ -108,6 +126,8 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
     store = WeightStore(
         args.dir, keep_versions=args.keep_versions, chunk_bytes=int(args.chunk_mb * (1 << 20))
     )
+    setup_logging("text")
+    mooncake = _mooncake(args) if args.mooncake else None
     server = WeightServer(
         store,
         host=args.host,
@@ -116,6 +136,7 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
         open_publish=args.insecure_open_publish,
         max_upload_bytes=int(args.max_upload_gb * (1 << 30)),
         body_limits=limits.from_arguments(args),
+        mooncake=mooncake,
     )
 
     async def run() -> None:
@@ -131,6 +152,22 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
 
     stop_on_sigterm()
     asyncio.run(run())
+
+
+def _mooncake(args: argparse.Namespace):
+    """The exporter of the server's Mooncake engine, or why there is none (logged, and told to pullers)."""
+    import logging
+
+    from rollflow.runtime.weights.mooncake import PayloadExporter, Unavailable, load_engine
+
+    engine = load_engine(args.mooncake_host or args.host, args.mooncake)
+    if isinstance(engine, Unavailable):
+        logging.getLogger(__name__).warning(
+            "mooncake unavailable, serving weights over http only: %s", engine.reason
+        )
+        return engine.reason
+    print(f"mooncake {args.mooncake} transfer engine at {engine.session}", flush=True)
+    return PayloadExporter(engine)
 
 
 def _publish(args: argparse.Namespace, started_at: float) -> None:
@@ -169,7 +206,9 @@ def _pull(args: argparse.Namespace, started_at: float) -> None:
     with _ChunkProgress() as progress:
 
         async def run():
-            async with WeightPuller(args.url, cache, on_chunk=progress.update) as puller:
+            async with WeightPuller(
+                args.url, cache, on_chunk=progress.update, transport=args.transport
+            ) as puller:
                 return await puller.pull(args.version, args.codec, base=base)
 
         result = asyncio.run(run())
@@ -178,7 +217,7 @@ def _pull(args: argparse.Namespace, started_at: float) -> None:
         cache.rmdir()
     stats = result.stats
     print(
-        f"pulled version {result.weights.version} ({result.manifest.codec}) into {args.out}: "
+        f"pulled version {result.weights.version} ({result.manifest.codec} over {stats.transport}) into {args.out}: "
         f"{stats.wire_nbytes:,} bytes downloaded for {result.manifest.model_nbytes:,} bytes of weights, "
         f"{stats.chunks_reused} chunks resumed, {stats.seconds:.2f} s"
     )

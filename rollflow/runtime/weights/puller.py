@@ -1,6 +1,9 @@
 """The engine's side: pull a version from a WeightServer, resumably, and verify all of it.
 
-A pull is manifest -> chunks -> decode. Each chunk is checksummed as it arrives and kept in
+A pull is manifest -> chunks -> decode. Chunks travel over HTTP, or with `transport="mooncake"`
+straight from the server's registered memory through Mooncake's transfer engine (mooncake.py);
+where Mooncake cannot be used (not installed here, or the server serves none), the pull says why
+in one log line and uses HTTP. Each chunk is checksummed as it arrives and kept in
 `cache_dir` under its payload's name, so a pull cut off half-way (server killed, network gone,
 engine restarted) fetches only the chunks it lacks next time. Decoding re-verifies every chunk,
 the whole stream's digest and, for lossless codecs, the digest of the exact published tensors;
@@ -17,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import aiohttp
 import safetensors.torch
@@ -30,12 +34,14 @@ from rollflow.runtime.weights.errors import (
     WeightTransferError,
 )
 from rollflow.runtime.weights.io import ChunkEntry, Manifest, VersionList
+from rollflow.runtime.weights.mooncake import ChunkReader, PayloadLocation, Unavailable, local_engine
 from rollflow.runtime.weights.payload import chunk_file, decode_payload, verify_chunk
 from rollflow.runtime.weights.server import FILES_METADATA_KEY
 from rollflow.runtime.weights.store import PAYLOAD_ID
 from rollflow.runtime.weights.tensors import StateDict, as_cpu_contiguous, checksum, state_digest
 
 logger = logging.getLogger(__name__)
+Transport = Literal["http", "mooncake"]
 # written by `save_weights` next to the tensors: which version the folder holds
 SAVED_VERSION_FILE = "rollflow_weights.json"
 
@@ -63,6 +69,8 @@ class PullStats:
     seconds: float
     # why the server (or the puller) used a full payload instead of the requested delta
     fallback_reason: str | None
+    # how the chunks travelled: "http", or "mooncake" when asked for and usable
+    transport: Transport = "http"
 
 
 @dataclass(frozen=True)
@@ -95,9 +103,11 @@ class WeightPuller:
         timeout_s: float = 300.0,
         parallel_chunks: int = 4,
         on_chunk: Callable[[int, int], None] | None = None,
+        transport: Transport = "http",
     ) -> None:
         """`cache_dir` holds partial pulls (one puller per folder); `on_chunk(done, total)` is
-        called as each chunk is verified, for progress; delays double after each failed attempt."""
+        called as each chunk is verified, for progress; delays double after each failed attempt.
+        `transport`: how chunks travel (http, or mooncake where both sides can use it)."""
         self.url = url.rstrip("/")
         self.cache_dir = Path(cache_dir)
         self.token = token
@@ -106,6 +116,7 @@ class WeightPuller:
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.parallel_chunks = parallel_chunks
         self.on_chunk = on_chunk
+        self.transport: Transport = transport
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> WeightPuller:
@@ -159,6 +170,7 @@ class WeightPuller:
                     attempts=attempt,
                     seconds=time.monotonic() - started,
                     fallback_reason=puller_fallback or manifest.fallback_reason,
+                    transport=self.transport,
                 )
                 return PullResult(weights, manifest, stats)
             logger.warning("weight pull attempt %d/%d failed: %s", attempt, self.max_attempts, last_error)
@@ -204,6 +216,7 @@ class WeightPuller:
         folder.mkdir(parents=True, exist_ok=True)
         gate = asyncio.Semaphore(self.parallel_chunks)
         done = 0
+        reader = await self._mooncake_reader(manifest) if self.transport == "mooncake" else None
 
         async def fetch(entry: ChunkEntry) -> None:
             nonlocal done
@@ -212,7 +225,7 @@ class WeightPuller:
                 if await asyncio.to_thread(_holds_chunk, path, entry):
                     counts["chunks_reused"] += 1
                 else:
-                    await self._download(manifest, entry, path)
+                    await self._download(manifest, entry, path, reader)
                     counts["chunks_downloaded"] += 1
                     counts["wire_nbytes"] += entry.wire_nbytes
                 done += 1
@@ -225,17 +238,59 @@ class WeightPuller:
                     group.create_task(fetch(entry))
         except BaseExceptionGroup as group_error:
             raise group_error.exceptions[0] from None
+        finally:
+            if reader is not None:
+                reader.close()
 
-    async def _download(self, manifest: Manifest, entry: ChunkEntry, path: Path) -> None:
-        url = f"{self.url}/v1/payloads/{manifest.payload_id}/chunks/{entry.index}"
+    async def _mooncake_reader(self, manifest: Manifest) -> ChunkReader | None:
+        """A reader of the payload's chunks over Mooncake; None (and HTTP from now on) where there is none."""
+        engine = await asyncio.to_thread(local_engine)
+        if isinstance(engine, Unavailable):
+            return self._use_http(engine.reason)
+        url = f"{self.url}/v1/payloads/{manifest.payload_id}/mooncake"
         async with self._client().get(url) as resp:
+            text = await resp.text()
+            if resp.status == 409:
+                return self._use_http(_reason(text))
             if resp.status != 200:
-                raise _Retryable(f"chunk {entry.index} of {manifest.payload_id}: HTTP {resp.status}")
-            data = await resp.read()
+                raise _Retryable(f"the Mooncake location of {manifest.payload_id}: HTTP {resp.status}")
+        location = PayloadLocation.from_json(json.loads(text))
+        if len(location.chunks) != len(manifest.chunks):
+            raise WeightIntegrityError(
+                f"the server's Mooncake location lists {len(location.chunks)} chunks, its manifest "
+                f"{len(manifest.chunks)}"
+            )
+        try:
+            return await asyncio.to_thread(ChunkReader, engine, location)
+        except OSError as exc:  # this process could not register a receive buffer
+            return self._use_http(str(exc))
+
+    def _use_http(self, reason: str) -> None:
+        logger.warning("weights over mooncake unavailable, pulling over http: %s", reason)
+        self.transport = "http"
+        return None
+
+    async def _download(
+        self, manifest: Manifest, entry: ChunkEntry, path: Path, reader: ChunkReader | None
+    ) -> None:
+        if reader is None:
+            data = await self._get_chunk(manifest, entry)
+        else:
+            try:
+                data = await asyncio.to_thread(reader.read, entry.index)
+            except OSError as exc:
+                raise _Retryable(str(exc)) from None
         await asyncio.to_thread(verify_chunk, entry, data)
         partial = path.with_suffix(".part")
         partial.write_bytes(data)
         partial.rename(path)
+
+    async def _get_chunk(self, manifest: Manifest, entry: ChunkEntry) -> bytes:
+        url = f"{self.url}/v1/payloads/{manifest.payload_id}/chunks/{entry.index}"
+        async with self._client().get(url) as resp:
+            if resp.status != 200:
+                raise _Retryable(f"chunk {entry.index} of {manifest.payload_id}: HTTP {resp.status}")
+            return await resp.read()
 
     def _decode(self, manifest: Manifest, base: LoadedWeights | None) -> LoadedWeights:
         folder = self.cache_dir / manifest.payload_id

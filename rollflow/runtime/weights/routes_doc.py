@@ -26,4 +26,11 @@ ROUTES: dict[str, RouteDoc] = {
     "GET /v1/payloads/{payload_id}/chunks/{index}": RouteDoc(
         "-", "the chunk's bytes (checked by the puller against the manifest); 404 when absent"
     ),
+    "GET /v1/payloads/{payload_id}/mooncake": RouteDoc(
+        "-",
+        '`{"session": "host:port", "chunks": [{"index", "address", "nbytes"}]}`: where the chunks lie in '
+        "memory registered with the server's Mooncake engine (copied there on first ask); 409 when the "
+        "server serves no Mooncake (started without `--mooncake`, or its engine did not start), 404 when "
+        "the payload is absent",
+    ),
 }

@@ -5,6 +5,9 @@
                                                 engine is "told" without the trainer knowing it)
     GET  /v1/manifest?version=N|latest&codec=C[&base=B]   the payload's manifest (builds it)
     GET  /v1/payloads/{payload_id}/chunks/{index}         one chunk's wire bytes
+    GET  /v1/payloads/{payload_id}/mooncake   where the payload's chunks lie in this server's
+                                  Mooncake-registered memory ({"session", "chunks": [{"index",
+                                  "address", "nbytes"}]}); 409 when it serves no Mooncake
     PUT  /v1/versions/{version}   body: a safetensors file (small text files as JSON in its
                                   metadata under "rollflow.files"); needs the bearer token
                                   (refused when the server has none, unless open_publish)
@@ -35,6 +38,7 @@ from rollflow.runtime.http.limits import UPLOAD_LIMITS, BodyLimits
 from rollflow.runtime.http.listen import bind
 from rollflow.runtime.http.serve import GuardedRunner
 from rollflow.runtime.weights.errors import UnknownVersionError, WeightsError
+from rollflow.runtime.weights.mooncake import PayloadExporter
 from rollflow.runtime.weights.store import MAX_VERSION, WeightStore
 
 logger = logging.getLogger(__name__)
@@ -79,11 +83,13 @@ class WeightServer:
         open_publish: bool = False,
         max_upload_bytes: int = MAX_UPLOAD_BYTES,
         body_limits: BodyLimits = UPLOAD_LIMITS,
+        mooncake: PayloadExporter | str | None = None,
     ) -> None:
         """`port=0` picks a free port. Publishing needs `Authorization: Bearer <token>`; a server
         without a token refuses publishes, unless `open_publish` lets anyone who can reach `host`
         publish (what `--insecure-open-publish` asks for). `body_limits`: how slowly an upload may
-        come before its connection is closed (rollflow.runtime.http.limits)."""
+        come before its connection is closed (rollflow.runtime.http.limits). `mooncake`: the exporter
+        that lets pullers read chunks over Mooncake, or why there is none (a 409 tells them)."""
         self.store = store
         self.host = host
         self.port = port
@@ -91,6 +97,7 @@ class WeightServer:
         self.open_publish = open_publish
         self.max_upload_bytes = max_upload_bytes
         self.body_limits = body_limits
+        self.mooncake = mooncake
         self._runner: web.AppRunner | None = None
         self._new_version = asyncio.Event()
 
@@ -109,6 +116,7 @@ class WeightServer:
                 web.put("/v1/versions/{version}", self._publish),
                 web.get("/v1/manifest", self._manifest),
                 web.get("/v1/payloads/{payload_id}/chunks/{index}", self._chunk),
+                web.get("/v1/payloads/{payload_id}/mooncake", self._mooncake_location),
             ]
         )
         return app
@@ -126,6 +134,8 @@ class WeightServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if isinstance(self.mooncake, PayloadExporter):
+            self.mooncake.close()
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"ok": True})
@@ -156,6 +166,14 @@ class WeightServer:
         except ValueError:
             raise http_error(web.HTTPBadRequest, "chunk index must be an integer") from None
         return web.FileResponse(self.store.chunk_path(request.match_info["payload_id"], index))
+
+    async def _mooncake_location(self, request: web.Request) -> web.Response:
+        if not isinstance(self.mooncake, PayloadExporter):
+            why = self.mooncake or "it was started without --mooncake"
+            raise http_error(web.HTTPConflict, f"this weight server serves no Mooncake transport: {why}")
+        paths = self.store.chunk_paths(request.match_info["payload_id"])
+        location = await asyncio.to_thread(self.mooncake.export, request.match_info["payload_id"], paths)
+        return web.json_response(location.to_json())
 
     async def _publish(self, request: web.Request) -> web.Response:
         self._check_token(request)

@@ -150,6 +150,13 @@ class WeightStore:
             raise UnknownVersionError(f"payload {payload_id} has no chunk {index}")
         return path
 
+    def chunk_paths(self, payload_id: str) -> list[Path]:
+        """Every chunk of a built payload, in order; UnknownVersionError if it is not (or no longer) there."""
+        paths = [self.chunk_path(payload_id, 0)]
+        while (path := chunk_file(paths[0].parent, len(paths))).is_file():
+            paths.append(path)
+        return paths
+
     def load(self, version: int) -> dict[str, torch.Tensor]:
         """The exact tensors of a held version."""
         path = self._version_dir(version) / "model.safetensors"

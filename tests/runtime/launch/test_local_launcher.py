@@ -94,6 +94,16 @@ def test_autoscale_adds_engines_after_a_slow_step_and_removes_idle_ones_after_a_
         assert live[0]["id"] == next(iter(launch.engines))
 
 
+def test_a_launched_weight_server_serves_mooncake_when_asked(tmp_path, tiny_model):
+    weights = {"enabled": True, "publish": str(tiny_model), "mooncake": "tcp"}
+    config = launch_config(tmp_path / "work", [], weights=weights)
+    with Launcher(config) as launch:
+        manifest = http("GET", launch.weights_url + "/v1/manifest?version=0")[1]
+        status, location = http("GET", f"{launch.weights_url}/v1/payloads/{manifest['payload_id']}/mooncake")
+    assert status == 200 and location["session"].startswith("127.0.0.1:")
+    assert len(location["chunks"]) == len(manifest["chunks"])
+
+
 def test_a_launched_weight_server_starts_empty_each_launch_with_version_0_published(tmp_path, tiny_model):
     """A second launch in the same work_dir must not find the first one's versions (they only increase)."""
     config = launch_config(tmp_path / "work", [], weights={"enabled": True, "publish": str(tiny_model)})

@@ -176,6 +176,24 @@ def test_samples_stream_in_submission_order(fleet):
             400,
             "codec applies to weights_url only",
         ),
+        (
+            "/workers/0/update_weights",
+            {"weights_url": "http://127.0.0.1:1", "transport": "nccl", "weight_version": 1},
+            400,
+            "transport: Input should be 'http' or 'mooncake'",
+        ),
+        (
+            "/workers/0/update_weights",
+            {"model_path": "/x", "transport": "mooncake", "weight_version": 1},
+            400,
+            "transport applies to weights_url only",
+        ),
+        (
+            "/workers/0/resume",
+            {"model_path": "/x", "weight_version": 1, "transport": "mooncake"},
+            400,
+            "transport applies to weights_url only",
+        ),
     ],
 )
 def test_bad_input_gets_a_4xx_that_names_the_problem(fleet, path, body, status, message):

@@ -19,12 +19,12 @@ import torch
 from rollflow.runtime.logs import setup_logging
 from rollflow.runtime.trainer.elastic import ElasticSpec, start_elastic
 from rollflow.runtime.trainer.loop import Trainer
-from tests.runtime.trainer.ddp_ranks import FixedBatch, make_groups, parameters, trainer_config
+from tests.runtime.trainer.parallel_ranks import FixedBatch, make_groups, parameters, trainer_config
 
 # each step: micro-batches of 3, 3 and 2 groups, one optimizer step each (so three mini-batches)
 STEP_GROUPS = [make_groups([2, 3, 2, 4, 3, 2, 2, 3], seed=10 + step) for step in range(2)]
 MICRO_BATCH_GROUPS = 3
-LR = 3e-5  # see ddp_ranks.STEP_LR: small enough that float noise on near-zero gradients stays in tolerance
+LR = 3e-5  # see parallel_ranks.STEP_LR: small enough that float noise on near-zero gradients stays in tolerance
 GROWTH = {1: 2, 2: 3}  # mini-batches done -> actor size for the next one
 
 

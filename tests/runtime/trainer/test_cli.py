@@ -29,6 +29,25 @@ def test_an_unknown_weights_codec_is_one_line_naming_the_key():
     assert "weights_codec: Value error, unknown codec 'delta+gzip'" in proc.stderr
 
 
+def test_an_unknown_parallelism_is_one_line_naming_the_key_and_the_choices():
+    proc = run("--config", str(EXAMPLE), "parallelism=zero3")
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
+    assert "parallelism: Input should be 'ddp' or 'fsdp' (got 'zero3')" in proc.stderr
+
+
+def test_an_unknown_weights_transport_is_one_line_naming_the_key_and_the_choices():
+    proc = run("--config", str(EXAMPLE), "weights_transport=nccl")
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
+    assert "weights_transport: Input should be 'http' or 'mooncake' (got 'nccl')" in proc.stderr
+
+
+def test_fsdp_with_an_elastic_actor_is_one_line_saying_to_drop_one():
+    placement = ("cluster.component_placement.actor=0-1", "cluster.component_placement.rollout=2")
+    proc = run("--config", str(EXAMPLE), "parallelism=fsdp", *placement)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
+    assert "parallelism: fsdp runs under torchrun, but `cluster:` starts an elastic actor" in proc.stderr
+
+
 def test_no_manager_listening_is_one_line_naming_the_url(tiny_model, tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
     proc = run(

@@ -1,5 +1,6 @@
-"""`rollflow train` under torchrun: real gloo ranks on 127.0.0.1 give the single-process gradients,
-metrics and weights, and a whole run trains, pushes and resumes as without torchrun."""
+"""`rollflow train` under torchrun: real gloo ranks on 127.0.0.1, under DDP or FSDP2, give the
+single-process gradients, metrics and weights, and a whole run trains, pushes and resumes as without
+torchrun."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 import torch
 import yaml
 
-from tests.runtime.processes import ENV, REPO, free_port
-from tests.runtime.trainer import ddp_ranks
+from tests.runtime.processes import ENV, REPO, free_port, http
+from tests.runtime.trainer import parallel_ranks
 from tests.runtime.trainer.test_train_e2e import base_config, engine_versions, rows
 
 WORLD_SIZE = 2
@@ -31,12 +32,13 @@ def rank_env(rank: int, port: int) -> dict[str, str]:
     }
 
 
-@pytest.fixture(scope="module")
-def ranks_output(tiny_model, tmp_path_factory):
-    """The files the two ranks of ddp_ranks wrote."""
-    out = tmp_path_factory.mktemp("ddp-ranks")
+@pytest.fixture(scope="module", params=["ddp", "fsdp"])
+def ranks_output(request, tiny_model, tmp_path_factory):
+    """The files the two ranks of parallel_ranks wrote, with `parallelism` ddp or fsdp."""
+    out = tmp_path_factory.mktemp(f"{request.param}-ranks")
     port = free_port()
-    argv = [sys.executable, "-m", "tests.runtime.trainer.ddp_ranks", str(tiny_model), str(out)]
+    module = "tests.runtime.trainer.parallel_ranks"
+    argv = [sys.executable, "-m", module, str(tiny_model), str(out), request.param]
     ranks = [
         subprocess.Popen(argv, cwd=REPO, env=rank_env(r, port), stderr=subprocess.PIPE, text=True)
         for r in range(WORLD_SIZE)
@@ -55,15 +57,15 @@ def single(request, tiny_model, tmp_path_factory):
     algorithm = request.param
     out = tmp_path_factory.mktemp(f"single-{algorithm}")
     torch.manual_seed(0)
-    trainer = Trainer(ddp_ranks.trainer_config(str(tiny_model), out, algorithm), resume=False)
-    ddp_ranks.run(trainer, out, rank=0)
+    trainer = Trainer(parallel_ranks.trainer_config(str(tiny_model), out, algorithm), resume=False)
+    parallel_ranks.run(trainer, out, rank=0)
     for all_ready in (True, False):  # the rollouts all finished before the trainer asked, or just in time
         torch.manual_seed(0)
         folder = out / ("all_ready" if all_ready else "just_in_time")
         folder.mkdir()
-        config = ddp_ranks.trainer_config(str(tiny_model), folder, algorithm, lr=ddp_ranks.STEP_LR)
+        config = parallel_ranks.trainer_config(str(tiny_model), folder, algorithm, lr=parallel_ranks.STEP_LR)
         stepper = Trainer(config, resume=False)
-        ddp_ranks.run_step(stepper, folder, rank=0, all_ready=all_ready)
+        parallel_ranks.run_step(stepper, folder, rank=0, all_ready=all_ready)
     return algorithm, out
 
 
@@ -73,7 +75,7 @@ def assert_close(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tens
         torch.testing.assert_close(actual[key], expected[key], atol=1e-5, rtol=1e-5, msg=key)
 
 
-@pytest.mark.parametrize("case", list(ddp_ranks.CASES))
+@pytest.mark.parametrize("case", list(parallel_ranks.CASES))
 def test_two_ranks_give_the_single_process_gradients_and_metrics(ranks_output, single, case):
     algorithm, single_out = single
     expected = torch.load(single_out / f"{case}.rank0.pt")
@@ -94,7 +96,7 @@ def test_two_ranks_give_the_single_process_gradients_and_metrics(ranks_output, s
 def test_two_ranks_step_to_the_single_process_weights(ranks_output, single, tiny_model):
     algorithm, single_out = single
     expected = torch.load(single_out / "stepped.rank0.pt")
-    before = ddp_ranks.initial_parameters(str(tiny_model), algorithm)
+    before = parallel_ranks.initial_parameters(str(tiny_model), algorithm)
     moved = max((expected[k] - before[k]).abs().max().item() for k in expected)
     assert moved > 5e-5  # a rank that skipped the step would be this far off
     for rank in range(WORLD_SIZE):
@@ -110,20 +112,34 @@ def test_a_training_step_learns_the_same_on_two_ranks_as_in_one_process(
     algorithm, single_out = single
     expected = torch.load(single_out / arrival / "step_totals.rank0.pt")["totals"]
     actual = torch.load(ranks_output / algorithm / "step_totals.rank0.pt")["totals"]
-    assert expected["tokens"] == sum(len(s["output_ids"]) for g in ddp_ranks.STEP_GROUPS for s in g)
+    assert expected["tokens"] == sum(len(s["output_ids"]) for g in parallel_ranks.STEP_GROUPS for s in g)
     assert expected["kl"] > 0  # the last micro-batch ran after the step's first optimizer step
     assert actual["tokens"] == expected["tokens"] and actual["rewards"] == pytest.approx(expected["rewards"])
     assert (actual["rejected"], actual["resumed"]) == (expected["rejected"], expected["resumed"])
     for name in ("kl", "entropy", "policy_loss", "value_loss", "clip_fraction"):
         assert actual[name] == pytest.approx(expected[name], abs=1e-5, rel=1e-4), name
     weights = torch.load(single_out / arrival / "step_weights.rank0.pt")
-    before = ddp_ranks.initial_parameters(str(tiny_model), algorithm)
+    before = parallel_ranks.initial_parameters(str(tiny_model), algorithm)
     assert max((weights[k] - before[k]).abs().max().item() for k in weights) > 3e-5  # both steps moved them
     for rank in range(WORLD_SIZE):
         assert_close(torch.load(ranks_output / algorithm / f"step_weights.rank{rank}.pt"), weights)
 
 
-def torchrun(config: dict, tmp_path, *args: str) -> subprocess.CompletedProcess:
+@pytest.mark.parametrize("ranks_output", ["fsdp"], indirect=True)  # ddp's whole ones: test_train_e2e
+def test_fsdp_ranks_resume_the_weights_and_optimizer_state_their_sharded_checkpoint_holds(ranks_output):
+    for algorithm in ("grpo", "ppo"):
+        checkpoint = ranks_output / algorithm / "checkpoints" / "step_1"
+        assert (checkpoint / "shards" / ".metadata").is_file() and not (checkpoint / "optimizer.pt").exists()
+        for rank in range(WORLD_SIZE):
+            saved = torch.load(ranks_output / algorithm / f"resumed.rank{rank}.pt")
+            assert saved["written"]["optimizer"]  # Adam's moments exist after the step
+            for part in ("parameters", "optimizer"):
+                assert saved["resumed"][part].keys() == saved["written"][part].keys()
+                for key, value in saved["written"][part].items():
+                    torch.testing.assert_close(saved["resumed"][part][key], value, atol=0, rtol=0, msg=key)
+
+
+def torchrun(config: dict, tmp_path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """`.venv/bin/torchrun --nproc-per-node 2 --no-python .venv/bin/rollflow train ...` as the README gives it, on loopback."""
     path = tmp_path / "train.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -140,12 +156,14 @@ def torchrun(config: dict, tmp_path, *args: str) -> subprocess.CompletedProcess:
         str(path),
         *args,
     ]
-    env = {**ENV, "GLOO_SOCKET_IFNAME": "lo"}
+    env = {**ENV, "GLOO_SOCKET_IFNAME": "lo", **(env or {})}
     return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
-def torchrun_train(config: dict, tmp_path, *args: str) -> subprocess.CompletedProcess:
-    result = torchrun(config, tmp_path, *args)
+def torchrun_train(
+    config: dict, tmp_path, *args: str, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    result = torchrun(config, tmp_path, *args, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -172,6 +190,92 @@ def test_torchrun_two_ranks_train_push_weights_and_resume_auto(processes, tiny_m
     assert [int(r["step"]) for r in rows(output)] == [1, 2, 3]
     assert int(rows(output)[-1]["samples_rejected_stale"]) == 0
     assert engine_versions(manager) == [3]
+
+
+def test_torchrun_fsdp_ranks_publish_whole_versions_checkpoint_shards_and_resume_auto(
+    processes, tiny_model, tmp_path
+):
+    from safetensors import safe_open
+
+    from rollflow.runtime.weights import WeightStore
+    from rollflow.runtime.weights.checkpoint import published_versions
+    from tests.runtime.launch.helpers import BackgroundWeightServer
+
+    engine = processes.engine()
+    manager = processes.manager(engines=[{"url": engine.url, "engine_type": "builtin"}])
+    server = BackgroundWeightServer(WeightStore(tmp_path / "store"), token="publish-secret")
+    token = {"ROLLFLOW_WEIGHTS_TOKEN": "publish-secret"}
+    output = tmp_path / "run"
+    config = base_config(
+        manager, tiny_model, output, micro_batch_groups=3, parallelism="fsdp", weights_url=server.url
+    )
+    try:
+        first = torchrun_train(config, tmp_path, "--resume", "never", env=token)
+        assert (
+            "data parallel over 2 ranks (gloo, cpu), fsdp: each rank holds 1/2 of the parameters"
+            in first.stderr
+        )
+        assert [int(r["step"]) for r in rows(output)] == [1, 2]
+        assert all(int(r["samples"]) == 16 and int(r["tokens"]) > 0 for r in rows(output))
+        shards = output / "checkpoints" / "step_2" / "shards"
+        assert (shards / ".metadata").is_file() and len(list(shards.glob("*.distcp"))) == WORLD_SIZE
+        resumed = torchrun_train({**config, "steps": 3}, tmp_path, "--resume", "auto", env=token)
+        versions = published_versions(server.url)
+    finally:
+        server.close()
+    assert "resumed from" in resumed.stderr and "step 2" in resumed.stderr
+    assert [int(r["step"]) for r in rows(output)] == [1, 2, 3]
+    assert int(rows(output)[-1]["samples_rejected_stale"]) == 0
+    # each version gathered whole on rank 0, published, and pulled by the engine
+    assert versions == (0, 1, 2, 3) and engine_versions(manager) == [3]
+    assert http("GET", engine.url + "/get_weight_version")[1]["weight_version"] == 3
+    with (
+        safe_open(tiny_model / "model.safetensors", "pt") as initial,
+        safe_open(output / "weights" / "v3" / "model.safetensors", "pt") as trained,
+    ):
+        names = list(initial.keys())
+        assert sorted(trained.keys()) == sorted(names)
+        assert all(trained.get_tensor(k).shape == initial.get_tensor(k).shape for k in names)
+        assert any(not torch.equal(trained.get_tensor(k), initial.get_tensor(k)) for k in names)
+
+
+def test_torchrun_fsdp_with_mooncake_transport_leaves_engines_generating_as_the_gathered_weights(
+    processes, tiny_model, tmp_path
+):
+    from safetensors import safe_open
+
+    from tests.runtime.engines.helpers import PROMPT, reference_greedy
+    from tests.runtime.manager.helpers import greedy_reference
+    from tests.runtime.weights.factories import start_server_process
+
+    engines = [processes.engine(), processes.engine()]
+    manager = processes.manager(engines=[{"url": e.url, "engine_type": "builtin"} for e in engines])
+    token = {"ROLLFLOW_WEIGHTS_TOKEN": "publish-secret"}
+    server, url = start_server_process(tmp_path / "store", "--mooncake", "tcp", env=ENV | token)
+    output = tmp_path / "run"
+    config = base_config(
+        manager, tiny_model, output, parallelism="fsdp", weights_url=url, weights_transport="mooncake"
+    )
+    try:
+        torchrun_train(config, tmp_path, "--resume", "never", env=token)
+    finally:
+        server.kill()
+        server.wait()
+    assert engine_versions(manager) == [2, 2]
+    logs = (tmp_path / "store").parent.glob("serve-*.log")
+    exported = [line for log in logs for line in log.read_text().splitlines()]
+    assert any("v2-delta-zstd-from1 in mooncake memory" in line for line in exported)
+    # what rank 0 gathered from the shards (trained: it differs from the model) is what both engines run
+    with (
+        safe_open(tiny_model / "model.safetensors", "pt") as initial,
+        safe_open(output / "weights" / "v2" / "model.safetensors", "pt") as trained,
+    ):
+        names = list(initial.keys())
+        assert any(not torch.equal(trained.get_tensor(k), initial.get_tensor(k)) for k in names)
+    expected = reference_greedy(output / "weights" / "v2", PROMPT, 12)[0]
+    for engine in engines:
+        assert greedy_reference(engine, PROMPT, 12) == expected
+        assert "pulling over http" not in engine.log_path.read_text()
 
 
 def test_torchrun_job_fails_with_rank_0_error_instead_of_hanging(tiny_model, tmp_path):

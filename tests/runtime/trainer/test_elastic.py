@@ -13,7 +13,7 @@ import yaml
 
 from tests.runtime.processes import ENV, REPO, rollflow
 from tests.runtime.trainer import elastic_run
-from tests.runtime.trainer.ddp_ranks import initial_parameters, parameters
+from tests.runtime.trainer.parallel_ranks import initial_parameters, parameters
 from tests.runtime.trainer.test_distributed import assert_close
 from tests.runtime.trainer.test_train_e2e import base_config, engine_versions, rows, train
 

@@ -139,3 +139,34 @@ def test_with_weights_url_each_version_is_published_and_the_engine_pulls_it(proc
     assert "weight pull attempt" not in engine.log()
     # the engine asked for version 2 as a delta against the version 1 it had pulled
     assert (tmp_path / "store" / "payloads" / "v2-delta-zstd-from1").is_dir()
+
+
+def test_with_weights_transport_mooncake_engines_read_each_version_over_mooncake(
+    processes, tiny_model, tmp_path
+):
+    from rollflow.runtime.weights.checkpoint import published_versions
+    from tests.runtime.weights.factories import start_server_process
+
+    engine = processes.engine()
+    manager = processes.manager(engines=[{"url": engine.url, "engine_type": "builtin"}])
+    token = {"ROLLFLOW_WEIGHTS_TOKEN": "publish-secret"}
+    server, url = start_server_process(tmp_path / "store", "--mooncake", "tcp", env=ENV | token)
+    try:
+        output = tmp_path / "run"
+        config = base_config(manager, tiny_model, output, weights_url=url, weights_transport="mooncake")
+        train(config, tmp_path, env=token)
+        versions = published_versions(url)
+    finally:
+        server.kill()
+        server.wait()
+    assert [int(r["step"]) for r in rows(output)] == [1, 2]
+    assert all(int(r["samples"]) == 16 and int(r["samples_rejected_stale"]) == 0 for r in rows(output))
+    assert versions == (0, 1, 2) and engine_versions(manager) == [2]
+    # version 1 in full (the engine started from the model folder), version 2 as a delta, both read over Mooncake
+    served = (tmp_path / "store").parent.glob("serve-*.log")
+    exported = [
+        line for log in served for line in log.read_text().splitlines() if "in mooncake memory" in line
+    ]
+    assert len(exported) == 2 and "v2-delta-zstd-from1" in exported[1], exported
+    engine_log = engine.log_path.read_text()
+    assert "weight pull attempt" not in engine_log and "pulling over http" not in engine_log

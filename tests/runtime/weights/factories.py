@@ -111,8 +111,8 @@ def start_server_process(
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         text = log.read_text()
-        if " on http://" in text:
-            return proc, text.split(" on ")[1].split()[0]
+        if " on http://" in text:  # (other lines, Mooncake's, may hold " on " too)
+            return proc, "http://" + text.split(" on http://")[1].split()[0]
         if proc.poll() is not None:
             raise RuntimeError(f"weight server exited: {text}")
         time.sleep(0.1)

@@ -4,6 +4,9 @@ cut:  the first chunk's response announces its full length, sends half, and drop
       connection (a network that fails mid-transfer); later requests pass untouched.
 hold: the first chunk request waits until the test calls `release()` (so the test can kill
       the engine that asked, mid-transfer); then it is answered normally.
+hold_mooncake: the first answer to a payload's Mooncake location is fetched, then held until
+      `release()` (so the test can kill the server whose memory it names: the engine's Mooncake
+      reads then fail mid-transfer); `chunk_requested` is set when it is held.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from aiohttp import web
 
 
 class ChunkProxy:
-    def __init__(self, upstream: str, mode: Literal["cut", "hold"]) -> None:
+    def __init__(self, upstream: str, mode: Literal["cut", "hold", "hold_mooncake"]) -> None:
         self.upstream = upstream.rstrip("/")
         self.mode = mode
         self.num_chunk_requests = 0
@@ -65,6 +68,10 @@ class ChunkProxy:
         async with self._session.get(self.upstream + request.path_qs) as upstream:
             body = await upstream.read()
             status, content_type = upstream.status, upstream.headers.get("Content-Type")
+        if self.mode == "hold_mooncake" and request.path.endswith("/mooncake") and not self.num_broken:
+            self.num_broken += 1
+            self.chunk_requested.set()
+            await asyncio.to_thread(self._released.wait)
         if not (first and self.mode == "cut"):
             headers = {"Content-Type": content_type} if content_type else {}
             return web.Response(body=body, status=status, headers=headers)

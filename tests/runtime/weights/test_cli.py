@@ -48,7 +48,7 @@ def test_publish_then_pull_full_and_delta_into_a_checkpoint_folder(tmp_path, mon
         assert json.loads((out / "config.json").read_text()) == {"model_type": "llama"}
         delta = rollflow("weights", "pull", "--url", url, "--out", str(out), "--codec", "delta+zstd")
         assert delta.returncode == 0, delta.stderr
-        assert "pulled version 2 (delta+zstd)" in delta.stdout
+        assert "pulled version 2 (delta+zstd over http)" in delta.stdout
         assert_same_state(safetensors.torch.load_file(str(out / "model.safetensors")), second)
         assert json.loads((out / "rollflow_weights.json").read_text()) == {"version": 2}
         missing = rollflow("weights", "pull", "--url", url, "--out", str(out), "--version", "9")

@@ -44,6 +44,9 @@ class UpdateWeightsFromServerBody(_Body):
     """Version to pull; the engine reports it once every tensor is loaded."""
     codec: str = "delta+zstd"
     """Transfer codec; a delta is taken against the version the engine pulled last (full if none)."""
+    transport: Literal["http", "mooncake"] = "http"
+    """How the chunks travel: http, or mooncake (read from the weight server's registered memory;
+    over http, saying why, where Mooncake cannot be used)."""
 
     @field_validator("codec")
     @classmethod

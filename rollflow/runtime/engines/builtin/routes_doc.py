@@ -47,7 +47,7 @@ ROUTES: dict[str, RouteDoc] = {
         '`{"success", "message"}`; 400 names a tensor of the wrong name, shape or dtype',
     ),
     "POST /update_weights_from_server": RouteDoc(
-        'rollflow\'s own: `{"url", "weight_version"?, "codec"?}` (a weight server; default its newest version)',
+        'rollflow\'s own: `{"url", "weight_version"?, "codec"?, "transport"?}` (a weight server; default its newest version)',
         '`{"success", "message", "weight_version"}` once the pulled version is loaded',
     ),
     "POST /pause_generation": RouteDoc(

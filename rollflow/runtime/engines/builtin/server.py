@@ -8,7 +8,7 @@
     GET  /get_model_info, /get_weight_version
     POST /update_weights_from_disk    {"model_path", "weight_version", "abort_all_requests"}
     POST /update_weights_from_safetensors?weight_version=N   body: safetensors bytes (all or some tensors)
-    POST /update_weights_from_server  {"url", "weight_version", "codec"}: pull from a weight server (rollflow)
+    POST /update_weights_from_server  {"url", "weight_version", "codec", "transport"}: pull from a weight server (rollflow)
     POST /pause_generation {"mode": "abort"|"in_place"|"retract"}, POST /continue_generation
     POST /v1/completions, /v1/chat/completions, GET /v1/models, GET /get_server_info, POST /flush_cache
                                       (openai_routes.py)
@@ -431,7 +431,7 @@ class EngineServer:
         async with self._pull_lock:
             base = self._pulled
             try:
-                async with WeightPuller(body.url, self._pull_cache_dir) as puller:
+                async with WeightPuller(body.url, self._pull_cache_dir, transport=body.transport) as puller:
                     result = await puller.pull(body.weight_version, body.codec, base=base)
             except WeightsError as exc:
                 status = 404 if isinstance(exc, UnknownVersionError) else 400
@@ -444,9 +444,10 @@ class EngineServer:
             )
         stats = result.stats
         logger.info(
-            "pulled version %d (%s, base %s): %d bytes for %d bytes of weights, %d attempts",
+            "pulled version %d (%s over %s, base %s): %d bytes for %d bytes of weights, %d attempts",
             body.weight_version,
             result.manifest.codec,
+            stats.transport,
             result.manifest.base_version,
             stats.wire_nbytes,
             result.manifest.model_nbytes,
@@ -454,6 +455,7 @@ class EngineServer:
         )
         answer["pull"] = {
             "codec": result.manifest.codec,
+            "transport": stats.transport,
             "base_version": result.manifest.base_version,
             "wire_nbytes": stats.wire_nbytes,
             "model_nbytes": result.manifest.model_nbytes,

@@ -1,12 +1,16 @@
-"""One rank of the gradient-equality test, run as `python -m tests.runtime.trainer.ddp_ranks MODEL OUT`
-with torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) set by the test.
+"""One rank of the gradient-equality test, run as
+`python -m tests.runtime.trainer.parallel_ranks MODEL OUT ddp|fsdp` with torchrun's environment
+(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) set by the test.
 
 Each rank builds the real Trainer on the real process group; rank 0 drives it as in a training step
 (`_train_micro_batch`, `_optimizer_step`) and the others obey as under `rollflow train`. Every rank
 saves its gradients after each micro-batch and its parameters after the optimizer step; rank 0 also
 saves the step totals its metrics would be computed from. Then a fresh Trainer trains one whole
 step's rollouts (`_train_on`, several micro-batches and optimizer steps) as they arrive from a
-`FixedBatch`, and every rank saves the step's totals and its parameters.
+`FixedBatch`, and every rank saves the step's totals and its parameters. Under fsdp, rank 0 then
+writes that Trainer's (sharded) checkpoint and a third Trainer resumes from it: every rank saves the
+resumed parameters and optimizer state beside the ones that were written. Sharded parameters,
+gradients and optimizer state are saved whole (gathered from every rank).
 """
 
 from __future__ import annotations
@@ -77,7 +81,9 @@ class FixedBatch:
             remaining, ready = remaining[taken:], ready - taken
 
 
-def trainer_config(model: str, output_dir: Path, algorithm: str, lr: float = 1e-4) -> TrainConfig:
+def trainer_config(
+    model: str, output_dir: Path, algorithm: str, lr: float = 1e-4, parallelism: str = "ddp"
+) -> TrainConfig:
     # Adam's first step is about lr x sign(gradient): a small lr keeps float noise on gradients near 0
     # (where the sign is a coin toss) below the tolerance, while every weight still moves 10x past it.
     return TrainConfig(
@@ -89,13 +95,23 @@ def trainer_config(model: str, output_dir: Path, algorithm: str, lr: float = 1e-
         kl_coef=0.1,
         micro_batch_groups=MICRO_BATCH_GROUPS,
         mini_batch_micro_batches=2,
+        parallelism=parallelism,
     )
+
+
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of the whole tensor (collective for an FSDP shard: every rank must call it in turn)."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(tensor, DTensor):
+        return tensor.full_tensor().detach().clone()
+    return tensor.detach().clone()
 
 
 def gradients(trainer: Trainer) -> dict[str, torch.Tensor]:
     modules = {"policy": trainer.policy, "critic": trainer.critic}
     return {
-        f"{name}.{key}": param.grad.detach().clone()
+        f"{name}.{key}": whole(param.grad)
         for name, module in modules.items()
         if module is not None
         for key, param in module.named_parameters()
@@ -106,10 +122,19 @@ def gradients(trainer: Trainer) -> dict[str, torch.Tensor]:
 def parameters(trainer: Trainer) -> dict[str, torch.Tensor]:
     modules = {"policy": trainer.policy, "critic": trainer.critic}
     return {
-        f"{name}.{key}": param.detach().clone()
+        f"{name}.{key}": whole(param)
         for name, module in modules.items()
         if module is not None
         for key, param in module.named_parameters()
+    }
+
+
+def optimizer_moments(trainer: Trainer) -> dict[str, torch.Tensor]:
+    """Adam's moments of every parameter, in the optimizer's order."""
+    return {
+        f"{i}.{moment}": whole(trainer.optimizer.state[param][moment])
+        for i, param in enumerate(trainer.parameters)
+        for moment in ("exp_avg", "exp_avg_sq")
     }
 
 
@@ -163,6 +188,22 @@ def run_step(trainer: Trainer, out: Path, rank: int, all_ready: bool) -> None:
     torch.save(parameters(trainer), out / f"step_weights.rank{rank}.pt")
 
 
+def save_and_resume(trainer: Trainer, config: TrainConfig, out: Path, rank: int) -> None:
+    """fsdp: rank 0 writes `trainer`'s checkpoint (every rank its shards); a new Trainer resumes from it."""
+    written = {"parameters": parameters(trainer), "optimizer": optimizer_moments(trainer)}
+    if trainer.parallel.is_leader:
+        trainer.step = 1
+        trainer._save_checkpoint()
+        trainer.parallel.tell_all(Command.STOP)
+    else:
+        assert trainer._obey()  # its shards of the checkpoint
+        assert not trainer._obey()  # stop
+    resumed = Trainer(config, resume=True, parallel=trainer.parallel)
+    assert resumed.step == 1
+    state = {"parameters": parameters(resumed), "optimizer": optimizer_moments(resumed)}
+    torch.save({"written": written, "resumed": state}, out / f"resumed.rank{rank}.pt")
+
+
 def initial_parameters(model: str, algorithm: str) -> dict[str, torch.Tensor]:
     """The parameters before any step, named as `parameters` names them."""
     from rollflow.runtime.trainer.models import Critic, load_policy
@@ -178,8 +219,8 @@ def initial_parameters(model: str, algorithm: str) -> dict[str, torch.Tensor]:
 
 
 def main() -> None:
-    model, out = sys.argv[1], Path(sys.argv[2])
-    parallel = init_from_env("cpu", timeout_s=120)
+    model, out, parallelism = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    parallel = init_from_env("cpu", timeout_s=120, parallelism=parallelism)
     assert parallel is not None
     finished = False
     try:
@@ -187,14 +228,17 @@ def main() -> None:
             torch.manual_seed(0)
             folder = out / algorithm
             folder.mkdir(parents=True, exist_ok=True)
-            trainer = Trainer(trainer_config(model, folder, algorithm), resume=False, parallel=parallel)
+            config = trainer_config(model, folder, algorithm, parallelism=parallelism)
+            trainer = Trainer(config, resume=False, parallel=parallel)
             run(trainer, folder, parallel.rank)
             # rank 0 asks as each micro-batch's groups finish (one process, below, gets them all at once)
             torch.manual_seed(0)
-            config = trainer_config(model, folder, algorithm, lr=STEP_LR)
+            config = trainer_config(model, folder, algorithm, lr=STEP_LR, parallelism=parallelism)
             stepper = Trainer(config, resume=False, parallel=parallel)
             run_step(stepper, folder, parallel.rank, all_ready=False)
-            del trainer, stepper  # their DDP modules hold the process group
+            if parallelism == "fsdp":
+                save_and_resume(stepper, config, folder, parallel.rank)
+            del trainer, stepper  # their DDP/FSDP modules hold the process group
         finished = True
     finally:
         parallel.close(wait_for_peers=finished)
