@@ -187,7 +187,7 @@ def rlboost(results: Results, quick: bool) -> None:
         rows,
     )  # fmt: skip
     results.table(
-        "RLBoost, settled: the paper's figures beside rollflow's, range over the rows above per condition",
+        "RLBoost, settled: the paper's figures beside the range of rollflow's over the RLBoost sweep, per condition",
         ["condition", "stated by the paper", "paper", "rollflow: throughput",
          *(f"rollflow: tokens per $, spot {r:.0%} of on-demand" for r in RLBOOST_PRICE_RATIOS)],
         settled_rows(by_mode),
