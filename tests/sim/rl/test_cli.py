@@ -177,4 +177,8 @@ def test_partial_rollout_with_dynamic_scheduling_carries_whole_groups_every_step
     assert [step["carried_samples"] for step in summary["steps"]] == [4 * 4] * 3
     assert all(step["tokens_by_staleness"].get("1", 0) > 0 for step in summary["steps"][1:])
     assert summary["migrated_sequences"] > 0  # instances released mid-rollout handed their samples on
-    assert "partial rollout (+4 prompts): 48 samples carried" in " ".join(proc.stdout.split())
+    assert (
+        f"partial rollout (+4 prompts): 48 samples ({summary['tokens_carried']} tokens) carried"
+        in " ".join(proc.stdout.split())
+    )
+    assert summary["tokens_carried"] == sum(step["tokens_carried"] for step in summary["steps"]) > 0

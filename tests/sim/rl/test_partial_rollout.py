@@ -48,7 +48,11 @@ def test_a_full_batch_carries_the_other_groups_whole_with_the_tokens_they_made()
             sample.request.prompt_tokens + sample.request.output_tokens
         )
 
+    handed_on = result.tokens_carried
     second, result = _step(config, 1, result.end, first.carried_out, sync_ends=(result.end,))
+    assert (
+        handed_on == sum(sum(v.values()) for v in second.earlier_versions.values()) > 0
+    )  # the next step gets them
     carried_in = second.requests[:16]
     assert [r.id for r in carried_in] == list(range(16))  # carried groups come first
     trained = {r.id for ids in result.minibatches for r in (second.requests[i] for i in ids)}
