@@ -9,6 +9,8 @@ A block is two markers on lines of their own; what lies between them is rewritte
     <!-- results: end -->
     <!-- results: headline -->           every results file's headline goals (the README's front page)
     <!-- results: end -->
+    <!-- results: rl_paper_claims table: RLBoost, settled -->   the table of that file whose title
+    <!-- results: end -->                                         starts with the text after `table:`
 
 A benchmark that has no results file in the checkout renders as a line saying it is not yet measured
 and the command that measures it, so a page never shows a figure that no file backs. Blocks are
@@ -32,7 +34,8 @@ from tools.docs_site.markdown import cell, code, table
 
 # Markers are whole lines, so a page may name one in prose (`<!-- results: NAME -->`) without opening a block.
 BLOCK = re.compile(
-    r"^<!-- results: (?P<name>[a-z0-9_]+) -->\n.*?^<!-- results: end -->$", re.DOTALL | re.MULTILINE
+    r"^<!-- results: (?P<name>[a-z0-9_]+)(?: table: (?P<table>[^\n]+?))? -->\n.*?^<!-- results: end -->$",
+    re.DOTALL | re.MULTILINE,
 )
 OPENER = re.compile(r"^<!-- results: (?!end -->$).*$", re.MULTILINE)
 HEADLINE = "headline"
@@ -58,8 +61,11 @@ def render(text: str, page: Path, root: Path = REPO) -> str:
     found = {bench.name: bench for bench in benchmarks(root)}
 
     def body(match: re.Match[str]) -> str:
-        name = match["name"]
-        if name == HEADLINE:
+        name, title = match["name"], match["table"]
+        opener = match[0].partition("\n")[0]
+        if title and name in found:
+            rendered = table_block(found[name], title, page, root)
+        elif name == HEADLINE:
             rendered = headline_table(found.values(), page, root)
         elif name in found:
             rendered = goals_block(found[name], page, root)
@@ -68,7 +74,7 @@ def render(text: str, page: Path, root: Path = REPO) -> str:
                 f"{_shown(page, root)}: `<!-- results: {name} -->` names no benchmark "
                 f"(benchmarks/{name}.py does not exist; one of: {', '.join(found)})"
             )
-        return f"<!-- results: {name} -->\n{rendered}<!-- results: end -->"
+        return f"{opener}\n{rendered}<!-- results: end -->"
 
     return BLOCK.sub(body, text)
 
@@ -90,6 +96,25 @@ def goals_block(bench: Benchmark, page: Path, root: Path) -> str:
         goals_table(bench.results["goals"], peers(bench.results)),
     ]
     return "\n".join(lines)
+
+
+def table_block(bench: Benchmark, title: str, page: Path, root: Path) -> str:
+    """The table of a benchmark's results file whose title starts with `title`, under the same
+    provenance line as its goals; a file that has none is a render error (the page names a table
+    the benchmark no longer writes)."""
+    if bench.results is None:
+        return goals_block(bench, page, root)
+    found = [extra for extra in bench.results.get("tables", []) if extra["title"].startswith(title)]
+    if not found:
+        raise RenderError(
+            f"{_shown(page, root)}: `<!-- results: {bench.name} table: {title} -->` names no table of "
+            f"{bench.results_path} (its tables: {'; '.join(t['title'] for t in bench.results.get('tables', []))})"
+        )
+    extra = found[0]
+    return "\n".join([
+        f"From {code(bench.results_path)}{provenance(bench.results)}, **{cell(extra['title'])}**:\n",
+        table(map(cell, extra["columns"]), ([cell(v) for v in row] for row in extra["rows"])),
+    ])  # fmt: skip
 
 
 def measure_command(bench: Benchmark) -> str:

@@ -101,3 +101,25 @@ def test_a_block_without_its_end_marker_is_an_error(tmp_path):
     root = _checkout(tmp_path, page="<!-- results: manager_journal -->\nno end\n")
     with pytest.raises(render.RenderError, match="without its `<!-- results: end -->`"):
         render.stale(root)
+
+
+def test_a_table_block_renders_the_named_table_and_a_missing_one_is_an_error(tmp_path):
+    page_text = "<!-- results: manager_journal table: RLBoost, settled -->\nold\n<!-- results: end -->\n"
+    root = _checkout(tmp_path, page=page_text)
+    results = Results("manager_journal", root / "benchmarks" / "results")
+    results.goal("tokens lost", 0, "==", 0)
+    results.table("Another table", ["a"], [[1]])
+    results.table("RLBoost, settled: paper beside rollflow", ["condition", "paper", "rollflow"],
+                  [["on-policy", "1.51-1.97x", "1.19 to 1.57x"]])  # fmt: skip
+    results.finish()
+    page = root / "docs" / "guides" / "guide.md"
+    rendered = render.render(page.read_text(), page, root)
+    assert rendered.startswith("<!-- results: manager_journal table: RLBoost, settled -->\n")
+    assert "**RLBoost, settled: paper beside rollflow**" in rendered
+    assert "| on-policy | 1.51-1.97x | 1.19 to 1.57x |" in rendered
+    assert "old" not in rendered and "Another table" not in rendered and "tokens lost" not in rendered
+    page.write_text(rendered)
+    assert render.stale(root) == []
+    page.write_text(page_text.replace("RLBoost, settled", "RLinf"))
+    with pytest.raises(render.RenderError, match=r"table: RLinf -->` names no table of .*RLBoost, settled"):
+        render.stale(root)

@@ -99,6 +99,7 @@ def summarize_step(trace: StepTrace) -> StepResult:
         tokens_by_staleness=by_staleness,
         max_sample_staleness=stalest,
         carried_samples=trace.num_carried_out,
+        tokens_carried=trace.num_tokens_carried_out,
         decode_tokens=sum(
             (tokens - prefill) * iterations
             for info in trace.instances
@@ -144,6 +145,7 @@ def summarize_run(config: RLSimConfig, steps: list[StepResult], wall_s: float) -
         "off_policy": config.off_policy,
         "partial_rollout": config.partial_rollout,
         "carried_samples": sum(s.carried_samples for s in steps),
+        "tokens_carried": sum(s.tokens_carried for s in steps),
         "tokens_by_staleness": {str(k): v for k, v in sorted(staleness.items())},
         "max_sample_staleness": max(s.max_sample_staleness for s in steps),
         **manager_summary(config, steps),
@@ -215,6 +217,7 @@ def step_summary(step: StepResult) -> dict:
         "actor_gpus_per_minibatch": step.actor_sizes,
         "tokens_by_staleness": {str(k): v for k, v in step.tokens_by_staleness.items()},
         "carried_samples": step.carried_samples,
+        "tokens_carried": step.tokens_carried,
         "decode_tokens": step.decode_tokens,
         "manager_bound_s": step.manager_delay_s,
         "manager_max_sample_wait_s": step.manager_max_wait_s,

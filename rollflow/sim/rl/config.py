@@ -332,11 +332,6 @@ class RLSimConfig(Section):
                 )
             if scheduling.kind == "dynamic" and not placement.pipelining:
                 raise ValueError("scheduling.kind=dynamic needs placement.pipelining=true")
-        if self.partial_rollout and scheduling.kind != "static":
-            raise ValueError(
-                f"partial_rollout={self.partial_rollout} needs scheduling.kind=static "
-                "(the batch-full abort is not modelled with moving instances); or set partial_rollout=0"
-            )
         actor_gpus = self.gpu_ranges()["actor"][1]
         minibatch = samples // self.training.num_minibatches
         valid = valid_actor_sizes(self.num_gpus, self.training.model_parallel, minibatch)

@@ -102,7 +102,8 @@ def print_run(summary: dict, console: Console) -> None:
         by_staleness = ", ".join(f"{k}: {v}" for k, v in summary["tokens_by_staleness"].items())
         console.print(
             f"partial rollout (+{summary['partial_rollout']} prompts): {summary['carried_samples']} samples "
-            f"carried to a next step, {summary['reprefill_tokens']} tokens re-prefilled; "
+            f"({summary['tokens_carried']} tokens) carried to a next step, {summary['reprefill_tokens']} "
+            "tokens re-prefilled; "
             f"response tokens trained per staleness {{{by_staleness}}}"
         )
 

@@ -710,6 +710,7 @@ class StepSimulator:
             requests=[r for g in sorted(self.trained_groups) for r in self._group(g)],
             earlier_versions=self.earlier_versions,
             num_carried_out=len(self.carried_out),
+            num_tokens_carried_out=sum(sum(c.versions.values()) for c in self.carried_out),
             spans=self.timer.spans,
             instances=[
                 InstanceTrace(

@@ -45,6 +45,7 @@ class StepResult:
     tokens_by_staleness: dict[int, int]  # response tokens per weight versions behind the trainer
     max_sample_staleness: int  # the stalest token of any sample
     carried_samples: int = 0  # partial rollout: samples handed to the next step
+    tokens_carried: int = 0  # partial rollout: their response tokens when handed on
     decode_tokens: int = 0  # tokens the engines generated (every one passes the manager's relay)
     generated_end: float = 0.0  # the last sample generated, engine side (`rollout_end`: delivered)
     manager: ManagerCapacity | None = None  # the relay processes (None: not simulated)
@@ -100,6 +101,7 @@ class StepTrace:
         default_factory=dict
     )  # carried-in samples' tokens per version
     num_carried_out: int = 0  # partial rollout: samples handed to the next step
+    num_tokens_carried_out: int = 0  # partial rollout: their response tokens when handed on
     manager: ManagerCapacity | None = None  # the relay processes (None: not simulated)
     manager_delay_s: float = 0.0  # the last sample's delivery after its generation
     manager_max_wait_s: float = 0.0  # the longest any sample waited for the relay

@@ -163,3 +163,22 @@ def test_an_off_policy_run_reports_its_steady_state_and_tokens_per_staleness(tmp
     assert sum(by_staleness.values()) == sum(s["generated_tokens"] for s in summary["steps"])
     assert "off-policy (bound 1): steady-state step" in proc.stdout
     assert (tmp_path / "gantt.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_partial_rollout_with_dynamic_scheduling_carries_whole_groups_every_step(tmp_path):
+    proc = _rollflow(
+        "rl-sim", "run", "--config", "examples/rl/rlinf_dynamic.yaml", "--output-dir", str(tmp_path), *SHORT,
+        "steps=3", "partial_rollout=4", "scheduling.pre_process=true", "output.gantt=false",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr  # a step whose samples are neither trained nor carried fails
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["samples_per_step"] == 16 * 4
+    # each step trains 16 whole groups and hands the 4 extra groups, whole, to the next
+    assert [step["carried_samples"] for step in summary["steps"]] == [4 * 4] * 3
+    assert all(step["tokens_by_staleness"].get("1", 0) > 0 for step in summary["steps"][1:])
+    assert summary["migrated_sequences"] > 0  # instances released mid-rollout handed their samples on
+    assert (
+        f"partial rollout (+4 prompts): 48 samples ({summary['tokens_carried']} tokens) carried"
+        in " ".join(proc.stdout.split())
+    )
+    assert summary["tokens_carried"] == sum(step["tokens_carried"] for step in summary["steps"]) > 0

@@ -1,6 +1,6 @@
 """The RL step's rollout on the compiled core (`rollflow.sim.compiled_cluster`) matches its
-pure-Python twin exactly on every shipped RL example and each of its `compare` variants, and with
-a manager whose relay holds the rollout back: every sample's times, every instance's batches and
+pure-Python twin exactly on every shipped RL example and each of its `compare` variants, with
+a manager whose relay holds the rollout back, and with partial rollout under dynamic scheduling: every sample's times, every instance's batches and
 life, the event count, the run's summary."""
 
 from pathlib import Path
@@ -31,6 +31,9 @@ def _cases() -> list:
     # a manager that holds the rollout back: deliveries, not generation, drive the step's decisions
     bound = ["manager.processes=1", "manager.cpu_us_per_token=50"]
     cases.append(pytest.param(EXAMPLES / "rlinf_dynamic.yaml", bound, id="rlinf_dynamic-manager-bound"))
+    # partial rollout with dynamic scheduling: released instances hand samples on, the full batch stops the rest
+    partial = ["partial_rollout=16", "scheduling.pre_process=true", "off_policy=1"]
+    cases.append(pytest.param(EXAMPLES / "rlinf_dynamic.yaml", partial, id="rlinf_dynamic-partial-rollout"))
     return cases
 
 

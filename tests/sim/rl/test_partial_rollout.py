@@ -4,7 +4,6 @@ import itertools
 
 import pytest
 
-from rollflow.config import ConfigError
 from rollflow.policy.resources import StaticScheduler
 from rollflow.sim.build import build_groups
 from rollflow.sim.rl.accounting import summarize_run
@@ -49,7 +48,11 @@ def test_a_full_batch_carries_the_other_groups_whole_with_the_tokens_they_made()
             sample.request.prompt_tokens + sample.request.output_tokens
         )
 
+    handed_on = result.tokens_carried
     second, result = _step(config, 1, result.end, first.carried_out, sync_ends=(result.end,))
+    assert (
+        handed_on == sum(sum(v.values()) for v in second.earlier_versions.values()) > 0
+    )  # the next step gets them
     carried_in = second.requests[:16]
     assert [r.id for r in carried_in] == list(range(16))  # carried groups come first
     trained = {r.id for ids in result.minibatches for r in (second.requests[i] for i in ids)}
@@ -108,6 +111,36 @@ def test_partial_rollout_composes_with_preemptible_instances(tmp_path, extra):
     assert run["max_sample_staleness"] >= 1
 
 
-def test_partial_rollout_refuses_moving_instances():
-    with pytest.raises(ConfigError, match=r"partial_rollout=4 needs scheduling\.kind=static"):
-        rl_config("partial_rollout=4", "scheduling.kind=dynamic", *DISAGGREGATED, "placement.pipelining=true")
+DYNAMIC = [*DISAGGREGATED, "placement.pipelining=true", "scheduling.kind=dynamic"]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["scheduling.pre_process=true", "scheduling.wait_before_last_iter=true"], ["off_policy=1"]],
+    ids=["dynamic", "pre-process-wait-last", "off-policy"],
+)
+def test_partial_rollout_composes_with_dynamic_scheduling(monkeypatch, extra):
+    """Instances released mid-rollout hand their samples on, the batch-full stop carries the rest:
+    every step trains exactly its batch in whole groups and carries the other groups whole."""
+    stepped = []
+    run = StepSimulator.run
+
+    def recording(self):
+        stepped.append(self)
+        return run(self)
+
+    monkeypatch.setattr(StepSimulator, "run", recording)
+    config = rl_config("steps=4", "partial_rollout=4", *DYNAMIC, *extra)
+    steps = simulate_steps(config)  # a step raises if a sample was neither trained nor carried
+    summary = summarize_run(config, steps, 0.0)
+    assert summary["carried_samples"] == 4 * 4 * GROUP and summary["max_sample_staleness"] >= 1
+    assert summary["migrated_sequences"] > 0  # the scheduler moved samples off released instances
+    for step, result in zip(stepped, steps, strict=True):
+        trained = sorted(i for batch in result.minibatches for i in batch)
+        groups = {i // GROUP for i in trained}
+        assert len(trained) == 64 and trained == [
+            i for g in sorted(groups) for i in range(g * GROUP, (g + 1) * GROUP)
+        ]
+        carried = {c.group for c in step.carried_out}
+        assert len(carried) == 4 and not carried & groups
+        assert all(sum(1 for c in step.carried_out if c.group == g) == GROUP for g in carried)
