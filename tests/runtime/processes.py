@@ -157,3 +157,20 @@ def start_manager(tmp_path: Path, config: dict, token: str | None = None) -> Pro
     if token:
         args += ["--token", token]
     return Process(rollflow(*args), port, tmp_path / f"manager-{port}.log")
+
+
+def descendants(pid: int) -> set[int]:
+    """`pid` and every process started under it."""
+    parent_of = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parent_of[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        found |= frontier
+        frontier = {child for child, parent in parent_of.items() if parent in frontier} - found
+    return found

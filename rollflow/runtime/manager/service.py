@@ -50,7 +50,7 @@ from rollflow.runtime.manager.request_log import RequestLog
 from rollflow.runtime.manager.samples import Sample, SampleRun, SampleState, Watcher
 from rollflow.runtime.manager.sessions import SessionStore
 from rollflow.runtime.manager.stall import StallSweep
-from rollflow.runtime.manager.stream_processes import StreamReaders
+from rollflow.runtime.manager.stream_readers import StreamReaders
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

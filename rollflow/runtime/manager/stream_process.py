@@ -1,4 +1,5 @@
-"""A stream process: reads engines' token streams for the manager (`processes: N`, N > 1).
+"""A stream process: reads engines' token streams for the manager (`processes: N`, N > 1), and
+the stream session a relay runs for each manager that dials it (relay.py).
 
 Reading a stream is the manager's per-token work: the engine's events are read, parsed and reduced
 into tokens and log-probs. A stream process does that for the streams the manager opens on it, and
@@ -9,10 +10,10 @@ per chunk, not per event, and the parsing runs on another core.
 Each stream is read once per flush (what the engine sent since then, in one go), and its new tokens
 wait in the process until the next flush: a token reaches the manager at most two `flush_ms` after
 the engine sent it. What the process may take with it when it dies (kill -9): the tokens the
-engines sent in its last two `flush_ms`, which the manager never saw. Those are generated again when the sample resumes, and the sample loses
-nothing it was told.
+engines sent in its last two `flush_ms`, which the manager never saw. They are generated again
+when their samples resume; no sample loses a token it was told of.
 
-Started by the manager (`stream_processes.py`) as `python -m rollflow.runtime.manager.stream_process
+Started by the manager (`stream_readers.py`) as `python -m rollflow.runtime.manager.stream_process
 --fd N`, with its end of a socket pair; it exits when the manager's end closes.
 """
 
@@ -22,11 +23,16 @@ import argparse
 import asyncio
 import logging
 import socket
-from typing import Any
 
 import aiohttp
 
-from rollflow.runtime.engines.base import EngineClient, EngineRejectedError, RequestFailedError
+from rollflow.runtime.engines.base import (
+    EngineClient,
+    EngineRejectedError,
+    GenerateChunk,
+    RequestFailedError,
+    SamplingParams,
+)
 from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.engines.http import ENGINE_ERRORS
 from rollflow.runtime.manager import stream_wire as wire
@@ -48,7 +54,7 @@ class _Pending:
         "weight_version",
     )
 
-    def __init__(self, chunk) -> None:
+    def __init__(self, chunk: GenerateChunk) -> None:
         self.token_ids = list(chunk.token_ids)
         self.logprobs = list(chunk.logprobs)
         (
@@ -62,7 +68,7 @@ class _Pending:
             self.cached_tokens,
         ) = chunk
 
-    def merge(self, chunk) -> None:
+    def merge(self, chunk: GenerateChunk) -> None:
         self.token_ids += chunk.token_ids
         self.logprobs += chunk.logprobs
         self.finish_reason = chunk.finish_reason
@@ -148,7 +154,9 @@ class StreamSession:
             client = self._clients[key] = make_client(engine_type, url, self._http, api_key=api_key)
         return client
 
-    async def _read(self, client: EngineClient, rid: str, input_ids: list[int], sampling: Any) -> None:
+    async def _read(
+        self, client: EngineClient, rid: str, input_ids: list[int], sampling: SamplingParams
+    ) -> None:
         stream = client.generate(rid, input_ids, sampling)
         try:
             async for chunk in stream:
@@ -173,7 +181,7 @@ class StreamSession:
             self._streams.pop(rid, None)
             await stream.aclose()
 
-    def _add(self, rid: str, chunk) -> None:
+    def _add(self, rid: str, chunk: GenerateChunk) -> None:
         pending = self._pending.get(rid)
         if pending is None:
             self._pending[rid] = _Pending(chunk)

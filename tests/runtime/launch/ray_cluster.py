@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.runtime.processes import free_port
+from tests.runtime.processes import descendants, free_port
 
 # Ray reads these when it is imported: with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 it keeps 127.0.0.1
 # instead of swapping in the machine's address, in the head and in this test process (the driver).
@@ -66,23 +66,6 @@ class RayHead:
                 self.proc.wait()
         self._log.close()
         shutil.rmtree(self.temp_dir, ignore_errors=True)
-
-
-def descendants(pid: int) -> set[int]:
-    """`pid` and every process started under it."""
-    parent_of = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parent_of[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        found |= frontier
-        frontier = {child for child, parent in parent_of.items() if parent in frontier} - found
-    return found
 
 
 def listening_addresses(pids: set[int]) -> list[str]:

@@ -14,7 +14,8 @@ import pytest
 
 from rollflow.runtime.launch.launcher import Launcher
 from tests.runtime.launch.helpers import launch_config
-from tests.runtime.launch.ray_cluster import descendants, listening_addresses
+from tests.runtime.launch.ray_cluster import listening_addresses
+from tests.runtime.processes import descendants
 
 ray = pytest.importorskip("ray")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from tests.runtime.processes import Process, free_port, http, rollflow, with_test_processes
+from tests.runtime.processes import Process, descendants, free_port, http, rollflow, with_test_processes
 
 _SEEN = contextvars.ContextVar("seen")
 
@@ -38,6 +38,11 @@ def manager_on_journal(tmp_path: Path, config: dict, port: int, wait: bool = Tru
     args += ["--journal", journal]
     log_path = tmp_path / f"manager-{port}-{len(list(tmp_path.glob('manager-*.log')))}.log"
     return Process(rollflow(*args), port, log_path, wait=wait)
+
+
+def stream_processes(manager) -> list[int]:
+    """The manager's stream processes (its only children)."""
+    return sorted(descendants(manager.proc.pid) - {manager.proc.pid})
 
 
 def workers(manager) -> dict[str, dict]:

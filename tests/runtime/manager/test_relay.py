@@ -15,10 +15,10 @@ from tests.runtime.manager.helpers import (
     drain,
     greedy_reference,
     metric,
+    stream_processes,
     wait_until,
     workers,
 )
-from tests.runtime.manager.test_stream_processes import stream_processes
 from tests.runtime.processes import Process, free_port, http, rollflow
 
 PROMPTS = [[5 + i, 40 + 3 * i, 7, 90 + i] for i in range(6)]

@@ -14,26 +14,12 @@ from tests.runtime.manager.helpers import (
     drain,
     greedy_reference,
     metric,
+    stream_processes,
     wait_until,
     workers,
 )
 
 PROMPTS = [[5 + i, 40 + 3 * i, 7, 90 + i] for i in range(6)]
-
-
-def stream_processes(manager) -> list[int]:
-    """The manager's children: its stream processes."""
-    children = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            if parent == manager.proc.pid:
-                children.append(int(entry))
-    return children
 
 
 def _streamed_generate(manager, prompt: list[int], max_new_tokens: int) -> list[dict]:
