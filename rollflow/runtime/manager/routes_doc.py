@@ -173,10 +173,19 @@ ROUTES: dict[str, RouteDoc] = {
     "POST /init_weight_transfer_engine": RouteDoc(
         "-", "501: load weights through `POST /workers/{id}/update_weights` instead"
     ),
-    "POST /update_weights": RouteDoc("-", "501, as `POST /init_weight_transfer_engine`"),
+    "POST /update_weights": RouteDoc(
+        'prime-rl\'s `{"weight_dir", "weight_version"?}` (token)',
+        '`{"status": "ok", "weight_version", "engines"}` once every healthy engine has loaded the folder '
+        "(each held out of the pool while it loads, as `POST /workers/{id}/update_weights`; the version "
+        "is one above the newest served unless given); vLLM's `update_info` body is a 501",
+    ),
     "POST /start_weight_update": RouteDoc("-", "501, as `POST /init_weight_transfer_engine`"),
     "POST /finish_weight_update": RouteDoc("-", "501, as `POST /init_weight_transfer_engine`"),
     "POST /collective_rpc": RouteDoc("-", "501, as `POST /init_weight_transfer_engine`"),
+    "POST /init_broadcaster": RouteDoc(
+        "-", "501, as `POST /init_weight_transfer_engine` (prime-rl's NCCL mode)"
+    ),
+    "POST /load_lora_adapter": RouteDoc("-", "501, as `POST /skyrl/v1/load_lora_adapter`"),
     "POST /skyrl/v1/load_lora_adapter": RouteDoc("-", "501: the engines serve one model, no LoRA adapter"),
     "POST /v1/load_lora_adapter": RouteDoc("-", "501, as `POST /skyrl/v1/load_lora_adapter`"),
     "POST /v1/unload_lora_adapter": RouteDoc("-", "501, as `POST /skyrl/v1/load_lora_adapter`"),

@@ -1,6 +1,7 @@
 """vLLM's server control routes on the manager, for SkyRL's proxy-only mode: with only
 `external_proxy_url` set, SkyRL's `RemoteInferenceClient` sends the control calls it would fan out to
-its vLLM servers to the router URL instead, once. The manager answers each for all its engines, in
+its vLLM servers to the router URL instead, once (and prime-rl's orchestrator sends its pause,
+`/update_weights {"weight_dir"}` and resume to its first base URL, a router or a server). The manager answers each for all its engines, in
 vLLM's shapes, with its own semantics: no sample is lost to a pause.
 
     POST /pause?mode=keep|abort|wait&clear_cache=   route nothing until /resume. keep and abort move
@@ -11,6 +12,7 @@ vLLM's shapes, with its own semantics: no sample is lost to a pause.
     GET  /is_paused                                 {"is_paused": bool}
     POST /sleep?level=&tags=, /wake_up?tags=        release every engine's memory / wake them (memory.py)
     POST /reset_prefix_cache                        every engine forgets its cached prefixes
+    POST /update_weights {"weight_dir"}             every engine loads the folder (prime-rl's body)
     weight transfer, LoRA adapters, routed experts  501 naming the operation and what to do instead
 
 A pause holds the dispatcher and drains the engines through the manager's drain (the path a released
@@ -24,6 +26,7 @@ import asyncio
 
 from aiohttp import web
 
+from rollflow.errors import UserError
 from rollflow.runtime.http.body import read_json_object
 from rollflow.runtime.manager import memory
 from rollflow.runtime.manager.edge import MANAGER_KEY, body_limit
@@ -32,8 +35,8 @@ from rollflow.runtime.manager.service import RolloutManager
 from rollflow.runtime.manager.vllm_api import answers_errors
 from rollflow.runtime.openai.protocol import OpenAIError
 
-ADMIN_PATHS = frozenset({"/pause", "/resume", "/sleep", "/wake_up", "/reset_prefix_cache"})
-"""Routes that stop, put to sleep or flush every engine: admin routes, behind the token."""
+ADMIN_PATHS = frozenset({"/pause", "/resume", "/sleep", "/wake_up", "/reset_prefix_cache", "/update_weights"})
+"""Routes that stop, put to sleep, flush or update every engine: admin routes, behind the token."""
 PAUSE_MODES = ("keep", "abort", "wait")
 PAUSE_REASON = "paused"  # the `reason` label of the samples a pause moves
 SLEEP_LEVELS = ("1", "2")
@@ -49,10 +52,12 @@ WEIGHT_TRANSFER = (
 NOT_SERVED = {
     ("GET", "/get_world_size"): f"the weight-transfer world size (GET /get_world_size) {WEIGHT_TRANSFER}",
     ("POST", "/init_weight_transfer_engine"): f"POST /init_weight_transfer_engine {WEIGHT_TRANSFER}",
-    ("POST", "/update_weights"): f"POST /update_weights {WEIGHT_TRANSFER}",
     ("POST", "/start_weight_update"): f"POST /start_weight_update {WEIGHT_TRANSFER}",
     ("POST", "/finish_weight_update"): f"POST /finish_weight_update {WEIGHT_TRANSFER}",
     ("POST", "/collective_rpc"): f"POST /collective_rpc {WEIGHT_TRANSFER}",
+    ("POST", "/init_broadcaster"): f"prime-rl's NCCL broadcast (POST /init_broadcaster) {WEIGHT_TRANSFER}",
+    ("POST", "/load_lora_adapter"): "LoRA adapters (POST /load_lora_adapter) are not served by the "
+    "rollflow manager: its engines serve one model, with no adapter by name",
     ("POST", "/skyrl/v1/load_lora_adapter"): "LoRA adapters (POST /skyrl/v1/load_lora_adapter) are not "
     "served by the rollflow manager: its engines serve one model, with no adapter by name",
     ("POST", "/v1/load_lora_adapter"): "LoRA adapters (POST /v1/load_lora_adapter) are not served by the "
@@ -63,6 +68,9 @@ NOT_SERVED = {
     "rollflow manager: no engine behind it reports MoE routing decisions; set "
     "generator.inference_engine.enable_return_routed_experts=false",
 }
+
+
+UPDATE_INFO = f"POST /update_weights with update_info (a weight transfer) {WEIGHT_TRANSFER}"
 
 
 def _flag(request: web.Request, name: str) -> bool:
@@ -168,6 +176,44 @@ async def _reset_prefix_caches(manager: RolloutManager, reset_running_requests: 
     return combined_answer("reset_prefix_cache", answers)
 
 
+@answers_errors
+async def update_weights(request: web.Request) -> web.Response:
+    """prime-rl's `/update_weights {"weight_dir"}`: every healthy engine loads the checkpoint folder
+    through the manager's weight update (held out of the pool while it loads, rejoining on the new
+    version: `weight_version`, else one above the newest any engine serves). vLLM's own body, an
+    `update_info` for a weight transfer, is a 501."""
+    manager = request.app[MANAGER_KEY]
+    body = await read_json_object(request, body_limit(request))
+    if "update_info" in body:
+        raise OpenAIError(501, UPDATE_INFO)
+    weight_dir, version = body.get("weight_dir"), body.get("weight_version")
+    if not isinstance(weight_dir, str) or not weight_dir:
+        raise OpenAIError(400, "give weight_dir: the checkpoint folder every engine loads", "weight_dir")
+    engines = [engine for engine in manager.registry.live() if engine.state == "healthy"]
+    if not engines:
+        raise OpenAIError(503, "no healthy engine to update: register one (POST /workers)")
+    if version is None:
+        version = 1 + max((e.weight_version or 0 for e in manager.registry.live()), default=0)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise OpenAIError(400, "weight_version must be a non-negative integer", "weight_version")
+    results = await asyncio.gather(
+        *(manager.fleet.update_engine_weights(e.engine_id, version, model_path=weight_dir) for e in engines),
+        return_exceptions=True,
+    )
+    failed = []
+    for engine, result in zip(engines, results, strict=True):
+        if isinstance(result, KeyError):
+            failed.append(f"engine {engine.engine_id}: it left the pool meanwhile")
+        elif isinstance(result, UserError):
+            failed.append(f"engine {engine.engine_id}: {result}")
+        elif isinstance(result, BaseException):
+            raise result
+    if failed:
+        message = f"update_weights failed on {len(failed)} of {len(engines)} engines: {'; '.join(failed)}"
+        raise OpenAIError(502, message)
+    return web.json_response({"status": "ok", "weight_version": version, "engines": len(engines)})
+
+
 def _not_served(message: str):
     @answers_errors
     async def route(request: web.Request) -> web.Response:
@@ -184,5 +230,6 @@ def routes() -> list[web.RouteDef]:
         web.post("/sleep", sleep),
         web.post("/wake_up", wake_up),
         web.post("/reset_prefix_cache", reset_prefix_cache),
+        web.post("/update_weights", update_weights),
         *(web.route(method, path, _not_served(message)) for (method, path), message in NOT_SERVED.items()),
     ]
