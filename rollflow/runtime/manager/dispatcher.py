@@ -50,6 +50,7 @@ class Dispatcher:
         self._queue: deque[Sample] = deque()
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.paused = False  # a client paused generation (vllm_control.py): samples wait, none is routed
 
     def __len__(self) -> int:
         """Samples waiting for an engine."""
@@ -80,6 +81,15 @@ class Dispatcher:
         longer kept for it."""
         self.session_router.end(session_key(session_id))
 
+    def pause(self) -> None:
+        """Route nothing until `resume`: new and resumed samples wait in the queue (a trainer's pause
+        around a weight update; what runs is the pauser's to drain or wait for)."""
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+        self._wake.set()
+
     def wake(self) -> None:
         """Engines have room, or samples wait: route what can be routed, a loop turn from now."""
         self._wake.set()
@@ -97,7 +107,7 @@ class Dispatcher:
 
     def dispatch(self) -> None:
         """Route every queued sample that has an eligible engine, in queue order."""
-        routable = self._registry.routable() if self._queue else None
+        routable = self._registry.routable() if self._queue and not self.paused else None
         if not routable:
             return
         now = (self._loop or asyncio.get_running_loop()).time()

@@ -45,7 +45,11 @@ class ManagerTokens:
         `resume: restart` a sample may drop the tokens it has, which only a client that has seen
         none of them can be spared."""
         manager = self._manager
-        sample = manager.submit_sample(prompt_ids, sampling, session_id=self._session_id)
+        # OpenAI's requests know no weight version: one paused across a weight update goes on with the
+        # new weights, as vLLM's and SGLang's do (each token's span still records its version)
+        sample = manager.submit_sample(
+            prompt_ids, sampling, allow_off_policy=True, session_id=self._session_id
+        )
         sent = 0
         try:
             while True:

@@ -73,7 +73,10 @@ class EngineAnswer:
         }
 
 
-async def _call(engine: EngineRecord, method: str, path: str, body: Any, timeout_s: float) -> EngineAnswer:
+async def call_engine(
+    engine: EngineRecord, method: str, path: str, body: Any, timeout_s: float
+) -> EngineAnswer:
+    """The engine's answer to one HTTP call; an engine that cannot be reached answers status None."""
     client = engine.client
     if not isinstance(client, HttpEngine):
         return EngineAnswer(engine, None, f"{type(client).__name__} has no HTTP routes")
@@ -108,7 +111,7 @@ async def relay_first(manager: RolloutManager, request: web.Request) -> web.Resp
     engines = manager.registry.live()
     if not engines:
         return _no_engine()
-    answer = await _call(engines[0], "GET", request.path, None, INFO_TIMEOUT_S)
+    answer = await call_engine(engines[0], "GET", request.path, None, INFO_TIMEOUT_S)
     if answer.status is None:
         return web.Response(
             status=502,
@@ -126,9 +129,9 @@ async def health_generate(manager: RolloutManager, request: web.Request) -> web.
     if not engines:
         return _no_engine()
     answers = await asyncio.gather(
-        *(_call(e, "GET", "/health_generate", None, HEALTH_GENERATE_TIMEOUT_S) for e in engines)
+        *(call_engine(e, "GET", "/health_generate", None, HEALTH_GENERATE_TIMEOUT_S) for e in engines)
     )
-    return _combined("health_generate", answers, failure_status=503)
+    return combined_answer("health_generate", answers, failure_status=503)
 
 
 async def fan_out(manager: RolloutManager, request: web.Request) -> web.Response:
@@ -139,11 +142,11 @@ async def fan_out(manager: RolloutManager, request: web.Request) -> web.Response
     if not engines:
         return _no_engine()
     path = request.path
-    answers = await asyncio.gather(*(_call(e, "POST", path, body, ADMIN_TIMEOUT_S) for e in engines))
+    answers = await asyncio.gather(*(call_engine(e, "POST", path, body, ADMIN_TIMEOUT_S) for e in engines))
     extra: dict[str, Any] = {}
     if path == "/update_weights_from_disk":
         extra["weight_versions"] = await _record_versions(manager, [a.engine for a in answers if a.success])
-    return _combined(path.lstrip("/"), answers, extra=extra)
+    return combined_answer(path.lstrip("/"), answers, extra=extra)
 
 
 async def _record_versions(manager: RolloutManager, engines: list[EngineRecord]) -> dict[str, int | None]:
@@ -164,9 +167,11 @@ async def _record_versions(manager: RolloutManager, engines: list[EngineRecord])
     return {str(e.engine_id): v for e, v in zip(engines, versions, strict=True)}
 
 
-def _combined(
+def combined_answer(
     what: str, answers: list[EngineAnswer], failure_status: int | None = None, extra: dict | None = None
 ) -> web.Response:
+    """One answer for a call sent to every engine: 200 if all succeeded, else the engines' own 4xx when
+    they all refused it, or a 502; each engine's outcome named, with `{"error": {"message"}}`."""
     failed = [a for a in answers if not a.success]
     if failed:
         named = "; ".join(

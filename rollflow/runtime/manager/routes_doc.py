@@ -144,6 +144,55 @@ ROUTES: dict[str, RouteDoc] = {
         '`{"count", "max_model_len" (the manager\'s max_prompt_tokens), "tokens", "token_strs"}`',
     ),
     "POST /detokenize": RouteDoc('`{"tokens", "model"?}`; needs `tokenizer:`', '`{"prompt"}`'),
+    # vLLM's server control routes, as SkyRL's proxy-only mode sends them to the router (vllm_control.py)
+    "POST /pause": RouteDoc(
+        "query `mode=keep|abort|wait` (keep by default), `clear_cache=true|false` (token)",
+        '`{"status": "paused", "mode", "samples_moved"}` once no engine runs a sample; nothing is routed '
+        "until `/resume`. keep and abort move the running samples back to the queue with their tokens "
+        "(they go on from them after `/resume`; none is aborted), wait lets them finish first",
+    ),
+    "POST /resume": RouteDoc("- (token)", '`{"status": "resumed"}`; the waiting samples are routed again'),
+    "GET /is_paused": RouteDoc("-", '`{"is_paused": bool}`'),
+    "POST /sleep": RouteDoc(
+        "query `level=1|2`, `tags=weights|kv_cache` (token)",
+        '`{"status": "ok", "moves"}`: every healthy engine drained and its memory freed (any level or tags '
+        'free the whole engine, as `POST /release_memory_occupation`); 502 `{"error"}` naming the engines '
+        "that did not",
+    ),
+    "POST /wake_up": RouteDoc(
+        "query `tags=weights|kv_cache` (token)",
+        '`{"status": "ok", "moves"}`: every released engine woken on the weights it held (any tags wake '
+        "the whole engine)",
+    ),
+    "POST /reset_prefix_cache": RouteDoc(
+        '`{"reset_running_requests"?}` (token)',
+        "every live engine forgets its cached prefixes (vLLM's `/reset_prefix_cache`, SGLang's and the "
+        "built-in engine's `/flush_cache`); answered as `POST /flush_cache`",
+    ),
+    "GET /get_world_size": RouteDoc("-", "501 naming it: the manager joins no weight-transfer group"),
+    "POST /init_weight_transfer_engine": RouteDoc(
+        "-", "501: load weights through `POST /workers/{id}/update_weights` instead"
+    ),
+    "POST /update_weights": RouteDoc(
+        'prime-rl\'s `{"weight_dir", "weight_version"?}` (token)',
+        '`{"status": "ok", "weight_version", "engines"}` once every healthy engine has loaded the folder '
+        "(each held out of the pool while it loads, as `POST /workers/{id}/update_weights`; the version "
+        "is one above the newest served unless given); vLLM's `update_info` body is a 501",
+    ),
+    "POST /start_weight_update": RouteDoc("-", "501, as `POST /init_weight_transfer_engine`"),
+    "POST /finish_weight_update": RouteDoc("-", "501, as `POST /init_weight_transfer_engine`"),
+    "POST /collective_rpc": RouteDoc("-", "501, as `POST /init_weight_transfer_engine`"),
+    "POST /init_broadcaster": RouteDoc(
+        "-", "501, as `POST /init_weight_transfer_engine` (prime-rl's NCCL mode)"
+    ),
+    "POST /load_lora_adapter": RouteDoc("-", "501, as `POST /skyrl/v1/load_lora_adapter`"),
+    "POST /skyrl/v1/load_lora_adapter": RouteDoc("-", "501: the engines serve one model, no LoRA adapter"),
+    "POST /v1/load_lora_adapter": RouteDoc("-", "501, as `POST /skyrl/v1/load_lora_adapter`"),
+    "POST /v1/unload_lora_adapter": RouteDoc("-", "501, as `POST /skyrl/v1/load_lora_adapter`"),
+    "POST /skyrl/v1/generate": RouteDoc(
+        "-",
+        "501: routed-expert replay needs MoE routing decisions, which no engine behind the manager reports",
+    ),
     # multi-turn sessions
     "POST /v1/sessions": RouteDoc(
         '`{"session_id"?, "weight_version"?, "allow_off_policy"?}`',

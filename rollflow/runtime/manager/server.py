@@ -48,7 +48,7 @@ from aiohttp import web
 from rollflow.runtime.http.auth import require_bearer
 from rollflow.runtime.http.errors import error_body, http_error
 from rollflow.runtime.http.listen import bind
-from rollflow.runtime.manager import memory, sessions_api, sglang_api, vllm_api, workers_api
+from rollflow.runtime.manager import memory, sessions_api, sglang_api, vllm_api, vllm_control, workers_api
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.edge import (
     MANAGER_KEY,
@@ -100,6 +100,8 @@ def _protected(request: web.Request) -> bool:
     if workers_api.is_admin(path, method):
         return True
     if path.startswith("/batches") or path in ADMIN_PATHS or path in memory.ADMIN_PATHS:
+        return True
+    if path in vllm_control.ADMIN_PATHS:
         return True
     if path.startswith("/v1/sessions/") and method in ("GET", "DELETE"):
         return True
@@ -416,6 +418,7 @@ def create_app(manager: RolloutManager) -> web.Application:
             web.get("/health", health),
             *openai_routes(manager),
             *vllm_api.routes(),
+            *vllm_control.routes(),
             *passthrough_routes(manager),
         ]
     )

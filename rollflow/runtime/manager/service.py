@@ -241,11 +241,15 @@ class RolloutManager:
         elsewhere from their tokens. Returns once all of them have left it: how many there were."""
         moved = list(engine.running)
         self.displace(engine, reason)
-        runs = [self._runs.get(s) for s in moved]
+        await self.attempts_ended(moved)
+        return len(moved)
+
+    async def attempts_ended(self, sample_ids: list[str]) -> None:
+        """Return once the attempts running now for these samples have ended (moved or finished)."""
+        runs = [self._runs.get(s) for s in sample_ids]
         tasks = [run.task for run in runs if run is not None and run.task is not None]
         if tasks:
             await asyncio.wait(tasks)
-        return len(moved)
 
     def _busy_engines(self) -> list[EngineRecord]:
         """The engines some attempt streams from (in any state: a draining engine may hang too)."""

@@ -215,8 +215,12 @@ async def generate(request: web.Request) -> web.StreamResponse:
     try:
         for index in range(body.sampling_params.n):
             sampling = sample_sampling(params, 0, index)
+            # vLLM's requests know no weight version: one paused across a weight update goes on with
+            # the new weights, as vLLM's does (each token's span still records the version it came from)
             samples.append(
-                manager.submit_sample(body.token_ids, sampling, session_id=session, watcher=updates)
+                manager.submit_sample(
+                    body.token_ids, sampling, allow_off_policy=True, session_id=session, watcher=updates
+                )
             )
         if body.stream:
             return await _stream(request, body, request_id, updates)

@@ -7,71 +7,17 @@ mid-batch finishing every sample with the greedy tokens of an undisturbed run.""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.runtime.compat.skyrl_runs import answer, greedy, skyrl, skyrl_sampling
 from tests.runtime.manager.helpers import metric
-from tests.runtime.processes import ENV, REPO, http
+from tests.runtime.processes import http
 
-SKYRL = REPO / ".venv" / "skyrl-client"
 PROMPTS = [[31, 32, 33], [34, 35], [36, 37, 38, 39], [40]]
 SESSIONS = ["trajectory-a", "trajectory-a", "trajectory-b", "trajectory-c"]
-
-
-def skyrl_sampling(max_tokens: int, **extra) -> dict:
-    """The vLLM sampling params SkyRL's generators send (`get_vllm_sampling_params`), greedy."""
-    return {
-        "min_tokens": 1,
-        "skip_special_tokens": True,
-        "include_stop_str_in_output": True,
-        "max_tokens": max_tokens,
-        "temperature": 0.0,
-        "top_p": 1.0,
-        "top_k": -1,
-        "min_p": 0.0,
-        "logprobs": 1,
-        "stop": None,
-    } | extra
-
-
-def skyrl(manager_url: str, engine_urls: list[str], calls: list[dict]) -> subprocess.Popen:
-    if not (SKYRL / "skyrl").is_dir():
-        pytest.fail(f"SkyRL's client is not installed at {SKYRL}: run `make .venv/.installed` again")
-    env = {**ENV, "PYTHONPATH": f"{REPO}:{SKYRL}"}
-    argv = [sys.executable, "-m", "tests.runtime.compat.skyrl_client", manager_url, *engine_urls]
-    process = subprocess.Popen(
-        argv,
-        cwd=REPO,
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    process.stdin.write(json.dumps(calls))
-    process.stdin.close()
-    process.stdin = None  # written: `communicate` reads the answer only
-    return process
-
-
-def answer(process: subprocess.Popen) -> dict:
-    out, err = process.communicate(timeout=300)
-    assert process.returncode == 0, err[-4000:]
-    return json.loads(out)
-
-
-def greedy(engine_url: str, prompt: list[int], max_tokens: int) -> list[int]:
-    body = {
-        "input_ids": prompt,
-        "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True},
-    }
-    status, output = http("POST", engine_url + "/generate", body)
-    assert status == 200, output
-    return output["output_ids"]
 
 
 @pytest.fixture(scope="module")
