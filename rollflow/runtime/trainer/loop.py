@@ -50,7 +50,7 @@ from rollflow.runtime.trainer.partial import CarryBook, PartialStep, carried_tok
 from rollflow.runtime.trainer.rollouts import filter_stale, model_output, to_tensors
 from rollflow.runtime.trainer.tasks import load_callable
 from rollflow.runtime.weights.checkpoint import publish_checkpoint, published_versions
-from rollflow.runtime.weights.cli import TOKEN_ENV as WEIGHTS_TOKEN_ENV
+from rollflow.runtime.weights.token import publish_token
 
 if TYPE_CHECKING:
     from rollflow.runtime.inference.workers import InferencePool, OldPolicy
@@ -523,8 +523,7 @@ class Trainer:
 
     def _publish(self, folder: Path) -> None:
         """Put the trainer's version on the weight server, where engines pull it."""
-        token = os.environ.get(WEIGHTS_TOKEN_ENV) or None
-        publish_checkpoint(self.config.weights_url, self.step, folder, token)
+        publish_checkpoint(self.config.weights_url, self.step, folder, publish_token())
 
     def _update_engines(self, folder: Path, skip_up_to_date: bool) -> None:
         workers = self.client.live_workers()
