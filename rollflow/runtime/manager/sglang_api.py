@@ -27,7 +27,8 @@ from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.engines.sglang_io import MAX_TOKEN_ID, split_batch
 from rollflow.runtime.http.answer import dumps, json_response
 from rollflow.runtime.http.auth import require_bearer
-from rollflow.runtime.http.body import THREAD_PARSE_BYTES, Narrow, parse_json_object, read_json_object
+from rollflow.runtime.http.body import THREAD_PARSE_BYTES, Narrow, read_json_object
+from rollflow.runtime.http.json_object import parse_json_object
 from rollflow.runtime.http.sse import close_sse, open_sse
 from rollflow.runtime.http.sse import event as sse_event
 from rollflow.runtime.manager import sessions_api
