@@ -53,6 +53,7 @@ from urllib.parse import urlsplit
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.results import Results, add_results_dir, results_dir
+from rollflow.runtime.launch.process import free_port, rollflow_command
 
 TOKEN, API_KEY, WEIGHTS_TOKEN = "manager-token", "engine-key", "weights-token"
 LIMITS = {"read_timeout_s": 5, "body_timeout_s": 20, "min_body_bytes_per_s": 1000}
@@ -63,12 +64,6 @@ QUICK_SCALE = {"slow_per_path": 5, "large_per_kind": 1}
 WORDS = {1: "one", 2: "two", 3: "three"}
 HEALTH_LIMIT_S = 1.0
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def raw_request(url: str, method: str, path: str, body: bytes = b"", headers: dict[str, bytes] | None = None):
@@ -95,9 +90,7 @@ def get_json(url: str, token: str | None = None):
 
 def start(argv: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
     out = open(log, "wb")  # noqa: SIM115 - lives as long as the process
-    return subprocess.Popen(
-        [sys.executable, "-m", "rollflow.cli", *argv], env=env or ENV, stdout=out, stderr=out
-    )
+    return subprocess.Popen(rollflow_command(*argv), env=env or ENV, stdout=out, stderr=out)
 
 
 def wait_up(url: str, timeout_s: float = 180) -> None:
@@ -517,7 +510,7 @@ def second_manager(model: str, work: Path) -> dict:
         batch = client.submit([[11, 12, 13]] * 8, max_new_tokens=32, ignore_eos=True)
         began = time.monotonic()
         second = subprocess.run(
-            [sys.executable, "-m", "rollflow.cli", *argv, "--port", str(second_port)],
+            rollflow_command(*argv, "--port", str(second_port)),
             env=ENV,
             capture_output=True,
             text=True,
@@ -552,7 +545,7 @@ def main() -> None:
     model = args.model or str(work / "model")
     if args.model is None:
         subprocess.run(
-            [sys.executable, "-m", "rollflow.cli", "engine", "init-model", model],
+            rollflow_command("engine", "init-model", model),
             env=ENV,
             check=True,
             capture_output=True,

@@ -100,6 +100,7 @@ from benchmarks._router_load import (  # noqa: E402
     warm_up,
 )
 from benchmarks.results import Results, add_results_dir, results_dir  # noqa: E402
+from rollflow.runtime.launch.process import rollflow_command  # noqa: E402
 from tests.runtime.processes import ENV, Process, free_port, start_engine  # noqa: E402
 
 ROUND_KEYS = (
@@ -182,9 +183,7 @@ def overhead(args: argparse.Namespace, tmp: Path, results: Results) -> None:
         engines = [start_canned_engine(tmp, f"canned{i}", args.tokens_per_event) for i in range(2)]
     else:
         model = tmp / "model"
-        subprocess.run(
-            [sys.executable, "-m", "rollflow.cli", "engine", "init-model", str(model)], env=ENV, check=True
-        )
+        subprocess.run(rollflow_command("engine", "init-model", str(model)), env=ENV, check=True)
         engines = [start_engine(model, tmp, name=f"engine{i}", forked=False) for i in range(2)]
     urls = [e.url for e in engines]
     engine_pids = [e.proc.pid for e in engines]
@@ -435,9 +434,7 @@ def preemption(args: argparse.Namespace, tmp: Path, results: Results) -> None:
 
     model = tmp / "model"
     if not model.exists():
-        subprocess.run(
-            [sys.executable, "-m", "rollflow.cli", "engine", "init-model", str(model)], env=ENV, check=True
-        )
+        subprocess.run(rollflow_command("engine", "init-model", str(model)), env=ENV, check=True)
     engines = [start_engine(model, tmp, name=f"preempt{i}", forked=False) for i in range(2)]
     manager = start_manager([e.url for e in engines], tmp, router="least_outstanding")
     tokens = args.preempt_tokens

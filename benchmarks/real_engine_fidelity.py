@@ -27,7 +27,6 @@ import csv
 import itertools
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,6 +45,7 @@ from rollflow.perf.profile.trace_replay import (
     simulation_config,
     write_trace,
 )
+from rollflow.runtime.launch.process import free_port, rollflow_command
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import Results, add_results_dir, results_dir
@@ -66,9 +66,7 @@ MODELS = {"tiny": [], "100m": ["--layers", "16", "--heads", "12"]}
 
 def rollflow(*args: str) -> str:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "rollflow.cli", *args], cwd=REPO, env=env, capture_output=True, text=True
-    )
+    proc = subprocess.run(rollflow_command(*args), cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"rollflow {' '.join(args[:2])} failed:\n{proc.stderr[-2000:]}")
     return proc.stdout
@@ -88,12 +86,6 @@ def vllm_version() -> str:
     return subprocess.run(
         [str(VLLM_VENV / "bin" / "python"), "-c", code], capture_output=True, text=True, check=True
     ).stdout.strip()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_vllm(model: Path, work: Path) -> tuple[subprocess.Popen, str]:

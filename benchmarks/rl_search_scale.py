@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.results import REPO, Results, add_results_dir, results_dir
 from rollflow.plan.pareto import pareto_front
+from rollflow.runtime.launch.process import rollflow_command
 
 CONFIG = REPO / "examples" / "search" / "rl_cluster_scale.yaml"
 MIN_PLANS = 50
@@ -42,10 +43,9 @@ def main() -> None:
     results = Results("rl_search_scale", results_dir(args))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "search"
-        cmd = [
-            sys.executable, "-m", "rollflow.cli", "rl-sim", "search", "--config", str(CONFIG),
+        cmd = rollflow_command("rl-sim", "search", "--config", str(CONFIG),
             "--output-dir", str(out), f"workers={args.workers}", *(QUICK_OVERRIDES if args.quick else ()),
-        ]  # fmt: skip
+        )  # fmt: skip
         started = time.perf_counter()
         proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         wall = time.perf_counter() - started

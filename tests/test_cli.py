@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from rollflow.runtime.launch.process import rollflow_command
 from tests.factories import CONV_TRACE, REPO, VIDUR_DATA
 
 pytestmark = pytest.mark.process  # runs the CLI as a subprocess (left out of `make test-fast`)
@@ -14,9 +15,7 @@ pytestmark = pytest.mark.process  # runs the CLI as a subprocess (left out of `m
 
 def _rollflow(*args, cwd=REPO):
     env = {**os.environ, "COLUMNS": "120"}
-    return subprocess.run(
-        [sys.executable, "-m", "rollflow.cli", *args], cwd=cwd, env=env, capture_output=True, text=True
-    )
+    return subprocess.run(rollflow_command(*args), cwd=cwd, env=env, capture_output=True, text=True)
 
 
 def test_sim_serve_on_the_demo_config_writes_every_output(tmp_path):

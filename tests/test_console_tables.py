@@ -11,11 +11,12 @@ import pty
 import re
 import struct
 import subprocess
-import sys
 import termios
 from pathlib import Path
 
 import pytest
+
+from rollflow.runtime.launch.process import rollflow_command
 
 REPO = Path(__file__).resolve().parents[1]
 RL_COMPARE = [
@@ -35,7 +36,7 @@ def _env() -> dict[str, str]:
 
 def _piped(args: list[str], out_dir: Path) -> str:
     proc = subprocess.run(
-        [sys.executable, "-m", "rollflow.cli", *args, "--output-dir", str(out_dir)],
+        rollflow_command(*args, "--output-dir", str(out_dir)),
         cwd=REPO, env={**_env(), "COLUMNS": "80"}, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -48,7 +49,7 @@ def _on_terminal(args: list[str], out_dir: Path, columns: int) -> str:
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
     with open(out_dir.parent / f"{out_dir.name}.stderr", "wb") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "rollflow.cli", *args, "--output-dir", str(out_dir)],
+            rollflow_command(*args, "--output-dir", str(out_dir)),
             cwd=REPO, env=_env(), stdout=follower, stderr=stderr,
         )  # fmt: skip
     os.close(follower)

@@ -19,12 +19,25 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from pydantic import Field, model_validator
 
 from rollflow.config import StrictModel
-from rollflow.policy.view import ClusterView, InstanceView
+from rollflow.policy.view import ClusterView, InstanceKind
+
+
+class Instance(Protocol):
+    """An instance as each side holds it: the policy's InstanceView, the simulator's Replica, the
+    live manager's EngineRecord. Its kind is all an offload choice reads."""
+
+    @property
+    def kind(self) -> InstanceKind: ...
+
+
+InstanceT = TypeVar("InstanceT", bound=Instance)
 
 
 @dataclass(frozen=True)
@@ -134,17 +147,20 @@ class OffloadBalancer:
         """Whether local instances have used up this step's budget."""
         return now - step_started_at >= self._budget_s
 
+    # The two choices the RL simulator (sim/rl/step.py) and the live manager (manager/service.py,
+    # dispatcher.py) must make alike; both call these, each on its own records of the instances.
     @staticmethod
-    def offload_sources(view: ClusterView) -> list[InstanceView]:
-        """Local instances whose unfinished work should move once the budget expires."""
-        return [inst for inst in view.instances if inst.kind == "local"]
+    def offload_sources(instances: Iterable[InstanceT]) -> list[InstanceT]:
+        """Local instances: their unfinished work moves once the budget expires, and they may hand
+        their GPUs to training."""
+        return [inst for inst in instances if inst.kind == "local"]
 
     @staticmethod
-    def offload_targets(view: ClusterView) -> list[InstanceView]:
-        """Instances that take offloaded work: every remote or spot instance in the view."""
-        return [inst for inst in view.instances if inst.kind != "local"]
+    def offload_targets(instances: Iterable[InstanceT]) -> list[InstanceT]:
+        """Instances that take offloaded work: every remote or spot one."""
+        return [inst for inst in instances if inst.kind != "local"]
 
 
 def remote_only(view: ClusterView) -> ClusterView:
     """The view restricted to offload targets, for a router to pick among after the budget expires."""
-    return ClusterView(view.now, OffloadBalancer.offload_targets(view))
+    return ClusterView(view.now, OffloadBalancer.offload_targets(view.instances))

@@ -5,19 +5,18 @@ from __future__ import annotations
 import csv
 import os
 import subprocess
-import sys
 
+from rollflow.runtime.launch.process import rollflow_command
 from tests.factories import REPO
 
 
 def test_profile_engine_measures_a_real_vllm_server(vllm_server, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
-        [
-            sys.executable, "-m", "rollflow.cli", "profile", "engine", "--url", vllm_server.url,
+        rollflow_command("profile", "engine", "--url", vllm_server.url,
             "--kind", "vllm", "--model-config", str(vllm_server.model_dir), "--out", str(tmp_path),
             "--batch-sizes", "1,4", "--prompt-lengths", "16,128", "--decode-prompt-lengths", "16,96", "--decode-tokens", "8", "--repeats", "2",
-        ],
+        ),
         cwd=REPO, env=env, capture_output=True, text=True,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr

@@ -7,9 +7,9 @@ import csv
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
+from rollflow.runtime.launch.process import rollflow_command
 from tests.factories import REPO
 
 # `rollflow engine init-model`'s tiny Llama, as the simulator's model_shape
@@ -25,9 +25,7 @@ TINY_SHAPE = {
 
 def run_rollflow(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "rollflow.cli", *args], cwd=REPO, env=env, capture_output=True, text=True
-    )
+    return subprocess.run(rollflow_command(*args), cwd=REPO, env=env, capture_output=True, text=True)
 
 
 def read_rows(path: Path) -> list[dict]:

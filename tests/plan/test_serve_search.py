@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ import yaml
 
 from rollflow.plan.bisect import Probe, max_qps
 from rollflow.plan.serve_config import BisectionConfig
+from rollflow.runtime.launch.process import rollflow_command
 
 pytestmark = pytest.mark.process  # runs the CLI as a subprocess (left out of `make test-fast`)
 
@@ -51,9 +51,7 @@ def search_config(tmp_path: Path) -> Path:
 
 
 def rollflow(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "rollflow.cli", *args], cwd=ROOT, env=ENV, capture_output=True, text=True
-    )
+    return subprocess.run(rollflow_command(*args), cwd=ROOT, env=ENV, capture_output=True, text=True)
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +198,7 @@ def test_ray_backend_on_a_local_head_finds_the_same_max_qps(searched):
             str(tmp_path / "ray"),
         ]
         result = subprocess.run(
-            [sys.executable, "-m", "rollflow.cli", *argv, "space.tensor_parallel=[4,8]"],
+            rollflow_command(*argv, "space.tensor_parallel=[4,8]"),
             cwd=ROOT,
             env={**ENV, **RAY_ENV, "RAY_ADDRESS": head.address},
             capture_output=True,

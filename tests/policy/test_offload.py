@@ -49,7 +49,7 @@ def test_expiry_reads_time_from_its_arguments_and_targets_only_remote_instances(
     assert not balancer.expired(now=102.9, step_started_at=100)
     assert balancer.expired(now=103.0, step_started_at=100)
     view = ClusterView(0.0, [_instance(0, "local"), _instance(1, "spot"), _instance(2, "remote")])
-    assert [i.instance_id for i in balancer.offload_sources(view)] == [0]
+    assert [i.instance_id for i in balancer.offload_sources(view.instances)] == [0]
     assert [i.instance_id for i in remote_only(view).instances] == [1, 2]
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from rollflow.runtime.launch.process import rollflow_command
 from tests.once import made_once
 from tests.runtime import processes as processes_module
 from tests.runtime.processes import ENV, REPO, Process, start_engine, start_manager
@@ -28,7 +28,7 @@ def tiny_model(tmp_path_factory):
 
     def init_model(folder: Path) -> None:
         subprocess.run(
-            [sys.executable, "-m", "rollflow.cli", "engine", "init-model", str(folder)],
+            rollflow_command("engine", "init-model", str(folder)),
             cwd=REPO,
             env=ENV,
             check=True,

@@ -9,9 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -19,6 +17,8 @@ from pathlib import Path
 
 import yaml
 
+from rollflow.runtime.launch.process import free_port, rollflow_command
+from rollflow.runtime.launch.process import rollflow_command as rollflow  # tests say rollflow(ARGS)
 from tests.runtime.engine_fork import ForkedProcess
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,12 +26,6 @@ REPO = Path(__file__).resolve().parents[2]
 # `processes: 2` unless the test says otherwise (the manager's guarantees hold at N > 1)
 MANAGER_PROCESSES = int(os.environ.get("ROLLFLOW_TEST_MANAGER_PROCESSES", "1"))
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def http(method: str, url: str, body=None, token: str | None = None, timeout: float = 60.0):
@@ -52,12 +46,7 @@ def http(method: str, url: str, body=None, token: str | None = None, timeout: fl
         return status, raw.decode(errors="replace")
 
 
-ROLLFLOW = [sys.executable, "-m", "rollflow.cli"]
-
-
-def rollflow(*args: str) -> list[str]:
-    """The command line of `rollflow ARGS` in this interpreter."""
-    return [*ROLLFLOW, *args]
+ROLLFLOW = rollflow_command()  # what every `rollflow` command line starts with
 
 
 def with_test_processes(config: dict) -> dict:

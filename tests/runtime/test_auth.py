@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 import time
 from urllib.parse import urlsplit
 
 import pytest
 
+from rollflow.runtime.launch.process import rollflow_command
 from tests.runtime.processes import ENV, REPO, Process, free_port, http, rollflow
 
 TOKEN = "manager-secret"
@@ -148,15 +148,12 @@ def _weight_server(tmp_path, *extra: str, token: str | None = None) -> tuple[sub
     env = {k: v for k, v in ENV.items() if k != "ROLLFLOW_WEIGHTS_TOKEN"}
     if token:
         env["ROLLFLOW_WEIGHTS_TOKEN"] = token
-    argv = [
-        sys.executable,
-        "-m",
-        "rollflow.cli",
+    argv = rollflow_command(
         "weights",
         "serve",
         "--dir",
         str(tmp_path / f"store-{port}"),
-    ]
+    )
     log = open(tmp_path / f"weights-{port}.log", "wb")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen([*argv, "--port", str(port), *extra], cwd=REPO, env=env, stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"

@@ -12,7 +12,7 @@ from concurrent.futures.process import BrokenProcessPool
 import pytest
 
 from rollflow.runtime.http import parse_process
-from rollflow.runtime.http.body import BodyError
+from rollflow.runtime.http.json_object import BodyError
 
 
 def test_a_body_comes_back_as_json_reads_it_with_long_int_lists_unpacked():

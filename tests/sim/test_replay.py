@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
+from rollflow.runtime.launch.process import rollflow_command
 from rollflow.sim.replay import ManagerLogError, read_manager_log, replay_manager_log
 from tests.factories import REPO, make_config
 
@@ -107,7 +107,7 @@ def test_the_command_prints_both_and_writes_replay_json(tmp_path):
     log.write_text("".join(log_line(float(i), i + 0.3, i + 1.5, 200, 30) + "\n" for i in range(6)))
     sim_yaml = tmp_path / "sim.yaml"
     sim_yaml.write_text(json.dumps({"output": {"progress": False}}))
-    env_cmd = [sys.executable, "-m", "rollflow.cli", "sim", "replay", "--from-manager-log", str(log)]
+    env_cmd = rollflow_command("sim", "replay", "--from-manager-log", str(log))
     proc = subprocess.run(
         [*env_cmd, "--config", str(sim_yaml), "--output-dir", str(tmp_path / "out"), "cluster.replicas=2"],
         cwd=REPO,

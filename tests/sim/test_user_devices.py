@@ -7,12 +7,13 @@ import csv
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
+
+from rollflow.runtime.launch.process import rollflow_command
 
 pytestmark = pytest.mark.process  # runs the CLI as a subprocess (left out of `make test-fast`)
 
@@ -56,7 +57,7 @@ def serve_config(tmp_path: Path, name: str, cluster: dict, execution: dict | Non
 
 def serve(config: Path, *overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "rollflow.cli", "sim", "serve", "--config", str(config), *overrides],
+        rollflow_command("sim", "serve", "--config", str(config), *overrides),
         cwd=ROOT,
         env=ENV,
         capture_output=True,

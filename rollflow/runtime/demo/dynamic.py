@@ -22,7 +22,7 @@ from rollflow.runtime.dynamic.executor import DynamicExecutor
 from rollflow.runtime.dynamic.snapshot import EngineSlot, LiveLayout
 from rollflow.runtime.launch.launcher import Launcher
 from rollflow.runtime.trainer.metrics import StepMetrics
-from rollflow.runtime.weights.cli import TOKEN_ENV as WEIGHTS_TOKEN_ENV
+from rollflow.runtime.weights.token import TOKEN_ENV as WEIGHTS_TOKEN_ENV
 
 COUNTERS = {
     "tokens_generated": "rollflow_generated_tokens_total",

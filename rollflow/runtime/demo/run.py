@@ -21,7 +21,7 @@ from rollflow.runtime.demo.preemption import Preemptor
 from rollflow.runtime.demo.timeline import EngineSampler, Timeline, plot_timeline
 from rollflow.runtime.launch.launcher import Launcher
 from rollflow.runtime.trainer.metrics import StepMetrics
-from rollflow.runtime.weights.cli import TOKEN_ENV as WEIGHTS_TOKEN_ENV
+from rollflow.runtime.weights.token import TOKEN_ENV as WEIGHTS_TOKEN_ENV
 
 
 @dataclass(frozen=True)

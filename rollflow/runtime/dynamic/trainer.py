@@ -45,12 +45,12 @@ class DynamicTrainer(Trainer):
         self.executor = executor
         self.minibatch_end_hooks.append(self._on_minibatch_end)
 
-    def _sampling_params(self) -> dict[str, Any]:
+    def sampling_params(self) -> dict[str, Any]:
         # seeded per step, so a static and a dynamic run draw the same samples
-        return super()._sampling_params() | {"sampling_seed": self.config.seed * SEED_STRIDE + self.step}
+        return super().sampling_params() | {"sampling_seed": self.config.seed * SEED_STRIDE + self.step}
 
-    def _train_on(self, batch: BatchHandle) -> StepTotals:
-        totals = self._follow(batch) if self.executor is not None else super()._train_on(batch)
+    def train_on(self, batch: BatchHandle) -> StepTotals:
+        totals = self._follow(batch) if self.executor is not None else super().train_on(batch)
         self.step_counters.append(self.client.metrics())
         return totals
 
@@ -64,7 +64,7 @@ class DynamicTrainer(Trainer):
         self.executor.begin_step(inputs)
         self.executor.before_minibatch(0)
         try:
-            totals = super()._train_on(batch)
+            totals = super().train_on(batch)
         finally:
             self.executor.end_step()
         return totals
@@ -74,16 +74,16 @@ class DynamicTrainer(Trainer):
         if minibatches_done < self.num_minibatches:
             self.executor.before_minibatch(minibatches_done)
 
-    def _timed_micro_batches(self, batch: BatchHandle) -> Iterator[list[list[dict]]]:
+    def timed_micro_batches(self, batch: BatchHandle) -> Iterator[list[list[dict]]]:
         """Micro-batches of `micro_batch_groups` groups in submission order, each wait timed as `rollout`
         (through the inference workers first, when the placement has them)."""
         micro_batches = in_submission_order(batch, self.config.micro_batch_groups)
         if self.inference is not None:  # rollout -> inference -> actor
             micro_batches = self.inference.stream(
-                micro_batches, self.tokenizer.pad_token_id, self._old_policy()
+                micro_batches, self.tokenizer.pad_token_id, self.old_policy()
             )
         while True:
-            with self.timer.phase("rollout", num_gpus=self._num_ranks(), label="waiting for micro-batch"):
+            with self.timer.phase("rollout", num_gpus=self.num_ranks(), label="waiting for micro-batch"):
                 groups = next(micro_batches, None)
             if groups is None:
                 return

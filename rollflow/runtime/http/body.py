@@ -9,8 +9,6 @@ does not hold the event loop (health checks, streams, stall timers) while it is 
 from __future__ import annotations
 
 import asyncio
-import json
-import re
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
@@ -18,17 +16,12 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from rollflow.runtime.http.errors import http_error
+from rollflow.runtime.http.json_object import BodyError, parse_json_object
 from rollflow.runtime.http.parse_process import parse_in_child
 from rollflow.runtime.http.serve import body_limits, close_slow
 
 T = TypeVar("T")
 THREAD_PARSE_BYTES = 1 << 20
-_SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")
-_DECODER = json.JSONDecoder()
-
-
-class BodyError(ValueError):
-    """The body is not a JSON object this server can read; the message says why."""
 
 
 Narrow = Callable[[bytes], "tuple[int, str] | None"]
@@ -137,69 +130,6 @@ def _parse_or_400(raw: bytes) -> dict[str, Any]:
         return parse_json_object(raw)
     except BodyError as exc:
         raise http_error(web.HTTPBadRequest, str(exc)) from None
-
-
-def parse_json_object(raw: bytes, allow_empty: bool = True) -> dict[str, Any]:
-    if not raw.strip():
-        if allow_empty:
-            return {}
-        raise BodyError("the body is empty; send a JSON object")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BodyError(
-            f"the body is not UTF-8 (byte {exc.start}: {raw[exc.start : exc.start + 4]!r})"
-        ) from None
-    try:
-        data = _loads(text)
-    except json.JSONDecodeError as exc:
-        raise BodyError(f"malformed JSON: {exc}") from None
-    except RecursionError:  # the C parser stops at the interpreter's recursion limit, no deeper
-        raise BodyError("JSON nested too deep (no valid request nests more than a few levels)") from None
-    if not isinstance(data, dict):
-        raise BodyError(f"the body must be a JSON object, not {type(data).__name__}")
-    if _SURROGATE_ESCAPE.search(raw):
-        where = _lone_surrogate(data, "body")
-        if where is not None:
-            raise BodyError(
-                f"{where} holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), which is no character"
-            )
-    return data
-
-
-def _loads(text: str) -> Any:
-    """`json.loads(text)`, with the C scanner called at once for a document that starts at the first
-    character and ends at the last (what clients send) rather than through json's Python layers
-    and their whitespace regexes; anything else goes through json.loads, which reads it or raises
-    in its own words."""
-    try:
-        data, end = _DECODER.raw_decode(text)
-    except json.JSONDecodeError:
-        return json.loads(text)
-    if end != len(text) and text[end:].strip(" \t\n\r"):
-        return json.loads(text)
-    return data
-
-
-def _lone_surrogate(value: Any, where: str) -> str | None:
-    """Where the first string with a lone surrogate is, None when there is none."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return where
-        return None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            found = _lone_surrogate(key, f"{where} key") or _lone_surrogate(item, f"{where}.{key}")
-            if found:
-                return found
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            found = _lone_surrogate(item, f"{where}[{index}]")
-            if found:
-                return found
-    return None
 
 
 def _too_large(size: int, limit: int) -> web.HTTPException:

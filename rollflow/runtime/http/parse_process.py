@@ -26,6 +26,8 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from rollflow.runtime.http.json_object import parse_json_object
+
 PACK_MIN_ITEMS = 1024  # shorter lists cross the pipe as they are
 UNPACK_SLICE = 1 << 16  # ints made into Python objects between two turns of the loop
 _INT64 = (-(1 << 63), (1 << 63) - 1)
@@ -46,7 +48,7 @@ def _executor() -> ProcessPoolExecutor:
 
 
 async def parse_in_child(raw: bytes) -> dict[str, Any]:
-    """`body.parse_json_object(raw)` run in the child (its `BodyError` raised here), its packed
+    """`json_object.parse_json_object(raw)` run in the child (its `BodyError` raised here), its packed
     lists unpacked without holding the loop for more than a slice at a time."""
     global _pool
     spilled = await asyncio.to_thread(_spill, raw)
@@ -93,8 +95,6 @@ def _spill(raw: bytes) -> str:
 
 def _parse_packed(path: str) -> tuple[Any, list[tuple]]:
     """In the child: the parsed body in `path` with its long int lists packed, and where they are."""
-    from rollflow.runtime.http.body import parse_json_object
-
     with open(path, "rb") as file:
         data = parse_json_object(file.read())
     packed: list[tuple] = []

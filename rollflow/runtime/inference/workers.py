@@ -27,12 +27,12 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.connection import Connection, Listener
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rollflow.runtime.trainer.elastic import receive, send
+from rollflow.runtime.worker_pipe import accept_workers, connect_to_leader, receive, send
 
 if TYPE_CHECKING:
     from rollflow.policy.placement import ClusterConfig
@@ -249,10 +249,9 @@ class InferencePool:
         log.info("inference: %d samples processed; devices released in %.3f s", self.samples_done, seconds)
 
     def _connect(self) -> None:
-        from rollflow.runtime.trainer.elastic import _accept
-
-        by_index = dict(enumerate(self.workers))
-        for index, connection in _accept(self.listener, by_index, len(self.workers)).items():
+        processes = {index: worker.process for index, worker in enumerate(self.workers)}
+        who = ("inference", "worker")
+        for index, connection in accept_workers(self.listener, processes, START_TIMEOUT_S, who).items():
             self.workers[index].connection = connection
 
 
@@ -357,8 +356,7 @@ def main() -> None:
     raw = json.loads(env["CONFIG"])
     config = TrainConfig.model_validate({**raw, "device": env["DEVICE"], "cluster": None})
     models = _Models(config)
-    connection = Client(("127.0.0.1", int(env["CONTROL_PORT"])), authkey=bytes.fromhex(env["AUTHKEY"]))
-    connection.send(int(env["INDEX"]))
+    connection = connect_to_leader(int(env["CONTROL_PORT"]), bytes.fromhex(env["AUTHKEY"]), int(env["INDEX"]))
     while True:
         try:
             message = receive(connection)

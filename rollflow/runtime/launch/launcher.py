@@ -36,7 +36,7 @@ from rollflow.runtime.launch.process import LaunchError
 from rollflow.runtime.launch.slots import LocalSlot, Slot
 from rollflow.runtime.manager.client import ManagerClient, ManagerError
 from rollflow.runtime.weights.checkpoint import publish_checkpoint
-from rollflow.runtime.weights.cli import TOKEN_ENV as WEIGHTS_TOKEN_ENV
+from rollflow.runtime.weights.token import TOKEN_ENV as WEIGHTS_TOKEN_ENV
 
 if TYPE_CHECKING:
     from rollflow.runtime.launch.relays import NodeRelays

@@ -32,6 +32,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def rollflow_command(*args: str) -> list[str]:
+    """The command line of `rollflow ARGS` in this interpreter: what the launcher starts, and what
+    tests and benchmarks run."""
+    return [sys.executable, "-m", "rollflow.cli", *args]
+
+
 def _die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)

@@ -8,12 +8,11 @@ launcher code drives both backends.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Protocol
 
 from rollflow.runtime.launch.join import pull_newest_model
-from rollflow.runtime.launch.process import ChildProcess, free_port
+from rollflow.runtime.launch.process import ChildProcess, free_port, rollflow_command
 
 
 class Slot(Protocol):
@@ -67,7 +66,7 @@ class LocalSlot:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(text)
         if rollflow:
-            argv = [sys.executable, "-m", "rollflow.cli", *argv]
+            argv = rollflow_command(*argv)
         self.process = ChildProcess(self.name, argv, Path(log_path), env)
 
     def exit_code(self) -> int | None:

@@ -14,6 +14,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 
+from rollflow.policy.offload import OffloadBalancer
 from rollflow.policy.routing import Router, make_router
 from rollflow.policy.view import ClusterView, RouteRequest
 from rollflow.runtime.manager.batches import BatchBook
@@ -162,6 +163,6 @@ class Dispatcher:
         if version is not None and not sample.allow_off_policy:
             engines = [e for e in engines if e.weight_version == version]
         batch = self._batches.get(sample.batch_id)
-        if batch is not None and batch.offloaded and any(e.kind != "local" for e in self._registry.live()):
-            engines = [e for e in engines if e.kind != "local"]
+        if batch is not None and batch.offloaded and OffloadBalancer.offload_targets(self._registry.live()):
+            engines = OffloadBalancer.offload_targets(engines)
         return engines

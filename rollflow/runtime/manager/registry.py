@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rollflow.policy.view import InstanceKind, InstanceView
+from rollflow.policy.view import InstanceKind
 from rollflow.runtime.engines.base import EngineClient
 from rollflow.runtime.engines.load import EngineLoad
 from rollflow.runtime.manager.prefixes import PrefixRecord
-from rollflow.runtime.manager.view import instance_view
 
 EngineState = Literal["healthy", "updating", "failed", "removed", "releasing", "released", "resuming"]
 """releasing / released / resuming: the engine gives its device back and takes it again (memory.py)."""
@@ -45,9 +44,6 @@ class EngineRecord:
     # sums kept as `running` and `unstarted` change (the view reads them for every routed sample):
     queued_tokens: int = 0  # of `unstarted`'s values
     running_tokens: int = 0  # of `running`'s values for samples not in `unstarted`
-
-    def view(self) -> InstanceView:
-        return instance_view(self)
 
     def dispatched(self, sample_id: str, input_tokens: int, remaining_tokens: int) -> None:
         """A sample was sent here: it holds a place and counts as queued until its first token."""

@@ -48,7 +48,15 @@ from aiohttp import web
 from rollflow.runtime.http.auth import require_bearer
 from rollflow.runtime.http.errors import error_body, http_error
 from rollflow.runtime.http.listen import bind
-from rollflow.runtime.manager import memory, sessions_api, sglang_api, vllm_api, vllm_control, workers_api
+from rollflow.runtime.manager import (
+    generate_io,
+    memory,
+    sessions_api,
+    sglang_api,
+    vllm_api,
+    vllm_control,
+    workers_api,
+)
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.edge import (
     MANAGER_KEY,
@@ -135,7 +143,7 @@ async def submit_batch(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
     body = await parse_body(request, BatchBody)
     for index, prompt in enumerate(body.prompts):
-        sglang_api.check_prompt(prompt, manager.config, f"prompts[{index}]")
+        generate_io.check_prompt(prompt, manager.config, f"prompts[{index}]")
     known = manager.batches.get(body.batch_id)
     if known is not None:  # a retried submission: the batch it made already
         return web.json_response(known.status())
@@ -143,7 +151,7 @@ async def submit_batch(request: web.Request) -> web.Response:
     batch = manager.submit_batch(
         body.prompts,
         body.n,
-        sglang_api.sampling_params(body.sampling_params, manager.config),
+        generate_io.sampling_params(body.sampling_params, manager.config),
         body.allow_off_policy,
         batch_id=body.batch_id,
     )

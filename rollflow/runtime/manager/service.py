@@ -495,11 +495,11 @@ class RolloutManager:
         self.dispatcher.wake()
 
     def _move_local_samples(self, batch: Batch) -> None:
-        if not any(e.kind != "local" for e in self.registry.live()):
+        if not OffloadBalancer.offload_targets(self.registry.live()):
             return  # nowhere to offload to; local engines keep going
+        sources = {e.engine_id for e in OffloadBalancer.offload_sources(self.registry.all())}
         for sample in batch.samples:
-            engine = self.registry.get(sample.engine_id) if sample.state == SampleState.RUNNING else None
-            if engine is not None and engine.kind == "local":
+            if sample.state == SampleState.RUNNING and sample.engine_id in sources:
                 self._move(sample.sample_id, "offloaded")
 
     async def _run_attempt(self, run: SampleRun, engine: EngineRecord) -> None:

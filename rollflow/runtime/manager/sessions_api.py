@@ -38,7 +38,6 @@ from collections.abc import Callable
 from aiohttp import web
 
 from rollflow.runtime.http.errors import http_error
-from rollflow.runtime.manager import sglang_api
 from rollflow.runtime.manager.edge import (
     MANAGER_KEY,
     TOKENIZER_KEY,
@@ -47,6 +46,7 @@ from rollflow.runtime.manager.edge import (
     not_found,
     parse_body,
 )
+from rollflow.runtime.manager.generate_io import generate_payload, one_prompt_limit, sampling_params
 from rollflow.runtime.manager.protocol import (
     CloseSGLangSessionBody,
     GenerateBody,
@@ -109,10 +109,10 @@ async def send_turn(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
     store = _store(request)
     session_id = request.match_info["session_id"]
-    limit = sglang_api.one_prompt_limit(manager.config)
+    limit = one_prompt_limit(manager.config)
     body = await parse_body(request, TurnBody, lambda head: limit)  # a turn's input is one prompt
     journal_writable(manager)
-    params = sglang_api.sampling_params(body.sampling_params, manager.config)
+    params = sampling_params(body.sampling_params, manager.config)
     try:
         context = len(store.get(session_id).context_ids) + len(body.input_ids)
         if context > manager.config.max_prompt_tokens:
@@ -223,7 +223,7 @@ async def generate_turn(request: web.Request, body: GenerateBody) -> web.Respons
     if body.input_ids is None:
         raise BadRequest("session_params needs input_ids (a session's turns are token ids)")
     journal_writable(manager)
-    params = sglang_api.sampling_params(body.sampling_params, manager.config)
+    params = sampling_params(body.sampling_params, manager.config)
     store = _store(request)
     session_params = body.session_params
     try:
@@ -232,5 +232,5 @@ async def generate_turn(request: web.Request, body: GenerateBody) -> web.Respons
         )
     except (SessionNotFound, SessionConflict, TurnFailed) as exc:
         raise _errors(exc) from None
-    payload = sglang_api.generate_payload(turn.sample, body, turn.rid, request.app[TOKENIZER_KEY])
+    payload = generate_payload(turn.sample, body, turn.rid, request.app[TOKENIZER_KEY])
     return web.json_response(payload)

@@ -56,21 +56,20 @@ import contextlib
 import json
 import logging
 import os
-import pickle
 import secrets
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.connection import Connection, Listener
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import distributed as dist
 
 from rollflow.runtime.trainer.distributed import Share, output_tokens
+from rollflow.runtime.worker_pipe import accept_workers, connect_to_leader, receive, send
 
 if TYPE_CHECKING:
     from rollflow.policy.placement import ClusterConfig
@@ -250,7 +249,10 @@ class ElasticActor:
             argv = [sys.executable, "-m", "rollflow.runtime.trainer.elastic"]
             ranks[rank] = _Rank(subprocess.Popen(argv, env=rank_env))
         try:
-            for rank, connection in _accept(listener, ranks, world - 1).items():
+            processes = {rank: member.process for rank, member in ranks.items()}
+            for rank, connection in accept_workers(
+                listener, processes, START_TIMEOUT_S, ("elastic actor", "rank")
+            ).items():
                 ranks[rank].connection = connection
             dist.init_process_group("gloo", store=store, rank=0, world_size=world, timeout=timeout)
             groups = prefix_groups(world)
@@ -314,7 +316,7 @@ class ElasticActor:
         busy = [rank for rank in range(1, self.active_ranks) if shares[rank].groups]
         for rank in busy:
             self._send(rank, shares[rank])
-        totals.add(self.trainer._backward(shares[0].groups, shares[0].loss_scale))
+        totals.add(self.trainer.backward(shares[0].groups, shares[0].loss_scale))
         for rank in busy:
             record: MicroBatchRecord = self._receive(rank, timeout=self.trainer.config.distributed_timeout_s)
             totals.add(record)
@@ -421,16 +423,6 @@ class ElasticActor:
         return RankLost(f"rank {rank} died (exit status {code}): {what}")
 
 
-def send(connection: Connection, message: Any) -> None:
-    """Plain pickle: multiprocessing's own would pass tensors as shared-memory handles, which only a
-    process forked from this one could open."""
-    connection.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-def receive(connection: Connection) -> Any:
-    return pickle.loads(connection.recv_bytes())
-
-
 def _to_cpu(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
@@ -439,37 +431,6 @@ def _to_cpu(value: Any) -> Any:
     if isinstance(value, list):
         return [_to_cpu(item) for item in value]
     return value
-
-
-def _accept(listener: Listener, ranks: dict[int, _Rank], count: int) -> dict[int, Connection]:
-    """Each rank's control connection (it sends its number first); fails if a rank exits before."""
-    connections: dict[int, Connection] = {}
-    failure: list[BaseException] = []
-
-    def accept_all() -> None:
-        try:
-            while len(connections) < count:
-                connection = listener.accept()
-                connections[connection.recv()] = connection
-        except (OSError, EOFError) as exc:  # handed to the waiting thread
-            failure.append(exc)
-
-    thread = threading.Thread(target=accept_all, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while thread.is_alive():
-        thread.join(0.2)
-        for rank, member in ranks.items():
-            code = member.process.poll()
-            if code is not None and rank not in connections:
-                raise RuntimeError(
-                    f"elastic actor: rank {rank} exited with status {code} while starting (see its log)"
-                )
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"elastic actor: ranks did not start within {START_TIMEOUT_S:g} s")
-    if failure:
-        raise RuntimeError(f"elastic actor: a rank could not connect: {failure[0]}")
-    return connections
 
 
 def _serve(trainer: Trainer, connection: Connection, rank: int, groups: dict[int, Any]) -> None:
@@ -483,10 +444,10 @@ def _serve(trainer: Trainer, connection: Connection, rank: int, groups: dict[int
         if isinstance(message, Stop):
             return
         if isinstance(message, Share):
-            send(connection, trainer._backward(message.groups, message.loss_scale))
+            send(connection, trainer.backward(message.groups, message.loss_scale))
         elif isinstance(message, OptimizerStep):
             sum_gradients(trainer.parameters, groups[message.size])
-            trainer._optimizer_step()
+            trainer.optimizer_step()
         elif isinstance(message, Join):
             with torch.no_grad():
                 for param, value in zip(trainer.parameters, message.parameters, strict=True):
@@ -512,8 +473,7 @@ def main() -> None:
     if torch.device(config.device).type == "cuda":
         torch.cuda.set_device(torch.device(config.device))
     trainer = Trainer(config, resume=False)
-    connection = Client(("127.0.0.1", int(env["CONTROL_PORT"])), authkey=bytes.fromhex(env["AUTHKEY"]))
-    connection.send(rank)
+    connection = connect_to_leader(int(env["CONTROL_PORT"]), bytes.fromhex(env["AUTHKEY"]), rank)
     timeout = timedelta(seconds=config.distributed_timeout_s)
     store = dist.TCPStore("127.0.0.1", int(env["STORE_PORT"]), world, is_master=False, timeout=timeout)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)

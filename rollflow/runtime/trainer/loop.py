@@ -60,7 +60,7 @@ from rollflow.runtime.trainer.rollouts import filter_stale, model_output, to_ten
 from rollflow.runtime.trainer.sharded import full_state_dict, is_sharded, load_shards, save_shards
 from rollflow.runtime.trainer.tasks import load_callable
 from rollflow.runtime.weights.checkpoint import publish_checkpoint, published_versions
-from rollflow.runtime.weights.cli import TOKEN_ENV as WEIGHTS_TOKEN_ENV
+from rollflow.runtime.weights.token import publish_token
 
 if TYPE_CHECKING:
     from rollflow.runtime.inference.workers import InferencePool, OldPolicy
@@ -239,7 +239,9 @@ class Trainer:
                     with contextlib.suppress(OSError, ManagerError, ManagerUnreachable):
                         left.cancel()
 
-    def _num_ranks(self) -> int:
+    def num_ranks(self) -> int:
+        """Ranks training the current mini-batch: the GPUs a phase is timed on (this trainer's phases,
+        and DynamicTrainer's rollout wait)."""
         if self.actor is not None:
             return self.actor.active_ranks
         return self.parallel.world_size if self.parallel is not None else 1
@@ -257,14 +259,14 @@ class Trainer:
                 self.environment_fn,
                 self.tokenizer,
                 self.config.max_turns,
-                self._sampling_params(),
+                self.sampling_params(),
                 allow_off_policy=self.config.off_policy,
             )
         return self.client.submit(
             prompts,
             n=self.config.n_samples,
             allow_off_policy=self.config.off_policy,
-            **self._sampling_params(),
+            **self.sampling_params(),
         )
 
     def _submit_partial(self, train_version: int) -> PartialStep:
@@ -280,7 +282,7 @@ class Trainer:
                 prompts,
                 n=self.config.n_samples,
                 allow_off_policy=self.config.off_policy,
-                **self._sampling_params(),
+                **self.sampling_params(),
             )
 
         return PartialStep(
@@ -288,7 +290,7 @@ class Trainer:
             carried,
             submit_fresh,
             self.config.n_samples,
-            self._sampling_params(),
+            self.sampling_params(),
             quota=self.config.prompts_per_step,
             on_end=self._rollout_ended,
         )
@@ -304,16 +306,17 @@ class Trainer:
         if self.config.off_policy and self.step + 1 < self.config.steps:
             self._early = self._submit(self.step + 1)
 
-    def _sampling_params(self) -> dict[str, Any]:
-        """SGLang sampling params of the step's batch."""
+    def sampling_params(self) -> dict[str, Any]:
+        """SGLang sampling params of the step's batch. DynamicTrainer extends them with a per-step
+        sampling seed, so a static and a dynamic run draw the same samples."""
         return {"max_new_tokens": self.config.max_new_tokens, "temperature": self.config.temperature}
 
     def _train_step(self, batch: BatchHandle | EpisodeBatch | PartialStep) -> StepMetrics:
         started = self.timer.clock()
         self._carried_out = []
-        totals = self._train_on(batch)
+        totals = self.train_on(batch)
         self.step += 1
-        with self.timer.phase("sync", num_gpus=self._num_ranks(), label=f"update weights v{self.step}"):
+        with self.timer.phase("sync", num_gpus=self.num_ranks(), label=f"update weights v{self.step}"):
             self._push_weights()
         step_time = self.timer.clock() - started
         seconds = self.timer.totals_since(started)
@@ -346,61 +349,66 @@ class Trainer:
             step_time_s=step_time,
         )
 
-    def _train_on(self, batch: BatchHandle) -> StepTotals:
+    def train_on(self, batch: BatchHandle) -> StepTotals:
         """Train on the batch's micro-batches as they arrive: a backward each, an optimizer step every
-        `mini_batch_micro_batches` of them and one after the last (a partial mini-batch)."""
+        `mini_batch_micro_batches` of them and one after the last (a partial mini-batch).
+
+        Called once per step by `run`; DynamicTrainer wraps it so that its executor follows the
+        step, and tests call it to train one step's rollouts without a manager."""
         totals = StepTotals()
         pending_micro_batches = 0
         minibatches_done = 0
         per_mini_batch = self.config.mini_batch_micro_batches
-        for groups in self._timed_micro_batches(batch):
+        for groups in self.timed_micro_batches(batch):
             totals.last_arrival = self.timer.clock()
             groups, rejected = self._accept(groups)
             totals.rejected += rejected
             if not groups:
                 continue
             self._note_trained(groups)
-            with self.timer.phase("training", num_gpus=self._num_ranks(), label="micro-batch"):
+            with self.timer.phase("training", num_gpus=self.num_ranks(), label="micro-batch"):
                 self._train_micro_batch(groups, totals, scale=1.0 / per_mini_batch)
                 pending_micro_batches += 1
                 if pending_micro_batches == per_mini_batch:
-                    self._optimizer_step()
+                    self.optimizer_step()
                     pending_micro_batches = 0
             if pending_micro_batches == 0:
                 minibatches_done += 1
                 for hook in self.minibatch_end_hooks:
                     hook(self.step + 1, minibatches_done)
         if pending_micro_batches:
-            with self.timer.phase("training", num_gpus=self._num_ranks(), label="optimizer step"):
-                self._optimizer_step()
+            with self.timer.phase("training", num_gpus=self.num_ranks(), label="optimizer step"):
+                self.optimizer_step()
             for hook in self.minibatch_end_hooks:
                 hook(self.step + 1, minibatches_done + 1)
         if self.actor is not None:
             self.actor.end_step()
         return totals
 
-    def _timed_micro_batches(self, batch: BatchHandle) -> Iterator[list[list[dict]]]:
+    def timed_micro_batches(self, batch: BatchHandle) -> Iterator[list[list[dict]]]:
         """The batch's micro-batches, timing the wait for each as the trainer's `rollout` phase.
 
         Each holds exactly `micro_batch_groups` groups (the step's last may hold fewer), however many
         have finished when the trainer asks: otherwise a trainer that fell behind would take every
         finished group in one micro-batch, and how many optimizer steps a training step takes (so what
         is learned) would depend on timing, e.g. differ between one process and torchrun ranks.
+        DynamicTrainer overrides it to take the groups in submission order.
         """
         size = self.config.micro_batch_groups
         iterator = batch.micro_batches(min_groups=size, max_groups=size)
         if self.inference is not None:  # rollout -> inference -> actor
-            iterator = self.inference.stream(iterator, self.tokenizer.pad_token_id, self._old_policy())
+            iterator = self.inference.stream(iterator, self.tokenizer.pad_token_id, self.old_policy())
         while True:
-            with self.timer.phase("rollout", num_gpus=self._num_ranks(), label="waiting for micro-batch"):
+            with self.timer.phase("rollout", num_gpus=self.num_ranks(), label="waiting for micro-batch"):
                 groups = next(iterator, None)
             if groups is None:
                 return
             yield groups
 
-    def _old_policy(self) -> OldPolicy | None:
+    def old_policy(self) -> OldPolicy | None:
         """PPO with inference workers: the version this step's samples come from, for its recomputed
-        log-probs (on-policy, the trainer's current one; its folder was written by the last push)."""
+        log-probs (on-policy, the trainer's current one; its folder was written by the last push).
+        Handed to `InferencePool.stream` by `timed_micro_batches` and DynamicTrainer's override."""
         if self.config.algorithm != "ppo":
             return None
         from rollflow.runtime.inference.workers import OldPolicy
@@ -462,10 +470,10 @@ class Trainer:
             self.actor.train_micro_batch(groups, totals, scale)
             return
         if self.parallel is None:
-            totals.add(self._backward(groups, scale))
+            totals.add(self.backward(groups, scale))
             return
         share = self.parallel.send(split_micro_batch(groups, scale, self.parallel.world_size))
-        for record in self.parallel.gather(self._backward(share.groups, share.loss_scale)):
+        for record in self.parallel.gather(self.backward(share.groups, share.loss_scale)):
             totals.add(record)
 
     def _obey(self) -> bool:
@@ -474,17 +482,20 @@ class Trainer:
         if message is Command.STOP:
             return False
         if message is Command.OPTIMIZER_STEP:
-            self._optimizer_step()
+            self.optimizer_step()
         elif message is Command.GATHER_WEIGHTS:
             full_state_dict(self.policy)  # the whole policy lands on rank 0 only
         elif isinstance(message, SaveShards):
             save_shards(message.folder, self.policy, self.critic, self.optimizer)
         else:
             assert isinstance(message, Share)
-            self.parallel.gather(self._backward(message.groups, message.loss_scale))
+            self.parallel.gather(self.backward(message.groups, message.loss_scale))
         return True
 
-    def _backward(self, groups: list[list[dict]], scale: float) -> MicroBatchRecord:
+    def backward(self, groups: list[list[dict]], scale: float) -> MicroBatchRecord:
+        """This rank's backward of (its share of) a micro-batch, its loss scaled by `scale`; gradients
+        accumulate until `optimizer_step`. Called by the trainer itself and by elastic.py: on rank 0 by
+        `ElasticActor.train_micro_batch`, on every other rank by its `_serve` loop."""
         samples = [s for group in groups for s in group]
         rewards = [float(self.reward_fn(s["prompt_ids"], model_output(s), self.tokenizer)) for s in samples]
         if samples:
@@ -504,7 +515,9 @@ class Trainer:
         resumed = sum(s["resumes"] > 0 for s in samples)
         return MicroBatchRecord(rewards, stats if samples else None, tokens, resumed)
 
-    def _optimizer_step(self) -> None:
+    def optimizer_step(self) -> None:
+        """Sum the ranks' gradients (torchrun's or the elastic actor's), clip and step the optimizer.
+        Called by the trainer at each mini-batch end, and by elastic.py on every other active rank."""
         if self.parallel is not None and self.parallel.is_leader:
             self.parallel.tell_all(Command.OPTIMIZER_STEP)
         if self.actor is not None:
@@ -543,8 +556,7 @@ class Trainer:
 
     def _publish(self, folder: Path) -> None:
         """Put the trainer's version on the weight server, where engines pull it."""
-        token = os.environ.get(WEIGHTS_TOKEN_ENV) or None
-        publish_checkpoint(self.config.weights_url, self.step, folder, token)
+        publish_checkpoint(self.config.weights_url, self.step, folder, publish_token())
 
     def _update_engines(self, folder: Path, skip_up_to_date: bool) -> None:
         workers = self.client.live_workers()

@@ -7,11 +7,11 @@ from a flag, so it does not show in `ps`.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from rollflow.cli_util import add_command_group
 from rollflow.runtime.http import limits
+from rollflow.runtime.weights.token import TOKEN_ENV, publish_token
 
 EXAMPLES = """examples:
   rollflow weights serve --dir outputs/weights --port 8650
@@ -20,8 +20,6 @@ EXAMPLES = """examples:
   rollflow weights pull --url http://127.0.0.1:8650 --out outputs/engine0 --codec int8+zstd
   rollflow weights pull --url http://127.0.0.1:8650 --out outputs/engine0 --codec delta+zstd
 """
-
-TOKEN_ENV = "ROLLFLOW_WEIGHTS_TOKEN"
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -132,7 +130,7 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
         store,
         host=args.host,
         port=args.port,
-        token=os.environ.get(TOKEN_ENV) or None,
+        token=publish_token(),
         open_publish=args.insecure_open_publish,
         max_upload_bytes=int(args.max_upload_gb * (1 << 30)),
         body_limits=limits.from_arguments(args),
@@ -173,7 +171,7 @@ def _mooncake(args: argparse.Namespace):
 def _publish(args: argparse.Namespace, started_at: float) -> None:
     from rollflow.runtime.weights.checkpoint import publish_checkpoint
 
-    manifest = publish_checkpoint(args.url, args.version, args.source, os.environ.get(TOKEN_ENV) or None)
+    manifest = publish_checkpoint(args.url, args.version, args.source, publish_token())
     print(
         f"published version {manifest.version}: {len(manifest.tensors)} tensors, {manifest.model_nbytes:,} bytes"
     )

@@ -40,6 +40,7 @@ from rollflow.runtime.http.serve import GuardedRunner
 from rollflow.runtime.weights.errors import UnknownVersionError, WeightsError
 from rollflow.runtime.weights.mooncake import PayloadExporter
 from rollflow.runtime.weights.store import MAX_VERSION, WeightStore
+from rollflow.runtime.weights.token import TOKEN_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -205,7 +206,7 @@ class WeightServer:
             raise http_error(
                 web.HTTPForbidden,
                 "this weight server takes no publishes: start it with a token "
-                "($ROLLFLOW_WEIGHTS_TOKEN) or with --insecure-open-publish",
+                f"(${TOKEN_ENV}) or with --insecure-open-publish",
             )
         require_bearer(request, self.token, "publishing")
 

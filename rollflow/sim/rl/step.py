@@ -400,7 +400,7 @@ class StepSimulator:
     def _targets(self) -> list[int]:
         ids = self.pool.accepting_ids()
         if self.pool.remote_only:
-            ids = [i for i in ids if self.pool.replicas[i].kind != "local"]
+            ids = [r.id for r in OffloadBalancer.offload_targets(self.pool.replicas[i] for i in ids)]
         return ids
 
     def _retire(self, instance_id: int, mode: ResumeMode, preempted: bool = False) -> None:
@@ -535,7 +535,7 @@ class StepSimulator:
         if self._local_cache[0] != pool.version:
             self._local_cache = (
                 pool.version,
-                [i for i in pool.live_ids() if pool.replicas[i].kind == "local"],
+                [r.id for r in OffloadBalancer.offload_sources(pool.replicas[i] for i in pool.live_ids())],
             )
         return self._local_cache[1]
 
@@ -653,18 +653,19 @@ class StepSimulator:
         if self.offloaded or self.rollout_done:
             return
         view = self._cluster_view()
-        if not OffloadBalancer.offload_targets(view):
+        if not OffloadBalancer.offload_targets(view.instances):
             return  # nowhere to send them: local rollout goes on, retried when an instance arrives
         self.offloaded = True
         self.pool.remote_only = True
-        for instance in OffloadBalancer.offload_sources(view):
+        for instance in OffloadBalancer.offload_sources(view.instances):
             self._retire(instance.instance_id, "migrate")
 
     def _release_idle_local(self) -> None:
         """Local instances with nothing left to generate hand their GPUs to training at once."""
         view = self._cluster_view()
-        sources = OffloadBalancer.offload_sources(view)
-        if sources and all(s.num_outstanding == 0 for s in sources) and OffloadBalancer.offload_targets(view):
+        sources = OffloadBalancer.offload_sources(view.instances)
+        targets = OffloadBalancer.offload_targets(view.instances)
+        if sources and all(s.num_outstanding == 0 for s in sources) and targets:
             self.offloaded = True
             self.pool.remote_only = True
             for instance in sources:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from rollflow.runtime.launch.process import rollflow_command
 from tests.runtime.processes import ENV, REPO
 
 EXAMPLE = REPO / "examples" / "demo" / "preemption.yaml"
@@ -34,7 +34,7 @@ def _short_config(tmp_path: Path, model: Path, **demo) -> Path:
 
 def _demo(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "rollflow.cli", "demo", *args],
+        rollflow_command("demo", *args),
         cwd=REPO,
         env=ENV,
         capture_output=True,

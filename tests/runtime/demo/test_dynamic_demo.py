@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 from safetensors.torch import load_file
 
+from rollflow.runtime.launch.process import rollflow_command
 from tests.runtime.processes import ENV, REPO
 
 EXAMPLE = REPO / "examples" / "demo" / "dynamic.yaml"
@@ -42,17 +42,14 @@ def _run(tmp_path: Path, model: Path, auto_scheduler: bool) -> tuple[dict, Path]
     out = tmp_path / ("dynamic" if auto_scheduler else "static")
     config = _config(tmp_path, model, auto_scheduler)
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rollflow.cli",
+        rollflow_command(
             "demo",
             "run",
             "--config",
             str(config),
             "--output-dir",
             str(out),
-        ],
+        ),
         cwd=REPO,
         env=ENV,
         capture_output=True,

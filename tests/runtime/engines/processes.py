@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
+from rollflow.runtime.launch.process import rollflow_command
 from tests.factories import REPO
 
 STARTUP_TIMEOUT_S = 180.0
@@ -19,10 +19,7 @@ class EngineProcess:
     def __init__(self, model_dir: Path, *extra_args: str) -> None:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "rollflow.cli",
+            rollflow_command(
                 "engine",
                 "serve",
                 "--model",
@@ -32,7 +29,7 @@ class EngineProcess:
                 "--threads",
                 "1",
                 *extra_args,
-            ],
+            ),
             cwd=REPO,
             env=env,
             stdout=subprocess.PIPE,

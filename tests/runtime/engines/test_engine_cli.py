@@ -5,16 +5,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
+from rollflow.runtime.launch.process import rollflow_command
 from tests.factories import REPO
 
 
 def _rollflow(*args):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "rollflow.cli", *args], cwd=REPO, env=env, capture_output=True, text=True
-    )
+    return subprocess.run(rollflow_command(*args), cwd=REPO, env=env, capture_output=True, text=True)
 
 
 def test_init_model_writes_a_model_and_tokenizer_that_transformers_loads(tmp_path):

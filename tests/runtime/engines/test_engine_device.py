@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
+from rollflow.runtime.launch.process import rollflow_command
 from tests.factories import REPO
 from tests.runtime.engines.helpers import PROMPT, collect, greedy, run
 from tests.runtime.engines.processes import EngineProcess
@@ -18,9 +18,7 @@ from tests.runtime.engines.processes import EngineProcess
 
 def _rollflow(*args):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "rollflow.cli", *args], cwd=REPO, env=env, capture_output=True, text=True
-    )
+    return subprocess.run(rollflow_command(*args), cwd=REPO, env=env, capture_output=True, text=True)
 
 
 def test_init_model_writes_the_llama_shape_and_dtype_asked_for(tmp_path):

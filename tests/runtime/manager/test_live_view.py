@@ -90,7 +90,7 @@ def test_the_view_counts_what_the_engine_queues_itself(tmp_path, tiny_model):
                 await asyncio.sleep(0.05)
                 if record.reported is not None and record.own_at_report == (1, 2):
                     break
-            seen = (record.reported, record.view())
+            seen = (record.reported, instance_view(record))
             manager.forget_batch(batch.batch_id, deleted="test over")
             return seen
 
@@ -119,13 +119,13 @@ def _record(engine_id: int = 0, registry: Registry | None = None) -> EngineRecor
 def test_requests_of_other_clients_and_the_managers_own_since_the_report_both_count():
     record = _record()
     record.reported, record.own_at_report = EngineLoad(num_running=3, num_queued=5, kv_usage=0.5), (0, 0)
-    views = {"before": record.view()}
+    views = {"before": instance_view(record)}
     record.dispatched("s1", 10, 20)  # the manager sends one more: 10 input tokens, 20 to generate
-    views["dispatched"] = record.view()
+    views["dispatched"] = instance_view(record)
     record.progressed("s1", 19)
-    views["first token"] = record.view()
+    views["first token"] = instance_view(record)
     record.ended("s1")
-    views["ended"] = record.view()
+    views["ended"] = instance_view(record)
     counts = {k: (v.num_running, v.num_queued, v.queued_tokens, v.running_tokens) for k, v in views.items()}
     assert counts == {
         "before": (3, 5, 0, 0),
@@ -141,7 +141,7 @@ def test_an_engine_without_a_load_report_is_seen_through_the_managers_own_sample
     record.dispatched("a", 4, 100)
     record.dispatched("b", 4, 100)
     record.progressed("a", 90)
-    view = record.view()
+    view = instance_view(record)
     assert (view.num_running, view.num_queued, view.queued_tokens, view.running_tokens) == (1, 1, 104, 90)
     assert view.kv_usage == 2 / 8  # the manager's samples over the engine's capacity
 
@@ -197,7 +197,7 @@ def test_live_and_simulated_views_of_one_state_give_the_learned_router_the_same_
         record.own_at_report = record.own_counts()
         record.tokens_per_s = replica.tokens_per_s
         live_records.append(record)
-    live = ClusterView(now, [record.view() for record in live_records])
+    live = ClusterView(now, [instance_view(record) for record in live_records])
 
     assert all(view.num_queued and view.num_running for view in simulated.instances)
     route = RouteRequest(99, 120, 60)

@@ -4,10 +4,10 @@ comes up ends the manager with one line naming it and the timeout key."""
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import yaml
 
+from rollflow.runtime.launch.process import rollflow_command
 from tests.runtime.manager.helpers import workers
 from tests.runtime.processes import ENV, REPO, free_port, start_engine
 
@@ -27,17 +27,14 @@ def test_an_engine_that_never_comes_up_is_a_one_line_error(tmp_path):
     config = tmp_path / "manager.yaml"
     config.write_text(yaml.safe_dump({"engine_startup_timeout_s": 1.5, "engines": [{"url": url}]}))
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rollflow.cli",
+        rollflow_command(
             "manager",
             "serve",
             "--config",
             str(config),
             "--port",
             str(free_port()),
-        ],
+        ),
         cwd=REPO,
         env=ENV,
         capture_output=True,

@@ -36,7 +36,7 @@ def config(model: str, out: Path, algorithm: str):
 def train(trainer: Trainer) -> None:
     """Every step's rollouts, as they arrive."""
     for groups in STEP_GROUPS:
-        trainer._train_on(FixedBatch(groups, all_ready=False))
+        trainer.train_on(FixedBatch(groups, all_ready=False))
         trainer.step += 1
 
 

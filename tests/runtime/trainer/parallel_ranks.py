@@ -3,10 +3,10 @@
 (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) set by the test.
 
 Each rank builds the real Trainer on the real process group; rank 0 drives it as in a training step
-(`_train_micro_batch`, `_optimizer_step`) and the others obey as under `rollflow train`. Every rank
+(`_train_micro_batch`, `optimizer_step`) and the others obey as under `rollflow train`. Every rank
 saves its gradients after each micro-batch and its parameters after the optimizer step; rank 0 also
 saves the step totals its metrics would be computed from. Then a fresh Trainer trains one whole
-step's rollouts (`_train_on`, several micro-batches and optimizer steps) as they arrive from a
+step's rollouts (`train_on`, several micro-batches and optimizer steps) as they arrive from a
 `FixedBatch`, and every rank saves the step's totals and its parameters. Under fsdp, rank 0 then
 writes that Trainer's (sharded) checkpoint and a third Trainer resumes from it: every rank saves the
 resumed parameters and optimizer state beside the ones that were written. Sharded parameters,
@@ -169,7 +169,7 @@ def run(trainer: Trainer, out: Path, rank: int) -> None:
         else:
             assert trainer._obey()
     if leader:
-        trainer._optimizer_step()
+        trainer.optimizer_step()
     else:
         assert trainer._obey()
     torch.save(parameters(trainer), out / f"stepped.rank{rank}.pt")
@@ -178,7 +178,7 @@ def run(trainer: Trainer, out: Path, rank: int) -> None:
 def run_step(trainer: Trainer, out: Path, rank: int, all_ready: bool) -> None:
     """One training step over STEP_GROUPS as they arrive: its totals (rank 0) and parameters (every rank)."""
     if trainer.parallel is None or trainer.parallel.is_leader:
-        totals = trainer._train_on(FixedBatch(STEP_GROUPS, all_ready))
+        totals = trainer.train_on(FixedBatch(STEP_GROUPS, all_ready))
         if trainer.parallel is not None:
             trainer.parallel.tell_all(Command.STOP)
         torch.save({"totals": totals_summary(totals)}, out / f"step_totals.rank{rank}.pt")

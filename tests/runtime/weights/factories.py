@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import torch
 
+from rollflow.runtime.launch.process import rollflow_command
 from rollflow.runtime.weights import WeightServer, WeightStore
 from tests.factories import REPO
 
@@ -79,9 +79,7 @@ async def serving(store: WeightStore, **kwargs) -> AsyncIterator[WeightServer]:
 
 
 def rollflow(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "rollflow.cli", *args], cwd=cwd, capture_output=True, text=True
-    )
+    return subprocess.run(rollflow_command(*args), cwd=cwd, capture_output=True, text=True)
 
 
 def start_server_process(
@@ -91,10 +89,7 @@ def start_server_process(
     log = store_dir.parent / f"serve-{time.monotonic_ns()}.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "rollflow.cli",
+            rollflow_command(
                 "weights",
                 "serve",
                 "--dir",
@@ -102,7 +97,7 @@ def start_server_process(
                 "--port",
                 "0",
                 *extra,
-            ],
+            ),
             cwd=REPO,
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -1,0 +1,62 @@
+"""rollflow's modules import one another without circles (tools/import_cycles.py): a module that
+needs a piece of another that needs it back means the piece belongs in a third module."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tools.import_cycles import circles, import_graph
+
+
+def test_rollflow_has_no_import_circle():
+    found = circles(import_graph())
+    assert not found, (
+        "import circles in rollflow/ (move what the modules share into a module of its own; "
+        f"run `python tools/import_cycles.py` to list them): {found}"
+    )
+
+
+def write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_a_circle_through_a_function_level_import_is_found(tmp_path):
+    write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "from pkg.b import f\n",
+            "pkg/b.py": "def f():\n    from pkg import c\n",
+            "pkg/c.py": "import pkg.a\n",
+            "pkg/d.py": "from pkg.a import f\n",  # imports into the circle, not part of it
+        },
+    )
+    assert circles(import_graph(tmp_path, "pkg")) == [["pkg.a", "pkg.b", "pkg.c"]]
+
+
+def test_relative_imports_count_and_annotation_only_imports_do_not(tmp_path):
+    write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/sub/__init__.py": "from . import x\n",
+            "pkg/sub/x.py": "from ..y import Y\n",
+            "pkg/y.py": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n    from pkg.sub.x import X\nelse:\n    import pkg.z\n"
+            ),
+            "pkg/z.py": "from .sub import x\n",
+        },
+    )
+    assert circles(import_graph(tmp_path, "pkg")) == [["pkg.sub.x", "pkg.y", "pkg.z"]]
+    with_annotations = circles(import_graph(tmp_path, "pkg", type_checking=True))
+    assert with_annotations == [["pkg.sub.x", "pkg.y", "pkg.z"]]
+    # without the else branch's import, only the annotations close a circle
+    (tmp_path / "pkg/y.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.sub.x import X\n"
+    )
+    assert circles(import_graph(tmp_path, "pkg")) == []
+    assert circles(import_graph(tmp_path, "pkg", type_checking=True)) == [["pkg.sub.x", "pkg.y"]]
