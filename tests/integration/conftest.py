@@ -87,6 +87,8 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
         # prefix caching is vLLM V1's default on x86 CPUs; said here because the tier tests it, and
         # its hits reach usage.prompt_tokens_details.cached_tokens only with the second flag
         "--enable-prefix-caching", "--enable-prompt-tokens-details",
+        # vLLM's token-in/token-out POST /inference/v1/generate (what SkyRL sends), to compare the manager's with
+        "--enable-scale-out",
     ]  # fmt: skip
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=model_dir.parent)

