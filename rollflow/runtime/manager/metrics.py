@@ -62,6 +62,14 @@ class ManagerMetrics:
             buckets=RESUME_BUCKETS,
             registry=r,
         )
+        self.stream_processes = Gauge(
+            "rollflow_stream_processes",
+            "Stream processes up (processes: N > 1) reading engines' streams",
+            registry=r,
+        )
+        self.relays = Gauge(
+            "rollflow_relays", "Relays connected, reading their nodes' engines' streams", registry=r
+        )
         self.stream_process_restarts = Counter(
             "rollflow_stream_process_restarts_total",
             "Stream processes (processes: N > 1) that died and were started again",

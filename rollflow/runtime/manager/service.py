@@ -269,6 +269,9 @@ class RolloutManager:
             self.metrics.engines_by_state[state].set(count)
         self.metrics.queue_depth.set(len(self.dispatcher))
         self.metrics.running_samples.set(sum(len(e.running) for e in self.registry.all()))
+        processes, relays = self.streams.readers_up() if self.streams is not None else (0, 0)
+        self.metrics.stream_processes.set(processes)
+        self.metrics.relays.set(relays)
 
     # ------------------------------------------------------------------ samples
 

@@ -237,6 +237,10 @@ class StreamReaders:
                 process.popen.kill()
                 await asyncio.to_thread(process.popen.wait)
 
+    def readers_up(self) -> tuple[int, int]:
+        """Stream processes and relays connected now."""
+        return sum(p.up for p in self._processes), sum(r.up for r in self._relays.values())
+
     def use_relay(self, address: str) -> None:
         """Read the streams of the engines registered with this relay through it (dialled now)."""
         if address not in self._relays:

@@ -66,9 +66,9 @@ def test_an_engine_a_stream_process_and_the_relay_killed_mid_batch_lose_no_sampl
         ],
     )
     assert workers(manager)[relayed.url]["relay"] == address
-    wait_until(
-        lambda: "manager" in relay.log() and "connected" in relay.log(), what="the manager to greet the relay"
-    )
+    wait_until(lambda: metric(manager, "rollflow_relays") == 1, what="the manager to connect to the relay")
+    # the relay serves it once the manager's greeting carried its token
+    wait_until(lambda: "relay: manager" in relay.log(), what="the relay to accept the manager")
     batch = ManagerClient(manager.url, token=TOKEN).submit(
         PROMPTS, n=2, max_new_tokens=160, temperature=0, ignore_eos=True
     )

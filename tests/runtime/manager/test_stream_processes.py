@@ -42,6 +42,7 @@ def test_samples_read_by_stream_processes_equal_one_engines_greedy_output(proces
     engines = [processes.engine() for _ in range(2)]
     manager = processes.manager(processes=3, engines=[{"url": e.url, "capacity": 4} for e in engines])
     assert len(stream_processes(manager)) == 2
+    assert metric(manager, "rollflow_stream_processes") == 2
     batch = ManagerClient(manager.url).submit(PROMPTS, n=2, max_new_tokens=48, temperature=0, ignore_eos=True)
     samples = drain(batch)
     assert len(samples) == len(PROMPTS) * 2
