@@ -33,7 +33,11 @@ def complete(manager_url: str, prompt: list[int], max_tokens: int) -> list[int]:
         "temperature": 0,
         "ignore_eos": True,
     }
-    status, answer = http("POST", manager_url + "/v1/completions", body | {"return_token_ids": True})
+    # held through a pause and a weight load on two engines: longer than `http`'s default minute on a
+    # loaded machine
+    status, answer = http(
+        "POST", manager_url + "/v1/completions", body | {"return_token_ids": True}, timeout=600.0
+    )
     assert status == 200, answer
     return answer["choices"][0]["token_ids"]
 
@@ -62,7 +66,10 @@ def test_a_policy_step_pauses_loads_the_folder_and_resumes_with_no_token_lost(cl
         status, updated = http("POST", manager.url + "/update_weights", {"weight_dir": str(tiny_model)})
         assert (status, updated) == (200, {"status": "ok", "weight_version": 1, "engines": 2}), updated
         assert set(http("GET", manager.url + "/weight_versions")[1].values()) == {1}
-        assert paused["samples_moved"] > 0 and not any(completion.done() for completion in completions)
+        ended = [completion for completion in completions if completion.done()]
+        for completion in ended:
+            completion.result()  # one that failed says why
+        assert paused["samples_moved"] > 0 and not ended
         assert http("POST", manager.url + "/resume")[0] == 200
 
         assert [completion.result(timeout=120) for completion in completions] == expected
