@@ -47,41 +47,50 @@ def cpu_seconds(pid: int) -> float:
 
 
 class Client:
-    """The load generator's requests: `tokens` tokens each, with logprobs, streamed or not. A request
-    that fails (an error status, a broken connection, an answer short of its tokens) is counted in
+    """The load generator's requests: SGLang's `/generate`, `tokens` tokens each, with logprobs,
+    streamed or not (another API's client overrides `path`, `body` and `whole`). A request that
+    fails (an error status, a broken connection, an answer short of its tokens) is counted in
     `failures`, which fail the run, rather than ending it without a results file."""
 
-    def __init__(self, tokens: int, stream: bool) -> None:
+    path = "/generate"
+
+    def __init__(self, tokens: int, stream: bool, failures: list[str] | None = None) -> None:
         self.tokens = tokens
         self.stream = stream
-        self.failures: list[str] = []
+        self.failures: list[str] = [] if failures is None else failures
 
-    async def one(self, session: aiohttp.ClientSession, url: str, prompt: list[int]) -> float | None:
-        """Seconds until the whole answer is in; None (and a failure noted) when it is not the
-        tokens asked for."""
+    def body(self, prompt: list[int]) -> dict:
         sampling = {"max_new_tokens": self.tokens, "temperature": 0}
-        body = {
+        return {
             "input_ids": prompt,
             "sampling_params": sampling,
             "stream": self.stream,
             "return_logprob": True,
         }
+
+    def whole(self, raw: bytes) -> bool:
+        """Whether the answer holds the tokens asked for and ended."""
+        # a stream's last event before [DONE] holds the count so far (SGLang's completion_tokens)
+        try:
+            last = raw.rstrip().rsplit(b"data: ", 2)[-2] if self.stream else raw
+            meta = orjson.loads(last)["meta_info"]
+            return meta["completion_tokens"] == self.tokens and meta["finish_reason"] is not None
+        except (orjson.JSONDecodeError, KeyError, TypeError, IndexError):
+            return False
+
+    async def one(self, session: aiohttp.ClientSession, url: str, prompt: list[int]) -> float | None:
+        """Seconds until the whole answer is in; None (and a failure noted) when it is not the
+        tokens asked for."""
         started = time.perf_counter()
         try:
-            async with session.post(url + "/generate", data=orjson.dumps(body), headers=JSON) as response:
+            data = orjson.dumps(self.body(prompt))
+            async with session.post(url + self.path, data=data, headers=JSON) as response:
                 raw = await response.read()
         except (TimeoutError, aiohttp.ClientError) as exc:
             self.failures.append(f"{url}: {exc!r}")
             return None
         elapsed = time.perf_counter() - started
-        # a stream's last event before [DONE] holds the count so far (SGLang's completion_tokens)
-        try:
-            last = raw.rstrip().rsplit(b"data: ", 2)[-2] if self.stream else raw
-            meta = orjson.loads(last)["meta_info"]
-            good = meta["completion_tokens"] == self.tokens and meta["finish_reason"] is not None
-        except (orjson.JSONDecodeError, KeyError, TypeError, IndexError):
-            good = False
-        if response.status != 200 or not good:
+        if response.status != 200 or not self.whole(raw):
             self.failures.append(f"{url}: bad answer {response.status}: {raw[-300:]!r}")
             return None
         return elapsed

@@ -59,11 +59,20 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import _vllm_router  # noqa: E402
-from benchmarks._router_load import in_turn, load, median, p99, start_canned_engine, tree_cpu_seconds  # noqa: E402
+from benchmarks._router_load import (  # noqa: E402
+    Client as SGLangClient,
+)
+from benchmarks._router_load import (  # noqa: E402
+    in_turn,
+    load,
+    median,
+    p99,
+    start_canned_engine,
+    tree_cpu_seconds,
+)
 from benchmarks.results import Results, add_results_dir, results_dir  # noqa: E402
 from tests.runtime.processes import Process, free_port, rollflow  # noqa: E402
 
-JSON = {"Content-Type": "application/json"}  # vllm-router refuses a body without it (415)
 DIRECT, MANAGER, PEER = "direct (one engine)", "rollflow manager", "vllm-router"
 PATHS = (DIRECT, MANAGER, PEER)  # the order the tables list them in
 THROUGHPUT_SLICES = 4  # turns each path takes per round in the throughput phase
@@ -78,45 +87,26 @@ token's event. Measured on 2 shared cores at 256 tokens a stream: about 3x (12-1
 the manager parses each vLLM event (in Python) and records its token, vllm-router forwards bytes."""
 
 
-class Client:
+class Client(SGLangClient):
     """SkyRL's generate requests, `tokens` tokens each with their logprobs, answered in one JSON body
-    or (`stream`) as vLLM's server-sent events. A request that fails (an error status, a broken
-    connection, an answer short of its tokens) is counted in `failures`, which fail the run,
-    rather than ending it without a results file."""
+    or (`stream`) as vLLM's server-sent events; failures counted as the SGLang client counts them."""
 
-    def __init__(self, tokens: int, stream: bool, failures: list[str]) -> None:
-        self.tokens = tokens
-        self.stream = stream
-        self.failures = failures
+    path = "/inference/v1/generate"
 
-    async def one(self, session: aiohttp.ClientSession, url: str, prompt: list[int]) -> float | None:
-        """Seconds until the whole answer is in; None (and a failure noted) when it is not the
-        tokens asked for."""
+    def body(self, prompt: list[int]) -> dict:
         sampling = {"max_tokens": self.tokens, "temperature": 1.0, "logprobs": 0, "skip_special_tokens": True}
-        body = {"token_ids": prompt, "sampling_params": sampling, "model": "canned", "stream": self.stream}
-        started = time.perf_counter()
-        try:
-            async with session.post(
-                url + "/inference/v1/generate", data=orjson.dumps(body), headers=JSON
-            ) as response:
-                raw = await response.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            self.failures.append(f"{url}: {exc!r}")
-            return None
-        elapsed = time.perf_counter() - started
+        return {"token_ids": prompt, "sampling_params": sampling, "model": "canned", "stream": self.stream}
+
+    def whole(self, raw: bytes) -> bool:
         try:
             choices = _streamed_choices(raw) if self.stream else orjson.loads(raw)["choices"]
-            good = (
+            return (
                 sum(len(choice["token_ids"]) for choice in choices) == self.tokens
                 and sum(len(choice["logprobs"]["content"]) for choice in choices) == self.tokens
                 and choices[-1]["finish_reason"] == "length"
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError):
-            good = False
-        if response.status != 200 or not good:
-            self.failures.append(f"{url}: bad answer {response.status}: {raw[-300:]!r}")
-            return None
-        return elapsed
+            return False
 
 
 def _streamed_choices(raw: bytes) -> list[dict]:

@@ -33,7 +33,7 @@ from rollflow.runtime.http.listen import check_free
 from rollflow.runtime.launch.config import LAUNCHED_WEIGHTS, EnginePool, LaunchSection, Placement
 from rollflow.runtime.launch.engine_commands import EngineCommand, engine_command, set_weight_version
 from rollflow.runtime.launch.process import LaunchError
-from rollflow.runtime.launch.slots import LocalSlot, Slot
+from rollflow.runtime.launch.slots import LocalSlot, Slot, wait_answering
 from rollflow.runtime.manager.client import ManagerClient, ManagerError
 from rollflow.runtime.weights.checkpoint import publish_checkpoint
 from rollflow.runtime.weights.token import TOKEN_ENV as WEIGHTS_TOKEN_ENV
@@ -273,22 +273,14 @@ class Launcher:
             check_free(host, port, port_key)
 
     def _wait_healthy(self, slot: Slot, url: str, path: str = "/health") -> None:
-        deadline = time.monotonic() + self.config.startup_timeout_s
-        while time.monotonic() < deadline:
-            code = slot.exit_code()
-            if code is not None:
-                raise LaunchError(f"{slot.name} exited with code {code} while starting:\n{slot.log_tail()}")
+        def healthy() -> bool:
             try:
                 with urllib.request.urlopen(url + path, timeout=2) as response:
-                    if response.status == 200:
-                        return
+                    return response.status == 200
             except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.1)
-        raise LaunchError(
-            f"{slot.name} did not answer {url}{path} within {self.config.startup_timeout_s:g}s"
-            f" (launch.startup_timeout_s); its log ends:\n{slot.log_tail()}"
-        )
+                return False
+
+        wait_answering(slot, healthy, url + path, self.config.startup_timeout_s)
 
     def _start_manager(self) -> None:
         config = self.config.manager

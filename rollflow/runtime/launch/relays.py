@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import logging
 import socket
-import time
 from dataclasses import dataclass
 
-from rollflow.runtime.launch.process import LaunchError
 from rollflow.runtime.launch.ray_slots import RaySlot
+from rollflow.runtime.launch.slots import wait_answering
 
 logger = logging.getLogger(__name__)
-
-_POLL_S = 0.1
 
 
 @dataclass
@@ -70,7 +67,9 @@ class NodeRelays:
             argv += ["--flush-ms", f"{self._flush_ms:g}", "--log-format", "json"]
             env = {"ROLLFLOW_MANAGER_TOKEN": self._token} if self._token else {}
             slot.start(argv, f"{self._work_dir}/{name}.log", env, rollflow=True, files={})
-            self._wait_listening(slot, port)
+            wait_answering(
+                slot, lambda: _listening(slot.host, port), f"{slot.host}:{port}", self._start_timeout_s
+            )
         except BaseException:
             slot.stop()
             raise
@@ -78,18 +77,10 @@ class NodeRelays:
         logger.info("%s up on %s (node %s)", name, address, node_id[:12])
         return NodeRelay(slot, address)
 
-    def _wait_listening(self, slot: RaySlot, port: int) -> None:
-        deadline = time.monotonic() + self._start_timeout_s
-        while time.monotonic() < deadline:
-            code = slot.exit_code()
-            if code is not None:
-                raise LaunchError(f"{slot.name} exited with code {code} while starting:\n{slot.log_tail()}")
-            try:
-                socket.create_connection((slot.host, port), timeout=2).close()
-                return
-            except OSError:
-                time.sleep(_POLL_S)
-        raise LaunchError(
-            f"{slot.name} did not listen on {slot.host}:{port} within {self._start_timeout_s:g}s"
-            f" (launch.startup_timeout_s); its log ends:\n{slot.log_tail()}"
-        )
+
+def _listening(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+        return True
+    except OSError:
+        return False

@@ -8,11 +8,15 @@ launcher code drives both backends.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 from rollflow.runtime.launch.join import pull_newest_model
-from rollflow.runtime.launch.process import ChildProcess, free_port, rollflow_command
+from rollflow.runtime.launch.process import ChildProcess, LaunchError, free_port, rollflow_command
+
+_POLL_S = 0.1
 
 
 class Slot(Protocol):
@@ -43,6 +47,23 @@ class Slot(Protocol):
         ...
 
     def stop(self) -> None: ...
+
+
+def wait_answering(slot: Slot, answers: Callable[[], bool], target: str, timeout_s: float) -> None:
+    """Wait until `answers()` (the slot's process answers at `target`); a process that exits first,
+    or one still silent after `timeout_s` (launch.startup_timeout_s), is a LaunchError with its log."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        code = slot.exit_code()
+        if code is not None:
+            raise LaunchError(f"{slot.name} exited with code {code} while starting:\n{slot.log_tail()}")
+        if answers():
+            return
+        time.sleep(_POLL_S)
+    raise LaunchError(
+        f"{slot.name} did not answer {target} within {timeout_s:g}s"
+        f" (launch.startup_timeout_s); its log ends:\n{slot.log_tail()}"
+    )
 
 
 class LocalSlot:
