@@ -109,6 +109,10 @@ class Process:
         """SIGSTOP: the process keeps its sockets open and answers nothing, as a hung engine does."""
         self.proc.send_signal(signal.SIGSTOP)
 
+    def resume(self) -> None:
+        """SIGCONT: a paused process carries on where it stopped."""
+        self.proc.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGCONT)

@@ -238,11 +238,12 @@ class RolloutManager:
 
     async def drain_engine(self, engine: EngineRecord, reason: str) -> int:
         """End every attempt running on an engine already out of routing; the samples resume
-        elsewhere from their tokens. Returns once all of them have left it: how many there were."""
-        moved = list(engine.running)
+        elsewhere from their tokens. Returns once all of them have left it: how many moved (an
+        attempt whose last tokens came in before its move took effect finished instead)."""
+        running = [self._runs[s].sample for s in engine.running if s in self._runs]
         self.displace(engine, reason)
-        await self.attempts_ended(moved)
-        return len(moved)
+        await self.attempts_ended([sample.sample_id for sample in running])
+        return sum(sample.state < SampleState.FINISHED for sample in running)
 
     async def attempts_ended(self, sample_ids: list[str]) -> None:
         """Return once the attempts running now for these samples have ended (moved or finished)."""

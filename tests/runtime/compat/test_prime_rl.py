@@ -61,7 +61,14 @@ def test_a_policy_step_pauses_loads_the_folder_and_resumes_with_no_token_lost(cl
 
         wait_until(generating, what="the completions to run")
 
-        status, paused = http("POST", manager.url + "/pause?mode=keep&clear_cache=false")
+        # the engines are held still through the pause, so no completion can end inside its window
+        for engine in engines:
+            engine.pause()
+        try:
+            status, paused = http("POST", manager.url + "/pause?mode=keep&clear_cache=false")
+        finally:
+            for engine in engines:
+                engine.resume()
         assert status == 200 and paused["status"] == "paused", paused
         status, updated = http("POST", manager.url + "/update_weights", {"weight_dir": str(tiny_model)})
         assert (status, updated) == (200, {"status": "ok", "weight_version": 1, "engines": 2}), updated

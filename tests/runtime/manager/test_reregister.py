@@ -3,8 +3,6 @@ engine restarted on the same port registers again under its url."""
 
 from __future__ import annotations
 
-import signal
-
 from tests.runtime.manager.helpers import wait_until
 from tests.runtime.processes import Process, http, rollflow
 
@@ -85,7 +83,7 @@ def test_a_failed_engine_is_tried_again_after_its_breaker_pause_and_rejoins(proc
 
     engine.pause()  # SIGSTOP: its /health stops answering
     wait_until(lambda: _records(manager)[0]["state"] == "failed", timeout=30, what="the engine to fail")
-    engine.proc.send_signal(signal.SIGCONT)
+    engine.resume()
 
     def rejoined() -> bool:
         records = _records(manager)
