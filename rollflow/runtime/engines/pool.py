@@ -27,7 +27,8 @@ from rollflow.runtime.http.head import header_value, split_content_length
 MAX_HEAD_BYTES = 64 * 1024
 MAX_IDLE = 256  # idle connections kept per engine; more are closed
 PAUSE_AT = 1 << 20  # unread body bytes at which the connection stops reading the socket
-DRAIN_S = 5.0  # a released response whose end has not come by then is closed instead
+DRAIN_S = 5.0
+READ_BYTES = 256 * 1024  # the most one read of a socket takes (as uvloop's own reads)  # a released response whose end has not come by then is closed instead
 
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLOSE, _DONE = range(8)
 
@@ -75,8 +76,13 @@ class Response:
             conn.close()
 
 
-class _Connection(asyncio.Protocol):
-    """One kept-alive connection; parses the response to the request it carries."""
+class _Connection(asyncio.BufferedProtocol):
+    """One kept-alive connection; parses the response to the request it carries.
+
+    The socket is read into the pool's one read buffer (`get_buffer`), not into a new bytes object
+    per read: a long streamed answer comes in reads of up to hundreds of KiB, and allocating (and
+    page-faulting) each was a share of the manager's CPU per token. Nothing keeps a view of the
+    buffer past `buffer_updated`: what is kept is copied out of it."""
 
     def __init__(self, pool: ConnectionPool) -> None:
         self._pool = pool
@@ -105,6 +111,12 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._pool.read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self._pool.read_buffer[:nbytes])
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         if self._state == _UNTIL_CLOSE:
@@ -114,13 +126,22 @@ class _Connection(asyncio.Protocol):
         self._pool.forget(self)
         self._wake()
 
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, data: bytes | memoryview) -> None:
         if not self.in_use:
             self.close()  # bytes nobody asked for: the connection cannot be trusted
             return
         self.received += len(data)
-        self._buf += data
         try:
+            if self._state == _CHUNK_SIZE and not self._buf:
+                # a read that starts on a chunk's start: its whole chunks are taken from it as it
+                # is, and only what follows them is kept (each byte of a long answer is copied once
+                # here rather than twice)
+                taken = whole_chunks(data)
+                if taken is not None:
+                    body, consumed = taken
+                    self._keep(body)
+                    data = data[consumed:]
+            self._buf += data
             self._parse()
         except (ProtocolError, ValueError) as exc:
             self._error = ProtocolError(f"bad HTTP response from the engine: {exc}")
@@ -344,6 +365,8 @@ class ConnectionPool:
         self._idle: list[_Connection] = []
         self._closed = False
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set on first use
+        # what every connection's socket is read into, one read at a time (the loop is one thread)
+        self.read_buffer = memoryview(bytearray(READ_BYTES))
 
     async def request(
         self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
