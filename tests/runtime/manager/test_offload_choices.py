@@ -80,4 +80,5 @@ def test_the_live_manager_offloads_through_the_balancers_choices(callers, tmp_pa
     assert callers["offload_targets"] == {
         "rollflow.runtime.manager.service",
         "rollflow.runtime.manager.dispatcher",
+        "rollflow.runtime.manager.fleet",  # a remote engine joined: offloaded batches move to it
     }
