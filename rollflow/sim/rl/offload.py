@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rollflow.policy.offload import OffloadBalancer
-from rollflow.policy.view import ClusterView
+from rollflow.policy.view import ClusterView, InstanceView
 from rollflow.sim.events import Event, Phase
 
 if TYPE_CHECKING:
@@ -66,7 +66,8 @@ class StepOffload:
         if sources and all(s.num_outstanding == 0 for s in sources) and targets:
             self._stop_local(sources)
 
-    def _stop_local(self, sources: list) -> None:
+    def _stop_local(self, sources: list[InstanceView]) -> None:
+        """Offloaded: local instances stop, the router sends new work to remote ones only."""
         self.offloaded = True
         self.step.pool.remote_only = True
         for instance in sources:

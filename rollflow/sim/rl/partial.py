@@ -76,7 +76,8 @@ class PartialRollout:
 
     def __init__(
         self, step: StepSimulator, requests: list[SimRequest], earlier_versions: dict[int, dict[int, int]]
-    ):
+    ) -> None:
+        """`requests`: the step's samples, the carried-in ones first (`step_samples`)."""
         self.step = step
         self.enabled = step.config.partial_rollout > 0
         self.earlier_versions = earlier_versions  # carried-in samples' tokens per version, by id
