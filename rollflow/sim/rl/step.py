@@ -107,8 +107,7 @@ class StepSimulator:
         self.pool = RolloutPool(rollout_config, groups, self.progress.on_batch_completed, start)
         self.queue = self.pool.sim.events
         self._out: list[Event] = []  # events the handler running now causes
-        spot = market is not None and market.num_slots > 0
-        self.preemptible = SpotInstances(self, market) if spot else None
+        self.preemptible = SpotInstances(self, market) if market is not None and market.num_slots else None
         self.lanes = Lanes(self, costs)
         self.instances = StepInstances(self, gpus_free_at)
         self.offload = StepOffload(self, balancer)
