@@ -28,7 +28,9 @@ MAX_HEAD_BYTES = 64 * 1024
 MAX_IDLE = 256  # idle connections kept per engine; more are closed
 PAUSE_AT = 1 << 20  # unread body bytes at which the connection stops reading the socket
 DRAIN_S = 5.0
-READ_BYTES = 256 * 1024  # the most one read of a socket takes (as uvloop's own reads)  # a released response whose end has not come by then is closed instead
+READ_BYTES = (
+    256 * 1024
+)  # the most one read of a socket takes (as uvloop's own reads)  # a released response whose end has not come by then is closed instead
 
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLOSE, _DONE = range(8)
 

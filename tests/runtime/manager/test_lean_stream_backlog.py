@@ -12,9 +12,9 @@ import asyncio
 from types import SimpleNamespace
 
 from rollflow.runtime.http.sse import event as sse_event
-from rollflow.runtime.manager.lean_edge import STREAM_BACKLOG_BYTES, _LeanConnection
-from rollflow.runtime.manager.samples import SampleState
-from rollflow.runtime.manager.sglang_api import PromptRequest
+from rollflow.runtime.manager.core.samples import SampleState
+from rollflow.runtime.manager.edge.lean import STREAM_BACKLOG_BYTES, _LeanConnection
+from rollflow.runtime.manager.edge.sglang_api import PromptRequest
 
 
 class Transport:

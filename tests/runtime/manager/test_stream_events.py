@@ -7,9 +7,9 @@ import pytest
 
 from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.http.sse import event as sse_event
-from rollflow.runtime.manager.generate_io import StreamEvents, generate_payload
-from rollflow.runtime.manager.protocol import GenerateBody
-from rollflow.runtime.manager.samples import Sample, SampleState
+from rollflow.runtime.manager.core.samples import Sample, SampleState
+from rollflow.runtime.manager.edge.generate_io import StreamEvents, generate_payload
+from rollflow.runtime.manager.edge.protocol import GenerateBody
 
 
 class _Tokenizer:
