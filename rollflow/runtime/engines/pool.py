@@ -51,12 +51,18 @@ class Response:
     async def read_chunk(self) -> bytes:
         """The body bytes that came since the last call; b"" once the body is complete (the
         connection is back in the pool then)."""
+        pieces = await self.read_pieces()
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    async def read_pieces(self) -> list[bytes]:
+        """`read_chunk`'s bytes as the pieces they came in, not joined (a caller that reads each
+        piece on its own copies none of them again); [] once the body is complete."""
         if self._conn is None:
-            return b""
-        data = await self._conn.read_chunk()
-        if not data:
+            return []
+        pieces = await self._conn.read_pieces()
+        if not pieces:
             self.release()
-        return data
+        return pieces
 
     async def read(self) -> bytes:
         parts = []
@@ -134,6 +140,7 @@ class _Connection(asyncio.BufferedProtocol):
             return
         self.received += len(data)
         try:
+            data = self._end_of_chunk(data)
             if self._state == _CHUNK_SIZE and not self._buf:
                 # a read that starts on a chunk's start: its whole chunks are taken from it as it
                 # is, and only what follows them is kept (each byte of a long answer is copied once
@@ -157,6 +164,18 @@ class _Connection(asyncio.BufferedProtocol):
             self._paused = True
             self.transport.pause_reading()
         self._wake()
+
+    def _end_of_chunk(self, data: bytes | memoryview) -> bytes | memoryview:
+        """The rest of a chunk an earlier read cut off (its data, then its CRLF) taken from the start
+        of `data` as it is, so that the whole chunks after it are too; what is left of `data`. Any
+        other case is the state machine's (`_parse`), bytes errors included."""
+        end = self._remaining
+        if self._state != _CHUNK_DATA or self._buf or len(data) < end + 2 or data[end : end + 2] != b"\r\n":
+            return data
+        self._keep(bytes(data[:end]))
+        self._remaining = 0
+        self._state = _CHUNK_SIZE
+        return data[end + 2 :]
 
     def eof_received(self) -> bool:
         return False  # close the transport: an engine that half-closes sends nothing more
@@ -281,20 +300,19 @@ class _Connection(asyncio.BufferedProtocol):
             await self._wait(self._pool.read_timeout_s)
         return Response(self, self._head)
 
-    async def read_chunk(self) -> bytes:
+    async def read_pieces(self) -> list[bytes]:
         while True:
             if self._body:
-                data = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-                self._body.clear()
+                pieces, self._body = self._body, []
                 self._unread = 0
                 if self._paused and not self.lost:
                     self._paused = False
                     self.transport.resume_reading()
-                return data
+                return pieces
             if self._error is not None:
                 raise self._error
             if self._state == _DONE:
-                return b""
+                return []
             await self._wait(self._pool.read_timeout_s)
 
     def release(self) -> None:

@@ -83,13 +83,13 @@ class SGLangClient(HttpEngine):
                     raise status_error("POST", self.url + "/generate", response.status, text)
                 events = EventReducer(self.url + "/generate")
                 while not events.done:
-                    data = await response.read_chunk()
-                    for chunk in events.feed(data) if data else events.end():
+                    pieces = await response.read_pieces()  # each read on its own: none is copied again
+                    for chunk in events.feed_all(pieces) if pieces else events.end():
                         finished = chunk.finish_reason is not None
                         yield chunk
                         if finished:
                             return
-                    if not data:
+                    if not pieces:
                         break
             finally:
                 if finished:
@@ -254,6 +254,15 @@ class EventReducer:
     def feed(self, data: bytes) -> list[GenerateChunk]:
         """The chunks of tokens that one read's `data` adds, up to a finish."""
         return self._reduce(self._sse.feed(data))
+
+    def feed_all(self, pieces: list[bytes]) -> list[GenerateChunk]:
+        """`feed` of each piece of the body in turn, up to a finish or `data: [DONE]`."""
+        chunks: list[GenerateChunk] = []
+        for data in pieces:
+            chunks += self.feed(data)
+            if self.done or (chunks and chunks[-1].finish_reason is not None):
+                break
+        return chunks
 
     def end(self) -> list[GenerateChunk]:
         """The body ended: what its last line without a newline adds."""
