@@ -327,7 +327,7 @@ static int cohort_release_all(Cohort *c, Request *requests, IntVec *out) {
     return 0;
 }
 
-/* -- one batch (Batch): a replica with one stage has at most one in flight ---------------------- */
+/* -- one batch (IterationBatch): a replica with one stage has at most one in flight ---------------------- */
 
 typedef struct {
     IntVec requests;
@@ -338,7 +338,7 @@ typedef struct {
     double scheduled_at, end_time, last_stage_s, wakeup_s;
     long long serial; /* which batch of its replica: with `version`, what a stage end is about */
     long long version;
-} Batch;
+} IterationBatch;
 
 /* -- one replica (Replica and its ReplicaScheduler) ------------------------------------------- */
 
@@ -363,7 +363,7 @@ typedef struct {
     Py_ssize_t prefills_capacity;
     /* replica */
     int batch_running, schedule_pending, run_in_flight;
-    Batch batch;
+    IterationBatch batch;
     double tokens_per_s, idle_since;
     double busy_s, flops;
     long long num_iterations, decode_tokens;
@@ -475,14 +475,14 @@ static void sort_by_arrival(IntVec *v, const Request *requests) {
     }
 }
 
-static int batch_add(Batch *b, int index, long long tokens) {
+static int batch_add(IterationBatch *b, int index, long long tokens) {
     return intvec_push(&b->requests, index) < 0 || longvec_push(&b->num_tokens, tokens) < 0 ? -1 : 0;
 }
 
-/* ReplicaScheduler._batch and Batch.__init__: 1 if a batch formed, 0 if it is empty.
+/* ReplicaScheduler._batch and IterationBatch.__init__: 1 if a batch formed, 0 if it is empty.
  * `num_prefill_tokens` < 0: summed here over the requests still prefilling. */
 static int close_batch(Replica *rep, Request *requests, long long cohort_size, long long num_prefill_tokens) {
-    Batch *b = &rep->batch;
+    IterationBatch *b = &rep->batch;
     if (!b->requests.size && !cohort_size) return 0;
     b->cohort_size = cohort_size;
     b->cohort_kv_sum = cohort_size ? rep->cohort.base_sum + (long long)rep->cohort.members.size * rep->cohort.clock
@@ -516,7 +516,7 @@ static long long sarathi_chunk(const Replica *rep, const Request *r, long long b
 
 /* SarathiScheduler.next_batch */
 static int sarathi_next_batch(Replica *rep, Request *requests) {
-    Batch *b = &rep->batch;
+    IterationBatch *b = &rep->batch;
     b->requests.size = b->num_tokens.size = 0;
     rep->prefilling.size = rep->skipped.size = 0;
     long long cohort_size = schedule_cohort(rep, requests);
@@ -584,7 +584,7 @@ static int sarathi_next_batch(Replica *rep, Request *requests) {
 
 /* VllmScheduler.next_batch */
 static int vllm_next_batch(Replica *rep, Request *requests) {
-    Batch *b = &rep->batch;
+    IterationBatch *b = &rep->batch;
     b->requests.size = b->num_tokens.size = 0;
     long long longest = 0;
     while (rep->waiting.size) {
@@ -621,7 +621,7 @@ static int vllm_next_batch(Replica *rep, Request *requests) {
 
 /* ReplicaScheduler._waiting_blocked and its subclasses' */
 static int waiting_blocked(const Replica *rep, const Request *requests) {
-    const Batch *b = &rep->batch;
+    const IterationBatch *b = &rep->batch;
     const Request *head = &requests[deque_first(&rep->waiting)];
     if (rep->num_resident == rep->batch_size_cap || b->size >= rep->max_micro_batch_size ||
         !can_admit_or_grow(rep, head))
@@ -632,7 +632,7 @@ static int waiting_blocked(const Replica *rep, const Request *requests) {
 
 /* SarathiScheduler._chunk_run_limit (the base class's is 1) */
 static long long chunk_run_limit(const Replica *rep, const Request *requests) {
-    const Batch *b = &rep->batch;
+    const IterationBatch *b = &rep->batch;
     if (rep->policy != SARATHI || b->requests.size != 1) return 1;
     const Request *r = &requests[b->requests.items[0]];
     long long tokens = b->num_tokens.items[0];
@@ -642,7 +642,7 @@ static long long chunk_run_limit(const Replica *rep, const Request *requests) {
 
 /* ReplicaScheduler.plan_run */
 static long long plan_run(const Replica *rep, const Request *requests) {
-    const Batch *b = &rep->batch;
+    const IterationBatch *b = &rep->batch;
     const Cohort *c = &rep->cohort;
     if (!b->cohort_size) return 1;
     long long limit = cohort_iterations_to_next_finish(c);
@@ -699,7 +699,7 @@ static int first_iteration_longer(PieceVec *pieces, double extra) {
 
 /* Replica._time_batch */
 static int time_batch(Replica *rep, Request *requests) {
-    Batch *b = &rep->batch;
+    IterationBatch *b = &rep->batch;
     long long decode_size = b->cohort_size, kv_sum = b->cohort_kv_sum, pairs = 0, admitted = 0;
     Py_ssize_t num_prefills = 0;
     if (rep->prefills_capacity < b->requests.size) {
@@ -775,7 +775,7 @@ static int form_batch(Replica *rep, Request *requests, double now) {
     }
     int formed = rep->policy == SARATHI ? sarathi_next_batch(rep, requests) : vllm_next_batch(rep, requests);
     if (formed <= 0) return formed;
-    Batch *b = &rep->batch;
+    IterationBatch *b = &rep->batch;
     rep->batch_running = 1;
     if (time_batch(rep, requests) < 0) return -1;
     if (wakeup) {
@@ -798,7 +798,7 @@ static int form_batch(Replica *rep, Request *requests, double now) {
 
 /* ReplicaScheduler.finish: completed requests appended to rep->completed. */
 static int scheduler_finish(Replica *rep, Request *requests, double now) {
-    Batch *b = &rep->batch;
+    IterationBatch *b = &rep->batch;
     long long iterations = b->num_iterations, processed = 0;
     Cohort *c = &rep->cohort;
     IntVec *completed = &rep->completed;
@@ -840,7 +840,7 @@ static int scheduler_finish(Replica *rep, Request *requests, double now) {
 
 /* Replica._flops: exact integers, converted once as Python's float += int does. */
 static double batch_flops(const Replica *rep) {
-    const Batch *b = &rep->batch;
+    const IterationBatch *b = &rep->batch;
     __int128 n = b->num_iterations, size = b->decode_size;
     __int128 decode_pairs = size * n + n * b->decode_kv_sum + size * n * (n - 1) / 2;
     __int128 pairs = b->attention_pairs * n + b->prefill_pair_growth * n * (n - 1) / 2 + decode_pairs;
@@ -850,7 +850,7 @@ static double batch_flops(const Replica *rep) {
 
 /* Replica.finish_batch */
 static int finish_batch(Replica *rep, Request *requests, double now) {
-    Batch *b = &rep->batch;
+    IterationBatch *b = &rep->batch;
     if (scheduler_finish(rep, requests, now) < 0) return -1;
     rep->batch_running = 0;
     rep->idle_since = now;
@@ -874,7 +874,7 @@ static int finish_batch(Replica *rep, Request *requests, double now) {
 }
 
 /* Replica.iterations_done */
-static long long iterations_done(const Batch *b, double now) {
+static long long iterations_done(const IterationBatch *b, double now) {
     long long done = 0;
     double clock = b->scheduled_at;
     for (Py_ssize_t i = 0; i < b->pieces.size; i++) {
@@ -892,7 +892,7 @@ static long long iterations_done(const Batch *b, double now) {
 }
 
 /* Replica.cut_run: 1 if the run in flight now ends at the first iteration boundary >= now. */
-static int cut_run(Batch *b, double now) {
+static int cut_run(IterationBatch *b, double now) {
     double clock = b->scheduled_at;
     long long total = 0;
     for (Py_ssize_t i = 0; i < b->pieces.size; i++) {
@@ -1000,7 +1000,7 @@ static Event pop_event(Loop *loop) {
 /* _start_stage (one stage): the formed batch starts once the replica is awake. */
 static int start_batch(Loop *loop, int replica_id) {
     Replica *rep = &loop->replicas[replica_id];
-    Batch *b = &rep->batch;
+    IterationBatch *b = &rep->batch;
     double end = loop->now + b->wakeup_s + b->last_stage_s;
     b->end_time = end;
     if (b->num_iterations > 1) rep->run_in_flight = 1;
@@ -1031,7 +1031,7 @@ static int request_schedule(Loop *loop, int replica_id) {
 /* _cut_run */
 static int cut_run_in_flight(Loop *loop, int replica_id) {
     Replica *rep = &loop->replicas[replica_id];
-    Batch *b = &rep->batch;
+    IterationBatch *b = &rep->batch;
     if (!rep->run_in_flight || !cut_run(b, loop->now)) return 0;
     return push_event(loop, b->end_time, STAGE_END, replica_id, b->serial, b->version);
 }

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rollflow.errors import UserError
-from rollflow.phases import PhaseTimer, Span, write_chrome_trace
+from rollflow.phases import PhaseSpan, PhaseTimer, write_chrome_trace
 from rollflow.runtime.manager.client import BatchHandle, ManagerClient, ManagerError, ManagerUnreachable
 from rollflow.runtime.trainer import checkpoints
 from rollflow.runtime.trainer.algorithm import LossSettings, MicroBatchStats, backward_micro_batch
@@ -126,7 +126,7 @@ class Trainer:
         # each called as hook(step being trained, optimizer steps done in it) between mini-batches
         self.minibatch_end_hooks: list[Callable[[int, int], None]] = []
         self.timer = PhaseTimer()  # rollout (waiting), training, sync: the RL simulator's phase names
-        self._phase_spans: list[tuple[int, Span]] = []  # (step, span) for chrome_trace.json
+        self._phase_spans: list[tuple[int, PhaseSpan]] = []  # (step, span) for chrome_trace.json
         checkpoint = checkpoints.latest_checkpoint(self.output_dir) if resume else None
         if parallel is not None:  # every rank resumes from the checkpoint rank 0 picked
             checkpoint = parallel.broadcast(checkpoint)
