@@ -39,3 +39,21 @@ def simulate_arrivals(
     requests = [SimRequest(i, arrival, prompt_tokens, output_tokens) for i, arrival in enumerate(arrivals)]
     ServingSimulator(config, requests).run()
     return requests
+
+
+def synthetic_workload(
+    num_requests: int, qps: float, max_tokens: int | None = 2048, **lengths: Any
+) -> dict[str, Any]:
+    """A synthetic workload section: `num_requests` arriving as a Poisson process at `qps`, their
+    lengths by `lengths` (`kind="uniform", min_tokens=400, prefill_to_decode_ratio=1.0`, or
+    `kind="fixed", prefill_tokens=512, decode_tokens=128`; none: the default lengths)."""
+    workload: dict[str, Any] = {
+        "kind": "synthetic",
+        "num_requests": num_requests,
+        "intervals": {"kind": "poisson", "qps": qps},
+    }
+    if max_tokens is not None:
+        workload["max_tokens"] = max_tokens
+    if lengths:
+        workload["lengths"] = lengths
+    return workload

@@ -2,7 +2,7 @@ import pytest
 
 from rollflow.sim.batching import OrcaScheduler, SarathiScheduler, VllmScheduler
 from rollflow.sim.request import SimRequest
-from tests.factories import make_config, simulate
+from tests.factories import make_config, simulate, synthetic_workload
 
 
 def _scheduler(cls, num_blocks=1000, **kwargs):
@@ -82,13 +82,7 @@ def test_every_request_completes_with_all_its_tokens(kind):
     config = make_config(
         scheduler={"kind": kind, "num_blocks": 400},
         cluster={"replicas": 2},
-        workload={
-            "kind": "synthetic",
-            "num_requests": 120,
-            "max_tokens": 2048,
-            "lengths": {"kind": "uniform", "min_tokens": 300, "prefill_to_decode_ratio": 2.0},
-            "intervals": {"kind": "poisson", "qps": 50},
-        },
+        workload=synthetic_workload(120, 50, kind="uniform", min_tokens=300, prefill_to_decode_ratio=2.0),
     )
     result = simulate(config)
     for request in result.requests:

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from rollflow.runtime.launch.process import rollflow_command
+from tests.factories import synthetic_workload
 
 pytestmark = pytest.mark.process  # runs the CLI as a subprocess (left out of `make test-fast`)
 
@@ -41,13 +42,7 @@ def serve_config(tmp_path: Path, name: str, cluster: dict, execution: dict | Non
             **cluster,
         },
         "execution": execution or {"kind": "roofline"},
-        "workload": {
-            "kind": "synthetic",
-            "num_requests": 80,
-            "max_tokens": 2048,
-            "lengths": {"kind": "fixed", "prefill_tokens": 700, "decode_tokens": 90},
-            "intervals": {"kind": "poisson", "qps": 6.0},
-        },
+        "workload": synthetic_workload(80, 6.0, kind="fixed", prefill_tokens=700, decode_tokens=90),
         "output": {"dir": str(tmp_path / name), "plots": False, "chrome_trace": False, "progress": False},
     }
     path = tmp_path / f"{name}.yaml"
