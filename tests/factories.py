@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rollflow.config import apply_override, validate_config
+from rollflow.sim.batching import ReplicaScheduler
 from rollflow.sim.config import SimConfig
 from rollflow.sim.request import SimRequest
 from rollflow.sim.simulator import ServingSimulator, SimResult
@@ -15,6 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 VIDUR_DATA = SHARED / "data" / "vidur"
 CONV_TRACE = VIDUR_DATA / "processed_traces" / "splitwise_conv.csv"
+S = TypeVar("S", bound=ReplicaScheduler)
 LLAMA7B_MLP = VIDUR_DATA / "profiling" / "compute" / "a100" / "meta-llama" / "Llama-2-7b-hf" / "mlp.csv"
 
 
@@ -57,3 +59,16 @@ def synthetic_workload(
     if lengths:
         workload["lengths"] = lengths
     return workload
+
+
+def small_scheduler(cls: type[S], num_blocks: int = 1000, **kwargs: Any) -> S:
+    """A replica's batch scheduler of class `cls` on its own: 16-token blocks, at most 8 requests a
+    batch, one stage, no watermark; `kwargs` add what `cls` needs (e.g. `chunk_size`)."""
+    return cls(
+        num_blocks=num_blocks,
+        block_size=16,
+        batch_size_cap=8,
+        num_stages=1,
+        watermark_blocks_fraction=0.0,
+        **kwargs,
+    )
