@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -72,3 +73,11 @@ def small_scheduler(cls: type[S], num_blocks: int = 1000, **kwargs: Any) -> S:
         watermark_blocks_fraction=0.0,
         **kwargs,
     )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, expected: str) -> None:
+    """A command refused its input as a user should see it: exit status 2 and one line on stderr
+    that holds `expected`."""
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], result.stderr

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from rollflow.runtime.launch.process import rollflow_command
-from tests.factories import synthetic_workload
+from tests.factories import assert_one_line_error, synthetic_workload
 
 pytestmark = pytest.mark.process  # runs the CLI as a subprocess (left out of `make test-fast`)
 
@@ -160,9 +160,7 @@ NO_FLOPS = {k: v for k, v in A100_COPY.items() if k != "fp16_tflops"}
 def test_bad_device_specs_and_percentiles_are_one_line_errors(tmp_path, devices, overrides, expected):
     config = serve_config(tmp_path, "bad", {"devices": devices, "device": "mine"})
     result = serve(config, *overrides)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and expected in lines[0], result.stderr
+    assert_one_line_error(result, expected)
 
 
 def test_chosen_percentiles_are_numpys_linear_percentiles_of_the_requests(tmp_path):
