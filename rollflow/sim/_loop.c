@@ -177,6 +177,49 @@ static double py_float_floordiv(double vx, double wx) {
     return floordiv;
 }
 
+/* -- binary min-heaps ------------------------------------------------------------------------ */
+
+/* NAME_push and NAME_pop: a binary min-heap of TYPE in (*items, *size, *capacity), ordered by
+ * BEFORE(a, b), growing by doubling from INITIAL. The event queue and each decode cohort's finish
+ * order are such heaps; heapq's sift-down/sift-up order, so ties break as the Python twin's do. */
+#define DEFINE_HEAP(NAME, TYPE, BEFORE, INITIAL)                                                   \
+    static int NAME##_push(TYPE **items, Py_ssize_t *size, Py_ssize_t *capacity, TYPE item) {     \
+        if (*size == *capacity) {                                                                  \
+            Py_ssize_t grown = *capacity ? 2 * *capacity : (INITIAL);                              \
+            TYPE *heap = PyMem_Realloc(*items, sizeof(TYPE) * grown);                              \
+            if (heap == NULL) {                                                                    \
+                PyErr_NoMemory();                                                                  \
+                return -1;                                                                         \
+            }                                                                                      \
+            *items = heap;                                                                         \
+            *capacity = grown;                                                                     \
+        }                                                                                          \
+        TYPE *heap = *items;                                                                       \
+        Py_ssize_t i = (*size)++;                                                                  \
+        while (i > 0) {                                                                            \
+            Py_ssize_t parent = (i - 1) / 2;                                                       \
+            if (!BEFORE(&item, &heap[parent])) break;                                              \
+            heap[i] = heap[parent];                                                                \
+            i = parent;                                                                            \
+        }                                                                                          \
+        heap[i] = item;                                                                            \
+        return 0;                                                                                  \
+    }                                                                                              \
+    static TYPE NAME##_pop(TYPE *heap, Py_ssize_t *size) {                                         \
+        TYPE top = heap[0], last = heap[--*size];                                                  \
+        Py_ssize_t i = 0, n = *size;                                                               \
+        for (;;) {                                                                                 \
+            Py_ssize_t child = 2 * i + 1;                                                          \
+            if (child >= n) break;                                                                 \
+            if (child + 1 < n && BEFORE(&heap[child + 1], &heap[child])) child++;                  \
+            if (!BEFORE(&heap[child], &last)) break;                                               \
+            heap[i] = heap[child];                                                                 \
+            i = child;                                                                             \
+        }                                                                                          \
+        if (n) heap[i] = last;                                                                     \
+        return top;                                                                                \
+    }
+
 /* -- the decode cohort (DecodeCohort) --------------------------------------------------------- */
 
 static long long mod_block(long long value, long long block) { return value - floor_div(value, block) * block; }
@@ -194,6 +237,8 @@ static int finish_before(const FinishEntry *a, const FinishEntry *b) {
     return a->id < b->id;
 }
 
+DEFINE_HEAP(finish_heap, FinishEntry, finish_before, 16)
+
 typedef struct {
     long long block_size, clock, base_sum;
     long long *phase_counts;
@@ -210,41 +255,8 @@ static int cohort_join(Cohort *c, Request *requests, int index) {
     if (intvec_push(&c->members, index) < 0) return -1;
     c->base_sum += base;
     c->phase_counts[mod_block(base, c->block_size)] += 1;
-    if (c->heap_size == c->heap_capacity) {
-        Py_ssize_t capacity = c->heap_capacity ? 2 * c->heap_capacity : 16;
-        FinishEntry *heap = PyMem_Realloc(c->heap, sizeof(FinishEntry) * capacity);
-        if (heap == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        c->heap = heap;
-        c->heap_capacity = capacity;
-    }
     FinishEntry entry = {r->num_prefill + r->num_decode - base, r->arrived_at, r->id, index};
-    Py_ssize_t i = c->heap_size++;
-    while (i > 0) {
-        Py_ssize_t parent = (i - 1) / 2;
-        if (!finish_before(&entry, &c->heap[parent])) break;
-        c->heap[i] = c->heap[parent];
-        i = parent;
-    }
-    c->heap[i] = entry;
-    return 0;
-}
-
-static FinishEntry cohort_heap_pop(Cohort *c) {
-    FinishEntry top = c->heap[0], last = c->heap[--c->heap_size];
-    Py_ssize_t i = 0, n = c->heap_size;
-    for (;;) {
-        Py_ssize_t child = 2 * i + 1;
-        if (child >= n) break;
-        if (child + 1 < n && finish_before(&c->heap[child + 1], &c->heap[child])) child++;
-        if (!finish_before(&c->heap[child], &last)) break;
-        c->heap[i] = c->heap[child];
-        i = child;
-    }
-    if (n) c->heap[i] = last;
-    return top;
+    return finish_heap_push(&c->heap, &c->heap_size, &c->heap_capacity, entry);
 }
 
 static long long cohort_blocks_needed(const Cohort *c, long long iterations) {
@@ -291,7 +303,7 @@ static void cohort_remove(Cohort *c, Request *requests, int index) {
 static int cohort_advance(Cohort *c, Request *requests, long long iterations, double now, IntVec *finished) {
     c->clock += iterations;
     while (c->heap_size && c->heap[0].finish <= c->clock) {
-        int index = cohort_heap_pop(c).request;
+        int index = finish_heap_pop(c->heap, &c->heap_size).request;
         cohort_remove(c, requests, index);
         requests[index].completed_at = now;
         if (intvec_push(finished, index) < 0) return -1;
@@ -959,43 +971,14 @@ static int event_before(const Event *a, const Event *b) {
     return a->seq < b->seq;
 }
 
+DEFINE_HEAP(event_heap, Event, event_before, 64)
+
 static int push_event(Loop *loop, double time, int phase, int target, long long serial, long long version) {
-    if (loop->heap_size == loop->heap_capacity) {
-        Py_ssize_t capacity = loop->heap_capacity ? 2 * loop->heap_capacity : 64;
-        Event *heap = PyMem_Realloc(loop->heap, sizeof(Event) * capacity);
-        if (heap == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        loop->heap = heap;
-        loop->heap_capacity = capacity;
-    }
     Event event = {time, phase, loop->next_seq++, target, serial, version};
-    Py_ssize_t i = loop->heap_size++;
-    while (i > 0) {
-        Py_ssize_t parent = (i - 1) / 2;
-        if (!event_before(&event, &loop->heap[parent])) break;
-        loop->heap[i] = loop->heap[parent];
-        i = parent;
-    }
-    loop->heap[i] = event;
-    return 0;
+    return event_heap_push(&loop->heap, &loop->heap_size, &loop->heap_capacity, event);
 }
 
-static Event pop_event(Loop *loop) {
-    Event top = loop->heap[0], last = loop->heap[--loop->heap_size];
-    Py_ssize_t i = 0, n = loop->heap_size;
-    for (;;) {
-        Py_ssize_t child = 2 * i + 1;
-        if (child >= n) break;
-        if (child + 1 < n && event_before(&loop->heap[child + 1], &loop->heap[child])) child++;
-        if (!event_before(&loop->heap[child], &last)) break;
-        loop->heap[i] = loop->heap[child];
-        i = child;
-    }
-    if (n) loop->heap[i] = last;
-    return top;
-}
+static Event pop_event(Loop *loop) { return event_heap_pop(loop->heap, &loop->heap_size); }
 
 /* _start_stage (one stage): the formed batch starts once the replica is awake. */
 static int start_batch(Loop *loop, int replica_id) {
@@ -1516,6 +1499,13 @@ static Replica *cluster_replica(Cluster *self, Py_ssize_t replica_id) {
     return &self->loop.replicas[replica_id];
 }
 
+/* The instance a method's one argument names, its id in `*replica_id`; NULL with an error set. */
+static Replica *arg_replica(Cluster *self, PyObject *arg, Py_ssize_t *replica_id) {
+    *replica_id = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    if (*replica_id == -1 && PyErr_Occurred()) return NULL;
+    return cluster_replica(self, *replica_id);
+}
+
 static int cluster_init(Cluster *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"instance_view_type", "start", NULL};
     Loop *loop = &self->loop;
@@ -1632,9 +1622,8 @@ static PyObject *cluster_run(Cluster *self, PyObject *arg) {
 /* retire(id) -> the unfinished requests if the instance stopped now, else None (it stops at the
  * end of its batch in flight, cut at the first iteration boundary from now: a report of `run`). */
 static PyObject *cluster_retire(Cluster *self, PyObject *arg) {
-    Py_ssize_t replica_id = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
-    if (replica_id == -1 && PyErr_Occurred()) return NULL;
-    Replica *rep = cluster_replica(self, replica_id);
+    Py_ssize_t replica_id;
+    Replica *rep = arg_replica(self, arg, &replica_id);
     if (rep == NULL) return NULL;
     Loop *loop = &self->loop;
     rep->accepting = 0;
@@ -1652,9 +1641,8 @@ static PyObject *cluster_retire(Cluster *self, PyObject *arg) {
 }
 
 static PyObject *cluster_stop_accepting(Cluster *self, PyObject *arg) {
-    Py_ssize_t replica_id = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
-    if (replica_id == -1 && PyErr_Occurred()) return NULL;
-    Replica *rep = cluster_replica(self, replica_id);
+    Py_ssize_t replica_id;
+    Replica *rep = arg_replica(self, arg, &replica_id);
     if (rep == NULL) return NULL;
     rep->accepting = 0;
     Py_RETURN_NONE;
@@ -1662,9 +1650,8 @@ static PyObject *cluster_stop_accepting(Cluster *self, PyObject *arg) {
 
 /* view(id) -> InstanceView now (Replica.view). */
 static PyObject *cluster_view(Cluster *self, PyObject *arg) {
-    Py_ssize_t replica_id = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
-    if (replica_id == -1 && PyErr_Occurred()) return NULL;
-    if (cluster_replica(self, replica_id) == NULL) return NULL;
+    Py_ssize_t replica_id;
+    if (arg_replica(self, arg, &replica_id) == NULL) return NULL;
     return instance_view(&self->loop, (int)replica_id);
 }
 
@@ -1683,9 +1670,8 @@ static PyObject *cluster_num_outstanding(Cluster *self, PyObject *Py_UNUSED(igno
 
 /* totals(id) -> the replica's totals, as the closed loop returns them (compiled._write_back). */
 static PyObject *cluster_totals(Cluster *self, PyObject *arg) {
-    Py_ssize_t replica_id = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
-    if (replica_id == -1 && PyErr_Occurred()) return NULL;
-    Replica *rep = cluster_replica(self, replica_id);
+    Py_ssize_t replica_id;
+    Replica *rep = arg_replica(self, arg, &replica_id);
     return rep == NULL ? NULL : replica_result(rep);
 }
 
