@@ -42,3 +42,13 @@ def stop_sample(
     resume(request, "migrate")
     request.prefill_completed_at = None  # the next stint's first token starts its window
     return CarriedSample(request, group, merge_versions(versions, stint))
+
+
+def trained_group_lengths(
+    requests: Sequence[SimRequest], trained: Sequence[int], group_size: int
+) -> list[int]:
+    """Each trained group's length as the over-sampling policy reads it: its longest response."""
+    return [
+        max(r.output_tokens for r in requests[group * group_size : (group + 1) * group_size])
+        for group in trained
+    ]
