@@ -14,7 +14,8 @@ Partial rollout (`partial_rollout` > 0): the step generates its carried-over sam
 new groups to keep `num_prompts + partial_rollout` groups going; when `num_prompts` groups have
 finished the batch is full, every instance stops at its next iteration boundary and the samples
 of the other groups are handed to the next step (`carried_out`, see `rollflow.sim.rl.partial`),
-with those a preemptible instance's preemption left waiting for an instance.
+with those a preemptible instance's preemption left waiting for an instance. The next step's carried
+samples reach the instances before its new ones, in no group order (`resume_order`), as live.
 
 Off-policy (`off_policy` >= 1): the runner starts a step's rollout before the previous step has
 trained (`lanes_free_at` > `start`). Until then the lanes wait, and so do the rollout instances on
@@ -57,7 +58,7 @@ from rollflow.sim.rl.accounting import summarize_step
 from rollflow.sim.rl.config import RLSimConfig
 from rollflow.sim.rl.costs import StepCosts
 from rollflow.sim.rl.manager import ManagerCapacity, ManagerRelay
-from rollflow.sim.rl.partial import CarriedSample, stop_sample
+from rollflow.sim.rl.partial import CarriedSample, resume_order, stop_sample
 from rollflow.sim.rl.rollout import ResumeMode, RolloutPool, resume
 from rollflow.sim.rl.spot import SpotMarket, serving_window
 from rollflow.sim.rl.staleness import sample_versions
@@ -239,7 +240,12 @@ class StepSimulator:
             for slot in range(self.market.num_slots):
                 self._schedule_slot(slot, self.start, at_start=True)
             self._emit(self.lanes_free_at + self.balancer.budget_s, Phase.MOVE, self._on_budget)
-        unfinished = [r for r in self.requests if not r.completed]
+        unfinished = resume_order(
+            [r for r in self.requests if not r.completed],
+            len(self.earlier_versions),
+            self.config.seed,
+            self.index,
+        )
         pool.check_servable(unfinished)
         if self.late and (self.collocated or self.num_joins_pending):
             self.held = unfinished

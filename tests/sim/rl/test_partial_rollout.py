@@ -9,6 +9,7 @@ from rollflow.policy.resources import StaticScheduler
 from rollflow.sim.build import build_groups
 from rollflow.sim.rl.accounting import summarize_run
 from rollflow.sim.rl.costs import StepCosts
+from rollflow.sim.rl.partial import resume_order
 from rollflow.sim.rl.runner import simulate_steps
 from rollflow.sim.rl.step import StepSimulator
 from tests.sim.rl.factories import DISAGGREGATED, rl_config
@@ -187,3 +188,27 @@ def test_partial_rollout_auto_carries_nothing_for_uniform_lengths():
     config = rl_config("steps=4", "partial_rollout=auto", "workload.output_sigma=0")
     run = summarize_run(config, simulate_steps(config), 0.0)
     assert [s["extra_groups"] for s in run["steps"]] == [0] * 4 and run["carried_samples"] == 0
+
+
+def test_carried_samples_reach_the_instances_first_in_no_group_order():
+    """As live, where each carried sample's resume is a request of its own, all sent at once."""
+    config = rl_config("partial_rollout=4")
+    first, _ = _step(config, 0, 0.0)
+    submitted = []
+    second = StepSimulator(
+        config,
+        1,
+        0.0,
+        StepCosts.from_config(config),
+        StaticScheduler(),
+        groups=build_groups(config.rollout_sim_config()),
+        carried=first.carried_out,
+    )
+    carried = [i for i in range(16) if not second.requests[i].completed]
+    again = resume_order([second.requests[i] for i in carried], 16, config.seed, 1)
+    submit = second.pool.submit
+    second.pool.submit = lambda request: (submitted.append(request.id), submit(request))
+    second.run()
+    assert sorted(submitted[: len(carried)]) == carried and submitted[: len(carried)] != carried
+    assert submitted[len(carried) :] == sorted(submitted[len(carried) :])  # then the new groups, in order
+    assert [r.id for r in again] == submitted[: len(carried)]  # the run's seed and the step's index
