@@ -96,9 +96,8 @@ def simulate_steps(
         step = simulator.run()
         carried = simulator.carried_out
         # as live: off-policy, the next rollout is submitted before this step's groups are trained
-        unseen.append(
-            trained_group_lengths(simulator.requests, simulator.trained_groups, simulator.group_size)
-        )
+        progress = simulator.progress
+        unseen.append(trained_group_lengths(progress.requests, progress.trained_groups, progress.group_size))
         while len(unseen) > min(config.off_policy, 1):
             oversampler.observe(unseen.pop(0))
         if balancer is not None:

@@ -53,16 +53,20 @@ def test_a_full_batch_carries_the_other_groups_whole_with_the_tokens_they_made()
     handed_on = result.tokens_carried
     second, result = _step(config, 1, result.end, first.carried_out, sync_ends=(result.end,))
     assert (
-        handed_on == sum(sum(v.values()) for v in second.earlier_versions.values()) > 0
+        handed_on == sum(sum(v.values()) for v in second.partial.earlier_versions.values()) > 0
     )  # the next step gets them
-    carried_in = second.requests[:16]
+    carried_in = second.progress.requests[:16]
     assert [r.id for r in carried_in] == list(range(16))  # carried groups come first
-    trained = {r.id for ids in result.minibatches for r in (second.requests[i] for i in ids)}
+    trained = {r.id for ids in result.minibatches for r in (second.progress.requests[i] for i in ids)}
     assert len(trained) == 64
     # every trained token has its version; the carried ones keep step 0's (1 version stale)
-    expected = sum(second.requests[i].output_tokens for i in trained)
+    expected = sum(second.progress.requests[i].output_tokens for i in trained)
     assert sum(result.tokens_by_staleness.values()) == expected
-    stale = sum(sum(second.earlier_versions[i].values()) for i in trained if i in second.earlier_versions)
+    stale = sum(
+        sum(second.partial.earlier_versions[i].values())
+        for i in trained
+        if i in second.partial.earlier_versions
+    )
     assert result.tokens_by_staleness.get(1, 0) >= stale > 0
 
 
@@ -174,14 +178,14 @@ def test_partial_rollout_auto_chooses_each_steps_n_from_the_groups_trained_befor
     lag = 1 if extra else 0
     for index, (snapshot, _) in enumerate(asked):
         seen = [
-            max(step.requests[i].output_tokens for i in range(g * GROUP, (g + 1) * GROUP))
+            max(step.progress.requests[i].output_tokens for i in range(g * GROUP, (g + 1) * GROUP))
             for step in stepped[: max(0, index - lag)]
-            for g in step.trained_groups
+            for g in step.progress.trained_groups
         ]
         assert snapshot.group_lengths == tuple(seen) and snapshot.num_prompts == 16
     for step, result in zip(stepped, steps, strict=True):  # each step ran its N: carried N groups
         assert result.num_samples == 64 and result.carried_samples == result.extra_groups * GROUP
-        assert len(step.requests) >= (16 + result.extra_groups) * GROUP
+        assert len(step.progress.requests) >= (16 + result.extra_groups) * GROUP
 
 
 def test_partial_rollout_auto_carries_nothing_for_uniform_lengths():
@@ -204,8 +208,8 @@ def test_carried_samples_reach_the_instances_first_in_no_group_order():
         groups=build_groups(config.rollout_sim_config()),
         carried=first.carried_out,
     )
-    carried = [i for i in range(16) if not second.requests[i].completed]
-    again = resume_order([second.requests[i] for i in carried], 16, config.seed, 1)
+    carried = [i for i in range(16) if not second.progress.requests[i].completed]
+    again = resume_order([second.progress.requests[i] for i in carried], 16, config.seed, 1)
     submit = second.pool.submit
     second.pool.submit = lambda request: (submitted.append(request.id), submit(request))
     second.run()
