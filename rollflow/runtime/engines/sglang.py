@@ -256,13 +256,14 @@ class EventReducer:
         return self._reduce(self._sse.feed(data))
 
     def feed_all(self, pieces: list[bytes]) -> list[GenerateChunk]:
-        """`feed` of each piece of the body in turn, up to a finish or `data: [DONE]`."""
+        """`feed` of each piece of one read of the body in turn, up to a finish or `data: [DONE]`,
+        the read's chunks joined as one read's are (one per weight version)."""
         chunks: list[GenerateChunk] = []
         for data in pieces:
             chunks += self.feed(data)
             if self.done or (chunks and chunks[-1].finish_reason is not None):
                 break
-        return chunks
+        return _by_version(chunks) if len(chunks) > 1 else chunks
 
     def end(self) -> list[GenerateChunk]:
         """The body ended: what its last line without a newline adds."""
@@ -293,7 +294,7 @@ class EventReducer:
     def _chunks(self, payloads: list[dict[str, Any]], dropped: int = 0) -> list[GenerateChunk]:
         """The chunks of the events' `payloads`, each with `dropped` tokens cut from its lists."""
         self._started = self._started or bool(payloads)
-        runs: list[list[GenerateChunk]] = []  # consecutive chunks of one weight version
+        chunks = []
         for payload in payloads:
             chunk = parse_sglang_event(payload, self._num_seen, self._text, dropped)
             self._num_seen += len(chunk.token_ids)
@@ -301,17 +302,10 @@ class EventReducer:
                 self._text = chunk.text
             if chunk.weight_version is not None:
                 self._version = chunk.weight_version
-            if (
-                runs
-                and runs[-1][-1].weight_version == chunk.weight_version
-                and runs[-1][-1].finish_reason is None
-            ):
-                runs[-1].append(chunk)
-            else:
-                runs.append([chunk])
+            chunks.append(chunk)
             if chunk.finish_reason is not None:
                 break
-        return [run[0] if len(run) == 1 else _joined(run) for run in runs]
+        return _by_version(chunks)
 
     def _keeps_version(self, newest: dict[str, Any], first_line: bytes) -> bool:
         """Whether the read's newest event has the weight version the stream had before the read
@@ -333,6 +327,22 @@ def _holds_whole_output(payload: dict[str, Any], dropped: int = 0) -> bool:
         return False
     entries = meta.get("output_token_logprobs")
     return isinstance(entries, list) and len(entries) + dropped == meta.get("completion_tokens")
+
+
+def _by_version(chunks: list[GenerateChunk]) -> list[GenerateChunk]:
+    """Consecutive chunks joined into one per run of one weight version (a finished chunk ends its
+    run), so every token keeps the version that made it and a reader pays per run, not per event."""
+    runs: list[list[GenerateChunk]] = []
+    for chunk in chunks:
+        if (
+            runs
+            and runs[-1][-1].weight_version == chunk.weight_version
+            and runs[-1][-1].finish_reason is None
+        ):
+            runs[-1].append(chunk)
+        else:
+            runs.append([chunk])
+    return [run[0] if len(run) == 1 else _joined(run) for run in runs]
 
 
 def _joined(run: list[GenerateChunk]) -> GenerateChunk:
