@@ -239,45 +239,6 @@ def test_torchrun_fsdp_ranks_publish_whole_versions_checkpoint_shards_and_resume
         assert any(not torch.equal(trained.get_tensor(k), initial.get_tensor(k)) for k in names)
 
 
-def test_torchrun_fsdp_with_mooncake_transport_leaves_engines_generating_as_the_gathered_weights(
-    processes, tiny_model, tmp_path
-):
-    from safetensors import safe_open
-
-    from tests.runtime.engines.helpers import PROMPT, reference_greedy
-    from tests.runtime.manager.helpers import greedy_reference
-    from tests.runtime.weights.factories import start_server_process
-
-    engines = [processes.engine(), processes.engine()]
-    manager = processes.manager(engines=[{"url": e.url, "engine_type": "builtin"} for e in engines])
-    token = {"ROLLFLOW_WEIGHTS_TOKEN": "publish-secret"}
-    server, url = start_server_process(tmp_path / "store", "--mooncake", "tcp", env=ENV | token)
-    output = tmp_path / "run"
-    config = base_config(
-        manager, tiny_model, output, parallelism="fsdp", weights_url=url, weights_transport="mooncake"
-    )
-    try:
-        torchrun_train(config, tmp_path, "--resume", "never", env=token)
-    finally:
-        server.kill()
-        server.wait()
-    assert engine_versions(manager) == [2, 2]
-    logs = (tmp_path / "store").parent.glob("serve-*.log")
-    exported = [line for log in logs for line in log.read_text().splitlines()]
-    assert any("v2-delta-zstd-from1 in mooncake memory" in line for line in exported)
-    # what rank 0 gathered from the shards (trained: it differs from the model) is what both engines run
-    with (
-        safe_open(tiny_model / "model.safetensors", "pt") as initial,
-        safe_open(output / "weights" / "v2" / "model.safetensors", "pt") as trained,
-    ):
-        names = list(initial.keys())
-        assert any(not torch.equal(trained.get_tensor(k), initial.get_tensor(k)) for k in names)
-    expected = reference_greedy(output / "weights" / "v2", PROMPT, 12)[0]
-    for engine in engines:
-        assert greedy_reference(engine, PROMPT, 12) == expected
-        assert "pulling over http" not in engine.log_path.read_text()
-
-
 def test_torchrun_job_fails_with_rank_0_error_instead_of_hanging(tiny_model, tmp_path):
     # no manager listens: rank 0 fails at its first request while rank 1 waits on it in a collective;
     # torchrun then stops rank 1 (or rank 1 sees rank 0 gone first), and the job ends with rank 0's error
