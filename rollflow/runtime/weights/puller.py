@@ -40,7 +40,12 @@ from rollflow.runtime.weights.io import ChunkEntry, Manifest, VersionList
 from rollflow.runtime.weights.mooncake import ChunkReader, PayloadLocation, Unavailable, local_engine
 from rollflow.runtime.weights.payload import chunk_file, decode_payload, verify_chunk
 from rollflow.runtime.weights.server import FILES_METADATA_KEY
-from rollflow.runtime.weights.shards import BaseMismatchError, ShardedManifest, read_sharded
+from rollflow.runtime.weights.shards import (
+    READ_TIMEOUT_S,
+    BaseMismatchError,
+    ShardedManifest,
+    read_sharded,
+)
 from rollflow.runtime.weights.store import PAYLOAD_ID
 from rollflow.runtime.weights.tensors import StateDict, as_cpu_contiguous, checksum, state_digest
 
@@ -260,7 +265,12 @@ class WeightPuller:
         for attempt in range(1, self.max_attempts + 1):
             try:
                 state, read = await asyncio.to_thread(
-                    read_sharded, engine, manifest, base=held, base_version=base.version if held else None
+                    read_sharded,
+                    engine,
+                    manifest,
+                    base=held,
+                    base_version=base.version if held else None,
+                    timeout_s=self.timeout.total or READ_TIMEOUT_S,
                 )
             except BaseMismatchError as exc:
                 last_error, fallback, held = exc, str(exc), None

@@ -28,6 +28,7 @@ import json
 import logging
 import math
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -56,6 +57,9 @@ log = logging.getLogger(__name__)
 
 BLOCK_BYTES = 4 << 20  # rows per block: as many as fit, at least one
 DELTA_BLOCK_BYTES = 64 << 10  # the XOR delta's own blocks inside a row block (codecs.xor_delta)
+READ_TIMEOUT_S = 300.0  # one read of an engine's blocks from all ranks, at most
+CONNECT_TIMEOUT_S = 30.0  # a read's allowance beyond its bytes (Mooncake's handshake with the rank)
+MIN_READ_BYTES_PER_S = 10e6  # slower than this, a read counts as hung
 KEEP_VERSIONS = 2  # versions a rank keeps registered: the newest, and the one engines may still read
 Rows = tuple[int, int]  # [start, end) along dimension 0
 
@@ -344,13 +348,15 @@ def read_sharded(
     rows: Mapping[str, Rows] | None = None,
     base: Mapping[str, tuple[torch.Tensor, int]] | None = None,
     base_version: int | None = None,
+    timeout_s: float = READ_TIMEOUT_S,
 ) -> tuple[dict[str, torch.Tensor], ReadStats]:
     """The rows an engine needs of `manifest`'s version, read straight from the ranks that hold them.
 
     `rows`: name -> [start, end) along dimension 0 (a tensor not named is read whole); each result
     tensor holds just those rows. `base`: name -> (rows of `base_version` the engine holds, the
     first one's index): blocks whose rows it covers are read as deltas when the manifest has them.
-    Raises OSError when a rank cannot be read (gone mid-transfer), WeightIntegrityError when a
+    Raises OSError when a rank cannot be read (gone mid-transfer) or its read does not end within
+    `timeout_s` (TimeoutError), WeightIntegrityError when a
     block fails its checks (`BaseMismatchError` when a delta did not apply to the engine's base).
     """
     use_delta = base is not None and base_version is not None and base_version == manifest.delta_base
@@ -372,7 +378,7 @@ def read_sharded(
     for _, _, chosen in wanted:
         for block, delta in chosen:
             by_rank.setdefault(owner[id(block)], []).append(block.delta if delta else block.full)
-    wire = _read_records(engine, manifest.sessions, by_rank)
+    wire = _read_records(engine, manifest.sessions, by_rank, timeout_s)
     decompressor = None
     if "zstd" in manifest.codec.split("+"):
         import zstandard
@@ -385,7 +391,7 @@ def read_sharded(
         result = torch.empty((span[1] - span[0], *shape[1:]), dtype=dtype)
         for block, delta in chosen:
             record = block.delta if delta else block.full
-            data = wire[owner[id(block)], record.address]
+            data = wire[owner[id(block)], record.address, record.wire_nbytes]
             if len(data) != record.wire_nbytes or checksum(data) != record.checksum:
                 raise WeightIntegrityError(
                     f"a block of {plan.name} rows {list(block.rows)} failed its checksum"
@@ -412,32 +418,73 @@ class BaseMismatchError(WeightIntegrityError):
 
 
 def _read_records(
-    engine: Engine, sessions: Mapping[int, str], by_rank: Mapping[int, list[Record]]
-) -> dict[tuple[int, int], bytes]:
-    """Every record's wire bytes by (rank, address), one batch read per rank into registered memory."""
-    total = sum(r.wire_nbytes for records in by_rank.values() for r in records)
-    buffer = np.empty(max(total, 1), dtype=np.uint8)
-    if engine.engine.register_memory(buffer.ctypes.data, buffer.nbytes) != 0:
-        raise OSError(f"mooncake could not register a {buffer.nbytes}-byte receive buffer")
-    try:
-        placed: dict[tuple[int, int], tuple[int, int]] = {}
-        offset = 0
-        for rank, records in by_rank.items():
-            locals_, remotes, lengths = [], [], []
-            for record in records:
-                placed[rank, record.address] = (offset, record.wire_nbytes)
-                if record.wire_nbytes:
-                    locals_.append(buffer.ctypes.data + offset)
-                    remotes.append(record.address)
-                    lengths.append(record.wire_nbytes)
-                offset += record.wire_nbytes
-            if lengths:
-                status = engine.engine.batch_transfer_sync_read(sessions[rank], locals_, remotes, lengths)
-                if status < 0:
-                    raise OSError(f"mooncake read from trainer rank {rank} at {sessions[rank]} failed")
-        return {key: buffer[at : at + n].tobytes() for key, (at, n) in placed.items()}
-    finally:
-        engine.engine.unregister_memory(buffer.ctypes.data)
+    engine: Engine, sessions: Mapping[int, str], by_rank: Mapping[int, list[Record]], timeout_s: float
+) -> dict[tuple[int, int, int], bytes]:
+    """Every record's wire bytes by (rank, address, size): one batch read per rank, all ranks at once.
+
+    Each rank's read runs on a thread of its own, into a buffer of its own that the thread frees
+    only once Mooncake's call has returned: a rank that hangs instead of dying (killed half-way
+    through its teardown) can leave that call waiting forever, and it must not hold the engine's
+    update. A read that takes longer than CONNECT_TIMEOUT_S plus its bytes at MIN_READ_BYTES_PER_S
+    (at most `timeout_s`) fails with TimeoutError; its thread and buffer are left behind."""
+    reads = [_RankRead(engine, rank, sessions[rank], records) for rank, records in by_rank.items()]
+    started = time.monotonic()
+    for read in reads:
+        read.thread.start()
+    wire: dict[tuple[int, int, int], bytes] = {}
+    for read in reads:
+        allowed = min(timeout_s, CONNECT_TIMEOUT_S + read.nbytes / MIN_READ_BYTES_PER_S)
+        if not read.done.wait(max(0.0, started + allowed - time.monotonic())):
+            raise TimeoutError(
+                f"mooncake read of {read.nbytes} bytes from trainer rank {read.rank} at {read.session} "
+                f"did not end within {allowed:.0f} s"
+            )
+        if read.error is not None:
+            raise read.error
+        wire.update(read.wire)
+    return wire
+
+
+class _RankRead:
+    """One rank's batch read, on a daemon thread (see _read_records)."""
+
+    def __init__(self, engine: Engine, rank: int, session: str, records: list[Record]) -> None:
+        self.engine, self.rank, self.session, self.records = engine, rank, session, records
+        self.nbytes = sum(r.wire_nbytes for r in records)
+        self.wire: dict[tuple[int, int, int], bytes] = {}
+        self.error: OSError | None = None
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"mooncake-read-{rank}", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self._read()
+        except OSError as exc:
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def _read(self) -> None:
+        transfer = self.engine.engine
+        buffer = np.empty(max(self.nbytes, 1), dtype=np.uint8)
+        placed, locals_, remotes, lengths, offset = {}, [], [], [], 0
+        for record in self.records:
+            placed[self.rank, record.address, record.wire_nbytes] = (offset, record.wire_nbytes)
+            if record.wire_nbytes:
+                locals_.append(buffer.ctypes.data + offset)
+                remotes.append(record.address)
+                lengths.append(record.wire_nbytes)
+            offset += record.wire_nbytes
+        if lengths:
+            if transfer.register_memory(buffer.ctypes.data, buffer.nbytes) != 0:
+                raise OSError(f"mooncake could not register a {buffer.nbytes}-byte receive buffer")
+            try:
+                status = transfer.batch_transfer_sync_read(self.session, locals_, remotes, lengths)
+            finally:
+                transfer.unregister_memory(buffer.ctypes.data)
+            if status < 0:
+                raise OSError(f"mooncake read from trainer rank {self.rank} at {self.session} failed")
+        self.wire = {key: buffer[at : at + n].tobytes() for key, (at, n) in placed.items()}
 
 
 def _decode(

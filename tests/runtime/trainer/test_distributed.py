@@ -139,8 +139,9 @@ def test_fsdp_ranks_resume_the_weights_and_optimizer_state_their_sharded_checkpo
                     torch.testing.assert_close(saved["resumed"][part][key], value, atol=0, rtol=0, msg=key)
 
 
-def torchrun(config: dict, tmp_path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """`.venv/bin/torchrun --nproc-per-node 2 --no-python .venv/bin/rollflow train ...` as the README gives it, on loopback."""
+def torchrun_argv(config: dict, tmp_path, *args: str, env: dict | None = None) -> tuple[list[str], dict]:
+    """`.venv/bin/torchrun --nproc-per-node 2 --no-python .venv/bin/rollflow train ...` as the README
+    gives it, on loopback: its command line and environment."""
     path = tmp_path / "train.yaml"
     path.write_text(yaml.safe_dump(config))
     bin_dir = Path(sys.executable).parent
@@ -156,8 +157,13 @@ def torchrun(config: dict, tmp_path, *args: str, env: dict | None = None) -> sub
         str(path),
         *args,
     ]
-    env = {**ENV, "GLOO_SOCKET_IFNAME": "lo", **(env or {})}
-    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    return argv, {**ENV, "GLOO_SOCKET_IFNAME": "lo", **(env or {})}
+
+
+def torchrun(config: dict, tmp_path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The torchrun job of `torchrun_argv`, run to its end."""
+    argv, full_env = torchrun_argv(config, tmp_path, *args, env=env)
+    return subprocess.run(argv, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=300)
 
 
 def torchrun_train(

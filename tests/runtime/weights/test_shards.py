@@ -54,7 +54,7 @@ def export(exporters, version: int, state, codec: CodecSpec) -> ShardedManifest:
     return ShardedManifest.from_json(ShardedManifest.merge(version, codec, exports, FILES).to_json())
 
 
-@pytest.mark.parametrize("codec", ["raw", "zstd", "delta+zstd"])
+@pytest.mark.parametrize("codec", ["raw", "zstd", "delta", "delta+zstd"])
 def test_an_engine_reads_every_version_from_both_ranks_exactly_and_a_delta_moves_only_changes(engines, codec):
     spec = CodecSpec.parse(codec)
     exporters = [ShardExporter(engines[r], r, spec, block_bytes=256) for r in range(2)]
@@ -124,3 +124,54 @@ def test_a_manifest_that_leaves_rows_to_no_rank_is_refused(engines):
     with pytest.raises(WeightsError, match="not a sharded manifest"):
         ShardedManifest.from_json('{"version": 1}')
     exporter.close()
+
+
+def test_a_weight_server_keeps_only_the_manifest_and_a_puller_reads_the_version_from_the_ranks(
+    engines, tmp_path
+):
+    import asyncio
+
+    from rollflow.runtime.weights.errors import UnknownVersionError
+    from rollflow.runtime.weights.puller import WeightPuller
+    from tests.runtime.processes import ENV, http
+    from tests.runtime.weights.factories import start_server_process
+
+    spec = CodecSpec.parse("delta+zstd")
+    exporters = [ShardExporter(engines[r], r, spec) for r in range(2)]
+    first, second = model(0), model(3)
+    server, url = start_server_process(tmp_path / "store", env=ENV | {"ROLLFLOW_WEIGHTS_TOKEN": "secret"})
+    try:
+        bodies = [
+            export(exporters, version, state, spec).to_json() for version, state in ((1, first), (2, second))
+        ]
+        assert http("PUT", url + "/v1/sharded/1", bodies[0].encode())[0] == 401
+        status, answer = http("PUT", url + "/v1/sharded/2", bodies[0].encode(), token="secret")
+        assert status == 400 and "of version 1, not 2" in answer["error"]["message"]
+        status, answer = http("PUT", url + "/v1/sharded/1", b'{"version": 1}', token="secret")
+        assert status == 400 and "not a sharded manifest" in answer["error"]["message"]
+        for version, body in ((1, bodies[0]), (2, bodies[1])):
+            assert http("PUT", url + f"/v1/sharded/{version}", body.encode(), token="secret")[0] == 200
+        assert http("GET", url + "/v1/versions")[1] == {"versions": [1, 2], "latest": 2}
+        assert http("GET", url + "/v1/sharded/latest")[1] == http("GET", url + "/v1/sharded/2")[1]
+        status, answer = http("GET", url + "/v1/manifest?version=2")
+        assert status == 404 and "held by the trainer ranks" in answer["error"]["message"]
+        assert http("GET", url + "/v1/sharded/7")[0] == 404
+
+        async def pull(transport: str, version: int, base=None):
+            async with WeightPuller(url, tmp_path / f"cache-{transport}", transport=transport) as puller:
+                return await puller.pull(version, "delta+zstd", base=base)
+
+        full = asyncio.run(pull("mooncake", 1))
+        assert all(torch.equal(full.weights.state_dict[k], first[k]) for k in first)
+        assert full.stats.transport == "mooncake" and full.manifest.base_version is None
+        delta = asyncio.run(pull("mooncake", 2, base=full.weights))
+        assert all(torch.equal(delta.weights.state_dict[k], second[k]) for k in second)
+        assert delta.manifest.codec == "delta+zstd" and delta.manifest.base_version == 1
+        with pytest.raises(UnknownVersionError, match="held by the trainer ranks"):
+            asyncio.run(pull("http", 2))
+    finally:
+        server.kill()
+        server.wait()
+        for exporter in exporters:
+            exporter.close()
+    assert not list((tmp_path / "store" / "versions").iterdir())  # no weight bytes on the server
