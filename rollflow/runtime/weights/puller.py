@@ -1,5 +1,8 @@
 """The engine's side: pull a version from a WeightServer, resumably, and verify all of it.
 
+A version the trainer ranks hold themselves (`parallelism: fsdp` with Mooncake: shards.py) is read
+straight from those ranks instead: the server gives only its manifest.
+
 A pull is manifest -> chunks -> decode. Chunks travel over HTTP, or with `transport="mooncake"`
 straight from the server's registered memory through Mooncake's transfer engine (mooncake.py);
 where Mooncake cannot be used (not installed here, or the server serves none), the pull says why
@@ -37,6 +40,12 @@ from rollflow.runtime.weights.io import ChunkEntry, Manifest, VersionList
 from rollflow.runtime.weights.mooncake import ChunkReader, PayloadLocation, Unavailable, local_engine
 from rollflow.runtime.weights.payload import chunk_file, decode_payload, verify_chunk
 from rollflow.runtime.weights.server import FILES_METADATA_KEY
+from rollflow.runtime.weights.shards import (
+    READ_TIMEOUT_S,
+    BaseMismatchError,
+    ShardedManifest,
+    read_sharded,
+)
 from rollflow.runtime.weights.store import PAYLOAD_ID
 from rollflow.runtime.weights.tensors import StateDict, as_cpu_contiguous, checksum, state_digest
 
@@ -74,9 +83,20 @@ class PullStats:
 
 
 @dataclass(frozen=True)
+class ShardedSource:
+    """What a pull read from the trainer ranks (its fields are those of a Manifest a caller reads)."""
+
+    manifest: ShardedManifest
+    codec: str  # the codec of the records read: delta+... when deltas were read
+    base_version: int | None  # the version the deltas were against
+    model_nbytes: int
+    wire_nbytes_by_rank: dict[int, int]
+
+
+@dataclass(frozen=True)
 class PullResult:
     weights: LoadedWeights
-    manifest: Manifest
+    manifest: Manifest | ShardedSource
     stats: PullStats
 
 
@@ -145,6 +165,10 @@ class WeightPuller:
         """Fetch, verify and decode `version` (None: the newest). With a delta codec, `base` is
         the version the engine holds; the transfer then carries only what changed."""
         codec = codec if isinstance(codec, CodecSpec) else CodecSpec.parse(codec)
+        if self.transport == "mooncake":
+            sharded = await self._sharded_manifest(version)
+            if sharded is not None:
+                return await self._pull_sharded(sharded, codec, base)
         started = time.monotonic()
         counts = {"wire_nbytes": 0, "chunks_downloaded": 0, "chunks_reused": 0}
         puller_fallback: str | None = None
@@ -201,6 +225,83 @@ class WeightPuller:
         except aiohttp.ClientError as exc:
             raise WeightTransferError(f"weight server {self.url} did not answer: {exc}") from None
         return Manifest.from_json(text)
+
+    async def _sharded_manifest(self, version: int | None) -> ShardedManifest | None:
+        """The manifest of `version` when trainer ranks hold it (None: the server holds it whole)."""
+        path = f"/v1/sharded/{'latest' if version is None else version}"
+        last_error: Exception | None = None
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                async with self._client().get(f"{self.url}{path}") as resp:
+                    text = await resp.text()
+                    if resp.status == 404:
+                        return None
+                    if resp.status != 200:
+                        raise _Retryable(f"{path}: HTTP {resp.status}")
+                return ShardedManifest.from_json(text)
+            except (aiohttp.ClientError, TimeoutError, _Retryable) as exc:
+                last_error = exc
+                if attempt < self.max_attempts:
+                    await asyncio.sleep(self.retry_delay_s * 2 ** (attempt - 1))
+        raise WeightTransferError(f"weight server {self.url} did not answer: {last_error}")
+
+    async def _pull_sharded(
+        self, manifest: ShardedManifest, codec: CodecSpec, base: LoadedWeights | None
+    ) -> PullResult:
+        """Read the version straight from the trainer ranks (a delta when `base` is the version the
+        ranks' deltas are against); a rank gone mid-read fails the attempt, the next reads it again."""
+        started = time.monotonic()
+        engine = await asyncio.to_thread(local_engine)
+        if isinstance(engine, Unavailable):
+            raise WeightTransferError(
+                f"weight version {manifest.version} is held by the trainer ranks and read over Mooncake, "
+                f"which this engine cannot use: {engine.reason}"
+            )
+        held = None
+        if codec.delta and base is not None and base.version == manifest.delta_base:
+            held = {name: (tensor, 0) for name, tensor in base.state_dict.items()}
+        fallback: str | None = None
+        last_error: Exception | None = None
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                state, read = await asyncio.to_thread(
+                    read_sharded,
+                    engine,
+                    manifest,
+                    base=held,
+                    base_version=base.version if held else None,
+                    timeout_s=self.timeout.total or READ_TIMEOUT_S,
+                )
+            except BaseMismatchError as exc:
+                last_error, fallback, held = exc, str(exc), None
+            except (OSError, WeightIntegrityError) as exc:
+                last_error = exc
+            else:
+                weights = LoadedWeights(manifest.version, state, dict(manifest.files))
+                source = ShardedSource(
+                    manifest,
+                    f"delta+{manifest.codec}" if read.delta_blocks else manifest.codec,
+                    manifest.delta_base if read.delta_blocks else None,
+                    manifest.model_nbytes,
+                    read.wire_nbytes,
+                )
+                stats = PullStats(
+                    wire_nbytes=sum(read.wire_nbytes.values()),
+                    chunks_downloaded=read.blocks,
+                    chunks_reused=0,
+                    attempts=attempt,
+                    seconds=time.monotonic() - started,
+                    fallback_reason=fallback,
+                    transport="mooncake",
+                )
+                return PullResult(weights, source, stats)
+            logger.warning("weight pull attempt %d/%d failed: %s", attempt, self.max_attempts, last_error)
+            if attempt < self.max_attempts and not isinstance(last_error, BaseMismatchError):
+                await asyncio.sleep(self.retry_delay_s * 2 ** (attempt - 1))
+        raise WeightTransferError(
+            f"reading weight version {manifest.version} from the trainer ranks failed after "
+            f"{self.max_attempts} attempts: {last_error}"
+        )
 
     async def _manifest(self, version: int | None, codec: CodecSpec, base: LoadedWeights | None) -> Manifest:
         params = {"version": "latest" if version is None else str(version), "codec": codec.name}

@@ -33,4 +33,15 @@ ROUTES: dict[str, RouteDoc] = {
         "server serves no Mooncake (started without `--mooncake`, or its engine did not start), 404 when "
         "the payload is absent",
     ),
+    "PUT /v1/sharded/{version}": RouteDoc(
+        "a sharded manifest (JSON): a version the FSDP trainer ranks hold in their Mooncake memory, "
+        "which tensor rows each rank holds at which address; `Authorization: Bearer TOKEN`",
+        '`{"version", "tensors"}`; 400 for a body that is not a sharded manifest or names another '
+        "version, 401 without the token, 413 above 256 MiB; a manifest of a held version replaces it",
+    ),
+    "GET /v1/sharded/{version}": RouteDoc(
+        "`{version}`: a number or `latest`",
+        "the sharded manifest (engines then read the rows from the ranks, not from this server); 404 "
+        "when no trainer ranks hold the version",
+    ),
 }

@@ -4,6 +4,8 @@
                             version.json        digest, size, small text files
     root/payloads/v7-int8-zstd/manifest.json    one encoded payload per (version, codec, base)
                                000000.chunk ...
+    root/sharded/v00000009.json   a version the trainer ranks hold themselves (shards.py): only
+                                  its manifest is here, engines read its bytes from the ranks
 
 Versions and payloads appear by renaming a finished folder into place, so a server in another
 process (or a crash half-way) never sees a partial one; the folder listing is the index, so a
@@ -30,11 +32,13 @@ from rollflow.runtime.weights.codecs import CodecSpec
 from rollflow.runtime.weights.errors import UnknownVersionError, WeightsError
 from rollflow.runtime.weights.io import Manifest, VersionList
 from rollflow.runtime.weights.payload import chunk_file, encode_payload
+from rollflow.runtime.weights.shards import ShardedManifest
 from rollflow.runtime.weights.tensors import StateDict, as_cpu_contiguous, state_digest
 
 logger = logging.getLogger(__name__)
 
 _VERSION_DIR = re.compile(r"^v(\d{8})$")
+_SHARDED_FILE = re.compile(r"^v(\d{8})\.json$")
 MAX_VERSION = 10**8 - 1
 """Versions are stored as v%08d folders: a larger one could be written but never listed or served."""
 PAYLOAD_ID = re.compile(r"^v(\d+)-([a-z0-9-]+?)(?:-from(\d+))?$")
@@ -67,7 +71,7 @@ class WeightStore:
         self.zstd_level = zstd_level
         self.delta_block_bytes = delta_block_bytes
         self.default_codec = _as_codec(default_codec)
-        for sub in ("versions", "payloads", "tmp"):
+        for sub in ("versions", "payloads", "sharded", "tmp"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._build_locks: dict[str, threading.Lock] = {}
@@ -75,6 +79,37 @@ class WeightStore:
     def versions(self) -> VersionList:
         found = (_VERSION_DIR.match(p.name) for p in (self.root / "versions").iterdir())
         return VersionList(tuple(sorted(int(m.group(1)) for m in found if m)))
+
+    def sharded_versions(self) -> VersionList:
+        """Versions held by trainer ranks, whose manifests (not bytes) are here."""
+        found = (_SHARDED_FILE.match(p.name) for p in (self.root / "sharded").iterdir())
+        return VersionList(tuple(sorted(int(m.group(1)) for m in found if m)))
+
+    def publish_sharded(self, manifest: ShardedManifest) -> None:
+        """Keep the manifest of a version the trainer ranks hold (replacing one of the same
+        version: a resumed trainer exports it again, at new addresses); the newest
+        `keep_versions` stay."""
+        if not 0 <= manifest.version <= MAX_VERSION:
+            raise WeightsError(f"cannot publish version {manifest.version}: outside 0..{MAX_VERSION}")
+        staging = self._staging()
+        (staging / "manifest.json").write_text(manifest.to_json())
+        (staging / "manifest.json").replace(self._sharded_file(manifest.version))
+        staging.rmdir()
+        for version in self.sharded_versions().versions[: -self.keep_versions]:
+            self._sharded_file(version).unlink(missing_ok=True)
+        logger.info(
+            "published sharded weight version %d (%d tensors)", manifest.version, len(manifest.tensors)
+        )
+
+    def sharded(self, version: int | None = None) -> ShardedManifest:
+        """The manifest of a version the trainer ranks hold (None: the newest)."""
+        held = self.sharded_versions()
+        version = held.latest if version is None else version
+        if version is None or version not in held.versions:
+            raise UnknownVersionError(
+                f"no trainer ranks hold weight version {version} (sharded versions: {list(held.versions)})"
+            )
+        return ShardedManifest.from_json(self._sharded_file(version).read_bytes())
 
     def publish(
         self, version: int, state_dict: StateDict, *, files: Mapping[str, str] | None = None
@@ -232,6 +267,9 @@ class WeightStore:
         for version in dropped:
             shutil.rmtree(self._version_dir(version), ignore_errors=True)
         logger.info("pruned weight versions %s", sorted(dropped))
+
+    def _sharded_file(self, version: int) -> Path:
+        return self.root / "sharded" / f"v{version:08d}.json"
 
     def _version_dir(self, version: int) -> Path:
         return self.root / "versions" / f"v{version:08d}"
