@@ -140,10 +140,16 @@ class WeightPuller:
         return VersionList(tuple(body["versions"]))
 
     async def pull(
-        self, version: int | None = None, codec: CodecSpec | str = "zstd", base: LoadedWeights | None = None
+        self,
+        version: int | None = None,
+        codec: CodecSpec | str = "zstd",
+        base: LoadedWeights | None = None,
+        tp: tuple[int, int] | None = None,
     ) -> PullResult:
         """Fetch, verify and decode `version` (None: the newest). With a delta codec, `base` is
-        the version the engine holds; the transfer then carries only what changed."""
+        the version the engine holds; the transfer then carries only what changed. With `tp`
+        (tp_size, rank), only that tensor-parallel rank's slices travel (slices.py), and `base`
+        holds that rank's slices too."""
         codec = codec if isinstance(codec, CodecSpec) else CodecSpec.parse(codec)
         started = time.monotonic()
         counts = {"wire_nbytes": 0, "chunks_downloaded": 0, "chunks_reused": 0}
@@ -152,7 +158,7 @@ class WeightPuller:
         for attempt in range(1, self.max_attempts + 1):
             manifest: Manifest | None = None
             try:
-                manifest = await self._manifest(version, codec, base)
+                manifest = await self._manifest(version, codec, base, tp)
                 await self._fetch_chunks(manifest, counts)
                 weights = await asyncio.to_thread(self._decode, manifest, base)
             except _BaseMismatchError as exc:
@@ -202,13 +208,22 @@ class WeightPuller:
             raise WeightTransferError(f"weight server {self.url} did not answer: {exc}") from None
         return Manifest.from_json(text)
 
-    async def _manifest(self, version: int | None, codec: CodecSpec, base: LoadedWeights | None) -> Manifest:
+    async def _manifest(
+        self, version: int | None, codec: CodecSpec, base: LoadedWeights | None, tp: tuple[int, int] | None
+    ) -> Manifest:
         params = {"version": "latest" if version is None else str(version), "codec": codec.name}
         if codec.delta and base is not None:
             params["base"] = str(base.version)
+        tp = tp if tp is not None and tp[0] > 1 else None
+        if tp is not None:
+            params |= {"tp_size": str(tp[0]), "tp_rank": str(tp[1])}
         manifest = Manifest.from_json(json.dumps(await self._get_json("/v1/manifest", params)))
         if not PAYLOAD_ID.match(manifest.payload_id):
             raise WeightIntegrityError(f"manifest names a bad payload id {manifest.payload_id!r}")
+        if manifest.tp != tp:
+            raise WeightIntegrityError(
+                f"asked for the slices of tensor-parallel {tp}, the server sent {manifest.tp}"
+            )
         return manifest
 
     async def _fetch_chunks(self, manifest: Manifest, counts: dict[str, int]) -> None:
