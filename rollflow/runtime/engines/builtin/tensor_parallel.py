@@ -26,6 +26,7 @@ import logging
 import subprocess
 import sys
 import weakref
+from collections import deque
 from dataclasses import dataclass
 from datetime import timedelta
 from types import SimpleNamespace
@@ -204,7 +205,7 @@ class RankGroup:
             for rank in range(1, tp_size)
         ]
         try:
-            control = init_group(0, tp_size, port, device)
+            control = init_group(0, tp_size, port, rank_device(device, 0))
         except BaseException:
             for proc in ranks:
                 proc.kill()
@@ -274,7 +275,7 @@ class TensorParallelError(EngineFault):
 class _CacheHandle:
     """Rank 0's KV cache of one sequence, and the id every rank knows its own part of it by."""
 
-    def __init__(self, cache_id: int, freed: list[int]) -> None:
+    def __init__(self, cache_id: int, freed: deque[int]) -> None:
         self.cache_id = cache_id
         self.kv: Any = None
         # when the worker drops the handle, the other ranks drop their parts with the next command
@@ -288,7 +289,8 @@ class TensorParallelModel:
         self.model = model
         self.group = group
         self._cache_ids = itertools.count()
-        self._freed: list[int] = []
+        # ids of dropped caches; a finalizer may append from any thread, so it is drained one by one
+        self._freed: deque[int] = deque()
 
     @property
     def device(self) -> torch.device:
@@ -305,7 +307,7 @@ class TensorParallelModel:
 
     def __call__(self, input_ids: torch.Tensor, past_key_values: Any, use_cache: bool = True) -> Any:
         handle = past_key_values or _CacheHandle(next(self._cache_ids), self._freed)
-        freed, self._freed[:] = tuple(self._freed), []
+        freed = tuple(self._freed.popleft() for _ in range(len(self._freed)))
         self.group.send(Forward(handle.cache_id, input_ids[0].tolist(), freed))
         try:
             out = self.model(input_ids=input_ids, past_key_values=handle.kv, use_cache=True)

@@ -99,6 +99,8 @@ class RankWorker:
         self.caches[command.cache_id] = out.past_key_values
 
     def start_pull(self, command: Pull) -> None:
+        if self._pulling is not None:  # a pull rank 0 never committed: it must not stage over this one
+            self._pulling.join()
         self._staged, self._stage_error = None, None
         self._pulling = threading.Thread(
             target=self._pull, args=(command,), name="rollflow-tp-pull", daemon=True

@@ -128,6 +128,10 @@ class EngineWeights:
                 tp_rank = (tp.tp_size, 0) if tp is not None else None
                 async with WeightPuller(body.url, self._pull_cache_dir, transport=body.transport) as puller:
                     result = await puller.pull(body.weight_version, body.codec, base=base, tp=tp_rank)
+            except asyncio.CancelledError:
+                if tp is not None:  # the client left mid-pull: the other ranks drop their slices
+                    self._worker.run(lambda: tp.commit("the pull was cancelled"))
+                raise
             except (WeightsError, EngineFault) as exc:
                 if tp is not None and not isinstance(exc, EngineFault):  # the other ranks drop theirs
                     why = str(exc)
