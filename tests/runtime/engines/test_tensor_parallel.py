@@ -23,6 +23,7 @@ from tests.runtime.engines.processes import EngineProcess
 from tests.runtime.launch.helpers import BackgroundWeightServer
 from tests.runtime.manager.helpers import workers
 from tests.runtime.processes import http
+from tests.runtime.weights.factories import start_server_process
 from tests.runtime.weights.proxy import ChunkProxy
 
 PROMPTS = [PROMPT, [5, 9, 300, 41], [250, 3, 3, 3, 60, 61, 62, 99, 100, 7, 8]]
@@ -104,6 +105,33 @@ def test_each_rank_pulls_its_own_slices_full_then_delta(tiny_model: Path, weight
     assert {"v1-zstd-tp2r0", "v1-zstd-tp2r1"} <= payloads  # the first pull has no base: full payloads
     delta = second[1][1]["pull"]
     assert delta["base_version"] == 1 and "v2-delta-zstd-from1-tp2r1" in payloads
+    assert outputs[0] == outputs[1]
+
+
+def test_each_rank_reads_its_slices_over_mooncake(tiny_model: Path, tmp_path):
+    store = WeightStore(tmp_path / "store", chunk_bytes=16 * 1024)
+    state, files = read_checkpoint(tiny_model)
+    store.publish(1, {name: t * 1.5 if name in CHANGED else t for name, t in state.items()}, files=files)
+    server, server_url = start_server_process(store.root, "--mooncake", "tcp")
+    one, two = EngineProcess(tiny_model), EngineProcess(tiny_model, "--tensor-parallel", "2")
+    try:
+        pulls = [
+            http(
+                "POST",
+                engine.url + "/update_weights_from_server",
+                {"url": server_url, "weight_version": 1, "transport": transport},
+            )
+            for engine, transport in ((one, "http"), (two, "mooncake"))
+        ]
+        outputs = _greedy(one.url), _greedy(two.url)
+    finally:
+        one.stop()
+        two.stop()
+        server.kill()
+        server.wait()
+    assert [status for status, _ in pulls] == [200, 200], pulls
+    assert pulls[1][1]["pull"]["transport"] == "mooncake"
+    assert "pulling over http" not in "".join(two.output)  # rank 1 read over Mooncake too
     assert outputs[0] == outputs[1]
 
 
