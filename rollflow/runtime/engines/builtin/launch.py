@@ -77,13 +77,14 @@ def serve_engine(
         return model.to(torch_device).eval()
 
     model = load_model()
+    config = model.config
+    eos = model.generation_config.eos_token_id
     checker = WeightChecker(model)  # of the whole model: what uploads hold
-    tp = None
+    rank_checker, tp = checker, None
     if tensor_parallel > 1:
         model, tp = _start_ranks(model, model_dir, tensor_parallel, device, dtype, num_threads)
+        rank_checker = WeightChecker(model.model)  # rank 0's slices: what its pulls hold
         load_model, prefix_cache_tokens = None, 0
-    config = model.model.config if tp is not None else model.config
-    eos = (model.model if tp is not None else model).generation_config.eos_token_id
     if eos is None:
         eos = config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -106,7 +107,6 @@ def serve_engine(
         prefix_cache_tokens=prefix_cache_tokens,
         reload_model=load_model,
     )
-    rank_checker = WeightChecker(model.model) if tp is not None else checker  # what rank 0's pulls hold
     del model  # the worker holds the only reference, so releasing its memory frees it
     # A folder written by a pull holds its version exactly as published: the base of the first delta.
     pulled = read_saved_weights(model_dir)
