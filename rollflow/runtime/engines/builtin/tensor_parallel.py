@@ -25,6 +25,7 @@ import itertools
 import logging
 import subprocess
 import sys
+import time
 import weakref
 from collections import deque
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ from rollflow.runtime.weights.slices import ROW_PARALLEL, VOCAB_PARALLEL, check_
 
 logger = logging.getLogger(__name__)
 
+EXIT_WAIT_S = 5.0
+"""How long a failed collective waits for the rank that broke it to be reported exited."""
 GROUP_TIMEOUT = timedelta(minutes=10)
 """How long a collective waits for a live but silent rank (a pull that long stalls decoding)."""
 
@@ -219,10 +222,20 @@ class RankGroup:
     def fault(self) -> str | None:
         """Why this engine cannot serve (a rank exited, a collective failed), or None."""
         if self._broken is None:
+            self._broken = self._exited_rank(wait_s=0.0)
+        return self._broken
+
+    def _exited_rank(self, wait_s: float) -> str | None:
+        """Which rank has exited, waiting up to `wait_s` for one to (a peer whose sockets closed
+        mid-collective is exiting, though its status may not be reported yet); None if none has."""
+        deadline = time.monotonic() + wait_s
+        while True:
             for rank, proc in enumerate(self._ranks, start=1):
                 if proc.poll() is not None:
-                    self._broken = f"tensor-parallel rank {rank} exited (code {proc.returncode})"
-        return self._broken
+                    return f"tensor-parallel rank {rank} exited (code {proc.returncode})"
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
 
     def send(self, command: Command) -> None:
         """Broadcast `command` to every rank (generation thread only)."""
@@ -264,8 +277,13 @@ class RankGroup:
         try:
             run()
         except RuntimeError as exc:  # gloo's answer to a peer that died mid-collective
-            self._broken = self.fault() or f"a tensor-parallel collective failed: {exc}"
-            raise TensorParallelError(self._broken) from None
+            raise self.broken_by(exc) from None
+
+    def broken_by(self, exc: RuntimeError) -> TensorParallelError:
+        """Mark the group broken by a failed collective; the error names the rank that died, if one did."""
+        if self._broken is None:
+            self._broken = self._exited_rank(EXIT_WAIT_S) or f"a tensor-parallel collective failed: {exc}"
+        return TensorParallelError(self._broken)
 
 
 class TensorParallelError(EngineFault):
@@ -311,10 +329,8 @@ class TensorParallelModel:
         self.group.send(Forward(handle.cache_id, input_ids[0].tolist(), freed))
         try:
             out = self.model(input_ids=input_ids, past_key_values=handle.kv, use_cache=True)
-        except RuntimeError as exc:
-            raise TensorParallelError(
-                self.group.fault() or f"a tensor-parallel forward failed: {exc}"
-            ) from None
+        except RuntimeError as exc:  # a collective inside the forward failed
+            raise self.group.broken_by(exc) from None
         handle.kv = out.past_key_values
         return SimpleNamespace(logits=out.logits, past_key_values=handle)
 
