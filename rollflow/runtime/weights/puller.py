@@ -46,6 +46,7 @@ from rollflow.runtime.weights.shards import (
     ShardedManifest,
     read_sharded,
 )
+from rollflow.runtime.weights.slices import rank_slices
 from rollflow.runtime.weights.store import PAYLOAD_ID
 from rollflow.runtime.weights.tensors import StateDict, as_cpu_contiguous, checksum, state_digest
 
@@ -160,15 +161,21 @@ class WeightPuller:
         return VersionList(tuple(body["versions"]))
 
     async def pull(
-        self, version: int | None = None, codec: CodecSpec | str = "zstd", base: LoadedWeights | None = None
+        self,
+        version: int | None = None,
+        codec: CodecSpec | str = "zstd",
+        base: LoadedWeights | None = None,
+        tp: tuple[int, int] | None = None,
     ) -> PullResult:
         """Fetch, verify and decode `version` (None: the newest). With a delta codec, `base` is
-        the version the engine holds; the transfer then carries only what changed."""
+        the version the engine holds; the transfer then carries only what changed. With `tp`
+        (tp_size, rank), only that tensor-parallel rank's slices travel (slices.py), and `base`
+        holds that rank's slices too."""
         codec = codec if isinstance(codec, CodecSpec) else CodecSpec.parse(codec)
         if self.transport == "mooncake":
             sharded = await self._sharded_manifest(version)
             if sharded is not None:
-                return await self._pull_sharded(sharded, codec, base)
+                return await self._pull_sharded(sharded, codec, base, tp)
         started = time.monotonic()
         counts = {"wire_nbytes": 0, "chunks_downloaded": 0, "chunks_reused": 0}
         puller_fallback: str | None = None
@@ -176,7 +183,7 @@ class WeightPuller:
         for attempt in range(1, self.max_attempts + 1):
             manifest: Manifest | None = None
             try:
-                manifest = await self._manifest(version, codec, base)
+                manifest = await self._manifest(version, codec, base, tp)
                 await self._fetch_chunks(manifest, counts)
                 weights = await asyncio.to_thread(self._decode, manifest, base)
             except _BaseMismatchError as exc:
@@ -246,10 +253,16 @@ class WeightPuller:
         raise WeightTransferError(f"weight server {self.url} did not answer: {last_error}")
 
     async def _pull_sharded(
-        self, manifest: ShardedManifest, codec: CodecSpec, base: LoadedWeights | None
+        self,
+        manifest: ShardedManifest,
+        codec: CodecSpec,
+        base: LoadedWeights | None,
+        tp: tuple[int, int] | None,
     ) -> PullResult:
         """Read the version straight from the trainer ranks (a delta when `base` is the version the
-        ranks' deltas are against); a rank gone mid-read fails the attempt, the next reads it again."""
+        ranks' deltas are against); a rank gone mid-read fails the attempt, the next reads it again.
+        A tensor-parallel rank reads only its rows of the tensors split along dim 0 (the ranks'
+        blocks are rows), and narrows those split along dim 1 after reading them whole."""
         started = time.monotonic()
         engine = await asyncio.to_thread(local_engine)
         if isinstance(engine, Unavailable):
@@ -257,9 +270,16 @@ class WeightPuller:
                 f"weight version {manifest.version} is held by the trainer ranks and read over Mooncake, "
                 f"which this engine cannot use: {engine.reason}"
             )
+        splits = _tp_splits(manifest, tp)
+        rows = {name: (part.start, part.stop) for name, (dim, part) in splits.items() if dim == 0}
         held = None
         if codec.delta and base is not None and base.version == manifest.delta_base:
-            held = {name: (tensor, 0) for name, tensor in base.state_dict.items()}
+            # a rank's base holds whole rows only where it holds every column: not for dim-1 splits
+            held = {
+                name: (tensor, rows[name][0] if name in rows else 0)
+                for name, tensor in base.state_dict.items()
+                if name not in splits or name in rows
+            }
         fallback: str | None = None
         last_error: Exception | None = None
         for attempt in range(1, self.max_attempts + 1):
@@ -268,6 +288,7 @@ class WeightPuller:
                     read_sharded,
                     engine,
                     manifest,
+                    rows=rows or None,
                     base=held,
                     base_version=base.version if held else None,
                     timeout_s=self.timeout.total or READ_TIMEOUT_S,
@@ -277,6 +298,9 @@ class WeightPuller:
             except (OSError, WeightIntegrityError) as exc:
                 last_error = exc
             else:
+                for name, (dim, part) in splits.items():
+                    if dim != 0:
+                        state[name] = state[name].narrow(dim, part.start, part.stop - part.start).contiguous()
                 weights = LoadedWeights(manifest.version, state, dict(manifest.files))
                 source = ShardedSource(
                     manifest,
@@ -303,13 +327,22 @@ class WeightPuller:
             f"{self.max_attempts} attempts: {last_error}"
         )
 
-    async def _manifest(self, version: int | None, codec: CodecSpec, base: LoadedWeights | None) -> Manifest:
+    async def _manifest(
+        self, version: int | None, codec: CodecSpec, base: LoadedWeights | None, tp: tuple[int, int] | None
+    ) -> Manifest:
         params = {"version": "latest" if version is None else str(version), "codec": codec.name}
         if codec.delta and base is not None:
             params["base"] = str(base.version)
+        tp = tp if tp is not None and tp[0] > 1 else None
+        if tp is not None:
+            params |= {"tp_size": str(tp[0]), "tp_rank": str(tp[1])}
         manifest = Manifest.from_json(json.dumps(await self._get_json("/v1/manifest", params)))
         if not PAYLOAD_ID.match(manifest.payload_id):
             raise WeightIntegrityError(f"manifest names a bad payload id {manifest.payload_id!r}")
+        if manifest.tp != tp:
+            raise WeightIntegrityError(
+                f"asked for the slices of tensor-parallel {tp}, the server sent {manifest.tp}"
+            )
         return manifest
 
     async def _fetch_chunks(self, manifest: Manifest, counts: dict[str, int]) -> None:
@@ -433,6 +466,14 @@ class WeightPuller:
             for folder in self.cache_dir.iterdir():
                 if folder.is_dir() and PAYLOAD_ID.match(folder.name):
                     shutil.rmtree(folder, ignore_errors=True)
+
+
+def _tp_splits(manifest: ShardedManifest, tp: tuple[int, int] | None) -> dict[str, tuple[int, slice]]:
+    """name -> (dim, slice) of each tensor a tensor-parallel rank holds a part of (none for tp=None)."""
+    if tp is None:
+        return {}
+    splits = {plan.name: rank_slices(plan.name, tuple(plan.shape), *tp) for plan in manifest.tensors}
+    return {name: where for name, where in splits.items() if where is not None}
 
 
 def save_weights(weights: LoadedWeights, out_dir: str | Path) -> Path:

@@ -19,7 +19,9 @@ ROUTES: dict[str, RouteDoc] = {
     ),
     "GET /v1/manifest": RouteDoc(
         "query `version` (absent or `latest`: the newest), `codec` (`raw`, `zstd`, `int8+zstd`, "
-        "`delta+zstd`, ...; default `zstd`), `base` (the version the puller holds, for delta codecs)",
+        "`delta+zstd`, ...; default `zstd`), `base` (the version the puller holds, for delta codecs), "
+        "`tp_size` and `tp_rank` (a tensor-parallel engine rank: the payload holds only its slices, "
+        "rollflow/runtime/weights/slices.py)",
         "the manifest: tensor names, shapes, dtypes, the payload id and each chunk's size and xxh3-128 "
         "checksum; 404 for an unknown version",
     ),

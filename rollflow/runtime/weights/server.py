@@ -3,7 +3,9 @@
     GET  /v1/versions[?newer_than=N&wait_s=S]   {"versions": [...], "latest": N}; waits up to S
                                                 seconds for a version newer than N (how an
                                                 engine is "told" without the trainer knowing it)
-    GET  /v1/manifest?version=N|latest&codec=C[&base=B]   the payload's manifest (builds it)
+    GET  /v1/manifest?version=N|latest&codec=C[&base=B][&tp_size=T&tp_rank=R]
+                                  the payload's manifest (builds it); with tp_size, the payload
+                                  holds only rank R's slices for T-way tensor parallelism
     GET  /v1/payloads/{payload_id}/chunks/{index}         one chunk's wire bytes
     GET  /v1/payloads/{payload_id}/mooncake   where the payload's chunks lie in this server's
                                   Mooncake-registered memory ({"session", "chunks": [{"index",
@@ -76,6 +78,10 @@ class ManifestQuery(BaseModel):
     """Codec name, e.g. raw, zstd, int8+zstd, delta+zstd."""
     base: int | None = None
     """Version the puller holds, for delta codecs."""
+    tp_size: int = Field(default=1, ge=1)
+    """Ranks of the tensor-parallel engine pulling; above 1 the payload holds one rank's slices."""
+    tp_rank: int = Field(default=0, ge=0)
+    """The rank whose slices (rollflow.runtime.weights.slices) the payload holds."""
 
 
 class WeightServer:
@@ -178,7 +184,9 @@ class WeightServer:
                 f"weight version {query.version} is held by the trainer ranks, not this server: "
                 "pull it with transport mooncake (GET /v1/sharded/{version})"
             )
-        manifest = await asyncio.to_thread(self.store.manifest, query.version, query.codec, query.base)
+        manifest = await asyncio.to_thread(
+            self.store.manifest, query.version, query.codec, query.base, (query.tp_size, query.tp_rank)
+        )
         return web.Response(body=manifest.to_json().encode(), content_type="application/json")
 
     async def _chunk(self, request: web.Request) -> web.StreamResponse:

@@ -4,6 +4,8 @@ cut:  the first chunk's response announces its full length, sends half, and drop
       connection (a network that fails mid-transfer); later requests pass untouched.
 hold: the first chunk request waits until the test calls `release()` (so the test can kill
       the engine that asked, mid-transfer); then it is answered normally.
+`only`: chunk requests whose path lacks this text (another payload, e.g. another tensor-parallel
+      rank's `-tp2r0`) pass untouched and are not counted.
 hold_mooncake: the first answer to a payload's Mooncake location is fetched, then held until
       `release()` (so the test can kill the server whose memory it names: the engine's Mooncake
       reads then fail mid-transfer); `chunk_requested` is set when it is held.
@@ -23,9 +25,15 @@ from aiohttp import web
 
 
 class ChunkProxy:
-    def __init__(self, upstream: str, mode: Literal["cut", "hold", "hold_mooncake", "hold_sharded"]) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        mode: Literal["cut", "hold", "hold_mooncake", "hold_sharded"],
+        only: str | None = None,
+    ) -> None:
         self.upstream = upstream.rstrip("/")
         self.mode = mode
+        self.only = only
         self.num_chunk_requests = 0
         self.num_broken = 0  # chunk responses cut, or held
         self.chunk_requested = threading.Event()  # the first chunk request arrived
@@ -61,7 +69,7 @@ class ChunkProxy:
         await self._session.close()
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
-        is_chunk = "/chunks/" in request.path
+        is_chunk = "/chunks/" in request.path and (self.only is None or self.only in request.path)
         first = is_chunk and self.num_chunk_requests == 0
         self.num_chunk_requests += is_chunk
         if first:
