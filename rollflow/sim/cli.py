@@ -23,7 +23,8 @@ EXAMPLES = """examples:
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """Add `rollflow sim`; returns its subcommands (plan/ adds `search` to them, see rollflow/cli.py)."""
     sim_commands = add_command_group(commands, "sim", "simulate an LLM inference cluster", EXAMPLES)
 
     serve = sim_commands.add_parser(
@@ -71,14 +72,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     replay.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides")
     replay.set_defaults(handler=_replay)
 
-    from rollflow.plan.cli import add_serve_search
-
-    add_serve_search(sim_commands)
-
     show = sim_commands.add_parser("config", help="print a config with every default filled in, as YAML")
     show.add_argument("--config", help="YAML config file (omit for the defaults)")
     show.add_argument("overrides", nargs="*", metavar="key=value")
     show.set_defaults(handler=_config)
+    return sim_commands
 
 
 def _add_no_plots(parser: argparse.ArgumentParser) -> None:

@@ -16,7 +16,8 @@ EXAMPLES = """examples:
 """
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """Add `rollflow rl-sim`; returns its subcommands (plan/ adds `search` to them, see rollflow/cli.py)."""
     rl_commands = add_command_group(
         commands,
         "rl-sim",
@@ -48,14 +49,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     _common(compare)
     compare.set_defaults(handler=_compare)
 
-    from rollflow.plan.cli import add_rl_search
-
-    add_rl_search(rl_commands)
-
     show = rl_commands.add_parser("config", help="print a config with every default filled in, as YAML")
     show.add_argument("--config", help="YAML config file (omit for the defaults)")
     show.add_argument("overrides", nargs="*", metavar="key=value")
     show.set_defaults(handler=_config)
+    return rl_commands
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
