@@ -58,7 +58,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks import _sglang_router  # noqa: E402
 from benchmarks.results import Results, add_results_dir, results_dir  # noqa: E402
 from rollflow.perf.profile.hf_config import load_model_config, model_shape_section  # noqa: E402
-from rollflow.perf.profile.trace_replay import printed_overrides  # noqa: E402
+from rollflow.runtime.engines.profiler.trace_replay import printed_overrides  # noqa: E402
 from tests.runtime.processes import ENV, Process, free_port, http, rollflow, start_engine  # noqa: E402
 
 MODEL_ARGS = ("--layers", "4", "--heads", "4")

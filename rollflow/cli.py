@@ -44,10 +44,12 @@ COMMAND_GROUPS: dict[str, tuple[str, str]] = {
 }
 
 # commands that join a group another module registers: group -> "module:function" of each, called
-# with the group's subcommands (`rollflow sim search` is plan/'s, and plan/ builds on sim/)
+# with the group's subcommands (`rollflow sim search` is plan/'s, which builds on sim/; `rollflow
+# profile engine` the engine profiler's, a client of engines, which perf/ sits below)
 GROUP_COMMANDS: dict[str, tuple[str, ...]] = {
     "sim": ("rollflow.plan.cli:add_serve_search",),
     "rl-sim": ("rollflow.plan.cli:add_rl_search",),
+    "profile": ("rollflow.runtime.engines.profiler.cli:add_profile_engine",),
 }
 
 EXAMPLES = """examples:

@@ -13,7 +13,7 @@ import csv
 import time
 from pathlib import Path
 
-from rollflow.perf.profile.engine import _prompt
+from rollflow.runtime.engines.profiler.measure import _prompt
 
 METRICS = ("ttft", "tpot", "e2e")
 
