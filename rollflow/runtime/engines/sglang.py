@@ -20,7 +20,6 @@ from rollflow.runtime.engines.base import (
     GenerateChunk,
     NotSupportedError,
     RequestFailedError,
-    SamplingParams,
 )
 from rollflow.runtime.engines.http import (
     HttpEngine,
@@ -35,6 +34,7 @@ from rollflow.runtime.engines.http import (
 )
 from rollflow.runtime.engines.load import EngineLoad, parse_sglang_get_load, parse_sglang_loads
 from rollflow.runtime.engines.pool import ProtocolError
+from rollflow.runtime.wire.base import SamplingParams
 
 if TYPE_CHECKING:
     import torch

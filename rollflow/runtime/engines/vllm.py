@@ -25,7 +25,6 @@ from rollflow.runtime.engines.base import (
     GenerateChunk,
     NotSupportedError,
     RequestFailedError,
-    SamplingParams,
 )
 from rollflow.runtime.engines.http import (
     HttpEngine,
@@ -35,6 +34,7 @@ from rollflow.runtime.engines.http import (
     raise_for_status,
 )
 from rollflow.runtime.engines.load import EngineLoad, parse_vllm_metrics
+from rollflow.runtime.wire.base import SamplingParams
 
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 LOAD_TIMEOUT_S = 2.0

@@ -10,12 +10,12 @@ import sqlite3
 import pytest
 
 from rollflow.config import ConfigError, load_config
-from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.core.samples import Sample
 from rollflow.runtime.manager.durability import journal_writer
 from rollflow.runtime.manager.durability.journal import Journal
 from rollflow.runtime.manager.durability.journal_file import SCHEMA_VERSION, JournalRefused, open_journal
+from rollflow.runtime.wire.base import SamplingParams
 
 CONFIG = ManagerConfig().model_dump(mode="json")
 

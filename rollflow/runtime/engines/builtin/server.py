@@ -37,14 +37,6 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from rollflow.errors import UserError
-from rollflow.runtime.engines.base import SamplingParams
-from rollflow.runtime.engines.builtin.io import (
-    AbortBody,
-    MemoryOccupationBody,
-    PauseBody,
-    UpdateWeightsFromDiskBody,
-    UpdateWeightsFromServerBody,
-)
 from rollflow.runtime.engines.builtin.openai_routes import openai_routes
 from rollflow.runtime.engines.builtin.weights import (
     WeightChecker,
@@ -53,7 +45,6 @@ from rollflow.runtime.engines.builtin.weights import (
 )
 from rollflow.runtime.engines.builtin.worker import GenerationWorker, Sequence, TokenEvent
 from rollflow.runtime.engines.load import sglang_get_load_body, sglang_loads_body
-from rollflow.runtime.engines.sglang_io import GenerateBody, split_batch
 from rollflow.runtime.http.auth import bearer_middleware
 from rollflow.runtime.http.body import read_body, read_json_object
 from rollflow.runtime.http.errors import error_response
@@ -65,6 +56,14 @@ from rollflow.runtime.weights import (
     WeightsError,
     WeightTransferError,
 )
+from rollflow.runtime.wire.base import SamplingParams
+from rollflow.runtime.wire.builtin import (
+    MemoryOccupationBody,
+    PauseBody,
+    UpdateWeightsFromDiskBody,
+    UpdateWeightsFromServerBody,
+)
+from rollflow.runtime.wire.sglang import AbortBody, GenerateBody, split_batch
 
 logger = logging.getLogger(__name__)
 ModelT = TypeVar("ModelT", bound=BaseModel)

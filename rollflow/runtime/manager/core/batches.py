@@ -9,9 +9,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.core.packing import GroupPacker
 from rollflow.runtime.manager.core.samples import Sample, SampleState
+from rollflow.runtime.wire.base import SamplingParams
 
 DELETED_BATCHES_KEPT = 1024  # deleted batch ids remembered, each with the message of its deletion
 
