@@ -41,7 +41,7 @@ def test_the_simulator_offloads_through_the_balancers_choices(callers):
     config = rl_config("spot.instances=4", "spot.offload.initial_budget_s=5")
     (step,) = simulate_steps(config)
     assert step.num_samples > 0
-    assert callers == {name: {"rollflow.sim.rl.step"} for name in CHOICES}
+    assert callers == {name: {"rollflow.sim.rl.offload"} for name in CHOICES}
 
 
 def test_the_live_manager_offloads_through_the_balancers_choices(callers, tmp_path, tiny_model):
@@ -80,4 +80,5 @@ def test_the_live_manager_offloads_through_the_balancers_choices(callers, tmp_pa
     assert callers["offload_targets"] == {
         "rollflow.runtime.manager.core.service",
         "rollflow.runtime.manager.core.dispatcher",
+        "rollflow.runtime.manager.core.fleet",  # a remote engine joined: offloaded batches move to it
     }

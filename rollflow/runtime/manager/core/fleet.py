@@ -17,6 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 
 from rollflow.errors import UserError
+from rollflow.policy.offload import OffloadBalancer
 from rollflow.policy.view import InstanceKind
 from rollflow.runtime.engines.base import EngineClient, NotSupportedError
 from rollflow.runtime.engines.clients import make_client
@@ -140,7 +141,7 @@ class EngineFleet:
         engine = self._record(url, kind, engine_type, capacity, api_key, client, version, relay)
         log.info("engine %d joined: %s kind=%s version=%s", engine.engine_id, url, kind, version)
         self._listener.engine_recorded(engine)
-        if kind != "local":
+        if OffloadBalancer.offload_targets([engine]):
             self._listener.remote_engine_joined()
         self._listener.room_changed()
         return engine
