@@ -6,8 +6,8 @@ layer and the manager, as SGLang's io_struct.py does."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated, Any
+from dataclasses import dataclass, fields
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
@@ -52,6 +52,42 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     # keep the matched stop string at the end of the text
     no_stop_trim: bool = False
+
+
+# SamplingParams' fields under SGLang's `sampling_params` names and vLLM's completion names: one
+# table for both engines' translations. The first five always go out; any other field only when it
+# differs from its default, so an engine that lacks a field is never sent it for nothing.
+SAMPLING_NAMES: dict[str, tuple[str, str]] = {
+    "max_new_tokens": ("max_new_tokens", "max_tokens"),
+    "temperature": ("temperature", "temperature"),
+    "top_p": ("top_p", "top_p"),
+    "top_k": ("top_k", "top_k"),
+    "ignore_eos": ("ignore_eos", "ignore_eos"),
+    "stop_token_ids": ("stop_token_ids", "stop_token_ids"),
+    "seed": ("sampling_seed", "seed"),
+    "stop": ("stop", "stop"),
+    "min_new_tokens": ("min_new_tokens", "min_tokens"),
+    "frequency_penalty": ("frequency_penalty", "frequency_penalty"),
+    "presence_penalty": ("presence_penalty", "presence_penalty"),
+    "repetition_penalty": ("repetition_penalty", "repetition_penalty"),
+    "min_p": ("min_p", "min_p"),
+    "skip_special_tokens": ("skip_special_tokens", "skip_special_tokens"),
+    "spaces_between_special_tokens": ("spaces_between_special_tokens", "spaces_between_special_tokens"),
+    "no_stop_trim": ("no_stop_trim", "include_stop_str_in_output"),
+}
+ALWAYS_SENT = frozenset(("max_new_tokens", "temperature", "top_p", "top_k", "ignore_eos"))
+_SAMPLING_FIELDS = tuple((field.name, field.default) for field in fields(SamplingParams))
+
+
+def engine_sampling(sampling: SamplingParams, engine: Literal["sglang", "vllm"]) -> dict[str, Any]:
+    """`sampling` under `engine`'s field names (SGLang's `sampling_params`, vLLM's completion fields)."""
+    column = 0 if engine == "sglang" else 1
+    params: dict[str, Any] = {}
+    for name, default in _SAMPLING_FIELDS:
+        value = getattr(sampling, name)
+        if name in ALWAYS_SENT or value != default:
+            params[SAMPLING_NAMES[name][column]] = list(value) if isinstance(value, tuple) else value
+    return params
 
 
 def _integral(value: Any) -> Any:
