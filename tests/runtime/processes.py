@@ -6,17 +6,18 @@ at the end of the test that started it (kill -9 included, which is the point of 
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
 import yaml
 
+from rollflow.runtime.launch import servers
 from rollflow.runtime.launch.process import free_port, rollflow_command
 from rollflow.runtime.launch.process import rollflow_command as rollflow  # tests say rollflow(ARGS)
 from rollflow.runtime.launch.servers import (
     ENV,
     ServerProcess,
-    engine_command,
     http,  # noqa: F401 - the tests take it from here
 )
 from tests.runtime.engine_fork import ForkedProcess
@@ -69,9 +70,8 @@ def start_engine(
 ) -> Process:
     """`forked`: from the forkserver that imported an engine's modules (engine_fork.py), so the engine
     is up in a fraction of a second; False: exec'd, as a user starts it (what benchmarks measure)."""
-    port = free_port()
-    argv = engine_command(model_dir, port, weight_version, extra_args)
-    return Process(argv, port, tmp_path / f"{name}-{port}.log", wait=wait, forked=forked)
+    process = functools.partial(Process, forked=forked)
+    return servers.start_engine(model_dir, tmp_path, weight_version, name, wait, extra_args, process)
 
 
 def start_manager(tmp_path: Path, config: dict, token: str | None = None) -> Process:

@@ -150,8 +150,10 @@ def start_engine(
     name: str = "engine",
     wait: bool = True,
     extra_args: tuple[str, ...] = (),
+    process: Callable[..., ServerProcess] = ServerProcess,
 ) -> ServerProcess:
-    """A built-in engine serving `model_dir` on a free port, its log `log_dir/<name>-<port>.log`."""
+    """A built-in engine serving `model_dir` on a free port, its log `log_dir/<name>-<port>.log`;
+    `process` starts it (the tests' forks engines from a warm forkserver)."""
     port = free_port()
     argv = engine_command(model_dir, port, weight_version, extra_args)
-    return ServerProcess(argv, port, log_dir / f"{name}-{port}.log", wait=wait)
+    return process(argv, port, log_dir / f"{name}-{port}.log", wait=wait)
