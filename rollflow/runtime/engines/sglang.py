@@ -20,7 +20,6 @@ from rollflow.runtime.engines.base import (
     GenerateChunk,
     NotSupportedError,
     RequestFailedError,
-    SamplingParams,
 )
 from rollflow.runtime.engines.http import (
     HttpEngine,
@@ -36,6 +35,7 @@ from rollflow.runtime.engines.http import (
 from rollflow.runtime.engines.load import EngineLoad, parse_sglang_get_load, parse_sglang_loads
 from rollflow.runtime.engines.pool import ProtocolError
 from rollflow.runtime.engines.trim import trim_event
+from rollflow.runtime.wire.base import SamplingParams, engine_sampling
 
 if TYPE_CHECKING:
     import torch
@@ -199,32 +199,7 @@ class BuiltinEngineClient(SGLangClient):
 
 def sglang_sampling_params(sampling: SamplingParams) -> dict[str, Any]:
     """SGLang's `sampling_params` for `sampling` (fields at their defaults are left out)."""
-    params: dict[str, Any] = {
-        "max_new_tokens": sampling.max_new_tokens,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "top_k": sampling.top_k,
-        "ignore_eos": sampling.ignore_eos,
-    }
-    optional = {
-        "stop_token_ids": list(sampling.stop_token_ids),
-        "sampling_seed": sampling.seed,
-        "stop": list(sampling.stop),
-        "min_new_tokens": sampling.min_new_tokens,
-        "frequency_penalty": sampling.frequency_penalty,
-        "presence_penalty": sampling.presence_penalty,
-        "min_p": sampling.min_p,
-    }
-    params |= {key: value for key, value in optional.items() if value}
-    if sampling.repetition_penalty != 1.0:
-        params["repetition_penalty"] = sampling.repetition_penalty
-    if not sampling.skip_special_tokens:
-        params["skip_special_tokens"] = False
-    if not sampling.spaces_between_special_tokens:
-        params["spaces_between_special_tokens"] = False
-    if sampling.no_stop_trim:
-        params["no_stop_trim"] = True
-    return params
+    return engine_sampling(sampling, "sglang")
 
 
 class EventReducer:
