@@ -167,6 +167,10 @@ class StepSimulator:
         self.minibatches: list[list[int]] = []
         self.actor_sizes: list[int] = []
         self.actor_free_at: float | None = None
+        # the executor's moves (dynamic): one at a time; the actor's next task waits for them
+        self.moves_free_at = start
+        self.num_released = 0  # instances released in the step: each wakes at its end
+        self._moves_wake: float | None = None  # when a dispatch waiting for the moves is due
         self.parked: list[SimRequest] = []
         self.offloaded = False
         self.budget_spent = False
@@ -433,6 +437,8 @@ class StepSimulator:
         for instance_id in plan.release_instances:
             if instance_id in local:
                 self._retire(instance_id, "migrate")
+                self.moves_free_at = max(self.moves_free_at, self.now) + self.config.scheduling.release_s
+                self.num_released += 1
         if plan.release_inference and inference is not None:
             inference.released = True
         if plan.actor_gpus not in self.valid_actor_sizes or plan.actor_gpus < snapshot.actor_gpus:
@@ -503,6 +509,11 @@ class StepSimulator:
             return
         if self.actor_free_at is None:
             self.actor_free_at = self.now
+        if self.now < self.moves_free_at:  # the live actor's thread waits for the executor's lock
+            if self._moves_wake != self.moves_free_at:
+                self._moves_wake = self.moves_free_at
+                self._emit(self.moves_free_at, Phase.MOVE, self._on_moves_done)
+            return
         if self.actor_target > lane.num_gpus:
             lane.num_gpus = self.actor_target
             self._run(
@@ -538,6 +549,10 @@ class StepSimulator:
                 [r.id for r in OffloadBalancer.offload_sources(pool.replicas[i] for i in pool.live_ids())],
             )
         return self._local_cache[1]
+
+    def _on_moves_done(self, event: Event) -> list[Event]:
+        self._dispatch()
+        return self._emitted()
 
     def _try_inference(self, lane: Lane) -> bool:
         if not self.ready or not (self.pipelined or self.rollout_done):
@@ -578,9 +593,11 @@ class StepSimulator:
     def _trained(self) -> None:
         self._decide("minibatch_end")
         if len(self.minibatches) == self.config.training.num_minibatches:
+            # the released instances wake first, one after another, then the weights go to all of them
+            start = max(self.now, self.moves_free_at) + self.num_released * self.config.scheduling.resume_s
             seconds = self.costs.sync_s(self.collocated, to_spot=self.spot)
-            self.timer.start("sync", seconds, 0, self.config.num_gpus)
-            self._emit(self.now + seconds, Phase.SYNC, self._on_step_end)
+            self.timer.record("sync", start, start + seconds, 0, self.config.num_gpus)
+            self._emit(start + seconds, Phase.SYNC, self._on_step_end)
 
     def _run(
         self, lane: Lane, component: str, seconds: float, on_done: Callable[[], None], label: str = ""
