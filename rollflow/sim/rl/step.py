@@ -434,11 +434,13 @@ class StepSimulator:
         plan = self.scheduler.decide(snapshot)
         if trigger == "minibatch_end":
             self.done_at_last_minibatch = self.num_done
+        moves = self.config.scheduling.kind == "dynamic"  # (static: rollout just stops, nothing moves)
         for instance_id in plan.release_instances:
             if instance_id in local:
                 self._retire(instance_id, "migrate")
-                self.moves_free_at = max(self.moves_free_at, self.now) + self.config.scheduling.release_s
-                self.num_released += 1
+                if moves:
+                    self.moves_free_at = max(self.moves_free_at, self.now) + self.config.scheduling.release_s
+                    self.num_released += 1
         if plan.release_inference and inference is not None:
             inference.released = True
         if plan.actor_gpus not in self.valid_actor_sizes or plan.actor_gpus < snapshot.actor_gpus:

@@ -167,3 +167,9 @@ def test_moves_cost_what_they_are_given_releases_holding_the_actor_and_resumes_t
     # the first release (pre-process, as rollout thins out) holds the actor's next mini-batch 5 s
     assert costly.windows["training"][0] >= free.windows["training"][0] + 5
     assert costly.step_time_s > free.step_time_s + released * 2 + 5
+    # a static step's rollout stops when done, and nothing moves: the same step either way
+    static = [*tail, *POLICIES["static-pipelined"]]
+    assert (
+        simulate_steps(rl_config(*static, "scheduling.release_s=5", "scheduling.resume_s=2"))[0].step_time_s
+        == simulate_steps(rl_config(*static))[0].step_time_s
+    )
