@@ -51,16 +51,20 @@ def test_a_full_batch_carries_the_other_groups_whole_with_the_tokens_they_made()
     handed_on = result.tokens_carried
     second, result = _step(config, 1, result.end, first.carried_out, sync_ends=(result.end,))
     assert (
-        handed_on == sum(sum(v.values()) for v in second.earlier_versions.values()) > 0
+        handed_on == sum(sum(v.values()) for v in second.partial.earlier_versions.values()) > 0
     )  # the next step gets them
-    carried_in = second.requests[:16]
+    carried_in = second.progress.requests[:16]
     assert [r.id for r in carried_in] == list(range(16))  # carried groups come first
-    trained = {r.id for ids in result.minibatches for r in (second.requests[i] for i in ids)}
+    trained = {r.id for ids in result.minibatches for r in (second.progress.requests[i] for i in ids)}
     assert len(trained) == 64
     # every trained token has its version; the carried ones keep step 0's (1 version stale)
-    expected = sum(second.requests[i].output_tokens for i in trained)
+    expected = sum(second.progress.requests[i].output_tokens for i in trained)
     assert sum(result.tokens_by_staleness.values()) == expected
-    stale = sum(sum(second.earlier_versions[i].values()) for i in trained if i in second.earlier_versions)
+    stale = sum(
+        sum(second.partial.earlier_versions[i].values())
+        for i in trained
+        if i in second.partial.earlier_versions
+    )
     assert result.tokens_by_staleness.get(1, 0) >= stale > 0
 
 
