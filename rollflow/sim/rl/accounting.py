@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import resource
 
-from rollflow.phases import PHASES, Span
+from rollflow.phases import PHASES, PhaseSpan
 from rollflow.sim.rl.config import RLSimConfig
 from rollflow.sim.rl.staleness import tokens_by_staleness
 from rollflow.sim.rl.trace import StepResult, StepTrace
@@ -12,7 +12,7 @@ from rollflow.sim.rl.trace import StepResult, StepTrace
 COMPONENTS = PHASES
 
 
-def rollout_spans(trace: StepTrace) -> list[Span]:
+def rollout_spans(trace: StepTrace) -> list[PhaseSpan]:
     """Each rollout instance's batches, merged into busy intervals on its GPUs."""
     spans = []
     for info in trace.instances:
@@ -23,10 +23,10 @@ def rollout_spans(trace: StepTrace) -> list[Span]:
                 current[1] = max(current[1], start + duration)
                 continue
             if current is not None:
-                spans.append(Span(component, info.gpu_start, info.num_gpus, current[0], current[1]))
+                spans.append(PhaseSpan(component, info.gpu_start, info.num_gpus, current[0], current[1]))
             current = [start, start + duration]
         if current is not None:
-            spans.append(Span(component, info.gpu_start, info.num_gpus, current[0], current[1]))
+            spans.append(PhaseSpan(component, info.gpu_start, info.num_gpus, current[0], current[1]))
     return spans
 
 
@@ -98,6 +98,7 @@ def summarize_step(trace: StepTrace) -> StepResult:
         actor_sizes=trace.actor_sizes,
         tokens_by_staleness=by_staleness,
         max_sample_staleness=stalest,
+        extra_groups=config.partial_rollout,
         carried_samples=trace.num_carried_out,
         tokens_carried=trace.num_tokens_carried_out,
         decode_tokens=sum(
@@ -216,6 +217,7 @@ def step_summary(step: StepResult) -> dict:
         "offload_budget_s": step.offload_budget_s,
         "actor_gpus_per_minibatch": step.actor_sizes,
         "tokens_by_staleness": {str(k): v for k, v in step.tokens_by_staleness.items()},
+        "extra_groups": step.extra_groups,
         "carried_samples": step.carried_samples,
         "tokens_carried": step.tokens_carried,
         "decode_tokens": step.decode_tokens,

@@ -9,6 +9,7 @@ trained carry over whether finished or not, so a group always trains whole.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -142,3 +143,28 @@ class PartialRollout:
     @property
     def num_tokens_carried_out(self) -> int:
         return sum(sum(c.versions.values()) for c in self.carried_out)
+
+
+def trained_group_lengths(
+    requests: Sequence[SimRequest], trained: Sequence[int], group_size: int
+) -> list[int]:
+    """Each trained group's length as the over-sampling policy reads it: its longest response."""
+    return [
+        max(r.output_tokens for r in requests[group * group_size : (group + 1) * group_size])
+        for group in trained
+    ]
+
+
+def resume_order(unfinished: list[SimRequest], num_carried: int, seed: int, step: int) -> list[SimRequest]:
+    """The order a step's unfinished samples reach the instances: the carried ones (ids below
+    `num_carried`) first, in an arbitrary order, then the new ones in group order.
+
+    As live (`rollflow.runtime.trainer.partial.PartialStep`): every carried sample is resumed by a
+    `/generate` of its own, all sent at once from a pool of threads before the step's new prompts, so
+    they reach the manager's queue in whatever order the requests arrive, not group by group. Where
+    the engines cannot run them all at once, that order decides which carried groups finish first and
+    how many tokens the others have made when the batch fills. A seeded shuffle (the run's seed and the
+    step's index) stands for it, so a simulated run stays repeatable."""
+    carried = [r for r in unfinished if r.id < num_carried]
+    random.Random(f"resume-{seed}-{step}").shuffle(carried)
+    return carried + [r for r in unfinished if r.id >= num_carried]

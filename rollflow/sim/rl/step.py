@@ -14,7 +14,8 @@ Partial rollout (`partial_rollout` > 0): the step generates its carried-over sam
 new groups to keep `num_prompts + partial_rollout` groups going; when `num_prompts` groups have
 finished the batch is full, every instance stops at its next iteration boundary and the samples
 of the other groups are handed to the next step (`carried_out`, see `rollflow.sim.rl.partial`),
-with those a preemptible instance's preemption left waiting for an instance.
+with those a preemptible instance's preemption left waiting for an instance. The next step's carried
+samples reach the instances before its new ones, in no group order (`resume_order`), as live.
 
 Off-policy (`off_policy` >= 1): the runner starts a step's rollout before the previous step has
 trained (`lanes_free_at` > `start`). Until then the lanes wait, and so do the rollout instances on
@@ -46,7 +47,7 @@ from rollflow.sim.rl.instances import StepInstances
 from rollflow.sim.rl.lanes import Lanes
 from rollflow.sim.rl.manager import ManagerCapacity
 from rollflow.sim.rl.offload import StepOffload
-from rollflow.sim.rl.partial import CarriedSample, PartialRollout, step_samples
+from rollflow.sim.rl.partial import CarriedSample, PartialRollout, resume_order, step_samples
 from rollflow.sim.rl.preemptible import SpotInstances
 from rollflow.sim.rl.progress import RolloutProgress
 from rollflow.sim.rl.resources import StepResources
@@ -118,9 +119,10 @@ class StepSimulator:
         self.queue.push_all(self.emitted())
         self.pool.sim.advance(stop=lambda: self.end is not None)
         if self.end is None:
-            if self.instances.parked:
+            waiting = len(self.instances.parked) + len(self.instances.held)
+            if waiting:
                 raise UserError(
-                    f"step {self.index} cannot finish: {len(self.instances.parked)} sequences wait for a "
+                    f"step {self.index} cannot finish: {waiting} sequences wait for a "
                     "rollout instance and none will come (extend the spot availability trace)"
                 )
             raise RuntimeError(
@@ -152,7 +154,11 @@ class StepSimulator:
         if self.preemptible is not None:
             self.preemptible.start()
             self.offload.start()
-        self.instances.submit_all([r for r in self.progress.requests if not r.completed])
+        unfinished = [r for r in self.progress.requests if not r.completed]
+        carried_first = resume_order(
+            unfinished, len(self.partial.earlier_versions), self.config.seed, self.index
+        )
+        self.instances.submit_all(carried_first)
         self.resources.decide("step_start")
         self.progress.count_carried_finished()
 
