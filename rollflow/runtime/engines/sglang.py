@@ -35,6 +35,7 @@ from rollflow.runtime.engines.http import (
 )
 from rollflow.runtime.engines.load import EngineLoad, parse_sglang_get_load, parse_sglang_loads
 from rollflow.runtime.engines.pool import ProtocolError
+from rollflow.runtime.engines.sampling_fields import SGLANG_FIELDS, to_engine
 
 if TYPE_CHECKING:
     import torch
@@ -65,7 +66,7 @@ class SGLangClient(HttpEngine):
     ) -> AsyncIterator[GenerateChunk]:
         last = self._last_sampling
         if last is None or last[0] is not sampling:
-            last = self._last_sampling = (sampling, sglang_sampling_params(sampling))
+            last = self._last_sampling = (sampling, to_engine(sampling, SGLANG_FIELDS))
         body = {
             "rid": rid,
             "input_ids": input_ids,
@@ -194,36 +195,6 @@ class BuiltinEngineClient(SGLangClient):
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
             raise EngineError(f"pushing weights to {self.url} failed: {failure_text(exc)}") from exc
         _check_success(answer, self.url, "update_weights_from_safetensors")
-
-
-def sglang_sampling_params(sampling: SamplingParams) -> dict[str, Any]:
-    """SGLang's `sampling_params` for `sampling` (fields at their defaults are left out)."""
-    params: dict[str, Any] = {
-        "max_new_tokens": sampling.max_new_tokens,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "top_k": sampling.top_k,
-        "ignore_eos": sampling.ignore_eos,
-    }
-    optional = {
-        "stop_token_ids": list(sampling.stop_token_ids),
-        "sampling_seed": sampling.seed,
-        "stop": list(sampling.stop),
-        "min_new_tokens": sampling.min_new_tokens,
-        "frequency_penalty": sampling.frequency_penalty,
-        "presence_penalty": sampling.presence_penalty,
-        "min_p": sampling.min_p,
-    }
-    params |= {key: value for key, value in optional.items() if value}
-    if sampling.repetition_penalty != 1.0:
-        params["repetition_penalty"] = sampling.repetition_penalty
-    if not sampling.skip_special_tokens:
-        params["skip_special_tokens"] = False
-    if not sampling.spaces_between_special_tokens:
-        params["spaces_between_special_tokens"] = False
-    if sampling.no_stop_trim:
-        params["no_stop_trim"] = True
-    return params
 
 
 class EventReducer:
