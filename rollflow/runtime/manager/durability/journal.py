@@ -12,7 +12,7 @@ transaction, a round's tokens as one row (journal_file.py). While more than
 what a crash can lose. A round is handed at once, too, when a caller needs what it is about to
 answer to be on disk first (`durable()`: a line of the sample stream, a micro-batch handed to a
 client that does not keep the record of its hand-outs itself; one that does, as `ManagerClient`
-does, is answered at once, see `RolloutManager.adopt_handouts`).
+does, is answered at once, see `BatchBook.adopt_handouts`).
 
 Sessions (sessions.py) are journaled beside batches: a row per session (its pin, whether it is
 closed, the turn it is running), a row per finished turn (its input and its output with spans), and

@@ -71,14 +71,6 @@ def engine_record(engine: EngineRecord) -> dict:
     }
 
 
-def step_reports(manager: RolloutManager) -> dict:
-    return {
-        "num_step_reports": manager.num_step_reports,
-        "last_step_report": manager.last_step_report,
-        "balancer": manager.balancer.state() if manager.balancer is not None else None,
-    }
-
-
 async def restore(manager: RolloutManager) -> Snapshot:
     """Lock and open the manager's journal, put its state back, abort the attempts the last manager left
     running."""
@@ -127,10 +119,7 @@ def _restore_counters(manager: RolloutManager, snapshot: Snapshot) -> None:
     manager.restore_sequence(max(seqs, default=-1) + 1)
     reports = state.get("step_reports")
     if reports is not None:
-        manager.num_step_reports = reports["num_step_reports"]
-        manager.last_step_report = reports["last_step_report"]
-        if manager.balancer is not None and reports["balancer"] is not None:
-            manager.balancer.load_state(reports["balancer"])
+        manager.offload.load_state(reports)
 
 
 def _sampling(journaled: dict) -> SamplingParams:
