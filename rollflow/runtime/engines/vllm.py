@@ -25,7 +25,6 @@ from rollflow.runtime.engines.base import (
     GenerateChunk,
     NotSupportedError,
     RequestFailedError,
-    SamplingParams,
 )
 from rollflow.runtime.engines.http import (
     HttpEngine,
@@ -35,7 +34,7 @@ from rollflow.runtime.engines.http import (
     raise_for_status,
 )
 from rollflow.runtime.engines.load import EngineLoad, parse_vllm_metrics
-from rollflow.runtime.engines.sampling_fields import VLLM_FIELDS, to_engine
+from rollflow.runtime.wire.base import SamplingParams, engine_sampling
 
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 LOAD_TIMEOUT_S = 2.0
@@ -81,7 +80,7 @@ class VLLMClient(HttpEngine):
             "logprobs": 0,
             "return_token_ids": True,
             "stream_options": {"include_usage": True},
-            **to_engine(sampling, VLLM_FIELDS),
+            **vllm_sampling_params(sampling),
         }
         finished = False
         final = GenerateChunk([], [], None, None)  # the finishing chunk, held for the usage event
@@ -195,6 +194,11 @@ class VLLMClient(HttpEngine):
                     f"{self.url} does not serve {path.split('?')[0]} ({what}): {DEV_MODE_HINT}"
                 ) from None
             raise
+
+
+def vllm_sampling_params(sampling: SamplingParams) -> dict[str, Any]:
+    """vLLM's completion fields for `sampling` (fields at their defaults are left out)."""
+    return engine_sampling(sampling, "vllm")
 
 
 def parse_vllm_event(payload: dict[str, Any], text_seen: str = "") -> GenerateChunk | None:

@@ -11,16 +11,11 @@ import pytest
 from aiohttp import web
 
 from rollflow.errors import UserError
-from rollflow.runtime.engines.base import (
-    EngineError,
-    EngineRejectedError,
-    EngineResponseError,
-    GenerateChunk,
-    SamplingParams,
-)
+from rollflow.runtime.engines.base import EngineError, EngineRejectedError, EngineResponseError, GenerateChunk
 from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.engines.sglang import parse_sglang_event
 from rollflow.runtime.engines.vllm import parse_vllm_event
+from rollflow.runtime.wire.base import SamplingParams
 from tests.runtime.engines.helpers import run
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -1,5 +1,5 @@
-"""The engines' sampling field tables: every rollflow field has a row in each, under the name the
-engine's request type gives it, and a request read back at rollflow's edge is the one sent."""
+"""The engines' sampling field table (wire/base.py): every rollflow field has a row, under the name
+each engine's request type gives it, and a request read back at rollflow's edge is the one sent."""
 
 from __future__ import annotations
 
@@ -7,18 +7,11 @@ import dataclasses
 
 import pytest
 
-from rollflow.runtime.engines.base import MAX_SEED, MIN_SEED, SamplingParams
-from rollflow.runtime.engines.sampling_fields import (
-    SGLANG_FIELDS,
-    VLLM_FIELDS,
-    FieldTable,
-    from_engine,
-    to_engine,
-)
-from rollflow.runtime.engines.sglang_io import SamplingParamsBody
 from rollflow.runtime.manager.edge.vllm_api import VllmSamplingParams
+from rollflow.runtime.wire.base import MAX_SEED, MIN_SEED, SAMPLING_NAMES, SamplingParams, engine_sampling
+from rollflow.runtime.wire.sglang import SamplingParamsBody
 
-TABLES = {"sglang": SGLANG_FIELDS, "vllm": VLLM_FIELDS}
+COLUMNS = {"sglang": 0, "vllm": 1}  # each engine's column of SAMPLING_NAMES
 # the engines' own request types as rollflow's edges spell them (SGLang's `sampling_params`,
 # vLLM's `SamplingParams`); their field names are the engines'
 EDGE_BODIES = {"sglang": SamplingParamsBody, "vllm": VllmSamplingParams}
@@ -38,42 +31,35 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("engine", TABLES)
-def test_each_table_maps_every_sampling_field_once(engine):
-    """A field added to SamplingParams without a row here would never reach the engine."""
-    table: FieldTable = TABLES[engine]
-    assert list(table) == [field.name for field in dataclasses.fields(SamplingParams)]
-    names = [row.name for row in table.values()]
-    assert len(set(names)) == len(names), f"two rollflow fields share an {engine} name"
+def test_the_table_maps_every_sampling_field_once_per_engine():
+    """A field added to SamplingParams without a row would never reach the engines."""
+    assert list(SAMPLING_NAMES) == [field.name for field in dataclasses.fields(SamplingParams)]
+    for engine, column in COLUMNS.items():
+        names = [row[column] for row in SAMPLING_NAMES.values()]
+        assert len(set(names)) == len(names), f"two rollflow fields share an {engine} name"
 
 
-@pytest.mark.parametrize("engine", TABLES)
-def test_each_table_names_fields_as_the_engine_does(engine):
-    assert {row.name for row in TABLES[engine].values()} <= set(EDGE_BODIES[engine].model_fields)
+@pytest.mark.parametrize("engine", COLUMNS)
+def test_the_table_names_fields_as_each_engine_does(engine):
+    names = {row[COLUMNS[engine]] for row in SAMPLING_NAMES.values()}
+    assert names <= set(EDGE_BODIES[engine].model_fields)
 
 
-@pytest.mark.parametrize("engine", TABLES)
+@pytest.mark.parametrize("engine", COLUMNS)
 @pytest.mark.parametrize("sampling", CASES, ids=range(len(CASES)))
 def test_sampling_sent_to_an_engine_reads_back_the_same_at_its_edge(engine, sampling):
     """What a client sends, parsed as the engine's request and turned back at rollflow's edge (the
     built-in engine's SGLang body, the manager's vLLM body), is the same SamplingParams."""
-    body = EDGE_BODIES[engine](**to_engine(sampling, TABLES[engine]))
-    assert body.to_params() == sampling
-    assert from_engine(body, TABLES[engine]) == sampling
+    assert EDGE_BODIES[engine](**engine_sampling(sampling, engine)).to_params() == sampling
 
 
 def test_fields_at_rollflow_defaults_are_left_out_and_a_zero_seed_is_not():
-    assert set(to_engine(SamplingParams(max_new_tokens=4), SGLANG_FIELDS)) == {
+    assert set(engine_sampling(SamplingParams(max_new_tokens=4), "sglang")) == {
         "max_new_tokens",
         "temperature",
         "top_p",
         "top_k",
         "ignore_eos",
     }
-    assert to_engine(SamplingParams(max_new_tokens=4, seed=0), SGLANG_FIELDS)["sampling_seed"] == 0
-    assert to_engine(SamplingParams(max_new_tokens=4, seed=0), VLLM_FIELDS)["seed"] == 0
-
-
-def test_the_vllm_edge_reads_vllm_spellings_of_every_token_and_no_max_tokens():
-    params = VllmSamplingParams(top_k=0, stop="END", max_tokens=None).to_params()
-    assert (params.top_k, params.stop, params.max_new_tokens) == (-1, ("END",), 16)
+    assert engine_sampling(SamplingParams(max_new_tokens=4, seed=0), "sglang")["sampling_seed"] == 0
+    assert engine_sampling(SamplingParams(max_new_tokens=4, seed=0), "vllm")["seed"] == 0

@@ -12,9 +12,9 @@ from collections.abc import Callable
 import pytest
 
 from rollflow.policy.offload import OffloadBalancer
-from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.config import EngineEntry, ManagerConfig
 from rollflow.runtime.manager.core.service import RolloutManager
+from rollflow.runtime.wire.base import SamplingParams
 from rollflow.sim.rl.runner import simulate_steps
 from tests.runtime.processes import start_engine
 from tests.sim.rl.factories import rl_config

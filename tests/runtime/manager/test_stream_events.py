@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.http.sse import event as sse_event
 from rollflow.runtime.manager.core.samples import Sample, SampleState
 from rollflow.runtime.manager.edge.generate_io import StreamEvents, generate_payload
 from rollflow.runtime.manager.edge.protocol import GenerateBody
+from rollflow.runtime.wire.base import SamplingParams
 
 
 class _Tokenizer:

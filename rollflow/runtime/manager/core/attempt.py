@@ -14,15 +14,11 @@ from collections.abc import AsyncIterator, Coroutine
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rollflow.runtime.engines.base import (
-    EngineRejectedError,
-    GenerateChunk,
-    RequestFailedError,
-    SamplingParams,
-)
+from rollflow.runtime.engines.base import EngineRejectedError, GenerateChunk, RequestFailedError
 from rollflow.runtime.engines.http import ENGINE_ERRORS
 from rollflow.runtime.manager.durability.stops import SpanningStop
 from rollflow.runtime.manager.streams.wire import StreamProcessLost
+from rollflow.runtime.wire.base import SamplingParams
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

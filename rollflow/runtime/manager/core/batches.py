@@ -10,10 +10,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.core.packing import GroupPacker
 from rollflow.runtime.manager.core.samples import Sample, SampleState
 from rollflow.runtime.manager.durability.journal_events import NoJournal
+from rollflow.runtime.wire.base import SamplingParams
 
 log = logging.getLogger(__name__)
 

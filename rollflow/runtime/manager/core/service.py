@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from rollflow.policy.routing import Router
-from rollflow.runtime.engines.base import GenerateChunk, SamplingParams
+from rollflow.runtime.engines.base import GenerateChunk
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.core import attempt
 from rollflow.runtime.manager.core.attempt import Outcome
@@ -53,6 +53,7 @@ from rollflow.runtime.manager.durability.journal_events import NoJournal
 from rollflow.runtime.manager.durability.journal_lock import JournalLock
 from rollflow.runtime.manager.durability.request_log import RequestLog
 from rollflow.runtime.manager.streams.readers import StreamReaders
+from rollflow.runtime.wire.base import SamplingParams
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

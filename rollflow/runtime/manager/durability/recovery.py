@@ -24,7 +24,6 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.manager.core.batches import Batch, sample_sampling
 from rollflow.runtime.manager.core.fleet import EngineUnavailable, normalise_url
@@ -32,6 +31,7 @@ from rollflow.runtime.manager.core.samples import Sample, SampleState, Span
 from rollflow.runtime.manager.durability.journal import Journal
 from rollflow.runtime.manager.durability.journal_file import JournalRefused, Snapshot, open_journal
 from rollflow.runtime.manager.durability.journal_lock import JournalLock
+from rollflow.runtime.wire.base import SamplingParams
 
 if TYPE_CHECKING:
     from rollflow.runtime.manager.core.registry import EngineRecord

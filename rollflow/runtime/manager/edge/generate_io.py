@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollflow.runtime.engines.base import SamplingParams
-from rollflow.runtime.engines.sglang_io import SamplingParamsBody
 from rollflow.runtime.http.answer import dumps
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.core.samples import Sample, SampleState
 from rollflow.runtime.manager.edge.protocol import GenerateBody
 from rollflow.runtime.manager.edge.shared import BadRequest
+from rollflow.runtime.wire.base import SamplingParams
+from rollflow.runtime.wire.sglang import SamplingParamsBody
 
 ID_BYTES_PER_TOKEN = 16
 """Most bytes a prompt's token id takes in a body: 10 digits for the largest id, then ", ", and

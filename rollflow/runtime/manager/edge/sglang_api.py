@@ -23,8 +23,6 @@ from typing import Any
 
 from aiohttp import web
 
-from rollflow.runtime.engines.base import SamplingParams
-from rollflow.runtime.engines.sglang_io import MAX_TOKEN_ID, split_batch
 from rollflow.runtime.http.answer import dumps, json_response
 from rollflow.runtime.http.auth import require_bearer
 from rollflow.runtime.http.body import THREAD_PARSE_BYTES, Narrow, read_json_object
@@ -41,7 +39,7 @@ from rollflow.runtime.manager.edge.generate_io import (
     one_prompt_limit,
     sampling_params,
 )
-from rollflow.runtime.manager.edge.protocol import AbortBody, GenerateBody
+from rollflow.runtime.manager.edge.protocol import GenerateBody
 from rollflow.runtime.manager.edge.shared import (
     MANAGER_KEY,
     TOKENIZER_KEY,
@@ -50,6 +48,8 @@ from rollflow.runtime.manager.edge.shared import (
     parse_body,
     validate,
 )
+from rollflow.runtime.wire.base import SamplingParams
+from rollflow.runtime.wire.sglang import MAX_TOKEN_ID, AbortBody, split_batch
 
 RIDS_KEY = web.AppKey("rids", dict)
 """rid of a running `/generate` -> its sample, for `/abort_request`."""

@@ -34,19 +34,21 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollflow.config import describe_validation_error
-from rollflow.runtime.engines.base import MAX_SEED, MIN_SEED, SamplingParams
-from rollflow.runtime.engines.sampling_fields import VLLM_FIELDS, from_engine, to_engine
-from rollflow.runtime.engines.sglang_io import MAX_TOKEN_ID, Int
+from rollflow.runtime.engines.vllm import vllm_sampling_params
 from rollflow.runtime.http.answer import dumps, json_response
 from rollflow.runtime.http.body import read_json_object
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.core.batches import sample_sampling
 from rollflow.runtime.manager.core.samples import Sample, SampleState
 from rollflow.runtime.manager.edge.shared import MANAGER_KEY, TOKENIZER_KEY, body_limit
-from rollflow.runtime.openai.protocol import ChatBody, OpenAIError, StreamOptions, parse_body
 from rollflow.runtime.openai.serve import Tokenizer
+from rollflow.runtime.wire.base import MAX_SEED, MIN_SEED, SamplingParams
+from rollflow.runtime.wire.openai import ChatBody, OpenAIError, StreamOptions, parse_body
+from rollflow.runtime.wire.sglang import MAX_TOKEN_ID, Int
 
 SESSION_HEADER = "X-Session-ID"
+DEFAULT_MAX_TOKENS = 16
+"""vLLM's `SamplingParams.max_tokens` default, for a body that leaves it out."""
 MAX_CHOICES = 64  # `n` per request: more samples of one prompt belong in a batch (/batches)
 
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
@@ -90,7 +92,25 @@ class VllmSamplingParams(_Body):
             raise OpenAIError(
                 400, "prompt_logprobs is not served by the manager", "sampling_params.prompt_logprobs"
             )
-        return from_engine(self, VLLM_FIELDS)
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        return SamplingParams(
+            max_new_tokens=self.max_tokens or DEFAULT_MAX_TOKENS,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k if self.top_k != 0 else -1,
+            ignore_eos=self.ignore_eos,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            seed=self.seed,
+            stop=tuple(s for s in stop if s),
+            min_new_tokens=self.min_tokens,
+            frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
+            repetition_penalty=self.repetition_penalty,
+            min_p=self.min_p,
+            skip_special_tokens=self.skip_special_tokens,
+            spaces_between_special_tokens=self.spaces_between_special_tokens,
+            no_stop_trim=self.include_stop_str_in_output,
+        )
 
 
 class GenerateBody(_Body):
@@ -392,7 +412,7 @@ async def render_chat(
             400,
             "rendering a chat needs the manager's tokenizer: start it with `tokenizer:` set to the model folder",
         )
-    sampling = to_engine(body.sampling(body.max_new_tokens()), VLLM_FIELDS)
+    sampling = vllm_sampling_params(body.sampling(body.max_new_tokens()))
     stop = body.stop_strings()
     sampling |= {"n": 1, "logprobs": 0 if body.logprobs else None} | ({"stop": list(stop)} if stop else {})
     return json_response(
