@@ -20,9 +20,12 @@ N_SAMPLES = 4
 MAX_STALENESS = 1
 
 
+def _checkpoint_state(output, step: int) -> dict:
+    return json.loads((output / "checkpoints" / f"step_{step}" / "state.json").read_text())
+
+
 def _checkpoint_carried(output, step: int) -> list[list[dict]]:
-    state = json.loads((output / "checkpoints" / f"step_{step}" / "state.json").read_text())
-    return state["carried"]
+    return _checkpoint_state(output, step)["carried"]
 
 
 def test_partial_rollout_carries_samples_across_steps_and_an_engine_killed_between_steps(
@@ -168,7 +171,8 @@ def test_partial_rollout_auto_asks_the_simulators_policy_with_the_groups_trained
     processes, tiny_model, tmp_path
 ):
     """`partial_rollout: auto` live: each step's extra groups are what the shared policy (the one
-    `rollflow rl-sim` asks) chooses from the lengths of the groups trained in the steps before."""
+    `rollflow rl-sim` asks) chooses from the lengths of the groups trained in the steps before, and
+    after `--resume auto` too: the lengths travel in the checkpoint (step 3 runs in a resumed run)."""
     engines = [processes.engine() for _ in range(2)]
     manager = processes.manager(engines=[{"url": e.url, "capacity": 2} for e in engines])
     output = tmp_path / "run"
@@ -176,7 +180,7 @@ def test_partial_rollout_auto_asks_the_simulators_policy_with_the_groups_trained
         manager,
         tiny_model,
         output,
-        steps=3,
+        steps=2,
         prompts_per_step=PROMPTS_PER_STEP,
         n_samples=N_SAMPLES,
         max_new_tokens=24,
@@ -184,6 +188,7 @@ def test_partial_rollout_auto_asks_the_simulators_policy_with_the_groups_trained
         max_staleness=MAX_STALENESS,
     )
     train(config, tmp_path, "--resume", "never")
+    train({**config, "steps": 3}, tmp_path, "--resume", "auto")
     trained = [json.loads(line) for line in (output / "trained_samples.jsonl").read_text().splitlines()]
     sampler = Oversampler("auto", PROMPTS_PER_STEP)
     steps = rows(output)
@@ -197,3 +202,5 @@ def test_partial_rollout_auto_asks_the_simulators_policy_with_the_groups_trained
             max(r["num_output"] for r in records[i : i + N_SAMPLES])
             for i in range(0, len(records), N_SAMPLES)
         )
+        if row["step"] == "2":  # the window the resumed run starts from: steps 1 and 2's groups
+            assert _checkpoint_state(output, 2)["group_lengths"] == list(sampler.snapshot().group_lengths)
