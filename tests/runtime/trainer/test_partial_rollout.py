@@ -188,11 +188,10 @@ def test_partial_rollout_auto_asks_the_simulators_policy_with_the_groups_trained
         max_staleness=MAX_STALENESS,
     )
     train(config, tmp_path, "--resume", "never")
-    train({**config, "steps": 3}, tmp_path, "--resume", "auto")
     trained = [json.loads(line) for line in (output / "trained_samples.jsonl").read_text().splitlines()]
     sampler = Oversampler("auto", PROMPTS_PER_STEP)
     steps = rows(output)
-    assert [int(r["step"]) for r in steps] == [1, 2, 3] and steps[0]["extra_groups"] == "0"
+    assert [int(r["step"]) for r in steps] == [1, 2] and steps[0]["extra_groups"] == "0"
     for row in steps:
         assert int(row["extra_groups"]) == sampler.plan().num_extra
         assert int(row["samples_carried"]) == int(row["extra_groups"]) * N_SAMPLES
@@ -202,5 +201,20 @@ def test_partial_rollout_auto_asks_the_simulators_policy_with_the_groups_trained
             max(r["num_output"] for r in records[i : i + N_SAMPLES])
             for i in range(0, len(records), N_SAMPLES)
         )
-        if row["step"] == "2":  # the window the resumed run starts from: steps 1 and 2's groups
-            assert _checkpoint_state(output, 2)["group_lengths"] == list(sampler.snapshot().group_lengths)
+    # the checkpoint holds the window the policy read: steps 1 and 2's trained groups
+    state = _checkpoint_state(output, 2)
+    assert state["group_lengths"] == list(sampler.snapshot().group_lengths)
+
+    # --resume auto plans its first step from the checkpoint's window, not from none (N = 0): the tiny
+    # model's groups all reach max_new_tokens, so a window with a tail is written there to tell the two
+    tail = [4] * PROMPTS_PER_STEP + [24] * PROMPTS_PER_STEP
+    resumed = Oversampler("auto", PROMPTS_PER_STEP)
+    resumed.observe(tail)
+    assert resumed.plan().num_extra > 0
+    (output / "checkpoints" / "step_2" / "state.json").write_text(
+        json.dumps({**state, "group_lengths": tail})
+    )
+    train({**config, "steps": 3}, tmp_path, "--resume", "auto")
+    step_3 = rows(output)[-1]
+    assert step_3["step"] == "3" and int(step_3["extra_groups"]) == resumed.plan().num_extra
+    assert int(step_3["samples_carried"]) == int(step_3["extra_groups"]) * N_SAMPLES
