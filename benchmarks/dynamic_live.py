@@ -45,10 +45,11 @@ from rollflow.perf.profile.hf_config import load_model_config, model_shape_secti
 from rollflow.runtime.demo.config import load_demo_config
 from rollflow.runtime.demo.dynamic import check_dynamic, run_dynamic_demo
 from rollflow.runtime.engines.tiny_model import write_tiny_model
+from rollflow.runtime.launch.process import rollflow_command as rollflow
+from rollflow.runtime.launch.servers import ENV, start_engine
 from rollflow.sim.rl.config import RLSimConfig
 from rollflow.sim.rl.costs import StepCosts
 from rollflow.sim.rl.runner import simulate_steps
-from tests.runtime.processes import ENV, rollflow, start_engine
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "demo" / "dynamic.yaml"
@@ -80,7 +81,7 @@ def live_run(out: Path, auto_scheduler: bool, overrides: list[str]) -> dict:
 def profile_engine(model: Path, out: Path) -> Path:
     """A built-in engine's iteration times as Vidur-format tables under `out` (what rl-sim's rollout
     reads); SystemExit with the profiler's last words when it fails."""
-    engine = start_engine(model, out, name="profiled", extra_args=("--threads", "1"), forked=False)
+    engine = start_engine(model, out, name="profiled", extra_args=("--threads", "1"))
     try:
         tables = out / "profile"
         argv = rollflow(

@@ -8,8 +8,8 @@ import statistics
 
 import pytest
 
-from rollflow.perf.profile.engine import EngineProbe, least_disturbed, measure_engine
 from rollflow.perf.profile.progress import PROGRESS_FILE
+from rollflow.runtime.engines.profiler.measure import EngineProbe, least_disturbed, measure_engine
 from tests.perf.profiling import read_rows, run_rollflow, simulate_one_prompt, simulate_requests
 from tests.runtime.engines.processes import EngineProcess
 from tests.runtime.processes import free_port

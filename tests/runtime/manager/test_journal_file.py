@@ -10,12 +10,12 @@ import sqlite3
 import pytest
 
 from rollflow.config import ConfigError, load_config
-from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.core.samples import Sample
-from rollflow.runtime.manager.durability import journal as journal_module
+from rollflow.runtime.manager.durability import journal_writer
 from rollflow.runtime.manager.durability.journal import Journal
 from rollflow.runtime.manager.durability.journal_file import SCHEMA_VERSION, JournalRefused, open_journal
+from rollflow.runtime.wire.base import SamplingParams
 
 CONFIG = ManagerConfig().model_dump(mode="json")
 
@@ -320,7 +320,7 @@ def test_writes_that_fail_are_held_in_order_and_written_once_they_can_leaving_no
     that fail are kept and tried again, so the tokens read back run on with no gap; meanwhile the
     journal names its error, logs it again while it lasts, and neither the bound nor `durable()` makes
     a caller wait."""
-    monkeypatch.setattr(journal_module, "REPORT_S", 0.0)  # every failed try logged, not every 5 s
+    monkeypatch.setattr(journal_writer, "REPORT_S", 0.0)  # every failed try logged, not every 5 s
     path = str(tmp_path / "j.db")
     sample = _sample(0)
 
@@ -352,7 +352,7 @@ def test_writes_that_fail_are_held_in_order_and_written_once_they_can_leaving_no
         await journal.close()
         return said
 
-    with caplog.at_level(logging.ERROR, logger=journal_module.__name__):
+    with caplog.at_level(logging.ERROR, logger=journal_writer.__name__):
         said = asyncio.run(run())
     messages = [record.getMessage() for record in caplog.records]
     assert messages[0].startswith(f"journal {path} cannot write (database or disk is full); new batches")

@@ -107,7 +107,7 @@ async def _stream_times(
 ) -> list[float]:
     """`start`, then the arrival time of each token of a greedy stream, appended to `times` (a new
     list by default) as they come, `on_chunk` called after each chunk."""
-    from rollflow.runtime.engines.base import SamplingParams
+    from rollflow.runtime.wire.base import SamplingParams
 
     sampling = SamplingParams(max_new_tokens=num_tokens, temperature=0.0, ignore_eos=True)
     times = [] if times is None else times
