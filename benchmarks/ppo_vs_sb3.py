@@ -43,7 +43,7 @@ MIN_RETURN_VS_SB3_PCT = -10.0
 # task -> (steps, seeds) of a full run and of --quick
 TASKS = {
     "cartpole": ((30_000, [0, 1]), (20_480, [0])),
-    "routing": ((12_288, [0, 1, 2, 3]), (4_096, [0, 1])),
+    "routing": ((12_288, [0, 1, 2, 3]), (4_096, [0, 1, 2, 3])),  # seeds differ a lot: --quick keeps all four
 }
 
 SB3_DEFAULTS = dict(
@@ -129,10 +129,11 @@ def compare(results: Results, task: str, steps: int, seeds: list[int]) -> None:
         [[step, round(float(np.nanmean(returns["rollflow"][:, k])), 2), round(float(np.nanmean(returns["sb3"][:, k])), 2)]
          for k, step in enumerate(step_marks)],
     )  # fmt: skip
-    last = {name: float(np.nanmean(r[:, windows - 3 : windows])) for name, r in returns.items()}
+    judged = min(3, windows)  # a short run (--quick's routing: 2 windows) is judged on all it has
+    last = {name: float(np.nanmean(r[:, windows - judged : windows])) for name, r in returns.items()}
     results.figures[task] = {"steps": steps, "seeds": seeds, "final_return": last, "wall_s": wall}
     results.goal(
-        f"{task}: rollflow's mean return, last 3 windows, against SB3's ((rollflow - SB3) / |SB3|, %)",
+        f"{task}: rollflow's mean return, last {judged} windows, against SB3's ((rollflow - SB3) / |SB3|, %)",
         100 * (last["rollflow"] - last["sb3"]) / abs(last["sb3"]),
         ">=",
         MIN_RETURN_VS_SB3_PCT,

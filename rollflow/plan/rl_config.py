@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rollflow.config import StrictModel
+from rollflow.policy.oversample import PartialRollout
 
 POLICIES = ("static", "dynamic", "pre_process", "wait_before_last_iter")
 
@@ -43,10 +44,23 @@ class RLSearchSpace(StrictModel):
     manager_processes: list[int] = Field([0], min_length=1)
     """Rollout-manager relay processes tried (`manager.processes` of `rl-sim run`; 0: the manager is
     left out). Each costs a CPU core (`cost.cpu_usd_per_core_hour`) for the whole step."""
-    partial_rollout: list[int] = Field([0], min_length=1)
-    """Extra prompts kept generating (`partial_rollout` of `rl-sim run`; 0: off): a full batch leaves
-    the other groups' samples to the next step. Tried with static scheduling without preemptible
-    instances only."""
+    partial_rollout: list[PartialRollout] = Field([0], min_length=1)
+    """Extra prompts kept generating (`partial_rollout` of `rl-sim run`; 0: off; `auto`: chosen per
+    step from the recent groups' lengths): a full batch leaves the other groups' samples to the next
+    step. Tried with static scheduling without preemptible instances only."""
+
+    @field_validator("partial_rollout", mode="before")
+    @classmethod
+    def _extra_prompts(cls, values: Any) -> Any:
+        """One line naming the entry that is neither a count nor `auto` (pydantic would list both
+        branches of the union, each as a type error)."""
+        for value in values if isinstance(values, list) else ():
+            if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(
+                    f"{value!r} is not a number of extra prompts: give whole numbers >= 0 or auto, "
+                    "e.g. [0, 8, auto]"
+                )
+        return values
 
     @model_validator(mode="after")
     def _splits_for_disaggregated(self) -> RLSearchSpace:
@@ -60,8 +74,6 @@ class RLSearchSpace(StrictModel):
             raise ValueError(f"off_policy: staleness bounds must be >= 0, got {self.off_policy}")
         if any(n < 0 for n in self.manager_processes):
             raise ValueError(f"manager_processes: process counts must be >= 0, got {self.manager_processes}")
-        if any(n < 0 for n in self.partial_rollout):
-            raise ValueError(f"partial_rollout: extra prompts must be >= 0, got {self.partial_rollout}")
         return self
 
 

@@ -98,6 +98,8 @@ def test_rl_search_reports_every_plan_and_its_best_plan_reruns_with_the_same_ste
         ("space.splits=[]", "splits: placement disaggregated needs at least one split"),
         ("space.scheduling=[fastest]", "space.scheduling[0]: Input should be 'static'"),
         ("space.off_policy=[-1]", "off_policy: staleness bounds must be >= 0"),
+        ("space.partial_rollout=[0, fastest]", "partial_rollout: Value error, 'fastest' is not"),
+        ("space.partial_rollout=[-1]", "Value error, -1 is not a number of extra prompts"),
     ],
 )
 def test_bad_rl_search_configs_are_one_line_errors(tmp_path, override, expected):
@@ -131,15 +133,15 @@ def test_off_policy_is_a_knob_of_the_rl_search_and_never_slower_than_its_on_poli
 
 
 def test_partial_rollout_is_a_knob_of_the_rl_search(tmp_path):
-    result = rl_search(tmp_path, "space.placement=[collocated]", "space.partial_rollout=[0, 4]")
+    result = rl_search(tmp_path, "space.placement=[collocated]", "space.partial_rollout=[0, 4, auto]")
     assert result.returncode == 0, result.stderr
     rows = json.loads((tmp_path / "rl" / "results.json").read_text())
     # without preemptible instances, each collocated plan with and without partial rollout
     by_extra = {r["partial_rollout"]: r for r in rows if not r["spot_instances"] and not r["skipped"]}
-    assert set(by_extra) == {0, 4}
+    assert set(by_extra) == {0, 4, "auto"}
     assert all(r["partial_rollout"] == 0 for r in rows if r["spot_instances"])
     assert by_extra[4]["throughput_tokens_per_s"] > by_extra[0]["throughput_tokens_per_s"]
-    assert "partial +4" in result.stderr + result.stdout
+    assert "partial +4" in result.stderr + result.stdout and "partial +auto" in result.stderr + result.stdout
 
 
 def test_a_pipelined_disaggregated_plan_is_the_cluster_section_the_trainer_takes(tmp_path):

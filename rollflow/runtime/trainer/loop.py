@@ -204,6 +204,8 @@ class Trainer:
         self.rng.setstate(_tuple_state(state["rng"]))
         if self.carry is not None:
             self.carry.groups = state.get("carried", [])
+            # `partial_rollout: auto` reads them: without, a resumed run's first step would pick N = 0
+            self.oversampler.observe(state.get("group_lengths", []))
         log.info("resumed from %s (step %d)", checkpoint, self.step)
 
     def run(self, on_step: Callable[[StepMetrics], None] = lambda m: None) -> None:
@@ -630,6 +632,7 @@ class Trainer:
         state: dict[str, Any] = {"rng": _list_state(self.rng.getstate())}
         if self.carry is not None:  # a resumed run trains them: none is lost across a restart
             state["carried"] = self._carried_out
+            state["group_lengths"] = list(self.oversampler.snapshot().group_lengths)
         if self.sharded:
             state["critic"] = self.critic is not None
             checkpoints.save_sharded_checkpoint(

@@ -20,9 +20,12 @@ N_SAMPLES = 4
 MAX_STALENESS = 1
 
 
+def _checkpoint_state(output, step: int) -> dict:
+    return json.loads((output / "checkpoints" / f"step_{step}" / "state.json").read_text())
+
+
 def _checkpoint_carried(output, step: int) -> list[list[dict]]:
-    state = json.loads((output / "checkpoints" / f"step_{step}" / "state.json").read_text())
-    return state["carried"]
+    return _checkpoint_state(output, step)["carried"]
 
 
 def test_partial_rollout_carries_samples_across_steps_and_an_engine_killed_between_steps(
@@ -168,7 +171,8 @@ def test_partial_rollout_auto_asks_the_simulators_policy_with_the_groups_trained
     processes, tiny_model, tmp_path
 ):
     """`partial_rollout: auto` live: each step's extra groups are what the shared policy (the one
-    `rollflow rl-sim` asks) chooses from the lengths of the groups trained in the steps before."""
+    `rollflow rl-sim` asks) chooses from the lengths of the groups trained in the steps before, and
+    after `--resume auto` too: the lengths travel in the checkpoint (step 3 runs in a resumed run)."""
     engines = [processes.engine() for _ in range(2)]
     manager = processes.manager(engines=[{"url": e.url, "capacity": 2} for e in engines])
     output = tmp_path / "run"
@@ -176,7 +180,7 @@ def test_partial_rollout_auto_asks_the_simulators_policy_with_the_groups_trained
         manager,
         tiny_model,
         output,
-        steps=3,
+        steps=2,
         prompts_per_step=PROMPTS_PER_STEP,
         n_samples=N_SAMPLES,
         max_new_tokens=24,
@@ -187,7 +191,7 @@ def test_partial_rollout_auto_asks_the_simulators_policy_with_the_groups_trained
     trained = [json.loads(line) for line in (output / "trained_samples.jsonl").read_text().splitlines()]
     sampler = Oversampler("auto", PROMPTS_PER_STEP)
     steps = rows(output)
-    assert [int(r["step"]) for r in steps] == [1, 2, 3] and steps[0]["extra_groups"] == "0"
+    assert [int(r["step"]) for r in steps] == [1, 2] and steps[0]["extra_groups"] == "0"
     for row in steps:
         assert int(row["extra_groups"]) == sampler.plan().num_extra
         assert int(row["samples_carried"]) == int(row["extra_groups"]) * N_SAMPLES
@@ -197,3 +201,20 @@ def test_partial_rollout_auto_asks_the_simulators_policy_with_the_groups_trained
             max(r["num_output"] for r in records[i : i + N_SAMPLES])
             for i in range(0, len(records), N_SAMPLES)
         )
+    # the checkpoint holds the window the policy read: steps 1 and 2's trained groups
+    state = _checkpoint_state(output, 2)
+    assert state["group_lengths"] == list(sampler.snapshot().group_lengths)
+
+    # --resume auto plans its first step from the checkpoint's window, not from none (N = 0): the tiny
+    # model's groups all reach max_new_tokens, so a window with a tail is written there to tell the two
+    tail = [4] * PROMPTS_PER_STEP + [24] * PROMPTS_PER_STEP
+    resumed = Oversampler("auto", PROMPTS_PER_STEP)
+    resumed.observe(tail)
+    assert resumed.plan().num_extra > 0
+    (output / "checkpoints" / "step_2" / "state.json").write_text(
+        json.dumps({**state, "group_lengths": tail})
+    )
+    train({**config, "steps": 3}, tmp_path, "--resume", "auto")
+    step_3 = rows(output)[-1]
+    assert step_3["step"] == "3" and int(step_3["extra_groups"]) == resumed.plan().num_extra
+    assert int(step_3["samples_carried"]) == int(step_3["extra_groups"]) * N_SAMPLES
