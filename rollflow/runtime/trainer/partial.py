@@ -93,6 +93,7 @@ class PartialStep:
         self.on_end = on_end
         self._ready: queue.Queue[list[dict] | BaseException] = queue.Queue()
         self._ending = threading.Event()
+        self._num_arrived = 0  # finished groups the producers handed on
         self._running_rids: set[str] = set()
         self._lock = threading.Lock()
         self._received_fresh: list[int] = []  # group indexes of the fresh batch taken from the manager
@@ -135,16 +136,20 @@ class PartialStep:
         resumes = [self._pool.submit(self._resume, sample) for sample in group if is_unfinished(sample)]
         for resume in resumes:
             resume.result()
-        self._ready.put(group)
+        self._arrive(group)
 
     def _resume(self, sample: dict) -> None:
         """Continue one sample from its tokens: its prompt and output so far are the input, and it asks
         for the tokens it lacks. The answer's tokens, log-probs and spans are appended to its own."""
         remaining = self.sampling_params["max_new_tokens"] - len(sample["output_ids"])
-        if remaining <= 0 or self._ending.is_set():
+        rid = f"resume-{sample['sample_id']}-{uuid.uuid4().hex[:8]}"
+        with self._lock:  # the rollout's end aborts it, or it is not sent: never neither
+            sending = remaining > 0 and not self._ending.is_set()
+            if sending:
+                self._running_rids.add(rid)
+        if not sending:
             self._sent()
             return
-        rid = f"resume-{sample['sample_id']}-{uuid.uuid4().hex[:8]}"
         body = {
             "input_ids": sample["prompt_ids"] + sample["output_ids"],
             "sampling_params": self.sampling_params | {"max_new_tokens": remaining},
@@ -152,8 +157,6 @@ class PartialStep:
             "rid": rid,
             "allow_off_policy": True,  # its tokens span versions already
         }
-        with self._lock:
-            self._running_rids.add(rid)
         self._sent()
         try:
             answer = self.client.request("POST", "/generate", body)
@@ -169,11 +172,22 @@ class PartialStep:
         for groups in self.fresh.micro_batches(min_groups=1):
             for group in groups:
                 self._received_fresh.append(group[0]["group_index"])
-                self._ready.put(group)
+                self._arrive(group)
+
+    def _arrive(self, group: list[dict]) -> None:
+        """A finished group, on its producer's thread: the quota's last one ends the rollout at once,
+        whether or not the trainer is still busy with an earlier micro-batch."""
+        with self._lock:
+            self._num_arrived += 1
+            last = self._num_arrived == self.quota
+        self._ready.put(group)
+        if last:
+            self._abort_running()
 
     def micro_batches(self, min_groups: int = 1, max_groups: int | None = None) -> Iterator[list[list[dict]]]:
         """The first `quota` groups to finish, `max_groups` at a time. The rollout ends as the last of
-        them arrives, before the trainer takes it: what still runs is aborted and carried."""
+        them arrives (`_arrive`): what still runs is aborted, and carried once collected, before the
+        trainer takes that last micro-batch."""
         size = max_groups or min_groups
         handed, taken = 0, []
         while handed + len(taken) < self.quota and self._running:
@@ -199,16 +213,23 @@ class PartialStep:
             raise item
         return item
 
-    def _end_rollout(self) -> None:
-        """Abort whatever still runs (each sample keeps its tokens), collect every group not handed
-        out, and pass them to `on_end`."""
-        self._ending.set()
+    def _abort_running(self) -> None:
+        """Abort whatever still runs; each sample keeps its tokens. Once: by the quota's last group, or
+        by `_end_rollout` when the producers ended short of the quota."""
+        with self._lock:
+            if self._ending.is_set():
+                return
+            self._ending.set()
+            rids = list(self._running_rids)
         taken = set(self._received_fresh)  # a group taken meanwhile is finished: its abort is a no-op
         self.fresh.abort_groups([g for g in range(self.fresh.num_groups) if g not in taken], self.n)
-        with self._lock:
-            rids = list(self._running_rids)
         for rid in rids:
             self.client.request("POST", "/abort_request", {"rid": rid})
+
+    def _end_rollout(self) -> None:
+        """Collect every group not handed out (the rollout aborted first, if it is not yet), and pass
+        them to `on_end`."""
+        self._abort_running()
         leftover = []
         while self._running:
             item = self._next()
