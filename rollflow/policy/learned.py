@@ -8,7 +8,7 @@ Gymnasium environment during training and this router at run time, so what the p
 the simulator is what it sees in the live manager.
 
 An instance's eight load features, each meaning the same in the simulator (a replica's scheduler)
-and live (`rollflow/runtime/manager/view.py`: the engine's load report plus the manager's own
+and live (`rollflow/runtime/manager/core/view.py`: the engine's load report plus the manager's own
 dispatches since):
 1. queued requests: routed to the instance, not yet admitted (live: in the engine's queue, or
    sent and without a token yet)

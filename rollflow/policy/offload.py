@@ -147,7 +147,7 @@ class OffloadBalancer:
         """Whether local instances have used up this step's budget."""
         return now - step_started_at >= self._budget_s
 
-    # The two choices the RL simulator (sim/rl/step.py) and the live manager (manager/service.py,
+    # The two choices the RL simulator (sim/rl/offload.py) and the live manager (manager/core/service.py, fleet.py,
     # dispatcher.py) must make alike; both call these, each on its own records of the instances.
     @staticmethod
     def offload_sources(instances: Iterable[InstanceT]) -> list[InstanceT]:

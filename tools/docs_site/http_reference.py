@@ -29,8 +29,8 @@ class Server:
 
 def _manager_app() -> web.Application:
     from rollflow.runtime.manager.config import ManagerConfig
-    from rollflow.runtime.manager.server import create_app
-    from rollflow.runtime.manager.service import RolloutManager
+    from rollflow.runtime.manager.core.service import RolloutManager
+    from rollflow.runtime.manager.edge.server import create_app
 
     async def build() -> web.Application:  # the manager makes its asyncio objects in a loop
         return create_app(RolloutManager(ManagerConfig()))
@@ -55,7 +55,7 @@ def _weights_app() -> web.Application:
 
 
 def _manager_docs() -> dict[str, RouteDoc]:
-    from rollflow.runtime.manager.routes_doc import ROUTES
+    from rollflow.runtime.manager.edge.routes_doc import ROUTES
 
     return ROUTES
 

@@ -9,7 +9,7 @@ SUFFIXES = {"counter": ["_total"]}  # a histogram is named by its base; its seri
 
 def metric_rows() -> list[tuple[str, str, str, str]]:
     """(name as scraped, type, labels, help) of every metric a fresh manager registers."""
-    from rollflow.runtime.manager.metrics import ManagerMetrics
+    from rollflow.runtime.manager.core.metrics import ManagerMetrics
 
     registry = ManagerMetrics().registry
     rows = []

@@ -1,5 +1,5 @@
 """The live run's state as the resource policy's `ResourceSnapshot`: the same frozen record the
-simulator builds (rollflow/sim/rl/step.py), so one policy object decides in both.
+simulator builds (rollflow/sim/rl/resources.py), so one policy object decides in both.
 
 `LiveLayout` is where things sit (which device each engine holds, the actor's size, inference's
 range); `LiveProgress` is what the manager and trainer report at one moment (unfinished samples per

@@ -103,7 +103,7 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
     from rollflow.config import load_config
     from rollflow.runtime.logs import setup_logging
     from rollflow.runtime.manager.config import ManagerConfig
-    from rollflow.runtime.manager.server import serve
+    from rollflow.runtime.manager.edge.server import serve
     from rollflow.runtime.signals import stop_on_sigterm, until_sigterm
 
     overrides = list(args.overrides)
@@ -132,7 +132,7 @@ def _relay(args: argparse.Namespace, started_at: float) -> None:
 
     from rollflow.errors import UserError
     from rollflow.runtime.logs import setup_logging
-    from rollflow.runtime.manager.relay import serve_relay
+    from rollflow.runtime.manager.streams.relay import serve_relay
     from rollflow.runtime.signals import stop_on_sigterm, until_sigterm
 
     if not 0 < args.flush_ms <= 1000:

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from rollflow.config import StrictModel
+from rollflow.policy.oversample import PartialRollout
 from rollflow.policy.placement import ClusterConfig
 
 DEFAULT_MANAGER_URL = "http://127.0.0.1:30100"
@@ -62,10 +63,12 @@ class TrainConfig(StrictModel):
     max_staleness: int = Field(1, ge=0)
     """Off-policy or partial rollout: reject a sample any of whose tokens came from more than this many
     versions back (partial rollout restarts a carried sample from its prompt before that happens)."""
-    partial_rollout: int = Field(0, ge=0)
+    partial_rollout: PartialRollout = 0
     """Partial rollout: groups of extra prompts each step runs beside its `prompts_per_step`; the step
     trains the first `prompts_per_step` groups to finish, aborts the rest with the tokens they have and
-    carries them into the next step, resumed first (rollflow/runtime/trainer/partial.py). 0: off."""
+    carries them into the next step, resumed first (rollflow/runtime/trainer/partial.py). 0: off.
+    `auto`: each step's number is chosen from the recent groups' response lengths, more for a heavier
+    tail, 0 for uniform lengths (`rollflow.policy.oversample`, as `rollflow rl-sim` chooses it)."""
     reward: str = "rollflow.runtime.trainer.tasks:letter_e"
     """'module:function' (prompt_ids, output_ids, tokenizer) -> float; see rollflow/runtime/trainer/tasks.py."""
     prompts: str = "rollflow.runtime.trainer.tasks:random_prompts"

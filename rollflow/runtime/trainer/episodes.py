@@ -3,7 +3,7 @@
 An episode opens a session and sends the prompt; then the environment answers the model's last turn
 with tokens of its own (a tool's output), sent as the next turn's input, until the environment ends
 the episode or `max_turns` turns are done. The session keeps its engine (and that engine's prefix
-cache) from turn to turn, and survives an engine that dies (see rollflow/runtime/manager/sessions.py).
+cache) from turn to turn, and survives an engine that dies (see rollflow/runtime/manager/core/sessions.py).
 
 The closed session's record becomes one sample in the shape of a batch sample, with `loss_mask` over
 its output (0 on the environment's tokens), so the rest of the trainer (staleness, tensors, loss)

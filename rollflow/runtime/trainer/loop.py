@@ -40,6 +40,7 @@ import torch
 
 from rollflow.errors import UserError
 from rollflow.phases import PhaseTimer, Span, write_chrome_trace
+from rollflow.policy.oversample import Oversampler
 from rollflow.runtime.manager.client import BatchHandle, ManagerClient, ManagerError, ManagerUnreachable
 from rollflow.runtime.trainer import checkpoints
 from rollflow.runtime.trainer.algorithm import LossSettings, MicroBatchStats, backward_micro_batch
@@ -162,6 +163,8 @@ class Trainer:
         self.step = 0
         self.rng = random.Random(config.seed)
         self.carry = CarryBook() if config.partial_rollout else None
+        # partial rollout: each step's extra groups, fixed or chosen from the trained groups' lengths
+        self.oversampler = Oversampler(config.partial_rollout, config.prompts_per_step)
         self._carried_out: list[list[dict]] = []  # what the step now training carries into the next
         # off-policy partial rollout: the next step's rollout, started as this one's ended
         self._early: PartialStep | None = None
@@ -280,7 +283,9 @@ class Trainer:
         partial_rollout` groups in all."""
         assert self.carry is not None
         carried = self.carry.take(train_version, self.config.max_staleness)
-        num_fresh = self.config.prompts_per_step + self.config.partial_rollout - len(carried)
+        plan = self.oversampler.plan()
+        log.info("partial rollout: %d extra groups (%s)", plan.num_extra, plan.reason)
+        num_fresh = max(0, self.config.prompts_per_step + plan.num_extra - len(carried))
         prompts = self.prompts_fn(self.tokenizer, num_fresh, self.rng)
 
         def submit_fresh() -> BatchHandle:
@@ -299,6 +304,7 @@ class Trainer:
             self.sampling_params(),
             quota=self.config.prompts_per_step,
             on_end=self._rollout_ended,
+            extra_groups=plan.num_extra,
         )
 
     def _rollout_ended(self, leftover: list[list[dict]]) -> None:
@@ -345,6 +351,7 @@ class Trainer:
             samples=len(totals.rewards),
             samples_rejected_stale=totals.rejected,
             samples_resumed=totals.resumed,
+            extra_groups=batch.extra_groups if isinstance(batch, PartialStep) else 0,
             samples_carried=sum(len(group) for group in self._carried_out),
             tokens_carried=carried_tokens(self._carried_out),
             tokens=totals.tokens,
@@ -442,6 +449,7 @@ class Trainer:
                     self.tokens_by_staleness[staleness] += span["end"] - span["start"]
         if self.carry is None:
             return
+        self.oversampler.observe(max(len(sample["output_ids"]) for sample in group) for group in groups)
         with open(self.output_dir / "trained_samples.jsonl", "a") as file:
             for group in groups:
                 for sample in group:

@@ -24,6 +24,7 @@ class StepMetrics:
     samples: int  # samples trained on
     samples_rejected_stale: int  # dropped by the staleness bound
     samples_resumed: int  # samples resumed at least once: engine failure, preemption, offload, weight update
+    extra_groups: int  # partial rollout: groups the step ran beside its batch (`auto`: chosen for it)
     samples_carried: int  # partial rollout: samples carried into the next step (cut off, or surplus)
     tokens_carried: int  # partial rollout: their tokens so far
     tokens: int  # generated tokens trained on

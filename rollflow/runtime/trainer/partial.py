@@ -85,8 +85,10 @@ class PartialStep:
         sampling_params: dict[str, Any],
         quota: int,
         on_end: Callable[[list[list[dict]]], None],
+        extra_groups: int = 0,
     ) -> None:
         self.client = client
+        self.extra_groups = extra_groups  # groups beside the quota this step runs (its metrics report it)
         self.n = n
         self.sampling_params = sampling_params
         self.quota = quota

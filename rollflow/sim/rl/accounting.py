@@ -98,6 +98,7 @@ def summarize_step(trace: StepTrace) -> StepResult:
         actor_sizes=trace.actor_sizes,
         tokens_by_staleness=by_staleness,
         max_sample_staleness=stalest,
+        extra_groups=config.partial_rollout,
         carried_samples=trace.num_carried_out,
         tokens_carried=trace.num_tokens_carried_out,
         decode_tokens=sum(
@@ -216,6 +217,7 @@ def step_summary(step: StepResult) -> dict:
         "offload_budget_s": step.offload_budget_s,
         "actor_gpus_per_minibatch": step.actor_sizes,
         "tokens_by_staleness": {str(k): v for k, v in step.tokens_by_staleness.items()},
+        "extra_groups": step.extra_groups,
         "carried_samples": step.carried_samples,
         "tokens_carried": step.tokens_carried,
         "decode_tokens": step.decode_tokens,

@@ -12,6 +12,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from rollflow.perf.specs import GPUS, MODELS, NODES
 from rollflow.policy.offload import OffloadConfig
+from rollflow.policy.oversample import PartialRollout
 from rollflow.policy.placement import ClusterConfig, parse_device_range
 from rollflow.policy.resources import valid_actor_sizes
 from rollflow.policy.routing import ROUTERS
@@ -247,12 +248,14 @@ class RLSimConfig(Section):
     instances that are not training (collocated: only preemptible ones; disaggregated: all, each once
     the previous step's inference, training and reshards have left its GPUs, which with dynamic
     scheduling a grown actor holds until its last mini-batch)."""
-    partial_rollout: int = Field(0, ge=0)
+    partial_rollout: PartialRollout = 0
     """Partial rollout (slime's `--partial-rollout` with over-sampling): keep this many extra
     prompts' groups generating. A step's batch is full once `workload.num_prompts` groups have
     finished; every other sample then stops, keeps the tokens it generated and carries over to the
     next step, which re-prefills its prompt plus those tokens and goes on generating on newer
-    weights (each token keeps the version that made it). 0: each step generates exactly its batch."""
+    weights (each token keeps the version that made it). 0: each step generates exactly its batch.
+    `auto`: each step's N is chosen from the recent groups' response lengths, more for a heavier
+    tail, 0 for uniform lengths (`rollflow.policy.oversample`, as `rollflow train` chooses it)."""
     num_gpus: int = Field(8, ge=1)
     """Reserved (on-demand) GPUs."""
     model: str = "meta-llama/Meta-Llama-3-8B"

@@ -100,8 +100,13 @@ def print_run(summary: dict, console: Console) -> None:
         )
     if summary["partial_rollout"]:
         by_staleness = ", ".join(f"{k}: {v}" for k, v in summary["tokens_by_staleness"].items())
+        extra = summary["partial_rollout"]
+        if extra == "auto":
+            extra = "auto: " + ", ".join(f"+{step['extra_groups']}" for step in summary["steps"])
+        else:
+            extra = f"+{extra}"
         console.print(
-            f"partial rollout (+{summary['partial_rollout']} prompts): {summary['carried_samples']} samples "
+            f"partial rollout ({extra} prompts): {summary['carried_samples']} samples "
             f"({summary['tokens_carried']} tokens) carried to a next step, {summary['reprefill_tokens']} "
             "tokens re-prefilled; "
             f"response tokens trained per staleness {{{by_staleness}}}"

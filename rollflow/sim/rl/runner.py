@@ -10,13 +10,14 @@ from pathlib import Path
 from rich.console import Console
 
 from rollflow.policy.offload import OffloadBalancer, StepReport
+from rollflow.policy.oversample import Oversampler
 from rollflow.policy.resources import DynamicScheduler, ResourceScheduler, StaticScheduler
 from rollflow.sim.build import build_groups
 from rollflow.sim.rl.accounting import summarize_run
 from rollflow.sim.rl.config import RLSimConfig, SchedulingConfig
 from rollflow.sim.rl.costs import StepCosts
 from rollflow.sim.rl.manager import ManagerCapacity
-from rollflow.sim.rl.partial import CarriedSample
+from rollflow.sim.rl.partial import CarriedSample, trained_group_lengths
 from rollflow.sim.rl.spot import SpotMarket
 from rollflow.sim.rl.step import StepSimulator
 from rollflow.sim.rl.trace import StepResult
@@ -68,13 +69,17 @@ def simulate_steps(
     groups = build_groups(config.rollout_sim_config())  # operator grids, once per run
     steps: list[StepResult] = []
     carried: list[CarriedSample] = []
+    oversampler = Oversampler(config.partial_rollout, config.workload.num_prompts)
+    unseen: list[list[int]] = []  # trained groups' lengths the next choice does not see yet
     for index in range(config.steps):
         start = rollout_start(steps, config.off_policy)
         lanes_free_at = steps[-1].end if steps else start
         sync_ends = [s.end for s in steps]
         gpus_free_at = lanes_busy_until(steps[-1], config.num_gpus) if steps else []
+        extra = oversampler.plan().num_extra
+        step_config = config.model_copy(update={"partial_rollout": extra})  # this step's N, chosen
         simulator = StepSimulator(
-            config,
+            step_config,
             index,
             start,
             costs,
@@ -90,6 +95,11 @@ def simulate_steps(
         )
         step = simulator.run()
         carried = simulator.carried_out
+        # as live: off-policy, the next rollout is submitted before this step's groups are trained
+        progress = simulator.progress
+        unseen.append(trained_group_lengths(progress.requests, progress.trained_groups, progress.group_size))
+        while len(unseen) > min(config.off_policy, 1):
+            oversampler.observe(unseen.pop(0))
         if balancer is not None:
             balancer.update(StepReport(step.interval_s, step.bubble_s))  # the time it added
         steps.append(step)

@@ -44,6 +44,7 @@ class StepResult:
     actor_sizes: list[int]  # actor GPUs of each mini-batch
     tokens_by_staleness: dict[int, int]  # response tokens per weight versions behind the trainer
     max_sample_staleness: int  # the stalest token of any sample
+    extra_groups: int = 0  # partial rollout: groups run beside the batch (`auto`: chosen for this step)
     carried_samples: int = 0  # partial rollout: samples handed to the next step
     tokens_carried: int = 0  # partial rollout: their response tokens when handed on
     decode_tokens: int = 0  # tokens the engines generated (every one passes the manager's relay)

@@ -11,11 +11,11 @@ import pytest
 
 from rollflow.config import ConfigError, load_config
 from rollflow.runtime.engines.base import SamplingParams
-from rollflow.runtime.manager import journal as journal_module
 from rollflow.runtime.manager.config import ManagerConfig
-from rollflow.runtime.manager.journal import Journal
-from rollflow.runtime.manager.journal_file import SCHEMA_VERSION, JournalRefused, open_journal
-from rollflow.runtime.manager.samples import Sample
+from rollflow.runtime.manager.core.samples import Sample
+from rollflow.runtime.manager.durability import journal as journal_module
+from rollflow.runtime.manager.durability.journal import Journal
+from rollflow.runtime.manager.durability.journal_file import SCHEMA_VERSION, JournalRefused, open_journal
 
 CONFIG = ManagerConfig().model_dump(mode="json")
 

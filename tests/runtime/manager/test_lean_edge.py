@@ -1,4 +1,4 @@
-"""The manager's lean `/generate` path (lean_edge.py) against a live manager, over raw sockets: it
+"""The manager's lean `/generate` path (lean.py) against a live manager, over raw sockets: it
 keeps connections alive, answers pipelined requests in order, hands a connection to aiohttp at its
 first other request (which is then answered as before), honours `Connection: close`, and releases
 the sample (its engine request aborted) when the client goes away mid-request."""
@@ -9,7 +9,7 @@ import json
 import socket
 from urllib.parse import urlsplit
 
-from rollflow.runtime.manager.lean_edge import _framing
+from rollflow.runtime.manager.edge.lean import _framing
 from tests.runtime.manager.helpers import wait_until
 from tests.runtime.processes import http
 

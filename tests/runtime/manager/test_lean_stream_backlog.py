@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from rollflow.runtime.manager.lean_edge import STREAM_BACKLOG_BYTES, _LeanConnection
-from rollflow.runtime.manager.samples import SampleState
-from rollflow.runtime.manager.sglang_api import PromptRequest
+from rollflow.runtime.manager.core.samples import SampleState
+from rollflow.runtime.manager.edge.lean import STREAM_BACKLOG_BYTES, _LeanConnection
+from rollflow.runtime.manager.edge.sglang_api import PromptRequest
 
 
 class Transport:

@@ -10,10 +10,10 @@ from rollflow.policy.view import ClusterView, RouteRequest
 from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.engines.load import EngineLoad
 from rollflow.runtime.manager.config import EngineEntry, ManagerConfig
-from rollflow.runtime.manager.registry import EngineRecord, Registry
-from rollflow.runtime.manager.samples import Sample
-from rollflow.runtime.manager.service import RolloutManager
-from rollflow.runtime.manager.view import instance_view, route_inputs
+from rollflow.runtime.manager.core.registry import EngineRecord, Registry
+from rollflow.runtime.manager.core.samples import Sample
+from rollflow.runtime.manager.core.service import RolloutManager
+from rollflow.runtime.manager.core.view import instance_view, route_inputs
 from rollflow.sim.request import SimRequest
 from rollflow.sim.simulator import ServingSimulator
 from rollflow.sim.workload import build_requests

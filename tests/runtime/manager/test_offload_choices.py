@@ -14,7 +14,7 @@ import pytest
 from rollflow.policy.offload import OffloadBalancer
 from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.config import EngineEntry, ManagerConfig
-from rollflow.runtime.manager.service import RolloutManager
+from rollflow.runtime.manager.core.service import RolloutManager
 from rollflow.sim.rl.runner import simulate_steps
 from tests.runtime.processes import start_engine
 from tests.sim.rl.factories import rl_config
@@ -41,7 +41,7 @@ def test_the_simulator_offloads_through_the_balancers_choices(callers):
     config = rl_config("spot.instances=4", "spot.offload.initial_budget_s=5")
     (step,) = simulate_steps(config)
     assert step.num_samples > 0
-    assert callers == {name: {"rollflow.sim.rl.step"} for name in CHOICES}
+    assert callers == {name: {"rollflow.sim.rl.offload"} for name in CHOICES}
 
 
 def test_the_live_manager_offloads_through_the_balancers_choices(callers, tmp_path, tiny_model):
@@ -76,8 +76,9 @@ def test_the_live_manager_offloads_through_the_balancers_choices(callers, tmp_pa
         local.stop()
         remote.stop()
     assert any(engines[0] == 0 and engines[-1] == 1 for engines in engines_of_samples), engines_of_samples
-    assert callers["offload_sources"] == {"rollflow.runtime.manager.service"}
+    assert callers["offload_sources"] == {"rollflow.runtime.manager.core.service"}
     assert callers["offload_targets"] == {
-        "rollflow.runtime.manager.service",
-        "rollflow.runtime.manager.dispatcher",
+        "rollflow.runtime.manager.core.service",
+        "rollflow.runtime.manager.core.dispatcher",
+        "rollflow.runtime.manager.core.fleet",  # a remote engine joined: offloaded batches move to it
     }

@@ -12,8 +12,8 @@ from aiohttp import web
 
 from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.config import ManagerConfig
-from rollflow.runtime.manager.samples import SampleState
-from rollflow.runtime.manager.service import RolloutManager
+from rollflow.runtime.manager.core.samples import SampleState
+from rollflow.runtime.manager.core.service import RolloutManager
 from tests.runtime.manager.helpers import EngineProxy, metric, workers
 from tests.runtime.processes import http
 

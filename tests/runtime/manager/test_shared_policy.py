@@ -7,7 +7,7 @@ import asyncio
 from rollflow.policy.routing import make_router
 from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.config import ManagerConfig
-from rollflow.runtime.manager.service import RolloutManager
+from rollflow.runtime.manager.core.service import RolloutManager
 from rollflow.sim.simulator import ServingSimulator
 from rollflow.sim.workload import build_requests
 from tests.factories import make_config

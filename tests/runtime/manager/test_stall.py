@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from rollflow.runtime.engines.base import GenerateChunk, SamplingParams
 from rollflow.runtime.manager.config import ManagerConfig
-from rollflow.runtime.manager.samples import Sample, SampleState
-from rollflow.runtime.manager.service import RolloutManager
-from rollflow.runtime.manager.stall import StallSweep
+from rollflow.runtime.manager.core.samples import Sample, SampleState
+from rollflow.runtime.manager.core.service import RolloutManager
+from rollflow.runtime.manager.core.stall import StallSweep
 
 WINDOW_S = 0.4
 

@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from rollflow.runtime.manager.client import ManagerClient
-from rollflow.runtime.manager.stops import SpanningStop
+from rollflow.runtime.manager.durability.stops import SpanningStop
 from tests.runtime.manager.helpers import EngineProxy
 from tests.runtime.processes import http
 

@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from rollflow.policy.oversample import Oversampler
 from tests.runtime.trainer.partial_plugin import PIDS_ENV, RUN_ENV
 from tests.runtime.trainer.test_train_e2e import base_config, rows, train
 
@@ -161,3 +162,38 @@ def test_partial_rollout_config_errors_name_the_key(changes, message, tiny_model
     with pytest.raises(ValidationError, match=message) as info:
         TrainConfig(model=str(tiny_model), **changes)
     assert "partial_rollout" in str(info.value)
+
+
+def test_partial_rollout_auto_asks_the_simulators_policy_with_the_groups_trained_before(
+    processes, tiny_model, tmp_path
+):
+    """`partial_rollout: auto` live: each step's extra groups are what the shared policy (the one
+    `rollflow rl-sim` asks) chooses from the lengths of the groups trained in the steps before."""
+    engines = [processes.engine() for _ in range(2)]
+    manager = processes.manager(engines=[{"url": e.url, "capacity": 2} for e in engines])
+    output = tmp_path / "run"
+    config = base_config(
+        manager,
+        tiny_model,
+        output,
+        steps=3,
+        prompts_per_step=PROMPTS_PER_STEP,
+        n_samples=N_SAMPLES,
+        max_new_tokens=24,
+        partial_rollout="auto",
+        max_staleness=MAX_STALENESS,
+    )
+    train(config, tmp_path, "--resume", "never")
+    trained = [json.loads(line) for line in (output / "trained_samples.jsonl").read_text().splitlines()]
+    sampler = Oversampler("auto", PROMPTS_PER_STEP)
+    steps = rows(output)
+    assert [int(r["step"]) for r in steps] == [1, 2, 3] and steps[0]["extra_groups"] == "0"
+    for row in steps:
+        assert int(row["extra_groups"]) == sampler.plan().num_extra
+        assert int(row["samples_carried"]) == int(row["extra_groups"]) * N_SAMPLES
+        records = [r for r in trained if r["step"] == int(row["step"])]  # its groups, one after another
+        assert len(records) == PROMPTS_PER_STEP * N_SAMPLES
+        sampler.observe(
+            max(r["num_output"] for r in records[i : i + N_SAMPLES])
+            for i in range(0, len(records), N_SAMPLES)
+        )

@@ -55,7 +55,7 @@ def _simulate(monkeypatch, path: Path, overrides: list[str]):
         (
             type(step.pool.sim),
             step.pool.sim.num_events,
-            [_sample(r) for r in step.requests],
+            [_sample(r) for r in step.progress.requests],
             [_instance(replica) for replica in step.pool.replicas],
         )
         for step in stepped

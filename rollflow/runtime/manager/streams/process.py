@@ -1,0 +1,261 @@
+"""A stream process: reads engines' token streams for the manager (`processes: N`, N > 1), and
+the stream session a relay runs for each manager that dials it (relay.py).
+
+Reading a stream is the manager's per-token work: the engine's events are read, parsed and reduced
+into tokens and log-probs. A stream process does that for the streams the manager opens on it, and
+sends back what arrived every `flush_ms`, merged: one chunk per request (its tokens since the last
+message) and one message for every request that had news. The manager then pays per message and
+per chunk, not per event, and the parsing runs on another core.
+
+Each stream is read once per flush (what the engine sent since then, in one go), and its new tokens
+wait in the process until the next flush: a token reaches the manager at most two `flush_ms` after
+the engine sent it. What the process may take with it when it dies (kill -9): the tokens the
+engines sent in its last two `flush_ms`, which the manager never saw. They are generated again
+when their samples resume; no sample loses a token it was told of.
+
+Started by the manager (`readers.py`) as `python -m rollflow.runtime.manager.streams.process
+--fd N`, with its end of a socket pair; it exits when the manager's end closes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import socket
+
+import aiohttp
+
+from rollflow.runtime.engines.base import (
+    EngineClient,
+    EngineRejectedError,
+    GenerateChunk,
+    RequestFailedError,
+    SamplingParams,
+)
+from rollflow.runtime.engines.clients import make_client
+from rollflow.runtime.engines.http import ENGINE_ERRORS
+from rollflow.runtime.manager.streams import wire
+
+log = logging.getLogger("rollflow.manager.streams")
+
+
+class _Pending:
+    """A request's chunks since its last message, merged."""
+
+    __slots__ = (
+        "cached_tokens",
+        "finish_reason",
+        "logprobs",
+        "message",
+        "status_code",
+        "text",
+        "token_ids",
+        "weight_version",
+    )
+
+    def __init__(self, chunk: GenerateChunk) -> None:
+        self.token_ids = list(chunk.token_ids)
+        self.logprobs = list(chunk.logprobs)
+        (
+            _,
+            _,
+            self.finish_reason,
+            self.weight_version,
+            self.message,
+            self.status_code,
+            self.text,
+            self.cached_tokens,
+        ) = chunk
+
+    def merge(self, chunk: GenerateChunk) -> None:
+        self.token_ids += chunk.token_ids
+        self.logprobs += chunk.logprobs
+        self.finish_reason = chunk.finish_reason
+        self.message = chunk.message
+        self.status_code = chunk.status_code
+        if chunk.text is not None:
+            self.text = chunk.text
+        if chunk.cached_tokens is not None:
+            self.cached_tokens = chunk.cached_tokens
+
+    def item(self, rid: str) -> tuple:
+        return (
+            wire.CHUNK,
+            rid,
+            self.token_ids,
+            self.logprobs,
+            self.finish_reason,
+            self.weight_version,
+            self.message,
+            self.status_code,
+            self.text,
+            self.cached_tokens,
+        )
+
+
+class StreamSession:
+    """The streams one manager opened on this process, over one connection to it."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        http: aiohttp.ClientSession,
+        flush_s: float,
+        frames: wire.FrameReader | None = None,
+    ) -> None:
+        """`frames`: the reader's framing when the caller has read from it already (a relay's
+        greeting)."""
+        self._reader = reader
+        self._writer = writer
+        self._http = http
+        self._flush_s = flush_s
+        self._frames = frames or wire.FrameReader()
+        self._clients: dict[tuple[str, str, str | None], EngineClient] = {}
+        self._streams: dict[str, asyncio.Task] = {}
+        self._pending: dict[str, _Pending] = {}
+        self._outbox: list[tuple] = []  # items ready to go, in order, ahead of `_pending`'s
+        self._flush_handle: asyncio.TimerHandle | None = None
+        self._flushed: asyncio.Future | None = None  # resolved by the next flush
+
+    async def run(self, first: list | None = None) -> None:
+        """Serve the manager until its connection closes; `first`: messages already read from it."""
+        loop = asyncio.get_running_loop()
+        try:
+            messages = first or []
+            while True:
+                for message in messages:
+                    if message[0] == wire.OPEN:
+                        _, rid, engine_type, url, api_key, input_ids, fields = message
+                        client = self._client(engine_type, url, api_key)
+                        sampling = wire.sampling_from(fields)
+                        self._streams[rid] = loop.create_task(self._read(client, rid, input_ids, sampling))
+                    elif message[0] == wire.CLOSE:
+                        task = self._streams.pop(message[1], None)
+                        if task is not None:
+                            task.cancel()
+                data = await self._reader.read(1 << 16)
+                if not data:
+                    break
+                messages = self._frames.feed(data)
+        finally:  # the manager is gone: nothing is read for it any more
+            for task in self._streams.values():
+                task.cancel()
+            await asyncio.gather(*self._streams.values(), return_exceptions=True)
+            if self._flush_handle is not None:
+                self._flush_handle.cancel()
+            self._writer.close()
+
+    def _client(self, engine_type: str, url: str, api_key: str | None) -> EngineClient:
+        key = (engine_type, url, api_key)
+        client = self._clients.get(key)
+        if client is None:
+            client = self._clients[key] = make_client(engine_type, url, self._http, api_key=api_key)
+        return client
+
+    async def _read(
+        self, client: EngineClient, rid: str, input_ids: list[int], sampling: SamplingParams
+    ) -> None:
+        stream = client.generate(rid, input_ids, sampling)
+        try:
+            async for chunk in stream:
+                self._add(rid, chunk)
+                if chunk.finish_reason is not None:
+                    return
+                await self._next_flush()  # what the engine sends meanwhile is read in one go
+            self._fail(rid, wire.ENDED, "the engine closed the stream without a finish_reason")
+        except EngineRejectedError as exc:
+            self._fail(rid, wire.REJECTED, str(exc))
+        except RequestFailedError as exc:
+            self._fail(rid, wire.REQUEST_FAILED, str(exc))
+        except ENGINE_ERRORS as exc:
+            self._fail(rid, wire.ENGINE, str(exc))
+        except asyncio.CancelledError:
+            self._pending.pop(rid, None)  # the manager closed it: it reads no more of it
+            raise
+        except Exception as exc:  # a fault of this process's code: the manager must hear of it
+            log.exception("reading %s failed unexpectedly", rid)
+            self._fail(rid, wire.INTERNAL, repr(exc))
+        finally:
+            self._streams.pop(rid, None)
+            await stream.aclose()
+
+    def _add(self, rid: str, chunk: GenerateChunk) -> None:
+        pending = self._pending.get(rid)
+        if pending is None:
+            self._pending[rid] = _Pending(chunk)
+        elif pending.weight_version != chunk.weight_version:
+            # tokens keep the version that made them: a new version starts a new chunk
+            self._outbox.append(self._pending.pop(rid).item(rid))
+            self._pending[rid] = _Pending(chunk)
+        else:
+            pending.merge(chunk)
+        self._schedule()
+
+    def _fail(self, rid: str, kind: str, message: str) -> None:
+        pending = self._pending.pop(rid, None)
+        if pending is not None:
+            self._outbox.append(pending.item(rid))
+        self._outbox.append((wire.FAILED, rid, kind, message))
+        self._schedule()
+
+    def _next_flush(self) -> asyncio.Future:
+        """Resolved at the next flush. A stream read again only then finds every event the engine
+        sent meanwhile in one read: the events' parsing, the task's wake-up and the chunk's merge
+        are paid once per stream and flush rather than once per event (a process with cores to
+        spare would otherwise read each event as it comes, at several times the CPU per token)."""
+        if self._flushed is None:
+            self._flushed = asyncio.get_running_loop().create_future()
+            self._schedule()
+        return self._flushed
+
+    def _schedule(self) -> None:
+        if self._flush_handle is None:
+            self._flush_handle = asyncio.get_running_loop().call_later(self._flush_s, self._flush)
+
+    def _flush(self) -> None:
+        self._flush_handle = None
+        flushed, self._flushed = self._flushed, None
+        if flushed is not None:
+            flushed.set_result(None)
+        items = self._outbox
+        items.extend(pending.item(rid) for rid, pending in self._pending.items())
+        self._outbox = []
+        self._pending.clear()
+        if items:
+            self._writer.write(wire.frame(items))
+
+
+def http_session(connect_timeout_s: float) -> aiohttp.ClientSession:
+    """The session the engine clients share (as the manager's own: no pool limit)."""
+    connector = aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True)
+    return aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
+    )
+
+
+async def _serve_manager(sock: socket.socket, flush_s: float, connect_timeout_s: float) -> None:
+    async with http_session(connect_timeout_s) as http:
+        reader, writer = await asyncio.open_unix_connection(sock=sock)
+        await StreamSession(reader, writer, http, flush_s).run()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Read engines' token streams for a rollflow manager.")
+    parser.add_argument(
+        "--fd", type=int, required=True, help="this process's end of the manager's socket pair"
+    )
+    parser.add_argument("--flush-ms", type=float, required=True)
+    parser.add_argument("--connect-timeout-s", type=float, required=True)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import uvloop
+
+    sock = socket.socket(fileno=args.fd)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(_serve_manager(sock, args.flush_ms / 1000.0, args.connect_timeout_s))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,317 @@
+"""Where the manager's engine streams are read: its stream processes and the engines' relays.
+
+The manager process keeps everything that decides: the engine fleet, the batches, the queue and the
+router, the journal, the HTTP API. With `processes: N` (N > 1) it sees samples and merged chunks,
+not the engines' events: each attempt's stream is opened on the stream process with the fewest open
+streams, which reads and parses the engine's events and sends their tokens back every
+`stream_flush_ms` (process.py). An engine registered with a `relay` (`rollflow manager
+relay` on the engine's own node) has its streams read there instead, so its tokens cross the network
+once a flush, merged. An attempt reads the chunks as it would read its engine client's (attempt.py
+is the same either way).
+
+A stream process that dies is started again; a relay that goes away is dialled again every few
+seconds, its engines' streams read here meanwhile. Either way, the attempts it was reading end with
+`StreamProcessLost`, and their samples resume from the tokens the manager had (what the engines sent
+it in its last two `stream_flush_ms` is generated again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from rollflow.runtime.engines.base import (
+    EngineError,
+    EngineRejectedError,
+    GenerateChunk,
+    RequestFailedError,
+    SamplingParams,
+)
+from rollflow.runtime.manager.streams import wire
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter
+
+    from rollflow.runtime.manager.config import ManagerConfig
+    from rollflow.runtime.manager.core.registry import EngineRecord
+
+log = logging.getLogger("rollflow.manager")
+
+_LOST = object()  # what a stream's queue gets when its reader went away
+RELAY_RETRY_S = (1.0, 5.0)  # a lost relay is dialled again after the first, then every second value
+
+_ERRORS: dict[str, type[Exception]] = {
+    wire.REJECTED: EngineRejectedError,
+    wire.REQUEST_FAILED: RequestFailedError,
+    wire.ENGINE: EngineError,
+    wire.INTERNAL: EngineError,
+}
+
+
+class _Channel(asyncio.Protocol):
+    """A connection to something that reads streams for the manager (a stream process or a
+    relay), and the streams open on it."""
+
+    name = "stream reader"
+
+    def __init__(self) -> None:
+        self.streams: dict[str, asyncio.Queue] = {}
+        self.transport: asyncio.Transport | None = None
+        self._frames = wire.FrameReader()
+
+    @property
+    def up(self) -> bool:
+        return self.transport is not None and not self.transport.is_closing()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        streams = self.streams
+        try:
+            messages = self._frames.feed(data)
+        except ValueError as exc:  # not a rollflow stream reader: drop it, its streams resume
+            log.error("%s sent something unreadable (%s); closing it", self.name, exc)
+            self.transport.close()
+            return
+        for message in messages:
+            for item in message:
+                queue = streams.get(item[1])
+                if queue is not None:
+                    queue.put_nowait(item)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        for queue in self.streams.values():
+            queue.put_nowait(_LOST)
+        self.streams.clear()
+        self.lost()
+
+    def lost(self) -> None:
+        """What to do once the connection is gone."""
+
+    def send(self, message: tuple | list) -> bool:
+        if not self.up:
+            return False
+        self.transport.write(wire.frame(message))
+        return True
+
+
+class _Process(_Channel):
+    """A stream process: an OS process this manager started, on the other end of a socket pair."""
+
+    def __init__(self, index: int, pool: StreamReaders) -> None:
+        super().__init__()
+        self.index = index
+        self.name = f"stream process {index}"
+        self.pool = pool
+        self.popen: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen is not None else None
+
+    async def start(self) -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        config = self.pool.config
+        self.popen = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "rollflow.runtime.manager.streams.process",
+                "--fd",
+                str(theirs.fileno()),
+                "--flush-ms",
+                str(config.stream_flush_ms),
+                "--connect-timeout-s",
+                str(config.connect_timeout_s),
+            ],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+        )
+        theirs.close()
+        await asyncio.get_running_loop().create_unix_connection(lambda: self, sock=mine)
+
+    def lost(self) -> None:
+        self.pool.process_lost(self)
+
+
+class _Relay(_Channel):
+    """A relay on an engine's node (`rollflow manager relay`), reached over TCP at `address`."""
+
+    def __init__(self, address: str, pool: StreamReaders) -> None:
+        super().__init__()
+        self.address = address
+        self.name = f"relay {address}"
+        self.pool = pool
+        self._dialling: asyncio.Task | None = None
+
+    def dial(self, after_s: float = 0.0) -> None:
+        """Connect in the background (again, `after_s` from now after a loss), until it answers or
+        the pool closes."""
+        if self._dialling is None or self._dialling.done():
+            self._dialling = asyncio.get_running_loop().create_task(self._dial(after_s))
+
+    async def _dial(self, after_s: float) -> None:
+        await asyncio.sleep(after_s)
+        host, _, port = self.address.rpartition(":")
+        retry_s = 0.0
+        while not self.pool.closing:
+            try:
+                await asyncio.wait_for(
+                    asyncio.get_running_loop().create_connection(lambda: self, host.strip("[]"), int(port)),
+                    self.pool.config.connect_timeout_s,
+                )
+            except (OSError, TimeoutError) as exc:
+                if retry_s == 0.0:
+                    log.warning(
+                        "%s does not answer (%s): its engines' streams are read here meanwhile",
+                        self.name,
+                        exc,
+                    )
+                retry_s = RELAY_RETRY_S[0] if retry_s == 0.0 else RELAY_RETRY_S[1]
+                await asyncio.sleep(retry_s)
+                continue
+            self.send((wire.HELLO, self.pool.config.token))
+            log.info("%s connected", self.name)
+            return
+
+    def lost(self) -> None:
+        if not self.pool.closing:
+            log.warning("%s went away: its samples resume; dialling it again", self.name)
+            self.dial(after_s=RELAY_RETRY_S[0])  # a relay that refuses this manager is not asked in a loop
+
+    def close(self) -> None:
+        if self._dialling is not None:
+            self._dialling.cancel()
+        if self.transport is not None:
+            self.transport.close()
+
+
+class StreamReaders:
+    """The stream processes and relays an attempt's engine stream can be opened on."""
+
+    def __init__(self, config: ManagerConfig, processes: int, restarts: Counter) -> None:
+        """`processes` stream processes (none: only relays); `restarts` counts the processes
+        started again after one died."""
+        self.config = config
+        self._count = processes
+        self._processes: list[_Process] = []
+        self._relays: dict[str, _Relay] = {}
+        self.closing = False
+        self._restarting: set[asyncio.Task] = set()
+        self._restarts = restarts
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._processes if p.pid is not None]
+
+    async def start(self) -> None:
+        for index in range(self._count):
+            process = _Process(index, self)
+            await process.start()
+            self._processes.append(process)
+        if self._processes:
+            log.info("stream processes: %s", ", ".join(str(pid) for pid in self.pids))
+
+    async def close(self) -> None:
+        self.closing = True
+        for task in self._restarting:
+            task.cancel()
+        for relay in self._relays.values():
+            relay.close()
+        for process in self._processes:
+            if process.transport is not None:
+                process.transport.close()  # the process sees its socket close and exits
+        for process in self._processes:
+            if process.popen is None:
+                continue
+            try:
+                await asyncio.wait_for(asyncio.to_thread(process.popen.wait), 5.0)
+            except TimeoutError:
+                process.popen.kill()
+                await asyncio.to_thread(process.popen.wait)
+
+    def readers_up(self) -> tuple[int, int]:
+        """Stream processes and relays connected now."""
+        return sum(p.up for p in self._processes), sum(r.up for r in self._relays.values())
+
+    def use_relay(self, address: str) -> None:
+        """Read the streams of the engines registered with this relay through it (dialled now)."""
+        if address not in self._relays:
+            self._relays[address] = relay = _Relay(address, self)
+            relay.dial()
+
+    def process_lost(self, process: _Process) -> None:
+        """A stream process's socket closed: unless the manager is closing, it died; start another."""
+        if self.closing:
+            return
+        code = process.popen.poll() if process.popen is not None else None
+        log.warning(
+            "stream process %s (pid %s) died (exit %s): its streams resume; starting another",
+            process.index,
+            process.pid,
+            code,
+        )
+        task = asyncio.get_running_loop().create_task(self._restart(process))
+        self._restarting.add(task)
+        task.add_done_callback(self._restarting.discard)
+
+    async def _restart(self, process: _Process) -> None:
+        if process.popen is not None:
+            await asyncio.to_thread(process.popen.wait)  # reap it
+        fresh = _Process(process.index, self)
+        await fresh.start()
+        self._processes[process.index] = fresh
+        self._restarts.inc()
+
+    def open(
+        self, engine: EngineRecord, rid: str, input_ids: list[int], sampling: SamplingParams
+    ) -> AsyncIterator[GenerateChunk] | None:
+        """The engine's stream of `rid`, read by its relay when it has one that is connected, else
+        by the stream process with the fewest streams open; None when neither can (no relay, and
+        no stream process, or none up while one is started again): the manager then reads it itself,
+        rather than end attempt after attempt on a reader that is not there."""
+        relay = self._relays.get(engine.relay) if engine.relay else None
+        if relay is not None and relay.up:
+            channel: _Channel | None = relay
+        else:
+            channel = min((p for p in self._processes if p.up), key=lambda p: len(p.streams), default=None)
+            if channel is None:
+                return None
+        opening = (wire.OPEN, rid, engine.engine_type, engine.url, engine.api_key, input_ids)
+        return self._stream(channel, rid, (*opening, wire.sampling_fields(sampling)))
+
+    async def _stream(self, channel: _Channel, rid: str, opening: tuple) -> AsyncIterator[GenerateChunk]:
+        if not channel.send(opening):  # it went away since `open` chose it
+            raise wire.StreamProcessLost(f"{channel.name} went away before {rid} was opened on it")
+        queue: asyncio.Queue = asyncio.Queue()
+        channel.streams[rid] = queue
+        ended = False
+        try:
+            while True:
+                item = await queue.get()
+                if item is _LOST:
+                    ended = True
+                    raise wire.StreamProcessLost(f"{channel.name} went away while reading {rid}")
+                if item[0] == wire.FAILED:
+                    ended = True
+                    kind, message = item[2], item[3]
+                    if kind == wire.ENDED:
+                        return
+                    raise _ERRORS[kind](message)
+                chunk = wire.chunk_from(item)
+                if chunk.finish_reason is not None:
+                    ended = True
+                    yield chunk
+                    return
+                yield chunk
+        finally:
+            channel.streams.pop(rid, None)
+            if not ended:
+                channel.send((wire.CLOSE, rid))
