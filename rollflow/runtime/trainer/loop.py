@@ -321,7 +321,8 @@ class Trainer:
     def sampling_params(self) -> dict[str, Any]:
         """SGLang sampling params of the step's batch. DynamicTrainer extends them with a per-step
         sampling seed, so a static and a dynamic run draw the same samples."""
-        return {"max_new_tokens": self.config.max_new_tokens, "temperature": self.config.temperature}
+        params = {"max_new_tokens": self.config.max_new_tokens, "temperature": self.config.temperature}
+        return params | ({"stop": self.config.stop} if self.config.stop else {})
 
     def _train_step(self, batch: BatchHandle | EpisodeBatch | PartialStep) -> StepMetrics:
         started = self.timer.clock()

@@ -28,6 +28,7 @@ from rollflow.runtime.manager.client import BatchHandle, ManagerClient, ManagerE
 from rollflow.runtime.trainer.rollouts import oldest_version
 
 MAX_PARALLEL_RESUMES = 256  # carried samples resumed at once (each a blocking /generate on a thread)
+ABORT_AGAIN_S = 5.0  # at a rollout's end, resumes still running after this long are aborted again
 
 
 def is_unfinished(sample: dict) -> bool:
@@ -95,6 +96,7 @@ class PartialStep:
         self.on_end = on_end
         self._ready: queue.Queue[list[dict] | BaseException] = queue.Queue()
         self._ending = threading.Event()
+        self._aborted = threading.Event()  # the rollout's end was told to the manager: nothing runs on
         self._num_arrived = 0  # finished groups the producers handed on
         self._running_rids: set[str] = set()
         self._lock = threading.Lock()
@@ -104,6 +106,7 @@ class PartialStep:
         # (as many as run at once: the rest follow as those end)
         to_resume = sum(is_unfinished(sample) for group in carried for sample in group)
         self._unsent = min(to_resume, MAX_PARALLEL_RESUMES)
+        self._resumes_left = to_resume  # carried samples whose resume has not returned (or been skipped)
         self._all_sent = threading.Event()
         if not self._unsent:
             self._all_sent.set()
@@ -112,7 +115,38 @@ class PartialStep:
             self._start(self._finish_group, group)
         self._all_sent.wait()
         self.fresh = submit_fresh()
+        self.num_samples = (len(carried) + self.fresh.num_groups) * n
         self._start(self._feed_fresh)
+
+    @property
+    def batch_id(self) -> str:
+        """The manager's batch of the step's fresh prompts (the carried samples are resumed apart)."""
+        return self.fresh.batch_id
+
+    def states(self) -> dict[str, int]:
+        """The step's samples by state, as the manager counts a batch's (`GET /batches/{id}`): what a
+        live executor (rollflow/runtime/dynamic/) follows. Once the quota is reached and the manager has
+        aborted what ran then (each ends at once with its tokens, wherever it was: the trainer collects
+        it to carry), the step's rollout is done: every sample counts as finished."""
+        if self._aborted.is_set():
+            return {"waiting": 0, "running": 0, "finished": self.num_samples, "failed": 0}
+        try:
+            fresh = self.client.request("GET", f"/batches/{self.fresh.batch_id}")["states"]
+        except ManagerError as exc:
+            if exc.status != 404:
+                raise
+            fresh = {"waiting": 0, "running": 0}  # delivered whole: the manager forgot it
+        with self._lock:
+            running = len(self._running_rids)
+            waiting = self._resumes_left - running
+        waiting += fresh["waiting"]
+        running += fresh["running"]
+        return {
+            "waiting": waiting,
+            "running": running,
+            "finished": self.num_samples - waiting - running,
+            "failed": 0,
+        }
 
     def _sent(self) -> None:
         """One carried sample's resume is on its way (or needs none)."""
@@ -149,6 +183,8 @@ class PartialStep:
             sending = remaining > 0 and not self._ending.is_set()
             if sending:
                 self._running_rids.add(rid)
+            else:
+                self._resumes_left -= 1
         if not sending:
             self._sent()
             return
@@ -168,6 +204,7 @@ class PartialStep:
         finally:
             with self._lock:
                 self._running_rids.discard(rid)
+                self._resumes_left -= 1
         append_continuation(sample, answer)
 
     def _feed_fresh(self) -> None:
@@ -205,9 +242,9 @@ class PartialStep:
         if taken:
             yield taken
 
-    def _next(self) -> list[dict] | None:
-        """The next finished group; None when a producer ended instead."""
-        item = self._ready.get()
+    def _next(self, timeout_s: float | None = None) -> list[dict] | None:
+        """The next finished group; None when a producer ended instead (queue.Empty after `timeout_s`)."""
+        item = self._ready.get(timeout=timeout_s)
         if item is _DONE:
             self._running -= 1
             return None
@@ -227,6 +264,7 @@ class PartialStep:
         self.fresh.abort_groups([g for g in range(self.fresh.num_groups) if g not in taken], self.n)
         for rid in rids:
             self.client.request("POST", "/abort_request", {"rid": rid})
+        self._aborted.set()
 
     def _end_rollout(self) -> None:
         """Collect every group not handed out (the rollout aborted first, if it is not yet), and pass
@@ -234,7 +272,15 @@ class PartialStep:
         self._abort_running()
         leftover = []
         while self._running:
-            item = self._next()
+            try:
+                item = self._next(timeout_s=ABORT_AGAIN_S)
+            except queue.Empty:
+                # a resume whose /generate reached the manager after its abort: abort it again
+                with self._lock:
+                    rids = list(self._running_rids)
+                for rid in rids:
+                    self.client.request("POST", "/abort_request", {"rid": rid})
+                continue
             if item is not None:
                 leftover.append(item)
         self._pool.shutdown()
