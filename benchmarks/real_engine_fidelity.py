@@ -48,7 +48,7 @@ from rollflow.perf.profile.trace_replay import (
 from rollflow.runtime.launch.process import free_port, rollflow_command
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import Results, add_results_dir, results_dir
+from results import Results, add_results_dir, add_shared_dir, results_dir
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_VENV = REPO / ".venv-vllm"
@@ -268,12 +268,7 @@ def main() -> None:
         default=None,
         help="real replays per load, the spread recorded (default 2; --quick: 1)",
     )
-    parser.add_argument(
-        "--shared",
-        type=Path,
-        default=REPO.parent / "shared",
-        help="the folder holding data/vidur (default ../shared)",
-    )
+    add_shared_dir(parser)
     args = parser.parse_args()
     if args.url and not args.model:
         raise SystemExit("--url needs --model, the folder of the model it serves")

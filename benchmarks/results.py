@@ -72,6 +72,17 @@ def add_results_dir(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_shared_dir(parser: argparse.ArgumentParser) -> None:
+    """`--shared DIR`, for a benchmark that reads what lies beside the repository: Vidur's public
+    data (data/vidur) and tools/attention_table.py."""
+    parser.add_argument(
+        "--shared",
+        type=Path,
+        default=REPO.parent / "shared",
+        help="the folder holding data/vidur (Vidur's public data) and tools/attention_table.py (default ../shared)",
+    )
+
+
 def results_dir(args: argparse.Namespace) -> Path:
     """`--results-dir` if given, else the quick or the committed folder."""
     if args.results_dir is not None:

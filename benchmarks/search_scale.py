@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import Results, add_results_dir, results_dir
+from results import Results, add_results_dir, add_shared_dir, results_dir
 
 REPO = Path(__file__).resolve().parents[1]
 MIN_CONFIGURATIONS = 100
@@ -80,12 +80,7 @@ def main() -> None:
         "--num-requests", type=int, default=None, help="requests per simulation (default 1000; --quick: 100)"
     )
     parser.add_argument("--output-dir", default=str(REPO / "outputs/bench/search_scale"))
-    parser.add_argument(
-        "--shared",
-        type=Path,
-        default=REPO.parent / "shared",
-        help="the folder holding data/vidur (default ../shared)",
-    )
+    add_shared_dir(parser)
     args = parser.parse_args()
     num_requests = args.num_requests or (100 if args.quick else 1000)
     results = Results("search_scale", results_dir(args))

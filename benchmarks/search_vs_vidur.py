@@ -55,8 +55,8 @@ import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import Results, add_results_dir, results_dir
-from vidur_compare import MODEL, QUICK_TRAINING, SHARED, cached_predictors, prepare_workdir
+from results import Results, add_results_dir, add_shared_dir, results_dir
+from vidur_compare import MODEL, QUICK_TRAINING, cached_predictors, prepare_workdir
 from vidur_peer import Vidur, add_vidur_options, ensure_vidur, venv_versions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -387,12 +387,7 @@ def main() -> None:
         help="requests per simulation, both sides (default 1000; --quick: 300)",
     )
     parser.add_argument("--workers", type=int, default=2, help="configurations searched at once (both sides)")
-    parser.add_argument(
-        "--shared",
-        type=Path,
-        default=SHARED,
-        help="the folder holding data/vidur and tools/attention_table.py (default ../shared)",
-    )
+    add_shared_dir(parser)
     parser.add_argument("--workdir", type=Path, default=REPO / "outputs" / "bench" / "vidur")
     parser.add_argument(
         "--seeds",

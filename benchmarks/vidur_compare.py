@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import Results, add_results_dir, results_dir
+from results import Results, add_results_dir, add_shared_dir, results_dir
 from vidur_peer import Vidur, add_vidur_options, ensure_vidur, venv_versions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -322,12 +322,7 @@ def main() -> None:
         default=None,
         help="speed rounds, each side's best kept (default 3; --quick: 1)",
     )
-    parser.add_argument(
-        "--shared",
-        type=Path,
-        default=SHARED,
-        help="the folder holding data/vidur (Vidur's public data) and tools/attention_table.py (default ../shared)",
-    )
+    add_shared_dir(parser)
     parser.add_argument("--workdir", type=Path, default=REPO / "outputs" / "bench" / "vidur")
     parser.add_argument(
         "--cold", action="store_true", help="also time Vidur's cold start (random-forest training), once"

@@ -1,6 +1,7 @@
 """Bytes on the wire and encode/decode speed of each weight codec, against raw.
 
-Builds a random Llama-shaped bf16 state dict at run time (about 330 MB by default), then a
+Builds a random Llama-shaped bf16 state dict at run time (about 350M parameters, 700 MB, by
+default), then a
 "training step" of it in which a fraction of every matrix's weights moves by one bf16 ulp (what
 a small optimizer update does to bf16 weights: most round back to the same value). Each codec
 encodes into chunk files exactly as the weight server does, and decodes them exactly as a puller
@@ -19,12 +20,21 @@ zeros away).
 
 Then the two transports, between real processes on 127.0.0.1: a `rollflow weights serve --mooncake
 tcp` process serves both versions, and this process pulls the full model (zstd) and the step
-(delta+zstd against the first) over HTTP and over Mooncake TCP: seconds and wire bytes of each pull
-for 1, 2 and 4 engines pulling at once (--quick: 1 and 2; one process, each engine its own puller and
-cache; payloads built and this process's Mooncake engine started beforehand; the first Mooncake
-read of a payload includes the server copying it into registered memory). Goals: every pull gives the published weights exactly, and every Mooncake
-pull went over Mooncake. Writes `weight_transfer.json` into `--results-dir` (see benchmarks/results.py) and
-exits non-zero when a goal is missed.
+(delta+zstd against the first) over HTTP and over Mooncake TCP, as the ranks of a tensor-parallel
+engine do: 1, 2 and 4 ranks pulling their own slices (rollflow/runtime/weights/slices.py) at once
+(one process, each rank its own puller and cache; payloads built and this process's Mooncake engine
+started beforehand; the first Mooncake read of a payload includes the server copying it into
+registered memory): seconds of the slowest rank, and wire and weight bytes per rank. Last, the
+time an engine is out of the pool: real `rollflow engine serve --tensor-parallel N` engines (N = 1, 2,
+4; the same model, 1 torch thread per rank) each take four versions through
+/update_weights_from_server (full and delta, over each transport), and the seconds each call takes
+are the time a rollout manager holds that engine out of the pool (pull, verify, commit on every
+rank, load).
+
+Goals: every pull gives the published weights (that rank's slices) exactly; every Mooncake pull went
+over Mooncake; a rank's full pull carries at most 1.1 x the whole model's bytes / N; every engine
+update ends on its version. Writes `weight_transfer.json` into `--results-dir` (see
+benchmarks/results.py) and exits non-zero when a goal is missed.
 """
 
 from __future__ import annotations
@@ -42,15 +52,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.results import Results, add_results_dir, package_version, results_dir
+from rollflow.runtime.engines.tiny_model import write_tiny_model
 from rollflow.runtime.weights.codecs import CodecSpec
 from rollflow.runtime.weights.io import Manifest
 from rollflow.runtime.weights.mooncake import Unavailable, local_engine
 from rollflow.runtime.weights.payload import chunk_file, decode_payload, encode_payload
 from rollflow.runtime.weights.puller import PullResult, WeightPuller
+from rollflow.runtime.weights.slices import shard_state
 from rollflow.runtime.weights.store import WeightStore
 from rollflow.runtime.weights.tensors import state_digest
 
 MB = 1e6
+RANKS = {False: (1, 2, 4), True: (1, 2)}
+"""Engine ranks the transports and the engines are measured with (full run, --quick)."""
 
 
 def llama_state(
@@ -167,11 +181,17 @@ def start_server(store_dir: Path, chunk_mb: float) -> tuple[subprocess.Popen, st
 
 
 async def pull_over(
-    url: str, cache: Path, transport: str, version: int, codec: str, base: PullResult | None = None
+    url: str,
+    cache: Path,
+    transport: str,
+    version: int,
+    codec: str,
+    tp: tuple[int, int],
+    base: PullResult | None = None,
 ) -> PullResult:
-    """One engine's pull of `version`, its chunks over `transport`."""
+    """One engine rank's pull of its slices of `version`, its chunks over `transport`."""
     async with WeightPuller(url, cache, transport=transport) as puller:
-        return await puller.pull(version, codec, base=base.weights if base is not None else None)
+        return await puller.pull(version, codec, base=base.weights if base is not None else None, tp=tp)
 
 
 async def pull_together(
@@ -182,50 +202,143 @@ async def pull_together(
     codec: str,
     bases: list[PullResult] | None = None,
 ) -> list[PullResult]:
-    """Engines pulling `version` at the same time, one cache each (as engines on one server do)."""
+    """The ranks of one engine pulling their slices of `version` at the same time, one cache each."""
     pulls = [
-        pull_over(url, cache, transport, version, codec, bases[i] if bases else None)
-        for i, cache in enumerate(caches)
+        pull_over(url, cache, transport, version, codec, (len(caches), rank), bases[rank] if bases else None)
+        for rank, cache in enumerate(caches)
     ]
     return list(await asyncio.gather(*pulls))
 
 
 def compare_transports(
-    first: dict[str, torch.Tensor], second: dict[str, torch.Tensor], workdir: Path, args: argparse.Namespace
+    states: list[dict[str, torch.Tensor]],
+    store: WeightStore,
+    url: str,
+    workdir: Path,
+    args: argparse.Namespace,
 ) -> list[list]:
-    """For 1, 2 and 4 engines at once (--quick: 1 and 2), each transport pulls the full model, then the
-    step as a delta: one row per pull, with the slowest engine's seconds and one engine's wire bytes."""
-    store_dir = workdir / "store"
-    store = WeightStore(
-        store_dir, chunk_bytes=int(args.chunk_mb * (1 << 20)), delta_block_bytes=args.block_kb << 10
-    )
-    store.publish(1, first)
-    store.publish(2, second)
-    store.manifest(2, "delta+zstd", base_version=1)  # built now, so neither transport's pull builds it
+    """For 1, 2 and 4 ranks (--quick: 1 and 2), each transport pulls the full model (version 1), then
+    the step as a delta (version 2): one row per pull, with the slowest rank's seconds and the
+    largest rank's wire and weight bytes."""
+    for ranks in RANKS[args.quick]:  # built now, so no pull waits for an encode
+        for rank in range(ranks):
+            store.manifest(1, "zstd", tp=(ranks, rank))
+            store.manifest(2, "delta+zstd", base_version=1, tp=(ranks, rank))
     if isinstance(local_engine(), Unavailable):  # started now: an engine's once-only start is no transfer
         sys.exit(f"this process cannot pull over Mooncake: {local_engine().reason}")
-    process, url = start_server(store_dir, args.chunk_mb)
     rows = []
-    try:
-        for engines in (1, 2) if args.quick else (1, 2, 4):
-            for transport in ("http", "mooncake"):
-                caches = [workdir / f"cache-{engines}-{transport}-{i}" for i in range(engines)]
-                full = asyncio.run(pull_together(url, caches, transport, 1, "zstd"))
-                delta = asyncio.run(pull_together(url, caches, transport, 2, "delta+zstd", bases=full))
-                for name, results, state in (
-                    ("full model", full, first),
-                    ("1 step, delta+zstd", delta, second),
-                ):
-                    wrong = sum(mismatched(state, r.weights.state_dict, lossless=True) > 0 for r in results)
-                    seconds = round(max(r.stats.seconds for r in results), 3)
-                    wire_mb = round(results[0].stats.wire_nbytes / MB, 1)
-                    went = ",".join(sorted({r.stats.transport for r in results}))
-                    rows.append([transport, engines, name, seconds, wire_mb, went, wrong])
-                    print("| " + " | ".join(str(cell) for cell in rows[-1]) + " |", flush=True)
-    finally:
-        process.kill()
-        process.wait()
+    for ranks in RANKS[args.quick]:
+        for transport in ("http", "mooncake"):
+            caches = [workdir / f"cache-{ranks}-{transport}-{rank}" for rank in range(ranks)]
+            full = asyncio.run(pull_together(url, caches, transport, 1, "zstd"))
+            delta = asyncio.run(pull_together(url, caches, transport, 2, "delta+zstd", bases=full))
+            for name, results, state in (
+                ("full model", full, states[0]),
+                ("1 step, delta+zstd", delta, states[1]),
+            ):
+                wrong = sum(
+                    mismatched(shard_state(state, ranks, rank), r.weights.state_dict, lossless=True) > 0
+                    for rank, r in enumerate(results)
+                )
+                seconds = round(max(r.stats.seconds for r in results), 3)
+                wire_mb = round(max(r.stats.wire_nbytes for r in results) / MB, 1)
+                weights_mb = round(max(r.manifest.model_nbytes for r in results) / MB, 1)
+                went = ",".join(sorted({r.stats.transport for r in results}))
+                rows.append([transport, ranks, name, seconds, wire_mb, weights_mb, went, wrong])
+                print("| " + " | ".join(str(cell) for cell in rows[-1]) + " |", flush=True)
     return rows
+
+
+def write_model_folder(state: dict[str, torch.Tensor], folder: Path, args: argparse.Namespace) -> Path:
+    """A folder `rollflow engine serve` loads holding `state`: a tiny model's tokenizer, and the
+    config of the benchmark's shape (head_dim 64, one KV head per head, bf16)."""
+    import json
+
+    import safetensors.torch
+
+    write_tiny_model(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config |= {
+        "hidden_size": args.hidden,
+        "intermediate_size": args.intermediate,
+        "num_hidden_layers": args.layers,
+        "num_attention_heads": args.hidden // 64,
+        "num_key_value_heads": args.hidden // 64,
+        "vocab_size": args.vocab,
+        "dtype": "bfloat16",
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    safetensors.torch.save_file(state, str(folder / "model.safetensors"))
+    return folder
+
+
+def engine_out_of_pool(model: Path, url: str, workdir: Path, args: argparse.Namespace) -> list[list]:
+    """Real engines of 1, 2 and 4 ranks (--quick: 1 and 2) take versions 1 (full) and 2 (delta) over
+    HTTP, then 3 (full) and 4 (delta) over Mooncake; one row per update with the seconds its
+    /update_weights_from_server took (the time a manager holds the engine out of the pool)."""
+    rows = []
+    updates = [
+        (1, "zstd", "http"),
+        (2, "delta+zstd", "http"),
+        (3, "zstd", "mooncake"),
+        (4, "delta+zstd", "mooncake"),
+    ]
+    for ranks in RANKS[args.quick]:
+        engine, engine_url = start_engine(model, ranks, workdir / f"engine-tp{ranks}.log")
+        try:
+            for version, codec, transport in updates:
+                body = {"url": url, "weight_version": version, "codec": codec, "transport": transport}
+                started = time.perf_counter()
+                status, answer = post_json(engine_url + "/update_weights_from_server", body)
+                seconds = round(time.perf_counter() - started, 3)
+                pull = answer.get("pull", {})
+                ok = status == 200 and answer.get("weight_version") == version
+                ok = ok and (codec == "zstd") == (pull.get("base_version") is None)
+                name = "full model" if codec == "zstd" else "1 step, delta+zstd"
+                rows.append(
+                    [
+                        transport,
+                        ranks,
+                        name,
+                        seconds,
+                        pull.get("transport"),
+                        "ok" if ok else str(answer)[:200],
+                    ]
+                )
+                print("| " + " | ".join(str(cell) for cell in rows[-1]) + " |", flush=True)
+        finally:
+            engine.terminate()
+            engine.wait(60)
+    return rows
+
+
+def start_engine(model: Path, ranks: int, log: Path) -> tuple[subprocess.Popen, str]:
+    """`rollflow engine serve --tensor-parallel RANKS` on a free port, once it serves; (process, url)."""
+    argv = [sys.executable, "-m", "rollflow.cli", "engine", "serve", "--model", str(model), "--port", "0"]
+    argv += ["--threads", "1", "--dtype", "bfloat16", "--tensor-parallel", str(ranks), "--max-body-mb", "1"]
+    with open(log, "w") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and process.poll() is None:
+        text = log.read_text()
+        if "serving on http://" in text:
+            return process, "http://" + text.split("serving on http://")[1].split()[0]
+        time.sleep(0.2)
+    process.kill()
+    sys.exit(f"the {ranks}-rank engine did not start: {log.read_text()[-2000:]}")
+
+
+def post_json(url: str, body: dict) -> tuple[int, dict]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=1800) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
 
 
 def main() -> None:
@@ -234,7 +347,7 @@ def main() -> None:
     )
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--intermediate", type=int, default=2816)
-    parser.add_argument("--layers", type=int, help="decoder layers (8; --quick: 2)")
+    parser.add_argument("--layers", type=int, help="decoder layers (22, about 350M parameters; --quick: 2)")
     parser.add_argument("--vocab", type=int, help="vocabulary (32000; --quick: 8000)")
     parser.add_argument("--changed", type=float, default=0.02, help="fraction of weights a step changes")
     parser.add_argument("--chunk-mb", type=float, default=4.0)
@@ -243,7 +356,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     add_results_dir(parser)
     args = parser.parse_args()
-    args.layers = args.layers or (2 if args.quick else 8)
+    args.layers = args.layers or (2 if args.quick else 22)
     args.vocab = args.vocab or (8000 if args.quick else 32000)
     torch.set_num_threads(args.threads)
     results = Results("weight_transfer", results_dir(args))
@@ -294,24 +407,47 @@ def main() -> None:
             row += [round(model_nbytes / MB / encode_s), round(model_nbytes / MB / decode_s), wrong]
             rows.append(row)
             print("| " + " | ".join(str(cell) for cell in row) + " |", flush=True)
-    print(
-        "\n| transport | engines | pull | seconds | wire MB per engine | went over | weights wrong |"
-        "\n|---|---:|---|---:|---:|---|---:|"
-    )
-    with tempfile.TemporaryDirectory() as workdir:
-        transport_rows = compare_transports(first, second, Path(workdir), args)
-    results.peers["mooncake-transfer-engine-non-cuda"] = package_version("mooncake-transfer-engine-non-cuda")
     transport_columns = [
         "transport",
-        "engines",
+        "engine ranks",
         "pull",
         "seconds",
-        "wire MB per engine",
+        "wire MB per rank",
+        "weight MB per rank",
         "went over",
-        "weights wrong",
+        "ranks wrong",
     ]
+    engine_columns = ["transport", "engine ranks", "update", "seconds out of the pool", "went over", "result"]
+    print("\n| " + " | ".join(transport_columns) + " |\n|---|---:|---|---:|---:|---:|---|---:|")
+    with tempfile.TemporaryDirectory() as workdir:
+        workdir = Path(workdir)
+        store = WeightStore(
+            workdir / "store",
+            chunk_bytes=int(args.chunk_mb * (1 << 20)),
+            delta_block_bytes=args.block_kb << 10,
+        )
+        states = [first, second]
+        states += [training_step(states[-1], args.changed, seed=len(states)) for _ in range(2)]
+        for version, state in enumerate(states, start=1):
+            store.publish(version, state)
+        process, url = start_server(store.root, args.chunk_mb)
+        try:
+            transport_rows = compare_transports(states, store, url, workdir, args)
+            print("\n| " + " | ".join(engine_columns) + " |\n|---|---:|---|---:|---|---|")
+            model = write_model_folder(first, workdir / "model", args)
+            engine_rows = engine_out_of_pool(model, url, workdir, args)
+        finally:
+            process.kill()
+            process.wait()
+    results.peers["mooncake-transfer-engine-non-cuda"] = package_version("mooncake-transfer-engine-non-cuda")
+    full_wire = {  # the whole model's full pull: what 1 rank carries
+        transport: next(r[4] for r in transport_rows if r[:3] == [transport, 1, "full model"])
+        for transport in ("http", "mooncake")
+    }
+    share = max(r[4] / (full_wire[r[0]] / r[1]) for r in transport_rows if r[2] == "full model")
     results.figures = {
         "transports": [dict(zip(transport_columns, row, strict=True)) for row in transport_rows],
+        "engines": [dict(zip(engine_columns, row, strict=True)) for row in engine_rows],
         "settings": {k: getattr(args, k) for k in ("hidden", "intermediate", "layers", "vocab", "changed")}
         | {"chunk_mb": args.chunk_mb, "block_kb": args.block_kb, "zstd_level": args.zstd_level},
         "model_mb": model_nbytes / MB,
@@ -320,10 +456,16 @@ def main() -> None:
     }
     results.table(f"Each codec on a {model_nbytes / MB:.0f} MB bf16 model, one process", columns, rows)
     results.table(
-        "HTTP and Mooncake TCP pulls from a weight server process on 127.0.0.1, engines pulling at once "
-        "(seconds: the slowest engine)",
+        "HTTP and Mooncake TCP pulls from a weight server process on 127.0.0.1, each rank of a "
+        "tensor-parallel engine pulling its own slices at once (seconds: the slowest rank; MB: the largest rank)",
         transport_columns,
         transport_rows,
+    )
+    results.table(
+        "Real tensor-parallel engines taking a version through /update_weights_from_server: the seconds "
+        "a rollout manager holds them out of the pool",
+        engine_columns,
+        engine_rows,
     )
     lossless_wrong = sum(row[6] for row in rows if CodecSpec.parse(row[1]).lossless)
     int8_wrong = sum(row[6] for row in rows if not CodecSpec.parse(row[1]).lossless)
@@ -339,13 +481,21 @@ def main() -> None:
         headline=True,
     )
     results.goal(
-        "transports: pulls not giving the published weights", sum(r[6] for r in transport_rows), "==", 0
+        "transports: rank pulls not giving that rank's published slices",
+        sum(r[7] for r in transport_rows),
+        "==",
+        0,
     )
     results.goal(
         "mooncake pulls that went over http instead",
-        sum(r[0] == "mooncake" and r[5] != "mooncake" for r in transport_rows),
+        sum(r[0] == "mooncake" and r[6] != "mooncake" for r in transport_rows)
+        + sum(r[0] == "mooncake" and r[4] != "mooncake" for r in engine_rows),
         "==",
         0,
+    )
+    results.goal("full pull: wire bytes per rank / (whole model's / N)", share, "<=", 1.1, headline=True)
+    results.goal(
+        "engine updates that did not end on their version", sum(r[5] != "ok" for r in engine_rows), "==", 0
     )
     sys.exit(results.finish())
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # a command's --help needs no pydantic
@@ -22,3 +23,29 @@ def add_command_group(commands: argparse._SubParsersAction, name: str, help: str
         name, help=help, epilog=examples, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     return group.add_subparsers(dest=f"{name}_command", required=True, metavar="SUBCOMMAND")
+
+
+def add_config_arguments(
+    parser: argparse.ArgumentParser, examples: str, output_key: str, overrides_example: str
+) -> None:
+    """What a command that runs a YAML config takes: `--config FILE` (required), `--output-dir DIR`
+    (overriding the config's `output_key`) and dotted `key=value` overrides."""
+    parser.add_argument("--config", required=True, help=f"YAML config file (see {examples})")
+    parser.add_argument("--output-dir", help=f"output folder (overrides {output_key})")
+    parser.add_argument(
+        "overrides", nargs="*", metavar="key=value", help=f"dotted overrides, e.g. {overrides_example}"
+    )
+
+
+def add_show_config(
+    commands: argparse._SubParsersAction,
+    help: str,
+    load: Callable[[str | None, list[str]], BaseModel],
+    config_help: str = "YAML config file (omit for the defaults)",
+) -> None:
+    """The group's `config` sub-command: the config `load(path, overrides)` validates, every default
+    filled in, printed as YAML."""
+    show = commands.add_parser("config", help=help)
+    show.add_argument("--config", help=config_help)
+    show.add_argument("overrides", nargs="*", metavar="key=value")
+    show.set_defaults(handler=lambda args, started_at: print_yaml(load(args.config, args.overrides)))

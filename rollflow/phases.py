@@ -19,7 +19,7 @@ PHASES = ("rollout", "rollout_spot", "inference", "training", "reshard", "sync")
 
 
 @dataclass(frozen=True)
-class Span:
+class PhaseSpan:
     """GPUs [gpu_start, gpu_start + num_gpus) doing `component` from start to end."""
 
     component: str  # one of PHASES
@@ -35,21 +35,21 @@ class PhaseTimer:
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self.clock = clock
-        self.spans: list[Span] = []
+        self.spans: list[PhaseSpan] = []
 
     def record(
         self, phase: str, start: float, end: float, gpu_start: int = 0, num_gpus: int = 0, label: str = ""
-    ) -> Span:
+    ) -> PhaseSpan:
         """A phase whose end is known (a simulator schedules it); returns its span."""
         if phase not in PHASES:
             raise ValueError(f"unknown phase {phase!r}; phases: {', '.join(PHASES)}")
-        span = Span(phase, gpu_start, num_gpus, start, end, label)
+        span = PhaseSpan(phase, gpu_start, num_gpus, start, end, label)
         self.spans.append(span)
         return span
 
     def start(
         self, phase: str, seconds: float, gpu_start: int = 0, num_gpus: int = 0, label: str = ""
-    ) -> Span:
+    ) -> PhaseSpan:
         """A phase that starts now on the clock and lasts `seconds`."""
         now = self.clock()
         return self.record(phase, now, now + seconds, gpu_start, num_gpus, label)
@@ -79,7 +79,7 @@ class PhaseTimer:
         return out
 
 
-def write_chrome_trace(path: Path, steps_and_spans: Iterable[tuple[int, Span]]) -> Path:
+def write_chrome_trace(path: Path, steps_and_spans: Iterable[tuple[int, PhaseSpan]]) -> Path:
     """Spans as a chrome trace (open in https://ui.perfetto.dev), one track per GPU range.
 
     The RL simulator and the live trainer both write their phases through this, so a simulated

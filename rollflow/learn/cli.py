@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rollflow.cli_util import print_yaml
+from rollflow.cli_util import add_config_arguments, add_show_config
 
 EXAMPLES = """examples:
   rollflow router train    --config examples/router/heterogeneous.yaml
@@ -62,28 +62,27 @@ def register(commands: argparse._SubParsersAction) -> None:
     compare.add_argument("--policy", help="policy file (default: policy_file, else output_dir/policy.npz)")
     compare.set_defaults(handler=_compare)
 
-    show = sub.add_parser("config", help="print a config with every default (and the preset) filled in")
-    show.add_argument("--config", help="YAML config file")
-    show.add_argument("overrides", nargs="*", metavar="key=value")
-    show.set_defaults(handler=_config)
-
-
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, help="YAML config file (see examples/router/)")
-    parser.add_argument("--output-dir", help="output folder (overrides output_dir)")
-    parser.add_argument(
-        "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. ppo.total_steps=1000"
+    add_show_config(
+        sub, "print a config with every default (and the preset) filled in", _load_config, "YAML config file"
     )
 
 
+def _common(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser, "examples/router/", "output_dir", "ppo.total_steps=1000")
+
+
 def _load(args: argparse.Namespace):
+    overrides = list(args.overrides)
+    if args.output_dir:
+        overrides.append(f"output_dir={args.output_dir}")
+    return _load_config(args.config, overrides)
+
+
+def _load_config(path: str | None, overrides: list[str]):
     from rollflow.config import load_config
     from rollflow.learn.config import LearnConfig
 
-    overrides = list(args.overrides)
-    if getattr(args, "output_dir", None):
-        overrides.append(f"output_dir={args.output_dir}")
-    return load_config(LearnConfig, args.config, overrides)
+    return load_config(LearnConfig, path, overrides)
 
 
 def _train(args: argparse.Namespace, started_at: float) -> None:
@@ -123,10 +122,3 @@ def _compare(args: argparse.Namespace, started_at: float) -> None:
 
     config = _load(args)
     compare(config, policy_path(config, args.policy), Path(config.output_dir), Console())
-
-
-def _config(args: argparse.Namespace, started_at: float) -> None:
-    from rollflow.config import load_config
-    from rollflow.learn.config import LearnConfig
-
-    print_yaml(load_config(LearnConfig, args.config, args.overrides))

@@ -12,7 +12,13 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from rollflow.sim.config import ClusterConfig, ExecutionConfig, SchedulerConfig, Section, WorkloadConfig
+from rollflow.sim.config import (
+    ExecutionConfig,
+    SchedulerConfig,
+    Section,
+    ServingClusterConfig,
+    WorkloadConfig,
+)
 
 HEURISTICS = ("round_robin", "lor", "least_tokens", "random")
 
@@ -138,7 +144,7 @@ class LearnConfig(Section):
     """Knob values to start from: rollflow (default) or vidur_arc2."""
     seed: int = 0
     """Seed of the network's initialisation and of every draw of training."""
-    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    cluster: ServingClusterConfig = Field(default_factory=ServingClusterConfig)
     """The simulated cluster the router routes on, as in `rollflow sim serve`."""
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     """Each replica's batch scheduler, as in `rollflow sim serve`."""

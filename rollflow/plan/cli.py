@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from rollflow.cli_util import add_config_arguments
+
 
 def add_serve_search(commands: argparse._SubParsersAction) -> None:
     """`rollflow sim search`."""
@@ -15,8 +17,7 @@ def add_serve_search(commands: argparse._SubParsersAction) -> None:
         "pareto_<metric>.png and best.yaml into --output-dir; finished configurations are cached "
         "there, so a rerun resumes.",
     )
-    search.add_argument("--config", required=True, help="YAML search config (see examples/search/)")
-    search.add_argument("--output-dir", help="output folder (overrides output_dir)")
+    add_config_arguments(search, "examples/search/", "output_dir", "workers=1")
     search.add_argument(
         "--resume",
         choices=("auto", "never"),
@@ -24,7 +25,6 @@ def add_serve_search(commands: argparse._SubParsersAction) -> None:
         help="auto: reuse cached configurations; never: search all again",
     )
     search.add_argument("--backend", choices=("local", "ray"), help="overrides backend")
-    search.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. workers=1")
     search.set_defaults(handler=_serve_search)
 
 
@@ -33,12 +33,7 @@ def _serve_search(args: argparse.Namespace, started_at: float) -> None:
     from rollflow.plan.serve_config import ServeSearchConfig
     from rollflow.plan.serve_search import run_search
 
-    overrides = list(args.overrides)
-    if args.output_dir:
-        overrides.append(f"output_dir={args.output_dir}")
-    if args.backend:
-        overrides.append(f"backend={args.backend}")
-    run_search(load_config(ServeSearchConfig, args.config, overrides), resume=args.resume)
+    run_search(load_config(ServeSearchConfig, args.config, _overrides(args)), resume=args.resume)
 
 
 def add_rl_search(commands: argparse._SubParsersAction) -> None:
@@ -50,10 +45,8 @@ def add_rl_search(commands: argparse._SubParsersAction) -> None:
         "pipelining), scheduling policies, preemptible instances and local budgets, within a budget. "
         "Writes results.csv, results.json, pareto_throughput_cost.png and best.yaml into --output-dir.",
     )
-    search.add_argument("--config", required=True, help="YAML RL search config (see examples/search/)")
-    search.add_argument("--output-dir", help="output folder (overrides output_dir)")
+    add_config_arguments(search, "examples/search/", "output_dir", "workers=1")
     search.add_argument("--backend", choices=("local", "ray"), help="overrides backend")
-    search.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. workers=1")
     search.set_defaults(handler=_rl_search)
 
 
@@ -62,9 +55,14 @@ def _rl_search(args: argparse.Namespace, started_at: float) -> None:
     from rollflow.plan.rl_config import RLSearchConfig
     from rollflow.plan.rl_search import run_rl_search
 
+    run_rl_search(load_config(RLSearchConfig, args.config, _overrides(args)))
+
+
+def _overrides(args: argparse.Namespace) -> list[str]:
+    """A search's dotted overrides, with --output-dir and --backend as the keys they stand for."""
     overrides = list(args.overrides)
     if args.output_dir:
         overrides.append(f"output_dir={args.output_dir}")
     if args.backend:
         overrides.append(f"backend={args.backend}")
-    run_rl_search(load_config(RLSearchConfig, args.config, overrides))
+    return overrides

@@ -177,6 +177,49 @@ static double py_float_floordiv(double vx, double wx) {
     return floordiv;
 }
 
+/* -- binary min-heaps ------------------------------------------------------------------------ */
+
+/* NAME_push and NAME_pop: a binary min-heap of TYPE in (*items, *size, *capacity), ordered by
+ * BEFORE(a, b), growing by doubling from INITIAL. The event queue and each decode cohort's finish
+ * order are such heaps; heapq's sift-down/sift-up order, so ties break as the Python twin's do. */
+#define DEFINE_HEAP(NAME, TYPE, BEFORE, INITIAL)                                                   \
+    static int NAME##_push(TYPE **items, Py_ssize_t *size, Py_ssize_t *capacity, TYPE item) {     \
+        if (*size == *capacity) {                                                                  \
+            Py_ssize_t grown = *capacity ? 2 * *capacity : (INITIAL);                              \
+            TYPE *heap = PyMem_Realloc(*items, sizeof(TYPE) * grown);                              \
+            if (heap == NULL) {                                                                    \
+                PyErr_NoMemory();                                                                  \
+                return -1;                                                                         \
+            }                                                                                      \
+            *items = heap;                                                                         \
+            *capacity = grown;                                                                     \
+        }                                                                                          \
+        TYPE *heap = *items;                                                                       \
+        Py_ssize_t i = (*size)++;                                                                  \
+        while (i > 0) {                                                                            \
+            Py_ssize_t parent = (i - 1) / 2;                                                       \
+            if (!BEFORE(&item, &heap[parent])) break;                                              \
+            heap[i] = heap[parent];                                                                \
+            i = parent;                                                                            \
+        }                                                                                          \
+        heap[i] = item;                                                                            \
+        return 0;                                                                                  \
+    }                                                                                              \
+    static TYPE NAME##_pop(TYPE *heap, Py_ssize_t *size) {                                         \
+        TYPE top = heap[0], last = heap[--*size];                                                  \
+        Py_ssize_t i = 0, n = *size;                                                               \
+        for (;;) {                                                                                 \
+            Py_ssize_t child = 2 * i + 1;                                                          \
+            if (child >= n) break;                                                                 \
+            if (child + 1 < n && BEFORE(&heap[child + 1], &heap[child])) child++;                  \
+            if (!BEFORE(&heap[child], &last)) break;                                               \
+            heap[i] = heap[child];                                                                 \
+            i = child;                                                                             \
+        }                                                                                          \
+        if (n) heap[i] = last;                                                                     \
+        return top;                                                                                \
+    }
+
 /* -- the decode cohort (DecodeCohort) --------------------------------------------------------- */
 
 static long long mod_block(long long value, long long block) { return value - floor_div(value, block) * block; }
@@ -194,6 +237,8 @@ static int finish_before(const FinishEntry *a, const FinishEntry *b) {
     return a->id < b->id;
 }
 
+DEFINE_HEAP(finish_heap, FinishEntry, finish_before, 16)
+
 typedef struct {
     long long block_size, clock, base_sum;
     long long *phase_counts;
@@ -210,41 +255,8 @@ static int cohort_join(Cohort *c, Request *requests, int index) {
     if (intvec_push(&c->members, index) < 0) return -1;
     c->base_sum += base;
     c->phase_counts[mod_block(base, c->block_size)] += 1;
-    if (c->heap_size == c->heap_capacity) {
-        Py_ssize_t capacity = c->heap_capacity ? 2 * c->heap_capacity : 16;
-        FinishEntry *heap = PyMem_Realloc(c->heap, sizeof(FinishEntry) * capacity);
-        if (heap == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        c->heap = heap;
-        c->heap_capacity = capacity;
-    }
     FinishEntry entry = {r->num_prefill + r->num_decode - base, r->arrived_at, r->id, index};
-    Py_ssize_t i = c->heap_size++;
-    while (i > 0) {
-        Py_ssize_t parent = (i - 1) / 2;
-        if (!finish_before(&entry, &c->heap[parent])) break;
-        c->heap[i] = c->heap[parent];
-        i = parent;
-    }
-    c->heap[i] = entry;
-    return 0;
-}
-
-static FinishEntry cohort_heap_pop(Cohort *c) {
-    FinishEntry top = c->heap[0], last = c->heap[--c->heap_size];
-    Py_ssize_t i = 0, n = c->heap_size;
-    for (;;) {
-        Py_ssize_t child = 2 * i + 1;
-        if (child >= n) break;
-        if (child + 1 < n && finish_before(&c->heap[child + 1], &c->heap[child])) child++;
-        if (!finish_before(&c->heap[child], &last)) break;
-        c->heap[i] = c->heap[child];
-        i = child;
-    }
-    if (n) c->heap[i] = last;
-    return top;
+    return finish_heap_push(&c->heap, &c->heap_size, &c->heap_capacity, entry);
 }
 
 static long long cohort_blocks_needed(const Cohort *c, long long iterations) {
@@ -291,7 +303,7 @@ static void cohort_remove(Cohort *c, Request *requests, int index) {
 static int cohort_advance(Cohort *c, Request *requests, long long iterations, double now, IntVec *finished) {
     c->clock += iterations;
     while (c->heap_size && c->heap[0].finish <= c->clock) {
-        int index = cohort_heap_pop(c).request;
+        int index = finish_heap_pop(c->heap, &c->heap_size).request;
         cohort_remove(c, requests, index);
         requests[index].completed_at = now;
         if (intvec_push(finished, index) < 0) return -1;
@@ -327,7 +339,7 @@ static int cohort_release_all(Cohort *c, Request *requests, IntVec *out) {
     return 0;
 }
 
-/* -- one batch (Batch): a replica with one stage has at most one in flight ---------------------- */
+/* -- one batch (IterationBatch): a replica with one stage has at most one in flight ---------------------- */
 
 typedef struct {
     IntVec requests;
@@ -338,7 +350,7 @@ typedef struct {
     double scheduled_at, end_time, last_stage_s, wakeup_s;
     long long serial; /* which batch of its replica: with `version`, what a stage end is about */
     long long version;
-} Batch;
+} IterationBatch;
 
 /* -- one replica (Replica and its ReplicaScheduler) ------------------------------------------- */
 
@@ -363,7 +375,7 @@ typedef struct {
     Py_ssize_t prefills_capacity;
     /* replica */
     int batch_running, schedule_pending, run_in_flight;
-    Batch batch;
+    IterationBatch batch;
     double tokens_per_s, idle_since;
     double busy_s, flops;
     long long num_iterations, decode_tokens;
@@ -475,14 +487,14 @@ static void sort_by_arrival(IntVec *v, const Request *requests) {
     }
 }
 
-static int batch_add(Batch *b, int index, long long tokens) {
+static int batch_add(IterationBatch *b, int index, long long tokens) {
     return intvec_push(&b->requests, index) < 0 || longvec_push(&b->num_tokens, tokens) < 0 ? -1 : 0;
 }
 
-/* ReplicaScheduler._batch and Batch.__init__: 1 if a batch formed, 0 if it is empty.
+/* ReplicaScheduler._batch and IterationBatch.__init__: 1 if a batch formed, 0 if it is empty.
  * `num_prefill_tokens` < 0: summed here over the requests still prefilling. */
 static int close_batch(Replica *rep, Request *requests, long long cohort_size, long long num_prefill_tokens) {
-    Batch *b = &rep->batch;
+    IterationBatch *b = &rep->batch;
     if (!b->requests.size && !cohort_size) return 0;
     b->cohort_size = cohort_size;
     b->cohort_kv_sum = cohort_size ? rep->cohort.base_sum + (long long)rep->cohort.members.size * rep->cohort.clock
@@ -516,7 +528,7 @@ static long long sarathi_chunk(const Replica *rep, const Request *r, long long b
 
 /* SarathiScheduler.next_batch */
 static int sarathi_next_batch(Replica *rep, Request *requests) {
-    Batch *b = &rep->batch;
+    IterationBatch *b = &rep->batch;
     b->requests.size = b->num_tokens.size = 0;
     rep->prefilling.size = rep->skipped.size = 0;
     long long cohort_size = schedule_cohort(rep, requests);
@@ -584,7 +596,7 @@ static int sarathi_next_batch(Replica *rep, Request *requests) {
 
 /* VllmScheduler.next_batch */
 static int vllm_next_batch(Replica *rep, Request *requests) {
-    Batch *b = &rep->batch;
+    IterationBatch *b = &rep->batch;
     b->requests.size = b->num_tokens.size = 0;
     long long longest = 0;
     while (rep->waiting.size) {
@@ -621,7 +633,7 @@ static int vllm_next_batch(Replica *rep, Request *requests) {
 
 /* ReplicaScheduler._waiting_blocked and its subclasses' */
 static int waiting_blocked(const Replica *rep, const Request *requests) {
-    const Batch *b = &rep->batch;
+    const IterationBatch *b = &rep->batch;
     const Request *head = &requests[deque_first(&rep->waiting)];
     if (rep->num_resident == rep->batch_size_cap || b->size >= rep->max_micro_batch_size ||
         !can_admit_or_grow(rep, head))
@@ -632,7 +644,7 @@ static int waiting_blocked(const Replica *rep, const Request *requests) {
 
 /* SarathiScheduler._chunk_run_limit (the base class's is 1) */
 static long long chunk_run_limit(const Replica *rep, const Request *requests) {
-    const Batch *b = &rep->batch;
+    const IterationBatch *b = &rep->batch;
     if (rep->policy != SARATHI || b->requests.size != 1) return 1;
     const Request *r = &requests[b->requests.items[0]];
     long long tokens = b->num_tokens.items[0];
@@ -642,7 +654,7 @@ static long long chunk_run_limit(const Replica *rep, const Request *requests) {
 
 /* ReplicaScheduler.plan_run */
 static long long plan_run(const Replica *rep, const Request *requests) {
-    const Batch *b = &rep->batch;
+    const IterationBatch *b = &rep->batch;
     const Cohort *c = &rep->cohort;
     if (!b->cohort_size) return 1;
     long long limit = cohort_iterations_to_next_finish(c);
@@ -699,7 +711,7 @@ static int first_iteration_longer(PieceVec *pieces, double extra) {
 
 /* Replica._time_batch */
 static int time_batch(Replica *rep, Request *requests) {
-    Batch *b = &rep->batch;
+    IterationBatch *b = &rep->batch;
     long long decode_size = b->cohort_size, kv_sum = b->cohort_kv_sum, pairs = 0, admitted = 0;
     Py_ssize_t num_prefills = 0;
     if (rep->prefills_capacity < b->requests.size) {
@@ -775,7 +787,7 @@ static int form_batch(Replica *rep, Request *requests, double now) {
     }
     int formed = rep->policy == SARATHI ? sarathi_next_batch(rep, requests) : vllm_next_batch(rep, requests);
     if (formed <= 0) return formed;
-    Batch *b = &rep->batch;
+    IterationBatch *b = &rep->batch;
     rep->batch_running = 1;
     if (time_batch(rep, requests) < 0) return -1;
     if (wakeup) {
@@ -798,7 +810,7 @@ static int form_batch(Replica *rep, Request *requests, double now) {
 
 /* ReplicaScheduler.finish: completed requests appended to rep->completed. */
 static int scheduler_finish(Replica *rep, Request *requests, double now) {
-    Batch *b = &rep->batch;
+    IterationBatch *b = &rep->batch;
     long long iterations = b->num_iterations, processed = 0;
     Cohort *c = &rep->cohort;
     IntVec *completed = &rep->completed;
@@ -840,7 +852,7 @@ static int scheduler_finish(Replica *rep, Request *requests, double now) {
 
 /* Replica._flops: exact integers, converted once as Python's float += int does. */
 static double batch_flops(const Replica *rep) {
-    const Batch *b = &rep->batch;
+    const IterationBatch *b = &rep->batch;
     __int128 n = b->num_iterations, size = b->decode_size;
     __int128 decode_pairs = size * n + n * b->decode_kv_sum + size * n * (n - 1) / 2;
     __int128 pairs = b->attention_pairs * n + b->prefill_pair_growth * n * (n - 1) / 2 + decode_pairs;
@@ -850,7 +862,7 @@ static double batch_flops(const Replica *rep) {
 
 /* Replica.finish_batch */
 static int finish_batch(Replica *rep, Request *requests, double now) {
-    Batch *b = &rep->batch;
+    IterationBatch *b = &rep->batch;
     if (scheduler_finish(rep, requests, now) < 0) return -1;
     rep->batch_running = 0;
     rep->idle_since = now;
@@ -874,7 +886,7 @@ static int finish_batch(Replica *rep, Request *requests, double now) {
 }
 
 /* Replica.iterations_done */
-static long long iterations_done(const Batch *b, double now) {
+static long long iterations_done(const IterationBatch *b, double now) {
     long long done = 0;
     double clock = b->scheduled_at;
     for (Py_ssize_t i = 0; i < b->pieces.size; i++) {
@@ -892,7 +904,7 @@ static long long iterations_done(const Batch *b, double now) {
 }
 
 /* Replica.cut_run: 1 if the run in flight now ends at the first iteration boundary >= now. */
-static int cut_run(Batch *b, double now) {
+static int cut_run(IterationBatch *b, double now) {
     double clock = b->scheduled_at;
     long long total = 0;
     for (Py_ssize_t i = 0; i < b->pieces.size; i++) {
@@ -959,48 +971,19 @@ static int event_before(const Event *a, const Event *b) {
     return a->seq < b->seq;
 }
 
+DEFINE_HEAP(event_heap, Event, event_before, 64)
+
 static int push_event(Loop *loop, double time, int phase, int target, long long serial, long long version) {
-    if (loop->heap_size == loop->heap_capacity) {
-        Py_ssize_t capacity = loop->heap_capacity ? 2 * loop->heap_capacity : 64;
-        Event *heap = PyMem_Realloc(loop->heap, sizeof(Event) * capacity);
-        if (heap == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        loop->heap = heap;
-        loop->heap_capacity = capacity;
-    }
     Event event = {time, phase, loop->next_seq++, target, serial, version};
-    Py_ssize_t i = loop->heap_size++;
-    while (i > 0) {
-        Py_ssize_t parent = (i - 1) / 2;
-        if (!event_before(&event, &loop->heap[parent])) break;
-        loop->heap[i] = loop->heap[parent];
-        i = parent;
-    }
-    loop->heap[i] = event;
-    return 0;
+    return event_heap_push(&loop->heap, &loop->heap_size, &loop->heap_capacity, event);
 }
 
-static Event pop_event(Loop *loop) {
-    Event top = loop->heap[0], last = loop->heap[--loop->heap_size];
-    Py_ssize_t i = 0, n = loop->heap_size;
-    for (;;) {
-        Py_ssize_t child = 2 * i + 1;
-        if (child >= n) break;
-        if (child + 1 < n && event_before(&loop->heap[child + 1], &loop->heap[child])) child++;
-        if (!event_before(&loop->heap[child], &last)) break;
-        loop->heap[i] = loop->heap[child];
-        i = child;
-    }
-    if (n) loop->heap[i] = last;
-    return top;
-}
+static Event pop_event(Loop *loop) { return event_heap_pop(loop->heap, &loop->heap_size); }
 
 /* _start_stage (one stage): the formed batch starts once the replica is awake. */
 static int start_batch(Loop *loop, int replica_id) {
     Replica *rep = &loop->replicas[replica_id];
-    Batch *b = &rep->batch;
+    IterationBatch *b = &rep->batch;
     double end = loop->now + b->wakeup_s + b->last_stage_s;
     b->end_time = end;
     if (b->num_iterations > 1) rep->run_in_flight = 1;
@@ -1031,7 +1014,7 @@ static int request_schedule(Loop *loop, int replica_id) {
 /* _cut_run */
 static int cut_run_in_flight(Loop *loop, int replica_id) {
     Replica *rep = &loop->replicas[replica_id];
-    Batch *b = &rep->batch;
+    IterationBatch *b = &rep->batch;
     if (!rep->run_in_flight || !cut_run(b, loop->now)) return 0;
     return push_event(loop, b->end_time, STAGE_END, replica_id, b->serial, b->version);
 }
@@ -1516,6 +1499,13 @@ static Replica *cluster_replica(Cluster *self, Py_ssize_t replica_id) {
     return &self->loop.replicas[replica_id];
 }
 
+/* The instance a method's one argument names, its id in `*replica_id`; NULL with an error set. */
+static Replica *arg_replica(Cluster *self, PyObject *arg, Py_ssize_t *replica_id) {
+    *replica_id = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    if (*replica_id == -1 && PyErr_Occurred()) return NULL;
+    return cluster_replica(self, *replica_id);
+}
+
 static int cluster_init(Cluster *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"instance_view_type", "start", NULL};
     Loop *loop = &self->loop;
@@ -1632,9 +1622,8 @@ static PyObject *cluster_run(Cluster *self, PyObject *arg) {
 /* retire(id) -> the unfinished requests if the instance stopped now, else None (it stops at the
  * end of its batch in flight, cut at the first iteration boundary from now: a report of `run`). */
 static PyObject *cluster_retire(Cluster *self, PyObject *arg) {
-    Py_ssize_t replica_id = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
-    if (replica_id == -1 && PyErr_Occurred()) return NULL;
-    Replica *rep = cluster_replica(self, replica_id);
+    Py_ssize_t replica_id;
+    Replica *rep = arg_replica(self, arg, &replica_id);
     if (rep == NULL) return NULL;
     Loop *loop = &self->loop;
     rep->accepting = 0;
@@ -1652,9 +1641,8 @@ static PyObject *cluster_retire(Cluster *self, PyObject *arg) {
 }
 
 static PyObject *cluster_stop_accepting(Cluster *self, PyObject *arg) {
-    Py_ssize_t replica_id = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
-    if (replica_id == -1 && PyErr_Occurred()) return NULL;
-    Replica *rep = cluster_replica(self, replica_id);
+    Py_ssize_t replica_id;
+    Replica *rep = arg_replica(self, arg, &replica_id);
     if (rep == NULL) return NULL;
     rep->accepting = 0;
     Py_RETURN_NONE;
@@ -1662,9 +1650,8 @@ static PyObject *cluster_stop_accepting(Cluster *self, PyObject *arg) {
 
 /* view(id) -> InstanceView now (Replica.view). */
 static PyObject *cluster_view(Cluster *self, PyObject *arg) {
-    Py_ssize_t replica_id = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
-    if (replica_id == -1 && PyErr_Occurred()) return NULL;
-    if (cluster_replica(self, replica_id) == NULL) return NULL;
+    Py_ssize_t replica_id;
+    if (arg_replica(self, arg, &replica_id) == NULL) return NULL;
     return instance_view(&self->loop, (int)replica_id);
 }
 
@@ -1683,9 +1670,8 @@ static PyObject *cluster_num_outstanding(Cluster *self, PyObject *Py_UNUSED(igno
 
 /* totals(id) -> the replica's totals, as the closed loop returns them (compiled._write_back). */
 static PyObject *cluster_totals(Cluster *self, PyObject *arg) {
-    Py_ssize_t replica_id = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
-    if (replica_id == -1 && PyErr_Occurred()) return NULL;
-    Replica *rep = cluster_replica(self, replica_id);
+    Py_ssize_t replica_id;
+    Replica *rep = arg_replica(self, arg, &replica_id);
     return rep == NULL ? NULL : replica_result(rep);
 }
 

@@ -32,7 +32,7 @@ from math import ceil
 
 from rollflow.sim.cohort import DecodeCohort
 from rollflow.sim.prefix_cache import PrefixCache, block_hashes
-from rollflow.sim.request import Batch, SimRequest
+from rollflow.sim.request import IterationBatch, SimRequest
 
 
 class ReplicaScheduler:
@@ -187,7 +187,7 @@ class ReplicaScheduler:
         self.waiting.append(request)
         self.waiting_tokens += request.total_tokens
 
-    def next_batch(self) -> Batch | None:
+    def next_batch(self) -> IterationBatch | None:
         raise NotImplementedError
 
     def _schedule_cohort(self) -> int:
@@ -224,14 +224,14 @@ class ReplicaScheduler:
         num_tokens: list[int],
         cohort_size: int,
         num_prefill_tokens: int | None = None,
-    ) -> Batch | None:
+    ) -> IterationBatch | None:
         if not requests and not cohort_size:
             return None
         kv_sum = self.cohort.kv_sum if cohort_size else 0
-        return Batch(requests, num_tokens, cohort_size, kv_sum, num_prefill_tokens)
+        return IterationBatch(requests, num_tokens, cohort_size, kv_sum, num_prefill_tokens)
 
     # -- decode runs ---------------------------------------------------------------------------
-    def plan_run(self, batch: Batch) -> int:
+    def plan_run(self, batch: IterationBatch) -> int:
         """Iterations the just-formed `batch` can repeat with no scheduling change.
 
         A cohort-only batch repeats while no request finishes, no block request can fail (every
@@ -263,11 +263,11 @@ class ReplicaScheduler:
                 hi = mid - 1
         return lo
 
-    def _chunk_run_limit(self, batch: Batch) -> int:
+    def _chunk_run_limit(self, batch: IterationBatch) -> int:
         """Iterations a batch with explicit requests can repeat unchanged; 1 unless chunking."""
         return 1
 
-    def _waiting_blocked(self, batch: Batch) -> bool:
+    def _waiting_blocked(self, batch: IterationBatch) -> bool:
         """Whether the head of the waiting queue cannot join the next iteration of `batch`."""
         return (
             self.num_resident == self.batch_size_cap
@@ -291,7 +291,7 @@ class ReplicaScheduler:
         return released + resident
 
     # -- finishing -----------------------------------------------------------------------------
-    def finish(self, batch: Batch, now: float) -> list[SimRequest]:
+    def finish(self, batch: IterationBatch, now: float) -> list[SimRequest]:
         """Apply a finished batch to its requests; return those that completed."""
         iterations = batch.num_iterations
         completed: list[SimRequest] = []
@@ -333,7 +333,7 @@ class VllmScheduler(ReplicaScheduler):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.max_tokens_in_batch = max_tokens_in_batch
 
-    def next_batch(self) -> Batch | None:
+    def next_batch(self) -> IterationBatch | None:
         requests: list[SimRequest] = []
         num_tokens: list[int] = []
         longest = 0
@@ -353,7 +353,7 @@ class VllmScheduler(ReplicaScheduler):
             num_tokens.append(tokens)
             longest = max(longest, tokens)
         if requests:
-            return Batch(requests, num_tokens)
+            return IterationBatch(requests, num_tokens)
 
         cohort_size = self._schedule_cohort()
         running = self.running
@@ -365,7 +365,7 @@ class VllmScheduler(ReplicaScheduler):
                 num_tokens.append(1 if request.prefill_done else request.num_prefill - request.processed)
         return self._batch(requests, num_tokens, cohort_size)
 
-    def _waiting_blocked(self, batch: Batch) -> bool:
+    def _waiting_blocked(self, batch: IterationBatch) -> bool:
         head = self.waiting[0]
         return super()._waiting_blocked(batch) or head.num_prefill > self.max_tokens_in_batch
 
@@ -384,7 +384,7 @@ class SarathiScheduler(ReplicaScheduler):
         tokens = left if left < budget else budget
         return tokens if tokens > 0 else 0
 
-    def next_batch(self) -> Batch | None:
+    def next_batch(self) -> IterationBatch | None:
         requests: list[SimRequest] = []
         num_tokens: list[int] = []
         prefilling: list[SimRequest] = []
@@ -403,7 +403,7 @@ class SarathiScheduler(ReplicaScheduler):
                 batch_tokens += 1
                 requests.append(request)
                 num_tokens.append(1)
-        prefill_tokens = 0  # counted here for the Batch, which would otherwise sum them again
+        prefill_tokens = 0  # counted here for the IterationBatch, which would otherwise sum them again
         for request in prefilling:
             tokens = self._chunk(request, batch_tokens)
             if tokens == 0:
@@ -438,10 +438,10 @@ class SarathiScheduler(ReplicaScheduler):
             num_tokens.append(tokens)
         return self._batch(requests, num_tokens, cohort_size, prefill_tokens)
 
-    def _waiting_blocked(self, batch: Batch) -> bool:
+    def _waiting_blocked(self, batch: IterationBatch) -> bool:
         return super()._waiting_blocked(batch) or batch.size >= self.chunk_size
 
-    def _chunk_run_limit(self, batch: Batch) -> int:
+    def _chunk_run_limit(self, batch: IterationBatch) -> int:
         """A lone prefill that takes the whole budget gets the same chunk until its last one.
 
         Decodes come first and each takes one token, then prefills in arrival order: the lone
@@ -463,7 +463,7 @@ class OrcaScheduler(ReplicaScheduler):
         self.max_batch_size = max_batch_size
         self.blocks_per_request = max_tokens // self.block_size
 
-    def next_batch(self) -> Batch | None:
+    def next_batch(self) -> IterationBatch | None:
         requests: list[SimRequest] = []
         num_tokens: list[int] = []
         running = self.running
@@ -481,13 +481,13 @@ class OrcaScheduler(ReplicaScheduler):
             num_tokens.append(1 if request.prefill_done else request.num_prefill)
         return self._batch(requests, num_tokens, 0)
 
-    def plan_run(self, batch: Batch) -> int:
+    def plan_run(self, batch: IterationBatch) -> int:
         # Blocks were reserved for the whole request at admission; only admissions can change.
         if batch.num_prefill_tokens or (self.waiting and not self._waiting_blocked(batch)):
             return 1
         return min(r.num_prefill + r.num_decode - r.processed for r in batch.requests)
 
-    def _waiting_blocked(self, batch: Batch) -> bool:
+    def _waiting_blocked(self, batch: IterationBatch) -> bool:
         return batch.size >= self.max_batch_size or self.free_blocks < self.blocks_per_request
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from rollflow.cli_util import add_command_group, print_yaml
+from rollflow.cli_util import add_command_group, add_config_arguments, add_show_config, print_yaml
 
 EXAMPLES = """examples:
   rollflow sim serve --config examples/sim/demo.yaml
@@ -32,12 +32,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         description="Run a serving simulation. Config keys can be overridden as dotted key=value pairs; "
         "outputs (summary.json, requests.csv, chrome_trace.json, plots/) go to --output-dir or output.dir.",
     )
-    serve.add_argument("--config", required=True, help="YAML config file (see examples/sim/)")
-    serve.add_argument("--output-dir", help="output folder (overrides output.dir)")
+    add_config_arguments(serve, "examples/sim/", "output.dir", "cluster.replicas=4")
     _add_no_plots(serve)
-    serve.add_argument(
-        "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. cluster.replicas=4"
-    )
     serve.set_defaults(handler=_serve, fast_exit=True)
 
     vidur = sim_commands.add_parser(
@@ -75,10 +71,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     add_serve_search(sim_commands)
 
-    show = sim_commands.add_parser("config", help="print a config with every default filled in, as YAML")
-    show.add_argument("--config", help="YAML config file (omit for the defaults)")
-    show.add_argument("overrides", nargs="*", metavar="key=value")
-    show.set_defaults(handler=_config)
+    add_show_config(sim_commands, "print a config with every default filled in, as YAML", _load_sim_config)
 
 
 def _add_no_plots(parser: argparse.ArgumentParser) -> None:
@@ -132,7 +125,3 @@ def _replay(args: argparse.Namespace, started_at: float) -> None:
     report = replay_manager_log(config, args.from_manager_log)
     print(format_report(report))
     print(f"wrote {write_report(config.output.dir, report)}")
-
-
-def _config(args: argparse.Namespace, started_at: float) -> None:
-    print_yaml(_load_sim_config(args.config, args.overrides))

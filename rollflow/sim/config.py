@@ -102,7 +102,7 @@ class AffinityConfig(Section):
     """prefix_affinity: least fraction of the prompt cached on an instance for it to attract the request."""
 
 
-class ClusterConfig(Section):
+class ServingClusterConfig(Section):
     """The serving cluster: replicas (of one kind, or groups of several), their GPUs and sharding, and the
     router in front of them."""
 
@@ -146,7 +146,7 @@ class ClusterConfig(Section):
     """late_binding: requests a replica holds at once (queued or running), as the manager's engine capacity."""
 
     @model_validator(mode="after")
-    def _known_model(self) -> ClusterConfig:
+    def _known_model(self) -> ServingClusterConfig:
         if self.model_shape is None and self.model not in MODELS:
             raise ValueError(
                 f"unknown model {self.model!r}; set cluster.model_shape or pick one of: {', '.join(MODELS)}"
@@ -573,7 +573,7 @@ class SimulatorConfig(Section):
 class SimConfig(Section):
     seed: int = 42
     """Seed of every random draw (workload, sampling of lengths and gaps): the same seed gives the same run."""
-    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    cluster: ServingClusterConfig = Field(default_factory=ServingClusterConfig)
     """The replicas, their GPUs and sharding, and the router in front of them."""
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     """Each replica's batch scheduler and KV cache."""

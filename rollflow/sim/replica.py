@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from rollflow.perf.predictor import ExecutionTimePredictor
 from rollflow.policy.view import InstanceKind, InstanceView
 from rollflow.sim.batching import ReplicaScheduler
-from rollflow.sim.request import Batch, SimRequest
+from rollflow.sim.request import IterationBatch, SimRequest
 
 if TYPE_CHECKING:
     from rollflow.sim.events import Event
@@ -64,9 +64,9 @@ class Replica:
         self.num_stages = predictor.num_stages
         self.fast_forward = fast_forward and self.num_stages == 1
         self.stage_busy = [False] * self.num_stages
-        self.stage_queues: list[deque[Batch]] = [deque() for _ in range(self.num_stages)]
+        self.stage_queues: list[deque[IterationBatch]] = [deque() for _ in range(self.num_stages)]
         self.num_running_batches = 0
-        self.run_in_flight: Batch | None = None
+        self.run_in_flight: IterationBatch | None = None
         self.schedule_pending = False
         self.stats = ReplicaStats()
         self.tokens_per_s = 0.0  # moving average over finished batches of tokens processed per second
@@ -83,7 +83,7 @@ class Replica:
         self.admission_s = admission_s
 
     # -- forming batches --------------------------------------------------------------------
-    def form_batches(self, now: float) -> list[Batch]:
+    def form_batches(self, now: float) -> list[IterationBatch]:
         batches = []
         scheduler = self.scheduler
         wakeup = 0.0
@@ -116,7 +116,7 @@ class Replica:
             )
         return batches
 
-    def _time_batch(self, batch: Batch) -> None:
+    def _time_batch(self, batch: IterationBatch) -> None:
         predictor = self.predictor
         decode_size = batch.cohort_size
         kv_sum = batch.cohort_kv_sum
@@ -167,7 +167,7 @@ class Replica:
         batch.last_stage_s = last
 
     # -- finishing batches --------------------------------------------------------------------
-    def finish_batch(self, batch: Batch, now: float) -> list[SimRequest]:
+    def finish_batch(self, batch: IterationBatch, now: float) -> list[SimRequest]:
         """Apply a finished batch to its requests; return those that completed."""
         completed = self.scheduler.finish(batch, now)
         self.num_running_batches -= 1
@@ -199,7 +199,7 @@ class Replica:
             self.run_in_flight = None
         return completed
 
-    def _flops(self, batch: Batch) -> float:
+    def _flops(self, batch: IterationBatch) -> float:
         """Useful FLOPs of a finished batch, as Vidur's MFU counts them (weights + attention pairs).
 
         A decode token with P cached tokens attends to P + 1 keys; over a run of n iterations
@@ -214,7 +214,7 @@ class Replica:
         return predictor.flops_per_token * tokens + predictor.attention_flops_per_pair * pairs
 
     # -- decode runs ----------------------------------------------------------------------------
-    def iterations_done(self, batch: Batch, now: float) -> int:
+    def iterations_done(self, batch: IterationBatch, now: float) -> int:
         """Iterations of a run in flight that finished by `now`."""
         done = 0
         clock = batch.scheduled_at
@@ -226,7 +226,7 @@ class Replica:
             return done + max(0, int((now - clock) / seconds))
         return done
 
-    def cut_run(self, batch: Batch, now: float) -> bool:
+    def cut_run(self, batch: IterationBatch, now: float) -> bool:
         """Shorten the run in flight to end at the first iteration boundary >= now; True if cut."""
         clock = batch.scheduled_at
         kept: list[tuple[int, float]] = []

@@ -97,7 +97,7 @@ class SimRequest:
         self.num_restarts += 1
 
 
-class Batch:
+class IterationBatch:
     """Requests run together for `num_iterations` identical-shape iterations on one replica.
 
     A batch with more than one iteration is a run: every decoding request gains one token per

@@ -30,7 +30,7 @@ from rollflow.sim.build import GroupPlan, build_groups, check_servable
 from rollflow.sim.config import SimConfig
 from rollflow.sim.events import NO_EVENTS, Event, EventQueue, Phase
 from rollflow.sim.replica import Replica
-from rollflow.sim.request import Batch, SimRequest
+from rollflow.sim.request import IterationBatch, SimRequest
 
 _new_tuple = tuple.__new__  # builds a NamedTuple from a tuple of every field: twice as fast as calling it
 
@@ -296,7 +296,7 @@ class ServingSimulator:
         return events
 
     def _on_stage_end(self, event: Event) -> Sequence[Event]:
-        batch: Batch = event.payload
+        batch: IterationBatch = event.payload
         if event.version != batch.version:
             return NO_EVENTS  # superseded: the run was cut and has a newer end event
         replica = self.replicas[event.target]

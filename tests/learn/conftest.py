@@ -39,6 +39,20 @@ def tiny_config(*overrides: str, **sections: Any) -> LearnConfig:
     return validate_config(LearnConfig, raw)
 
 
+def cloning_least_tokens(config: LearnConfig) -> LearnConfig:
+    """`config` with behaviour cloning from least_tokens long enough to imitate it: a policy that
+    sends work to both replicas, so its picks are real choices."""
+    bc = config.bc.model_copy(
+        update={
+            "demonstrators": ["least_tokens"],
+            "episodes_per_demonstrator": 4,
+            "epochs": 60,
+            "batch_size": 32,
+        }
+    )
+    return config.model_copy(update={"bc": bc})
+
+
 @pytest.fixture
 def config(tmp_path) -> LearnConfig:
     return tiny_config(f"output_dir={tmp_path / 'out'}")

@@ -12,19 +12,12 @@ from rollflow.policy.learned import load_learned_router, save_learned_router
 from rollflow.policy.routing import make_router
 from rollflow.sim.simulator import ServingSimulator
 from rollflow.sim.workload import build_requests
+from tests.learn.conftest import cloning_least_tokens
 
 
 def _trained_looking_policy(config) -> ScorerPolicy:
     """A policy cloned from least_tokens: it sends work to both replicas, so picks are real choices."""
-    bc = config.bc.model_copy(
-        update={
-            "demonstrators": ["least_tokens"],
-            "episodes_per_demonstrator": 4,
-            "epochs": 60,
-            "batch_size": 32,
-        }
-    )
-    config = config.model_copy(update={"bc": bc})
+    config = cloning_least_tokens(config)
     torch.manual_seed(0)
     policy = ScorerPolicy(observation_spec(config), hidden=16)
     behaviour_clone(policy, collect_demonstrations(config), config.bc)

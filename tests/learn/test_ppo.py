@@ -8,6 +8,7 @@ from rollflow.learn.demos import collect_demonstrations
 from rollflow.learn.env import RoutingEnv, observation_spec
 from rollflow.learn.policy_net import ScorerPolicy
 from rollflow.learn.ppo import PPO, _move_credit, schedule_at
+from tests.learn.conftest import cloning_least_tokens
 
 
 def test_ppo_updates_change_the_policy_and_report_kl_to_the_reference(config):
@@ -50,15 +51,7 @@ def test_credit_moves_to_the_buffered_decision_only():
 
 
 def test_behaviour_cloning_imitates_least_tokens(config):
-    bc = config.bc.model_copy(
-        update={
-            "demonstrators": ["least_tokens"],
-            "episodes_per_demonstrator": 4,
-            "epochs": 60,
-            "batch_size": 32,
-        }
-    )
-    config = config.model_copy(update={"bc": bc})
+    config = cloning_least_tokens(config)
     demos = collect_demonstrations(config)
     torch.manual_seed(0)
     policy = ScorerPolicy(observation_spec(config), hidden=16)

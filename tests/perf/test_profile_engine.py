@@ -17,14 +17,6 @@ from tests.runtime.processes import free_port
 pytestmark = pytest.mark.process  # runs the CLI as a subprocess (left out of `make test-fast`)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = tmp_path_factory.mktemp("models") / "tiny"
-    proc = run_rollflow("engine", "init-model", str(path))
-    assert proc.returncode == 0, proc.stderr
-    return path
-
-
 def test_engine_profile_writes_tables_whose_simulation_gives_the_measured_times(tiny, tmp_path):
     engine = EngineProcess(tiny)
     try:

@@ -18,14 +18,6 @@ LINEAR_OPS = tuple(op for op in MLP_OPS if op != "emb")  # every per-token opera
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = tmp_path_factory.mktemp("models") / "tiny"
-    proc = run_rollflow("engine", "init-model", str(path))
-    assert proc.returncode == 0, proc.stderr
-    return path
-
-
-@pytest.fixture(scope="module")
 def profile(tiny, tmp_path_factory):
     out = tmp_path_factory.mktemp("profile") / "tiny"
     proc = run_rollflow(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import yaml
 
 from rollflow.plan.rl_export import live_cluster_section
 from rollflow.policy.placement import ClusterConfig
+from tests.factories import assert_one_line_error
 from tests.plan.test_serve_search import rollflow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,8 +57,13 @@ def rl_search_config(tmp_path: Path) -> Path:
     return path
 
 
+def rl_search(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """`rollflow rl-sim search` on `rl_search_config`'s space, with dotted `overrides`."""
+    return rollflow("rl-sim", "search", "--config", str(rl_search_config(tmp_path)), *overrides)
+
+
 def test_rl_search_reports_every_plan_and_its_best_plan_reruns_with_the_same_step_time(tmp_path):
-    result = rollflow("rl-sim", "search", "--config", str(rl_search_config(tmp_path)))
+    result = rl_search(tmp_path)
     assert result.returncode == 0, result.stderr
     out = tmp_path / "rl"
     rows = json.loads((out / "results.json").read_text())
@@ -94,21 +101,12 @@ def test_rl_search_reports_every_plan_and_its_best_plan_reruns_with_the_same_ste
     ],
 )
 def test_bad_rl_search_configs_are_one_line_errors(tmp_path, override, expected):
-    result = rollflow("rl-sim", "search", "--config", str(rl_search_config(tmp_path)), override)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and expected in lines[0], result.stderr
+    result = rl_search(tmp_path, override)
+    assert_one_line_error(result, expected)
 
 
 def test_off_policy_is_a_knob_of_the_rl_search_and_never_slower_than_its_on_policy_twin(tmp_path):
-    result = rollflow(
-        "rl-sim",
-        "search",
-        "--config",
-        str(rl_search_config(tmp_path)),
-        "space.placement=[disaggregated]",
-        "space.off_policy=[0, 1]",
-    )
+    result = rl_search(tmp_path, "space.placement=[disaggregated]", "space.off_policy=[0, 1]")
     assert result.returncode == 0, result.stderr
     out = tmp_path / "rl"
     rows = json.loads((out / "results.json").read_text())
@@ -133,14 +131,7 @@ def test_off_policy_is_a_knob_of_the_rl_search_and_never_slower_than_its_on_poli
 
 
 def test_partial_rollout_is_a_knob_of_the_rl_search(tmp_path):
-    result = rollflow(
-        "rl-sim",
-        "search",
-        "--config",
-        str(rl_search_config(tmp_path)),
-        "space.placement=[collocated]",
-        "space.partial_rollout=[0, 4]",
-    )
+    result = rl_search(tmp_path, "space.placement=[collocated]", "space.partial_rollout=[0, 4]")
     assert result.returncode == 0, result.stderr
     rows = json.loads((tmp_path / "rl" / "results.json").read_text())
     # without preemptible instances, each collocated plan with and without partial rollout
@@ -211,11 +202,8 @@ def test_the_cluster_scale_example_searches_54_plans_of_256_to_1024_gpus(tmp_pat
 def test_manager_processes_are_a_knob_of_the_rl_search_and_cost_their_cores(tmp_path):
     """A relay of one slow process holds every plan's rollout back; 64 of them do not, for 63 more
     CPU cores an hour."""
-    result = rollflow(
-        "rl-sim",
-        "search",
-        "--config",
-        str(rl_search_config(tmp_path)),
+    result = rl_search(
+        tmp_path,
         "space.placement=[disaggregated]",
         "space.splits=[{actor: 2, inference: 2}]",
         "space.pipelining=[true]",
@@ -237,16 +225,9 @@ def test_manager_processes_are_a_knob_of_the_rl_search_and_cost_their_cores(tmp_
 
 
 def test_a_search_whose_manager_lacks_its_results_file_fails_once_naming_it(tmp_path):
-    result = rollflow(
-        "rl-sim",
-        "search",
-        "--config",
-        str(rl_search_config(tmp_path)),
+    result = rl_search(
+        tmp_path,
         "space.manager_processes=[4]",
         "simulation.manager.results_file=/nonexistent/manager_overhead.json",
     )
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert (
-        len(lines) == 1 and "manager.results_file: /nonexistent/manager_overhead.json not found" in lines[0]
-    )
+    assert_one_line_error(result, "manager.results_file: /nonexistent/manager_overhead.json not found")

@@ -13,6 +13,7 @@ import yaml
 from rollflow.plan.bisect import Probe, max_qps
 from rollflow.plan.serve_config import BisectionConfig
 from rollflow.runtime.launch.process import rollflow_command
+from tests.factories import assert_one_line_error
 
 pytestmark = pytest.mark.process  # runs the CLI as a subprocess (left out of `make test-fast`)
 
@@ -173,9 +174,7 @@ def test_max_qps_bisection_brackets_a_threshold():
 )
 def test_bad_search_configs_are_one_line_errors(tmp_path, override, expected):
     result = rollflow("sim", "search", "--config", str(search_config(tmp_path)), override)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and expected in lines[0], result.stderr
+    assert_one_line_error(result, expected)
 
 
 @pytest.mark.xdist_group("ray")  # one Ray head on the machine at a time (tests/conftest.py)
@@ -273,6 +272,4 @@ def test_a_faster_user_device_has_a_higher_max_qps_at_its_own_price_and_chosen_q
 )
 def test_bad_user_devices_in_a_search_are_one_line_errors(tmp_path, override, expected):
     result = rollflow("sim", "search", "--config", str(user_device_search(tmp_path)), override)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and expected in lines[0], result.stderr
+    assert_one_line_error(result, expected)

@@ -2,18 +2,7 @@ import pytest
 
 from rollflow.sim.batching import OrcaScheduler, SarathiScheduler, VllmScheduler
 from rollflow.sim.request import SimRequest
-from tests.factories import make_config, simulate
-
-
-def _scheduler(cls, num_blocks=1000, **kwargs):
-    return cls(
-        num_blocks=num_blocks,
-        block_size=16,
-        batch_size_cap=8,
-        num_stages=1,
-        watermark_blocks_fraction=0.0,
-        **kwargs,
-    )
+from tests.factories import make_config, simulate, small_scheduler, synthetic_workload
 
 
 def _finish(scheduler, batch, now=1.0):
@@ -21,7 +10,7 @@ def _finish(scheduler, batch, now=1.0):
 
 
 def test_vllm_prefills_new_requests_whole_and_alone_then_decodes_together():
-    scheduler = _scheduler(VllmScheduler, max_tokens_in_batch=1000)
+    scheduler = small_scheduler(VllmScheduler, max_tokens_in_batch=1000)
     a, b = SimRequest(0, 0.0, 300, 4), SimRequest(1, 0.0, 600, 4)
     scheduler.add_request(a)
     scheduler.add_request(b)
@@ -37,7 +26,7 @@ def test_vllm_prefills_new_requests_whole_and_alone_then_decodes_together():
 
 
 def test_sarathi_splits_a_long_prompt_into_chunks_beside_decodes():
-    scheduler = _scheduler(SarathiScheduler, chunk_size=256)
+    scheduler = small_scheduler(SarathiScheduler, chunk_size=256)
     decoding = SimRequest(0, 0.0, 100, 50)
     scheduler.add_request(decoding)
     _finish(scheduler, scheduler.next_batch())
@@ -54,7 +43,7 @@ def test_sarathi_splits_a_long_prompt_into_chunks_beside_decodes():
 
 def test_preemption_restarts_the_latest_arrival_by_recompute():
     # 3 requests of 31-token prompts fill 6 of 7 blocks; decoding needs more, so the latest restarts.
-    scheduler = _scheduler(VllmScheduler, num_blocks=7, max_tokens_in_batch=4096)
+    scheduler = small_scheduler(VllmScheduler, num_blocks=7, max_tokens_in_batch=4096)
     requests = [SimRequest(i, float(i), 31, 40) for i in range(3)]
     for request in requests:
         scheduler.add_request(request)
@@ -69,7 +58,7 @@ def test_preemption_restarts_the_latest_arrival_by_recompute():
 
 
 def test_orca_reserves_full_length_blocks_and_never_preempts():
-    scheduler = _scheduler(OrcaScheduler, num_blocks=2 * 256, max_batch_size=8, max_tokens=4096)
+    scheduler = small_scheduler(OrcaScheduler, num_blocks=2 * 256, max_batch_size=8, max_tokens=4096)
     for i in range(3):
         scheduler.add_request(SimRequest(i, 0.0, 100, 10))
     batch = scheduler.next_batch()
@@ -82,13 +71,7 @@ def test_every_request_completes_with_all_its_tokens(kind):
     config = make_config(
         scheduler={"kind": kind, "num_blocks": 400},
         cluster={"replicas": 2},
-        workload={
-            "kind": "synthetic",
-            "num_requests": 120,
-            "max_tokens": 2048,
-            "lengths": {"kind": "uniform", "min_tokens": 300, "prefill_to_decode_ratio": 2.0},
-            "intervals": {"kind": "poisson", "qps": 50},
-        },
+        workload=synthetic_workload(120, 50, kind="uniform", min_tokens=300, prefill_to_decode_ratio=2.0),
     )
     result = simulate(config)
     for request in result.requests:

@@ -7,7 +7,7 @@ from rollflow.native import PURE_PYTHON_ENV
 from rollflow.sim.simulator import ServingSimulator
 from rollflow.sim.workload import build_requests
 from tests.compiled import require_compiled
-from tests.factories import CONV_TRACE, make_config, simulate
+from tests.factories import CONV_TRACE, make_config, simulate, synthetic_workload
 
 
 @pytest.fixture(autouse=True)
@@ -77,13 +77,7 @@ def test_compiled_core_is_exact_under_memory_pressure_and_gqa(monkeypatch):
     config = make_config(
         cluster={"model": "meta-llama/Meta-Llama-3-8B"},
         scheduler={"kind": "sarathi", "num_blocks": 300, "chunk_size": 256},
-        workload={
-            "kind": "synthetic",
-            "num_requests": 200,
-            "max_tokens": 2048,
-            "lengths": {"kind": "uniform", "min_tokens": 400, "prefill_to_decode_ratio": 1.0},
-            "intervals": {"kind": "poisson", "qps": 40},
-        },
+        workload=synthetic_workload(200, 40, kind="uniform", min_tokens=400, prefill_to_decode_ratio=1.0),
     )
     pure, compiled = _run_both(monkeypatch, config)
     assert sum(r.num_restarts for r in pure.requests) > 0, "the workload must force preemptions"
@@ -108,13 +102,7 @@ def test_compiled_loop_matches_under_preemption_wakeup_admission_and_overhead(
         "execution.request_overhead_ms=1.5",
         cluster={"replicas": 3, "router": router},
         scheduler={"kind": kind, "num_blocks": 400, "chunk_size": 256},
-        workload={
-            "kind": "synthetic",
-            "num_requests": 300,
-            "max_tokens": 2048,
-            "lengths": {"kind": "uniform", "min_tokens": 200, "prefill_to_decode_ratio": 2.0},
-            "intervals": {"kind": "poisson", "qps": 25},
-        },
+        workload=synthetic_workload(300, 25, kind="uniform", min_tokens=200, prefill_to_decode_ratio=2.0),
     )
     pure, compiled = _run_both(monkeypatch, config)
     assert sum(r.num_restarts for r in pure.requests) > 0, "the workload must force preemptions"

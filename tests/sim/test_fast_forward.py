@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.factories import CONV_TRACE, make_config, simulate
+from tests.factories import CONV_TRACE, make_config, simulate, synthetic_workload
 
 
 def _times(result):
@@ -34,13 +34,7 @@ def test_fast_forward_matches_per_iteration_simulation(kind, router):
 def test_fast_forward_is_exact_under_memory_pressure(kind):
     sections = dict(
         scheduler={"kind": kind, "num_blocks": 300},
-        workload={
-            "kind": "synthetic",
-            "num_requests": 150,
-            "max_tokens": 2048,
-            "lengths": {"kind": "uniform", "min_tokens": 400, "prefill_to_decode_ratio": 1.0},
-            "intervals": {"kind": "poisson", "qps": 40},
-        },
+        workload=synthetic_workload(150, 40, kind="uniform", min_tokens=400, prefill_to_decode_ratio=1.0),
     )
     fast = simulate(make_config("simulator.fast_forward=true", **sections))
     slow = simulate(make_config("simulator.fast_forward=false", **sections))

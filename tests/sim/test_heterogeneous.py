@@ -3,15 +3,9 @@
 import pytest
 
 from rollflow.config import ConfigError
-from tests.factories import make_config, simulate
+from tests.factories import make_config, simulate, synthetic_workload
 
-WORKLOAD = {
-    "kind": "synthetic",
-    "num_requests": 60,
-    "max_tokens": 2048,
-    "lengths": {"kind": "fixed", "prefill_tokens": 512, "decode_tokens": 128},
-    "intervals": {"kind": "poisson", "qps": 4.0},
-}
+WORKLOAD = synthetic_workload(60, 4.0, kind="fixed", prefill_tokens=512, decode_tokens=128)
 
 
 def _per_replica_e2e(result):

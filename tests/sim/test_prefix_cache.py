@@ -6,7 +6,7 @@ from rollflow.errors import UserError
 from rollflow.sim.batching import SarathiScheduler, VllmScheduler
 from rollflow.sim.prefix_cache import PrefixCache, block_hashes
 from rollflow.sim.request import SimRequest
-from tests.factories import make_config, simulate
+from tests.factories import make_config, simulate, small_scheduler
 
 SYSTEM = (0, 64)  # a 64-token shared prefix: four 16-token blocks
 
@@ -16,15 +16,7 @@ def _scheduler(cls=VllmScheduler, num_blocks=1000, prefix_caching=True, **kwargs
         kwargs.setdefault("max_tokens_in_batch", 4096)
     else:
         kwargs.setdefault("chunk_size", 512)
-    return cls(
-        num_blocks=num_blocks,
-        block_size=16,
-        batch_size_cap=8,
-        num_stages=1,
-        watermark_blocks_fraction=0.0,
-        prefix_caching=prefix_caching,
-        **kwargs,
-    )
+    return small_scheduler(cls, num_blocks, prefix_caching=prefix_caching, **kwargs)
 
 
 def _request(request_id, own_prompt, output=4, arrived_at=0.0, own_id=None):

@@ -2,14 +2,11 @@ import itertools
 
 import pytest
 
-from tests.factories import make_config, simulate
+from tests.factories import make_config, simulate, synthetic_workload
 
-WORKLOAD = {
-    "kind": "synthetic",
-    "num_requests": 200,
-    "lengths": {"kind": "uniform", "min_tokens": 256, "prefill_to_decode_ratio": 4.0},
-    "intervals": {"kind": "poisson", "qps": 30},
-}
+WORKLOAD = synthetic_workload(
+    200, 30, max_tokens=None, kind="uniform", min_tokens=256, prefill_to_decode_ratio=4.0
+)
 
 
 @pytest.mark.parametrize("kind", ["vllm", "sarathi", "orca"])

@@ -5,18 +5,15 @@ from __future__ import annotations
 import pytest
 
 from rollflow.sim.metrics import request_table
-from tests.factories import make_config, simulate
+from tests.factories import make_config, simulate, synthetic_workload
 
 
 def latencies(overhead_ms: float, qps: float) -> dict:
     config = make_config(
         f"execution.request_overhead_ms={overhead_ms}",
-        workload={
-            "kind": "synthetic",
-            "num_requests": 6,
-            "lengths": {"kind": "fixed", "prefill_tokens": 512, "decode_tokens": 32},
-            "intervals": {"kind": "poisson", "qps": qps},
-        },
+        workload=synthetic_workload(
+            6, qps, max_tokens=None, kind="fixed", prefill_tokens=512, decode_tokens=32
+        ),
     )
     return request_table(simulate(config)).columns
 

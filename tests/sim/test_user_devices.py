@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from rollflow.runtime.launch.process import rollflow_command
+from tests.factories import assert_one_line_error, synthetic_workload
 
 pytestmark = pytest.mark.process  # runs the CLI as a subprocess (left out of `make test-fast`)
 
@@ -41,13 +42,7 @@ def serve_config(tmp_path: Path, name: str, cluster: dict, execution: dict | Non
             **cluster,
         },
         "execution": execution or {"kind": "roofline"},
-        "workload": {
-            "kind": "synthetic",
-            "num_requests": 80,
-            "max_tokens": 2048,
-            "lengths": {"kind": "fixed", "prefill_tokens": 700, "decode_tokens": 90},
-            "intervals": {"kind": "poisson", "qps": 6.0},
-        },
+        "workload": synthetic_workload(80, 6.0, kind="fixed", prefill_tokens=700, decode_tokens=90),
         "output": {"dir": str(tmp_path / name), "plots": False, "chrome_trace": False, "progress": False},
     }
     path = tmp_path / f"{name}.yaml"
@@ -165,9 +160,7 @@ NO_FLOPS = {k: v for k, v in A100_COPY.items() if k != "fp16_tflops"}
 def test_bad_device_specs_and_percentiles_are_one_line_errors(tmp_path, devices, overrides, expected):
     config = serve_config(tmp_path, "bad", {"devices": devices, "device": "mine"})
     result = serve(config, *overrides)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and expected in lines[0], result.stderr
+    assert_one_line_error(result, expected)
 
 
 def test_chosen_percentiles_are_numpys_linear_percentiles_of_the_requests(tmp_path):

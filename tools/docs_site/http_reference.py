@@ -40,11 +40,13 @@ def _manager_app() -> web.Application:
 
 def _engine_app() -> web.Application:
     from rollflow.runtime.engines.builtin.server import EngineServer, ServedModel
+    from rollflow.runtime.engines.builtin.weight_routes import EngineWeights
 
     # only the route table is read: no model is loaded and nothing generates
     server = EngineServer.__new__(EngineServer)
     server._served = ServedModel(path="", tokenizer=None, vocab_size=1, max_context_length=1)
-    server._api_key, server._max_body, server._max_weights_body = None, 1, 1
+    server._weights = EngineWeights.__new__(EngineWeights)
+    server._api_key, server._max_body, server._weights.max_upload_bytes = None, 1, 1
     return server.build_app()
 
 

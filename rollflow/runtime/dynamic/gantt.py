@@ -11,12 +11,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from rollflow.gantt import Bar, draw_gantt
-from rollflow.phases import Span
+from rollflow.phases import PhaseSpan
 from rollflow.runtime.dynamic.moves import DeviceLedger, Holding, Move, StepRecord
 
 
 def live_bars(
-    holdings: list[Holding], steps: list[StepRecord], moves: list[Move], phases: list[Span], clock0: float
+    holdings: list[Holding],
+    steps: list[StepRecord],
+    moves: list[Move],
+    phases: list[PhaseSpan],
+    clock0: float,
 ) -> list[Bar]:
     """`phases`: the trainer's timer spans (absolute perf_counter times; `clock0` is the executor's zero)."""
     bars = [Bar(h.device, 1, h.start_s, h.end_s, None) for h in holdings if h.component != "idle"]
@@ -52,7 +56,7 @@ def plot_live_gantt(
     num_devices: int,
     ledger: DeviceLedger,
     steps: list[StepRecord],
-    phases: list[Span],
+    phases: list[PhaseSpan],
     clock0: float,
     title: str,
 ) -> Path:

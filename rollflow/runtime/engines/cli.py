@@ -17,6 +17,7 @@ EXAMPLES = """examples:
   rollflow engine serve --model models/tiny --port 30000
   rollflow engine serve --model models/llama-1b --device cuda --dtype bfloat16
   rollflow engine serve --model models/tiny --port 0 --weight-version 3 --threads 1
+  rollflow engine serve --model models/tiny --port 30000 --tensor-parallel 2
 """
 
 API_KEY_ENV = "ROLLFLOW_ENGINE_API_KEY"
@@ -124,6 +125,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="tokens of prompt-prefix KV kept for later requests that start the same way, least "
         f"recently used evicted first; 0 turns the cache off (default {DEFAULT_PREFIX_CACHE_TOKENS})",
     )
+    serve.add_argument(
+        "--tensor-parallel",
+        type=_at_least(1),
+        default=1,
+        help="processes the model is split over, Megatron-style (attention heads and MLP columns; "
+        "embeddings and lm_head replicated); N must divide the heads, KV heads and MLP size; with "
+        "--device cuda rank r runs on the r-th GPU from it (default 1)",
+    )
     serve.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(handler=_serve)
 
@@ -184,4 +193,5 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
         body_limits=limits.from_arguments(args),
         max_running_requests=args.max_running_requests,
         prefix_cache_tokens=args.prefix_cache_tokens,
+        tensor_parallel=args.tensor_parallel,
     )

@@ -101,7 +101,14 @@ class TrainConfig(StrictModel):
     """How engines pull each version's chunks from the weight server (weights_url only): http GETs, or
     mooncake: read straight from the server's registered memory by Mooncake's transfer engine (the
     server started with `--mooncake tcp` or `rdma`). An engine that cannot use Mooncake pulls over http
-    and logs why."""
+    and logs why. With `parallelism: fsdp` under torchrun, each rank instead registers its own shard
+    and engines read it from the ranks (rollflow/runtime/trainer/shard_export.py): no rank gathers the
+    model and the weight server holds only the manifest."""
+    mooncake_protocol: Literal["tcp", "rdma"] = "tcp"
+    """fsdp with mooncake: how engines read the ranks' shards (rdma needs an RDMA NIC on both sides)."""
+    mooncake_host: str = "127.0.0.1"
+    """fsdp with mooncake: the address each rank's TransferEngine listens on, where engines reach it
+    (this node's address when engines run on other machines)."""
     seed: int = 0
     """Seed of torch (a new critic's initialisation) and of the trainer's own random draws."""
     device: str = "cpu"

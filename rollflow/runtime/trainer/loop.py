@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rollflow.errors import UserError
-from rollflow.phases import PhaseTimer, Span, write_chrome_trace
+from rollflow.phases import PhaseSpan, PhaseTimer, write_chrome_trace
 from rollflow.policy.oversample import Oversampler
 from rollflow.runtime.manager.client import BatchHandle, ManagerClient, ManagerError, ManagerUnreachable
 from rollflow.runtime.trainer import checkpoints
@@ -58,6 +58,7 @@ from rollflow.runtime.trainer.metrics import MetricsWriter, StepMetrics
 from rollflow.runtime.trainer.models import Critic, load_policy, load_reference
 from rollflow.runtime.trainer.partial import CarryBook, PartialStep, carried_tokens
 from rollflow.runtime.trainer.rollouts import filter_stale, model_output, to_tensors
+from rollflow.runtime.trainer.shard_export import ExportShards, start_rank_shards
 from rollflow.runtime.trainer.sharded import full_state_dict, is_sharded, load_shards, save_shards
 from rollflow.runtime.trainer.tasks import load_callable
 from rollflow.runtime.weights.checkpoint import publish_checkpoint, published_versions
@@ -131,7 +132,7 @@ class Trainer:
         # preempts or adds engines between steps, and where partial rollout's carried groups wait
         self.rollout_start_hooks: list[Callable[[int], None]] = []
         self.timer = PhaseTimer()  # rollout (waiting), training, sync: the RL simulator's phase names
-        self._phase_spans: list[tuple[int, Span]] = []  # (step, span) for chrome_trace.json
+        self._phase_spans: list[tuple[int, PhaseSpan]] = []  # (step, span) for chrome_trace.json
         checkpoint = checkpoints.latest_checkpoint(self.output_dir) if resume else None
         if parallel is not None:  # every rank resumes from the checkpoint rank 0 picked
             checkpoint = parallel.broadcast(checkpoint)
@@ -186,6 +187,8 @@ class Trainer:
             config.gae_lambda,
             config.value_coef,
         )
+        # fsdp with mooncake: each rank exports its own shard of every version (collective: every rank)
+        self.shards = start_rank_shards(config, parallel, self.policy)
 
     def _restore(self, checkpoint: Path) -> None:
         state = checkpoints.read_state(checkpoint)
@@ -500,6 +503,8 @@ class Trainer:
             self.optimizer_step()
         elif message is Command.GATHER_WEIGHTS:
             full_state_dict(self.policy)  # the whole policy lands on rank 0 only
+        elif isinstance(message, ExportShards):
+            self.parallel.gather(self.shards.export(self.policy, message.version))
         elif isinstance(message, SaveShards):
             save_shards(message.folder, self.policy, self.critic, self.optimizer)
         else:
@@ -547,6 +552,11 @@ class Trainer:
         Otherwise their samples would carry another version and be rejected as stale.
         """
         folder = checkpoints.weights_folder(self.output_dir, self.step)
+        if self.shards is not None:
+            if any(w["weight_version"] != self.step for w in self.client.live_workers()):
+                self.shards.publish(self.policy, self.step)
+            self._update_engines(folder, skip_up_to_date=True)
+            return
         if not folder.is_dir():
             self._write_weights(folder)
         url = self.config.weights_url
@@ -555,9 +565,13 @@ class Trainer:
         self._update_engines(folder, skip_up_to_date=True)
 
     def _push_weights(self) -> None:
-        folder = self._write_weights(checkpoints.weights_folder(self.output_dir, self.step))
-        if self.config.weights_url is not None:
-            self._publish(folder)
+        folder = checkpoints.weights_folder(self.output_dir, self.step)
+        if self.shards is not None:  # the ranks lend their shards: nothing is gathered or written
+            self.shards.publish(self.policy, self.step)
+        else:
+            self._write_weights(folder)
+            if self.config.weights_url is not None:
+                self._publish(folder)
         self._update_engines(folder, skip_up_to_date=False)
         checkpoints.prune_weights(self.output_dir, self.config.keep_weight_versions)
 
@@ -615,6 +629,8 @@ class Trainer:
                 if exc.status != 409:
                     raise
                 # 409: this engine cannot pull (vLLM, SGLang); it loads the same version from disk
+                if not folder.is_dir():  # fsdp with mooncake writes the folder only for such engines
+                    self._write_weights(folder)
         self.client.update_weights(engine_id, weight_version=self.step, model_path=str(folder.resolve()))
 
     def _save_checkpoint(self) -> None:

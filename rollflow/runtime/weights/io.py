@@ -79,6 +79,9 @@ class Manifest:
     chunks: tuple[ChunkEntry, ...]
     # small text files published beside the tensors (config.json, ...), name -> content
     files: dict[str, str] = field(default_factory=dict)
+    # (tp_size, rank) whose slices (slices.py) the payload holds, and whose bytes state_digest and
+    # model_nbytes count; None: the whole tensors
+    tp: tuple[int, int] | None = None
 
     @property
     def wire_nbytes(self) -> int:

@@ -1,5 +1,8 @@
 """The engine's side: pull a version from a WeightServer, resumably, and verify all of it.
 
+A version the trainer ranks hold themselves (`parallelism: fsdp` with Mooncake: shards.py) is read
+straight from those ranks instead: the server gives only its manifest.
+
 A pull is manifest -> chunks -> decode. Chunks travel over HTTP, or with `transport="mooncake"`
 straight from the server's registered memory through Mooncake's transfer engine (mooncake.py);
 where Mooncake cannot be used (not installed here, or the server serves none), the pull says why
@@ -37,6 +40,13 @@ from rollflow.runtime.weights.io import ChunkEntry, Manifest, VersionList
 from rollflow.runtime.weights.mooncake import ChunkReader, PayloadLocation, Unavailable, local_engine
 from rollflow.runtime.weights.payload import chunk_file, decode_payload, verify_chunk
 from rollflow.runtime.weights.server import FILES_METADATA_KEY
+from rollflow.runtime.weights.shards import (
+    READ_TIMEOUT_S,
+    BaseMismatchError,
+    ShardedManifest,
+    read_sharded,
+)
+from rollflow.runtime.weights.slices import rank_slices
 from rollflow.runtime.weights.store import PAYLOAD_ID
 from rollflow.runtime.weights.tensors import StateDict, as_cpu_contiguous, checksum, state_digest
 
@@ -74,9 +84,20 @@ class PullStats:
 
 
 @dataclass(frozen=True)
+class ShardedSource:
+    """What a pull read from the trainer ranks (its fields are those of a Manifest a caller reads)."""
+
+    manifest: ShardedManifest
+    codec: str  # the codec of the records read: delta+... when deltas were read
+    base_version: int | None  # the version the deltas were against
+    model_nbytes: int
+    wire_nbytes_by_rank: dict[int, int]
+
+
+@dataclass(frozen=True)
 class PullResult:
     weights: LoadedWeights
-    manifest: Manifest
+    manifest: Manifest | ShardedSource
     stats: PullStats
 
 
@@ -140,11 +161,21 @@ class WeightPuller:
         return VersionList(tuple(body["versions"]))
 
     async def pull(
-        self, version: int | None = None, codec: CodecSpec | str = "zstd", base: LoadedWeights | None = None
+        self,
+        version: int | None = None,
+        codec: CodecSpec | str = "zstd",
+        base: LoadedWeights | None = None,
+        tp: tuple[int, int] | None = None,
     ) -> PullResult:
         """Fetch, verify and decode `version` (None: the newest). With a delta codec, `base` is
-        the version the engine holds; the transfer then carries only what changed."""
+        the version the engine holds; the transfer then carries only what changed. With `tp`
+        (tp_size, rank), only that tensor-parallel rank's slices travel (slices.py), and `base`
+        holds that rank's slices too."""
         codec = codec if isinstance(codec, CodecSpec) else CodecSpec.parse(codec)
+        if self.transport == "mooncake":
+            sharded = await self._sharded_manifest(version)
+            if sharded is not None:
+                return await self._pull_sharded(sharded, codec, base, tp)
         started = time.monotonic()
         counts = {"wire_nbytes": 0, "chunks_downloaded": 0, "chunks_reused": 0}
         puller_fallback: str | None = None
@@ -152,7 +183,7 @@ class WeightPuller:
         for attempt in range(1, self.max_attempts + 1):
             manifest: Manifest | None = None
             try:
-                manifest = await self._manifest(version, codec, base)
+                manifest = await self._manifest(version, codec, base, tp)
                 await self._fetch_chunks(manifest, counts)
                 weights = await asyncio.to_thread(self._decode, manifest, base)
             except _BaseMismatchError as exc:
@@ -202,13 +233,116 @@ class WeightPuller:
             raise WeightTransferError(f"weight server {self.url} did not answer: {exc}") from None
         return Manifest.from_json(text)
 
-    async def _manifest(self, version: int | None, codec: CodecSpec, base: LoadedWeights | None) -> Manifest:
+    async def _sharded_manifest(self, version: int | None) -> ShardedManifest | None:
+        """The manifest of `version` when trainer ranks hold it (None: the server holds it whole)."""
+        path = f"/v1/sharded/{'latest' if version is None else version}"
+        last_error: Exception | None = None
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                async with self._client().get(f"{self.url}{path}") as resp:
+                    text = await resp.text()
+                    if resp.status == 404:
+                        return None
+                    if resp.status != 200:
+                        raise _Retryable(f"{path}: HTTP {resp.status}")
+                return ShardedManifest.from_json(text)
+            except (aiohttp.ClientError, TimeoutError, _Retryable) as exc:
+                last_error = exc
+                if attempt < self.max_attempts:
+                    await asyncio.sleep(self.retry_delay_s * 2 ** (attempt - 1))
+        raise WeightTransferError(f"weight server {self.url} did not answer: {last_error}")
+
+    async def _pull_sharded(
+        self,
+        manifest: ShardedManifest,
+        codec: CodecSpec,
+        base: LoadedWeights | None,
+        tp: tuple[int, int] | None,
+    ) -> PullResult:
+        """Read the version straight from the trainer ranks (a delta when `base` is the version the
+        ranks' deltas are against); a rank gone mid-read fails the attempt, the next reads it again.
+        A tensor-parallel rank reads only its rows of the tensors split along dim 0 (the ranks'
+        blocks are rows), and narrows those split along dim 1 after reading them whole."""
+        started = time.monotonic()
+        engine = await asyncio.to_thread(local_engine)
+        if isinstance(engine, Unavailable):
+            raise WeightTransferError(
+                f"weight version {manifest.version} is held by the trainer ranks and read over Mooncake, "
+                f"which this engine cannot use: {engine.reason}"
+            )
+        splits = _tp_splits(manifest, tp)
+        rows = {name: (part.start, part.stop) for name, (dim, part) in splits.items() if dim == 0}
+        held = None
+        if codec.delta and base is not None and base.version == manifest.delta_base:
+            # a rank's base holds whole rows only where it holds every column: not for dim-1 splits
+            held = {
+                name: (tensor, rows[name][0] if name in rows else 0)
+                for name, tensor in base.state_dict.items()
+                if name not in splits or name in rows
+            }
+        fallback: str | None = None
+        last_error: Exception | None = None
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                state, read = await asyncio.to_thread(
+                    read_sharded,
+                    engine,
+                    manifest,
+                    rows=rows or None,
+                    base=held,
+                    base_version=base.version if held else None,
+                    timeout_s=self.timeout.total or READ_TIMEOUT_S,
+                )
+            except BaseMismatchError as exc:
+                last_error, fallback, held = exc, str(exc), None
+            except (OSError, WeightIntegrityError) as exc:
+                last_error = exc
+            else:
+                for name, (dim, part) in splits.items():
+                    if dim != 0:
+                        state[name] = state[name].narrow(dim, part.start, part.stop - part.start).contiguous()
+                weights = LoadedWeights(manifest.version, state, dict(manifest.files))
+                source = ShardedSource(
+                    manifest,
+                    f"delta+{manifest.codec}" if read.delta_blocks else manifest.codec,
+                    manifest.delta_base if read.delta_blocks else None,
+                    manifest.model_nbytes,
+                    read.wire_nbytes,
+                )
+                stats = PullStats(
+                    wire_nbytes=sum(read.wire_nbytes.values()),
+                    chunks_downloaded=read.blocks,
+                    chunks_reused=0,
+                    attempts=attempt,
+                    seconds=time.monotonic() - started,
+                    fallback_reason=fallback,
+                    transport="mooncake",
+                )
+                return PullResult(weights, source, stats)
+            logger.warning("weight pull attempt %d/%d failed: %s", attempt, self.max_attempts, last_error)
+            if attempt < self.max_attempts and not isinstance(last_error, BaseMismatchError):
+                await asyncio.sleep(self.retry_delay_s * 2 ** (attempt - 1))
+        raise WeightTransferError(
+            f"reading weight version {manifest.version} from the trainer ranks failed after "
+            f"{self.max_attempts} attempts: {last_error}"
+        )
+
+    async def _manifest(
+        self, version: int | None, codec: CodecSpec, base: LoadedWeights | None, tp: tuple[int, int] | None
+    ) -> Manifest:
         params = {"version": "latest" if version is None else str(version), "codec": codec.name}
         if codec.delta and base is not None:
             params["base"] = str(base.version)
+        tp = tp if tp is not None and tp[0] > 1 else None
+        if tp is not None:
+            params |= {"tp_size": str(tp[0]), "tp_rank": str(tp[1])}
         manifest = Manifest.from_json(json.dumps(await self._get_json("/v1/manifest", params)))
         if not PAYLOAD_ID.match(manifest.payload_id):
             raise WeightIntegrityError(f"manifest names a bad payload id {manifest.payload_id!r}")
+        if manifest.tp != tp:
+            raise WeightIntegrityError(
+                f"asked for the slices of tensor-parallel {tp}, the server sent {manifest.tp}"
+            )
         return manifest
 
     async def _fetch_chunks(self, manifest: Manifest, counts: dict[str, int]) -> None:
@@ -332,6 +466,14 @@ class WeightPuller:
             for folder in self.cache_dir.iterdir():
                 if folder.is_dir() and PAYLOAD_ID.match(folder.name):
                     shutil.rmtree(folder, ignore_errors=True)
+
+
+def _tp_splits(manifest: ShardedManifest, tp: tuple[int, int] | None) -> dict[str, tuple[int, slice]]:
+    """name -> (dim, slice) of each tensor a tensor-parallel rank holds a part of (none for tp=None)."""
+    if tp is None:
+        return {}
+    splits = {plan.name: rank_slices(plan.name, tuple(plan.shape), *tp) for plan in manifest.tensors}
+    return {name: where for name, where in splits.items() if where is not None}
 
 
 def save_weights(weights: LoadedWeights, out_dir: str | Path) -> Path:

@@ -19,7 +19,9 @@ ROUTES: dict[str, RouteDoc] = {
     ),
     "GET /v1/manifest": RouteDoc(
         "query `version` (absent or `latest`: the newest), `codec` (`raw`, `zstd`, `int8+zstd`, "
-        "`delta+zstd`, ...; default `zstd`), `base` (the version the puller holds, for delta codecs)",
+        "`delta+zstd`, ...; default `zstd`), `base` (the version the puller holds, for delta codecs), "
+        "`tp_size` and `tp_rank` (a tensor-parallel engine rank: the payload holds only its slices, "
+        "rollflow/runtime/weights/slices.py)",
         "the manifest: tensor names, shapes, dtypes, the payload id and each chunk's size and xxh3-128 "
         "checksum; 404 for an unknown version",
     ),
@@ -32,5 +34,16 @@ ROUTES: dict[str, RouteDoc] = {
         "memory registered with the server's Mooncake engine (copied there on first ask); 409 when the "
         "server serves no Mooncake (started without `--mooncake`, or its engine did not start), 404 when "
         "the payload is absent",
+    ),
+    "PUT /v1/sharded/{version}": RouteDoc(
+        "a sharded manifest (JSON): a version the FSDP trainer ranks hold in their Mooncake memory, "
+        "which tensor rows each rank holds at which address; `Authorization: Bearer TOKEN`",
+        '`{"version", "tensors"}`; 400 for a body that is not a sharded manifest or names another '
+        "version, 401 without the token, 413 above 256 MiB; a manifest of a held version replaces it",
+    ),
+    "GET /v1/sharded/{version}": RouteDoc(
+        "`{version}`: a number or `latest`",
+        "the sharded manifest (engines then read the rows from the ranks, not from this server); 404 "
+        "when no trainer ranks hold the version",
     ),
 }

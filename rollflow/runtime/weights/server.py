@@ -3,11 +3,17 @@
     GET  /v1/versions[?newer_than=N&wait_s=S]   {"versions": [...], "latest": N}; waits up to S
                                                 seconds for a version newer than N (how an
                                                 engine is "told" without the trainer knowing it)
-    GET  /v1/manifest?version=N|latest&codec=C[&base=B]   the payload's manifest (builds it)
+    GET  /v1/manifest?version=N|latest&codec=C[&base=B][&tp_size=T&tp_rank=R]
+                                  the payload's manifest (builds it); with tp_size, the payload
+                                  holds only rank R's slices for T-way tensor parallelism
     GET  /v1/payloads/{payload_id}/chunks/{index}         one chunk's wire bytes
     GET  /v1/payloads/{payload_id}/mooncake   where the payload's chunks lie in this server's
                                   Mooncake-registered memory ({"session", "chunks": [{"index",
                                   "address", "nbytes"}]}); 409 when it serves no Mooncake
+    PUT  /v1/sharded/{version}    body: a sharded manifest (shards.py): a version the trainer
+                                  ranks hold and engines read from them over Mooncake; needs
+                                  the token; /v1/versions lists it from then on
+    GET  /v1/sharded/{version}|latest   that manifest (404 when no ranks hold the version)
     PUT  /v1/versions/{version}   body: a safetensors file (small text files as JSON in its
                                   metadata under "rollflow.files"); needs the bearer token
                                   (refused when the server has none, unless open_publish)
@@ -38,7 +44,9 @@ from rollflow.runtime.http.limits import UPLOAD_LIMITS, BodyLimits
 from rollflow.runtime.http.listen import bind
 from rollflow.runtime.http.serve import GuardedRunner
 from rollflow.runtime.weights.errors import UnknownVersionError, WeightsError
+from rollflow.runtime.weights.io import VersionList
 from rollflow.runtime.weights.mooncake import PayloadExporter
+from rollflow.runtime.weights.shards import ShardedManifest
 from rollflow.runtime.weights.store import MAX_VERSION, WeightStore
 from rollflow.runtime.weights.token import TOKEN_ENV
 
@@ -46,6 +54,7 @@ logger = logging.getLogger(__name__)
 
 MAX_WAIT_S = 300.0
 MAX_UPLOAD_BYTES = 64 << 30
+MAX_SHARDED_MANIFEST_BYTES = 256 << 20  # a few hundred bytes per 4 MiB block: a 1 TB model's fits
 """Default limit of a publish upload (a 16B-parameter bf16 model is 32 GiB); 413 above it."""
 FILES_METADATA_KEY = "rollflow.files"
 _POLL_S = 0.1
@@ -69,6 +78,10 @@ class ManifestQuery(BaseModel):
     """Codec name, e.g. raw, zstd, int8+zstd, delta+zstd."""
     base: int | None = None
     """Version the puller holds, for delta codecs."""
+    tp_size: int = Field(default=1, ge=1)
+    """Ranks of the tensor-parallel engine pulling; above 1 the payload holds one rank's slices."""
+    tp_rank: int = Field(default=0, ge=0)
+    """The rank whose slices (rollflow.runtime.weights.slices) the payload holds."""
 
 
 class WeightServer:
@@ -118,6 +131,8 @@ class WeightServer:
                 web.get("/v1/manifest", self._manifest),
                 web.get("/v1/payloads/{payload_id}/chunks/{index}", self._chunk),
                 web.get("/v1/payloads/{payload_id}/mooncake", self._mooncake_location),
+                web.put("/v1/sharded/{version}", self._publish_sharded),
+                web.get("/v1/sharded/{version}", self._sharded),
             ]
         )
         return app
@@ -144,7 +159,7 @@ class WeightServer:
     async def _versions(self, request: web.Request) -> web.Response:
         query = _parse(VersionsQuery, request)
         deadline = time.monotonic() + query.wait_s
-        held = self.store.versions()
+        held = self._held()
         while query.newer_than is not None and (held.latest or -1) <= query.newer_than:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -153,12 +168,25 @@ class WeightServer:
             # a publish through this server wakes us at once; one from another process is polled
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._new_version.wait(), min(remaining, _POLL_S))
-            held = self.store.versions()
+            held = self._held()
         return web.json_response({"versions": list(held.versions), "latest": held.latest})
+
+    def _held(self) -> VersionList:
+        """Versions engines can pull: the store's, and those trainer ranks hold (sharded)."""
+        both = set(self.store.versions().versions) | set(self.store.sharded_versions().versions)
+        return VersionList(tuple(sorted(both)))
 
     async def _manifest(self, request: web.Request) -> web.Response:
         query = _parse(ManifestQuery, request)
-        manifest = await asyncio.to_thread(self.store.manifest, query.version, query.codec, query.base)
+        held, sharded = self.store.versions().versions, self.store.sharded_versions().versions
+        if query.version is not None and query.version not in held and query.version in sharded:
+            raise UnknownVersionError(
+                f"weight version {query.version} is held by the trainer ranks, not this server: "
+                "pull it with transport mooncake (GET /v1/sharded/{version})"
+            )
+        manifest = await asyncio.to_thread(
+            self.store.manifest, query.version, query.codec, query.base, (query.tp_size, query.tp_rank)
+        )
         return web.Response(body=manifest.to_json().encode(), content_type="application/json")
 
     async def _chunk(self, request: web.Request) -> web.StreamResponse:
@@ -175,6 +203,35 @@ class WeightServer:
         paths = self.store.chunk_paths(request.match_info["payload_id"])
         location = await asyncio.to_thread(self.mooncake.export, request.match_info["payload_id"], paths)
         return web.json_response(location.to_json())
+
+    async def _sharded(self, request: web.Request) -> web.Response:
+        text = request.match_info["version"]
+        try:
+            version = None if text == "latest" else int(text)
+        except ValueError:
+            raise http_error(web.HTTPBadRequest, "version must be an integer or latest") from None
+        manifest = await asyncio.to_thread(self.store.sharded, version)
+        return web.Response(body=manifest.to_json().encode(), content_type="application/json")
+
+    async def _publish_sharded(self, request: web.Request) -> web.Response:
+        self._check_token(request)
+        try:
+            version = int(request.match_info["version"])
+        except ValueError:
+            raise http_error(web.HTTPBadRequest, "version must be an integer") from None
+        body = bytearray()
+        async for block in iter_body(request, 1 << 20):
+            body += block
+            if len(body) > MAX_SHARDED_MANIFEST_BYTES:
+                raise _too_large(len(body), MAX_SHARDED_MANIFEST_BYTES)
+        manifest = ShardedManifest.from_json(bytes(body))
+        if manifest.version != version:
+            raise http_error(
+                web.HTTPBadRequest, f"the manifest is of version {manifest.version}, not {version}"
+            )
+        await asyncio.to_thread(self.store.publish_sharded, manifest)
+        self._new_version.set()
+        return web.json_response({"version": version, "tensors": len(manifest.tensors)})
 
     async def _publish(self, request: web.Request) -> web.Response:
         self._check_token(request)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import resource
 
-from rollflow.phases import PHASES, Span
+from rollflow.phases import PHASES, PhaseSpan
 from rollflow.sim.rl.config import RLSimConfig
 from rollflow.sim.rl.staleness import tokens_by_staleness
 from rollflow.sim.rl.trace import StepResult, StepTrace
@@ -12,7 +12,7 @@ from rollflow.sim.rl.trace import StepResult, StepTrace
 COMPONENTS = PHASES
 
 
-def rollout_spans(trace: StepTrace) -> list[Span]:
+def rollout_spans(trace: StepTrace) -> list[PhaseSpan]:
     """Each rollout instance's batches, merged into busy intervals on its GPUs."""
     spans = []
     for info in trace.instances:
@@ -23,10 +23,10 @@ def rollout_spans(trace: StepTrace) -> list[Span]:
                 current[1] = max(current[1], start + duration)
                 continue
             if current is not None:
-                spans.append(Span(component, info.gpu_start, info.num_gpus, current[0], current[1]))
+                spans.append(PhaseSpan(component, info.gpu_start, info.num_gpus, current[0], current[1]))
             current = [start, start + duration]
         if current is not None:
-            spans.append(Span(component, info.gpu_start, info.num_gpus, current[0], current[1]))
+            spans.append(PhaseSpan(component, info.gpu_start, info.num_gpus, current[0], current[1]))
     return spans
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rollflow.cli_util import add_command_group, print_yaml
+from rollflow.cli_util import add_command_group, add_config_arguments, add_show_config
 
 EXAMPLES = """examples:
   rollflow rl-sim run --config examples/rl/rlinf_dynamic.yaml --output-dir out/rl
@@ -52,22 +52,15 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     add_rl_search(rl_commands)
 
-    show = rl_commands.add_parser("config", help="print a config with every default filled in, as YAML")
-    show.add_argument("--config", help="YAML config file (omit for the defaults)")
-    show.add_argument("overrides", nargs="*", metavar="key=value")
-    show.set_defaults(handler=_config)
+    add_show_config(rl_commands, "print a config with every default filled in, as YAML", _load)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, help="YAML config file (see examples/rl/)")
-    parser.add_argument("--output-dir", help="output folder (overrides output.dir)")
+    add_config_arguments(parser, "examples/rl/", "output.dir", "num_gpus=64 steps=2")
     parser.add_argument(
         "--no-plots",
         action="store_true",
         help="skip gantt.png and compare.png (sets output.gantt=false), for searches and loops",
-    )
-    parser.add_argument(
-        "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. num_gpus=64 steps=2"
     )
 
 
@@ -94,7 +87,3 @@ def _compare(args: argparse.Namespace, started_at: float) -> None:
 
 def _with_plots(args: argparse.Namespace) -> list[str]:
     return [*args.overrides, "output.gantt=false"] if args.no_plots else args.overrides
-
-
-def _config(args: argparse.Namespace, started_at: float) -> None:
-    print_yaml(_load(args.config, args.overrides))

@@ -91,7 +91,11 @@ class StepInstances:
 
     def _release_held(self, count: int) -> None:
         """Submit up to `count` held samples: early instances get what they can batch, no queue the
-        local instances could not take from them later (instances do not steal work)."""
+        local instances could not take from them later (instances do not steal work). While no
+        instance takes work (every preemptible one past its notice) they stay held, as the live
+        manager queues them, until an instance joins (`on_instance_ready`) or the lanes free."""
+        if not self.held or not self.step.offload.targets():
+            return
         released, self.held = self.held[:count], self.held[count:]
         for request in released:
             self.step.pool.submit(request)
@@ -100,6 +104,13 @@ class StepInstances:
         """Before the previous step's lanes are free, room for `count` more held samples came up."""
         if self.held and self.step.now < self.step.lanes_free_at:
             self._release_held(count)
+
+    def on_instance_ready(self) -> None:
+        """An instance joined: it takes the parked sequences, and the held samples it can batch
+        (all of them once the previous step's lanes are free)."""
+        self.submit_parked()
+        if self.held:
+            self._release_held(self.hold_cap if self.step.now < self.step.lanes_free_at else len(self.held))
 
     def take_waiting(self) -> list[SimRequest]:
         """The samples held back and the sequences parked, taken off the step's hands."""

@@ -56,8 +56,7 @@ class SpotInstances:
         _, stop = serving_window(life, self.market)
         step.emit(stop, Phase.MOVE, self._on_notice, instance_id)
         step.emit(life[1], Phase.MOVE, self._on_preempted, (slot, life))
-        step.instances.submit_parked()
-        step.instances.release_held_early(step.instances.hold_cap)
+        step.instances.on_instance_ready()
         step.offload.on_target_ready()
 
     def _on_notice(self, event: Event) -> list[Event]:

@@ -57,7 +57,10 @@ class _OffloadAwareRouter:
         return self.pool.remote_only
 
     def pick(self, request: RouteRequest, view: ClusterView) -> int:
-        return self.inner.pick(request, remote_only(view) if self.pool.remote_only else view)
+        view = remote_only(view) if self.pool.remote_only else view
+        if not view.instances:  # the compiled core's own routing says the same
+            raise ValueError("no instance to route to: none takes work")
+        return self.inner.pick(request, view)
 
 
 class RolloutPool:

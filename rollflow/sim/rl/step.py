@@ -119,9 +119,10 @@ class StepSimulator:
         self.queue.push_all(self.emitted())
         self.pool.sim.advance(stop=lambda: self.end is not None)
         if self.end is None:
-            if self.instances.parked:
+            waiting = len(self.instances.parked) + len(self.instances.held)
+            if waiting:
                 raise UserError(
-                    f"step {self.index} cannot finish: {len(self.instances.parked)} sequences wait for a "
+                    f"step {self.index} cannot finish: {waiting} sequences wait for a "
                     "rollout instance and none will come (extend the spot availability trace)"
                 )
             raise RuntimeError(

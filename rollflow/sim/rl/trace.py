@@ -1,14 +1,14 @@
 """What one simulated RL step did, as data: the step writes a `StepTrace`, accounting reads it.
 
 `StepResult` is what accounting makes of a trace: costs, utilization and windows per component.
-`Span` (a phase on some GPUs) comes from `rollflow.phases`, whose `PhaseTimer` a live trainer can time with.
+`PhaseSpan` (a phase on some GPUs) comes from `rollflow.phases`, whose `PhaseTimer` a live trainer can time with.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rollflow.phases import Span
+from rollflow.phases import PhaseSpan
 from rollflow.policy.view import InstanceKind
 from rollflow.sim.request import SimRequest
 from rollflow.sim.rl.config import RLSimConfig
@@ -38,7 +38,7 @@ class StepResult:
     windows: dict[str, tuple[float, float]]  # first start and last end per component
     cost_usd: float
     offload_budget_s: float | None
-    spans: list[Span]
+    spans: list[PhaseSpan]
     instance_windows: list[tuple[int, int, str, float, float]]  # gpu_start, gpus, kind, start, end
     minibatches: list[list[int]]  # sample ids trained by each mini-batch
     actor_sizes: list[int]  # actor GPUs of each mini-batch
@@ -86,7 +86,7 @@ class StepTrace:
     rollout_end: float
     sync_ends: tuple[float, ...]  # when each earlier step's weights reached rollout (version i+1)
     requests: list[SimRequest]  # the step's samples, in id order
-    spans: list[Span]  # the step's own GPU work: inference, training, reshards, sync
+    spans: list[PhaseSpan]  # the step's own GPU work: inference, training, reshards, sync
     instances: list[InstanceTrace]
     actor_free_at: float | None  # when the actor's GPUs could first run (None: from the start)
     minibatches: list[list[int]]

@@ -139,8 +139,9 @@ def test_fsdp_ranks_resume_the_weights_and_optimizer_state_their_sharded_checkpo
                     torch.testing.assert_close(saved["resumed"][part][key], value, atol=0, rtol=0, msg=key)
 
 
-def torchrun(config: dict, tmp_path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """`.venv/bin/torchrun --nproc-per-node 2 --no-python .venv/bin/rollflow train ...` as the README gives it, on loopback."""
+def torchrun_argv(config: dict, tmp_path, *args: str, env: dict | None = None) -> tuple[list[str], dict]:
+    """`.venv/bin/torchrun --nproc-per-node 2 --no-python .venv/bin/rollflow train ...` as the README
+    gives it, on loopback: its command line and environment."""
     path = tmp_path / "train.yaml"
     path.write_text(yaml.safe_dump(config))
     bin_dir = Path(sys.executable).parent
@@ -156,8 +157,13 @@ def torchrun(config: dict, tmp_path, *args: str, env: dict | None = None) -> sub
         str(path),
         *args,
     ]
-    env = {**ENV, "GLOO_SOCKET_IFNAME": "lo", **(env or {})}
-    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    return argv, {**ENV, "GLOO_SOCKET_IFNAME": "lo", **(env or {})}
+
+
+def torchrun(config: dict, tmp_path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The torchrun job of `torchrun_argv`, run to its end."""
+    argv, full_env = torchrun_argv(config, tmp_path, *args, env=env)
+    return subprocess.run(argv, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=300)
 
 
 def torchrun_train(
@@ -237,45 +243,6 @@ def test_torchrun_fsdp_ranks_publish_whole_versions_checkpoint_shards_and_resume
         assert sorted(trained.keys()) == sorted(names)
         assert all(trained.get_tensor(k).shape == initial.get_tensor(k).shape for k in names)
         assert any(not torch.equal(trained.get_tensor(k), initial.get_tensor(k)) for k in names)
-
-
-def test_torchrun_fsdp_with_mooncake_transport_leaves_engines_generating_as_the_gathered_weights(
-    processes, tiny_model, tmp_path
-):
-    from safetensors import safe_open
-
-    from tests.runtime.engines.helpers import PROMPT, reference_greedy
-    from tests.runtime.manager.helpers import greedy_reference
-    from tests.runtime.weights.factories import start_server_process
-
-    engines = [processes.engine(), processes.engine()]
-    manager = processes.manager(engines=[{"url": e.url, "engine_type": "builtin"} for e in engines])
-    token = {"ROLLFLOW_WEIGHTS_TOKEN": "publish-secret"}
-    server, url = start_server_process(tmp_path / "store", "--mooncake", "tcp", env=ENV | token)
-    output = tmp_path / "run"
-    config = base_config(
-        manager, tiny_model, output, parallelism="fsdp", weights_url=url, weights_transport="mooncake"
-    )
-    try:
-        torchrun_train(config, tmp_path, "--resume", "never", env=token)
-    finally:
-        server.kill()
-        server.wait()
-    assert engine_versions(manager) == [2, 2]
-    logs = (tmp_path / "store").parent.glob("serve-*.log")
-    exported = [line for log in logs for line in log.read_text().splitlines()]
-    assert any("v2-delta-zstd-from1 in mooncake memory" in line for line in exported)
-    # what rank 0 gathered from the shards (trained: it differs from the model) is what both engines run
-    with (
-        safe_open(tiny_model / "model.safetensors", "pt") as initial,
-        safe_open(output / "weights" / "v2" / "model.safetensors", "pt") as trained,
-    ):
-        names = list(initial.keys())
-        assert any(not torch.equal(trained.get_tensor(k), initial.get_tensor(k)) for k in names)
-    expected = reference_greedy(output / "weights" / "v2", PROMPT, 12)[0]
-    for engine in engines:
-        assert greedy_reference(engine, PROMPT, 12) == expected
-        assert "pulling over http" not in engine.log_path.read_text()
 
 
 def test_torchrun_job_fails_with_rank_0_error_instead_of_hanging(tiny_model, tmp_path):

@@ -26,10 +26,15 @@ def _rollflow(*args):
     )
 
 
-def test_run_writes_the_summary_gantt_and_trace(tmp_path):
-    proc = _rollflow(
-        "rl-sim", "run", "--config", "examples/rl/rlinf_dynamic.yaml", "--output-dir", str(tmp_path), *SHORT
+def rl_sim(command: str, example: str, output_dir, *args: str) -> subprocess.CompletedProcess:
+    """`rollflow rl-sim COMMAND --config examples/rl/EXAMPLE.yaml --output-dir OUTPUT_DIR ARGS...`"""
+    return _rollflow(
+        "rl-sim", command, "--config", f"examples/rl/{example}.yaml", "--output-dir", str(output_dir), *args
     )
+
+
+def test_run_writes_the_summary_gantt_and_trace(tmp_path):
+    proc = rl_sim("run", "rlinf_dynamic", tmp_path, *SHORT)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     for key in (
@@ -49,15 +54,7 @@ def test_run_writes_the_summary_gantt_and_trace(tmp_path):
 
 
 def test_compare_writes_every_policy_of_the_spot_example(tmp_path):
-    proc = _rollflow(
-        "rl-sim",
-        "compare",
-        "--config",
-        "examples/rl/rlboost_spot.yaml",
-        "--output-dir",
-        str(tmp_path),
-        *SHORT,
-    )
+    proc = rl_sim("compare", "rlboost_spot", tmp_path, *SHORT)
     assert proc.returncode == 0, proc.stderr
     table = json.loads((tmp_path / "compare.json").read_text())
     assert list(table) == ["on-demand", "spot-migrate", "spot-restart", "spot-off-policy"]
@@ -104,10 +101,7 @@ def test_config_prints_every_default():
 
 
 def test_no_plots_writes_the_numbers_without_any_figure(tmp_path):
-    proc = _rollflow(
-        "rl-sim", "compare", "--config", "examples/rl/rlinf_dynamic.yaml", "--output-dir", str(tmp_path),
-        "--no-plots", *SHORT,
-    )  # fmt: skip
+    proc = rl_sim("compare", "rlinf_dynamic", tmp_path, "--no-plots", *SHORT)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "compare.json").read_text())
     assert not list(tmp_path.rglob("*.png"))
@@ -116,27 +110,10 @@ def test_no_plots_writes_the_numbers_without_any_figure(tmp_path):
 
 def test_rlinf_cluster_section_simulates_the_plan_written_with_placement_and_scheduling(tmp_path):
     # examples/rl/rlinf_cluster.yaml is rlinf_dynamic.yaml's plan with both policies, as RLinf's `cluster:` section
-    pasted = _rollflow(
-        "rl-sim",
-        "run",
-        "--config",
-        "examples/rl/rlinf_cluster.yaml",
-        "--output-dir",
-        str(tmp_path / "a"),
-        *SHORT,
-    )
+    pasted = rl_sim("run", "rlinf_cluster", tmp_path / "a", *SHORT)
     assert pasted.returncode == 0, pasted.stderr
-    by_hand = _rollflow(
-        "rl-sim",
-        "run",
-        "--config",
-        "examples/rl/rlinf_dynamic.yaml",
-        "--output-dir",
-        str(tmp_path / "b"),
-        *SHORT,
-        "scheduling.pre_process=true",
-        "scheduling.wait_before_last_iter=true",
-    )
+    both_policies = ["scheduling.pre_process=true", "scheduling.wait_before_last_iter=true"]
+    by_hand = rl_sim("run", "rlinf_dynamic", tmp_path / "b", *SHORT, *both_policies)
     assert by_hand.returncode == 0, by_hand.stderr
     first, second = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("a", "b"))
     assert first["step_time_s"] == second["step_time_s"] > 0
@@ -145,15 +122,7 @@ def test_rlinf_cluster_section_simulates_the_plan_written_with_placement_and_sch
 
 def test_an_off_policy_run_reports_its_steady_state_and_tokens_per_staleness(tmp_path):
     overrides = [*SHORT, "steps=3", "scheduling.kind=static", "off_policy=1"]
-    proc = _rollflow(
-        "rl-sim",
-        "run",
-        "--config",
-        "examples/rl/rlinf_dynamic.yaml",
-        "--output-dir",
-        str(tmp_path),
-        *overrides,
-    )
+    proc = rl_sim("run", "rlinf_dynamic", tmp_path, *overrides)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["off_policy"] == 1 and summary["max_sample_staleness"] <= 1
@@ -166,10 +135,8 @@ def test_an_off_policy_run_reports_its_steady_state_and_tokens_per_staleness(tmp
 
 
 def test_partial_rollout_with_dynamic_scheduling_carries_whole_groups_every_step(tmp_path):
-    proc = _rollflow(
-        "rl-sim", "run", "--config", "examples/rl/rlinf_dynamic.yaml", "--output-dir", str(tmp_path), *SHORT,
-        "steps=3", "partial_rollout=4", "scheduling.pre_process=true", "output.gantt=false",
-    )  # fmt: skip
+    partial = ["steps=3", "partial_rollout=4", "scheduling.pre_process=true", "output.gantt=false"]
+    proc = rl_sim("run", "rlinf_dynamic", tmp_path, *SHORT, *partial)
     assert proc.returncode == 0, proc.stderr  # a step whose samples are neither trained nor carried fails
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["samples_per_step"] == 16 * 4

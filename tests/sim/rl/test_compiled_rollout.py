@@ -1,7 +1,8 @@
 """The RL step's rollout on the compiled core (`rollflow.sim.compiled_cluster`) matches its
 pure-Python twin exactly on every shipped RL example and each of its `compare` variants, with
-a manager whose relay holds the rollout back, and with partial rollout under dynamic scheduling: every sample's times, every instance's batches and
-life, the event count, the run's summary."""
+a manager whose relay holds the rollout back, with partial rollout under dynamic scheduling, and
+with spot lives short enough that no instance takes work for a while: every sample's times, every
+instance's batches and life, the event count, the run's summary."""
 
 from pathlib import Path
 
@@ -34,6 +35,10 @@ def _cases() -> list:
     # partial rollout with dynamic scheduling: released instances hand samples on, the full batch stops the rest
     partial = ["partial_rollout=16", "scheduling.pre_process=true", "off_policy=1"]
     cases.append(pytest.param(EXAMPLES / "rlinf_dynamic.yaml", partial, id="rlinf_dynamic-partial-rollout"))
+    # spot lives so short that, off-policy, every preemptible instance is past its notice while the
+    # local ones wait for the previous step's lanes: the held samples wait for an instance to join
+    short = ["spot.availability.mean_lifetime_s=40", "spot.on_preemption=restart", "off_policy=1"]
+    cases.append(pytest.param(EXAMPLES / "rlboost_spot.yaml", short, id="rlboost_spot-short-lives-held"))
     return cases
 
 

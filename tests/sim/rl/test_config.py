@@ -24,12 +24,16 @@ from tests.sim.rl.factories import DISAGGREGATED, rl_config
         (["rollout.tensor_parallel=3"], "num_gpus=8 must be a multiple of rollout.tensor_parallel=3"),
         (["placement.actr=0-1"], "placement.actr: unknown key; did you mean 'actor'?"),
         (["num_gpus=6"], "valid sizes: [1, 2, 4]"),
+        (["off_policy=-1"], "off_policy: Input should be greater than or equal to 0"),
+        (["off_policy=1.5"], "off_policy: Input should be a valid integer"),
+        (["off_policy=abc"], "off_policy: Input should be a valid integer"),
     ],
 )
-def test_config_error_names_the_problem(overrides, message):
+def test_config_error_is_one_line_naming_the_problem(overrides, message):
     with pytest.raises(ConfigError) as error:
         rl_config(*overrides)
     assert message in str(error.value)
+    assert "\n" not in str(error.value)
 
 
 def test_rlinf_cluster_section_is_the_same_plan_as_placement_and_scheduling():

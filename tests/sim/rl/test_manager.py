@@ -9,7 +9,7 @@ import pytest
 from rollflow.errors import UserError
 from rollflow.sim.rl.config import ManagerConfig
 from rollflow.sim.rl.manager import DEFAULT_RESULTS, MANAGER, ManagerCapacity, cpu_us_per_token
-from tests.sim.rl.test_cli import _rollflow
+from tests.sim.rl.test_cli import rl_sim
 
 # Static, pipelined, disaggregated (rlinf_dynamic.yaml with static scheduling), 64 samples: the
 # engines generate ~1,500 tokens/s over the rollout, a few thousand at its start.
@@ -25,17 +25,7 @@ SLOW_RELAY_US = 2000.0  # per token: one process relays 500 tokens/s, a third of
 
 def _run(tmp_path, name: str, *overrides: str) -> tuple[dict, str]:
     out = tmp_path / name
-    proc = _rollflow(
-        "rl-sim",
-        "run",
-        "--config",
-        "examples/rl/rlinf_dynamic.yaml",
-        "--no-plots",
-        "--output-dir",
-        str(out),
-        *SMALL,
-        *overrides,
-    )
+    proc = rl_sim("run", "rlinf_dynamic", out, "--no-plots", *SMALL, *overrides)
     assert proc.returncode == 0, proc.stderr
     return json.loads((out / "summary.json").read_text()), proc.stdout
 
@@ -93,15 +83,7 @@ def test_enough_relay_processes_give_the_step_of_a_run_without_the_manager(tmp_p
     ],
 )
 def test_a_bad_manager_section_is_one_line_naming_the_key(tmp_path, overrides, message):
-    proc = _rollflow(
-        "rl-sim",
-        "run",
-        "--config",
-        "examples/rl/rlinf_dynamic.yaml",
-        "--output-dir",
-        str(tmp_path),
-        *overrides,
-    )
+    proc = rl_sim("run", "rlinf_dynamic", tmp_path, *overrides)
     assert proc.returncode != 0
     assert message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
 

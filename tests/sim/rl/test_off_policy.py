@@ -4,7 +4,6 @@ import itertools
 
 import pytest
 
-from rollflow.config import ConfigError
 from rollflow.policy.offload import OffloadBalancer, StepReport
 from rollflow.policy.resources import StaticScheduler
 from rollflow.sim.build import build_groups
@@ -102,21 +101,6 @@ def test_no_sample_trains_staler_than_the_bound(name, bound):
         if index:
             assert step.start >= steps[index - 1].rollout_end
             assert step.paid_from == steps[index - 1].end
-
-
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        (["off_policy=-1"], "off_policy: Input should be greater than or equal to 0"),
-        (["off_policy=1.5"], "off_policy: Input should be a valid integer"),
-        (["off_policy=abc"], "off_policy: Input should be a valid integer"),
-    ],
-)
-def test_bad_off_policy_is_a_one_line_error_naming_the_key(overrides, message):
-    with pytest.raises(ConfigError) as error:
-        rl_config(*overrides)
-    assert message in str(error.value)
-    assert "\n" not in str(error.value)
 
 
 @pytest.mark.parametrize(

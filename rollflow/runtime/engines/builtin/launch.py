@@ -36,6 +36,7 @@ def serve_engine(
     body_limits: BodyLimits = DEFAULT_LIMITS,
     max_running_requests: int = DEFAULT_MAX_RUNNING_REQUESTS,
     prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
+    tensor_parallel: int = 1,
 ) -> None:
     """Serve until interrupted; prints `serving on http://HOST:PORT` once requests are accepted.
     With `api_key`, every route but /health needs `Authorization: Bearer <api_key>`. The model
@@ -44,7 +45,11 @@ def serve_engine(
 
     `seed` seeds the samplers of requests that bring no `sampling_seed`; None draws one per engine,
     so engines started alike still sample differently (a GRPO group spread over engines must not
-    hold the same sample twice)."""
+    hold the same sample twice).
+
+    With `tensor_parallel` N > 1 this process is rank 0 of N (tensor_parallel.py): it starts ranks
+    1..N-1 (on the GPUs after `device`'s, or all on the CPU) and serves without a prefix cache and
+    without releasing memory."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if not (Path(model_dir) / "config.json").is_file():
         raise UserError(
@@ -56,6 +61,7 @@ def serve_engine(
     from transformers.utils import logging as transformers_logging
 
     from rollflow.runtime.engines.builtin.server import EngineServer, ServedModel, decode_text
+    from rollflow.runtime.engines.builtin.weight_routes import EngineWeights
     from rollflow.runtime.engines.builtin.weights import WeightChecker
     from rollflow.runtime.engines.builtin.worker import GenerationWorker
     from rollflow.runtime.weights.checkpoint import read_saved_weights
@@ -73,6 +79,12 @@ def serve_engine(
     model = load_model()
     config = model.config
     eos = model.generation_config.eos_token_id
+    checker = WeightChecker(model)  # of the whole model: what uploads hold
+    rank_checker, tp = checker, None
+    if tensor_parallel > 1:
+        model, tp = _start_ranks(model, model_dir, tensor_parallel, device, dtype, num_threads)
+        rank_checker = WeightChecker(model.model)  # rank 0's slices: what its pulls hold
+        load_model, prefix_cache_tokens = None, 0
     if eos is None:
         eos = config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -95,22 +107,20 @@ def serve_engine(
         prefix_cache_tokens=prefix_cache_tokens,
         reload_model=load_model,
     )
-    checker = WeightChecker(model)
     del model  # the worker holds the only reference, so releasing its memory frees it
     # A folder written by a pull holds its version exactly as published: the base of the first delta.
     pulled = read_saved_weights(model_dir)
     if pulled is not None and pulled.version != weight_version:
         pulled = None
+    if pulled is not None and tp is not None:
+        from rollflow.runtime.weights.puller import LoadedWeights
+        from rollflow.runtime.weights.slices import shard_state
+
+        pulled = LoadedWeights(pulled.version, shard_state(pulled.state_dict, tp.tp_size, 0))
     with tempfile.TemporaryDirectory(prefix="rollflow-engine-pull-") as pull_cache:
+        weights = EngineWeights(worker, checker, pull_cache, pulled, max_body_bytes, tp, rank_checker)
         server = EngineServer(
-            served,
-            worker,
-            checker,
-            pull_cache,
-            incremental_streaming_output,
-            pulled,
-            api_key,
-            max_body_bytes,
+            served, worker, weights, incremental_streaming_output, api_key, max_body_bytes, tp
         )
         del pulled  # the server holds it, and drops it when the engine releases its memory
         worker.start()
@@ -118,6 +128,27 @@ def serve_engine(
             asyncio.run(_serve(server, sock, body_limits))
         finally:
             worker.stop()
+            if tp is not None:
+                tp.stop()
+
+
+def _start_ranks(model, model_dir: str, tp_size: int, device: str, dtype: str, num_threads: int | None):
+    """Cut `model` to rank 0's slices and start ranks 1..N-1; (rank 0's model, the group)."""
+    from rollflow.runtime.engines.builtin.tensor_parallel import (
+        RankGroup,
+        TensorParallelModel,
+        rank_argv,
+        shard_model,
+    )
+    from rollflow.runtime.launch.process import free_port
+
+    shard_model(model, tp_size, 0)
+    port = free_port()
+    group = RankGroup.start(
+        tp_size, rank_argv(model_dir, tp_size, port, device, dtype, num_threads), port, device
+    )
+    logger.info("tensor parallel over %d ranks (pids %s)", tp_size, group.pids)
+    return TensorParallelModel(model, group), group
 
 
 def _torch_device(device: str) -> torch.device:

@@ -26,7 +26,8 @@ ROUTES: dict[str, RouteDoc] = {
     "GET /get_model_info": RouteDoc(
         "-",
         '`{"model_path", "tokenizer_path", "is_generation", "weight_version", "vocab_size", '
-        '"max_context_length", "num_running_requests"}`',
+        '"max_context_length", "num_running_requests", "tp_size", "tp_pids"}` (`tp_pids`, rollflow\'s own: '
+        "the processes of tensor-parallel ranks 1..N-1)",
     ),
     "GET /get_server_info": RouteDoc(
         "-", "how it was started, its weight version, its running requests, whether it is paused"
@@ -48,7 +49,9 @@ ROUTES: dict[str, RouteDoc] = {
     ),
     "POST /update_weights_from_server": RouteDoc(
         'rollflow\'s own: `{"url", "weight_version"?, "codec"?, "transport"?}` (a weight server; default its newest version)',
-        '`{"success", "message", "weight_version"}` once the pulled version is loaded',
+        '`{"success", "message", "weight_version", "pull"}` once the pulled version is loaded (with '
+        "`--tensor-parallel`, every rank pulls its own slices and all load together); 502 when the "
+        "pull or a rank failed: the engine keeps its version",
     ),
     "POST /pause_generation": RouteDoc(
         '`{"mode": "abort" | "in_place" | "retract"}`', "200; no request makes progress until continued"

@@ -6,16 +6,11 @@
     GET  /health, /health_generate    200 when alive / when a one-token generation succeeds
     GET  /v1/loads, /get_load         SGLang's load reports: requests running and waiting, tokens held
     GET  /get_model_info, /get_weight_version
-    POST /update_weights_from_disk    {"model_path", "weight_version", "abort_all_requests"}
-    POST /update_weights_from_safetensors?weight_version=N   body: safetensors bytes (all or some tensors)
-    POST /update_weights_from_server  {"url", "weight_version", "codec", "transport"}: pull from a weight server (rollflow)
     POST /pause_generation {"mode": "abort"|"in_place"|"retract"}, POST /continue_generation
     POST /v1/completions, /v1/chat/completions, GET /v1/models, GET /get_server_info, POST /flush_cache
                                       (openai_routes.py)
-    POST /release_memory_occupation {"tags": [...]|null}: abort running requests, drop the model and
-                                      its caches (the process stays up and answers /health)
-    POST /resume_memory_occupation  {"tags": [...]|null}: rebuild the model at the version it served
-    GET  /is_sleeping               {"is_sleeping", "released_tags", "weights_bytes", "cached_sequences"}
+    POST /update_weights_from_{disk,safetensors,server}, /release_memory_occupation,
+         /resume_memory_occupation, GET /is_sleeping   (weight_routes.py)
 
 With an api key (`--api-key`, as SGLang's), every route but /health needs
 `Authorization: Bearer KEY`. Handlers validate, hand the work to the generation thread and relay its events. A client that
@@ -28,60 +23,30 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel, ValidationError
 
-from rollflow.errors import UserError
 from rollflow.runtime.engines.base import SamplingParams
-from rollflow.runtime.engines.builtin.io import (
-    AbortBody,
-    MemoryOccupationBody,
-    PauseBody,
-    UpdateWeightsFromDiskBody,
-    UpdateWeightsFromServerBody,
-)
+from rollflow.runtime.engines.builtin.edge import BadRequest, errors_as_json, parse, require_memory, validate
+from rollflow.runtime.engines.builtin.io import AbortBody, PauseBody
 from rollflow.runtime.engines.builtin.openai_routes import openai_routes
-from rollflow.runtime.engines.builtin.weights import (
-    WeightChecker,
-    read_safetensors_bytes,
-    read_safetensors_path,
-)
+from rollflow.runtime.engines.builtin.tensor_parallel import RankGroup
+from rollflow.runtime.engines.builtin.weight_routes import EngineWeights
 from rollflow.runtime.engines.builtin.worker import GenerationWorker, Sequence, TokenEvent
 from rollflow.runtime.engines.load import sglang_get_load_body, sglang_loads_body
 from rollflow.runtime.engines.sglang_io import GenerateBody, split_batch
 from rollflow.runtime.http.auth import bearer_middleware
-from rollflow.runtime.http.body import read_body, read_json_object
+from rollflow.runtime.http.body import read_json_object
 from rollflow.runtime.http.errors import error_response
 from rollflow.runtime.http.sse import close_sse, open_sse, send_event
-from rollflow.runtime.weights import (
-    LoadedWeights,
-    UnknownVersionError,
-    WeightPuller,
-    WeightsError,
-    WeightTransferError,
-)
 
 logger = logging.getLogger(__name__)
-ModelT = TypeVar("ModelT", bound=BaseModel)
 
 HEALTH_GENERATE_TIMEOUT_S = 20.0
 MAX_BODY_BYTES = 64 << 20
 """Default limit of a JSON request (a 128k-token prompt is about 1 MB)."""
-WEIGHTS_BODY_HEADROOM = 16 << 20
-"""Safetensors header room above the served model's tensor bytes, for the weights upload route."""
-
-
-class BadRequest(Exception):
-    """Input that gets a 400 with this message."""
-
-
-class MemoryReleased(Exception):
-    """A request that needs the model while its memory is released: a 503 (come back later)."""
 
 
 @dataclass
@@ -123,31 +88,22 @@ class EngineServer:
         self,
         served: ServedModel,
         worker: GenerationWorker,
-        checker: WeightChecker,
-        pull_cache_dir: str | Path,
+        weights: EngineWeights,
         incremental_streaming_output: bool = False,
-        pulled: LoadedWeights | None = None,
         api_key: str | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
-        max_weights_body_bytes: int | None = None,
+        tp: RankGroup | None = None,
     ) -> None:
-        """`pull_cache_dir` keeps partial pulls (resumed by the next pull); `pulled` is the
-        version the served weights are, exactly as published, when the model folder came from a
-        pull: the base of the next delta."""
+        """`weights` serves the weight and memory routes; `tp` is the group of tensor-parallel
+        ranks rank 0 drives, None with one rank."""
         self._served = served
         self._worker = worker
-        self._checker = checker
+        self._weights = weights
+        self._tp = tp
         self._incremental = incremental_streaming_output
         self._active_rids: set[str] = set()
-        self._weights_lock = asyncio.Lock()
-        self._pull_lock = asyncio.Lock()
-        self._pull_cache_dir = Path(pull_cache_dir)
-        # the loaded weights as published (the delta base); None once anything else was loaded
-        self._pulled = pulled
         self._api_key = api_key
         self._max_body = max_body_bytes
-        # the largest valid upload is every tensor of the served model
-        self._max_weights_body = max_weights_body_bytes or checker.max_upload_bytes + WEIGHTS_BODY_HEADROOM
 
     @property
     def served(self) -> ServedModel:
@@ -164,7 +120,8 @@ class EngineServer:
     def build_app(self) -> web.Application:
         auth = bearer_middleware(self._api_key, lambda request: request.path != "/health", "this engine")
         app = web.Application(
-            client_max_size=max(self._max_body, self._max_weights_body), middlewares=[auth, _errors_as_json]
+            client_max_size=max(self._max_body, self._weights.max_upload_bytes),
+            middlewares=[auth, errors_as_json],
         )
         app.add_routes(
             [
@@ -176,15 +133,10 @@ class EngineServer:
                 web.get("/get_weight_version", self.get_weight_version),
                 web.get("/v1/loads", self.loads),
                 web.get("/get_load", self.get_load),
-                web.post("/update_weights_from_disk", self.update_weights_from_disk),
-                web.post("/update_weights_from_safetensors", self.update_weights_from_safetensors),
-                web.post("/update_weights_from_server", self.update_weights_from_server),
                 web.post("/pause_generation", self.pause_generation),
                 web.post("/continue_generation", self.continue_generation),
                 *openai_routes(self),
-                web.post("/release_memory_occupation", self.release_memory_occupation),
-                web.post("/resume_memory_occupation", self.resume_memory_occupation),
-                web.get("/is_sleeping", self.is_sleeping),
+                *self._weights.routes(),
             ]
         )
         return app
@@ -192,7 +144,7 @@ class EngineServer:
     # ---- generation --------------------------------------------------------------------------
     async def generate(self, request: web.Request) -> web.StreamResponse:
         items = await _parse_generate(request, self._max_body)
-        self._require_memory()
+        require_memory(self._worker.released)
         if isinstance(items, list):
             prompts = [self._prompt_ids(item) for item in items]  # every prompt checked before any runs
             answers = await asyncio.gather(*map(self._generate_one, items, prompts))
@@ -327,7 +279,7 @@ class EngineServer:
         return decode_text(self._served.tokenizer, token_ids, params)
 
     async def abort_request(self, request: web.Request) -> web.Response:
-        body = await _parse(request, AbortBody, self._max_body)
+        body = await parse(request, AbortBody, self._max_body)
         if body.abort_all:
             self._worker.abort_all()
         elif body.rid:
@@ -340,6 +292,9 @@ class EngineServer:
     async def health(self, request: web.Request) -> web.Response:
         if not self._worker.is_alive():
             return error_response(503, "generation thread died")
+        fault = self._tp.fault() if self._tp is not None else None
+        if fault is not None:
+            return error_response(503, fault)
         return web.Response(text="")
 
     async def health_generate(self, request: web.Request) -> web.Response:
@@ -370,6 +325,9 @@ class EngineServer:
                 "vocab_size": self._served.vocab_size,
                 "max_context_length": self._served.max_context_length,
                 "num_running_requests": self._worker.num_running,
+                "tp_size": self._tp.tp_size if self._tp is not None else 1,
+                # rollflow's own: the processes of ranks 1..N-1
+                "tp_pids": self._tp.pids if self._tp is not None else [],
             }
         )
 
@@ -404,83 +362,9 @@ class EngineServer:
         """SGLang's older `/get_load`."""
         return web.json_response(sglang_get_load_body(*self.load_report()[:3]))
 
-    # ---- weights and pausing ------------------------------------------------------------------
-    async def update_weights_from_disk(self, request: web.Request) -> web.Response:
-        body = await _parse(request, UpdateWeightsFromDiskBody, self._max_body)
-        tensors = await asyncio.to_thread(read_safetensors_path, body.model_path)
-        return web.json_response(
-            await self._load(tensors, body.weight_version, full=True, abort=body.abort_all_requests)
-        )
-
-    async def update_weights_from_safetensors(self, request: web.Request) -> web.Response:
-        version_text = request.query.get("weight_version")
-        try:
-            version = None if version_text is None else int(version_text)
-        except ValueError:
-            raise BadRequest(f"weight_version must be an integer, got {version_text!r}") from None
-        if version is not None and version < 0:
-            raise BadRequest(f"weight_version must be >= 0, got {version}")
-        tensors = read_safetensors_bytes(await read_body(request, self._max_weights_body))
-        abort = request.query.get("abort_all_requests") == "true"
-        return web.json_response(await self._load(tensors, version, full=False, abort=abort))
-
-    async def update_weights_from_server(self, request: web.Request) -> web.Response:
-        """Pull a version (a delta against the last pulled one when the codec says so), verify
-        all of it, then load it like a full checkpoint; a failed pull leaves the weights alone."""
-        body = await _parse(request, UpdateWeightsFromServerBody, self._max_body)
-        async with self._pull_lock:
-            base = self._pulled
-            try:
-                async with WeightPuller(body.url, self._pull_cache_dir, transport=body.transport) as puller:
-                    result = await puller.pull(body.weight_version, body.codec, base=base)
-            except WeightsError as exc:
-                status = 404 if isinstance(exc, UnknownVersionError) else 400
-                status = 502 if isinstance(exc, WeightTransferError) else status
-                message = f"pulling weight version {body.weight_version} from {body.url} failed: {exc}"
-                logger.warning("%s", message)
-                return error_response(status, message)
-            answer = await self._load(
-                result.weights.state_dict, body.weight_version, full=True, abort=False, pulled=result.weights
-            )
-        stats = result.stats
-        logger.info(
-            "pulled version %d (%s over %s, base %s): %d bytes for %d bytes of weights, %d attempts",
-            body.weight_version,
-            result.manifest.codec,
-            stats.transport,
-            result.manifest.base_version,
-            stats.wire_nbytes,
-            result.manifest.model_nbytes,
-            stats.attempts,
-        )
-        answer["pull"] = {
-            "codec": result.manifest.codec,
-            "transport": stats.transport,
-            "base_version": result.manifest.base_version,
-            "wire_nbytes": stats.wire_nbytes,
-            "model_nbytes": result.manifest.model_nbytes,
-            "chunks_downloaded": stats.chunks_downloaded,
-            "chunks_reused": stats.chunks_reused,
-            "attempts": stats.attempts,
-            "fallback_reason": stats.fallback_reason,
-        }
-        return web.json_response(answer)
-
-    async def _load(
-        self, tensors: dict, version: int | None, full: bool, abort: bool, pulled: LoadedWeights | None = None
-    ) -> dict[str, Any]:
-        checked = await asyncio.to_thread(self._checker.check, tensors, full)
-        async with self._weights_lock:
-            self._require_memory()
-            new_version = self._worker.weight_version + 1 if version is None else version
-            if abort:
-                self._worker.abort_all("aborted for a weight update")
-            await asyncio.wrap_future(self._worker.load_weights(checked, new_version))
-            self._pulled = pulled
-        return {"success": True, "message": f"loaded {len(checked)} tensors", "weight_version": new_version}
-
+    # ---- pausing ---------------------------------------------------------------------------------
     async def pause_generation(self, request: web.Request) -> web.Response:
-        body = await _parse(request, PauseBody, self._max_body, allow_empty=True)
+        body = await parse(request, PauseBody, self._max_body, allow_empty=True)
         await asyncio.wrap_future(self._worker.pause(body.mode))
         return web.json_response({"success": True})
 
@@ -488,99 +372,20 @@ class EngineServer:
         await asyncio.wrap_future(self._worker.resume())
         return web.json_response({"success": True})
 
-    # ---- memory occupation ---------------------------------------------------------------------
-    async def release_memory_occupation(self, request: web.Request) -> web.Response:
-        body = await _parse(request, MemoryOccupationBody, self._max_body, allow_empty=True)
-        if not self._worker.can_release:
-            raise BadRequest("this engine cannot release its memory (it has no model folder to reload from)")
-        tags = _memory_tags(body)
-        async with self._weights_lock:
-            await asyncio.wrap_future(self._worker.release_memory(tags, self._backup_path))
-            if "weights" in tags:
-                self._pulled = None  # the delta base is a copy of the weights: it goes too
-        return web.json_response({"success": True, "message": f"released {', '.join(sorted(tags))}"})
-
-    async def resume_memory_occupation(self, request: web.Request) -> web.Response:
-        body = await _parse(request, MemoryOccupationBody, self._max_body, allow_empty=True)
-        tags = _memory_tags(body)
-        async with self._weights_lock:
-            await asyncio.wrap_future(self._worker.resume_memory(tags, self._backup_path))
-        return web.json_response(
-            {
-                "success": True,
-                "message": f"resumed {', '.join(sorted(tags))}",
-                "weight_version": self._worker.weight_version,
-            }
-        )
-
-    async def is_sleeping(self, request: web.Request) -> web.Response:
-        released = self._worker.released
-        return web.json_response(
-            {
-                "is_sleeping": bool(released),
-                "released_tags": sorted(released),
-                "weights_bytes": self._worker.weights_bytes(),
-                "cached_sequences": self._worker.num_cached_sequences(),
-            }
-        )
-
-    @property
-    def _backup_path(self) -> Path:
-        return self._pull_cache_dir / "released-weights.safetensors"
-
-    def _require_memory(self) -> None:
-        if self._worker.released:
-            raise MemoryReleased(
-                "the engine has released its memory; POST /resume_memory_occupation before using it"
-            )
-
-
-def _memory_tags(body: MemoryOccupationBody) -> frozenset[str]:
-    tags = frozenset(body.tags) if body.tags is not None else frozenset({"weights", "kv_cache"})
-    return tags - {"cuda_graph"}
-
-
-async def _parse(request: web.Request, model: type[ModelT], limit: int, allow_empty: bool = False) -> ModelT:
-    """The validated body; bad bytes (rollflow.runtime.http.body) and bad fields are a 400."""
-
-    def validate(data: dict[str, Any]) -> ModelT:
-        if not data and allow_empty:
-            return model()
-        return _validate(model, data)
-
-    return await read_json_object(request, limit, validate)
-
 
 async def _parse_generate(request: web.Request, limit: int) -> GenerateBody | list[GenerateBody]:
     """One `/generate` body, or the per-prompt bodies of a batched one."""
 
-    def validate(data: dict[str, Any]) -> GenerateBody | list[GenerateBody]:
+    def check(data: dict[str, Any]) -> GenerateBody | list[GenerateBody]:
         try:
             items = split_batch(data)
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
         if items is None:
-            return _validate(GenerateBody, data)
-        return [_validate(GenerateBody, item) for item in items]
+            return validate(GenerateBody, data)
+        return [validate(GenerateBody, item) for item in items]
 
-    return await read_json_object(request, limit, validate)
-
-
-def _validate(model: type[ModelT], data: dict[str, Any]) -> ModelT:
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise BadRequest(_describe(exc)) from None
-
-
-def _describe(exc: ValidationError) -> str:
-    problems = []
-    for error in exc.errors():
-        where = ".".join(str(part) for part in error["loc"])
-        message = "unknown field" if error["type"] == "extra_forbidden" else error["msg"]
-        message = message.removeprefix("Value error, ")
-        problems.append(f"{where}: {message}" if where else message)
-    return "; ".join(problems)
+    return await read_json_object(request, limit, check)
 
 
 def decode_text(tokenizer: Any, token_ids: list[int], params: SamplingParams) -> str:
@@ -590,15 +395,3 @@ def decode_text(tokenizer: Any, token_ids: list[int], params: SamplingParams) ->
         skip_special_tokens=params.skip_special_tokens,
         spaces_between_special_tokens=params.spaces_between_special_tokens,
     )
-
-
-@web.middleware
-async def _errors_as_json(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except (BadRequest, UserError) as exc:
-        return error_response(400, str(exc))
-    except MemoryReleased as exc:
-        return error_response(503, str(exc))

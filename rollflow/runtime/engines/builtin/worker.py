@@ -77,6 +77,11 @@ class Sequence:
         return self.token_ids[len(self.token_ids) - self.num_generated :]
 
 
+class EngineFault(RuntimeError):
+    """The model cannot run at all (a tensor-parallel rank died): every request ends with an
+    abort that blames the engine, never the request."""
+
+
 Decode = Callable[[list[int], SamplingParams], str]
 """Token ids -> text as the request asked it decoded (the stop strings are matched in it)."""
 
@@ -188,9 +193,20 @@ class GenerationWorker:
     def resume(self) -> Future[None]:
         return self._call(self._resume)
 
-    def load_weights(self, tensors: dict[str, torch.Tensor], weight_version: int) -> Future[None]:
-        """Copy `tensors` (already checked against the model) into the model between two steps."""
-        return self._call(lambda: self._load(tensors, weight_version))
+    def load_weights(
+        self,
+        tensors: dict[str, torch.Tensor],
+        weight_version: int,
+        prepare: Callable[[], None] | None = None,
+    ) -> Future[None]:
+        """Copy `tensors` (already checked against the model) into the model between two steps.
+        `prepare` runs first, in the same step (a tensor-parallel commit); if it raises, nothing
+        is copied and the Future carries its exception."""
+        return self._call(lambda: self._load(tensors, weight_version, prepare))
+
+    def run(self, fn: Callable[[], None]) -> Future[None]:
+        """Run `fn` on the generation thread between two steps (where tensor-parallel commands go)."""
+        return self._call(fn)
 
     def flush_prefix_cache(self) -> Future[None]:
         """Forget every cached prompt prefix (SGLang's /flush_cache); running requests keep their KV."""
@@ -299,6 +315,9 @@ class GenerationWorker:
         """
         try:
             self._step(seq)
+        except EngineFault as exc:
+            logger.error("the model cannot run: %s", exc)
+            self._finish_aborted(self._all_rids(), f"the engine failed: {exc}")
         except Exception as exc:
             logger.exception("request %s failed in the generation thread; the engine carries on", seq.rid)
             if self._running.pop(seq.rid, None) is not None:
@@ -397,7 +416,11 @@ class GenerationWorker:
     def _resume(self) -> None:
         self._paused = False
 
-    def _load(self, tensors: dict[str, torch.Tensor], weight_version: int) -> None:
+    def _load(
+        self, tensors: dict[str, torch.Tensor], weight_version: int, prepare: Callable[[], None] | None
+    ) -> None:
+        if prepare is not None:
+            prepare()
         params = self._model.state_dict()
         for name, tensor in tensors.items():
             params[name].copy_(tensor)
