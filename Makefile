@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The compiled core (rollflow/perf/_timing.c, rollflow/sim/_loop.c, rollflow/sim/_trace.c and
-# rollflow/runtime/engines/_chunked.c; gcc and the Python headers), built next to its modules. setup.py marks the extensions optional, so an install
+# rollflow/runtime/engines/_chunked.c and _trim.c; gcc and the Python headers), built next to its modules. setup.py marks the extensions optional, so an install
 # without a compiler still works (rollflow then runs its pure-Python reference, which gives the same
 # times); this target fails when one did not build, so `make test` never passes without the core it
 # tests. ROLLFLOW_SKIP_COMPILED=1 skips that check and the core's tests (they say so).
@@ -36,7 +36,7 @@ export ROLLFLOW_SKIP_COMPILED ?=
 compiled: $(STAMP)
 	$(BIN)/python setup.py -q build_ext --inplace
 ifneq ($(ROLLFLOW_SKIP_COMPILED),1)
-	@$(BIN)/python -c "import rollflow.perf._timing, rollflow.sim._loop, rollflow.sim._trace, rollflow.runtime.engines._chunked" \
+	@$(BIN)/python -c "import rollflow.perf._timing, rollflow.sim._loop, rollflow.sim._trace, rollflow.runtime.engines._chunked, rollflow.runtime.engines._trim" \
 	  || (echo "make: the compiled core did not build (its errors are above): install a C compiler and the" \
 	       "Python headers and run make compiled, or set ROLLFLOW_SKIP_COMPILED=1 to test without it" >&2; exit 1)
 endif
@@ -133,4 +133,4 @@ bench-gpu:
 	PYTHONPATH=$(CURDIR)/.gpu-site PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1 $(GPU_PYTHON) benchmarks/gpu/run.py $(BENCH_GPU_ARGS)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .venv-sglang-router .venv-vllm-router .venv-vidur .bench .gpu-site dist outputs site .pytest_cache build rollflow/perf/_timing.*.so rollflow/sim/_loop.*.so rollflow/sim/_trace.*.so rollflow/runtime/engines/_chunked.*.so
+	rm -rf $(VENV) $(VLLM_VENV) .venv-sglang-router .venv-vllm-router .venv-vidur .bench .gpu-site dist outputs site .pytest_cache build rollflow/perf/_timing.*.so rollflow/sim/_loop.*.so rollflow/sim/_trace.*.so rollflow/runtime/engines/_chunked.*.so rollflow/runtime/engines/_trim.*.so

@@ -1,12 +1,13 @@
-"""The compiled part of rollflow: four optional C extensions (the project's metadata is in pyproject.toml).
+"""The compiled part of rollflow: five optional C extensions (the project's metadata is in pyproject.toml).
 
 `rollflow.perf._timing` is the execution-time model's lookups in C; `rollflow.sim._loop` is the
 serving simulator's loop, timing batches through `_timing`'s capsule; `rollflow.sim._trace`
 formats the chrome trace's events; `rollflow.runtime.engines._chunked` takes the whole chunks of
-an engine's streamed answer in one pass. They need only a C compiler and the Python headers; where
+an engine's streamed answer in one pass, and `rollflow.runtime.engines._trim` cuts the output an
+SGLang event repeats. They need only a C compiler and the Python headers; where
 they fail to build, the install goes on and rollflow runs its pure-Python reference
 (rollflow/perf/predictor.py, rollflow/sim/simulator.py, rollflow/sim/report.py,
-rollflow/runtime/engines/chunked.py), which gives the same results.
+rollflow/runtime/engines/chunked.py, rollflow/runtime/engines/trim.py), which gives the same results.
 """
 
 from setuptools import Extension, setup
@@ -34,6 +35,12 @@ setup(
         Extension(
             "rollflow.runtime.engines._chunked",
             ["rollflow/runtime/engines/_chunked.c"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
+        Extension(
+            "rollflow.runtime.engines._trim",
+            ["rollflow/runtime/engines/_trim.c"],
             extra_compile_args=["-O2"],
             optional=True,
         ),

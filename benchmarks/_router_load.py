@@ -14,7 +14,9 @@ import aiohttp
 import orjson
 
 from benchmarks import _sglang_router
-from tests.runtime.processes import Process, free_port, rollflow
+from rollflow.runtime.launch.process import free_port
+from rollflow.runtime.launch.process import rollflow_command as rollflow
+from rollflow.runtime.launch.servers import ServerProcess
 
 REPO = Path(__file__).resolve().parents[1]
 JSON = {"Content-Type": "application/json"}  # sglang-router refuses a body without it (415)
@@ -22,11 +24,11 @@ JSON = {"Content-Type": "application/json"}  # sglang-router refuses a body with
 
 def start_canned_engine(
     log_dir: Path, name: str, tokens_per_event: int, events_per_write: int = 1
-) -> Process:
+) -> ServerProcess:
     port = free_port()
     argv = [sys.executable, str(REPO / "benchmarks" / "canned_engine.py"), "--port", str(port)]
     argv += ["--tokens-per-event", str(tokens_per_event), "--events-per-write", str(events_per_write)]
-    return Process(argv, port, log_dir / f"{name}.log")
+    return ServerProcess(argv, port, log_dir / f"{name}.log")
 
 
 def sglang_router_argv(interpreter: Path, worker_urls: list[str], port: int) -> list[str]:
@@ -34,9 +36,11 @@ def sglang_router_argv(interpreter: Path, worker_urls: list[str], port: int) -> 
     return _sglang_router.router_argv(interpreter, worker_urls, port, free_port(), *options)
 
 
-def start_sglang_router(interpreter: Path, worker_urls: list[str], log_dir: Path) -> Process:
+def start_sglang_router(interpreter: Path, worker_urls: list[str], log_dir: Path) -> ServerProcess:
     port = free_port()
-    return Process(sglang_router_argv(interpreter, worker_urls, port), port, log_dir / "sglang-router.log")
+    return ServerProcess(
+        sglang_router_argv(interpreter, worker_urls, port), port, log_dir / "sglang-router.log"
+    )
 
 
 def cpu_seconds(pid: int) -> float:
@@ -140,9 +144,9 @@ def manager_argv(engine_urls: list[str], tmp: Path, port: int, **config) -> list
     return rollflow("manager", "serve", "--config", str(path), "--port", str(port))
 
 
-def start_manager(engine_urls: list[str], tmp: Path, **config) -> Process:
+def start_manager(engine_urls: list[str], tmp: Path, **config) -> ServerProcess:
     port = free_port()
-    return Process(manager_argv(engine_urls, tmp, port, **config), port, tmp / "manager.log")
+    return ServerProcess(manager_argv(engine_urls, tmp, port, **config), port, tmp / "manager.log")
 
 
 def tree_cpu_seconds(pid: int) -> float:

@@ -44,32 +44,34 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.results import Results, add_results_dir, results_dir  # noqa: E402
+from rollflow.runtime.launch.process import free_port  # noqa: E402
+from rollflow.runtime.launch.process import rollflow_command as rollflow  # noqa: E402
+from rollflow.runtime.launch.servers import ServerProcess, http  # noqa: E402
 from rollflow.runtime.manager.client import ManagerClient  # noqa: E402
-from tests.runtime.processes import Process, free_port, http, rollflow  # noqa: E402
 
 MAX_COST = 0.10
 """The journal's goal: under 10% cost in throughput, added latency and CPU per token."""
 
 
-def _start_engines(tmp: Path, token_delay_ms: float) -> list[Process]:
+def _start_engines(tmp: Path, token_delay_ms: float) -> list[ServerProcess]:
     """Two canned engines, each in its own process (not sharing the load generator's GIL)."""
     engines = []
     for _ in range(2):
         port = free_port()
         argv = [sys.executable, str(REPO / "benchmarks" / "canned_engine.py"), "--port", str(port)]
         argv += ["--incremental-streaming-output", "--token-delay-ms", str(token_delay_ms)]
-        engines.append(Process(argv, port, tmp / f"engine-{port}.log"))
+        engines.append(ServerProcess(argv, port, tmp / f"engine-{port}.log"))
     return engines
 
 
-def _start_manager(tmp: Path, engines: list[Process], journal: Path | None, port: int) -> Process:
+def _start_manager(tmp: Path, engines: list[ServerProcess], journal: Path | None, port: int) -> ServerProcess:
     config: dict = {"engines": [{"url": e.url, "capacity": 1024} for e in engines]}
     if journal is not None:
         config["journal"] = str(journal)
     path = tmp / f"manager-{port}.yaml"
     path.write_text(json.dumps(config))
     args = rollflow("manager", "serve", "--config", str(path), "--port", str(port))
-    return Process(args, port, tmp / f"manager-{port}-{time.monotonic_ns()}.log")
+    return ServerProcess(args, port, tmp / f"manager-{port}-{time.monotonic_ns()}.log")
 
 
 def _drain(client: ManagerClient, prompts: list[list[int]], n: int, tokens: int) -> int:
@@ -84,7 +86,7 @@ def _cpu_s(pid: int) -> float:
     return time.clock_gettime(((~pid) << 3) | 2)
 
 
-def measure(args: argparse.Namespace, tmp: Path, engines: list[Process], journal: bool) -> dict:
+def measure(args: argparse.Namespace, tmp: Path, engines: list[ServerProcess], journal: bool) -> dict:
     port = free_port()
     manager = _start_manager(tmp, engines, tmp / f"journal-{port}.db" if journal else None, port)
     client = ManagerClient(manager.url)
@@ -119,7 +121,7 @@ def measure(args: argparse.Namespace, tmp: Path, engines: list[Process], journal
     }
 
 
-def restart(tmp: Path, engines: list[Process], samples: int, tokens: int) -> dict:
+def restart(tmp: Path, engines: list[ServerProcess], samples: int, tokens: int) -> dict:
     """A manager SIGKILLed mid-batch and started again on its journal: seconds to answering and to
     the first resumed token (generated again by the engines), and whether the batch then finishes
     with every sample's tokens. `engines` stream a token every few milliseconds, so the batch is
@@ -153,7 +155,7 @@ def restart(tmp: Path, engines: list[Process], samples: int, tokens: int) -> dic
     }
 
 
-def _tokens(manager: Process) -> int:
+def _tokens(manager: ServerProcess) -> int:
     status, body = http("GET", manager.url + "/workers")
     return sum(w["tokens_generated"] for w in body["workers"]) if status == 200 else 0
 

@@ -100,8 +100,8 @@ from benchmarks._router_load import (  # noqa: E402
     warm_up,
 )
 from benchmarks.results import Results, add_results_dir, results_dir  # noqa: E402
-from rollflow.runtime.launch.process import rollflow_command  # noqa: E402
-from tests.runtime.processes import ENV, Process, free_port, start_engine  # noqa: E402
+from rollflow.runtime.launch.process import free_port, rollflow_command  # noqa: E402
+from rollflow.runtime.launch.servers import ENV, ServerProcess, start_engine  # noqa: E402
 
 ROUND_KEYS = (
     "p50_ms",
@@ -184,7 +184,7 @@ def overhead(args: argparse.Namespace, tmp: Path, results: Results) -> None:
     else:
         model = tmp / "model"
         subprocess.run(rollflow_command("engine", "init-model", str(model)), env=ENV, check=True)
-        engines = [start_engine(model, tmp, name=f"engine{i}", forked=False) for i in range(2)]
+        engines = [start_engine(model, tmp, name=f"engine{i}") for i in range(2)]
     urls = [e.url for e in engines]
     engine_pids = [e.proc.pid for e in engines]
     (tmp / "batched").mkdir()
@@ -385,7 +385,7 @@ def instructions(args: argparse.Namespace, tmp: Path, results: Results) -> None:
             out = tmp / f"callgrind-{name.split()[-1]}.out"
             port = free_port()
             argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
-            router = Process([*argv, *argv_at(port)], port, tmp / f"valgrind-{out.stem}.log")
+            router = ServerProcess([*argv, *argv_at(port)], port, tmp / f"valgrind-{out.stem}.log")
             try:
                 asyncio.run(_drive(client, router.url, 300, args.concurrency))  # warm up, uncounted
                 pid = str(router.proc.pid)
@@ -429,13 +429,13 @@ def _peer(results: Results) -> Path:
 
 
 def preemption(args: argparse.Namespace, tmp: Path, results: Results) -> None:
+    from rollflow.runtime.launch.servers import metric, wait_until, workers
     from rollflow.runtime.manager.client import ManagerClient
-    from tests.runtime.manager.helpers import metric, wait_until, workers
 
     model = tmp / "model"
     if not model.exists():
         subprocess.run(rollflow_command("engine", "init-model", str(model)), env=ENV, check=True)
-    engines = [start_engine(model, tmp, name=f"preempt{i}", forked=False) for i in range(2)]
+    engines = [start_engine(model, tmp, name=f"preempt{i}") for i in range(2)]
     manager = start_manager([e.url for e in engines], tmp, router="least_outstanding")
     tokens = args.preempt_tokens
     try:

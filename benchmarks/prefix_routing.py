@@ -58,8 +58,10 @@ sys.path.insert(0, str(REPO))
 from benchmarks import _sglang_router  # noqa: E402
 from benchmarks.results import Results, add_results_dir, results_dir  # noqa: E402
 from rollflow.perf.profile.hf_config import load_model_config, model_shape_section  # noqa: E402
-from rollflow.perf.profile.trace_replay import printed_overrides  # noqa: E402
-from tests.runtime.processes import ENV, Process, free_port, http, rollflow, start_engine  # noqa: E402
+from rollflow.runtime.engines.profiler.trace_replay import printed_overrides  # noqa: E402
+from rollflow.runtime.launch.process import free_port  # noqa: E402
+from rollflow.runtime.launch.process import rollflow_command as rollflow  # noqa: E402
+from rollflow.runtime.launch.servers import ENV, ServerProcess, http, start_engine  # noqa: E402
 
 MODEL_ARGS = ("--layers", "4", "--heads", "4")
 SYSTEM_TOKENS, OWN_TOKENS, NEW_TOKENS = 256, 768, 16
@@ -77,11 +79,11 @@ def _prompts(run: int, groups: int, system_tokens: int, own_tokens: int) -> list
     ]
 
 
-def _engine_counter(engines: list[Process], key: str) -> int:
+def _engine_counter(engines: list[ServerProcess], key: str) -> int:
     return sum(http("GET", e.url + "/v1/loads")[1]["loads"][0][key] for e in engines)
 
 
-def _prompt_tokens_seen(engines: list[Process]) -> list[float]:
+def _prompt_tokens_seen(engines: list[ServerProcess]) -> list[float]:
     """Prompt tokens each engine's prefills have looked up in its prefix cache so far: the tokens
     it computed over the share it did not find cached (every prefill looks its prompt up once)."""
     seen = []
@@ -91,7 +93,7 @@ def _prompt_tokens_seen(engines: list[Process]) -> list[float]:
     return seen
 
 
-def _flush(engines: list[Process]) -> None:
+def _flush(engines: list[ServerProcess]) -> None:
     for engine in engines:
         status, body = http("POST", engine.url + "/flush_cache")
         if status != 200:
@@ -108,7 +110,7 @@ def _timed_generate(url: str, prompt: list[int]) -> float:
     return time.perf_counter() - started
 
 
-def check_cached_prefill(engine: Process, prompt_tokens: int, repeats: int = 3) -> dict[str, float]:
+def check_cached_prefill(engine: ServerProcess, prompt_tokens: int, repeats: int = 3) -> dict[str, float]:
     """TTFT of a prompt computed whole, then of the same prompt again (all but its last token
     cached), median of `repeats` fresh prompts; the engine's own count of the tokens each computed."""
     cold, cached, computed = [], [], []
@@ -129,7 +131,7 @@ def check_cached_prefill(engine: Process, prompt_tokens: int, repeats: int = 3) 
     }
 
 
-def profile(engine: Process, model: Path, out: Path, quick: bool) -> float:
+def profile(engine: ServerProcess, model: Path, out: Path, quick: bool) -> float:
     """Profile the engine into Vidur-format tables under `out`; the request round trip in ms."""
     lengths = "1,256,1024" if quick else "1,64,256,512,1024"
     argv = rollflow(
@@ -183,7 +185,7 @@ async def _burst(url: str, prompts: list[list[int]], group_size: int) -> tuple[l
     return [t for t in ttfts if t is not None], elapsed, failures
 
 
-def _start_manager(router: str, engines: list[Process], tmp: Path) -> Process:
+def _start_manager(router: str, engines: list[ServerProcess], tmp: Path) -> ServerProcess:
     import yaml
 
     port = free_port()
@@ -191,14 +193,14 @@ def _start_manager(router: str, engines: list[Process], tmp: Path) -> Process:
     entries = [{"url": e.url, "engine_type": "builtin", "capacity": CAPACITY} for e in engines]
     path.write_text(yaml.safe_dump({"router": router, "engines": entries}))
     argv = rollflow("manager", "serve", "--config", str(path), "--port", str(port))
-    return Process(argv, port, tmp / f"manager-{router}.log")
+    return ServerProcess(argv, port, tmp / f"manager-{router}.log")
 
 
-def _start_sglang_router(interpreter: Path, engines: list[Process], tmp: Path) -> Process:
+def _start_sglang_router(interpreter: Path, engines: list[ServerProcess], tmp: Path) -> ServerProcess:
     port = free_port()
     urls = [e.url for e in engines]
     argv = _sglang_router.router_argv(interpreter, urls, port, free_port(), "--policy", "cache_aware")
-    process = Process(argv, port, tmp / "sglang-router.log", wait=False)
+    process = ServerProcess(argv, port, tmp / "sglang-router.log", wait=False)
     deadline = time.monotonic() + 120
     while True:  # the router registers its workers in the background once it listens
         try:
@@ -213,7 +215,9 @@ def _start_sglang_router(interpreter: Path, engines: list[Process], tmp: Path) -
         time.sleep(0.2)
 
 
-def run_live(front: Process, engines: list[Process], prompts: list[list[int]], group_size: int) -> dict:
+def run_live(
+    front: ServerProcess, engines: list[ServerProcess], prompts: list[list[int]], group_size: int
+) -> dict:
     """One burst through `front`; hit rate and prefill tokens from the engines' own counters."""
     computed_before = _engine_counter(engines, "prefill_tokens_computed")
     seen_before = _prompt_tokens_seen(engines)
@@ -402,7 +406,7 @@ def main() -> None:
         )
         engine_args = ("--threads", "1")
         engines = [
-            start_engine(model, tmp, name=f"engine{i}", wait=False, extra_args=engine_args, forked=False)
+            start_engine(model, tmp, name=f"engine{i}", wait=False, extra_args=engine_args)
             for i in range(args.engines)
         ]
         try:

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from rollflow.perf.profile.hf_config import load_model_config, model_shape_section
-from rollflow.perf.profile.trace_replay import (
+from rollflow.runtime.engines.profiler.trace_replay import (
     METRICS,
     load_trace,
     printed_overrides,
@@ -137,8 +137,8 @@ async def speed_check(url: str) -> float:
     """The engine's batch-MAX_NUM_SEQS decode iteration now (median gap, ms), as the profile measured
     the capacity row (16-token prompts): on a shared host the engine's own speed drifts by tens of
     percent over minutes, and a replay is only comparable with the profile while it matches."""
-    from rollflow.perf.profile.engine import decode_gaps
     from rollflow.runtime.engines.clients import make_client
+    from rollflow.runtime.engines.profiler.measure import decode_gaps
 
     client = make_client("vllm", url)
     try:

@@ -71,7 +71,9 @@ from benchmarks._router_load import (  # noqa: E402
     tree_cpu_seconds,
 )
 from benchmarks.results import Results, add_results_dir, results_dir  # noqa: E402
-from tests.runtime.processes import Process, free_port, rollflow  # noqa: E402
+from rollflow.runtime.launch.process import free_port  # noqa: E402
+from rollflow.runtime.launch.process import rollflow_command as rollflow  # noqa: E402
+from rollflow.runtime.launch.servers import ServerProcess  # noqa: E402
 
 DIRECT, MANAGER, PEER = "direct (one engine)", "rollflow manager", "vllm-router"
 PATHS = (DIRECT, MANAGER, PEER)  # the order the tables list them in
@@ -187,7 +189,7 @@ async def _round(
     }
 
 
-def _start_manager(engine_urls: list[str], tmp: Path) -> Process:
+def _start_manager(engine_urls: list[str], tmp: Path) -> ServerProcess:
     import yaml
 
     config = tmp / "manager.yaml"
@@ -195,7 +197,7 @@ def _start_manager(engine_urls: list[str], tmp: Path) -> Process:
     config.write_text(yaml.safe_dump({"engines": engines, "router": "round_robin"}))
     port = free_port()
     argv = rollflow("manager", "serve", "--config", str(config), "--port", str(port))
-    return Process(argv, port, tmp / "manager.log")
+    return ServerProcess(argv, port, tmp / "manager.log")
 
 
 def run(args: argparse.Namespace, interpreter: Path, tmp: Path, results: Results) -> None:
@@ -207,7 +209,7 @@ def run(args: argparse.Namespace, interpreter: Path, tmp: Path, results: Results
         processes.append(manager)
         port = free_port()
         argv = _vllm_router.router_argv(interpreter, urls, port, free_port(), "--policy", "round_robin")
-        peer = Process(argv, port, tmp / "vllm-router.log")
+        peer = ServerProcess(argv, port, tmp / "vllm-router.log")
         processes.append(peer)
         paths = {
             DIRECT: (urls[0], None),

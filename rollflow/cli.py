@@ -43,6 +43,15 @@ COMMAND_GROUPS: dict[str, tuple[str, str]] = {
     "demo": ("rollflow.runtime.demo.cli", "RL training that survives a spot preemption, end to end"),
 }
 
+# commands that join a group another module registers: group -> "module:function" of each, called
+# with the group's subcommands (`rollflow sim search` is plan/'s, which builds on sim/; `rollflow
+# profile engine` the engine profiler's, a client of engines, which perf/ sits below)
+GROUP_COMMANDS: dict[str, tuple[str, ...]] = {
+    "sim": ("rollflow.plan.cli:add_serve_search",),
+    "rl-sim": ("rollflow.plan.cli:add_rl_search",),
+    "profile": ("rollflow.runtime.engines.profiler.cli:add_profile_engine",),
+}
+
 EXAMPLES = """examples:
   rollflow sim serve --config examples/sim/demo.yaml
   rollflow sim from-vidur --output-dir out/ -- --replica_scheduler_config_type vllm
@@ -70,7 +79,10 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     named = _named_command(argv)
     for name, (module, help) in COMMAND_GROUPS.items():
         if name == named:
-            importlib.import_module(module).register(commands)
+            subcommands = importlib.import_module(module).register(commands)
+            for entry in GROUP_COMMANDS.get(name, ()):
+                extension, function = entry.split(":")
+                getattr(importlib.import_module(extension), function)(subcommands)
         else:
             commands.add_parser(name, help=help, add_help=False)
     return parser

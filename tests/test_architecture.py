@@ -3,9 +3,12 @@ needs a piece of another that needs it back means the piece belongs in a third m
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 from tools.import_cycles import circles, import_graph
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_rollflow_has_no_import_circle():
@@ -14,6 +17,21 @@ def test_rollflow_has_no_import_circle():
         "import circles in rollflow/ (move what the modules share into a module of its own; "
         f"run `python tools/import_cycles.py` to list them): {found}"
     )
+
+
+def test_benchmarks_never_import_tests():
+    """What benchmarks and tests share lives in rollflow (e.g. runtime/launch/servers.py) or benchmarks/."""
+    found = []
+    for path in sorted((REPO / "benchmarks").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            found += [
+                f"{path.relative_to(REPO)}:{node.lineno} {name}"
+                for name in names
+                if name.split(".")[0] == "tests"
+            ]
+    assert not found, f"benchmarks importing tests: {found}"
 
 
 def write(root: Path, files: dict[str, str]) -> None:

@@ -71,6 +71,7 @@ EXTENSIONS = (
     "rollflow/sim/_loop",
     "rollflow/sim/_trace",
     "rollflow/runtime/engines/_chunked",
+    "rollflow/runtime/engines/_trim",
 )
 
 

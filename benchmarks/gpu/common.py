@@ -11,7 +11,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.runtime.processes import ENV, REPO, Process, free_port, rollflow
+from rollflow.runtime.launch.process import free_port
+from rollflow.runtime.launch.process import rollflow_command as rollflow
+from rollflow.runtime.launch.servers import ENV, REPO, ServerProcess
 
 
 class StageFailed(Exception):
@@ -123,14 +125,14 @@ class Fleet:
 
     def __init__(self, model: Path, work: Path, settings: Settings, budget: Budget) -> None:
         self.model = model
-        self.engines: list[Process] = []
-        self.manager: Process | None = None
+        self.engines: list[ServerProcess] = []
+        self.manager: ServerProcess | None = None
         try:
             for i in range(2):
                 args = ["engine", "serve", "--model", str(model), "--port", str(port := free_port())]
                 args += ["--device", settings.device, "--dtype", settings.engine_dtype]
                 args += ["--max-running-requests", str(settings.max_running), "--seed", str(i)]
-                self.engines.append(Process(rollflow(*args), port, work / f"engine{i}.log", wait=False))
+                self.engines.append(ServerProcess(rollflow(*args), port, work / f"engine{i}.log", wait=False))
             for engine in self.engines:
                 engine.wait_ready(timeout=budget.left())
             config = work / "manager.yaml"  # JSON is YAML
@@ -138,7 +140,7 @@ class Fleet:
             config.write_text(json.dumps({"router": "round_robin", "engines": engines}))
             port = free_port()
             argv = rollflow("manager", "serve", "--config", str(config), "--port", str(port))
-            self.manager = Process(argv, port, work / "manager.log", wait=False)
+            self.manager = ServerProcess(argv, port, work / "manager.log", wait=False)
             self.manager.wait_ready(timeout=budget.left())
         except RuntimeError as exc:
             self.stop()

@@ -20,7 +20,7 @@ import numpy as np
 from benchmarks.gpu.common import Budget, Fleet, Settings, StageFailed
 from benchmarks.results import Results
 from rollflow.perf.profile.hf_config import load_model_config, model_shape_section
-from rollflow.perf.profile.trace_replay import (
+from rollflow.runtime.engines.profiler.trace_replay import (
     METRICS,
     load_trace,
     printed_overrides,

@@ -1,4 +1,5 @@
-"""Handlers of the search subcommands; the command groups register them in one line each."""
+"""Handlers of the search subcommands, which rollflow/cli.py (`GROUP_COMMANDS`) adds to
+`rollflow sim` and `rollflow rl-sim`."""
 
 from __future__ import annotations
 

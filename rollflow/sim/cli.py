@@ -23,7 +23,8 @@ EXAMPLES = """examples:
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """Add `rollflow sim`; returns its subcommands (plan/ adds `search` to them, see rollflow/cli.py)."""
     sim_commands = add_command_group(commands, "sim", "simulate an LLM inference cluster", EXAMPLES)
 
     serve = sim_commands.add_parser(
@@ -67,11 +68,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     replay.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides")
     replay.set_defaults(handler=_replay)
 
-    from rollflow.plan.cli import add_serve_search
-
-    add_serve_search(sim_commands)
-
     add_show_config(sim_commands, "print a config with every default filled in, as YAML", _load_sim_config)
+    return sim_commands
 
 
 def _add_no_plots(parser: argparse.ArgumentParser) -> None:

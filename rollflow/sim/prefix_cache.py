@@ -15,17 +15,23 @@ requests reference them.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
+
+from rollflow.token_blocks import chained
 
 Segments = tuple[tuple[int, int], ...]  # (content id, number of tokens), in order
 
 
 def block_hashes(segments: Segments, num_tokens: int, block_size: int) -> list[int]:
     """Hashes of the full blocks among the first `num_tokens` tokens of `segments`."""
-    hashes: list[int] = []
-    parent = 0
-    pieces: list[tuple[int, int, int]] = []  # (content id, start, end) slices in the current block
+    return chained(_blocks(segments, num_tokens - num_tokens % block_size, block_size))
+
+
+def _blocks(segments: Segments, limit: int, block_size: int) -> Iterator[tuple[tuple[int, int, int], ...]]:
+    """The first `limit` tokens of `segments` in blocks, each as the (content id, start, end)
+    slices of the segments it covers."""
+    pieces: list[tuple[int, int, int]] = []  # slices in the current block
     filled = 0
-    limit = num_tokens - num_tokens % block_size
     seen = 0
     for content, length in segments:
         start = 0
@@ -36,13 +42,11 @@ def block_hashes(segments: Segments, num_tokens: int, block_size: int) -> list[i
             filled += take
             seen += take
             if filled == block_size:
-                parent = hash((parent, tuple(pieces)))
-                hashes.append(parent)
+                yield tuple(pieces)
                 pieces.clear()
                 filled = 0
         if seen >= limit:
             break
-    return hashes
 
 
 class PrefixCache:

@@ -12,9 +12,9 @@ import pytest
 from aiohttp import web
 
 from benchmarks.canned_engine import build_app
-from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.engines.sglang import SGLangClient
 from rollflow.runtime.engines.vllm import VLLMClient
+from rollflow.runtime.wire.base import SamplingParams
 from tests.runtime.processes import free_port
 
 TOKENS = 7

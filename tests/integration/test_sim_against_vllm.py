@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from rollflow.perf.profile.hf_config import load_model_config, model_shape_section
-from rollflow.perf.profile.trace_replay import (
+from rollflow.runtime.engines.profiler.trace_replay import (
     load_trace,
     printed_overrides,
     replay,

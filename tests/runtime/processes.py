@@ -6,45 +6,26 @@ at the end of the test that started it (kill -9 included, which is the point of 
 
 from __future__ import annotations
 
-import json
+import functools
 import os
-import signal
-import subprocess
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import yaml
 
+from rollflow.runtime.launch import servers
 from rollflow.runtime.launch.process import free_port, rollflow_command
 from rollflow.runtime.launch.process import rollflow_command as rollflow  # tests say rollflow(ARGS)
+from rollflow.runtime.launch.servers import (
+    ENV,
+    ServerProcess,
+    http,  # noqa: F401 - the tests take it from here
+)
 from tests.runtime.engine_fork import ForkedProcess
 
 REPO = Path(__file__).resolve().parents[2]
 # `ROLLFLOW_TEST_MANAGER_PROCESSES=2 pytest tests/runtime`: every manager a test starts runs with
 # `processes: 2` unless the test says otherwise (the manager's guarantees hold at N > 1)
 MANAGER_PROCESSES = int(os.environ.get("ROLLFLOW_TEST_MANAGER_PROCESSES", "1"))
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-
-
-def http(method: str, url: str, body=None, token: str | None = None, timeout: float = 60.0):
-    """(status, parsed JSON or text) without raising on 4xx/5xx."""
-    data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
-    headers = {"Content-Type": "application/json"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(url, data=data, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            status, raw = response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read()
-    try:
-        return status, json.loads(raw)
-    except ValueError:
-        return status, raw.decode(errors="replace")
-
 
 ROLLFLOW = rollflow_command()  # what every `rollflow` command line starts with
 
@@ -54,8 +35,8 @@ def with_test_processes(config: dict) -> dict:
     return config if MANAGER_PROCESSES == 1 else {"processes": MANAGER_PROCESSES, **config}
 
 
-class Process:
-    """A server process on 127.0.0.1; `url` is where it listens, ready once `ready_path` answers 200."""
+class Process(ServerProcess):
+    """A server process on 127.0.0.1 (servers.py's), run in the repository, or forked."""
 
     def __init__(
         self,
@@ -68,60 +49,14 @@ class Process:
     ) -> None:
         """`forked`: `argv` is a `rollflow(...)` command line, run forked from the forkserver that
         imported an engine's modules once (engine_fork.py) rather than exec'd."""
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.log_path = log_path
-        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        if forked:
-            assert argv[: len(ROLLFLOW)] == ROLLFLOW, argv
-            self.proc = ForkedProcess(argv[len(ROLLFLOW) :], log_path, REPO, ENV)
-        else:
-            self.proc = subprocess.Popen(argv, cwd=REPO, env=ENV, stdout=self._log, stderr=self._log)
-        self.ready_path = ready_path
-        if wait:
-            self.wait_ready()
+        self._forked = forked
+        super().__init__(argv, port, log_path, ready_path, wait)
 
-    def wait_ready(self, timeout: float = 180.0) -> None:
-        path = self.ready_path
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"process exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                with urllib.request.urlopen(self.url + path, timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"{self.url} not ready after {timeout}s:\n{self.log()}")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
-
-    def kill(self) -> None:
-        """kill -9: no goodbye, open streams break mid-token."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-
-    def pause(self) -> None:
-        """SIGSTOP: the process keeps its sockets open and answers nothing, as a hung engine does."""
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        """SIGCONT: a paused process carries on where it stopped."""
-        self.proc.send_signal(signal.SIGCONT)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self._log.close()
+    def _spawn(self, argv: list[str]):
+        if not self._forked:
+            return super()._spawn(argv)
+        assert argv[: len(ROLLFLOW)] == ROLLFLOW, argv
+        return ForkedProcess(argv[len(ROLLFLOW) :], self.log_path, REPO, ENV)
 
 
 def start_engine(
@@ -135,10 +70,8 @@ def start_engine(
 ) -> Process:
     """`forked`: from the forkserver that imported an engine's modules (engine_fork.py), so the engine
     is up in a fraction of a second; False: exec'd, as a user starts it (what benchmarks measure)."""
-    port = free_port()
-    args = ["engine", "serve", "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
-    args += ["--weight-version", str(weight_version), *extra_args]
-    return Process(rollflow(*args), port, tmp_path / f"{name}-{port}.log", wait=wait, forked=forked)
+    process = functools.partial(Process, forked=forked)
+    return servers.start_engine(model_dir, tmp_path, weight_version, name, wait, extra_args, process)
 
 
 def start_manager(tmp_path: Path, config: dict, token: str | None = None) -> Process:

@@ -9,52 +9,14 @@ can tell a dead or misbehaving engine (resume elsewhere) from a request the engi
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol, runtime_checkable
+
+from rollflow.runtime.wire.base import SamplingParams
 
 if TYPE_CHECKING:
     from rollflow.runtime.engines.load import EngineLoad
 
 FinishReason = Literal["stop", "length", "abort"]
-
-# Sampling seeds an engine can honour: any 64-bit value, signed or unsigned (torch's and vLLM's
-# generators take both). The manager and the built-in engine refuse others at their edge.
-MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to generate one sample; the same fields map onto SGLang's and vLLM's requests."""
-
-    # tokens to generate at most
-    max_new_tokens: int
-    # 0 is greedy
-    temperature: float = 1.0
-    top_p: float = 1.0
-    # -1 keeps every token
-    top_k: int = -1
-    # keep generating past end-of-sequence
-    ignore_eos: bool = False
-    # more token ids that end the sample with "stop"
-    stop_token_ids: tuple[int, ...] = ()
-    # seed of this sample's sampler; None lets the engine choose
-    seed: int | None = None
-    # strings that end the sample with "stop" once the output text holds one
-    stop: tuple[str, ...] = ()
-    # end-of-sequence and stop tokens cannot end the sample before this many tokens
-    min_new_tokens: int = 0
-    # OpenAI-style penalties on tokens generated so far: frequency scales with the count,
-    # presence applies once; repetition (CTRL-style) divides positive logits, multiplies negative ones
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    # drop tokens less likely than min_p times the most likely one; 0 keeps all
-    min_p: float = 0.0
-    # how the answer's text is decoded; token ids always hold every token
-    skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
-    # keep the matched stop string at the end of the text
-    no_stop_trim: bool = False
 
 
 class GenerateChunk(NamedTuple):

@@ -84,9 +84,12 @@ class HttpEngine:
         except (aiohttp.ClientError, TimeoutError, OSError):
             return None
 
-    async def _request(
-        self, method: str, path: str, body: Any, timeout_s: float, as_json: bool = True
-    ) -> Any:
+    async def call(
+        self, method: str, path: str, body: Any = None, timeout_s: float = 60.0
+    ) -> tuple[int, str]:
+        """One HTTP call to the engine: its status and body text, whatever the status (the manager
+        relays some answers as the engine gave them); an engine that cannot be reached raises
+        EngineError."""
         try:
             async with self.session.request(
                 method,
@@ -95,10 +98,16 @@ class HttpEngine:
                 headers=self.headers,
                 timeout=aiohttp.ClientTimeout(total=timeout_s),
             ) as resp:
-                await raise_for_status(resp)
-                text = await resp.text()
+                return resp.status, await resp.text(errors="replace")
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise EngineError(f"{method} {self.url}{path} failed: {failure_text(exc)}") from exc
+
+    async def _request(
+        self, method: str, path: str, body: Any, timeout_s: float, as_json: bool = True
+    ) -> Any:
+        status, text = await self.call(method, path, body, timeout_s)
+        if status >= 300:
+            raise status_error(method, self.url + path, status, text)
         if not as_json:
             return text
         if not text.strip():

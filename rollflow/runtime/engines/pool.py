@@ -27,7 +27,10 @@ from rollflow.runtime.http.head import header_value, split_content_length
 MAX_HEAD_BYTES = 64 * 1024
 MAX_IDLE = 256  # idle connections kept per engine; more are closed
 PAUSE_AT = 1 << 20  # unread body bytes at which the connection stops reading the socket
-DRAIN_S = 5.0  # a released response whose end has not come by then is closed instead
+DRAIN_S = 5.0
+READ_BYTES = (
+    256 * 1024
+)  # the most one read of a socket takes (as uvloop's own reads)  # a released response whose end has not come by then is closed instead
 
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLOSE, _DONE = range(8)
 
@@ -48,12 +51,18 @@ class Response:
     async def read_chunk(self) -> bytes:
         """The body bytes that came since the last call; b"" once the body is complete (the
         connection is back in the pool then)."""
+        pieces = await self.read_pieces()
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    async def read_pieces(self) -> list[bytes]:
+        """`read_chunk`'s bytes as the pieces they came in, not joined (a caller that reads each
+        piece on its own copies none of them again); [] once the body is complete."""
         if self._conn is None:
-            return b""
-        data = await self._conn.read_chunk()
-        if not data:
+            return []
+        pieces = await self._conn.read_pieces()
+        if not pieces:
             self.release()
-        return data
+        return pieces
 
     async def read(self) -> bytes:
         parts = []
@@ -75,8 +84,13 @@ class Response:
             conn.close()
 
 
-class _Connection(asyncio.Protocol):
-    """One kept-alive connection; parses the response to the request it carries."""
+class _Connection(asyncio.BufferedProtocol):
+    """One kept-alive connection; parses the response to the request it carries.
+
+    The socket is read into the pool's one read buffer (`get_buffer`), not into a new bytes object
+    per read: a long streamed answer comes in reads of up to hundreds of KiB, and allocating (and
+    page-faulting) each was a share of the manager's CPU per token. Nothing keeps a view of the
+    buffer past `buffer_updated`: what is kept is copied out of it."""
 
     def __init__(self, pool: ConnectionPool) -> None:
         self._pool = pool
@@ -105,6 +119,12 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._pool.read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self._pool.read_buffer[:nbytes])
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         if self._state == _UNTIL_CLOSE:
@@ -114,13 +134,23 @@ class _Connection(asyncio.Protocol):
         self._pool.forget(self)
         self._wake()
 
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, data: bytes | memoryview) -> None:
         if not self.in_use:
             self.close()  # bytes nobody asked for: the connection cannot be trusted
             return
         self.received += len(data)
-        self._buf += data
         try:
+            data = self._end_of_chunk(data)
+            if self._state == _CHUNK_SIZE and not self._buf:
+                # a read that starts on a chunk's start: its whole chunks are taken from it as it
+                # is, and only what follows them is kept (each byte of a long answer is copied once
+                # here rather than twice)
+                taken = whole_chunks(data)
+                if taken is not None:
+                    body, consumed = taken
+                    self._keep(body)
+                    data = data[consumed:]
+            self._buf += data
             self._parse()
         except (ProtocolError, ValueError) as exc:
             self._error = ProtocolError(f"bad HTTP response from the engine: {exc}")
@@ -134,6 +164,18 @@ class _Connection(asyncio.Protocol):
             self._paused = True
             self.transport.pause_reading()
         self._wake()
+
+    def _end_of_chunk(self, data: bytes | memoryview) -> bytes | memoryview:
+        """The rest of a chunk an earlier read cut off (its data, then its CRLF) taken from the start
+        of `data` as it is, so that the whole chunks after it are too; what is left of `data`. Any
+        other case is the state machine's (`_parse`), bytes errors included."""
+        end = self._remaining
+        if self._state != _CHUNK_DATA or self._buf or len(data) < end + 2 or data[end : end + 2] != b"\r\n":
+            return data
+        self._keep(bytes(data[:end]))
+        self._remaining = 0
+        self._state = _CHUNK_SIZE
+        return data[end + 2 :]
 
     def eof_received(self) -> bool:
         return False  # close the transport: an engine that half-closes sends nothing more
@@ -258,20 +300,19 @@ class _Connection(asyncio.Protocol):
             await self._wait(self._pool.read_timeout_s)
         return Response(self, self._head)
 
-    async def read_chunk(self) -> bytes:
+    async def read_pieces(self) -> list[bytes]:
         while True:
             if self._body:
-                data = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-                self._body.clear()
+                pieces, self._body = self._body, []
                 self._unread = 0
                 if self._paused and not self.lost:
                     self._paused = False
                     self.transport.resume_reading()
-                return data
+                return pieces
             if self._error is not None:
                 raise self._error
             if self._state == _DONE:
-                return b""
+                return []
             await self._wait(self._pool.read_timeout_s)
 
     def release(self) -> None:
@@ -344,6 +385,8 @@ class ConnectionPool:
         self._idle: list[_Connection] = []
         self._closed = False
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set on first use
+        # what every connection's socket is read into, one read at a time (the loop is one thread)
+        self.read_buffer = memoryview(bytearray(READ_BYTES))
 
     async def request(
         self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None

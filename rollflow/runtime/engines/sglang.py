@@ -20,7 +20,6 @@ from rollflow.runtime.engines.base import (
     GenerateChunk,
     NotSupportedError,
     RequestFailedError,
-    SamplingParams,
 )
 from rollflow.runtime.engines.http import (
     HttpEngine,
@@ -35,6 +34,8 @@ from rollflow.runtime.engines.http import (
 )
 from rollflow.runtime.engines.load import EngineLoad, parse_sglang_get_load, parse_sglang_loads
 from rollflow.runtime.engines.pool import ProtocolError
+from rollflow.runtime.engines.trim import trim_event
+from rollflow.runtime.wire.base import SamplingParams, engine_sampling
 
 if TYPE_CHECKING:
     import torch
@@ -82,13 +83,13 @@ class SGLangClient(HttpEngine):
                     raise status_error("POST", self.url + "/generate", response.status, text)
                 events = EventReducer(self.url + "/generate")
                 while not events.done:
-                    data = await response.read_chunk()
-                    for chunk in events.feed(data) if data else events.end():
+                    pieces = await response.read_pieces()  # each read on its own: none is copied again
+                    for chunk in events.feed_all(pieces) if pieces else events.end():
                         finished = chunk.finish_reason is not None
                         yield chunk
                         if finished:
                             return
-                    if not data:
+                    if not pieces:
                         break
             finally:
                 if finished:
@@ -198,32 +199,7 @@ class BuiltinEngineClient(SGLangClient):
 
 def sglang_sampling_params(sampling: SamplingParams) -> dict[str, Any]:
     """SGLang's `sampling_params` for `sampling` (fields at their defaults are left out)."""
-    params: dict[str, Any] = {
-        "max_new_tokens": sampling.max_new_tokens,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "top_k": sampling.top_k,
-        "ignore_eos": sampling.ignore_eos,
-    }
-    optional = {
-        "stop_token_ids": list(sampling.stop_token_ids),
-        "sampling_seed": sampling.seed,
-        "stop": list(sampling.stop),
-        "min_new_tokens": sampling.min_new_tokens,
-        "frequency_penalty": sampling.frequency_penalty,
-        "presence_penalty": sampling.presence_penalty,
-        "min_p": sampling.min_p,
-    }
-    params |= {key: value for key, value in optional.items() if value}
-    if sampling.repetition_penalty != 1.0:
-        params["repetition_penalty"] = sampling.repetition_penalty
-    if not sampling.skip_special_tokens:
-        params["skip_special_tokens"] = False
-    if not sampling.spaces_between_special_tokens:
-        params["spaces_between_special_tokens"] = False
-    if sampling.no_stop_trim:
-        params["no_stop_trim"] = True
-    return params
+    return engine_sampling(sampling, "sglang")
 
 
 class EventReducer:
@@ -254,6 +230,16 @@ class EventReducer:
         """The chunks of tokens that one read's `data` adds, up to a finish."""
         return self._reduce(self._sse.feed(data))
 
+    def feed_all(self, pieces: list[bytes]) -> list[GenerateChunk]:
+        """`feed` of each piece of one read of the body in turn, up to a finish or `data: [DONE]`,
+        the read's chunks joined as one read's are (one per weight version)."""
+        chunks: list[GenerateChunk] = []
+        for data in pieces:
+            chunks += self.feed(data)
+            if self.done or (chunks and chunks[-1].finish_reason is not None):
+                break
+        return _by_version(chunks) if len(chunks) > 1 else chunks
+
     def end(self) -> list[GenerateChunk]:
         """The body ended: what its last line without a newline adds."""
         return self._reduce(self._sse.end())
@@ -262,33 +248,39 @@ class EventReducer:
         ends = self._sse.ends(block) if block else None
         if ends is not None:
             first, last, done = ends
-            newest = sse_line_json(last, self._url)
-            if _holds_whole_output(newest) and self._keeps_version(newest, first):
+            newest, dropped = self._newest(last)
+            if _holds_whole_output(newest, dropped) and self._keeps_version(newest, first):
                 self._sse.done = done
-                return self._chunks([newest])
+                return self._chunks([newest], dropped)
         return self._chunks([sse_json(data, self._url) for data in self._sse.lines(block)])
 
-    def _chunks(self, payloads: list[dict[str, Any]]) -> list[GenerateChunk]:
+    def _newest(self, line: bytes) -> tuple[dict[str, Any], int]:
+        """A read's newest event (a `data: {...}` line), without the tokens seen already when it
+        repeats them (trim.py says why), and how many were cut from the front of its lists."""
+        data = memoryview(line)[len(b"data: ") :]
+        trimmed = trim_event(data, self._num_seen)
+        if trimmed is not None:
+            try:
+                return sse_json(trimmed, self._url), self._num_seen
+            except EngineResponseError:
+                pass  # what is left is not JSON: the whole event is parsed, for the error's own words
+        return sse_json(data, self._url), 0
+
+    def _chunks(self, payloads: list[dict[str, Any]], dropped: int = 0) -> list[GenerateChunk]:
+        """The chunks of the events' `payloads`, each with `dropped` tokens cut from its lists."""
         self._started = self._started or bool(payloads)
-        runs: list[list[GenerateChunk]] = []  # consecutive chunks of one weight version
+        chunks = []
         for payload in payloads:
-            chunk = parse_sglang_event(payload, self._num_seen, self._text)
+            chunk = parse_sglang_event(payload, self._num_seen, self._text, dropped)
             self._num_seen += len(chunk.token_ids)
             if chunk.text is not None:
                 self._text = chunk.text
             if chunk.weight_version is not None:
                 self._version = chunk.weight_version
-            if (
-                runs
-                and runs[-1][-1].weight_version == chunk.weight_version
-                and runs[-1][-1].finish_reason is None
-            ):
-                runs[-1].append(chunk)
-            else:
-                runs.append([chunk])
+            chunks.append(chunk)
             if chunk.finish_reason is not None:
                 break
-        return [run[0] if len(run) == 1 else _joined(run) for run in runs]
+        return _by_version(chunks)
 
     def _keeps_version(self, newest: dict[str, Any], first_line: bytes) -> bool:
         """Whether the read's newest event has the weight version the stream had before the read
@@ -302,13 +294,30 @@ def _version_of(payload: dict[str, Any]) -> int | None:
     return parse_weight_version(meta.get("weight_version")) if isinstance(meta, dict) else None
 
 
-def _holds_whole_output(payload: dict[str, Any]) -> bool:
-    """Whether an event repeats every token of its request (SGLang's default streaming)."""
+def _holds_whole_output(payload: dict[str, Any], dropped: int = 0) -> bool:
+    """Whether an event repeats every token of its request (SGLang's default streaming), the
+    `dropped` cut from the front of its lists counted."""
     meta = payload.get("meta_info")
     if "error" in payload or not isinstance(meta, dict):
         return False
     entries = meta.get("output_token_logprobs")
-    return isinstance(entries, list) and len(entries) == meta.get("completion_tokens")
+    return isinstance(entries, list) and len(entries) + dropped == meta.get("completion_tokens")
+
+
+def _by_version(chunks: list[GenerateChunk]) -> list[GenerateChunk]:
+    """Consecutive chunks joined into one per run of one weight version (a finished chunk ends its
+    run), so every token keeps the version that made it and a reader pays per run, not per event."""
+    runs: list[list[GenerateChunk]] = []
+    for chunk in chunks:
+        if (
+            runs
+            and runs[-1][-1].weight_version == chunk.weight_version
+            and runs[-1][-1].finish_reason is None
+        ):
+            runs[-1].append(chunk)
+        else:
+            runs.append([chunk])
+    return [run[0] if len(run) == 1 else _joined(run) for run in runs]
 
 
 def _joined(run: list[GenerateChunk]) -> GenerateChunk:
@@ -324,9 +333,13 @@ def _joined(run: list[GenerateChunk]) -> GenerateChunk:
     )
 
 
-def parse_sglang_event(payload: dict[str, Any], num_seen: int, text_seen: str = "") -> GenerateChunk:
+def parse_sglang_event(
+    payload: dict[str, Any], num_seen: int, text_seen: str = "", dropped: int = 0
+) -> GenerateChunk:
     """The tokens in one /generate event that come after the `num_seen` already reported, and the
-    request's text so far (`text_seen` plus this event's, when the server streams increments)."""
+    request's text so far (`text_seen` plus this event's, when the server streams increments).
+    `dropped`: elements cut from the front of the event's `output_ids` and `output_token_logprobs`
+    before it was parsed (trim.py), which the counts here add back."""
     if "error" in payload:
         raise RequestFailedError(f"engine reported an error mid-stream: {payload['error']}")
     meta = payload.get("meta_info")
@@ -339,7 +352,7 @@ def parse_sglang_event(payload: dict[str, Any], num_seen: int, text_seen: str = 
     if not isinstance(logprob_entries, list) or num_new < 0 or num_new > len(logprob_entries):
         raise EngineResponseError(
             f"/generate event reports {meta['completion_tokens']} tokens after {num_seen} were seen, "
-            f"with {len(logprob_entries) if isinstance(logprob_entries, list) else 'no'} logprobs"
+            f"with {len(logprob_entries) + dropped if isinstance(logprob_entries, list) else 'no'} logprobs"
         )
     new_entries = logprob_entries[len(logprob_entries) - num_new :]
     try:
@@ -368,7 +381,7 @@ def parse_sglang_event(payload: dict[str, Any], num_seen: int, text_seen: str = 
     text = payload.get("text")
     if isinstance(text, str):
         # cumulative events repeat every output id; incremental ones hold only the new ones
-        incremental = isinstance(output_ids, list) and len(output_ids) < meta["completion_tokens"]
+        incremental = isinstance(output_ids, list) and len(output_ids) + dropped < meta["completion_tokens"]
         text = text_seen + text if incremental else text
     else:
         text = None

@@ -25,7 +25,6 @@ from rollflow.runtime.engines.base import (
     GenerateChunk,
     NotSupportedError,
     RequestFailedError,
-    SamplingParams,
 )
 from rollflow.runtime.engines.http import (
     HttpEngine,
@@ -35,6 +34,7 @@ from rollflow.runtime.engines.http import (
     raise_for_status,
 )
 from rollflow.runtime.engines.load import EngineLoad, parse_vllm_metrics
+from rollflow.runtime.wire.base import SamplingParams, engine_sampling
 
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 LOAD_TIMEOUT_S = 2.0
@@ -198,33 +198,7 @@ class VLLMClient(HttpEngine):
 
 def vllm_sampling_params(sampling: SamplingParams) -> dict[str, Any]:
     """vLLM's completion fields for `sampling` (fields at their defaults are left out)."""
-    params: dict[str, Any] = {
-        "max_tokens": sampling.max_new_tokens,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "top_k": sampling.top_k,
-        "ignore_eos": sampling.ignore_eos,
-    }
-    optional = {
-        "stop_token_ids": list(sampling.stop_token_ids),
-        "stop": list(sampling.stop),
-        "min_tokens": sampling.min_new_tokens,
-        "frequency_penalty": sampling.frequency_penalty,
-        "presence_penalty": sampling.presence_penalty,
-        "min_p": sampling.min_p,
-    }
-    params |= {key: value for key, value in optional.items() if value}
-    if sampling.seed is not None:
-        params["seed"] = sampling.seed
-    if sampling.repetition_penalty != 1.0:
-        params["repetition_penalty"] = sampling.repetition_penalty
-    if not sampling.skip_special_tokens:
-        params["skip_special_tokens"] = False
-    if not sampling.spaces_between_special_tokens:
-        params["spaces_between_special_tokens"] = False
-    if sampling.no_stop_trim:
-        params["include_stop_str_in_output"] = True
-    return params
+    return engine_sampling(sampling, "vllm")
 
 
 def parse_vllm_event(payload: dict[str, Any], text_seen: str = "") -> GenerateChunk | None:

@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from rollflow.runtime.engines.base import SamplingParams
-from rollflow.runtime.openai.protocol import ChatBody, CompletionBody, OpenAIError, parse_body
+from rollflow.runtime.wire.base import SamplingParams
+from rollflow.runtime.wire.openai import ChatBody, CompletionBody, OpenAIError, parse_body
 
 REPLACEMENT_CHAR = "\ufffd"
 

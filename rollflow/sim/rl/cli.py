@@ -16,7 +16,8 @@ EXAMPLES = """examples:
 """
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """Add `rollflow rl-sim`; returns its subcommands (plan/ adds `search` to them, see rollflow/cli.py)."""
     rl_commands = add_command_group(
         commands,
         "rl-sim",
@@ -48,11 +49,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     _common(compare)
     compare.set_defaults(handler=_compare)
 
-    from rollflow.plan.cli import add_rl_search
-
-    add_rl_search(rl_commands)
-
     add_show_config(rl_commands, "print a config with every default filled in, as YAML", _load)
+    return rl_commands
 
 
 def _common(parser: argparse.ArgumentParser) -> None:

@@ -7,7 +7,8 @@ import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollflow.runtime.engines.base import EngineClient, GenerateChunk, SamplingParams
+from rollflow.runtime.engines.base import EngineClient, GenerateChunk
+from rollflow.runtime.wire.base import SamplingParams
 
 PROMPT = [17, 240, 33, 101, 5, 77, 301, 12]
 

@@ -8,8 +8,8 @@ import json
 import aiohttp
 import pytest
 
-from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.engines.sglang import BuiltinEngineClient
+from rollflow.runtime.wire.base import SamplingParams
 from tests.runtime.engines.helpers import PROMPT, collect, greedy, reference_greedy, run
 
 

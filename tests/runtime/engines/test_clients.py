@@ -11,16 +11,11 @@ import pytest
 from aiohttp import web
 
 from rollflow.errors import UserError
-from rollflow.runtime.engines.base import (
-    EngineError,
-    EngineRejectedError,
-    EngineResponseError,
-    GenerateChunk,
-    SamplingParams,
-)
+from rollflow.runtime.engines.base import EngineError, EngineRejectedError, EngineResponseError, GenerateChunk
 from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.engines.sglang import parse_sglang_event
 from rollflow.runtime.engines.vllm import parse_vllm_event
+from rollflow.runtime.wire.base import SamplingParams
 from tests.runtime.engines.helpers import run
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -269,6 +264,9 @@ def test_every_sampling_field_reaches_sglang_and_vllm_under_their_names():
         "top_k",
         "ignore_eos",
     }
+    # seed 0 is a seed like any other, not "let the engine choose"
+    assert sglang_sampling_params(SamplingParams(max_new_tokens=4, seed=0))["sampling_seed"] == 0
+    assert vllm_sampling_params(SamplingParams(max_new_tokens=4, seed=0))["seed"] == 0
 
 
 def test_each_request_sends_its_own_sampling_params():

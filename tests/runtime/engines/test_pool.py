@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from types import SimpleNamespace
 
 import pytest
 
-from rollflow.runtime.engines.pool import ConnectionPool, ProtocolError
+from rollflow.runtime.engines.pool import _DONE, ConnectionPool, ProtocolError, _Connection
 from tests.runtime.engines.helpers import run
 
 Answer = Callable[[int], list[bytes]]  # request number on the connection -> pieces to write
@@ -277,3 +278,19 @@ def test_a_chunk_not_ended_by_crlf_among_whole_chunks_is_a_protocol_error():
 
     with pytest.raises(ProtocolError, match="CRLF"):
         run(go())
+
+
+def test_a_chunked_body_cut_anywhere_in_three_reads_gives_its_bytes_in_order():
+    """Reads that start on a chunk's start, or with the rest of a chunk an earlier read cut off,
+    are taken as they are; every other cut goes through the state machine: the same bytes."""
+    events = [b"data: {%d}\n\n" % n * (n + 1) for n in range(4)]
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    whole = head + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+    for first in range(len(head), len(whole) + 1, 3):
+        for second in range(first, len(whole) + 1, 2):
+            conn = _Connection(SimpleNamespace(loop=None))
+            conn.in_use = True
+            for read in (whole[:first], whole[first:second], whole[second:]):
+                conn.data_received(memoryview(read))
+            assert b"".join(conn._body) == b"".join(events), (first, second)
+            assert conn._state == _DONE and not conn._buf

@@ -73,6 +73,18 @@ def test_a_weight_version_change_within_a_read_keeps_each_token_s_version():
     assert by_version == [(3, [1]), (3, [2, 3]), (4, [4, 5, 6])]
 
 
+@pytest.mark.parametrize("shape", [cumulative, incremental])
+def test_a_read_in_pieces_gives_one_chunk_per_weight_version(shape):
+    """A read's body comes in pieces (the rest of a chunk an earlier read cut off, then the whole
+    chunks after it): its tokens still reach the reader as one chunk per version, as one piece's."""
+    events = shape(9, version=3)[:6] + shape(9, version=4)[6:]
+    reducer = EventReducer(URL)
+    first = reducer.feed_all([events[0][:10]])
+    pieces = [events[0][10:], b"".join(events[1:4]), events[4][:7], events[4][7:] + b"".join(events[5:])]
+    chunks = first + reducer.feed_all(pieces)
+    assert [(c.weight_version, c.token_ids) for c in chunks] == [(3, [1, 2, 3, 4, 5, 6]), (4, [7, 8, 9])]
+
+
 def test_a_version_change_on_the_first_read_is_seen_too():
     events = cumulative(4, version=1)[:2] + cumulative(4, version=2)[2:]
     chunks = EventReducer(URL).feed(b"".join(events))

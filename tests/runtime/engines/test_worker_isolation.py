@@ -10,8 +10,8 @@ import queue
 
 from transformers import AutoModelForCausalLM
 
-from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.engines.builtin.worker import GenerationWorker, Sequence, TokenEvent
+from rollflow.runtime.wire.base import SamplingParams
 
 
 def _finish(events: queue.SimpleQueue[TokenEvent]) -> tuple[list[int], dict]:

@@ -6,25 +6,15 @@ import asyncio
 import contextvars
 import json
 import threading
-import time
 from pathlib import Path
 
 import aiohttp
 from aiohttp import web
 
+from rollflow.runtime.launch.servers import metric, wait_until, workers  # noqa: F401 - the tests take them from here
 from tests.runtime.processes import Process, descendants, free_port, http, rollflow, with_test_processes
 
 _SEEN = contextvars.ContextVar("seen")
-
-
-def wait_until(condition, timeout: float = 60.0, interval: float = 0.02, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def manager_on_journal(tmp_path: Path, config: dict, port: int, wait: bool = True) -> Process:
@@ -43,21 +33,6 @@ def manager_on_journal(tmp_path: Path, config: dict, port: int, wait: bool = Tru
 def stream_processes(manager) -> list[int]:
     """The manager's stream processes (its only children)."""
     return sorted(descendants(manager.proc.pid) - {manager.proc.pid})
-
-
-def workers(manager) -> dict[str, dict]:
-    """Engine url -> its record on the manager (failed engines included)."""
-    return {w["url"]: w for w in http("GET", manager.url + "/workers?include_failed=true")[1]["workers"]}
-
-
-def metric(manager, name: str) -> float:
-    """Sum of a Prometheus metric over its labels."""
-    _, text = http("GET", manager.url + "/metrics")
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and (line[len(name)] in " {"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def greedy_reference(engine, prompt: list[int], max_new_tokens: int) -> list[int]:

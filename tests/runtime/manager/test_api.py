@@ -9,10 +9,10 @@ import urllib.request
 
 import pytest
 
-from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.client import ManagerClient, ManagerError
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.core.service import RolloutManager
+from rollflow.runtime.wire.base import SamplingParams
 from tests.runtime.manager.helpers import greedy_reference, metric, workers
 from tests.runtime.processes import http
 

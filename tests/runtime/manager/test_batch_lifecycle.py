@@ -123,10 +123,10 @@ def test_a_stream_ends_when_the_last_sample_completes_while_a_line_is_being_writ
     from aiohttp import ClientSession, ClientTimeout, web
     from aiohttp.test_utils import TestServer
 
-    from rollflow.runtime.engines.base import SamplingParams
     from rollflow.runtime.manager.config import ManagerConfig
     from rollflow.runtime.manager.core.service import RolloutManager
     from rollflow.runtime.manager.edge.server import create_app
+    from rollflow.runtime.wire.base import SamplingParams
 
     async def run() -> list[dict]:
         manager = RolloutManager(ManagerConfig())  # no engine: samples end only as the test ends them

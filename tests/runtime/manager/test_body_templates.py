@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from rollflow.runtime.engines.sglang_io import MAX_TOKEN_ID
 from rollflow.runtime.manager.edge.protocol import GenerateBody
 from rollflow.runtime.manager.edge.sglang_api import BodyTemplates
+from rollflow.runtime.wire.sglang import MAX_TOKEN_ID
 
 SAMPLING = {"max_new_tokens": 8, "temperature": 0.7, "top_p": 0.9, "stop": ["</s>"], "ignore_eos": False}
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+from rollflow.runtime.http.sse import event as sse_event
 from rollflow.runtime.manager.core.samples import SampleState
 from rollflow.runtime.manager.edge.lean import STREAM_BACKLOG_BYTES, _LeanConnection
 from rollflow.runtime.manager.edge.sglang_api import PromptRequest
@@ -43,14 +44,13 @@ class StreamedRequest(PromptRequest):
     def __init__(self, sample: SimpleNamespace) -> None:
         self.body = SimpleNamespace(stream=True)
         self.sample = sample
+        self.rid, self.tokenizer = "r", None
         self._streamed = -1
+        self._events = SimpleNamespace(event=lambda *_: sse_event({"output_ids": list(sample.output_ids)}))
         self.released: list[object] = []
 
     def refusal(self) -> None:
         return None
-
-    def payload(self) -> dict:
-        return {"output_ids": list(self.sample.output_ids)}
 
     def release(self, manager: object) -> None:
         self.released.append(manager)
@@ -75,9 +75,11 @@ def test_events_are_skipped_while_the_client_lags_and_the_last_is_always_written
     finally:
         loop.close()
     writes = conn.transport.writes
-    assert writes[0].startswith(b"HTTP/1.1 200 OK\r\n") and b"Transfer-Encoding: chunked" in writes[0]
-    events = [w.split(b"\r\n", 1)[1] for w in writes[1:-1]]
+    # one write per update: the head goes with the first event, the end with the last
+    head, first = writes[0].split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"Transfer-Encoding: chunked" in head
+    assert writes[-1].endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
+    events = [w.split(b"\r\n", 2)[1] for w in [first, *writes[1:]]]
     counts = [event.count(b",") + 1 for event in events]  # tokens in each event's output_ids
     assert counts == [*range(1, 10), *range(90, 101), 100]  # 10-89 skipped; the final event after
-    assert writes[-1].endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
     assert request.released == [None] and conn.request is None  # released, the connection ready for the next

@@ -7,13 +7,13 @@ import asyncio
 from rollflow.policy.learned import ObservationSpec, encode_features
 from rollflow.policy.routing import LeastOutstandingRouter, LeastTokensRouter, RoundRobinRouter
 from rollflow.policy.view import ClusterView, RouteRequest
-from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.engines.load import EngineLoad
 from rollflow.runtime.manager.config import EngineEntry, ManagerConfig
 from rollflow.runtime.manager.core.registry import EngineRecord, Registry
 from rollflow.runtime.manager.core.samples import Sample
 from rollflow.runtime.manager.core.service import RolloutManager
 from rollflow.runtime.manager.core.view import instance_view, route_inputs
+from rollflow.runtime.wire.base import SamplingParams
 from rollflow.sim.request import SimRequest
 from rollflow.sim.simulator import ServingSimulator
 from rollflow.sim.workload import build_requests

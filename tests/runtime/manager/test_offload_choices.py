@@ -12,9 +12,9 @@ from collections.abc import Callable
 import pytest
 
 from rollflow.policy.offload import OffloadBalancer
-from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.config import EngineEntry, ManagerConfig
 from rollflow.runtime.manager.core.service import RolloutManager
+from rollflow.runtime.wire.base import SamplingParams
 from rollflow.sim.rl.runner import simulate_steps
 from tests.runtime.processes import start_engine
 from tests.sim.rl.factories import rl_config
@@ -76,9 +76,9 @@ def test_the_live_manager_offloads_through_the_balancers_choices(callers, tmp_pa
         local.stop()
         remote.stop()
     assert any(engines[0] == 0 and engines[-1] == 1 for engines in engines_of_samples), engines_of_samples
-    assert callers["offload_sources"] == {"rollflow.runtime.manager.core.service"}
+    assert callers["offload_sources"] == {"rollflow.runtime.manager.core.offload"}  # the local budgets
     assert callers["offload_targets"] == {
-        "rollflow.runtime.manager.core.service",
+        "rollflow.runtime.manager.core.offload",
         "rollflow.runtime.manager.core.dispatcher",
         "rollflow.runtime.manager.core.fleet",  # a remote engine joined: offloaded batches move to it
     }

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
-from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.config import EngineEntry, ManagerConfig
 from rollflow.runtime.manager.core.prefixes import BLOCK_TOKENS, PrefixRecord, prefix_key
 from rollflow.runtime.manager.core.service import RolloutManager
-from rollflow.runtime.token_blocks import block_hashes
+from rollflow.runtime.wire.base import SamplingParams
+from rollflow.token_blocks import block_hashes
 from tests.runtime.processes import http, start_engine
 
 

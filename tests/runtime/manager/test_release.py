@@ -10,9 +10,9 @@ import torch
 from aiohttp import web
 from safetensors.torch import load_file, save_file
 
-from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.client import ManagerClient, ManagerError
 from rollflow.runtime.manager.core.batches import sample_sampling
+from rollflow.runtime.wire.base import SamplingParams
 from tests.runtime.manager.helpers import (
     EngineProxy,
     assert_spans_tile_the_output,

@@ -10,10 +10,10 @@ import json
 import pytest
 from aiohttp import web
 
-from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.core.samples import SampleState
 from rollflow.runtime.manager.core.service import RolloutManager
+from rollflow.runtime.wire.base import SamplingParams
 from tests.runtime.manager.helpers import EngineProxy, metric, workers
 from tests.runtime.processes import http
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from rollflow.policy.routing import make_router
-from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.core.service import RolloutManager
+from rollflow.runtime.wire.base import SamplingParams
 from rollflow.sim.simulator import ServingSimulator
 from rollflow.sim.workload import build_requests
 from tests.factories import make_config

@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from rollflow.runtime.engines.base import GenerateChunk, SamplingParams
+from rollflow.runtime.engines.base import GenerateChunk
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.core.samples import Sample, SampleState
 from rollflow.runtime.manager.core.service import RolloutManager
 from rollflow.runtime.manager.core.stall import StallSweep
+from rollflow.runtime.wire.base import SamplingParams
 
 WINDOW_S = 0.4
 

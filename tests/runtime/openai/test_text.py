@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rollflow.runtime.openai.protocol import ChatBody, CompletionBody, OpenAIError, parse_body
 from rollflow.runtime.openai.serve import TextAssembler, Tokenizer
+from rollflow.runtime.wire.openai import ChatBody, CompletionBody, OpenAIError, parse_body
 
 
 @pytest.fixture(scope="module")

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 import rollflow
-from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.engines.builtin.worker import Sequence, TokenEvent
 from rollflow.runtime.http.body import read_json_object
-from rollflow.runtime.openai.protocol import OpenAIError
 from rollflow.runtime.openai.serve import Delta, Tokenizer, handle
+from rollflow.runtime.wire.base import SamplingParams
+from rollflow.runtime.wire.openai import OpenAIError
 
 if TYPE_CHECKING:
     from rollflow.runtime.engines.builtin.server import EngineServer

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollflow.runtime.token_blocks import block_hashes
+from rollflow.token_blocks import block_hashes
 
 
 @dataclass

@@ -13,7 +13,7 @@ from collections.abc import Collection
 
 import torch
 
-from rollflow.runtime.engines.base import SamplingParams
+from rollflow.runtime.wire.base import SamplingParams
 
 # Temperatures below this decode greedily (SGLang's rule): logits / 1e-38 overflow to inf, and
 # sampling from the resulting NaN distribution is an error rather than a draw.

@@ -28,19 +28,19 @@ from typing import Any
 
 from aiohttp import web
 
-from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.engines.builtin.edge import BadRequest, errors_as_json, parse, require_memory, validate
-from rollflow.runtime.engines.builtin.io import AbortBody, PauseBody
 from rollflow.runtime.engines.builtin.openai_routes import openai_routes
 from rollflow.runtime.engines.builtin.tensor_parallel import RankGroup
 from rollflow.runtime.engines.builtin.weight_routes import EngineWeights
 from rollflow.runtime.engines.builtin.worker import GenerationWorker, Sequence, TokenEvent
 from rollflow.runtime.engines.load import sglang_get_load_body, sglang_loads_body
-from rollflow.runtime.engines.sglang_io import GenerateBody, split_batch
 from rollflow.runtime.http.auth import bearer_middleware
 from rollflow.runtime.http.body import read_json_object
 from rollflow.runtime.http.errors import error_response
 from rollflow.runtime.http.sse import close_sse, open_sse, send_event
+from rollflow.runtime.wire.base import SamplingParams
+from rollflow.runtime.wire.builtin import PauseBody
+from rollflow.runtime.wire.sglang import AbortBody, GenerateBody, split_batch
 
 logger = logging.getLogger(__name__)
 

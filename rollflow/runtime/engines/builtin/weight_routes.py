@@ -24,11 +24,6 @@ from typing import Any
 from aiohttp import web
 
 from rollflow.runtime.engines.builtin.edge import BadRequest, parse, require_memory
-from rollflow.runtime.engines.builtin.io import (
-    MemoryOccupationBody,
-    UpdateWeightsFromDiskBody,
-    UpdateWeightsFromServerBody,
-)
 from rollflow.runtime.engines.builtin.tensor_parallel import Pull, RankGroup
 from rollflow.runtime.engines.builtin.weights import (
     WeightChecker,
@@ -46,6 +41,11 @@ from rollflow.runtime.weights import (
     WeightTransferError,
 )
 from rollflow.runtime.weights.slices import shard_state
+from rollflow.runtime.wire.builtin import (
+    MemoryOccupationBody,
+    UpdateWeightsFromDiskBody,
+    UpdateWeightsFromServerBody,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -30,10 +30,10 @@ from typing import Any
 
 import torch
 
-from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.engines.builtin import DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_PREFIX_CACHE_TOKENS
 from rollflow.runtime.engines.builtin.prefix_cache import PrefixCache
 from rollflow.runtime.engines.builtin.sampling import GREEDY_BELOW, position_seed, sample_next_token
+from rollflow.runtime.wire.base import SamplingParams
 
 logger = logging.getLogger(__name__)
 

@@ -14,15 +14,11 @@ from collections.abc import AsyncIterator, Coroutine
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rollflow.runtime.engines.base import (
-    EngineRejectedError,
-    GenerateChunk,
-    RequestFailedError,
-    SamplingParams,
-)
+from rollflow.runtime.engines.base import EngineRejectedError, GenerateChunk, RequestFailedError
 from rollflow.runtime.engines.http import ENGINE_ERRORS
 from rollflow.runtime.manager.durability.stops import SpanningStop
 from rollflow.runtime.manager.streams.wire import StreamProcessLost
+from rollflow.runtime.wire.base import SamplingParams
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -51,6 +47,10 @@ class Outcome(StrEnum):
     STREAM_LOST = "stream_process_lost"  # the stream process reading it died: it resumes
 
 
+# a move that ends an attempt with nothing left to resume: the sample ends or is gone
+MOVE_OUTCOMES = {"cancelled": Outcome.CANCELLED, "client_abort": Outcome.CLIENT_ABORT}
+
+
 class AttemptHost(Protocol):
     """What an attempt asks of the manager."""
 
@@ -72,6 +72,26 @@ class AttemptHost(Protocol):
     ) -> AsyncIterator[GenerateChunk]:
         """The engine's stream of the attempt: read here, or by a stream process."""
         ...
+
+
+async def run(
+    host: AttemptHost, run: SampleRun, engine: EngineRecord, rid: str
+) -> tuple[Outcome, str | None]:
+    """Stream one attempt until it ends: its outcome, and the reason of the manager's move when the
+    manager ended it (`SampleRun.move_reason`; the engine is asked to drop the request then)."""
+    try:
+        return await stream(host, run, engine, rid), None
+    except asyncio.CancelledError:
+        moved_for, run.move_reason = run.move_reason, None
+        if moved_for is None:
+            raise  # the manager is shutting down
+        asyncio.current_task().uncancel()
+        host.spawn(abort_quietly(engine, rid, host.config.connect_timeout_s))
+        return MOVE_OUTCOMES.get(moved_for, Outcome.MOVED), moved_for
+    except Exception as exc:  # a fault of the manager's own code: the sample must end, not hang
+        log.exception("attempt %s on engine %d failed unexpectedly", rid, engine.engine_id)
+        run.sample.error = f"internal error reading engine {engine.engine_id}'s answer: {exc!r}"
+        return Outcome.REQUEST_FAILED, None  # tried elsewhere, then failed with this error
 
 
 async def stream(host: AttemptHost, run: SampleRun, engine: EngineRecord, rid: str) -> Outcome:

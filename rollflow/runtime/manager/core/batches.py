@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.core.packing import GroupPacker
 from rollflow.runtime.manager.core.samples import Sample, SampleState
+from rollflow.runtime.manager.durability.journal_events import NoJournal
+from rollflow.runtime.wire.base import SamplingParams
+
+log = logging.getLogger(__name__)
 
 DELETED_BATCHES_KEPT = 1024  # deleted batch ids remembered, each with the message of its deletion
 
@@ -85,6 +89,36 @@ class Batch:
         self.notify()
         return len(self.completed) - 1
 
+    def hand_out(self, groups: list[list[Sample]]) -> list[int]:
+        """Note a micro-batch of `groups` handed to the trainer: the group indexes it holds."""
+        self.handouts.append([group[0].group_index for group in groups])
+        return self.handouts[-1]
+
+    def adopt_handouts(self, received: list[list[int]]) -> list[list[int]]:
+        """Take the client's word for the micro-batches it holds beyond those noted here (handed out
+        by a manager that died before journaling them): the new ones, noted. ValueError when
+        `received` contradicts what was handed out (another client took them, or a wrong batch)."""
+        known = self.handouts
+        if received[: len(known)] != known[: len(received)]:
+            raise ValueError(
+                f"received does not match the micro-batches of batch {self.batch_id} handed out so far"
+            )
+        new = [list(handout) for handout in received[len(known) :]]
+        if not new:
+            return new
+        indexes = [index for handout in new for index in handout]
+        if not all(new) or len(set(indexes)) != len(indexes):
+            raise ValueError("received holds an empty micro-batch or a group twice")
+        for index in indexes:
+            if not 0 <= index < len(self.groups) or self.packer.delivered(index):
+                raise ValueError(
+                    f"received holds group {index}: batch {self.batch_id} has no such group, or "
+                    "handed it out in another micro-batch"
+                )
+        known.extend(new)
+        self.packer.mark_delivered(indexes)
+        return new
+
     def status(self) -> dict:
         states = {state.name.lower(): 0 for state in SampleState}
         for sample in self.samples:
@@ -107,6 +141,33 @@ class BatchBook:
     def __init__(self) -> None:
         self._batches: dict[str, Batch] = {}
         self._deleted: OrderedDict[str, str] = OrderedDict()
+        self.journal: NoJournal = NoJournal()  # the manager's (`use_journal`): hand-outs are journaled
+
+    async def hand_out(self, batch: Batch, groups: list[list[Sample]], client_keeps: bool = False) -> None:
+        """Note a micro-batch handed to the trainer, so that a restarted manager never hands those
+        groups out again. With a journal it is on disk before the trainer hears of it, unless the
+        client keeps the record itself (`client_keeps`: it sends the hand-outs it holds with its next
+        call, see `adopt_handouts`); then it rides the journal's next flush."""
+        if not groups:
+            return
+        handout = batch.hand_out(groups)
+        self.journal.handed_out(batch.batch_id, len(batch.handouts) - 1, handout)
+        if not client_keeps:
+            await self.journal.durable()
+
+    def adopt_handouts(self, batch: Batch, received: list[list[int]]) -> None:
+        """Take the client's word for the micro-batches it holds beyond those this manager knows of
+        (`Batch.adopt_handouts`), and journal them."""
+        first = len(batch.handouts)
+        new = batch.adopt_handouts(received)
+        for index, handout in enumerate(new, start=first):
+            self.journal.handed_out(batch.batch_id, index, handout)
+        if new:
+            log.info(
+                "batch %s: %d micro-batches the client holds were handed out before a restart, not journaled",
+                batch.batch_id,
+                len(new),
+            )
 
     def get(self, batch_id: str | None) -> Batch | None:
         return self._batches.get(batch_id) if batch_id is not None else None

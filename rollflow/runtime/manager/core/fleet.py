@@ -22,13 +22,16 @@ from rollflow.policy.view import InstanceKind
 from rollflow.runtime.engines.base import EngineClient, NotSupportedError
 from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.engines.http import ENGINE_ERRORS, failure_text
-from rollflow.runtime.manager.config import ManagerConfig
+from rollflow.runtime.manager.config import EngineEntry, ManagerConfig
 from rollflow.runtime.manager.core.loop_watch import LoopWatch
 from rollflow.runtime.manager.core.metrics import ManagerMetrics
 from rollflow.runtime.manager.core.registry import EngineRecord, Registry
+from rollflow.runtime.manager.core.stall import StallSweep
 from rollflow.runtime.manager.core.view import refresh_load
 
 log = logging.getLogger("rollflow.manager")
+
+ENGINE_STARTUP_POLL_S = 0.5
 
 
 def normalise_url(url: str) -> str:
@@ -145,6 +148,46 @@ class EngineFleet:
             self._listener.remote_engine_joined()
         self._listener.room_changed()
         return engine
+
+    def stall_sweep(self) -> StallSweep:
+        """The one sweep that notices every engine that produces nothing for anyone while it has work
+        (a request queued in a producing engine is not silent) and retires it as hung; the manager
+        may have been the silent one (its loop blocked), which excuses them."""
+        stall_s = self.config.stall_timeout_s
+        return StallSweep(
+            stall_s,
+            lambda: [engine for engine in self.registry.all() if engine.running],  # draining ones too
+            lambda engine: self.retire(engine, "hung"),
+            lambda: self._loop_watch.blocked_within(stall_s),
+        )
+
+    async def add_configured(self, index: int, entry: EngineEntry) -> None:
+        """Register `engines[index]` of the config, waiting up to `engine_startup_timeout_s` for it to
+        come up (engines take seconds to load a model; sgl-router's worker_startup_timeout_secs)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.engine_startup_timeout_s
+        waited = False
+        while True:
+            try:
+                await self.add_engine(
+                    entry.url, entry.kind, entry.engine_type, entry.capacity, entry.api_key, entry.relay
+                )
+                return
+            except EngineAlreadyRegistered:
+                raise
+            except EngineUnavailable as exc:
+                if loop.time() >= deadline:
+                    waited_for = (
+                        f" (waited {self.config.engine_startup_timeout_s:g}s, engine_startup_timeout_s)"
+                    )
+                    raise EngineUnavailable(
+                        f"{exc}{waited_for if waited else ''}; start the engine first, or correct or "
+                        f"remove engines.{index} of the config"
+                    ) from None
+                if not waited:
+                    log.info("waiting for engine %s to come up: %s", entry.url, exc)
+                    waited = True
+                await asyncio.sleep(min(ENGINE_STARTUP_POLL_S, max(0.0, deadline - loop.time())))
 
     def add_failed_engine(
         self,

@@ -10,7 +10,7 @@ from typing import get_args
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 
-from rollflow.runtime.manager.core.registry import EngineState
+from rollflow.runtime.manager.core.registry import EngineRecord, EngineState
 
 ENGINE_STATES = get_args(EngineState)
 RESUME_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 5.0, 30.0)
@@ -91,6 +91,19 @@ class ManagerMetrics:
         self.generated_tokens: defaultdict[int, int] = defaultdict(int)  # by engine id
         self.finished_samples: defaultdict[Enum, int] = defaultdict(int)  # by final state
         r.register(_HotCounters(self))
+
+    def set_gauges(self, engines: list[EngineRecord], queued: int, readers_up: tuple[int, int]) -> None:
+        """Set the state gauges from the engines, the samples queued and the stream processes and
+        relays connected; called as /metrics renders them, not at every change."""
+        counts = dict.fromkeys(self.engines_by_state, 0)
+        for engine in engines:
+            counts[engine.state] += 1
+        for state, count in counts.items():
+            self.engines_by_state[state].set(count)
+        self.queue_depth.set(queued)
+        self.running_samples.set(sum(len(engine.running) for engine in engines))
+        self.stream_processes.set(readers_up[0])
+        self.relays.set(readers_up[1])
 
     def render(self) -> bytes:
         self._before_render()

@@ -21,7 +21,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from rollflow.runtime.token_blocks import block_hashes
+from rollflow.token_blocks import block_hashes
 
 BLOCK_TOKENS = 16  # as the built-in engine's prefix cache and vLLM's default block
 MAX_BLOCKS = 1 << 16  # per engine: a million tokens of prompts and answers

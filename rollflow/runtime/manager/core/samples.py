@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from rollflow.runtime.engines.base import SamplingParams
+from rollflow.runtime.wire.base import SamplingParams
 
 
 class SampleState(enum.IntEnum):

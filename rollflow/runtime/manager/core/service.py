@@ -13,9 +13,11 @@ Life of a sample:
     and the tokens it has, and is not resumed.
 
 The manager is put together from parts with one job each: the engine fleet (fleet.py: registry,
-health, breaker, weights, loads), the batch book (batches.py), the dispatcher (dispatcher.py: the
-queue, snapshot -> router -> attempt), and the attempt (attempt.py: one engine stream reduced into
-its sample, ending in an `Outcome`). This class holds the samples' lives between them: it decides,
+health, configured engines' start-up wait, the stall sweep, breaker, weights, loads), the batch
+book (batches.py: the batches, and their hand-outs journaled), the local budgets (offload.py: the
+trainer's step reports and the batches' budgets, and what moves when one runs out), the dispatcher
+(dispatcher.py: the queue, snapshot -> router -> attempt), and the attempt (attempt.py: one engine
+stream reduced into its sample, ending in an `Outcome`). This class holds the samples' lives between them: it decides,
 from an attempt's outcome, whether the sample finishes, resumes or fails, and tells the journal
 (journal_events.py) every change a restart must see.
 """
@@ -32,41 +34,37 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from rollflow.policy.offload import OffloadBalancer, StepReport
 from rollflow.policy.routing import Router
-from rollflow.runtime.engines.base import GenerateChunk, SamplingParams
+from rollflow.runtime.engines.base import GenerateChunk
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.core import attempt
 from rollflow.runtime.manager.core.attempt import Outcome
 from rollflow.runtime.manager.core.batches import Batch, BatchBook, sample_sampling
 from rollflow.runtime.manager.core.dispatcher import Dispatcher
-from rollflow.runtime.manager.core.fleet import EngineAlreadyRegistered, EngineFleet, EngineUnavailable
+from rollflow.runtime.manager.core.fleet import EngineFleet
 from rollflow.runtime.manager.core.loop_watch import LoopWatch
 from rollflow.runtime.manager.core.metrics import ManagerMetrics
+from rollflow.runtime.manager.core.offload import LocalBudgets
 from rollflow.runtime.manager.core.registry import EngineRecord
 from rollflow.runtime.manager.core.samples import Sample, SampleRun, SampleState, Watcher
 from rollflow.runtime.manager.core.sessions import SessionStore
-from rollflow.runtime.manager.core.stall import StallSweep
 from rollflow.runtime.manager.durability import recovery
 from rollflow.runtime.manager.durability.journal_events import NoJournal
 from rollflow.runtime.manager.durability.journal_lock import JournalLock
 from rollflow.runtime.manager.durability.request_log import RequestLog
 from rollflow.runtime.manager.streams.readers import StreamReaders
+from rollflow.runtime.wire.base import SamplingParams
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 log = logging.getLogger("rollflow.manager")
 
-ENGINE_STARTUP_POLL_S = 0.5
-# a move that ends an attempt with nothing left to resume: the sample ends or is gone
-MOVE_OUTCOMES = {"cancelled": Outcome.CANCELLED, "client_abort": Outcome.CLIENT_ABORT}
-
 
 class RolloutManager:
     def __init__(self, config: ManagerConfig, router: Router | None = None) -> None:
         self.config = config
-        self.metrics = ManagerMetrics(before_render=self._update_gauges)
+        self.metrics = ManagerMetrics(before_render=self._set_gauges)
         self.fleet = EngineFleet(config, self.metrics, listener=self)
         self.registry = self.fleet.registry
         self.batches = BatchBook()
@@ -76,9 +74,7 @@ class RolloutManager:
         self.reads_cache = self.dispatcher.reads_cache  # attempts record what engines cache (view.py)
         # decodes output tokens (server.py sets it from `tokenizer:`): cuts a spanning stop at its token
         self.tokenizer: Tokenizer | None = None
-        self.num_step_reports = 0
-        self.last_step_report: dict | None = None  # what the trainer reported last
-        self.balancer = OffloadBalancer(config.offload.settings()) if config.offload.enabled else None
+        self.offload = LocalBudgets(config, self.registry, self.batches, self._move, self.dispatcher.wake)
         self._runs: dict[str, SampleRun] = {}  # sample id -> live state, while the manager tracks it
         self.journal: NoJournal = NoJournal()  # the Journal with `journal:` set, from start() on
         self.journal_lock: JournalLock | None = None  # held from start() to close()
@@ -93,7 +89,7 @@ class RolloutManager:
         self.request_log = RequestLog(config.request_log) if config.request_log else None
         self.sessions = SessionStore(self)  # multi-turn sessions, restored with the batches
         # the engines' streams are read by N - 1 stream processes (`processes: N > 1`) and by relays
-        self.streams: StreamReaders | None = None
+        self.streams = StreamReaders(config, config.processes - 1, self.metrics.stream_process_restarts)
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -107,57 +103,20 @@ class RolloutManager:
         except BaseException:  # a journal refused (locked, read-only, corrupt...): nothing else started
             await self.fleet.close()
             raise
-        if self.config.processes > 1:  # before any attempt starts: a restored batch's samples wait
-            restarts = self.metrics.stream_process_restarts
-            self.streams = StreamReaders(self.config, self.config.processes - 1, restarts)
-            await self.streams.start()
+        await self.streams.start()  # before any attempt starts: a restored batch's samples wait
         self.spawn(self.dispatcher.run())
         self.spawn(self.fleet.health_loop())
         self.spawn(self.fleet.load_loop())
         self.spawn(self._loop_watch.run())
-        # one sweep notices every engine that produces nothing for anyone while it has work (a
-        # request queued in a producing engine is not silent); the manager may have been the silent one
-        stall_s = self.config.stall_timeout_s
-        sweep = StallSweep(
-            stall_s, self._busy_engines, self._stalled, lambda: self._loop_watch.blocked_within(stall_s)
-        )
-        self.spawn(sweep.run())
+        self.spawn(self.fleet.stall_sweep().run())
         try:
             for index, entry in enumerate(self.config.engines):
-                await self._add_configured_engine(index, entry)
+                await self.fleet.add_configured(index, entry)
             if snapshot is not None:
                 await recovery.rejoin_engines(self, snapshot)
         except BaseException:
             await self.close()  # no task or session outlives a manager that failed to start
             raise
-
-    async def _add_configured_engine(self, index: int, entry) -> None:
-        """Register `engines[index]` of the config, waiting up to `engine_startup_timeout_s` for it to
-        come up (engines take seconds to load a model; sgl-router's worker_startup_timeout_secs)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.engine_startup_timeout_s
-        waited = False
-        while True:
-            try:
-                await self.fleet.add_engine(
-                    entry.url, entry.kind, entry.engine_type, entry.capacity, entry.api_key, entry.relay
-                )
-                return
-            except EngineAlreadyRegistered:
-                raise
-            except EngineUnavailable as exc:
-                if loop.time() >= deadline:
-                    waited_for = (
-                        f" (waited {self.config.engine_startup_timeout_s:g}s, engine_startup_timeout_s)"
-                    )
-                    raise EngineUnavailable(
-                        f"{exc}{waited_for if waited else ''}; start the engine first, or correct or "
-                        f"remove engines.{index} of the config"
-                    ) from None
-                if not waited:
-                    log.info("waiting for engine %s to come up: %s", entry.url, exc)
-                    waited = True
-                await asyncio.sleep(min(ENGINE_STARTUP_POLL_S, max(0.0, deadline - loop.time())))
 
     async def close(self) -> None:
         self.sessions.stop()
@@ -169,8 +128,7 @@ class RolloutManager:
         if self.journal_lock is not None:
             self.journal_lock.release()
         await self.fleet.close()
-        if self.streams is not None:
-            await self.streams.close()
+        await self.streams.close()
         if self.request_log is not None:
             await asyncio.to_thread(self.request_log.close)
 
@@ -178,6 +136,7 @@ class RolloutManager:
         """Keep every change in `journal` (opened under `lock`) from now on; `restarts`: the managers
         that ran on it before this one."""
         self.journal, self.journal_lock, self.restarts = journal, lock, restarts
+        self.offload.journal = self.batches.journal = journal
 
     def journal_written(self, error: str | None) -> None:
         """The journal's word after a failed write (`error`) and once writes succeed again (None)."""
@@ -198,14 +157,8 @@ class RolloutManager:
     def open_stream(
         self, engine: EngineRecord, rid: str, input_ids: list[int], sampling: SamplingParams
     ) -> AsyncIterator[GenerateChunk]:
-        stream = self.streams.open(engine, rid, input_ids, sampling) if self.streams is not None else None
+        stream = self.streams.open(engine, rid, input_ids, sampling)
         return stream if stream is not None else engine.client.generate(rid, input_ids, sampling)
-
-    def _stream_readers(self) -> StreamReaders:
-        """The stream readers, made for the first relay when the manager runs as one process."""
-        if self.streams is None:
-            self.streams = StreamReaders(self.config, 0, self.metrics.stream_process_restarts)
-        return self.streams
 
     @property
     def http(self) -> aiohttp.ClientSession:
@@ -222,13 +175,11 @@ class RolloutManager:
         self.dispatcher.wake()
 
     def remote_engine_joined(self) -> None:
-        for batch in self.batches:
-            if batch.offloaded:
-                self._move_local_samples(batch)
+        self.offload.remote_engine_joined()
 
     def engine_recorded(self, engine: EngineRecord) -> None:
         if engine.relay is not None:
-            self._stream_readers().use_relay(engine.relay)
+            self.streams.use_relay(engine.relay)
         self.journal.engine_registered(engine.url, recovery.engine_record(engine))
         self.journal.set_state("next_engine_id", self.registry.next_id)
 
@@ -253,27 +204,8 @@ class RolloutManager:
         if tasks:
             await asyncio.wait(tasks)
 
-    def _busy_engines(self) -> list[EngineRecord]:
-        """The engines some attempt streams from (in any state: a draining engine may hang too)."""
-        return [engine for engine in self.registry.all() if engine.running]
-
-    def _stalled(self, engine: EngineRecord) -> None:
-        """An engine sent no chunk to any stream for a whole stall window while it had work: it is
-        hung (its samples move)."""
-        self.fleet.retire(engine, "hung")
-
-    def _update_gauges(self) -> None:
-        """Set the state gauges; called as /metrics renders them, not at every change."""
-        counts = dict.fromkeys(self.metrics.engines_by_state, 0)
-        for engine in self.registry.all():
-            counts[engine.state] += 1
-        for state, count in counts.items():
-            self.metrics.engines_by_state[state].set(count)
-        self.metrics.queue_depth.set(len(self.dispatcher))
-        self.metrics.running_samples.set(sum(len(e.running) for e in self.registry.all()))
-        processes, relays = self.streams.readers_up() if self.streams is not None else (0, 0)
-        self.metrics.stream_processes.set(processes)
-        self.metrics.relays.set(relays)
+    def _set_gauges(self) -> None:
+        self.metrics.set_gauges(self.registry.all(), len(self.dispatcher), self.streams.readers_up())
 
     # ------------------------------------------------------------------ samples
 
@@ -329,7 +261,7 @@ class RolloutManager:
                 group_index=group,
             )
 
-        budget = self.balancer.budget_s if self.balancer is not None else None
+        budget = self.offload.budget_s
         batch = Batch.of_prompts(batch_id, prompts, n, budget, new_sample)
         self.batches.add(batch)
         for sample in batch.samples:
@@ -337,7 +269,7 @@ class RolloutManager:
         submission = recovery.batch_submission(prompts, n, sampling, allow_off_policy, budget)
         self.journal.batch_submitted(batch_id, submission, batch.samples)
         if budget is not None:
-            self._loop.call_later(budget, self._expire_budget, batch)
+            self.offload.run_out(batch, budget)
         self.dispatcher.enqueue_all(batch.samples)
         return batch
 
@@ -350,7 +282,7 @@ class RolloutManager:
                 self._runs[sample.sample_id] = SampleRun(sample)
                 self._carry_on(sample, running)
         if budget_left_s is not None:
-            self._loop.call_later(max(0.0, budget_left_s), self._expire_budget, batch)
+            self.offload.run_out(batch, budget_left_s)
 
     def restore_turn(self, sample: Sample, running: set[str]) -> None:
         """A session's turn from the journal, carried on as a batch's sample is."""
@@ -383,61 +315,6 @@ class RolloutManager:
                 sample.error = "batch cancelled"
             self._runs.pop(sample.sample_id, None)
         self.dispatcher.discard(lambda sample: sample.batch_id != batch_id)
-
-    def report_step(
-        self, step_time_s: float, bubble_s: float, rollout_s: float | None = None
-    ) -> float | None:
-        """The trainer's measurement of one step; returns the next local budget (None if offload is off)."""
-        self.num_step_reports += 1
-        self.last_step_report = {"step_time_s": step_time_s, "bubble_s": bubble_s, "rollout_s": rollout_s}
-        budget = (
-            self.balancer.update(StepReport(step_time_s, bubble_s)) if self.balancer is not None else None
-        )
-        self.journal.set_state("step_reports", recovery.step_reports(self))
-        return budget
-
-    async def hand_out(self, batch: Batch, groups: list[list[Sample]], client_keeps: bool = False) -> None:
-        """Note a micro-batch handed to the trainer, so that a restarted manager never hands those
-        groups out again. With a journal it is on disk before the trainer hears of it, unless the
-        client keeps the record itself (`client_keeps`: it sends the hand-outs it holds with its next
-        call, see `adopt_handouts`); then it rides the journal's next flush."""
-        if not groups:
-            return
-        batch.handouts.append([group[0].group_index for group in groups])
-        self.journal.handed_out(batch.batch_id, len(batch.handouts) - 1, batch.handouts[-1])
-        if not client_keeps:
-            await self.journal.durable()
-
-    def adopt_handouts(self, batch: Batch, received: list[list[int]]) -> None:
-        """Take the client's word for the micro-batches it holds beyond those this manager knows of:
-        handed out by a manager that died before journaling them. Raises ValueError when `received`
-        contradicts what this manager handed out (another client took them, or a wrong batch)."""
-        known = batch.handouts
-        if received[: len(known)] != known[: len(received)]:
-            raise ValueError(
-                f"received does not match the micro-batches of batch {batch.batch_id} handed out so far"
-            )
-        new = received[len(known) :]
-        if not new:
-            return
-        indexes = [index for handout in new for index in handout]
-        if not all(handout for handout in new) or len(set(indexes)) != len(indexes):
-            raise ValueError("received holds an empty micro-batch or a group twice")
-        for index in indexes:
-            if not 0 <= index < len(batch.groups) or batch.packer.delivered(index):
-                raise ValueError(
-                    f"received holds group {index}: batch {batch.batch_id} has no such group, or "
-                    "handed it out in another micro-batch"
-                )
-        for handout in new:
-            known.append(list(handout))
-            self.journal.handed_out(batch.batch_id, len(known) - 1, known[-1])
-        batch.packer.mark_delivered(indexes)
-        log.info(
-            "batch %s: %d micro-batches the client holds were handed out before a restart, not journaled",
-            batch.batch_id,
-            len(new),
-        )
 
     async def wait_for_update(self, sample: Sample) -> None:
         """Return once the sample has new tokens or a final state."""
@@ -490,41 +367,11 @@ class RolloutManager:
             run.move_reason = reason
             task.cancel()
 
-    def _expire_budget(self, batch: Batch) -> None:
-        if self.batches.get(batch.batch_id) is not batch or batch.done:
-            return
-        batch.offloaded = True
-        self.journal.batch_offloaded(batch.batch_id)
-        log.info("batch %s: local budget of %.2fs expired", batch.batch_id, batch.budget_s)
-        self._move_local_samples(batch)
-        self.dispatcher.wake()
-
-    def _move_local_samples(self, batch: Batch) -> None:
-        if not OffloadBalancer.offload_targets(self.registry.live()):
-            return  # nowhere to offload to; local engines keep going
-        sources = {e.engine_id for e in OffloadBalancer.offload_sources(self.registry.all())}
-        for sample in batch.samples:
-            if sample.state == SampleState.RUNNING and sample.engine_id in sources:
-                self._move(sample.sample_id, "offloaded")
-
     async def _run_attempt(self, run: SampleRun, engine: EngineRecord) -> None:
         """Run one attempt, then decide from its outcome: finish, resume elsewhere, or fail."""
         sample = run.sample
-        rid = self._rid(sample)
-        moved_for: str | None = None
         try:
-            outcome = await attempt.stream(self, run, engine, rid)
-        except asyncio.CancelledError:
-            moved_for, run.move_reason = run.move_reason, None
-            if moved_for is None:
-                raise  # the manager is shutting down
-            asyncio.current_task().uncancel()
-            self.spawn(attempt.abort_quietly(engine, rid, self.config.connect_timeout_s))
-            outcome = MOVE_OUTCOMES.get(moved_for, Outcome.MOVED)
-        except Exception as exc:  # a fault of the manager's own code: the sample must end, not hang
-            log.exception("attempt %s on engine %d failed unexpectedly", rid, engine.engine_id)
-            sample.error = f"internal error reading engine {engine.engine_id}'s answer: {exc!r}"
-            outcome = Outcome.REQUEST_FAILED  # tried elsewhere, then failed with this error
+            outcome, moved_for = await attempt.run(self, run, engine, self._rid(sample))
         finally:
             engine.ended(sample.sample_id)
             run.task = None

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from rollflow.errors import UserError
-from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.manager.core.samples import Sample, SampleState
+from rollflow.runtime.wire.base import SamplingParams
 
 if TYPE_CHECKING:
     from rollflow.runtime.manager.core.service import RolloutManager

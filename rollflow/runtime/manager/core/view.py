@@ -41,7 +41,7 @@ import aiohttp
 from rollflow.policy.view import ClusterView, InstanceView, RouteRequest, id_only_view
 from rollflow.runtime.engines.base import EngineError
 from rollflow.runtime.manager.core.prefixes import BLOCK_TOKENS, prefix_key, session_key
-from rollflow.runtime.token_blocks import block_hashes
+from rollflow.token_blocks import block_hashes
 
 if TYPE_CHECKING:
     from rollflow.runtime.manager.core.registry import EngineRecord

@@ -7,12 +7,17 @@ samples with new tokens; the latest row of each sample changed; other statements
 it to the writer as one round (each marked sample's tokens past what it journaled taken from its own
 lists then, once a round) every `journal_flush_interval_ms`, or as soon as half of
 `journal_max_unflushed_tokens` has gathered; the writer commits what it was handed as one
-transaction, a round's tokens as one row (journal_file.py). While more than
+transaction, a round's tokens as one row (journal_file.py; the writer is journal_writer.py). While more than
 `journal_max_unflushed_tokens` tokens are not yet committed the manager's streams pause, which bounds
 what a crash can lose. A round is handed at once, too, when a caller needs what it is about to
 answer to be on disk first (`durable()`: a line of the sample stream, a micro-batch handed to a
 client that does not keep the record of its hand-outs itself; one that does, as `ManagerClient`
-does, is answered at once, see `RolloutManager.adopt_handouts`).
+does, is answered at once, see `BatchBook.adopt_handouts`).
+
+A batch delivered or deleted within the round it was submitted in is dropped from that round, not
+written and then deleted (`batch_gone`): the file is the same after the round, and a crash before it
+loses what it would have lost anyway (none of the batch was committed). A small batch served within one
+flush interval costs the writer nothing.
 
 Sessions (sessions.py) are journaled beside batches: a row per session (its pin, whether it is
 closed, the turn it is running), a row per finished turn (its input and its output with spans), and
@@ -35,34 +40,19 @@ failure is logged again every `REPORT_S` while it lasts.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import json
 import logging
-import operator
 import sqlite3
-import threading
-import time
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from rollflow.runtime.manager.core.samples import Sample, SampleState
 from rollflow.runtime.manager.durability.journal_events import NoJournal
-from rollflow.runtime.manager.durability.journal_file import BATCH_TABLES, OWNED_TABLES, SESSION_OWNER, pack
+from rollflow.runtime.manager.durability.journal_file import BATCH_TABLES, OWNED_TABLES, SESSION_OWNER
+from rollflow.runtime.manager.durability.journal_writer import BATCH_SQL, JournalWriter, Round
 
 log = logging.getLogger(__name__)
-
-RETRY_S = 1.0
-"""While writes fail, the writer tries again this often (not at every round: each try redoes them all)..."""
-
-RETRY_PAUSE = 10
-"""...or, when a try takes long (a large backlog held), it waits this many times as long as the last
-try took: retrying takes the process's CPU at most a tenth of the time, however much is held."""
-
-REPORT_S = 5.0
-"""While writes fail, the failure is logged again this often."""
 
 
 def owner(sample: Sample) -> str | None:
@@ -73,44 +63,7 @@ def owner(sample: Sample) -> str | None:
     return f"{SESSION_OWNER}{sample.session_id}#{sample.seq}" if sample.session_id is not None else None
 
 
-@dataclass
-class _Round:
-    """What the loop hands the writer at once: all that changed since the last round, written in this
-    order (a compaction of an owner's rows ends its round, so it comes after all it should delete)."""
-
-    # the round's new tokens as runs (a run: one sample's tokens in one span), in flat lists
-    sample_ids: list[str]  # each run's sample
-    starts: array  # where in its sample's output the run starts
-    counts: array  # its number of tokens
-    spans: list[tuple]  # the runs that opened a span: (run index, attempt, engine id, url, version)
-    token_ids: list[int]  # the runs' tokens, one run's after another
-    logprobs: list[float]  # and their logprobs
-    owners: set[str]  # the owners of the runs' samples
-    rows: dict[str, tuple]  # sample id -> its row (`sample_values`), the latest
-    attempts: dict[str, tuple | None]  # sample id -> its attempt running (owner, rid, url); None: ended
-    ops: list[tuple[str, tuple]]  # other statements, in the order they were queued
-    num_tokens: int  # tokens streamed in the round (the bound's count)
-    waiters: list[asyncio.Future]  # durable() callers, answered once the round is committed
-
-    def __bool__(self) -> bool:
-        return bool(self.sample_ids or self.rows or self.attempts or self.ops or self.waiters)
-
-
 STATE_NAMES = {state: state.name.lower() for state in SampleState}
-
-# a round's rows of a table go in one statement, from one JSON array: the writer thread takes the GIL
-# back after every statement SQLite runs, and while the loop is busy each time costs it the switch
-# interval (5 ms): with a statement per row a commit took tens of milliseconds
-SAMPLES_SQL = (  # rows as JSON arrays (`sample_values`), each kept as its body (journal_file.SAMPLE_FIELDS)
-    "INSERT OR REPLACE INTO samples SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), value "
-    "FROM json_each(?)"
-)
-ATTEMPTS_SQL = (
-    "INSERT OR REPLACE INTO attempts SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), "
-    "json_extract(value, '$[2]'), json_extract(value, '$[3]') FROM json_each(?)"
-)
-ATTEMPTS_ENDED_SQL = "DELETE FROM attempts WHERE sample_id IN (SELECT value FROM json_each(?))"
-OWNERS_SQL = "INSERT INTO token_log_owners SELECT ?, value FROM json_each(?)"
 
 
 def sample_values(sample: Sample, name: str | None, completed: int | None = None) -> tuple:
@@ -132,16 +85,6 @@ def sample_values(sample: Sample, name: str | None, completed: int | None = None
     )
 
 
-@dataclass
-class _Failure:
-    """The writer's note of a failure that lasts (writer thread)."""
-
-    since: float  # monotonic time of the first failed write
-    num_errors: int = 0  # failed writes since
-    reported_at: float = 0.0  # monotonic time of the last log line
-    try_s: float = 0.0  # how long the last try took
-
-
 class Journal(NoJournal):
     """The loop's side of the writer. Its methods run on the event loop and only note what changed (no
     lock, no disk, no JSON for a streamed chunk); `durable` and `room` await the writer without
@@ -159,7 +102,6 @@ class Journal(NoJournal):
     ) -> None:
         """`on_write` is called on the loop after every failed write with its error, and once with None
         when writes succeed again (the manager's metrics)."""
-        self._conn = conn
         self.path = path
         self._on_write = on_write
         self.error: str | None = None  # why the journal cannot write, while it cannot (loop)
@@ -169,16 +111,19 @@ class Journal(NoJournal):
         # pause) is reached only when the writer falls behind, not while a round waits for its time
         self._round_tokens = max(1, max_unflushed_tokens // 2)
         self._taken = 0  # tokens in rounds handed to the writer (loop)
-        self._written = 0  # tokens committed (writer thread: the loop sees a commit at once)
         self._room = asyncio.Event()  # set while the streams may read on (see room())
         self._room.set()
-        self.num_commits = 0
         # noted on the loop since the last round (the loop's alone)
         # samples with tokens past what they journaled (`Sample.journaled`), by id, in order
         self._dirty: dict[str, Sample] = {}
         self._rows: dict[str, tuple] = {}
         self._attempts: dict[str, tuple | None] = {}
         self._ops: list[tuple[str, tuple]] = []
+        # batches submitted since the last round was taken, nothing of theirs handed to the writer yet:
+        # batch id -> its submission (encoded once the round is taken), its own statements since (held
+        # apart until then) and its samples, so that a batch gone before its first round costs no
+        # encoding, leaves nothing to write and nothing to delete (`batch_gone`)
+        self._fresh: dict[str, tuple[dict, list[tuple[str, tuple]], list[Sample]]] = {}
         self._num_tokens = 0
         # a streamed chunk's only test: below `_limit` tokens in the round nothing else is due (the
         # round's timer is armed, the round is not half the bound, the bound is not reached); 0 while
@@ -187,33 +132,27 @@ class Journal(NoJournal):
         self._waiters: list[asyncio.Future] = []
         self._next_round: asyncio.TimerHandle | asyncio.Handle | None = None
         self._soon = False  # the next round is due at once (a durable()), not at the interval
-        # handed to the writer, under the lock (once per round)
-        self._lock = threading.Condition()
-        self._rounds: list[_Round] = []
-        self._wake = False
-        self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._writer = JournalWriter(conn, path, self._committed, self._write_state)
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._write_forever, name="rollflow-journal", daemon=True)
-        self._thread.start()
+        self._writer.start(self._loop)
 
     async def close(self) -> None:
         """Write what is queued and close the file."""
-        if self._thread is None:
+        if not self._writer.running:
             return
         if self._next_round is not None:
             self._next_round.cancel()
             self._next_round = None
-        self._hand(self._take())
-        with self._lock:
-            self._closing = True
-            self._lock.notify()
-        await asyncio.to_thread(self._thread.join)
-        self._thread = None
-        self._conn.close()
+        self._writer.hand(self._take())
+        await self._writer.close()
+
+    @property
+    def num_commits(self) -> int:
+        """Transactions committed so far."""
+        return self._writer.num_commits
 
     # ------------------------------------------------------------------ noting (loop thread)
 
@@ -228,30 +167,52 @@ class Journal(NoJournal):
     @property
     def unflushed_tokens(self) -> int:
         """Tokens received and not yet committed: what a crash now would lose."""
-        return self._taken + self._num_tokens - self._written
+        return self._taken + self._num_tokens - self._writer.written
 
     @property
     def full(self) -> bool:
         """More tokens than the bound wait to be written: streams should `await room()`."""
         return (
-            self._taken + self._num_tokens - self._written >= self.max_unflushed_tokens and self.error is None
+            self._taken + self._num_tokens - self._writer.written >= self.max_unflushed_tokens
+            and self.error is None
         )
 
     # ------------------------------------------------------------------ the manager's events
 
     def batch_submitted(self, batch_id: str, submission: dict, samples: list[Sample]) -> None:
-        self.put("INSERT OR REPLACE INTO batches VALUES (?, ?)", (batch_id, json.dumps(submission)))
+        self._fresh[batch_id] = (submission, [], samples)
         for sample in samples:
             self.sample_changed(sample)
+        if self._next_round is None:
+            self._arm()
+
+    def _put_batch(self, batch_id: str, sql: str, params: tuple) -> None:
+        """A statement of one batch's rows: held with the batch while it is fresh (see `batch_gone`)."""
+        fresh = self._fresh.get(batch_id)
+        if fresh is None:
+            self.put(sql, params)
+        else:
+            fresh[1].append((sql, params))
 
     def batch_offloaded(self, batch_id: str) -> None:
-        self.put(
+        self._put_batch(
+            batch_id,
             "UPDATE batches SET body = json_set(body, '$.offloaded', json('true')) WHERE batch_id = ?",
             (batch_id,),
         )
 
     def batch_gone(self, batch_id: str) -> None:
-        """Compaction: a delivered or deleted batch leaves nothing behind."""
+        """Compaction: a delivered or deleted batch leaves nothing behind. A batch gone within the round
+        it was submitted in (a small batch served within one flush interval) never reaches the disk:
+        what was noted of it is dropped, and there is nothing to delete. A crash meanwhile loses the same
+        as without it (none of the batch was committed), and after the round the file is the same."""
+        fresh = self._fresh.pop(batch_id, None)
+        if fresh is not None:
+            for sample in fresh[2]:
+                self._rows.pop(sample.sample_id, None)
+                self._attempts.pop(sample.sample_id, None)
+                self._dirty.pop(sample.sample_id, None)  # its tokens stay counted: written with the round
+            return
         ops = [(f"DELETE FROM {table} WHERE batch_id = ?", (batch_id,)) for table in BATCH_TABLES]
         self._compact(*ops, *self._owner_gone(batch_id))
 
@@ -259,7 +220,7 @@ class Journal(NoJournal):
         """Deletes of an owner's rows end their round: what was noted before them is written before them
         (and deleted), what comes after them (a batch id submitted again) after them."""
         self._put(*ops)
-        self._hand(self._take(), wake=False)  # the round's timer, still armed, wakes the writer
+        self._writer.hand(self._take(), wake=False)  # the round's timer, still armed, wakes the writer
 
     @staticmethod
     def _owner_gone(name: str) -> list[tuple[str, tuple]]:
@@ -304,7 +265,7 @@ class Journal(NoJournal):
             return True
         # (while writes fail the bound is off: the round's size alone hands it)
         room = (
-            self.max_unflushed_tokens - (self._taken - self._written)
+            self.max_unflushed_tokens - (self._taken - self._writer.written)
             if self.error is None
             else self._round_tokens
         )
@@ -331,8 +292,10 @@ class Journal(NoJournal):
             self._arm()
 
     def handed_out(self, batch_id: str, index: int, group_indexes: list[int]) -> None:
-        self.put(
-            "INSERT OR REPLACE INTO handouts VALUES (?, ?, ?)", (batch_id, index, json.dumps(group_indexes))
+        self._put_batch(
+            batch_id,
+            "INSERT OR REPLACE INTO handouts VALUES (?, ?, ?)",
+            (batch_id, index, json.dumps(group_indexes)),
         )
 
     def engine_registered(self, url: str, record: dict) -> None:
@@ -375,7 +338,7 @@ class Journal(NoJournal):
 
     async def durable(self) -> None:
         """Return once everything noted so far is committed (at once while writes fail)."""
-        if self._thread is None or self.error is not None:
+        if not self._writer.running or self.error is not None:
             return
         # a round of its own even when nothing is noted: what the writer is committing now is durable
         # only once that commit ends, and rounds are committed one after another
@@ -392,7 +355,7 @@ class Journal(NoJournal):
     async def room(self) -> None:
         """Wait while more tokens than the bound are unwritten: the streams' back-pressure (all of
         them wait on one event, set by the commit that makes room)."""
-        while self.full and self._thread is not None:
+        while self.full and self._writer.running:
             if self._room.is_set():
                 self._room.clear()
                 self._end_round()  # what waits goes now, not at the interval
@@ -416,9 +379,9 @@ class Journal(NoJournal):
             self._next_round.cancel()  # (a no-op when it is what runs this)
             self._next_round = None
         self._soon = False
-        self._hand(self._take())
+        self._writer.hand(self._take())
 
-    def _take(self) -> _Round:
+    def _take(self) -> Round:
         """What was noted since the last round, as a round; the loop starts noting afresh. Each marked
         sample's new tokens are taken from its own lists here, a run per span they fall in: once per
         sample a round, not once per streamed chunk. With many samples streaming a round holds only a
@@ -466,7 +429,15 @@ class Journal(NoJournal):
             batch_id = sample.batch_id
             owners.add(batch_id if batch_id is not None else owner(sample))
             sample.journaled = end
-        taken = _Round(
+        ops = self._ops
+        if self._fresh:  # the fresh batches' statements first: nothing noted before them touches their rows
+            fresh = []
+            for batch_id, (submission, statements, _) in self._fresh.items():
+                fresh.append((BATCH_SQL, (batch_id, json.dumps(submission))))
+                fresh += statements
+            ops = fresh + ops
+            self._fresh = {}
+        taken = Round(
             sample_ids,
             starts,
             counts,
@@ -476,7 +447,7 @@ class Journal(NoJournal):
             owners,
             self._rows,
             self._attempts,
-            self._ops,
+            ops,
             self._num_tokens,
             self._waiters,
         )
@@ -486,104 +457,13 @@ class Journal(NoJournal):
         self._limit = 0
         return taken
 
-    def _hand(self, taken: _Round, wake: bool = True) -> None:
-        with self._lock:
-            if taken:
-                self._rounds.append(taken)
-            if wake and self._rounds:
-                self._wake = True
-                self._lock.notify()
-
-    def _committed(self, rounds: list[_Round]) -> None:
+    def _committed(self, rounds: list[Round]) -> None:
         for done in rounds:
             for waiter in done.waiters:
                 if not waiter.done():
                     waiter.set_result(None)
         if not self._room.is_set() and not self.full:
             self._room.set()
-
-    # ------------------------------------------------------------------ writing (writer thread)
-
-    def _write_forever(self) -> None:
-        held: list[_Round] = []  # rounds handed and not committed, in order: the next commit's
-        failure: _Failure | None = None  # while writes fail
-        while True:
-            with self._lock:
-                if failure is None:
-                    while not self._wake and not self._closing:
-                        self._lock.wait()
-                else:  # the next try at the retry interval (or at close), not at every round handed
-                    retry_at = time.monotonic() + max(RETRY_S, RETRY_PAUSE * failure.try_s)
-                    while not self._closing and (wait := retry_at - time.monotonic()) > 0:
-                        self._lock.wait(wait)
-                held += self._rounds
-                self._rounds = []
-                self._wake = False
-                closing = self._closing
-            started = time.monotonic()
-            try:
-                self._commit(held)
-            except Exception as exc:  # a full disk, a file gone read-only: kept, and tried again
-                self._rollback()
-                failure = failure or _Failure(started)
-                failure.try_s = time.monotonic() - started
-                self._failed(failure, exc, held, closing)
-                if closing:
-                    return
-                continue
-            if failure is not None:
-                log.warning(
-                    "journal %s writes again after %.1fs; what it held meanwhile is written",
-                    self.path,
-                    time.monotonic() - failure.since,
-                )
-                failure = None
-                self._loop.call_soon_threadsafe(self._write_state, None, [])
-            self._loop.call_soon_threadsafe(self._committed, held)
-            held = []
-            if closing:
-                return
-
-    def _rollback(self) -> None:
-        """End the failed transaction, if SQLite has not already, so that the next try starts clean."""
-        if self._conn.in_transaction:  # (SQLite ends it on its own after some errors)
-            with contextlib.suppress(sqlite3.Error):  # a rollback failing too: the next try says so
-                self._conn.execute("ROLLBACK")
-
-    def _failed(self, failure: _Failure, exc: Exception, held: list[_Round], closing: bool) -> None:
-        """A failed write (writer thread): counted and said on the loop, logged at once the first time,
-        then every REPORT_S, and at close with what is lost."""
-        failure.num_errors += 1
-        error = f"journal {self.path} cannot write ({exc})"
-        tokens = sum(taken.num_tokens for taken in held)
-        now = time.monotonic()
-        if closing:
-            log.error(
-                "%s; closing with %d tokens and what changed since %.1fs ago not written",
-                error,
-                tokens,
-                now - failure.since,
-            )
-        elif failure.num_errors == 1:
-            log.error(
-                "%s; new batches and sessions are refused until it can; what it cannot write is held in "
-                "memory and written once it can (tried again every %gs, less often when much is held)",
-                error,
-                RETRY_S,
-                exc_info=not isinstance(exc, sqlite3.Error),  # not SQLite's: a bug, with its traceback
-            )
-            failure.reported_at = now
-        elif now - failure.reported_at >= REPORT_S:
-            log.error(
-                "%s, still, for %.0fs: %d writes failed; %d tokens held in memory",
-                error,
-                now - failure.since,
-                failure.num_errors,
-                tokens,
-            )
-            failure.reported_at = now
-        waiters = [waiter for taken in held for waiter in taken.waiters]
-        self._loop.call_soon_threadsafe(self._write_state, error, waiters)
 
     def _write_state(self, error: str | None, waiters: list[asyncio.Future]) -> None:
         """On the loop: a write failed (`error`) or writes succeed again (None). A failure answers the
@@ -595,42 +475,3 @@ class Journal(NoJournal):
         if error is not None:
             self._room.set()
         self._on_write(error)
-
-    def _commit(self, rounds: list[_Round]) -> None:
-        """All rounds handed since the last commit, in one transaction, each in its own order."""
-        if not any(r.sample_ids or r.rows or r.attempts or r.ops for r in rounds):
-            # tokens counted whose sample threw them away before its round: none left to write, but
-            # counted as written all the same, or the bound would pause the streams for good
-            self._written += sum(taken.num_tokens for taken in rounds)
-            return
-        conn = self._conn
-        conn.execute("BEGIN")
-        for taken in rounds:
-            if taken.sample_ids:  # first: a compaction of the round takes its owner's tokens with it
-                log_id = conn.execute(
-                    "INSERT INTO token_log (sample_ids, spans, starts, counts, token_ids, logprobs) "
-                    "VALUES (?, ?, ?, ?, ?, ?)",
-                    (
-                        json.dumps(taken.sample_ids),
-                        json.dumps(taken.spans),
-                        pack("q", taken.starts),
-                        pack("q", taken.counts),
-                        pack("q", taken.token_ids),
-                        pack("d", taken.logprobs),
-                    ),
-                ).lastrowid
-                conn.execute(OWNERS_SQL, (log_id, json.dumps(list(taken.owners))))
-            if taken.rows:
-                conn.execute(SAMPLES_SQL, (json.dumps(list(taken.rows.values())),))
-            started = [[sample_id, *attempt] for sample_id, attempt in taken.attempts.items() if attempt]
-            if started:
-                conn.execute(ATTEMPTS_SQL, (json.dumps(started),))
-            ended = [sample_id for sample_id, attempt in taken.attempts.items() if attempt is None]
-            if ended:
-                conn.execute(ATTEMPTS_ENDED_SQL, (json.dumps(ended),))
-            # a run of the same statement is one executemany: in order, so the same as one by one
-            for sql, run in itertools.groupby(taken.ops, key=operator.itemgetter(0)):
-                conn.executemany(sql, [params for _, params in run])
-        conn.execute("COMMIT")
-        self.num_commits += 1  # first: a count of tokens written never runs ahead of it
-        self._written += sum(taken.num_tokens for taken in rounds)

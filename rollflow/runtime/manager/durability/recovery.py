@@ -24,7 +24,6 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.manager.core.batches import Batch, sample_sampling
 from rollflow.runtime.manager.core.fleet import EngineUnavailable, normalise_url
@@ -32,6 +31,7 @@ from rollflow.runtime.manager.core.samples import Sample, SampleState, Span
 from rollflow.runtime.manager.durability.journal import Journal
 from rollflow.runtime.manager.durability.journal_file import JournalRefused, Snapshot, open_journal
 from rollflow.runtime.manager.durability.journal_lock import JournalLock
+from rollflow.runtime.wire.base import SamplingParams
 
 if TYPE_CHECKING:
     from rollflow.runtime.manager.core.registry import EngineRecord
@@ -68,14 +68,6 @@ def engine_record(engine: EngineRecord) -> dict:
         "relay": engine.relay,
         "weight_version": engine.weight_version,
         "engine_id": engine.engine_id,
-    }
-
-
-def step_reports(manager: RolloutManager) -> dict:
-    return {
-        "num_step_reports": manager.num_step_reports,
-        "last_step_report": manager.last_step_report,
-        "balancer": manager.balancer.state() if manager.balancer is not None else None,
     }
 
 
@@ -127,10 +119,7 @@ def _restore_counters(manager: RolloutManager, snapshot: Snapshot) -> None:
     manager.restore_sequence(max(seqs, default=-1) + 1)
     reports = state.get("step_reports")
     if reports is not None:
-        manager.num_step_reports = reports["num_step_reports"]
-        manager.last_step_report = reports["last_step_report"]
-        if manager.balancer is not None and reports["balancer"] is not None:
-            manager.balancer.load_state(reports["balancer"])
+        manager.offload.load_state(reports)
 
 
 def _sampling(journaled: dict) -> SamplingParams:

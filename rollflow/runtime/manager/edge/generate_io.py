@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollflow.runtime.engines.base import SamplingParams
-from rollflow.runtime.engines.sglang_io import SamplingParamsBody
+from rollflow.runtime.http.answer import dumps
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.core.samples import Sample, SampleState
 from rollflow.runtime.manager.edge.protocol import GenerateBody
 from rollflow.runtime.manager.edge.shared import BadRequest
+from rollflow.runtime.wire.base import SamplingParams
+from rollflow.runtime.wire.sglang import SamplingParamsBody
 
 ID_BYTES_PER_TOKEN = 16
 """Most bytes a prompt's token id takes in a body: 10 digits for the largest id, then ", ", and
@@ -70,34 +71,54 @@ def output_text(sample: Sample, tokenizer: Any) -> str:
     return text
 
 
-class LogprobEntries:
-    """SGLang's `output_token_logprobs` of one sample, kept from one event of its stream to the next:
-    each event repeats every entry so far, and building them all again per event cost the manager
-    time in proportion to the output's length, per token. Only the entries of new tokens are
-    made; a sample whose output was discarded (restarted from its prompt) is built again."""
+class StreamEvents:
+    """A streamed sample's events, each SGLang's answer with the whole output so far (as SGLang
+    streams by default). Encoding every output id and log-prob entry again per event cost the
+    manager time in proportion to the output's length, per token (a third of its CPU per streamed
+    token at 8 events per engine write): the JSON of the ids and entries is kept from one event to
+    the next and only new tokens' are encoded; the rest of the event is encoded each time. The
+    bytes are those of `sse_event(generate_payload(...))`. A sample whose output was discarded
+    (restarted from its prompt) starts over."""
 
     def __init__(self) -> None:
-        self.entries: list[list] = []
+        self._ids = bytearray()  # `output_ids`' JSON so far, without its brackets
+        self._entries = bytearray()  # `output_token_logprobs`' JSON so far, without its brackets
+        self._count = 0  # the tokens encoded
         self._regenerated = 0
 
-    def of(self, sample: Sample, tokenizer: Any, with_text: bool) -> list[list]:
-        if sample.regenerated_tokens != self._regenerated or len(self.entries) > len(sample.output_ids):
-            self.entries, self._regenerated = [], sample.regenerated_tokens
-        start = len(self.entries)
-        tokens = sample.output_ids[start:]
-        texts = [tokenizer.decode([token]) for token in tokens] if with_text else [None] * len(tokens)
-        self.entries += [
-            [logprob, token, text]
-            for logprob, token, text in zip(sample.output_logprobs[start:], tokens, texts, strict=True)
-        ]
-        return self.entries
+    def event(self, sample: Sample, body: GenerateBody, rid: str, tokenizer: Any) -> bytes:
+        output_ids = sample.output_ids
+        if sample.regenerated_tokens != self._regenerated or self._count > len(output_ids):
+            self.__init__()
+            self._regenerated = sample.regenerated_tokens
+        start = self._count
+        if start < len(output_ids):
+            tokens = output_ids[start:]
+            comma = b"," if start else b""
+            self._ids += comma + dumps(tokens)[1:-1]
+            if body.return_logprob:
+                entries = _entries(sample, tokenizer, body.return_text_in_logprobs, start)
+                self._entries += comma + dumps(entries)[1:-1]
+            self._count = len(output_ids)
+        meta = dumps(_meta(sample, rid))
+        if body.return_logprob:
+            meta = b'%s,"output_token_logprobs":[%s]}' % (meta[:-1], self._entries)
+        text = dumps(output_text(sample, tokenizer))
+        return b'data: {"text":%s,"output_ids":[%s],"meta_info":%s}\n\n' % (text, self._ids, meta)
 
 
-def generate_payload(
-    sample: Sample, body: GenerateBody, rid: str, tokenizer: Any, entries: LogprobEntries | None = None
-) -> dict:
-    """SGLang's answer: text, output ids and meta_info (with rollflow's spans and resumes). A
-    stream passes the `entries` it keeps from event to event."""
+def _entries(sample: Sample, tokenizer: Any, with_text: bool, start: int = 0) -> list[list]:
+    """SGLang's `output_token_logprobs` entries of the sample's tokens from `start` on."""
+    tokens = sample.output_ids[start:]
+    texts = [tokenizer.decode([token]) for token in tokens] if with_text else [None] * len(tokens)
+    return [
+        [logprob, token, text]
+        for logprob, token, text in zip(sample.output_logprobs[start:], tokens, texts, strict=True)
+    ]
+
+
+def _meta(sample: Sample, rid: str) -> dict:
+    """SGLang's `meta_info` (with rollflow's spans and resumes), but the log-prob entries."""
     meta: dict = {
         "id": rid,
         "prompt_tokens": len(sample.prompt_ids),
@@ -114,7 +135,12 @@ def generate_payload(
         meta["finish_reason"] = {"type": sample.finish_reason}
     elif sample.state == SampleState.FAILED:
         meta["finish_reason"] = {"type": "abort", "message": sample.error}
+    return meta
+
+
+def generate_payload(sample: Sample, body: GenerateBody, rid: str, tokenizer: Any) -> dict:
+    """SGLang's answer: text, output ids and meta_info (with rollflow's spans and resumes)."""
+    meta = _meta(sample, rid)
     if body.return_logprob:
-        entries = entries or LogprobEntries()
-        meta["output_token_logprobs"] = entries.of(sample, tokenizer, body.return_text_in_logprobs)
+        meta["output_token_logprobs"] = _entries(sample, tokenizer, body.return_text_in_logprobs)
     return {"text": output_text(sample, tokenizer), "output_ids": list(sample.output_ids), "meta_info": meta}

@@ -215,6 +215,7 @@ class _LeanConnection(asyncio.Protocol):
         """A streamed request's next event, as `sglang_api`'s route writes them (the request says
         what is due), except that a reader more than STREAM_BACKLOG_BYTES behind is sent no event
         until it catches up or the stream ends."""
+        head = b""
         if not self._streaming:
             if not request.stream_can_open():
                 return
@@ -222,19 +223,25 @@ class _LeanConnection(asyncio.Protocol):
                 self._answer()  # its 4xx, before any byte of a stream
                 return
             keep_alive = self._keep_alive and not self._closing
-            self.transport.write(_STREAM_HEAD + (b"\r\n" if keep_alive else b"Connection: close\r\n\r\n"))
+            head = _STREAM_HEAD + (b"\r\n" if keep_alive else b"Connection: close\r\n\r\n")
             self._streaming = True
         transport = self.transport
         try:
             event = request.next_event(backlogged=transport.get_write_buffer_size() >= STREAM_BACKLOG_BYTES)
         except Exception:
             log.exception("error streaming POST /generate")
+            if head:
+                transport.write(head)
             transport.close()  # mid-stream: the client sees the stream break off
             return
+        # one write (one send to the client) per call: the head goes with the first event, the end
+        # with the last
+        end = _STREAM_END if request.finished else b""
         if event is not None:
-            transport.write(_chunk(event))
-        if request.finished:
-            transport.write(_STREAM_END)
+            transport.write(b"%s%x\r\n%s\r\n%s" % (head, len(event), event, end))
+        elif head or end:
+            transport.write(head + end)
+        if end:
             self._finish(request)
 
     def _answer(self, failure: Exception | None = None) -> None:

@@ -15,13 +15,13 @@ from pathlib import Path
 
 from aiohttp import web
 
-from rollflow.runtime.engines.base import SamplingParams
 from rollflow.runtime.http.body import read_json_object
 from rollflow.runtime.manager.core.samples import SampleState
 from rollflow.runtime.manager.core.service import RolloutManager
 from rollflow.runtime.manager.edge.vllm_api import check_limits, render_chat, session_of
-from rollflow.runtime.openai.protocol import OpenAIError
 from rollflow.runtime.openai.serve import Delta, Tokenizer, error_response, handle
+from rollflow.runtime.wire.base import SamplingParams
+from rollflow.runtime.wire.openai import OpenAIError
 
 
 class ManagerTokens:

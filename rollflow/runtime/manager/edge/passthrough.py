@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
+from rollflow.runtime.engines.base import EngineError
 from rollflow.runtime.engines.http import ENGINE_ERRORS, HttpEngine
 from rollflow.runtime.http.body import read_json_object
 from rollflow.runtime.http.errors import error_body
@@ -81,17 +81,9 @@ async def call_engine(
     if not isinstance(client, HttpEngine):
         return EngineAnswer(engine, None, f"{type(client).__name__} has no HTTP routes")
     try:
-        async with client.session.request(
-            method,
-            client.url + path,
-            json=body,
-            headers=client.headers,
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
-        ) as resp:
-            text = await resp.text(errors="replace")
-            status = resp.status
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        return EngineAnswer(engine, None, f"unreachable: {exc!r}")
+        status, text = await client.call(method, path, body, timeout_s)
+    except EngineError as exc:
+        return EngineAnswer(engine, None, f"unreachable: {exc}")
     try:
         return EngineAnswer(engine, status, json.loads(text) if text.strip() else None)
     except ValueError:

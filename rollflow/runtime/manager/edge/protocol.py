@@ -9,32 +9,18 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from rollflow.config import StrictModel
-from rollflow.runtime.engines.sglang_io import (
-    MAX_TOKEN_ID,
-    TOP_LEVEL_NEUTRAL,
-    Int,
-    SamplingParamsBody,
-    drop_neutral,
-)
-from rollflow.runtime.engines.sglang_io import GenerateBody as SGLangGenerateBody
 from rollflow.runtime.manager.config import RelayAddress
-
-
-class _Body(StrictModel):
-    """A request body: unknown fields and loose types are refused (sglang_io's `_Body` rules: no
-    string read as a number or a bool; an integral float such as 8.0 is taken as an int)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
+from rollflow.runtime.wire.base import MAX_TOKEN_ID, Body, Int
+from rollflow.runtime.wire.sglang import TOP_LEVEL_NEUTRAL, SamplingParamsBody, drop_neutral
+from rollflow.runtime.wire.sglang import GenerateBody as SGLangGenerateBody
 
 SamplingBody = SamplingParamsBody
 """`sampling_params` of every manager route: SGLang's, shared with the built-in engine."""
 
 
-class SessionParamsBody(_Body):
+class SessionParamsBody(Body):
     """SGLang's `session_params` of a `/generate`: the request is the next turn of session `id`
     (opened with `/open_session`); its `input_ids` follow the session's whole context."""
 
@@ -59,7 +45,7 @@ class SessionParamsBody(_Body):
 
 
 class GenerateBody(SGLangGenerateBody):
-    """SGLang's `/generate` body as clients send it (`rollflow.runtime.engines.sglang_io`), plus
+    """SGLang's `/generate` body as clients send it (`rollflow.runtime.wire.sglang`), plus
     rollflow's own field and SGLang's sessions (sessions_api.py)."""
 
     allow_off_policy: bool = False
@@ -77,7 +63,7 @@ class GenerateBody(SGLangGenerateBody):
         return rest | {"session_params": data["session_params"]}
 
 
-class OpenSGLangSessionBody(_Body):
+class OpenSGLangSessionBody(Body):
     """SGLang's `/open_session` body."""
 
     capacity_of_str_len: Int = Field(0, ge=0)
@@ -89,22 +75,13 @@ class OpenSGLangSessionBody(_Body):
     """SGLang reaps an idle session after this long; the manager keeps it until closed (accepted, unused)."""
 
 
-class CloseSGLangSessionBody(_Body):
+class CloseSGLangSessionBody(Body):
     """SGLang's `/close_session` body."""
 
     session_id: str = Field(min_length=1, max_length=64)
 
 
-class AbortBody(_Body):
-    """SGLang's `/abort_request` body."""
-
-    rid: str = ""
-    """Request to abort (the `rid` of a /generate, or a batch sample's id); ignored with abort_all."""
-    abort_all: bool = False
-    """Abort every sample the manager holds, /generate's and batches' alike."""
-
-
-class BatchBody(_Body):
+class BatchBody(Body):
     prompts: list[list[int]] = Field(min_length=1)
     """Prompts as token ids; each becomes a group of `n` samples."""
     n: Int = Field(1, ge=1, le=4096)
@@ -126,7 +103,7 @@ class BatchBody(_Body):
         return self
 
 
-class NextMicroBatchBody(_Body):
+class NextMicroBatchBody(Body):
     min_groups: Int = Field(1, ge=1)
     max_groups: Int = Field(1 << 30, ge=1)
     timeout_s: float | None = Field(None, ge=0, le=3600)
@@ -152,7 +129,7 @@ class NextMicroBatchBody(_Body):
         return self
 
 
-class WorkerBody(_Body):
+class WorkerBody(Body):
     """sgl-router's `POST /workers` body, plus rollflow's engine kind, type and capacity."""
 
     url: str = Field(pattern=r"^https?://[^\s/]+(/.*)?$")
@@ -183,14 +160,14 @@ class WorkerBody(_Body):
         return self
 
 
-class StepReportBody(_Body):
+class StepReportBody(Body):
     step_time_s: float = Field(gt=0)
     bubble_s: float = Field(ge=0)
     rollout_s: float | None = Field(None, gt=0)
     """Time the step's rollout took; the launcher's autoscaler reads it back from GET /step_report."""
 
 
-class UpdateWeightsBody(_Body):
+class UpdateWeightsBody(Body):
     """Give exactly one source: a folder the engine reads, or a weight server it pulls from."""
 
     model_path: str | None = Field(None, min_length=1)
@@ -228,7 +205,7 @@ class UpdateWeightsBody(_Body):
             raise ValueError(str(exc)) from None
 
 
-class ResumeWorkerBody(_Body):
+class ResumeWorkerBody(Body):
     """Waking a released engine; with a weight source it loads the newest version before it rejoins."""
 
     model_path: str | None = Field(None, min_length=1)
@@ -257,7 +234,7 @@ class ResumeWorkerBody(_Body):
         return self
 
 
-class OpenSessionBody(_Body):
+class OpenSessionBody(Body):
     """`POST /v1/sessions`: a multi-turn session (sessions.py)."""
 
     session_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
@@ -268,7 +245,7 @@ class OpenSessionBody(_Body):
     """Let later turns continue on engines of other weight versions (each token keeps its own)."""
 
 
-class TurnBody(_Body):
+class TurnBody(Body):
     """`POST /v1/sessions/{id}/turns`: the first turn's input is the prompt; a later turn's is the
     environment's (or tool's) tokens that follow the last output, masked out of the loss."""
 

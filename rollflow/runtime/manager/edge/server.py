@@ -175,7 +175,7 @@ async def next_micro_batch(request: web.Request) -> web.Response:
     body = await parse_body(request, NextMicroBatchBody)
     if body.received is not None:
         try:
-            manager.adopt_handouts(batch, body.received)
+            manager.batches.adopt_handouts(batch, body.received)
         except ValueError as exc:
             raise http_error(web.HTTPConflict, str(exc)) from None
     handed_out = len(batch.handouts)
@@ -195,14 +195,14 @@ async def next_micro_batch(request: web.Request) -> web.Response:
         groups = await batch.packer.next(body.min_groups, body.max_groups, body.timeout_s)
     except BatchDeleted as exc:
         raise http_error(web.HTTPGone, str(exc)) from None
-    await manager.hand_out(batch, groups, client_keeps=body.received is not None)
+    await manager.batches.hand_out(batch, groups, client_keeps=body.received is not None)
     return web.json_response(_micro_batch_payload(manager, batch, groups))
 
 
 async def flush_batch(request: web.Request) -> web.Response:
     manager, batch = _batch(request)
     groups = batch.packer.flush()
-    await manager.hand_out(batch, groups)
+    await manager.batches.hand_out(batch, groups)
     return web.json_response(_micro_batch_payload(manager, batch, groups))
 
 
@@ -268,13 +268,14 @@ async def step_report(request: web.Request) -> web.Response:
     body = await parse_body(request, StepReportBody)
     if body.bubble_s > body.step_time_s:
         raise BadRequest(f"bubble_s ({body.bubble_s}) exceeds step_time_s ({body.step_time_s})")
-    budget = manager.report_step(body.step_time_s, body.bubble_s, body.rollout_s)
+    budget = manager.offload.report_step(body.step_time_s, body.bubble_s, body.rollout_s)
     return web.json_response({"budget_s": budget})
 
 
 async def last_step_report(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
-    return web.json_response({"steps": manager.num_step_reports, "last": manager.last_step_report})
+    offload = manager.offload
+    return web.json_response({"steps": offload.num_step_reports, "last": offload.last_step_report})
 
 
 # ------------------------------------------------------------------------------ workers

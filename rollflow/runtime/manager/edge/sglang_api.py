@@ -23,26 +23,23 @@ from typing import Any
 
 from aiohttp import web
 
-from rollflow.runtime.engines.base import SamplingParams
-from rollflow.runtime.engines.sglang_io import MAX_TOKEN_ID, split_batch
 from rollflow.runtime.http.answer import dumps, json_response
 from rollflow.runtime.http.auth import require_bearer
 from rollflow.runtime.http.body import THREAD_PARSE_BYTES, Narrow, read_json_object
 from rollflow.runtime.http.json_object import parse_json_object
 from rollflow.runtime.http.sse import close_sse, open_sse
-from rollflow.runtime.http.sse import event as sse_event
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.core.samples import Sample, SampleState, Watcher
 from rollflow.runtime.manager.core.service import RolloutManager
 from rollflow.runtime.manager.edge import sessions_api
 from rollflow.runtime.manager.edge.generate_io import (
-    LogprobEntries,
+    StreamEvents,
     check_prompt,
     generate_payload,
     one_prompt_limit,
     sampling_params,
 )
-from rollflow.runtime.manager.edge.protocol import AbortBody, GenerateBody
+from rollflow.runtime.manager.edge.protocol import GenerateBody
 from rollflow.runtime.manager.edge.shared import (
     MANAGER_KEY,
     TOKENIZER_KEY,
@@ -51,6 +48,8 @@ from rollflow.runtime.manager.edge.shared import (
     parse_body,
     validate,
 )
+from rollflow.runtime.wire.base import SamplingParams
+from rollflow.runtime.wire.sglang import MAX_TOKEN_ID, AbortBody, split_batch
 
 RIDS_KEY = web.AppKey("rids", dict)
 """rid of a running `/generate` -> its sample, for `/abort_request`."""
@@ -101,7 +100,7 @@ class PromptRequest:
             raise BadRequest(f"rid {self.asked_rid!r} is already in use by a running request")
         self.prompt = self._prompt(manager.config, input_ids)
         self.params = sampling_params(body.sampling_params, manager.config, params)
-        self._entries = LogprobEntries()  # kept from one streamed event to the next
+        self._events = StreamEvents()  # kept from one streamed event to the next
         self._streamed = -1  # the tokens of the stream's events so far
 
     def _prompt(self, config: ManagerConfig, input_ids: list[int] | None) -> list[int]:
@@ -128,7 +127,7 @@ class PromptRequest:
         return self.sample
 
     def payload(self) -> dict:
-        return generate_payload(self.sample, self.body, self.rid, self.tokenizer, self._entries)
+        return generate_payload(self.sample, self.body, self.rid, self.tokenizer)
 
     @property
     def finished(self) -> bool:
@@ -147,7 +146,7 @@ class PromptRequest:
         if not self.finished and (backlogged or num_tokens <= self._streamed):
             return None
         self._streamed = num_tokens
-        return sse_event(self.payload())
+        return self._events.event(self.sample, self.body, self.rid, self.tokenizer)
 
     def refusal(self) -> BadRequest | None:
         """The 4xx to answer when an engine refused the request's own input."""

@@ -34,8 +34,6 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollflow.config import describe_validation_error
-from rollflow.runtime.engines.base import MAX_SEED, MIN_SEED, SamplingParams
-from rollflow.runtime.engines.sglang_io import MAX_TOKEN_ID, Int
 from rollflow.runtime.engines.vllm import vllm_sampling_params
 from rollflow.runtime.http.answer import dumps, json_response
 from rollflow.runtime.http.body import read_json_object
@@ -43,8 +41,10 @@ from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.core.batches import sample_sampling
 from rollflow.runtime.manager.core.samples import Sample, SampleState
 from rollflow.runtime.manager.edge.shared import MANAGER_KEY, TOKENIZER_KEY, body_limit
-from rollflow.runtime.openai.protocol import ChatBody, OpenAIError, StreamOptions, parse_body
 from rollflow.runtime.openai.serve import Tokenizer
+from rollflow.runtime.wire.base import MAX_SEED, MIN_SEED, SamplingParams
+from rollflow.runtime.wire.openai import ChatBody, OpenAIError, StreamOptions, parse_body
+from rollflow.runtime.wire.sglang import MAX_TOKEN_ID, Int
 
 SESSION_HEADER = "X-Session-ID"
 DEFAULT_MAX_TOKENS = 16

@@ -33,7 +33,7 @@ from rollflow.runtime.manager.core.service import RolloutManager
 from rollflow.runtime.manager.edge.passthrough import ADMIN_TIMEOUT_S, call_engine, combined_answer
 from rollflow.runtime.manager.edge.shared import MANAGER_KEY, body_limit
 from rollflow.runtime.manager.edge.vllm_api import answers_errors
-from rollflow.runtime.openai.protocol import OpenAIError
+from rollflow.runtime.wire.openai import OpenAIError
 
 ADMIN_PATHS = frozenset({"/pause", "/resume", "/sleep", "/wake_up", "/reset_prefix_cache", "/update_weights"})
 """Routes that stop, put to sleep, flush or update every engine: admin routes, behind the token."""

@@ -26,16 +26,11 @@ import socket
 
 import aiohttp
 
-from rollflow.runtime.engines.base import (
-    EngineClient,
-    EngineRejectedError,
-    GenerateChunk,
-    RequestFailedError,
-    SamplingParams,
-)
+from rollflow.runtime.engines.base import EngineClient, EngineRejectedError, GenerateChunk, RequestFailedError
 from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.engines.http import ENGINE_ERRORS
 from rollflow.runtime.manager.streams import wire
+from rollflow.runtime.wire.base import SamplingParams
 
 log = logging.getLogger("rollflow.manager.streams")
 

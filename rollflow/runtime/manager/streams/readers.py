@@ -25,14 +25,9 @@ import sys
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from rollflow.runtime.engines.base import (
-    EngineError,
-    EngineRejectedError,
-    GenerateChunk,
-    RequestFailedError,
-    SamplingParams,
-)
+from rollflow.runtime.engines.base import EngineError, EngineRejectedError, GenerateChunk, RequestFailedError
 from rollflow.runtime.manager.streams import wire
+from rollflow.runtime.wire.base import SamplingParams
 
 if TYPE_CHECKING:
     from prometheus_client import Counter

@@ -15,7 +15,8 @@ import struct
 
 import orjson
 
-from rollflow.runtime.engines.base import GenerateChunk, SamplingParams
+from rollflow.runtime.engines.base import GenerateChunk
+from rollflow.runtime.wire.base import SamplingParams
 
 HEADER = struct.Struct("<I")
 MAX_MESSAGE_BYTES = 1 << 30

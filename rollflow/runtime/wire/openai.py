@@ -12,13 +12,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from rollflow.config import describe_validation_error
-from rollflow.runtime.engines.base import MAX_SEED, MIN_SEED, SamplingParams
-from rollflow.runtime.engines.sglang_io import Int
+from rollflow.runtime.wire.base import MAX_SEED, MAX_TOKEN_ID, MIN_SEED, Body, Int, SamplingParams
 
-MAX_TOKEN_ID = 2**31 - 1
 MAX_STOP_STRINGS = 4
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 """OpenAI's default for `/v1/completions`."""
@@ -42,21 +40,14 @@ class OpenAIError(Exception):
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status}}
 
 
-class _Body(BaseModel):
-    """Strict types, as OpenAI's API: a string is never read as a number or a bool; an integral
-    float (8.0) is taken as an int (sglang_io's `Int`)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
-class StreamOptions(_Body):
+class StreamOptions(Body):
     include_usage: bool = False
     """Send one more chunk before `[DONE]` with `usage` and no choices."""
     continuous_usage_stats: bool = False
     """vLLM's: `usage` in every chunk."""
 
 
-class _Common(_Body):
+class _Common(Body):
     """Fields completions and chat share."""
 
     model: str = Field(min_length=1)
@@ -160,12 +151,12 @@ class CompletionBody(_Common):
         return prompt
 
 
-class TextPart(_Body):
+class TextPart(Body):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(_Body):
+class ChatMessage(Body):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
     name: str | None = None

@@ -15,14 +15,12 @@ client and the built-in engine use.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from rollflow.runtime.engines.base import MAX_SEED, MIN_SEED, SamplingParams
+from rollflow.runtime.wire.base import MAX_SEED, MAX_TOKEN_ID, MIN_SEED, Body, Int, SamplingParams
 
-MAX_TOKEN_ID = 2**31 - 1
-"""Token ids above this fit no vocabulary (engines index int32/int64 tensors with them)."""
 MAX_STOP_STRINGS = 64
 
 
@@ -102,24 +100,7 @@ def drop_neutral(data: Any, neutral: Neutral, where: str) -> Any:
     return kept
 
 
-def _integral(value: Any) -> Any:
-    """An integral float (8.0) as the int it is: SGLang runs on Python numbers and takes it."""
-    return int(value) if type(value) is float and value.is_integer() else value
-
-
-Int = Annotated[int, BeforeValidator(_integral)]
-"""A count or id field: a JSON integer, or an integral float such as 8.0; never a string or bool."""
-
-
-class _Body(BaseModel):
-    """Types are strict: a string is never read as a number or a bool (`"8"`, `"yes"` are a 400
-    naming the field), a bool never as a number; a float field takes an integer. Token id lists
-    take integers only."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
-class SamplingParamsBody(_Body):
+class SamplingParamsBody(Body):
     """SGLang's `sampling_params` object (field names and defaults are SGLang's)."""
 
     max_new_tokens: Int = Field(128, ge=0)
@@ -199,7 +180,7 @@ class SamplingParamsBody(_Body):
         )
 
 
-class GenerateBody(_Body):
+class GenerateBody(Body):
     """SGLang's `/generate` body for one sample; a batch is split into these (`split_batch`)."""
 
     input_ids: list[int] | None = None
@@ -266,3 +247,12 @@ def split_batch(data: dict[str, Any]) -> list[dict[str, Any]] | None:
                 item[field] = value[index]
         items.append(item)
     return items
+
+
+class AbortBody(Body):
+    """SGLang's `/abort_request` body (the built-in engine's and the manager's)."""
+
+    rid: str = ""
+    """Request to abort (the `rid` of a /generate, or a batch sample's id); ignored with abort_all."""
+    abort_all: bool = False
+    """Abort every request held (on the manager: /generate's and batches' samples alike)."""

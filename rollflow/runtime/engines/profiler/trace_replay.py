@@ -13,7 +13,7 @@ import csv
 import time
 from pathlib import Path
 
-from rollflow.perf.profile.engine import _prompt
+from rollflow.runtime.engines.profiler.measure import _prompt
 
 METRICS = ("ttft", "tpot", "e2e")
 
@@ -43,8 +43,8 @@ async def replay(
     each request's latencies in METRICS. A replay's prompts are its own (seeded from `salt` + index):
     a replay of prompts the engine computed before would find them in its prefix cache, which a
     simulation without prefix caching does not model."""
-    from rollflow.runtime.engines.base import SamplingParams
     from rollflow.runtime.engines.clients import make_client
+    from rollflow.runtime.wire.base import SamplingParams
 
     client = make_client(kind, url)
     start = time.perf_counter() + 0.5

@@ -2,31 +2,28 @@
 
 Field names and defaults follow SGLang's, so a body written for SGLang works here unchanged; a field
 SGLang has and this engine does not is a 400 naming it (rather than being silently ignored).
-`/generate`'s body is shared with the manager (`rollflow.runtime.engines.sglang_io`).
+`/generate`'s and `/abort_request`'s bodies are shared with the manager (sglang.py).
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from rollflow.runtime.weights.codecs import CodecSpec
 from rollflow.runtime.weights.errors import CodecError
+from rollflow.runtime.wire.base import Body
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _LaxBody(Body):
+    """The engine's own admin bodies take values as pydantic's lax mode reads them (`"3"` for a
+    version, as SGLang types `weight_version` a string), as they always have; unknown fields stay a 400."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
 
 
-class AbortBody(_Body):
-    rid: str = ""
-    """Request to abort; ignored when abort_all is set."""
-    abort_all: bool = False
-    """Abort every request the engine holds."""
-
-
-class UpdateWeightsFromDiskBody(_Body):
+class UpdateWeightsFromDiskBody(_LaxBody):
     model_path: str
     """A folder of *.safetensors files (as `save_pretrained` writes) or one .safetensors file."""
     weight_version: int | None = Field(None, ge=0)
@@ -35,7 +32,7 @@ class UpdateWeightsFromDiskBody(_Body):
     """Abort in-flight requests first; otherwise they go on under the new weights."""
 
 
-class UpdateWeightsFromServerBody(_Body):
+class UpdateWeightsFromServerBody(_LaxBody):
     """rollflow's pull-based update (no SGLang counterpart): fetch a version from a weight server."""
 
     url: str = Field(pattern=r"^https?://[^\s/]+(/.*)?$")
@@ -57,7 +54,7 @@ class UpdateWeightsFromServerBody(_Body):
             raise ValueError(str(exc)) from None
 
 
-class PauseBody(_Body):
+class PauseBody(_LaxBody):
     mode: Literal["abort", "retract", "in_place"] = "abort"
     """abort: end in-flight requests with finish_reason abort; in_place: keep them, frozen;
     retract: keep them but drop their KV caches (recomputed on continue)."""
@@ -66,7 +63,7 @@ class PauseBody(_Body):
 MemoryTag = Literal["weights", "kv_cache", "cuda_graph"]
 
 
-class MemoryOccupationBody(_Body):
+class MemoryOccupationBody(_LaxBody):
     """SGLang's `/release_memory_occupation` and `/resume_memory_occupation` body."""
 
     tags: list[MemoryTag] | None = None
