@@ -66,6 +66,9 @@ class StepInputs:
     num_samples: int
     minibatch_samples: int
     num_minibatches: int
+    # the step's samples by state ({waiting, running, finished, failed}); None: the manager's batch
+    # `batch_id` holds them all (partial rollout resumes carried samples beside its batch)
+    states: Callable[[], dict[str, int]] | None = None
 
 
 class DynamicExecutor:
@@ -192,13 +195,7 @@ class DynamicExecutor:
 
     def _progress(self) -> LiveProgress:
         step = self._require_step()
-        try:
-            states = self.manager.request("GET", f"/batches/{step.batch_id}")["states"]
-        except ManagerError as exc:
-            if exc.status != 404:
-                raise
-            # the manager forgets a batch once its last micro-batch is delivered: all of it is done
-            states = {"waiting": 0, "running": 0, "finished": step.num_samples, "failed": 0}
+        states = step.states() if step.states is not None else self._batch_states(step)
         running = {e.engine_id: 0 for e in self.layout.engines}
         for worker in self.manager.workers():
             if worker["id"] in running:
@@ -219,6 +216,15 @@ class DynamicExecutor:
             minibatches_done=self._minibatches_done,
             inference_done=self._inference_finished(),
         )
+
+    def _batch_states(self, step: StepInputs) -> dict[str, int]:
+        try:
+            return self.manager.request("GET", f"/batches/{step.batch_id}")["states"]
+        except ManagerError as exc:
+            if exc.status != 404:
+                raise
+            # the manager forgets a batch once its last micro-batch is delivered: all of it is done
+            return {"waiting": 0, "running": 0, "finished": step.num_samples, "failed": 0}
 
     def _inference_finished(self) -> bool:
         if self._inference_done is None:

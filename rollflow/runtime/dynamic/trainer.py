@@ -5,7 +5,8 @@ Three things differ from `Trainer`, each so that a dynamic run learns exactly wh
 - each step's batch carries a sampling seed (from `seed` and the step), and the manager derives one
   per sample, so two runs draw the same samples, however often a sample moves between engines;
 - micro-batches are taken in submission order (groups 0..k-1, then k..2k-1, ...) rather than as
-  groups finish, so the mini-batches, and the optimizer steps, are the same in both runs;
+  groups finish, so the mini-batches, and the optimizer steps, are the same in both runs (except
+  under partial rollout, which trains the groups that finish first by design);
 - the executor follows each step: it starts when the step's training does, decides at every
   mini-batch end (rollout may release engines, the actor grows for the next mini-batch), and at
   step end wakes released engines before the weights are pushed, so they load the new version.
@@ -19,6 +20,7 @@ from typing import Any
 from rollflow.runtime.dynamic.executor import DynamicExecutor, StepInputs
 from rollflow.runtime.manager.client import BatchHandle
 from rollflow.runtime.trainer.loop import StepTotals, Trainer
+from rollflow.runtime.trainer.partial import PartialStep
 
 SEED_STRIDE = 1_000_003  # step seeds of runs with neighbouring `seed`s do not meet for a million steps
 
@@ -54,10 +56,17 @@ class DynamicTrainer(Trainer):
         self.step_counters.append(self.client.metrics())
         return totals
 
-    def _follow(self, batch: BatchHandle) -> StepTotals:
-        num_samples = batch.num_groups * self.config.n_samples
+    def _follow(self, batch: BatchHandle | PartialStep) -> StepTotals:
+        # partial rollout: the executor follows the fresh batch and the carried samples' resumes, until
+        # the quota of groups is in (what runs then is aborted and carried: the rollout is done)
+        states = batch.states if isinstance(batch, PartialStep) else None
         inputs = StepInputs(
-            self.step + 1, batch.batch_id, num_samples, self.minibatch_samples, self.num_minibatches
+            self.step + 1,
+            batch.batch_id,
+            batch.num_samples,
+            self.minibatch_samples,
+            self.num_minibatches,
+            states,
         )
         if self.inference is not None:
             self.inference.step_done = False  # the last step's, until this step's stream starts
@@ -76,7 +85,11 @@ class DynamicTrainer(Trainer):
 
     def timed_micro_batches(self, batch: BatchHandle) -> Iterator[list[list[dict]]]:
         """Micro-batches of `micro_batch_groups` groups in submission order, each wait timed as `rollout`
-        (through the inference workers first, when the placement has them)."""
+        (through the inference workers first, when the placement has them). Under partial rollout, the
+        first groups to finish, as `Trainer` takes them: the step trains those and carries the rest."""
+        if isinstance(batch, PartialStep):
+            yield from super().timed_micro_batches(batch)
+            return
         micro_batches = in_submission_order(batch, self.config.micro_batch_groups)
         if self.inference is not None:  # rollout -> inference -> actor
             micro_batches = self.inference.stream(

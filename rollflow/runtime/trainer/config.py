@@ -58,6 +58,10 @@ class TrainConfig(StrictModel):
     """Most tokens generated per sample."""
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature of the engines; the trainer's log-probs use the same one."""
+    stop: list[str] = Field(default_factory=list)
+    """Strings that end a sample besides end-of-sequence (SGLang's `stop`): a task's answer delimiter.
+    On the tiny model a common letter makes lengths geometric, with a long tail
+    (examples/train/partial_tail.yaml)."""
     off_policy: bool = False
     """Submit the next step's batch before training on this one; its samples may span weight versions."""
     max_staleness: int = Field(1, ge=0)

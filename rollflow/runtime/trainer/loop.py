@@ -127,6 +127,10 @@ class Trainer:
         self.inference: InferencePool | None = None  # set by inference.workers.start_inference
         # each called as hook(step being trained, optimizer steps done in it) between mini-batches
         self.minibatch_end_hooks: list[Callable[[int, int], None]] = []
+        # each called as hook(version that will train on it) just before a step's rollout is submitted:
+        # between steps, after the last push (off-policy: as the previous rollout ends). Where a launcher
+        # preempts or adds engines between steps, and where partial rollout's carried groups wait
+        self.rollout_start_hooks: list[Callable[[int], None]] = []
         self.timer = PhaseTimer()  # rollout (waiting), training, sync: the RL simulator's phase names
         self._phase_spans: list[tuple[int, PhaseSpan]] = []  # (step, span) for chrome_trace.json
         checkpoint = checkpoints.latest_checkpoint(self.output_dir) if resume else None
@@ -256,6 +260,8 @@ class Trainer:
 
     def _submit(self, train_version: int) -> BatchHandle | EpisodeBatch | PartialStep:
         """The rollout of the step that version `train_version` of the policy will train on."""
+        for hook in self.rollout_start_hooks:
+            hook(train_version)
         if self.carry is not None:
             return self._submit_partial(train_version)
         prompts = self.prompts_fn(self.tokenizer, self.config.prompts_per_step, self.rng)
@@ -320,7 +326,8 @@ class Trainer:
     def sampling_params(self) -> dict[str, Any]:
         """SGLang sampling params of the step's batch. DynamicTrainer extends them with a per-step
         sampling seed, so a static and a dynamic run draw the same samples."""
-        return {"max_new_tokens": self.config.max_new_tokens, "temperature": self.config.temperature}
+        params = {"max_new_tokens": self.config.max_new_tokens, "temperature": self.config.temperature}
+        return params | ({"stop": self.config.stop} if self.config.stop else {})
 
     def _train_step(self, batch: BatchHandle | EpisodeBatch | PartialStep) -> StepMetrics:
         started = self.timer.clock()

@@ -28,6 +28,7 @@ from rollflow.runtime.manager.client import BatchHandle, ManagerClient, ManagerE
 from rollflow.runtime.trainer.rollouts import oldest_version
 
 MAX_PARALLEL_RESUMES = 256  # carried samples resumed at once (each a blocking /generate on a thread)
+ABORT_AGAIN_S = 5.0  # at a rollout's end, resumes still running after this long are aborted again
 
 
 def is_unfinished(sample: dict) -> bool:
@@ -95,6 +96,8 @@ class PartialStep:
         self.on_end = on_end
         self._ready: queue.Queue[list[dict] | BaseException] = queue.Queue()
         self._ending = threading.Event()
+        self._aborted = threading.Event()  # the rollout's end was told to the manager: nothing runs on
+        self._num_arrived = 0  # finished groups the producers handed on
         self._running_rids: set[str] = set()
         self._lock = threading.Lock()
         self._received_fresh: list[int] = []  # group indexes of the fresh batch taken from the manager
@@ -103,6 +106,7 @@ class PartialStep:
         # (as many as run at once: the rest follow as those end)
         to_resume = sum(is_unfinished(sample) for group in carried for sample in group)
         self._unsent = min(to_resume, MAX_PARALLEL_RESUMES)
+        self._resumes_left = to_resume  # carried samples whose resume has not returned (or been skipped)
         self._all_sent = threading.Event()
         if not self._unsent:
             self._all_sent.set()
@@ -111,7 +115,38 @@ class PartialStep:
             self._start(self._finish_group, group)
         self._all_sent.wait()
         self.fresh = submit_fresh()
+        self.num_samples = (len(carried) + self.fresh.num_groups) * n
         self._start(self._feed_fresh)
+
+    @property
+    def batch_id(self) -> str:
+        """The manager's batch of the step's fresh prompts (the carried samples are resumed apart)."""
+        return self.fresh.batch_id
+
+    def states(self) -> dict[str, int]:
+        """The step's samples by state, as the manager counts a batch's (`GET /batches/{id}`): what a
+        live executor (rollflow/runtime/dynamic/) follows. Once the quota is reached and the manager has
+        aborted what ran then (each ends at once with its tokens, wherever it was: the trainer collects
+        it to carry), the step's rollout is done: every sample counts as finished."""
+        if self._aborted.is_set():
+            return {"waiting": 0, "running": 0, "finished": self.num_samples, "failed": 0}
+        try:
+            fresh = self.client.request("GET", f"/batches/{self.fresh.batch_id}")["states"]
+        except ManagerError as exc:
+            if exc.status != 404:
+                raise
+            fresh = {"waiting": 0, "running": 0}  # delivered whole: the manager forgot it
+        with self._lock:
+            running = len(self._running_rids)
+            waiting = self._resumes_left - running
+        waiting += fresh["waiting"]
+        running += fresh["running"]
+        return {
+            "waiting": waiting,
+            "running": running,
+            "finished": self.num_samples - waiting - running,
+            "failed": 0,
+        }
 
     def _sent(self) -> None:
         """One carried sample's resume is on its way (or needs none)."""
@@ -137,16 +172,22 @@ class PartialStep:
         resumes = [self._pool.submit(self._resume, sample) for sample in group if is_unfinished(sample)]
         for resume in resumes:
             resume.result()
-        self._ready.put(group)
+        self._arrive(group)
 
     def _resume(self, sample: dict) -> None:
         """Continue one sample from its tokens: its prompt and output so far are the input, and it asks
         for the tokens it lacks. The answer's tokens, log-probs and spans are appended to its own."""
         remaining = self.sampling_params["max_new_tokens"] - len(sample["output_ids"])
-        if remaining <= 0 or self._ending.is_set():
+        rid = f"resume-{sample['sample_id']}-{uuid.uuid4().hex[:8]}"
+        with self._lock:  # the rollout's end aborts it, or it is not sent: never neither
+            sending = remaining > 0 and not self._ending.is_set()
+            if sending:
+                self._running_rids.add(rid)
+            else:
+                self._resumes_left -= 1
+        if not sending:
             self._sent()
             return
-        rid = f"resume-{sample['sample_id']}-{uuid.uuid4().hex[:8]}"
         body = {
             "input_ids": sample["prompt_ids"] + sample["output_ids"],
             "sampling_params": self.sampling_params | {"max_new_tokens": remaining},
@@ -154,8 +195,6 @@ class PartialStep:
             "rid": rid,
             "allow_off_policy": True,  # its tokens span versions already
         }
-        with self._lock:
-            self._running_rids.add(rid)
         self._sent()
         try:
             answer = self.client.request("POST", "/generate", body)
@@ -165,17 +204,29 @@ class PartialStep:
         finally:
             with self._lock:
                 self._running_rids.discard(rid)
+                self._resumes_left -= 1
         append_continuation(sample, answer)
 
     def _feed_fresh(self) -> None:
         for groups in self.fresh.micro_batches(min_groups=1):
             for group in groups:
                 self._received_fresh.append(group[0]["group_index"])
-                self._ready.put(group)
+                self._arrive(group)
+
+    def _arrive(self, group: list[dict]) -> None:
+        """A finished group, on its producer's thread: the quota's last one ends the rollout at once,
+        whether or not the trainer is still busy with an earlier micro-batch."""
+        with self._lock:
+            self._num_arrived += 1
+            last = self._num_arrived == self.quota
+        self._ready.put(group)
+        if last:
+            self._abort_running()
 
     def micro_batches(self, min_groups: int = 1, max_groups: int | None = None) -> Iterator[list[list[dict]]]:
         """The first `quota` groups to finish, `max_groups` at a time. The rollout ends as the last of
-        them arrives, before the trainer takes it: what still runs is aborted and carried."""
+        them arrives (`_arrive`): what still runs is aborted, and carried once collected, before the
+        trainer takes that last micro-batch."""
         size = max_groups or min_groups
         handed, taken = 0, []
         while handed + len(taken) < self.quota and self._running:
@@ -191,9 +242,9 @@ class PartialStep:
         if taken:
             yield taken
 
-    def _next(self) -> list[dict] | None:
-        """The next finished group; None when a producer ended instead."""
-        item = self._ready.get()
+    def _next(self, timeout_s: float | None = None) -> list[dict] | None:
+        """The next finished group; None when a producer ended instead (queue.Empty after `timeout_s`)."""
+        item = self._ready.get(timeout=timeout_s)
         if item is _DONE:
             self._running -= 1
             return None
@@ -201,19 +252,35 @@ class PartialStep:
             raise item
         return item
 
-    def _end_rollout(self) -> None:
-        """Abort whatever still runs (each sample keeps its tokens), collect every group not handed
-        out, and pass them to `on_end`."""
-        self._ending.set()
+    def _abort_running(self) -> None:
+        """Abort whatever still runs; each sample keeps its tokens. Once: by the quota's last group, or
+        by `_end_rollout` when the producers ended short of the quota."""
+        with self._lock:
+            if self._ending.is_set():
+                return
+            self._ending.set()
+            rids = list(self._running_rids)
         taken = set(self._received_fresh)  # a group taken meanwhile is finished: its abort is a no-op
         self.fresh.abort_groups([g for g in range(self.fresh.num_groups) if g not in taken], self.n)
-        with self._lock:
-            rids = list(self._running_rids)
         for rid in rids:
             self.client.request("POST", "/abort_request", {"rid": rid})
+        self._aborted.set()
+
+    def _end_rollout(self) -> None:
+        """Collect every group not handed out (the rollout aborted first, if it is not yet), and pass
+        them to `on_end`."""
+        self._abort_running()
         leftover = []
         while self._running:
-            item = self._next()
+            try:
+                item = self._next(timeout_s=ABORT_AGAIN_S)
+            except queue.Empty:
+                # a resume whose /generate reached the manager after its abort: abort it again
+                with self._lock:
+                    rids = list(self._running_rids)
+                for rid in rids:
+                    self.client.request("POST", "/abort_request", {"rid": rid})
+                continue
             if item is not None:
                 leftover.append(item)
         self._pool.shutdown()
