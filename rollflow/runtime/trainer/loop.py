@@ -290,7 +290,9 @@ class Trainer:
         carried = self.carry.take(train_version, self.config.max_staleness)
         plan = self.oversampler.plan()
         log.info("partial rollout: %d extra groups (%s)", plan.num_extra, plan.reason)
-        num_fresh = max(0, self.config.prompts_per_step + plan.num_extra - len(carried))
+        # at least one new group: the manager refuses an empty batch, and a step whose carried groups
+        # fill the batch (the previous N was B, this one 0) still has one to submit
+        num_fresh = max(1, self.config.prompts_per_step + plan.num_extra - len(carried))
         prompts = self.prompts_fn(self.tokenizer, num_fresh, self.rng)
 
         def submit_fresh() -> BatchHandle:
