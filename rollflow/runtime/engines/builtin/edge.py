@@ -11,13 +11,9 @@ from pydantic import BaseModel, ValidationError
 
 from rollflow.errors import UserError
 from rollflow.runtime.http.body import read_json_object
-from rollflow.runtime.http.errors import error_response
+from rollflow.runtime.http.errors import BadRequest, error_response
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
-
-
-class BadRequest(Exception):
-    """Input that gets a 400 with this message."""
 
 
 class MemoryReleased(Exception):
@@ -66,7 +62,7 @@ async def errors_as_json(
 ) -> web.StreamResponse:
     try:
         return await handler(request)
-    except (BadRequest, UserError) as exc:
+    except UserError as exc:
         return error_response(400, str(exc))
     except MemoryReleased as exc:
         return error_response(503, str(exc))
