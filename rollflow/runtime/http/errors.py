@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -31,3 +32,23 @@ class BadRequest(web.HTTPBadRequest):
 def error_response(status: int, message: str) -> web.Response:
     """A response (return it) carrying the shared JSON error body."""
     return web.Response(status=status, text=error_body(message), content_type="application/json")
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def errors_as_json(statuses: dict[type[Exception], int]):
+    """A middleware answering the exceptions a server's own code raises with their status and the
+    shared error body: `statuses` maps each class to its status, the first that matches wins (so a
+    subclass goes before its base)."""
+    caught = tuple(statuses)
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except caught as exc:
+            status = next(code for cls, code in statuses.items() if isinstance(exc, cls))
+            return error_response(status, str(exc))
+
+    return middleware

@@ -28,7 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rollflow.runtime.engines.builtin.edge import errors_as_json, parse, require_memory, validate
+from rollflow.runtime.engines.builtin.edge import ERRORS_AS_JSON, parse, require_memory, validate
 from rollflow.runtime.engines.builtin.openai_routes import openai_routes
 from rollflow.runtime.engines.builtin.tensor_parallel import RankGroup
 from rollflow.runtime.engines.builtin.weight_routes import EngineWeights
@@ -121,7 +121,7 @@ class EngineServer:
         auth = bearer_middleware(self._api_key, lambda request: request.path != "/health", "this engine")
         app = web.Application(
             client_max_size=max(self._max_body, self._weights.max_upload_bytes),
-            middlewares=[auth, errors_as_json],
+            middlewares=[auth, ERRORS_AS_JSON],
         )
         app.add_routes(
             [
