@@ -78,9 +78,11 @@ def live_run(out: Path, auto_scheduler: bool, overrides: list[str]) -> dict:
     return run_dynamic_demo(config, out)
 
 
-def profile_engine(model: Path, out: Path) -> Path:
+def profile_engine(model: Path, out: Path) -> tuple[Path, dict[str, float]]:
     """A built-in engine's iteration times as Vidur-format tables under `out` (what rl-sim's rollout
-    reads); SystemExit with the profiler's last words when it fails."""
+    reads), and the seconds it takes to free its memory and take it back (`release_s`, `resume_s`:
+    what the dynamic run's moves cost, measured here, never in the run predicted); SystemExit with the
+    profiler's last words when it fails."""
     engine = start_engine(model, out, name="profiled", extra_args=("--threads", "1"))
     try:
         tables = out / "profile"
@@ -88,20 +90,35 @@ def profile_engine(model: Path, out: Path) -> Path:
             "profile", "engine", "--url", engine.url, "--kind", "builtin",
             "--model-config", str(model / "config.json"), "--out", str(tables),
             "--batch-sizes", "1,2,4,8", "--prompt-lengths", "16,64", "--decode-tokens", "16",
+            "--memory-moves",
         )  # fmt: skip
         done = subprocess.run(argv, env=ENV, capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(
                 f"rollflow profile engine failed ({done.returncode}): {done.stderr.strip()[-500:]}"
             )
-        return tables
+        return tables, memory_moves(done.stdout)
     finally:
         engine.stop()
 
 
-def simulated(config, static: dict, tables: Path, auto_scheduler: bool) -> list[float]:
+def memory_moves(profile_stdout: str) -> dict[str, float]:
+    """The `scheduling.release_s` and `resume_s` that `rollflow profile engine --memory-moves` printed."""
+    for line in profile_stdout.splitlines():
+        if "(simulate them with scheduling." in line:
+            settings = line.rsplit("(simulate them with ", 1)[1].rstrip(")").split()
+            return {k.removeprefix("scheduling."): float(v) for k, v in (s.split("=") for s in settings)}
+    raise SystemExit(
+        f"rollflow profile engine printed no memory release and resume:\n{profile_stdout[-500:]}"
+    )
+
+
+def simulated(
+    config, static: dict, tables: Path, moves: dict[str, float], auto_scheduler: bool
+) -> list[float]:
     """rl-sim's step times for the live config, every phase cost measured in the static run (the
-    calibration); the actor's resharding at rl-sim's default rate."""
+    calibration) or by the profiler (the engines' iterations, and `moves`: an engine's memory release
+    and resume); the actor's resharding at rl-sim's default rate."""
     train, cluster = config.train, config.cluster
     num_minibatches = train.prompts_per_step // (train.micro_batch_groups * train.mini_batch_micro_batches)
     steps = static["steps"][WARMUP_STEPS:]
@@ -114,6 +131,7 @@ def simulated(config, static: dict, tables: Path, auto_scheduler: bool) -> list[
         "model": "tiny",
         "model_shape": model_shape_section(load_model_config(train.model)),
         "cluster": cluster.model_dump() | {"auto_scheduler": auto_scheduler},
+        "scheduling": moves,
         "workload": {
             "num_prompts": train.prompts_per_step,
             "samples_per_prompt": train.n_samples,
@@ -167,10 +185,10 @@ def main() -> None:
     static = live_run(out / "static", False, overrides)
     dynamic = live_run(out / "dynamic", True, overrides)
     with tempfile.TemporaryDirectory() as scratch:  # a fresh profile each run, never an old one
-        tables = profile_engine(Path(config.train.model), Path(scratch))
+        tables, memory = profile_engine(Path(config.train.model), Path(scratch))
         predicted = {
-            "static": simulated(config, static, tables, False),
-            "dynamic": simulated(config, static, tables, True),
+            "static": simulated(config, static, tables, memory, False),
+            "dynamic": simulated(config, static, tables, memory, True),
         }
     live = {"static": static["step_time_s"], "dynamic": dynamic["step_time_s"]}
     mean = {  # after the warm-up steps
@@ -219,6 +237,7 @@ def main() -> None:
         "live": live,
         "rl_sim": predicted,
         "speedup_static_over_dynamic": speedup,
+        "profiled_memory_moves_s": memory,
         "moves": moves,
     }
     results.table(

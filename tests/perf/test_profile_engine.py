@@ -12,7 +12,7 @@ from rollflow.perf.profile.progress import PROGRESS_FILE
 from rollflow.runtime.engines.profiler.measure import EngineProbe, least_disturbed, measure_engine
 from tests.perf.profiling import read_rows, run_rollflow, simulate_one_prompt, simulate_requests
 from tests.runtime.engines.processes import EngineProcess
-from tests.runtime.processes import free_port
+from tests.runtime.processes import free_port, http
 
 pytestmark = pytest.mark.process  # runs the CLI as a subprocess (left out of `make test-fast`)
 
@@ -78,6 +78,30 @@ def test_engine_profile_writes_tables_whose_simulation_gives_the_measured_times(
             assert decode[4, kv] > 0
         elif decode_4_ms < tokens_ms - 0.01:
             assert decode[4, kv] == 0
+
+
+def test_memory_moves_are_timed_for_rl_sim_and_the_engine_serves_again(tiny, tmp_path):
+    engine = EngineProcess(tiny)
+    try:
+        proc = run_rollflow(
+            "profile", "engine", "--url", engine.url, "--kind", "builtin", "--model-config", str(tiny),
+            "--out", str(tmp_path / "tables"), "--batch-sizes", "1", "--prompt-lengths", "16",
+            "--decode-prompt-lengths", "16", "--decode-tokens", "4", "--repeats", "2", "--memory-moves",
+        )  # fmt: skip
+        status, answer = http(
+            "POST",
+            engine.url + "/generate",
+            {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}},
+        )
+    finally:
+        engine.stop()
+    assert proc.returncode == 0, proc.stderr
+    [line] = [line for line in proc.stdout.splitlines() if line.startswith("memory release ")]
+    settings = line.rsplit("(simulate them with ", 1)[1].rstrip(")").split()
+    seconds = {key: float(value) for key, value in (setting.split("=") for setting in settings)}
+    assert sorted(seconds) == ["scheduling.release_s", "scheduling.resume_s"]
+    assert all(0 < value < 60 for value in seconds.values())
+    assert status == 200 and len(answer["output_ids"]) == 4, answer  # released, resumed, serving
 
 
 def test_an_interrupted_engine_profile_resumes_keeping_what_it_measured(tiny, tmp_path):

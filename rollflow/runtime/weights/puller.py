@@ -306,7 +306,8 @@ class WeightPuller:
                     manifest,
                     f"delta+{manifest.codec}" if read.delta_blocks else manifest.codec,
                     manifest.delta_base if read.delta_blocks else None,
-                    manifest.model_nbytes,
+                    # a tensor-parallel rank's weights are its slices, as with an HTTP pull's payload
+                    sum(tensor.nbytes for tensor in state.values()) if splits else manifest.model_nbytes,
                     read.wire_nbytes,
                 )
                 stats = PullStats(

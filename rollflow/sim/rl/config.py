@@ -112,6 +112,13 @@ class SchedulingConfig(Section):
     """dynamic + pre_process: fraction of unfinished samples under which the actor's GPUs go back."""
     wait_before_last_iter: bool = False
     """dynamic: before its last mini-batch the actor waits for rollout and inference, then trains on every GPU."""
+    release_s: float = Field(0.0, ge=0.0)
+    """dynamic: seconds a rollout instance takes to hand its GPUs over (drain, free its memory). Moves run
+    one at a time and the actor's next mini-batch waits for those under way, as the live executor
+    applies them; `rollflow profile engine --memory-moves` measures an engine's."""
+    resume_s: float = Field(0.0, ge=0.0)
+    """dynamic: seconds a released instance takes to wake at step end; one after another, before the
+    weight sync (`rollflow profile engine --memory-moves`)."""
 
 
 class TrainingConfig(Section):

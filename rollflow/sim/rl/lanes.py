@@ -5,6 +5,11 @@ when placed apart, the inference GPUs; without them inference runs on the actor'
 runs one task at a time, and waits while a live rollout instance sits on its GPUs (collocated or
 borrowed rollout). Unpipelined, inference starts once the rollout is done and training once every
 sample is inferred; the last mini-batch's end starts the weight sync, whose end ends the step.
+
+A dynamic step's moves cost what the live executor's take: each rollout instance released holds the
+executor `scheduling.release_s`, one move after another, and the actor's next task waits for those
+under way (live, the trainer's thread takes the executor's lock, or applies a mini-batch end's plan
+itself); at step end each released instance wakes, `scheduling.resume_s` each, before the sync.
 """
 
 from __future__ import annotations
@@ -53,6 +58,9 @@ class Lanes:
         self.actor_free_at: float | None = None  # when the actor's GPUs could first run
         self.timer = PhaseTimer(clock=lambda: step.now)  # the lanes' phases, on the simulated clock
         self._blocked_cache: tuple[tuple[int, int, int], bool] = ((-1, -1, -1), False)
+        self.moves_free_at = step.start  # when the executor's moves under way end
+        self.num_released = 0  # rollout instances released in the step: each wakes at its end
+        self._moves_wake: float | None = None  # when a dispatch waiting for the moves is due
 
     def dispatch(self) -> None:
         """Start what the free lanes can run now."""
@@ -66,6 +74,11 @@ class Lanes:
             return
         if self.actor_free_at is None:
             self.actor_free_at = step.now
+        if step.now < self.moves_free_at:  # the actor waits for the executor's moves
+            if self._moves_wake != self.moves_free_at:
+                self._moves_wake = self.moves_free_at
+                step.emit(self.moves_free_at, Phase.MOVE, self._on_moves_done)
+            return
         if self.actor_target > lane.num_gpus:
             lane.num_gpus = self.actor_target
             self._run(
@@ -75,6 +88,15 @@ class Lanes:
         if self.inference is None and self._try_inference(lane):
             return
         self._try_train(lane)
+
+    def released(self, seconds: float) -> None:
+        """A rollout instance released (a dynamic step's move): `seconds` after the moves under way."""
+        self.moves_free_at = max(self.moves_free_at, self.step.now) + seconds
+        self.num_released += 1
+
+    def _on_moves_done(self, event: Event) -> list[Event]:
+        self.dispatch()
+        return self.step.emitted()
 
     def _blocked(self, lane: Lane) -> bool:
         """Whether a rollout instance still up holds any of the lane's GPUs (the answer is cached
@@ -134,9 +156,11 @@ class Lanes:
         step = self.step
         step.resources.decide("minibatch_end")
         if len(self.minibatches) == self.num_minibatches:
+            # the released instances wake first, one after another; then the weights go to all of them
+            start = max(step.now, self.moves_free_at) + self.num_released * step.config.scheduling.resume_s
             seconds = self.costs.sync_s(step.collocated, to_spot=step.preemptible is not None)
-            self.timer.start("sync", seconds, 0, step.config.num_gpus)
-            step.emit(step.now + seconds, Phase.SYNC, step.on_sync_end)
+            self.timer.record("sync", start, start + seconds, 0, step.config.num_gpus)
+            step.emit(start + seconds, Phase.SYNC, step.on_sync_end)
 
     def _run(
         self, lane: Lane, component: str, seconds: float, on_done: Callable[[], None], label: str = ""

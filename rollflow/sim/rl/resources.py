@@ -42,9 +42,12 @@ class StepResources:
         plan = self.scheduler.decide(snapshot)
         if trigger == "minibatch_end":
             self.done_at_last_minibatch = step.progress.num_done
+        moves = step.config.scheduling.kind == "dynamic"  # (static: rollout just stops, nothing moves)
         for instance_id in plan.release_instances:
             if instance_id in local:
                 step.instances.retire(instance_id, "migrate")
+                if moves:
+                    lanes.released(step.config.scheduling.release_s)
         if plan.release_inference and lanes.inference is not None:
             lanes.inference.released = True
         if plan.actor_gpus not in self.valid_actor_sizes or plan.actor_gpus < snapshot.actor_gpus:

@@ -212,9 +212,7 @@ def test_unknown_engine_kind_names_the_choices():
 
 
 def test_every_sampling_field_reaches_sglang_and_vllm_under_their_names():
-    from rollflow.runtime.engines.sglang import sglang_sampling_params
-    from rollflow.runtime.engines.vllm import vllm_sampling_params
-
+    """The bodies the clients send over HTTP, field by field, as SGLang and vLLM name them."""
     params = SamplingParams(
         max_new_tokens=9,
         stop=("END",),
@@ -229,7 +227,35 @@ def test_every_sampling_field_reaches_sglang_and_vllm_under_their_names():
         no_stop_trim=True,
         seed=3,
     )
-    assert sglang_sampling_params(params) == {
+    sent: dict[str, dict] = {}
+
+    async def record(request: web.Request) -> web.StreamResponse:
+        if request.path == "/v1/models":
+            return web.json_response({"data": [{"id": "m"}]})
+        sent[request.path] = await request.json()
+        if request.path == "/generate":
+            return await sse(event([5], [-0.5], 1, {"type": "length"}))(request)
+        choice = {
+            "text": "x",
+            "token_ids": [5],
+            "logprobs": {"token_logprobs": [-0.5]},
+            "finish_reason": "length",
+        }
+        return await sse(b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\ndata: [DONE]\n\n")(
+            request
+        )
+
+    async def main() -> None:
+        async with fault_server(record) as url:
+            for kind in ("sglang", "vllm"):
+                client = make_client(kind, url)
+                try:
+                    assert [c.token_ids async for c in client.generate("r", [1], params)] == [[5]]
+                finally:
+                    await client.close()
+
+    run(main())
+    assert sent["/generate"]["sampling_params"] == {
         "max_new_tokens": 9,
         "temperature": 1.0,
         "top_p": 1.0,
@@ -247,26 +273,31 @@ def test_every_sampling_field_reaches_sglang_and_vllm_under_their_names():
         "spaces_between_special_tokens": False,
         "no_stop_trim": True,
     }
-    vllm = vllm_sampling_params(params)
-    assert vllm["max_tokens"] == 9 and vllm["min_tokens"] == 2 and vllm["stop"] == ["END"]
-    assert vllm["include_stop_str_in_output"] is True and vllm["seed"] == 3
-    assert {k: vllm[k] for k in ("frequency_penalty", "presence_penalty", "repetition_penalty", "min_p")} == {
+    assert sent["/v1/completions"] == {
+        "model": "m",
+        "prompt": [1],
+        "request_id": "r",
+        "stream": True,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": 9,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "ignore_eos": False,
+        "stop": ["END"],
+        "stop_token_ids": [7],
+        "seed": 3,
+        "min_tokens": 2,
         "frequency_penalty": 0.5,
         "presence_penalty": 0.25,
         "repetition_penalty": 1.5,
         "min_p": 0.1,
+        "skip_special_tokens": False,
+        "spaces_between_special_tokens": False,
+        "include_stop_str_in_output": True,
     }
-    # defaults are left out: an engine that lacks a field is never sent it for nothing
-    assert set(sglang_sampling_params(SamplingParams(max_new_tokens=4))) == {
-        "max_new_tokens",
-        "temperature",
-        "top_p",
-        "top_k",
-        "ignore_eos",
-    }
-    # seed 0 is a seed like any other, not "let the engine choose"
-    assert sglang_sampling_params(SamplingParams(max_new_tokens=4, seed=0))["sampling_seed"] == 0
-    assert vllm_sampling_params(SamplingParams(max_new_tokens=4, seed=0))["seed"] == 0
 
 
 def test_each_request_sends_its_own_sampling_params():

@@ -196,6 +196,55 @@ def test_tokens_go_in_one_row_per_flush_and_leave_with_their_batch(tmp_path):
     assert asyncio.run(run()) == (1, 0)
 
 
+def test_a_batch_gone_within_its_first_flush_never_reaches_the_disk(tmp_path):
+    """A small batch served within one flush interval: its rows are neither written nor deleted; a
+    batch submitted beside it is written whole, and one gone after its first flush is deleted."""
+
+    def batch(batch_id: str) -> list[Sample]:
+        samples = []
+        for index in range(2):
+            sample = Sample(
+                index, f"{batch_id}-{index}-0", [1, 2], SamplingParams(max_new_tokens=99), batch_id=batch_id
+            )
+            sample.begin_attempt(0)
+            samples.append(sample)
+        return samples
+
+    async def run() -> tuple[dict[str, int], int, int, dict[str, int]]:
+        conn, _ = open_journal(str(tmp_path / "j.db"), CONFIG)
+        journal = Journal(conn, flush_interval_ms=60_000, max_unflushed_tokens=10_000)
+        journal.start()
+        kept, short, later = batch("kept"), batch("short"), batch("later")
+        for name, samples in (("kept", kept), ("short", short), ("later", later)):
+            journal.batch_submitted(name, {"n": 2}, samples)
+            for sample in samples:
+                journal.attempt_started(sample, f"rid-{sample.sample_id}", "http://e")
+                _stream(journal, sample, 20)
+        journal.handed_out("short", 0, [0])
+        journal.batch_gone("short")  # within its first flush: dropped
+        await journal.durable()
+        commits = journal.num_commits
+        journal.batch_gone("later")  # after its first flush: deleted
+        await journal.durable()
+        rows = {table: _count(conn, table) for table in ("batches", "samples", "attempts", "handouts")}
+        left = journal.unflushed_tokens
+        await journal.close()
+        _, snapshot = open_journal(str(tmp_path / "j.db"), CONFIG)
+        tokens = {
+            sample_id: sum(len(c.token_ids) for c in chunks) for sample_id, chunks in snapshot.chunks.items()
+        }
+        return rows, commits, left, tokens
+
+    rows, commits, left, tokens = asyncio.run(run())
+    assert rows == {"batches": 1, "samples": 2, "attempts": 2, "handouts": 0}
+    assert commits == 1 and left == 0  # the dropped batch's tokens are counted written: no stream waits
+    # (the later batch's runs share a row with the kept one's, read back but never restored: no batch)
+    assert {sample_id: n for sample_id, n in tokens.items() if not sample_id.startswith("later")} == {
+        "kept-0-0": 20,
+        "kept-1-0": 20,
+    }
+
+
 def test_a_turn_ended_and_the_next_begun_in_one_flush_keep_the_new_turns_tokens(tmp_path):
     def turn(seq: int) -> Sample:
         sample = Sample(seq, f"s.t{seq}", [1, 2], SamplingParams(max_new_tokens=1000), session_id="s")

@@ -17,6 +17,7 @@ import safetensors.torch
 import torch
 
 from rollflow.runtime.weights.shards import ShardedManifest
+from rollflow.runtime.weights.slices import split_dim
 from tests.runtime.engines.helpers import PROMPT, reference_greedy
 from tests.runtime.manager.helpers import greedy_reference, wait_until, workers
 from tests.runtime.processes import ENV, REPO, descendants, http
@@ -89,6 +90,66 @@ def test_fsdp_ranks_lend_their_shards_and_engines_end_on_version_2_generating_as
     for engine in engines:
         assert "pulling over http" not in engine.log_path.read_text()
         assert greedy_reference(engine, PROMPT, 12) == expected
+
+
+def test_fsdp_ranks_reshard_for_a_tensor_parallel_engine_which_ends_on_version_2_generating_as_one_process(
+    processes, tiny_model, tmp_path
+):
+    """A TP-2 engine and a TP-1 one beside it: each TP rank reads its own rows of the dim-0 splits
+    straight from the trainer ranks (about half of those bytes each) and both end as one process."""
+    tp2 = processes.engine(extra_args=("--tensor-parallel", "2", "--log-level", "info"))
+    tp1 = processes.engine(extra_args=("--log-level", "info"))
+    manager = processes.manager(engines=[{"url": e.url, "engine_type": "builtin"} for e in (tp2, tp1)])
+    server, url = start_server_process(tmp_path / "store", env=ENV | TOKEN)
+    output = tmp_path / "run"
+    config = base_config(
+        manager, tiny_model, output, parallelism="fsdp", weights_url=url, weights_transport="mooncake"
+    )
+    try:
+        torchrun_train(config, tmp_path, "--resume", "never", env=TOKEN)
+        _, body = http("GET", url + "/v1/sharded/1")
+        first = ShardedManifest.from_json(json.dumps(body))
+    finally:
+        server.kill()
+        server.wait()
+    assert [int(r["step"]) for r in rows(output)] == [1, 2]
+    assert engine_versions(manager) == [2, 2]
+    reference, _ = trained_checkpoint(output, tiny_model, tmp_path)
+    expected = reference_greedy(reference, PROMPT, 12)[0]
+    for engine in (tp2, tp1):
+        assert "pulling over http" not in engine.log_path.read_text()
+        assert greedy_reference(engine, PROMPT, 12) == expected
+    # version 1 is read in full (the engines' model folder is no published version: no delta base):
+    # the TP-1 engine reads every block once; each TP-2 rank reads the tensors split on dim 1 and
+    # the replicated ones whole, and only its half of the rows of those split on dim 0
+    tp2_ranks, tp2_weights = pulled_nbytes(tp2, 1)
+    tp1_ranks, tp1_weights = pulled_nbytes(tp1, 1)
+    assert tp2_weights < 0.55 * tp1_weights  # rank 0's weights are its slices: half of all but the norms
+    split_rows = sum(_full_nbytes(plan) for plan in first.tensors if split_dim(plan.name) == 0)
+    read_whole = sum(_full_nbytes(plan) for plan in first.tensors if split_dim(plan.name) != 0)
+    assert tp1_ranks == [split_rows + read_whole]
+    assert len(tp2_ranks) == 2, tp2_ranks
+    for nbytes in tp2_ranks:
+        assert 0.4 * split_rows < nbytes - read_whole < 0.6 * split_rows, (tp2_ranks, split_rows, read_whole)
+    assert sum(tp2_ranks) - 2 * read_whole == split_rows
+
+
+def pulled_nbytes(engine, version: int) -> tuple[list[int], int]:
+    """The bytes each tensor-parallel rank of `engine` read for `version`, and the bytes of rank 0's
+    weights, from its log (--log-level info)."""
+    found = re.findall(
+        rf"pulled version {version} \(.*? over mooncake, .*? (\d+) bytes of weights, "
+        r".*bytes by tensor-parallel rank \[([\d, ]+)\]",
+        engine.log_path.read_text(),
+    )
+    assert len(found) == 1, engine.log_path.read_text()[-3000:]
+    weights, by_rank = found[0]
+    return [int(n) for n in by_rank.split(",")], int(weights)
+
+
+def _full_nbytes(plan) -> int:
+    """Wire bytes of every full record of a tensor: what reading all of it takes."""
+    return sum(block.full.wire_nbytes for piece in plan.pieces for block in piece.blocks)
 
 
 def torchrun_process(config: dict, tmp_path, *args: str, env: dict) -> subprocess.Popen:

@@ -151,3 +151,25 @@ def test_sequences_stranded_when_the_availability_trace_ends_are_a_user_error(tm
     )
     with pytest.raises(UserError, match="sequences wait for a rollout instance and none will come"):
         simulate_steps(config)
+
+
+def test_moves_cost_what_they_are_given_releases_holding_the_actor_and_resumes_the_sync():
+    """Live, the executor releases engines one at a time on the trainer's lock and wakes each released
+    one before the weights go out: rl-sim charges `release_s` and `resume_s` the same way."""
+    tail = ["workload.output_sigma=1.5", "workload.num_prompts=32", "steps=1"]
+    policy = POLICIES["dynamic-pre-process-wait-last"]
+    free = simulate_steps(rl_config(*tail, *policy))[0]
+    costly = simulate_steps(rl_config(*tail, *policy, "scheduling.release_s=5", "scheduling.resume_s=2"))[0]
+    released = sum(1 for window in costly.instance_windows if window[2] == "local")
+    assert released == 6  # every rollout instance, borrowed ones first
+    assert costly.windows["sync"][0] == pytest.approx(costly.windows["training"][1] + released * 2)
+    assert free.windows["sync"][0] == pytest.approx(free.windows["training"][1])
+    # the first release (pre-process, as rollout thins out) holds the actor's next mini-batch 5 s
+    assert costly.windows["training"][0] >= free.windows["training"][0] + 5
+    assert costly.step_time_s > free.step_time_s + released * 2 + 5
+    # a static step's rollout stops when done, and nothing moves: the same step either way
+    static = [*tail, *POLICIES["static-pipelined"]]
+    assert (
+        simulate_steps(rl_config(*static, "scheduling.release_s=5", "scheduling.resume_s=2"))[0].step_time_s
+        == simulate_steps(rl_config(*static))[0].step_time_s
+    )

@@ -50,7 +50,8 @@ ROUTES: dict[str, RouteDoc] = {
     "POST /update_weights_from_server": RouteDoc(
         'rollflow\'s own: `{"url", "weight_version"?, "codec"?, "transport"?}` (a weight server; default its newest version)',
         '`{"success", "message", "weight_version", "pull"}` once the pulled version is loaded (with '
-        "`--tensor-parallel`, every rank pulls its own slices and all load together); 502 when the "
+        "`--tensor-parallel`, every rank pulls its own slices and all load together; "
+        "`pull.wire_nbytes_by_tp_rank` gives the bytes each rank read); 502 when the "
         "pull or a rank failed: the engine keeps its version",
     ),
     "POST /pause_generation": RouteDoc(

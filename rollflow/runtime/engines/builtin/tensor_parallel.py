@@ -79,7 +79,8 @@ class Stage:
 
 @dataclass(frozen=True)
 class Commit:
-    """Report whether the staged slices are ready (all-gather); copy them in if every rank's are."""
+    """Report whether the staged slices are ready, and the bytes a pull of them read (all-gather);
+    copy them in if every rank's are."""
 
 
 @dataclass(frozen=True)
@@ -248,15 +249,18 @@ class RankGroup:
         payloads = [{}, *shards[1:]]
         self._collective(lambda: dist.scatter_object_list(received, payloads, src=0, group=self._control))
 
-    def commit(self, rank0_error: str | None) -> None:
+    def commit(self, rank0_error: str | None) -> list[int | None]:
         """Gather every rank's verdict on its staged slices; raise WeightTransferError (every rank
-        keeps its old weights) unless all are ready, in which case ranks 1..N-1 copy theirs in."""
+        keeps its old weights) unless all are ready, in which case ranks 1..N-1 copy theirs in.
+        Returns the bytes each of ranks 1..N-1 read for a Pull (None for a Stage): what shows that
+        each rank fetched only its slices."""
         self.send(Commit())
         verdicts: list[Any] = [None] * self.tp_size
-        self._collective(lambda: dist.all_gather_object(verdicts, rank0_error, group=self._control))
-        failed = [f"rank {rank}: {why}" for rank, why in enumerate(verdicts) if why is not None]
+        self._collective(lambda: dist.all_gather_object(verdicts, (rank0_error, None), group=self._control))
+        failed = [f"rank {rank}: {why}" for rank, (why, _) in enumerate(verdicts) if why is not None]
         if failed:
             raise WeightTransferError("; ".join(failed))
+        return [wire_nbytes for _, wire_nbytes in verdicts[1:]]
 
     def stop(self) -> None:
         if self.fault() is None:

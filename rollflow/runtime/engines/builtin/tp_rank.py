@@ -35,7 +35,7 @@ from rollflow.runtime.engines.builtin.tensor_parallel import (
 )
 from rollflow.runtime.engines.builtin.weights import WeightChecker
 from rollflow.runtime.weights.checkpoint import read_saved_weights
-from rollflow.runtime.weights.puller import LoadedWeights, WeightPuller
+from rollflow.runtime.weights.puller import LoadedWeights, PullResult, WeightPuller
 from rollflow.runtime.weights.slices import shard_state
 
 logger = logging.getLogger(__name__)
@@ -67,9 +67,10 @@ class RankWorker:
             if pulled is None
             else LoadedWeights(pulled.version, shard_state(pulled.state_dict, tp_size, rank))
         )
-        # a version being staged: checked tensors, the LoadedWeights that becomes the delta base,
-        # and why staging failed; filled by a Pull's thread or a Stage
-        self._staged: tuple[dict[str, torch.Tensor], LoadedWeights | None] | None = None
+        # a version being staged: checked tensors, the LoadedWeights that becomes the delta base
+        # and the bytes its pull read (None for a Stage), and why staging failed; filled by a
+        # Pull's thread or a Stage
+        self._staged: tuple[dict[str, torch.Tensor], LoadedWeights | None, int | None] | None = None
         self._stage_error: str | None = None
         self._pulling: threading.Thread | None = None
 
@@ -108,16 +109,20 @@ class RankWorker:
         self._pulling.start()
 
     def _pull(self, command: Pull) -> None:
-        async def pull() -> LoadedWeights:
+        async def pull() -> PullResult:
             async with WeightPuller(command.url, self.pull_cache, transport=command.transport) as puller:
-                result = await puller.pull(
+                return await puller.pull(
                     command.weight_version, command.codec, base=self.pulled, tp=(self.tp_size, self.rank)
                 )
-            return result.weights
 
         try:
-            weights = asyncio.run(pull())
-            self._staged = (self.checker.check(weights.state_dict, full=True), weights)
+            result = asyncio.run(pull())
+            weights = result.weights
+            self._staged = (
+                self.checker.check(weights.state_dict, full=True),
+                weights,
+                result.stats.wire_nbytes,
+            )
         except Exception as exc:
             self._stage_error = f"{type(exc).__name__}: {exc}"
 
@@ -126,7 +131,7 @@ class RankWorker:
         dist.scatter_object_list(received, None, src=0, group=self.control)
         self._staged, self._stage_error = None, None
         try:
-            self._staged = (self.checker.check(received[0], command.full), None)
+            self._staged = (self.checker.check(received[0], command.full), None, None)
         except Exception as exc:
             self._stage_error = f"{type(exc).__name__}: {exc}"
 
@@ -135,12 +140,13 @@ class RankWorker:
             self._pulling.join()
             self._pulling = None
         error = self._stage_error or (None if self._staged is not None else "nothing staged")
+        wire_nbytes = self._staged[2] if self._staged is not None else None
         verdicts: list[Any] = [None] * self.tp_size
-        dist.all_gather_object(verdicts, error, group=self.control)
+        dist.all_gather_object(verdicts, (error, wire_nbytes), group=self.control)
         staged, self._staged = self._staged, None
-        if any(verdict is not None for verdict in verdicts) or staged is None:
+        if any(why is not None for why, _ in verdicts) or staged is None:
             return
-        tensors, pulled = staged
+        tensors, pulled, _ = staged
         params = self.model.state_dict()
         for name, tensor in tensors.items():
             params[name].copy_(tensor)

@@ -142,14 +142,22 @@ class EngineWeights:
                 message = f"pulling weight version {body.weight_version} from {body.url} failed: {exc}"
                 logger.warning("%s", message)
                 return error_response(status, message)
+            other_ranks: list[int | None] = []
             answer = await self._load(
-                result.weights.state_dict, body.weight_version, full=True, abort=False, pulled=result.weights
+                result.weights.state_dict,
+                body.weight_version,
+                full=True,
+                abort=False,
+                pulled=result.weights,
+                other_ranks_nbytes=other_ranks,
             )
         if isinstance(answer, web.Response):
             return answer
         stats = result.stats
+        by_rank = [stats.wire_nbytes, *other_ranks]
         logger.info(
-            "pulled version %d (%s over %s, base %s): %d bytes for %d bytes of weights, %d attempts",
+            "pulled version %d (%s over %s, base %s): %d bytes for %d bytes of weights, %d attempts; "
+            "bytes by tensor-parallel rank %s",
             body.weight_version,
             result.manifest.codec,
             stats.transport,
@@ -157,12 +165,14 @@ class EngineWeights:
             stats.wire_nbytes,
             result.manifest.model_nbytes,
             stats.attempts,
+            by_rank,
         )
         answer["pull"] = {
             "codec": result.manifest.codec,
             "transport": stats.transport,
             "base_version": result.manifest.base_version,
             "wire_nbytes": stats.wire_nbytes,
+            "wire_nbytes_by_tp_rank": by_rank,
             "model_nbytes": result.manifest.model_nbytes,
             "chunks_downloaded": stats.chunks_downloaded,
             "chunks_reused": stats.chunks_reused,
@@ -176,10 +186,17 @@ class EngineWeights:
         return answer if isinstance(answer, web.Response) else web.json_response(answer)
 
     async def _load(
-        self, tensors: dict, version: int | None, full: bool, abort: bool, pulled: LoadedWeights | None = None
+        self,
+        tensors: dict,
+        version: int | None,
+        full: bool,
+        abort: bool,
+        pulled: LoadedWeights | None = None,
+        other_ranks_nbytes: list[int | None] | None = None,
     ) -> dict[str, Any] | web.Response:
         """Check and load `tensors`: rank 0's slices when `pulled` (each rank pulled its own), else
-        whole tensors, split here for the ranks. A 502 when a rank could not take its slices."""
+        whole tensors, split here for the ranks. A 502 when a rank could not take its slices.
+        `other_ranks_nbytes` receives the bytes ranks 1..N-1 pulled, once they committed."""
         tp = self._tp
         checker = self._rank_checker if pulled is not None else self._checker
         checked = await asyncio.to_thread(checker.check, tensors, full)
@@ -197,7 +214,9 @@ class EngineWeights:
             else:
 
                 def prepare() -> None:
-                    tp.commit(None)
+                    nbytes = tp.commit(None)
+                    if other_ranks_nbytes is not None:
+                        other_ranks_nbytes.extend(nbytes)
 
         async with self._weights_lock:
             require_memory(self._worker.released)

@@ -51,6 +51,13 @@ def add_profile_engine(profile_commands: argparse._SubParsersAction) -> None:
     engine.add_argument(
         "--block-size", type=int, default=16, help="KV block size in attention.csv (default 16)"
     )
+    engine.add_argument(
+        "--memory-moves",
+        action="store_true",
+        help="also time the engine freeing its memory and taking it back, --repeats times (it serves again "
+        "after), printed as rl-sim's scheduling.release_s and resume_s; needs an engine that can release "
+        "(built-in, SGLang, vLLM with sleep mode)",
+    )
     engine.set_defaults(handler=_engine)
 
 
@@ -83,6 +90,7 @@ def _engine(args: argparse.Namespace, started_at: float) -> None:
         admission_s,
         idle_wakeup_s,
         measure_engine,
+        memory_moves_s,
         round_trip_s,
         write_engine_tables,
     )
@@ -141,6 +149,17 @@ def _engine(args: argparse.Namespace, started_at: float) -> None:
         f"admission beside running decodes {admission_ms:.2f} ms per request beyond its tokens "
         f"(simulate it with execution.admission_ms={admission_ms:.2f})"
     )
+    if args.memory_moves:
+        try:
+            release_s, resume_s = asyncio.run(memory_moves_s(args.kind, probe.url, args.repeats))
+        except EngineError as exc:
+            raise UserError(
+                f"engine at {probe.url} cannot release its memory ({exc}): leave out --memory-moves"
+            ) from None
+        print(
+            f"memory release {release_s * 1e3:.2f} ms, resume {resume_s * 1e3:.2f} ms (simulate them with "
+            f"scheduling.release_s={release_s:.4f} scheduling.resume_s={resume_s:.4f})"
+        )
     resumed = f" ({times.num_resumed} resumed from an earlier run)" if times.num_resumed else ""
     print(
         f"measured {times.num_steps - times.num_resumed} of {times.num_steps} request mixes in "

@@ -177,6 +177,28 @@ async def measure_engine(
     return EngineTimes(decode_s, decode_kv, prefill_s, wake_s, admit_s, elapsed, resumed, len(steps))
 
 
+async def memory_moves_s(kind: str, url: str, repeats: int) -> tuple[float, float]:
+    """Median seconds the engine takes to free its memory and to take it back (SGLang's
+    release/resume_memory_occupation, vLLM's sleep/wake_up), each round trip included: what a rollout
+    instance handing its device to the trainer costs, and waking it at step end (rl-sim's
+    scheduling.release_s and resume_s). The engine serves again afterwards, on the same weights."""
+    from rollflow.runtime.engines.clients import make_client
+
+    client = make_client(kind, url)
+    releases, resumes = [], []
+    try:
+        for _ in range(repeats):
+            started = time.perf_counter()
+            await client.release_memory_occupation()
+            released = time.perf_counter()
+            await client.resume_memory_occupation()
+            releases.append(released - started)
+            resumes.append(time.perf_counter() - released)
+    finally:
+        await client.close()
+    return statistics.median(releases), statistics.median(resumes)
+
+
 async def _measure_step(client, probe: EngineProbe, step: tuple, salt: int) -> dict | float:
     """One round of one mix: B concurrent decodes ({gaps, kvs}), or one prompt's time to first token
     (after the engine idled WAKE_IDLE_S, for a wake step). Its requests' prompts are seeded from

@@ -14,6 +14,11 @@ answer to be on disk first (`durable()`: a line of the sample stream, a micro-ba
 client that does not keep the record of its hand-outs itself; one that does, as `ManagerClient`
 does, is answered at once, see `BatchBook.adopt_handouts`).
 
+A batch delivered or deleted within the round it was submitted in is dropped from that round, not
+written and then deleted (`batch_gone`): the file is the same after the round, and a crash before it
+loses what it would have lost anyway (none of the batch was committed). A small batch served within one
+flush interval costs the writer nothing.
+
 Sessions (sessions.py) are journaled beside batches: a row per session (its pin, whether it is
 closed, the turn it is running), a row per finished turn (its input and its output with spans), and
 the running turn's sample as a batch's samples are (its rows owned by `session:<id>#<seq>`,
@@ -45,7 +50,7 @@ from typing import Any
 from rollflow.runtime.manager.core.samples import Sample, SampleState
 from rollflow.runtime.manager.durability.journal_events import NoJournal
 from rollflow.runtime.manager.durability.journal_file import BATCH_TABLES, OWNED_TABLES, SESSION_OWNER
-from rollflow.runtime.manager.durability.journal_writer import JournalWriter, Round
+from rollflow.runtime.manager.durability.journal_writer import BATCH_SQL, JournalWriter, Round
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +119,11 @@ class Journal(NoJournal):
         self._rows: dict[str, tuple] = {}
         self._attempts: dict[str, tuple | None] = {}
         self._ops: list[tuple[str, tuple]] = []
+        # batches submitted since the last round was taken, nothing of theirs handed to the writer yet:
+        # batch id -> its submission (encoded once the round is taken), its own statements since (held
+        # apart until then) and its samples, so that a batch gone before its first round costs no
+        # encoding, leaves nothing to write and nothing to delete (`batch_gone`)
+        self._fresh: dict[str, tuple[dict, list[tuple[str, tuple]], list[Sample]]] = {}
         self._num_tokens = 0
         # a streamed chunk's only test: below `_limit` tokens in the round nothing else is due (the
         # round's timer is armed, the round is not half the bound, the bound is not reached); 0 while
@@ -170,18 +180,39 @@ class Journal(NoJournal):
     # ------------------------------------------------------------------ the manager's events
 
     def batch_submitted(self, batch_id: str, submission: dict, samples: list[Sample]) -> None:
-        self.put("INSERT OR REPLACE INTO batches VALUES (?, ?)", (batch_id, json.dumps(submission)))
+        self._fresh[batch_id] = (submission, [], samples)
         for sample in samples:
             self.sample_changed(sample)
+        if self._next_round is None:
+            self._arm()
+
+    def _put_batch(self, batch_id: str, sql: str, params: tuple) -> None:
+        """A statement of one batch's rows: held with the batch while it is fresh (see `batch_gone`)."""
+        fresh = self._fresh.get(batch_id)
+        if fresh is None:
+            self.put(sql, params)
+        else:
+            fresh[1].append((sql, params))
 
     def batch_offloaded(self, batch_id: str) -> None:
-        self.put(
+        self._put_batch(
+            batch_id,
             "UPDATE batches SET body = json_set(body, '$.offloaded', json('true')) WHERE batch_id = ?",
             (batch_id,),
         )
 
     def batch_gone(self, batch_id: str) -> None:
-        """Compaction: a delivered or deleted batch leaves nothing behind."""
+        """Compaction: a delivered or deleted batch leaves nothing behind. A batch gone within the round
+        it was submitted in (a small batch served within one flush interval) never reaches the disk:
+        what was noted of it is dropped, and there is nothing to delete. A crash meanwhile loses the same
+        as without it (none of the batch was committed), and after the round the file is the same."""
+        fresh = self._fresh.pop(batch_id, None)
+        if fresh is not None:
+            for sample in fresh[2]:
+                self._rows.pop(sample.sample_id, None)
+                self._attempts.pop(sample.sample_id, None)
+                self._dirty.pop(sample.sample_id, None)  # its tokens stay counted: written with the round
+            return
         ops = [(f"DELETE FROM {table} WHERE batch_id = ?", (batch_id,)) for table in BATCH_TABLES]
         self._compact(*ops, *self._owner_gone(batch_id))
 
@@ -261,8 +292,10 @@ class Journal(NoJournal):
             self._arm()
 
     def handed_out(self, batch_id: str, index: int, group_indexes: list[int]) -> None:
-        self.put(
-            "INSERT OR REPLACE INTO handouts VALUES (?, ?, ?)", (batch_id, index, json.dumps(group_indexes))
+        self._put_batch(
+            batch_id,
+            "INSERT OR REPLACE INTO handouts VALUES (?, ?, ?)",
+            (batch_id, index, json.dumps(group_indexes)),
         )
 
     def engine_registered(self, url: str, record: dict) -> None:
@@ -396,6 +429,14 @@ class Journal(NoJournal):
             batch_id = sample.batch_id
             owners.add(batch_id if batch_id is not None else owner(sample))
             sample.journaled = end
+        ops = self._ops
+        if self._fresh:  # the fresh batches' statements first: nothing noted before them touches their rows
+            fresh = []
+            for batch_id, (submission, statements, _) in self._fresh.items():
+                fresh.append((BATCH_SQL, (batch_id, json.dumps(submission))))
+                fresh += statements
+            ops = fresh + ops
+            self._fresh = {}
         taken = Round(
             sample_ids,
             starts,
@@ -406,7 +447,7 @@ class Journal(NoJournal):
             owners,
             self._rows,
             self._attempts,
-            self._ops,
+            ops,
             self._num_tokens,
             self._waiters,
         )

@@ -59,7 +59,11 @@ class Round:
     waiters: list[asyncio.Future]  # durable() callers, answered once the round is committed
 
     def __bool__(self) -> bool:
-        return bool(self.sample_ids or self.rows or self.attempts or self.ops or self.waiters)
+        # a round of tokens alone (their batch gone before its first round) is handed too: the writer
+        # counts them written, or the bound would hold them for good
+        return bool(
+            self.sample_ids or self.rows or self.attempts or self.ops or self.waiters or self.num_tokens
+        )
 
 
 # a round's rows of a table go in one statement, from one JSON array: the writer thread takes the GIL
@@ -75,6 +79,7 @@ ATTEMPTS_SQL = (
 )
 ATTEMPTS_ENDED_SQL = "DELETE FROM attempts WHERE sample_id IN (SELECT value FROM json_each(?))"
 OWNERS_SQL = "INSERT INTO token_log_owners SELECT ?, value FROM json_each(?)"
+BATCH_SQL = "INSERT OR REPLACE INTO batches VALUES (?, ?)"
 
 
 @dataclass
