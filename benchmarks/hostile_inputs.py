@@ -297,8 +297,9 @@ def slow_bodies(targets: list[tuple[str, str, str, dict]], per_path: int) -> dic
     return closed
 
 
-def post_raw(url: str, body: bytes) -> int:
-    """Status of a POST /generate of `body` (the server may answer before all of it is sent)."""
+def post_raw(url: str, body: bytes) -> tuple[int, bytes]:
+    """(status, answer) of a raw POST /generate of `body` (the server may answer before all of it
+    is sent); status 0 when what came back is not HTTP."""
     parts = urlsplit(url)
     head = f"POST /generate HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     with socket.create_connection((parts.hostname, parts.port), timeout=600) as sock:
@@ -308,14 +309,26 @@ def post_raw(url: str, body: bytes) -> int:
         data = b""
         while chunk := sock.recv(1 << 16):
             data += chunk
-    return int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/") else 0
+    if not data.startswith(b"HTTP/"):
+        return 0, data
+    return int(data.split(b" ", 2)[1]), data.split(b"\r\n\r\n", 1)[-1]
+
+
+def one_prompt_body() -> bytes:
+    """A 60 MB body of one prompt of 10 Mi ids: sure to exceed max_prompt_tokens, so the manager
+    refuses it (413) once its first 64 KiB are read."""
+    return b'{"input_ids": [' + b"12345," * (10 << 20) + b"1]}"
+
+
+def batch_body() -> bytes:
+    """A 60 MB batch of 100 prompts of 100,000 ids (each under max_prompt_tokens), the last of which
+    holds a negative id: the whole body is parsed and validated, then refused with a 400."""
+    row = b"[" + b"12345," * 99_999 + b"1]"
+    return b'{"input_ids": [' + b",".join([row] * 99 + [b"[-1," + row[1:]]) + b"]}"
 
 
 def large_bodies(manager: str, per_kind: int) -> dict:
     """`per_kind` 60 MB one-prompt bodies at once, then as many 60 MB batches, while /health is polled."""
-    one = b'{"input_ids": [' + b"12345," * (10 << 20) + b"1]}"
-    row = b"[" + b"12345," * 99_999 + b"1]"
-    batch = b'{"input_ids": [' + b",".join([row] * 99 + [b"[-1," + row[1:]]) + b"]}"
     times: list[float] = []
     statuses: list[int] = []
     stop = threading.Event()
@@ -334,9 +347,9 @@ def large_bodies(manager: str, per_kind: int) -> dict:
     poller.start()
     time.sleep(3)  # the same polling under the same load, before any big body: the machine's noise
     quiet = len(times)
-    for body in (one, batch):
+    for body in (one_prompt_body(), batch_body()):
         senders = [
-            threading.Thread(target=lambda b=body: statuses.append(post_raw(manager, b)))
+            threading.Thread(target=lambda b=body: statuses.append(post_raw(manager, b)[0]))
             for _ in range(per_kind)
         ]
         for sender in senders:

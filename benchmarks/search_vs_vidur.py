@@ -376,11 +376,6 @@ def main() -> None:
     add_results_dir(parser)
     add_vidur_options(parser)
     parser.add_argument(
-        "--vidur-full-training",
-        action="store_true",
-        help="Vidur's 27-point random-forest grid instead of one setting (see vidur_compare.py)",
-    )
-    parser.add_argument(
         "--num-requests",
         type=int,
         default=None,

@@ -311,12 +311,6 @@ def main() -> None:
     add_results_dir(parser)
     add_vidur_options(parser)
     parser.add_argument(
-        "--vidur-full-training",
-        action="store_true",
-        help="train Vidur's random forests over its 27-point grid with 10-fold CV (most of an hour cold) "
-        "instead of one setting",
-    )
-    parser.add_argument(
         "--repeats",
         type=int,
         default=None,

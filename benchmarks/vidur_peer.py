@@ -58,6 +58,12 @@ def add_vidur_options(parser: argparse.ArgumentParser) -> None:
         f"cloned into {CHECKOUT.relative_to(REPO)} (default: $VIDUR_SRC, else the URL in $VIDUR_GIT, "
         f"default {VIDUR_GIT})",
     )
+    parser.add_argument(
+        "--vidur-full-training",
+        action="store_true",
+        help="train Vidur's random forests over its 27-point grid with 10-fold CV (most of an hour cold) "
+        "instead of one setting (vidur_compare.QUICK_TRAINING)",
+    )
 
 
 def ensure_vidur(source: str | None) -> Vidur:

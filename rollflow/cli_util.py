@@ -42,10 +42,14 @@ def add_show_config(
     help: str,
     load: Callable[[str | None, list[str]], BaseModel],
     config_help: str = "YAML config file (omit for the defaults)",
+    name: str = "config",
+    required: bool = False,
+    example: str | None = None,
 ) -> None:
-    """The group's `config` sub-command: the config `load(path, overrides)` validates, every default
-    filled in, printed as YAML."""
-    show = commands.add_parser("config", help=help)
-    show.add_argument("--config", help=config_help)
-    show.add_argument("overrides", nargs="*", metavar="key=value")
+    """The group's sub-command `name` (`config`; `show` in the groups that run a whole config): the
+    config `load(path, overrides)` validates, every default filled in, printed as YAML. `required`:
+    the group's config has no defaults to print without a file."""
+    show = commands.add_parser(name, help=help, epilog=f"example: {example}" if example else None)
+    show.add_argument("--config", required=required, help=config_help)
+    show.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides")
     show.set_defaults(handler=lambda args, started_at: print_yaml(load(args.config, args.overrides)))

@@ -8,10 +8,10 @@ import threading
 
 import pytest
 
+from benchmarks.hostile_inputs import post_raw
 from tests.runtime.manager.helpers import metric, workers
 from tests.runtime.processes import http
 from tests.runtime.test_auth import _weight_server
-from tests.runtime.test_large_bodies import _post
 
 BAD_BODIES = [
     (b"[" * 200_000, 400, "nested too deep"),
@@ -70,7 +70,7 @@ def test_a_big_body_during_a_load_retires_no_engine(servers):
         # 21 MB of valid JSON, too long a prompt: refused once its first 64 KiB are read (the server
         # answers before it is all sent, so it goes out on a raw socket that takes an early answer)
         body = json.dumps({"input_ids": [7] * 7_000_000}).encode()
-        status, answer = _post(manager.url, body)
+        status, answer = post_raw(manager.url, body)
         answers.append((status, json.loads(answer)))
 
     senders = [threading.Thread(target=send_big) for _ in range(2)]

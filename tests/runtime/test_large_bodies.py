@@ -12,45 +12,17 @@ the bodies (the machine's own noise). The server before this change held `/healt
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import threading
 import time
-from urllib.parse import urlsplit
 
+from benchmarks.hostile_inputs import batch_body, one_prompt_body, post_raw
 from tests.runtime.processes import http
 
 HELD_S = 5.0  # well above the noise, well below the 7-14 s the unfixed server held /health
-BODY_MB = 60
-
-
-def _one_prompt_body() -> bytes:
-    return b'{"input_ids": [' + b"12345," * (BODY_MB * (1 << 20) // 6) + b"1]}"
-
-
-def _batch_body() -> bytes:
-    """A batch of 100 prompts of 100,000 ids (each under max_prompt_tokens), the last of which
-    holds a negative id: the whole body is parsed and validated, then refused with a 400."""
-    row = b"[" + b"12345," * 99_999 + b"1]"
-    return b'{"input_ids": [' + b",".join([row] * 99 + [row.replace(b"[", b"[-1,", 1)]) + b"]}"
-
-
-def _post(url: str, body: bytes) -> tuple[int, bytes]:
-    """(status, answer) of a raw POST /generate of `body` (the server may answer before it is sent)."""
-    parts = urlsplit(url)
-    head = f"POST /generate HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    with socket.create_connection((parts.hostname, parts.port), timeout=600) as sock:
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # answered before it all went
-            sock.sendall(head.encode())
-            sock.sendall(body)  # not joined to the head: a copy of 60 MB would hold this process's GIL
-        answer = b""
-        while chunk := sock.recv(1 << 16):
-            answer += chunk
-    return int(answer.split(b" ", 2)[1]), answer.split(b"\r\n\r\n", 1)[-1]
 
 
 def _send(url: str, body: bytes, answers: list[tuple[int, bytes]]) -> None:
-    answers.append(_post(url, body))
+    answers.append(post_raw(url, body))
 
 
 class HealthPoller:
@@ -97,8 +69,8 @@ def test_health_keeps_answering_while_three_60_mb_bodies_arrive_under_load(proce
         time.sleep(5)  # the noise: the same polling, same load, no big body
         noise = quiet.stop()
         for body, status_wanted, said in (
-            (_one_prompt_body(), 413, b"max_prompt_tokens=131072"),
-            (_batch_body(), 400, b"input_ids holds -1"),
+            (one_prompt_body(), 413, b"max_prompt_tokens=131072"),
+            (batch_body(), 400, b"input_ids holds -1"),
         ):
             poller = HealthPoller(manager.url)
             answers: list[tuple[int, bytes]] = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rollflow.cli_util import add_command_group
+from rollflow.cli_util import add_command_group, add_show_config
 
 EXAMPLES = """examples:
   rollflow demo run --config examples/demo/preemption.yaml --output-dir outputs/demo
@@ -47,14 +47,15 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     run.set_defaults(handler=_run)
 
-    show = sub.add_parser(
-        "show",
-        help="print the config with every default filled in",
-        epilog="example: rollflow demo show --config examples/demo/preemption.yaml",
+    add_show_config(
+        sub,
+        "print the config with every default filled in",
+        _load,
+        "YAML with launch:, train: and demo: sections",
+        name="show",
+        required=True,
+        example="rollflow demo show --config examples/demo/preemption.yaml",
     )
-    show.add_argument("--config", required=True, help="YAML with launch:, train: and demo: sections")
-    show.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides")
-    show.set_defaults(handler=_show)
 
 
 def _run(args: argparse.Namespace, started_at: float) -> None:
@@ -80,8 +81,7 @@ def _run(args: argparse.Namespace, started_at: float) -> None:
     print_summary(summary, output_dir)
 
 
-def _show(args: argparse.Namespace, started_at: float) -> None:
-    from rollflow.cli_util import print_yaml
+def _load(path: str, overrides: list[str]):
     from rollflow.runtime.demo.config import load_demo_config
 
-    print_yaml(load_demo_config(args.config, args.overrides))
+    return load_demo_config(path, overrides)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rollflow.cli_util import add_command_group
+from rollflow.cli_util import add_command_group, add_show_config
 
 EXAMPLES = """examples:
   rollflow engine init-model models/tiny   # the model examples/launch/local.yaml serves
@@ -34,14 +34,15 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     up.set_defaults(handler=_up)
 
-    show = sub.add_parser(
-        "show",
-        help="print the launch section with every default filled in",
-        epilog="example: rollflow launch show --config examples/launch/local.yaml",
+    add_show_config(
+        sub,
+        "print the launch section with every default filled in",
+        _load,
+        "YAML file with a launch: section",
+        name="show",
+        required=True,
+        example="rollflow launch show --config examples/launch/local.yaml",
     )
-    show.add_argument("--config", required=True, help="YAML file with a launch: section")
-    show.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides")
-    show.set_defaults(handler=_show)
 
 
 def _up(args: argparse.Namespace, started_at: float) -> None:
@@ -64,8 +65,7 @@ def _up(args: argparse.Namespace, started_at: float) -> None:
     sys.exit(code)
 
 
-def _show(args: argparse.Namespace, started_at: float) -> None:
-    from rollflow.cli_util import print_yaml
+def _load(path: str, overrides: list[str]):
     from rollflow.runtime.launch.config import load_launch_config
 
-    print_yaml(load_launch_config(args.config, args.overrides))
+    return load_launch_config(path, overrides)

@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollflow.runtime.http.auth import require_bearer
 from rollflow.runtime.http.body import iter_body
-from rollflow.runtime.http.errors import error_response, http_error
+from rollflow.runtime.http.errors import errors_as_json, http_error
 from rollflow.runtime.http.limits import UPLOAD_LIMITS, BodyLimits
 from rollflow.runtime.http.listen import bind
 from rollflow.runtime.http.serve import GuardedRunner
@@ -120,8 +120,10 @@ class WeightServer:
         return f"http://{self.host}:{self.port}"
 
     def build_app(self) -> web.Application:
+        # store errors: an unknown version is a 404, anything else the caller got wrong a 400
+        errors = errors_as_json({UnknownVersionError: 404, WeightsError: 400})
         # publishes stream to disk under their own limit; no other route takes a body
-        app = web.Application(client_max_size=1 << 20, middlewares=[_errors_as_json])
+        app = web.Application(client_max_size=1 << 20, middlewares=[errors])
         app.add_routes(
             [
                 web.get("/health", self._health),
@@ -318,14 +320,3 @@ def _parse(model: type[BaseModel], request: web.Request):
         error = exc.errors()[0]
         where = ".".join(str(part) for part in error["loc"])
         raise http_error(web.HTTPBadRequest, f"{where}: {error['msg']}") from None
-
-
-@web.middleware
-async def _errors_as_json(request: web.Request, handler):
-    """Store errors become 404 (unknown version) or 400 (anything else the caller got wrong)."""
-    try:
-        return await handler(request)
-    except UnknownVersionError as exc:
-        return error_response(404, str(exc))
-    except WeightsError as exc:
-        return error_response(400, str(exc))

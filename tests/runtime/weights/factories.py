@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import subprocess
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
 import torch
 
 from rollflow.runtime.launch.process import rollflow_command
-from rollflow.runtime.weights import WeightServer, WeightStore
+from rollflow.runtime.weights import WeightPuller, WeightServer, WeightStore, WeightTransferError
 from tests.factories import REPO
 
 
@@ -113,3 +115,38 @@ def start_server_process(
         time.sleep(0.1)
     proc.kill()
     raise RuntimeError("weight server did not start within 60 s")
+
+
+def pull_through_a_killed_server(store_dir: Path, cache: Path, *serve_args: str, transport: str = "http"):
+    """The one scenario of a server killed mid-pull, over either transport: a one-chunk-at-a-time
+    pull whose server process is killed after its 4th chunk must raise (no half-loaded weights), and
+    a pull from the restarted server must resume. Returns (chunks done when killed, that result)."""
+    process, url = start_server_process(store_dir, *serve_args)
+    killed_after: list[int] = []
+
+    def kill_after_four(done: int, total: int) -> None:
+        if done == 4:
+            process.kill()
+            process.wait()
+            killed_after.append(done)
+
+    async def pull_one_chunk_at_a_time(url: str, on_chunk=None):
+        async with WeightPuller(
+            url,
+            cache,
+            transport=transport,
+            max_attempts=2,
+            retry_delay_s=0.1,
+            parallel_chunks=1,
+            on_chunk=on_chunk,
+        ) as puller:
+            return await puller.pull()
+
+    try:
+        with pytest.raises(WeightTransferError, match="failed after 2 attempts"):
+            asyncio.run(pull_one_chunk_at_a_time(url, kill_after_four))
+        process, url = start_server_process(store_dir, *serve_args)  # the engine retries against it
+        return killed_after, asyncio.run(pull_one_chunk_at_a_time(url))
+    finally:
+        process.kill()
+        process.wait()

@@ -9,9 +9,15 @@ import asyncio
 
 import pytest
 
-from rollflow.runtime.weights import WeightPuller, WeightStore, WeightTransferError
+from rollflow.runtime.weights import WeightPuller, WeightStore
 from rollflow.runtime.weights.mooncake import Unavailable, local_engine
-from tests.runtime.weights.factories import assert_same_state, start_server_process, tiny_llama, train_step
+from tests.runtime.weights.factories import (
+    assert_same_state,
+    pull_through_a_killed_server,
+    start_server_process,
+    tiny_llama,
+    train_step,
+)
 
 SMALL_CHUNKS = 2048  # the tiny model spreads over ~30 chunks
 
@@ -59,36 +65,10 @@ def test_a_server_killed_mid_mooncake_transfer_yields_no_weights_and_the_retry_r
     store_dir = tmp_path / "store"
     state = tiny_llama(0)
     WeightStore(store_dir, chunk_bytes=SMALL_CHUNKS).publish(1, state)
-    process, url = start_server_process(store_dir, "--mooncake", "tcp")
-    killed_after: list[int] = []
-
-    def kill_after_four(done: int, total: int) -> None:
-        if done == 4:
-            process.kill()
-            process.wait()
-            killed_after.append(done)
-
-    async def pull_one_chunk_at_a_time(url: str, on_chunk=None):
-        async with WeightPuller(
-            url,
-            tmp_path / "cache",
-            transport="mooncake",
-            max_attempts=2,
-            retry_delay_s=0.1,
-            parallel_chunks=1,
-            on_chunk=on_chunk,
-        ) as puller:
-            return await puller.pull()
-
-    try:
-        with pytest.raises(WeightTransferError, match="failed after 2 attempts"):
-            asyncio.run(pull_one_chunk_at_a_time(url, kill_after_four))
-        assert killed_after == [4]
-        process, url = start_server_process(store_dir, "--mooncake", "tcp")
-        result = asyncio.run(pull_one_chunk_at_a_time(url))
-    finally:
-        process.kill()
-        process.wait()
+    killed_after, result = pull_through_a_killed_server(
+        store_dir, tmp_path / "cache", "--mooncake", "tcp", transport="mooncake"
+    )
+    assert killed_after == [4]
     assert result.stats.transport == "mooncake" and result.stats.chunks_reused == 4
     assert_same_state(result.weights.state_dict, state)
 

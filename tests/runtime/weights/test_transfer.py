@@ -22,8 +22,8 @@ from rollflow.runtime.weights import (
 from rollflow.runtime.weights.server import WeightServer
 from tests.runtime.weights.factories import (
     assert_same_state,
+    pull_through_a_killed_server,
     serving,
-    start_server_process,
     tiny_llama,
     train_step,
 )
@@ -151,30 +151,8 @@ def test_a_killed_server_process_leaves_no_half_loaded_model_and_the_retry_resum
     store_dir = tmp_path / "store"
     state = tiny_llama(0)
     WeightStore(store_dir, chunk_bytes=SMALL_CHUNKS).publish(1, state)
-    process, url = start_server_process(store_dir)
-    killed_after: list[int] = []
-
-    def kill_after_four(done: int, total: int) -> None:
-        if done == 4:
-            process.kill()
-            process.wait()
-            killed_after.append(done)
-
-    async def pull(url: str, on_chunk=None):
-        async with WeightPuller(
-            url, tmp_path / "cache", max_attempts=2, retry_delay_s=0.1, parallel_chunks=1, on_chunk=on_chunk
-        ) as puller:
-            return await puller.pull()
-
-    try:
-        with pytest.raises(WeightTransferError, match="failed after 2 attempts"):
-            asyncio.run(pull(url, kill_after_four))
-        assert killed_after == [4]
-        process, url = start_server_process(store_dir)  # the engine retries against the restarted server
-        result = asyncio.run(pull(url))
-    finally:
-        process.kill()
-        process.wait()
+    killed_after, result = pull_through_a_killed_server(store_dir, tmp_path / "cache")
+    assert killed_after == [4]
     assert result.stats.chunks_reused == 4
     assert_same_state(result.weights.state_dict, state)
 

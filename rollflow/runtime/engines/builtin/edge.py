@@ -3,7 +3,6 @@ or a 503, and the body parser that turns bad fields into one message naming them
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -11,13 +10,9 @@ from pydantic import BaseModel, ValidationError
 
 from rollflow.errors import UserError
 from rollflow.runtime.http.body import read_json_object
-from rollflow.runtime.http.errors import error_response
+from rollflow.runtime.http.errors import BadRequest, errors_as_json
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
-
-
-class BadRequest(Exception):
-    """Input that gets a 400 with this message."""
 
 
 class MemoryReleased(Exception):
@@ -60,13 +55,5 @@ def _describe(exc: ValidationError) -> str:
     return "; ".join(problems)
 
 
-@web.middleware
-async def errors_as_json(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except (BadRequest, UserError) as exc:
-        return error_response(400, str(exc))
-    except MemoryReleased as exc:
-        return error_response(503, str(exc))
+ERRORS_AS_JSON = errors_as_json({UserError: 400, MemoryReleased: 503})
+"""The engine's middleware: a UserError from a layer below is a 400, released memory a 503."""

@@ -28,7 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rollflow.runtime.engines.builtin.edge import BadRequest, errors_as_json, parse, require_memory, validate
+from rollflow.runtime.engines.builtin.edge import ERRORS_AS_JSON, parse, require_memory, validate
 from rollflow.runtime.engines.builtin.openai_routes import openai_routes
 from rollflow.runtime.engines.builtin.tensor_parallel import RankGroup
 from rollflow.runtime.engines.builtin.weight_routes import EngineWeights
@@ -36,7 +36,7 @@ from rollflow.runtime.engines.builtin.worker import GenerationWorker, Sequence, 
 from rollflow.runtime.engines.load import sglang_get_load_body, sglang_loads_body
 from rollflow.runtime.http.auth import bearer_middleware
 from rollflow.runtime.http.body import read_json_object
-from rollflow.runtime.http.errors import error_response
+from rollflow.runtime.http.errors import BadRequest, error_response
 from rollflow.runtime.http.sse import close_sse, open_sse, send_event
 from rollflow.runtime.wire.base import SamplingParams
 from rollflow.runtime.wire.builtin import PauseBody
@@ -121,7 +121,7 @@ class EngineServer:
         auth = bearer_middleware(self._api_key, lambda request: request.path != "/health", "this engine")
         app = web.Application(
             client_max_size=max(self._max_body, self._weights.max_upload_bytes),
-            middlewares=[auth, errors_as_json],
+            middlewares=[auth, ERRORS_AS_JSON],
         )
         app.add_routes(
             [

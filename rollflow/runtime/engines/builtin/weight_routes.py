@@ -23,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rollflow.runtime.engines.builtin.edge import BadRequest, parse, require_memory
+from rollflow.runtime.engines.builtin.edge import parse, require_memory
 from rollflow.runtime.engines.builtin.tensor_parallel import Pull, RankGroup
 from rollflow.runtime.engines.builtin.weights import (
     WeightChecker,
@@ -32,7 +32,7 @@ from rollflow.runtime.engines.builtin.weights import (
 )
 from rollflow.runtime.engines.builtin.worker import EngineFault, GenerationWorker
 from rollflow.runtime.http.body import read_body
-from rollflow.runtime.http.errors import error_response
+from rollflow.runtime.http.errors import BadRequest, error_response
 from rollflow.runtime.weights import (
     LoadedWeights,
     UnknownVersionError,

@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from rollflow.runtime.http.answer import dumps
+from rollflow.runtime.http.errors import BadRequest
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.core.samples import Sample, SampleState
 from rollflow.runtime.manager.edge.protocol import GenerateBody
-from rollflow.runtime.manager.edge.shared import BadRequest
 from rollflow.runtime.wire.base import SamplingParams
 from rollflow.runtime.wire.sglang import SamplingParamsBody
 

@@ -46,7 +46,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from rollflow.runtime.http.auth import require_bearer
-from rollflow.runtime.http.errors import error_body, http_error
+from rollflow.runtime.http.errors import BadRequest, error_body, http_error
 from rollflow.runtime.http.listen import bind
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.core import memory
@@ -75,7 +75,6 @@ from rollflow.runtime.manager.edge.protocol import (
 from rollflow.runtime.manager.edge.shared import (
     MANAGER_KEY,
     TOKENIZER_KEY,
-    BadRequest,
     journal_writable,
     not_found,
     parse_body,

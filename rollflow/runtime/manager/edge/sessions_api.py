@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from rollflow.runtime.http.errors import http_error
+from rollflow.runtime.http.errors import BadRequest, http_error
 from rollflow.runtime.manager.core.sessions import (
     SessionConflict,
     SessionNotFound,
@@ -57,7 +57,6 @@ from rollflow.runtime.manager.edge.protocol import (
 from rollflow.runtime.manager.edge.shared import (
     MANAGER_KEY,
     TOKENIZER_KEY,
-    BadRequest,
     journal_writable,
     not_found,
     parse_body,

@@ -26,6 +26,7 @@ from aiohttp import web
 from rollflow.runtime.http.answer import dumps, json_response
 from rollflow.runtime.http.auth import require_bearer
 from rollflow.runtime.http.body import THREAD_PARSE_BYTES, Narrow, read_json_object
+from rollflow.runtime.http.errors import BadRequest
 from rollflow.runtime.http.json_object import parse_json_object
 from rollflow.runtime.http.sse import close_sse, open_sse
 from rollflow.runtime.manager.config import ManagerConfig
@@ -43,7 +44,6 @@ from rollflow.runtime.manager.edge.protocol import GenerateBody
 from rollflow.runtime.manager.edge.shared import (
     MANAGER_KEY,
     TOKENIZER_KEY,
-    BadRequest,
     body_limit,
     parse_body,
     validate,

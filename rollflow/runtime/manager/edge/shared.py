@@ -10,7 +10,7 @@ from pydantic import BaseModel, ValidationError
 
 from rollflow.config import describe_validation_error
 from rollflow.runtime.http.body import Narrow, read_json_object
-from rollflow.runtime.http.errors import http_error
+from rollflow.runtime.http.errors import BadRequest, http_error
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.core.service import RolloutManager
 
@@ -18,11 +18,6 @@ BodyT = TypeVar("BodyT", bound=BaseModel)
 
 MANAGER_KEY = web.AppKey("manager", RolloutManager)
 TOKENIZER_KEY = web.AppKey("tokenizer", object)
-
-
-class BadRequest(web.HTTPBadRequest):
-    def __init__(self, message: str) -> None:
-        super().__init__(text=http_error(web.HTTPBadRequest, message).text, content_type="application/json")
 
 
 def not_found(message: str) -> web.HTTPNotFound:

@@ -17,10 +17,11 @@ from collections import deque
 
 from aiohttp import web
 
+from rollflow.runtime.http.errors import BadRequest
 from rollflow.runtime.manager.core.fleet import EngineUnavailable, normalise_url
 from rollflow.runtime.manager.core.registry import EngineRecord
 from rollflow.runtime.manager.edge.protocol import WorkerBody
-from rollflow.runtime.manager.edge.shared import MANAGER_KEY, BadRequest, not_found, parse_body, validate
+from rollflow.runtime.manager.edge.shared import MANAGER_KEY, not_found, parse_body, validate
 
 REMOVED_KEY = web.AppKey("removed_workers", deque)
 """The last engines removed by hand, for `GET /workers?include_removed=true`."""
