@@ -169,6 +169,13 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def repo_relative(arg: str) -> str:
+    """`arg` relative to the repository when it is a path inside it: the suite starts each benchmark
+    with absolute paths, and a results file names the command as anyone reruns it from a checkout."""
+    prefix = f"{REPO}/"
+    return arg[len(prefix) :] if arg.startswith(prefix) else arg
+
+
 class Results:
     """A run's results file in the making: created when the run starts (load average, command,
     commit), filled with peers, figures and goals, written and judged by `finish()`."""
@@ -176,7 +183,7 @@ class Results:
     def __init__(self, name: str, results_dir: Path = DEFAULT_DIR) -> None:
         self.name = name
         self.results_dir = results_dir
-        self.command = shlex.join(sys.orig_argv)
+        self.command = shlex.join(repo_relative(arg) for arg in sys.orig_argv)
         self.commit = git_commit(REPO, results_dir)
         self.load_before = list(os.getloadavg())
         self.peers: dict[str, str | None] = {}

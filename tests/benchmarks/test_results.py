@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.results import REPO, Results, exit_status, git_commit, goal_met
+from benchmarks.results import REPO, Results, exit_status, git_commit, goal_met, repo_relative
 
 KEYS = ["name", "command", "commit", "machine", "peers", "figures", "goals"]
 
@@ -25,7 +25,7 @@ def test_file_holds_the_keys_and_what_was_recorded(tmp_path: Path) -> None:
     document = json.loads((tmp_path / "demo.json").read_text())
     assert list(document) == KEYS
     assert document["name"] == "demo"
-    assert document["command"] == shlex.join(sys.orig_argv)
+    assert document["command"] == shlex.join(repo_relative(arg) for arg in sys.orig_argv)
     assert document["peers"] == {"sglang-router": "0.3.1"}
     assert document["figures"] == {"rps": {"manager": 1234.57, "nan": None}}
     assert document["goals"] == [{"name": "throughput ratio", "target": ">= 1", "measured": 1.2, "met": True}]
@@ -42,6 +42,14 @@ def test_command_is_the_argv_as_run(tmp_path: Path) -> None:
     command = json.loads((tmp_path / "x.json").read_text())["command"]
     assert command.endswith(f"{tmp_path} 'two words'")
     assert "-c" in command
+
+
+def test_command_names_paths_in_the_repository_as_a_checkout_reruns_them() -> None:
+    """The suite starts a benchmark by its absolute path; its results file names it from the checkout."""
+    assert repo_relative(f"{REPO}/benchmarks/stream_relay.py") == "benchmarks/stream_relay.py"
+    assert repo_relative(f"{REPO}/.venv/bin/python") == ".venv/bin/python"
+    assert repo_relative(f"{REPO}x/elsewhere.py") == f"{REPO}x/elsewhere.py"  # a sibling, not inside
+    assert repo_relative("--quick") == "--quick"
 
 
 def test_missed_goal_fails_the_run(tmp_path: Path) -> None:
