@@ -214,6 +214,29 @@ def test_garbage_and_silence_are_errors():
         run(silent())
 
 
+def test_the_read_timeout_counts_from_the_last_bytes_of_a_body():
+    """A body whose pieces keep coming, each well within `read_timeout_s`, is read whole however long
+    it takes in all; one whose bytes stop mid-way ends in TimeoutError (one timer per connection
+    looks at a deadline each wait moves, rather than a timer per wait)."""
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    pieces = [b"1\r\n%d\r\n" % (i % 10) for i in range(60)]  # 60 pieces 10 ms apart: 0.6 s
+
+    async def slow_but_steady():
+        async with raw_server(lambda n: [head, *pieces, b"0\r\n\r\n"]) as seen:
+            response = await ConnectionPool(seen["url"], read_timeout_s=0.2).request("GET", "/x")
+            return await response.read()
+
+    assert run(slow_but_steady()) == b"".join(b"%d" % (i % 10) for i in range(60))
+
+    async def stalled():
+        async with raw_server(lambda n: [head, *pieces[:3], *[b""] * 100]) as seen:
+            response = await ConnectionPool(seen["url"], read_timeout_s=0.2).request("GET", "/x")
+            await response.read()
+
+    with pytest.raises(TimeoutError, match="no bytes from the engine"):
+        run(stalled())
+
+
 def test_heads_alike_but_for_their_length_are_each_framed_by_their_own():
     """The framing of a head is remembered by its fields but its Content-Length: each response is
     still read to its own length, and one that says `Connection: close` is not reused."""
