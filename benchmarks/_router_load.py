@@ -1,9 +1,11 @@
-"""The load and the processes the router benchmarks share (manager_overhead.py, stream_relay.py):
-canned engines, sglang-router and the manager started on 127.0.0.1, a load generator whose failed
-requests fail the run, and each process's CPU time."""
+"""The load and the processes the router benchmarks share (manager_overhead.py, stream_relay.py,
+vllm_router.py): canned engines, sglang-router and the manager started on 127.0.0.1, a load
+generator whose failed requests fail the run, the options that size its load, and each process's
+CPU time."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import statistics
 import sys
@@ -20,6 +22,35 @@ from rollflow.runtime.launch.servers import ServerProcess
 
 REPO = Path(__file__).resolve().parents[1]
 JSON = {"Content-Type": "application/json"}  # sglang-router refuses a body without it (415)
+
+
+def add_load_options(parser: argparse.ArgumentParser, full: dict[str, int]) -> None:
+    """The options that size a router benchmark's load, each defaulting to None so that
+    `results.fill_inputs` can tell an option given from one left out; the help names the value of a
+    full run, `full`: rounds, short requests one at a time (latency) and `--concurrency` at a time
+    (throughput), then long streams."""
+    parser.add_argument(
+        "--rounds", type=int, help=f"rounds over every path, each round another path first ({full['rounds']})"
+    )
+    parser.add_argument(
+        "--requests",
+        type=int,
+        help=f"sequential requests per path for latency (4x this for throughput; {full['requests']})",
+    )
+    parser.add_argument(
+        "--concurrency", type=int, help=f"requests in flight for throughput ({full['concurrency']})"
+    )
+    parser.add_argument(
+        "--stream-requests",
+        type=int,
+        help=f"long streamed requests per path and round ({full['stream_requests']})",
+    )
+    parser.add_argument(
+        "--stream-concurrency", type=int, help=f"long streams in flight ({full['stream_concurrency']})"
+    )
+    parser.add_argument(
+        "--stream-tokens", type=int, help=f"tokens each long stream asks for ({full['stream_tokens']})"
+    )
 
 
 def start_canned_engine(

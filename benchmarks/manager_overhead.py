@@ -87,6 +87,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks import _sglang_router  # noqa: E402
 from benchmarks._router_load import (  # noqa: E402
     Client,
+    add_load_options,
     cpu_seconds,
     in_turn,
     load,
@@ -99,7 +100,7 @@ from benchmarks._router_load import (  # noqa: E402
     start_sglang_router,
     warm_up,
 )
-from benchmarks.results import Results, add_results_dir, results_dir  # noqa: E402
+from benchmarks.results import Results, add_results_dir, fill_inputs, results_dir  # noqa: E402
 from rollflow.runtime.launch.process import free_port, rollflow_command  # noqa: E402
 from rollflow.runtime.launch.servers import ENV, ServerProcess, start_engine  # noqa: E402
 
@@ -508,19 +509,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--requests",
-        type=int,
-        help=f"sequential requests for latency (4x this for throughput; {FULL['requests']})",
-    )
-    parser.add_argument(
-        "--rounds",
-        type=int,
-        help=f"rounds over every path, the routers in alternating order ({FULL['rounds']})",
-    )
-    parser.add_argument(
-        "--concurrency", type=int, help=f"requests in flight for throughput ({FULL['concurrency']})"
-    )
+    add_load_options(parser, FULL)
     parser.add_argument("--backend", choices=("canned", "builtin"), default="canned")
     parser.add_argument("--tokens", type=int, default=8, help="tokens each request asks for")
     parser.add_argument(
@@ -531,17 +520,6 @@ def main() -> None:
         type=int,
         default=8,
         help="streamed events the second pair of canned engines writes at a time",
-    )
-    parser.add_argument(
-        "--stream-requests",
-        type=int,
-        help=f"long streamed requests per path and round ({FULL['stream_requests']})",
-    )
-    parser.add_argument(
-        "--stream-concurrency", type=int, help=f"long streams in flight ({FULL['stream_concurrency']})"
-    )
-    parser.add_argument(
-        "--stream-tokens", type=int, help=f"tokens each long stream asks for ({FULL['stream_tokens']})"
     )
     parser.add_argument(
         "--client-stream",
@@ -559,9 +537,7 @@ def main() -> None:
     )
     add_results_dir(parser)
     args = parser.parse_args()
-    for key, value in (QUICK if args.quick else FULL).items():
-        if getattr(args, key, None) is None:
-            setattr(args, key, value)
+    fill_inputs(args, FULL, QUICK)
     if (
         args.tokens < 1
         or args.stream_tokens < 1

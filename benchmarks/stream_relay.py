@@ -58,7 +58,7 @@ from benchmarks._router_load import (  # noqa: E402
     tree_cpu_seconds,
     warm_up,
 )
-from benchmarks.results import Results, add_results_dir, results_dir  # noqa: E402
+from benchmarks.results import Results, add_results_dir, fill_inputs, results_dir  # noqa: E402
 from rollflow.runtime.manager.client import ManagerClient  # noqa: E402
 
 SLICES = 4  # turns each path takes per round
@@ -280,9 +280,7 @@ def main() -> None:
     args = parser.parse_args()
     quick = {"rounds": 2, "requests": 128, "tokens": 128, "batch_prompts": 32}
     full = {"rounds": 3, "requests": 384, "tokens": 256, "batch_prompts": 96}
-    for key, value in (quick if args.quick else full).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    fill_inputs(args, full, quick)
     args.sglang_router_python = _sglang_router.python()
     results = Results("stream_relay", results_dir(args))
     results.peers["sglang-router"] = _sglang_router.version(args.sglang_router_python)

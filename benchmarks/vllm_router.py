@@ -63,6 +63,7 @@ from benchmarks._router_load import (  # noqa: E402
     Client as SGLangClient,
 )
 from benchmarks._router_load import (  # noqa: E402
+    add_load_options,
     in_turn,
     load,
     median,
@@ -70,7 +71,7 @@ from benchmarks._router_load import (  # noqa: E402
     start_canned_engine,
     tree_cpu_seconds,
 )
-from benchmarks.results import Results, add_results_dir, results_dir  # noqa: E402
+from benchmarks.results import Results, add_results_dir, fill_inputs, results_dir  # noqa: E402
 from rollflow.runtime.launch.process import free_port  # noqa: E402
 from rollflow.runtime.launch.process import rollflow_command as rollflow  # noqa: E402
 from rollflow.runtime.launch.servers import ServerProcess  # noqa: E402
@@ -335,27 +336,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rounds", type=int, help=f"rounds over every path ({FULL['rounds']})")
-    parser.add_argument(
-        "--requests",
-        type=int,
-        help=f"sequential requests per path for latency (4x this for throughput; {FULL['requests']})",
-    )
-    parser.add_argument(
-        "--concurrency", type=int, help=f"requests in flight for throughput ({FULL['concurrency']})"
-    )
+    add_load_options(parser, FULL)
     parser.add_argument("--tokens", type=int, default=64, help="tokens each JSON-answered request asks for")
-    parser.add_argument(
-        "--stream-requests",
-        type=int,
-        help=f"streamed requests per path and round ({FULL['stream_requests']})",
-    )
-    parser.add_argument(
-        "--stream-concurrency", type=int, help=f"streams in flight ({FULL['stream_concurrency']})"
-    )
-    parser.add_argument(
-        "--stream-tokens", type=int, help=f"tokens each streamed request asks for ({FULL['stream_tokens']})"
-    )
     parser.add_argument(
         "--cpu-ratio-goal",
         type=float,
@@ -370,9 +352,7 @@ def main() -> None:
     )
     add_results_dir(parser)
     args = parser.parse_args()
-    for key, value in (QUICK if args.quick else FULL).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    fill_inputs(args, FULL, QUICK)
     numbers = (
         args.rounds,
         args.requests,
