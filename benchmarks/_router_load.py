@@ -15,7 +15,7 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from benchmarks import _sglang_router
+from benchmarks._peer_routers import SGLANG_ROUTER
 from rollflow.runtime.launch.process import free_port
 from rollflow.runtime.launch.process import rollflow_command as rollflow
 from rollflow.runtime.launch.servers import ServerProcess
@@ -64,7 +64,7 @@ def start_canned_engine(
 
 def sglang_router_argv(interpreter: Path, worker_urls: list[str], port: int) -> list[str]:
     options = ("--policy", "round_robin", "--disable-health-check")
-    return _sglang_router.router_argv(interpreter, worker_urls, port, free_port(), *options)
+    return SGLANG_ROUTER.argv(interpreter, worker_urls, port, free_port(), *options)
 
 
 def start_sglang_router(interpreter: Path, worker_urls: list[str], log_dir: Path) -> ServerProcess:

@@ -7,7 +7,7 @@ directly and against sglang-router.
         [--results-dir benchmarks/results]
     python benchmarks/manager_overhead.py --instructions 1000   # under valgrind: a count load cannot blur
 
-The peer is sglang-router at the version `benchmarks/_sglang_router.py` pins, installed by this
+The peer is sglang-router at the version `benchmarks/_peer_routers.py` pins, installed by this
 benchmark into `.venv-sglang-router/` on first use (it needs PyPI then; without the peer the run
 fails).
 
@@ -84,7 +84,7 @@ import aiohttp
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks import _sglang_router  # noqa: E402
+from benchmarks._peer_routers import SGLANG_ROUTER  # noqa: E402
 from benchmarks._router_load import (  # noqa: E402
     Client,
     add_load_options,
@@ -424,8 +424,8 @@ def _callgrind_total(path: Path) -> int:
 
 def _peer(results: Results) -> Path:
     """The pinned peer's interpreter (installed on first use), its version recorded in `results`."""
-    interpreter = _sglang_router.python()
-    results.peers["sglang-router"] = _sglang_router.version(interpreter)
+    interpreter = SGLANG_ROUTER.python()
+    results.peers["sglang-router"] = SGLANG_ROUTER.installed_version(interpreter)
     return interpreter
 
 

@@ -6,7 +6,7 @@
 Model-free engines (`benchmarks/canned_engine.py`, each in its own process) stream one token per
 server-sent event, in two modes: each event its own write, and `--events-per-write` events to a
 write (as a busy engine's events reach its socket together). In front of each mode's pair of
-engines run sglang-router (round robin, the version `_sglang_router.py` pins), the rollflow
+engines run sglang-router (round robin, the version `_peer_routers.py` pins), the rollflow
 manager as one process, and the manager with `processes: 2` (the manager and one stream process,
 which reads the engines' streams and sends their tokens back merged every `stream_flush_ms`).
 
@@ -45,7 +45,7 @@ import aiohttp
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks import _sglang_router  # noqa: E402
+from benchmarks._peer_routers import SGLANG_ROUTER  # noqa: E402
 from benchmarks._router_load import (  # noqa: E402
     Client,
     cpu_seconds,
@@ -281,9 +281,9 @@ def main() -> None:
     quick = {"rounds": 2, "requests": 128, "tokens": 128, "batch_prompts": 32}
     full = {"rounds": 3, "requests": 384, "tokens": 256, "batch_prompts": 96}
     fill_inputs(args, full, quick)
-    args.sglang_router_python = _sglang_router.python()
+    args.sglang_router_python = SGLANG_ROUTER.python()
     results = Results("stream_relay", results_dir(args))
-    results.peers["sglang-router"] = _sglang_router.version(args.sglang_router_python)
+    results.peers["sglang-router"] = SGLANG_ROUTER.installed_version(args.sglang_router_python)
     results.figures["settings"] = {
         key: getattr(args, key)
         for key in (

@@ -5,7 +5,7 @@ same engines and load.
         [--tokens 64] [--stream-requests 256] [--stream-concurrency 32] [--stream-tokens 256]
         [--results-dir benchmarks/results]
 
-The peer is vllm-router at the version `benchmarks/_vllm_router.py` pins (a Rust router in a
+The peer is vllm-router at the version `benchmarks/_peer_routers.py` pins (a Rust router in a
 wheel), installed by this benchmark into `.venv-vllm-router/` on first use (it needs PyPI then;
 without the peer the run fails).
 
@@ -58,7 +58,7 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks import _vllm_router  # noqa: E402
+from benchmarks._peer_routers import VLLM_ROUTER  # noqa: E402
 from benchmarks._router_load import (  # noqa: E402
     Client as SGLangClient,
 )
@@ -209,7 +209,7 @@ def run(args: argparse.Namespace, interpreter: Path, tmp: Path, results: Results
         manager = _start_manager(urls, tmp)
         processes.append(manager)
         port = free_port()
-        argv = _vllm_router.router_argv(interpreter, urls, port, free_port(), "--policy", "round_robin")
+        argv = VLLM_ROUTER.argv(interpreter, urls, port, free_port(), "--policy", "round_robin")
         peer = ServerProcess(argv, port, tmp / "vllm-router.log")
         processes.append(peer)
         paths = {
@@ -367,8 +367,8 @@ def main() -> None:
             f"at least 1, --stream-requests at least {THROUGHPUT_SLICES}"
         )
     results = Results("vllm_router", results_dir(args))
-    interpreter = _vllm_router.python()
-    results.peers["vllm-router"] = _vllm_router.version(interpreter)
+    interpreter = VLLM_ROUTER.python()
+    results.peers["vllm-router"] = VLLM_ROUTER.installed_version(interpreter)
     with tempfile.TemporaryDirectory() as tmp:
         run(args, interpreter, Path(tmp), results)
     sys.exit(results.finish())
