@@ -24,33 +24,23 @@ REPO = Path(__file__).resolve().parents[1]
 JSON = {"Content-Type": "application/json"}  # sglang-router refuses a body without it (415)
 
 
+LOAD_OPTIONS = {
+    "rounds": "rounds over every path, each round another path first",
+    "requests": "sequential requests per path for latency, 4x this for throughput",
+    "concurrency": "requests in flight for throughput",
+    "stream_requests": "long streamed requests per path and round",
+    "stream_concurrency": "long streams in flight",
+    "stream_tokens": "tokens each long stream asks for",
+}
+"""The inputs that size a router benchmark's load: rounds, short requests one at a time (latency)
+and `concurrency` at a time (throughput), then long streams."""
+
+
 def add_load_options(parser: argparse.ArgumentParser, full: dict[str, int]) -> None:
-    """The options that size a router benchmark's load, each defaulting to None so that
-    `results.fill_inputs` can tell an option given from one left out; the help names the value of a
-    full run, `full`: rounds, short requests one at a time (latency) and `--concurrency` at a time
-    (throughput), then long streams."""
-    parser.add_argument(
-        "--rounds", type=int, help=f"rounds over every path, each round another path first ({full['rounds']})"
-    )
-    parser.add_argument(
-        "--requests",
-        type=int,
-        help=f"sequential requests per path for latency (4x this for throughput; {full['requests']})",
-    )
-    parser.add_argument(
-        "--concurrency", type=int, help=f"requests in flight for throughput ({full['concurrency']})"
-    )
-    parser.add_argument(
-        "--stream-requests",
-        type=int,
-        help=f"long streamed requests per path and round ({full['stream_requests']})",
-    )
-    parser.add_argument(
-        "--stream-concurrency", type=int, help=f"long streams in flight ({full['stream_concurrency']})"
-    )
-    parser.add_argument(
-        "--stream-tokens", type=int, help=f"tokens each long stream asks for ({full['stream_tokens']})"
-    )
+    """`LOAD_OPTIONS` as options, each defaulting to None so that `results.fill_inputs` can tell an
+    option given from one left out; the help names the value of a full run, `full`."""
+    for key, help in LOAD_OPTIONS.items():
+        parser.add_argument(f"--{key.replace('_', '-')}", type=int, help=f"{help} ({full[key]})")
 
 
 def start_canned_engine(
