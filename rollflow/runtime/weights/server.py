@@ -217,10 +217,7 @@ class WeightServer:
 
     async def _publish_sharded(self, request: web.Request) -> web.Response:
         self._check_token(request)
-        try:
-            version = int(request.match_info["version"])
-        except ValueError:
-            raise http_error(web.HTTPBadRequest, "version must be an integer") from None
+        version = _path_version(request)
         body = bytearray()
         async for block in iter_body(request, 1 << 20):
             body += block
@@ -237,10 +234,7 @@ class WeightServer:
 
     async def _publish(self, request: web.Request) -> web.Response:
         self._check_token(request)
-        try:
-            version = int(request.match_info["version"])
-        except ValueError:
-            raise http_error(web.HTTPBadRequest, "version must be an integer") from None
+        version = _path_version(request)
         if not 0 <= version <= MAX_VERSION:
             raise http_error(web.HTTPBadRequest, f"version {version} is outside 0..{MAX_VERSION}")
         with tempfile.NamedTemporaryFile(dir=self.store.root / "tmp", suffix=".safetensors") as upload:
@@ -268,6 +262,14 @@ class WeightServer:
                 f"(${TOKEN_ENV}) or with --insecure-open-publish",
             )
         require_bearer(request, self.token, "publishing")
+
+
+def _path_version(request: web.Request) -> int:
+    """The version a publish's path names (a 400 unless it is an integer)."""
+    try:
+        return int(request.match_info["version"])
+    except ValueError:
+        raise http_error(web.HTTPBadRequest, "version must be an integer") from None
 
 
 def _too_large(size: int, limit: int) -> web.HTTPException:
