@@ -38,7 +38,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollflow.runtime.http.auth import require_bearer
-from rollflow.runtime.http.body import iter_body
+from rollflow.runtime.http.body import iter_body, read_body
 from rollflow.runtime.http.errors import errors_as_json, http_error
 from rollflow.runtime.http.limits import UPLOAD_LIMITS, BodyLimits
 from rollflow.runtime.http.listen import bind
@@ -218,12 +218,7 @@ class WeightServer:
     async def _publish_sharded(self, request: web.Request) -> web.Response:
         self._check_token(request)
         version = _path_version(request)
-        body = bytearray()
-        async for block in iter_body(request, 1 << 20):
-            body += block
-            if len(body) > MAX_SHARDED_MANIFEST_BYTES:
-                raise _too_large(len(body), MAX_SHARDED_MANIFEST_BYTES)
-        manifest = ShardedManifest.from_json(bytes(body))
+        manifest = ShardedManifest.from_json(await read_body(request, MAX_SHARDED_MANIFEST_BYTES))
         if manifest.version != version:
             raise http_error(
                 web.HTTPBadRequest, f"the manifest is of version {manifest.version}, not {version}"
