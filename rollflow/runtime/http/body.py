@@ -35,19 +35,19 @@ async def read_body(request: web.Request, limit: int, narrow: Narrow | None = No
     `PEEK_BYTES` are here, not once all of it is."""
     declared = request.content_length
     if declared is not None and declared > limit:
-        raise _too_large(declared, limit)
+        raise too_large(declared, limit)
     content = request.content
     if content.is_eof():  # the whole body came with the head (most requests): nothing to wait for
         raw = content.read_nowait()
         if len(raw) > limit:
-            raise _too_large(len(raw), limit)
+            raise too_large(len(raw), limit)
         _check_narrow(narrow, raw, max(len(raw), declared or 0))
         return raw
     chunks, size = [], 0
     async for chunk in iter_body(request):
         size += len(chunk)
         if size > limit:
-            raise _too_large(size, limit)
+            raise too_large(size, limit)
         chunks.append(chunk)
         if narrow is not None and size >= PEEK_BYTES:
             head = b"".join(chunks)
@@ -132,10 +132,13 @@ def _parse_or_400(raw: bytes) -> dict[str, Any]:
         raise http_error(web.HTTPBadRequest, str(exc)) from None
 
 
-def _too_large(size: int, limit: int) -> web.HTTPException:
+def too_large(size: int, limit: int, option: str | None = None) -> web.HTTPException:
+    """The 413 for a body of `size` bytes or more above `limit`; `option`: the server option that
+    sets the limit, named so the user knows what to raise."""
+    set_by = f" ({option})" if option else ""
     return http_error(
         web.HTTPRequestEntityTooLarge,
-        f"the body is {size} bytes or more, above this server's limit of {limit} bytes",
+        f"the body is {size} bytes or more, above this server's limit of {limit} bytes{set_by}",
         max_size=limit,
         actual_size=size,
     )

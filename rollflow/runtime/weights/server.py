@@ -38,7 +38,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollflow.runtime.http.auth import require_bearer
-from rollflow.runtime.http.body import iter_body, read_body
+from rollflow.runtime.http.body import iter_body, read_body, too_large
 from rollflow.runtime.http.errors import errors_as_json, http_error
 from rollflow.runtime.http.limits import UPLOAD_LIMITS, BodyLimits
 from rollflow.runtime.http.listen import bind
@@ -235,12 +235,12 @@ class WeightServer:
         with tempfile.NamedTemporaryFile(dir=self.store.root / "tmp", suffix=".safetensors") as upload:
             declared = request.content_length
             if declared is not None and declared > self.max_upload_bytes:
-                raise _too_large(declared, self.max_upload_bytes)
+                raise too_large(declared, self.max_upload_bytes, "--max-upload-gb")
             size = 0
             async for block in iter_body(request, 1 << 20):
                 size += len(block)
                 if size > self.max_upload_bytes:
-                    raise _too_large(size, self.max_upload_bytes)
+                    raise too_large(size, self.max_upload_bytes, "--max-upload-gb")
                 upload.write(block)
             upload.flush()
             manifest = await asyncio.to_thread(_publish_file, self.store, version, Path(upload.name))
@@ -265,15 +265,6 @@ def _path_version(request: web.Request) -> int:
         return int(request.match_info["version"])
     except ValueError:
         raise http_error(web.HTTPBadRequest, "version must be an integer") from None
-
-
-def _too_large(size: int, limit: int) -> web.HTTPException:
-    return http_error(
-        web.HTTPRequestEntityTooLarge,
-        f"the upload is {size} bytes or more, above this server's limit of {limit} bytes (--max-upload-gb)",
-        max_size=limit,
-        actual_size=size,
-    )
 
 
 def _publish_file(store: WeightStore, version: int, path: Path):
