@@ -225,7 +225,7 @@ class WeightServer:
         async for block in iter_body(request, 1 << 20):
             body += block
             if len(body) > MAX_SHARDED_MANIFEST_BYTES:
-                raise too_large("the upload", len(body), MAX_SHARDED_MANIFEST_BYTES, " (--max-upload-gb)")
+                raise too_large("the sharded manifest", len(body), MAX_SHARDED_MANIFEST_BYTES)
         manifest = ShardedManifest.from_json(bytes(body))
         if manifest.version != version:
             raise http_error(
