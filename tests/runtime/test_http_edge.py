@@ -89,10 +89,8 @@ def test_a_big_body_during_a_load_retires_no_engine(servers):
 
 
 def test_the_weight_server_refuses_versions_it_cannot_list_and_bad_uploads(tmp_path):
-    proc, url = _weight_server(tmp_path, "--max-upload-gb", str(2048 / (1 << 30)), token="t0k")
+    proc, url = _weight_server(tmp_path, token="t0k")
     try:
-        status, body = http("PUT", url + "/v1/versions/1", b"\0" * 4096, token="t0k")
-        assert status == 413 and "limit of 2048 bytes (--max-upload-gb)" in body["error"]["message"], body
         status, body = http("PUT", url + "/v1/versions/100000000", b"x", token="t0k")
         assert status == 400 and "outside 0..99999999" in body["error"]["message"], body
         status, body = http("PUT", url + "/v1/versions/abc", b"x", token="t0k")
@@ -100,6 +98,19 @@ def test_the_weight_server_refuses_versions_it_cannot_list_and_bad_uploads(tmp_p
         status, body = http("PUT", url + "/v1/versions/1", b"\xff" * 64, token="t0k")
         assert status == 400 and "not a safetensors file" in str(body), body
         assert http("GET", url + "/v1/versions")[1]["versions"] == []
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_an_upload_above_the_weight_servers_limit_is_a_413_naming_its_option(tmp_path):
+    proc, url = _weight_server(tmp_path, "--max-upload-gb", "0.000001", token="t0k")  # 1073 bytes
+    try:
+        status, body = http("PUT", url + "/v1/versions/1", b"x" * 2000, token="t0k")
+        assert status == 413, body
+        assert body["error"]["message"] == (
+            "the upload is 2000 bytes or more, above this server's limit of 1073 bytes (--max-upload-gb)"
+        )
     finally:
         proc.kill()
         proc.wait()

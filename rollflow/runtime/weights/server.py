@@ -38,8 +38,8 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollflow.runtime.http.auth import require_bearer
-from rollflow.runtime.http.body import iter_body, read_body, too_large
-from rollflow.runtime.http.errors import errors_as_json, http_error
+from rollflow.runtime.http.body import iter_body
+from rollflow.runtime.http.errors import errors_as_json, http_error, too_large
 from rollflow.runtime.http.limits import UPLOAD_LIMITS, BodyLimits
 from rollflow.runtime.http.listen import bind
 from rollflow.runtime.http.serve import GuardedRunner
@@ -218,7 +218,12 @@ class WeightServer:
     async def _publish_sharded(self, request: web.Request) -> web.Response:
         self._check_token(request)
         version = _path_version(request)
-        manifest = ShardedManifest.from_json(await read_body(request, MAX_SHARDED_MANIFEST_BYTES))
+        body = bytearray()
+        async for block in iter_body(request, 1 << 20):
+            body += block
+            if len(body) > MAX_SHARDED_MANIFEST_BYTES:
+                raise too_large("the sharded manifest", len(body), MAX_SHARDED_MANIFEST_BYTES)
+        manifest = ShardedManifest.from_json(bytes(body))
         if manifest.version != version:
             raise http_error(
                 web.HTTPBadRequest, f"the manifest is of version {manifest.version}, not {version}"
@@ -235,12 +240,12 @@ class WeightServer:
         with tempfile.NamedTemporaryFile(dir=self.store.root / "tmp", suffix=".safetensors") as upload:
             declared = request.content_length
             if declared is not None and declared > self.max_upload_bytes:
-                raise too_large(declared, self.max_upload_bytes, "--max-upload-gb")
+                raise too_large("the upload", declared, self.max_upload_bytes, " (--max-upload-gb)")
             size = 0
             async for block in iter_body(request, 1 << 20):
                 size += len(block)
                 if size > self.max_upload_bytes:
-                    raise too_large(size, self.max_upload_bytes, "--max-upload-gb")
+                    raise too_large("the upload", size, self.max_upload_bytes, " (--max-upload-gb)")
                 upload.write(block)
             upload.flush()
             manifest = await asyncio.to_thread(_publish_file, self.store, version, Path(upload.name))
