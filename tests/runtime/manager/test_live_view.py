@@ -33,27 +33,21 @@ def _run_manager(config: ManagerConfig, scenario):
     return asyncio.run(main())
 
 
-def test_lor_spreads_a_burst_over_three_engines_before_any_load_report(tmp_path, tiny_model):
-    engines = [start_engine(tiny_model, tmp_path, name=f"e{i}", wait=False) for i in range(3)]
-    try:
-        for engine in engines:
-            engine.wait_ready()
-        config = ManagerConfig(
-            router="lor",
-            load_poll_interval_s=60,  # no report arrives during the burst: the manager's own counts spread it
-            engines=[EngineEntry(url=e.url, engine_type="builtin", capacity=4) for e in engines],
-        )
+def test_lor_spreads_a_burst_over_three_engines_before_any_load_report(processes):
+    engines = [processes.engine() for _ in range(3)]
+    config = ManagerConfig(
+        router="lor",
+        load_poll_interval_s=60,  # no report arrives during the burst: the manager's own counts spread it
+        engines=[EngineEntry(url=e.url, engine_type="builtin", capacity=4) for e in engines],
+    )
 
-        async def burst(manager):
-            batch = manager.submit_batch([[1, 2, 3]] * 9, 1, SamplingParams(max_new_tokens=4, temperature=0))
-            while not batch.done:
-                await batch.changed()
-            return [sample.spans[0].engine_id for sample in batch.samples]
+    async def burst(manager):
+        batch = manager.submit_batch([[1, 2, 3]] * 9, 1, SamplingParams(max_new_tokens=4, temperature=0))
+        while not batch.done:
+            await batch.changed()
+        return [sample.spans[0].engine_id for sample in batch.samples]
 
-        picks = _run_manager(config, burst)
-    finally:
-        for engine in engines:
-            engine.stop()
+    picks = _run_manager(config, burst)
     simulated = make_config(
         "cluster.replicas=3",
         "cluster.router=lor",
