@@ -59,6 +59,15 @@ def assert_spans_tile_the_output(sample: dict) -> None:
     assert position == len(sample["output_ids"]) == len(sample["output_logprobs"])
 
 
+def assert_finished_as_undisturbed(samples: list[dict], engine, max_new_tokens: int) -> None:
+    """Every sample finished with what `engine` generates for its prompt uninterrupted, its spans
+    tiling the output: whatever happened on the way (kills, moves, restarts) lost and repeated nothing."""
+    for sample in samples:
+        assert sample["state"] == "finished", sample
+        assert sample["output_ids"] == greedy_reference(engine, sample["prompt_ids"], max_new_tokens)
+        assert_spans_tile_the_output(sample)
+
+
 def drain(batch, timeout_s: float = 240.0) -> list[dict]:
     """Every sample of a batch, failing (not hanging) if nothing finishes for `timeout_s`."""
     samples = []
