@@ -11,26 +11,14 @@ from rollflow.runtime.engines.load import EngineLoad
 from rollflow.runtime.manager.config import EngineEntry, ManagerConfig
 from rollflow.runtime.manager.core.registry import EngineRecord, Registry
 from rollflow.runtime.manager.core.samples import Sample
-from rollflow.runtime.manager.core.service import RolloutManager
 from rollflow.runtime.manager.core.view import instance_view, route_inputs
 from rollflow.runtime.wire.base import SamplingParams
 from rollflow.sim.request import SimRequest
 from rollflow.sim.simulator import ServingSimulator
 from rollflow.sim.workload import build_requests
 from tests.factories import make_config
+from tests.runtime.manager.helpers import finished, run_manager
 from tests.runtime.processes import start_engine
-
-
-def _run_manager(config: ManagerConfig, scenario):
-    async def main():
-        manager = RolloutManager(config)
-        await manager.start()
-        try:
-            return await scenario(manager)
-        finally:
-            await manager.close()
-
-    return asyncio.run(main())
 
 
 def test_lor_spreads_a_burst_over_three_engines_before_any_load_report(processes):
@@ -43,11 +31,10 @@ def test_lor_spreads_a_burst_over_three_engines_before_any_load_report(processes
 
     async def burst(manager):
         batch = manager.submit_batch([[1, 2, 3]] * 9, 1, SamplingParams(max_new_tokens=4, temperature=0))
-        while not batch.done:
-            await batch.changed()
+        await finished(batch)
         return [sample.spans[0].engine_id for sample in batch.samples]
 
-    picks = _run_manager(config, burst)
+    picks = run_manager(burst, config)
     simulated = make_config(
         "cluster.replicas=3",
         "cluster.router=lor",
@@ -88,7 +75,7 @@ def test_the_view_counts_what_the_engine_queues_itself(tmp_path, tiny_model):
             manager.forget_batch(batch.batch_id, deleted="test over")
             return seen
 
-        report, view = _run_manager(config, three_long_samples)
+        report, view = run_manager(three_long_samples, config)
     finally:
         engine.stop()
     assert (report.num_running, report.num_queued) == (1, 2)

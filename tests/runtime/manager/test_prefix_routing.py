@@ -3,13 +3,11 @@ engine that caches its prompt, and the built-in engines' prefix caches compute l
 
 from __future__ import annotations
 
-import asyncio
-
 from rollflow.runtime.manager.config import EngineEntry, ManagerConfig
 from rollflow.runtime.manager.core.prefixes import BLOCK_TOKENS, PrefixRecord, prefix_key
-from rollflow.runtime.manager.core.service import RolloutManager
 from rollflow.runtime.wire.base import SamplingParams
 from rollflow.token_blocks import block_hashes
+from tests.runtime.manager.helpers import finished, run_manager
 from tests.runtime.processes import http
 
 
@@ -20,23 +18,16 @@ def _prefill_tokens(engines) -> int:
 def _run_batch(engines, router: str, prompts: list[list[int]]) -> list[list[int]]:
     """Engine ids of each group's samples."""
 
-    async def main():
-        config = ManagerConfig(
-            router=router,
-            engines=[EngineEntry(url=e.url, engine_type="builtin", capacity=8) for e in engines],
-        )
-        manager = RolloutManager(config)
-        await manager.start()
-        try:
-            batch = manager.submit_batch(prompts, 4, SamplingParams(max_new_tokens=4, temperature=0))
-            while not batch.done:
-                await batch.changed()
-            assert all(sample.state.name == "FINISHED" for sample in batch.samples)
-            return [[sample.spans[0].engine_id for sample in group] for group in batch.groups]
-        finally:
-            await manager.close()
+    async def placed(manager):
+        batch = manager.submit_batch(prompts, 4, SamplingParams(max_new_tokens=4, temperature=0))
+        await finished(batch)
+        assert all(sample.state.name == "FINISHED" for sample in batch.samples)
+        return [[sample.spans[0].engine_id for sample in group] for group in batch.groups]
 
-    return asyncio.run(main())
+    config = ManagerConfig(
+        router=router, engines=[EngineEntry(url=e.url, engine_type="builtin", capacity=8) for e in engines]
+    )
+    return run_manager(placed, config)
 
 
 def test_prefix_affinity_keeps_groups_on_one_engine_and_halves_the_prefill(processes):
