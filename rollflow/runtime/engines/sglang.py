@@ -18,7 +18,6 @@ from rollflow.runtime.engines.base import (
     EngineRejectedError,
     EngineResponseError,
     GenerateChunk,
-    NotSupportedError,
     RequestFailedError,
 )
 from rollflow.runtime.engines.http import (
@@ -48,6 +47,8 @@ LOAD_TIMEOUT_S = 2.0
 
 class SGLangClient(HttpEngine):
     """An SGLang server (or the built-in engine) at `url`."""
+
+    server_name = "an SGLang server"
 
     def __init__(
         self,
@@ -120,9 +121,6 @@ class SGLangClient(HttpEngine):
                 raise EngineResponseError(f"{self.url}{path}: {exc}") from None
         return None
 
-    async def health(self) -> bool:
-        return await self.status("/health") == 200
-
     async def weight_version(self) -> int | None:
         try:
             info = await self.get_json("/get_weight_version")
@@ -139,14 +137,6 @@ class SGLangClient(HttpEngine):
             "/update_weights_from_disk", {"model_path": path, "weight_version": str(version)}, timeout_s=600
         )
         _check_success(answer, self.url, "update_weights_from_disk")
-
-    async def update_weights_from_server(
-        self, url: str, version: int, codec: str | None = None, transport: str | None = None
-    ) -> None:
-        raise NotSupportedError(
-            f"{self.url} is an SGLang server, which cannot pull from a rollflow weight server; "
-            "update it with a model_path on a shared disk"
-        )
 
     async def pause(self) -> None:
         await self.post_json("/pause_generation", {"mode": "in_place"})
