@@ -69,6 +69,12 @@ async def until(condition: Callable[[], object], timeout_s: float = 10.0) -> Non
         await asyncio.sleep(0.005)
 
 
+async def _get_answered_with(pieces: list[bytes], **pool_options) -> None:
+    """One GET through a new pool to a server that answers it by writing `pieces`."""
+    async with raw_server(lambda n: pieces) as seen:
+        await ConnectionPool(seen["url"], **pool_options).request("GET", "/x")
+
+
 CHUNKED = [
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
     b"6\r\ndata: \r\n",
@@ -199,19 +205,10 @@ def test_a_request_cancelled_before_its_answer_closes_the_connection():
 
 
 def test_garbage_and_silence_are_errors():
-    async def garbage():
-        async with raw_server(lambda n: [b"SSH-2.0-OpenSSH\r\n\r\n"]) as seen:
-            await ConnectionPool(seen["url"]).request("GET", "/x")
-
     with pytest.raises(ProtocolError, match="status line"):
-        run(garbage())
-
-    async def silent():
-        async with raw_server(lambda n: [b""] * 100) as seen:
-            await ConnectionPool(seen["url"], read_timeout_s=0.2).request("GET", "/x")
-
+        run(_get_answered_with([b"SSH-2.0-OpenSSH\r\n\r\n"]))
     with pytest.raises(TimeoutError):
-        run(silent())
+        run(_get_answered_with([b""] * 100, read_timeout_s=0.2))
 
 
 def test_the_read_timeout_counts_from_the_last_bytes_of_a_body():
@@ -260,12 +257,8 @@ def test_heads_alike_but_for_their_length_are_each_framed_by_their_own():
 
 
 def test_a_length_that_is_no_number_is_a_protocol_error():
-    async def go():
-        async with raw_server(lambda n: [b"HTTP/1.1 200 OK\r\nContent-Length: 5x\r\n\r\nhello"]) as seen:
-            await ConnectionPool(seen["url"]).request("GET", "/x")
-
     with pytest.raises(ProtocolError, match="bad HTTP response"):
-        run(go())
+        run(_get_answered_with([b"HTTP/1.1 200 OK\r\nContent-Length: 5x\r\n\r\nhello"]))
 
 
 def test_many_chunks_in_one_write_are_read_as_the_same_body():
