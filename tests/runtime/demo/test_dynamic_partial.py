@@ -10,8 +10,8 @@ import csv
 import json
 from pathlib import Path
 
-from tests.runtime.demo.helpers import demo
-from tests.runtime.demo.test_dynamic_demo import _config
+from tests.runtime.demo.helpers import demo, dynamic_config
+from tests.runtime.demo.test_dynamic_demo import LR
 
 PROMPTS_PER_STEP = 8
 N_SAMPLES = 2
@@ -24,7 +24,7 @@ def _carried(out: Path, step: int) -> list[dict]:
 
 
 def test_carried_samples_survive_engines_moving_to_the_actor_and_back(tmp_path, tiny_model):
-    config = _config(tmp_path, tiny_model, auto_scheduler=True)
+    config = dynamic_config(tmp_path, tiny_model, auto_scheduler=True, lr=LR)
     out = tmp_path / "out"
     done = demo(
         "run",
