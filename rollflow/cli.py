@@ -16,6 +16,7 @@ import sys
 import time
 
 from rollflow import __version__
+from rollflow.cli_util import HelpFormatter
 
 # command -> (module with its `register`, one-line help shown by `rollflow --help`)
 COMMAND_GROUPS: dict[str, tuple[str, str]] = {
@@ -72,7 +73,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
         description="Scheduling for LLM RL post-training: simulate serving clusters and RL steps, "
         "learn routers, and run a rollout manager over engines that come and go.",
         epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"rollflow {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

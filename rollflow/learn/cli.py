@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from rollflow.cli_util import add_config_arguments, add_show_config
+from rollflow.cli_util import (
+    add_command,
+    add_command_group,
+    add_config_arguments,
+    add_resume_argument,
+    add_show_config,
+)
 
 EXAMPLES = """examples:
   rollflow router train    --config examples/router/heterogeneous.yaml
@@ -16,51 +22,45 @@ EXAMPLES = """examples:
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    router = commands.add_parser(
+    sub = add_command_group(
+        commands,
         "router",
-        help="learn a request router with PPO in the simulator, and compare it with the heuristics",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "learn a request router with PPO in the simulator, and compare it with the heuristics",
+        EXAMPLES,
     )
-    sub = router.add_subparsers(dest="router_command", required=True, metavar="SUBCOMMAND")
 
-    train = sub.add_parser(
+    train = add_command(
+        sub,
         "train",
+        _train,
         help="demonstrations -> behaviour cloning -> PPO -> policy.npz",
         description="Train a router in the serving simulator. Writes checkpoint.pt, metrics.csv, "
         "tensorboard/ and policy.npz to output_dir (or --output-dir).",
-        epilog="example:\n  rollflow router train --config examples/router/heterogeneous.yaml ppo.total_steps=20000",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples="rollflow router train --config examples/router/heterogeneous.yaml ppo.total_steps=20000",
     )
     _common(train)
-    train.add_argument(
-        "--resume",
-        choices=("auto", "never"),
-        default="auto",
-        help="auto: continue from output_dir/checkpoint.pt if present; never: start over",
-    )
-    train.set_defaults(handler=_train)
+    add_resume_argument(train, "continue from output_dir/checkpoint.pt if present", "start over")
 
-    evaluate = sub.add_parser(
+    evaluate = add_command(
+        sub,
         "evaluate",
+        _evaluate,
         help="the learned router on the held-out seeds: latency, SLO attainment, decision time",
-        epilog="example:\n  rollflow router evaluate --config examples/router/heterogeneous.yaml",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples="rollflow router evaluate --config examples/router/heterogeneous.yaml",
     )
     _common(evaluate)
     evaluate.add_argument("--policy", help="policy file (default: policy_file, else output_dir/policy.npz)")
-    evaluate.set_defaults(handler=_evaluate)
 
-    compare = sub.add_parser(
+    compare = add_command(
+        sub,
         "compare",
+        _compare,
         help="every router on the same held-out workloads; prints, plots and writes compare.json",
-        epilog="example:\n  rollflow router compare --config examples/router/homogeneous.yaml "
+        examples="rollflow router compare --config examples/router/homogeneous.yaml "
         "--policy examples/router/homogeneous.policy.npz --output-dir out/",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _common(compare)
     compare.add_argument("--policy", help="policy file (default: policy_file, else output_dir/policy.npz)")
-    compare.set_defaults(handler=_compare)
 
     add_show_config(
         sub, "print a config with every default (and the preset) filled in", _load_config, "YAML config file"
@@ -68,7 +68,9 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser, "examples/router/", "output_dir", "ppo.total_steps=1000")
+    add_config_arguments(
+        parser, "YAML config file (see examples/router/)", "ppo.total_steps=1000", "output_dir"
+    )
 
 
 def _load(args: argparse.Namespace):

@@ -5,28 +5,23 @@ from __future__ import annotations
 
 import argparse
 
-from rollflow.cli_util import add_config_arguments
+from rollflow.cli_util import add_command, add_config_arguments, add_resume_argument
 
 
 def add_serve_search(commands: argparse._SubParsersAction) -> None:
     """`rollflow sim search`."""
-    search = commands.add_parser(
+    search = add_command(
+        commands,
         "search",
+        _serve_search,
         help="find each configuration's max QPS under SLOs, capacity per dollar and the Pareto fronts",
         description="Capacity search: for every configuration of the config's `space`, the highest QPS "
         "meeting every SLO (bisection over `sim serve` runs). Writes results.csv, results.json, "
         "pareto_<metric>.png and best.yaml into --output-dir; finished configurations are cached "
         "there, so a rerun resumes.",
     )
-    add_config_arguments(search, "examples/search/", "output_dir", "workers=1")
-    search.add_argument(
-        "--resume",
-        choices=("auto", "never"),
-        default="auto",
-        help="auto: reuse cached configurations; never: search all again",
-    )
-    search.add_argument("--backend", choices=("local", "ray"), help="overrides backend")
-    search.set_defaults(handler=_serve_search)
+    _add_search_arguments(search)
+    add_resume_argument(search, "reuse cached configurations", "search all again")
 
 
 def _serve_search(args: argparse.Namespace, started_at: float) -> None:
@@ -39,16 +34,16 @@ def _serve_search(args: argparse.Namespace, started_at: float) -> None:
 
 def add_rl_search(commands: argparse._SubParsersAction) -> None:
     """`rollflow rl-sim search`."""
-    search = commands.add_parser(
+    search = add_command(
+        commands,
         "search",
+        _rl_search,
         help="simulate every RL plan of a space; throughput, GPU utilisation and $ per 1M tokens per plan",
         description="RL plan search: placements (collocated; disaggregated splits with or without "
         "pipelining), scheduling policies, preemptible instances and local budgets, within a budget. "
         "Writes results.csv, results.json, pareto_throughput_cost.png and best.yaml into --output-dir.",
     )
-    add_config_arguments(search, "examples/search/", "output_dir", "workers=1")
-    search.add_argument("--backend", choices=("local", "ray"), help="overrides backend")
-    search.set_defaults(handler=_rl_search)
+    _add_search_arguments(search)
 
 
 def _rl_search(args: argparse.Namespace, started_at: float) -> None:
@@ -57,6 +52,12 @@ def _rl_search(args: argparse.Namespace, started_at: float) -> None:
     from rollflow.plan.rl_search import run_rl_search
 
     run_rl_search(load_config(RLSearchConfig, args.config, _overrides(args)))
+
+
+def _add_search_arguments(search: argparse.ArgumentParser) -> None:
+    """What both searches take: a config with its overrides, `--output-dir` and `--backend`."""
+    add_config_arguments(search, "YAML config file (see examples/search/)", "workers=1", "output_dir")
+    search.add_argument("--backend", choices=("local", "ray"), help="overrides backend")
 
 
 def _overrides(args: argparse.Namespace) -> list[str]:

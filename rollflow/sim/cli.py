@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 
-from rollflow.cli_util import add_command_group, add_config_arguments, add_show_config, print_yaml
+from rollflow.cli_util import (
+    add_command,
+    add_command_group,
+    add_config_arguments,
+    add_show_config,
+    print_yaml,
+)
 
 EXAMPLES = """examples:
   rollflow sim serve --config examples/sim/demo.yaml
@@ -27,22 +33,27 @@ def register(commands: argparse._SubParsersAction) -> argparse._SubParsersAction
     """Add `rollflow sim`; returns its subcommands (plan/ adds `search` to them, see rollflow/cli.py)."""
     sim_commands = add_command_group(commands, "sim", "simulate an LLM inference cluster", EXAMPLES)
 
-    serve = sim_commands.add_parser(
+    serve = add_command(
+        sim_commands,
         "serve",
+        _serve,
         help="run a serving simulation from a YAML config",
         description="Run a serving simulation. Config keys can be overridden as dotted key=value pairs; "
         "outputs (summary.json, requests.csv, chrome_trace.json, plots/) go to --output-dir or output.dir.",
+        fast_exit=True,
     )
-    add_config_arguments(serve, "examples/sim/", "output.dir", "cluster.replicas=4")
+    add_config_arguments(serve, "YAML config file (see examples/sim/)", "cluster.replicas=4", "output.dir")
     _add_no_plots(serve)
-    serve.set_defaults(handler=_serve, fast_exit=True)
 
-    vidur = sim_commands.add_parser(
+    vidur = add_command(
+        sim_commands,
         "from-vidur",
+        _from_vidur,
         help="run the simulation a `python -m vidur.main` command line describes",
         description="Translate Vidur's command-line flags (put them after --) into a rollflow config and run it. "
         "Profile-table paths keep Vidur's {DEVICE}/{MODEL}/{NETWORK_DEVICE} placeholders and defaults "
         "(./data/profiling/... under the current directory). Unsupported flags are errors.",
+        fast_exit=True,
     )
     vidur.add_argument(
         "--output-dir", help="output folder (default: --metrics_config_output_dir or simulator_output)"
@@ -52,10 +63,11 @@ def register(commands: argparse._SubParsersAction) -> argparse._SubParsersAction
         "--print-config", action="store_true", help="print the translated config as YAML and exit"
     )
     vidur.add_argument("vidur_flags", nargs=argparse.REMAINDER, help="Vidur flags, after --")
-    vidur.set_defaults(handler=_from_vidur, fast_exit=True)
 
-    replay = sim_commands.add_parser(
+    replay = add_command(
+        sim_commands,
         "replay",
+        _replay,
         help="replay a manager's request log in the simulator; print simulated against recorded latencies",
         description="Replay the finished samples of a manager's request log (its `request_log:` file) at "
         "their recorded arrival times on the cluster, scheduler and profile tables of --config (its "
@@ -63,10 +75,7 @@ def register(commands: argparse._SubParsersAction) -> argparse._SubParsersAction
         "--output-dir (or output.dir) gets replay.json.",
     )
     replay.add_argument("--from-manager-log", required=True, metavar="FILE", help="the manager's request log")
-    replay.add_argument("--config", required=True, help="sim YAML config describing the engines")
-    replay.add_argument("--output-dir", help="output folder (overrides output.dir)")
-    replay.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides")
-    replay.set_defaults(handler=_replay)
+    add_config_arguments(replay, "sim YAML config describing the engines", output_key="output.dir")
 
     add_show_config(sim_commands, "print a config with every default filled in, as YAML", _load_sim_config)
     return sim_commands

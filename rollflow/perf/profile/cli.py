@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from rollflow.cli_util import add_command_group
+from rollflow.cli_util import add_command, add_command_group, profiling_progress
 
 EXAMPLES = """examples:
   rollflow engine init-model models/tiny && rollflow profile ops --model-config models/tiny/config.json --device cpu --out outputs/profile/tiny --grid small
@@ -23,17 +23,18 @@ def register(commands: argparse._SubParsersAction) -> argparse._SubParsersAction
         "measure a model's operators, or a running engine; write Vidur-format tables",
         EXAMPLES,
     )
-    ops = profile_commands.add_parser(
+    ops = add_command(
+        profile_commands,
         "ops",
+        _ops,
         help="time one layer's operators over a grid of shapes; write mlp.csv and attention.csv",
         description="Time the operators of one layer of the model a Hugging Face config.json describes "
         "(random weights, nothing downloaded) on the present device, each tensor-parallel size as its "
         "sharded shapes, with warm-up and repeated timing (CUDA events on a GPU). Writes Vidur-format "
         "mlp.csv and attention.csv that `rollflow sim` reads with execution.kind=tables. Interrupted runs "
         "resume from OUT/profile_progress.jsonl.",
-        epilog="example: rollflow profile ops --model-config models/tiny/config.json --device cpu "
+        examples="rollflow profile ops --model-config models/tiny/config.json --device cpu "
         "--out outputs/profile/tiny --grid small",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ops.add_argument("--model-config", required=True, help="a Hugging Face config.json (or its folder)")
     ops.add_argument("--device", required=True, choices=["cpu", "cuda"], help="where to run the operators")
@@ -56,14 +57,10 @@ def register(commands: argparse._SubParsersAction) -> argparse._SubParsersAction
     ops.add_argument("--warmup", type=int, default=3, help="untimed calls before timing (default 3)")
     ops.add_argument("--repeats", type=int, default=10, help="timed calls per point (default 10)")
     ops.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
-    ops.set_defaults(handler=_ops)
     return profile_commands
 
 
 def _ops(args: argparse.Namespace, started_at: float) -> None:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from rollflow.errors import UserError
     from rollflow.perf.profile.grid import build_grid
     from rollflow.perf.profile.hf_config import check_tensor_parallel, load_model_config
@@ -105,23 +102,14 @@ def _ops(args: argparse.Namespace, started_at: float) -> None:
     device_name = (
         torch.cuda.get_device_name() if args.device == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     )
-    console = Console(stderr=True)
-    console.print(
+    heading = (
         f"profiling {model.name} on {device_name}, {settings.dtype}: {grid.size} points per tensor-parallel "
         f"size ({len(grid.num_tokens)} token counts, {len(grid.decode)} decode, {len(grid.prefill)} prefill) "
         f"x tp {args.tp} = {grid.size * len(tensor_parallel)} points, {settings.warmup} warm-up + "
         f"{settings.repeats} timed calls each"
     )
-    with Progress(
-        TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
-    ) as progress:
-        task = progress.add_task("profiling", total=None)
-        result = profile_ops(
-            model,
-            settings,
-            args.out,
-            on_point=lambda done, total: progress.update(task, completed=done, total=total),
-        )
+    with profiling_progress(heading) as on_point:
+        result = profile_ops(model, settings, args.out, on_point=on_point)
     resumed = f" ({result.num_resumed} resumed from an earlier run)" if result.num_resumed else ""
     print(
         f"measured {result.num_points - result.num_resumed} of {result.num_points} points in "

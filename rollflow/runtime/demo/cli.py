@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rollflow.cli_util import add_command_group, add_show_config
+from rollflow.cli_util import add_command, add_command_group, add_config_arguments, add_show_config
 
 EXAMPLES = """examples:
   rollflow demo run --config examples/demo/preemption.yaml --output-dir outputs/demo
@@ -12,6 +12,8 @@ EXAMPLES = """examples:
   rollflow demo run --config examples/demo/preemption.yaml --output-dir outputs/demo train.steps=10 demo.preemption.step=3
   rollflow demo show --config examples/demo/preemption.yaml
 """
+
+CONFIG_HELP = "YAML with launch:, train: and demo: sections"
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -21,8 +23,10 @@ def register(commands: argparse._SubParsersAction) -> None:
         "RL training end to end: through a spot preemption, or with devices moving between components",
         EXAMPLES,
     )
-    run = sub.add_parser(
+    run = add_command(
+        sub,
         "run",
+        _run,
         help="launch manager, weight server, engines and trainer; preempt a spot engine mid-rollout",
         description="Start the manager, a weight server and the engine pools of the config's launch section "
         "(on 127.0.0.1), then train with the config's train section. During the rollout of "
@@ -32,26 +36,21 @@ def register(commands: argparse._SubParsersAction) -> None:
         "timeline.png in --output-dir. A config with RLinf's cluster: section (examples/demo/dynamic.yaml) "
         "runs the dynamic-scheduling demo instead: devices move between actor and rollout within each step "
         "(summary.json and gantt.png).",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=EXAMPLES,
     )
-    run.add_argument("--config", required=True, help="YAML with launch:, train: and demo: sections")
+    add_config_arguments(run, CONFIG_HELP, "train.steps=10")
     run.add_argument(
         "--output-dir",
         default="outputs/demo",
         help="summary.json and timeline.png; the launch's logs go to OUTPUT_DIR/launch and the trainer's "
         "files to OUTPUT_DIR/train (default: outputs/demo)",
     )
-    run.add_argument(
-        "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. train.steps=10"
-    )
-    run.set_defaults(handler=_run)
 
     add_show_config(
         sub,
         "print the config with every default filled in",
         _load,
-        "YAML with launch:, train: and demo: sections",
+        CONFIG_HELP,
         name="show",
         required=True,
         example="rollflow demo show --config examples/demo/preemption.yaml",

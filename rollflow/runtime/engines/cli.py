@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import os
 
-from rollflow.cli_util import add_command_group
+from rollflow.cli_util import add_command, add_command_group, add_listen_arguments, add_secret_argument
 from rollflow.runtime.engines.builtin import DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_PREFIX_CACHE_TOKENS
 from rollflow.runtime.engines.tiny_model import DTYPES, TinyModelSpec, write_tiny_model
 from rollflow.runtime.http import limits
@@ -28,14 +27,15 @@ def register(commands: argparse._SubParsersAction) -> None:
         commands, "engine", "make a tiny model; serve it with the built-in engine", EXAMPLES
     )
 
-    init = engine_commands.add_parser(
+    init = add_command(
+        engine_commands,
         "init-model",
+        _init_model,
         help="write a tiny random Llama model and its tokenizer (no download)",
         description="Write a random causal LM (Llama, head_dim 64; tiny by default, any Llama shape with the "
         "options) with a byte-level BPE tokenizer trained here, to a folder that transformers, vLLM and "
         "`rollflow engine serve` load.",
-        epilog="example: rollflow engine init-model models/tiny --layers 2 --heads 2 --vocab 512",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples="rollflow engine init-model models/tiny --layers 2 --heads 2 --vocab 512",
     )
     init.add_argument("dir", help="output folder (created if missing)")
     init.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
@@ -59,22 +59,21 @@ def register(commands: argparse._SubParsersAction) -> None:
         help=f"std of the random weights (default {TinyModelSpec.init_std}: peaked logits for tests; "
         "0.02, transformers' own, keeps a large model's activations in float16's range)",
     )
-    init.set_defaults(handler=_init_model)
 
-    serve = engine_commands.add_parser(
+    serve = add_command(
+        engine_commands,
         "serve",
+        _serve,
         help="serve a model folder with the built-in engine (SGLang's /generate API subset)",
         description="Serve a model on CPU or a GPU with transformers behind the part of SGLang's HTTP API that the "
         "rollout manager uses: /generate (streaming, logprobs, batches), /abort_request, /v1/loads, /get_load, "
         "/health, /health_generate, "
         "/get_model_info, /get_weight_version, /update_weights_from_disk, /update_weights_from_safetensors, "
         "/pause_generation, /continue_generation, /v1/loads, /get_load. Prints `serving on http://HOST:PORT` when ready.",
-        epilog="example: rollflow engine serve --model models/tiny --port 30000",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples="rollflow engine serve --model models/tiny --port 30000",
     )
     serve.add_argument("--model", required=True, help="model folder (e.g. from `rollflow engine init-model`)")
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=30000, help="port; 0 picks a free one (default 30000)")
+    add_listen_arguments(serve, 30000)
     serve.add_argument(
         "--weight-version", type=int, default=0, help="weight version reported at start (default 0)"
     )
@@ -97,11 +96,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="stream only new tokens in each event (SGLang's flag; default: cumulative output, like SGLang)",
     )
-    serve.add_argument(
+    add_secret_argument(
+        serve,
         "--api-key",
-        default=os.environ.get(API_KEY_ENV) or None,
-        help="require 'Authorization: Bearer KEY' on every route but /health (SGLang's flag; "
-        f"default: ${API_KEY_ENV}, which keeps the key out of `ps`)",
+        API_KEY_ENV,
+        "require 'Authorization: Bearer KEY' on every route but /health, as SGLang's --api-key does",
     )
     serve.add_argument(
         "--max-body-mb",
@@ -134,7 +133,6 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--device cuda rank r runs on the r-th GPU from it (default 1)",
     )
     serve.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
-    serve.set_defaults(handler=_serve)
 
 
 def _at_least(low: int):

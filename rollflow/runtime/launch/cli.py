@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rollflow.cli_util import add_command_group, add_show_config
+from rollflow.cli_util import add_command, add_command_group, add_config_arguments, add_show_config
 
 EXAMPLES = """examples:
   rollflow engine init-model models/tiny   # the model examples/launch/local.yaml serves
@@ -18,21 +18,18 @@ def register(commands: argparse._SubParsersAction) -> None:
     sub = add_command_group(
         commands, "launch", "start the manager, engines and trainer of a config", EXAMPLES
     )
-    up = sub.add_parser(
+    up = add_command(
+        sub,
         "up",
+        _up,
         help="start everything in the config's launch section and supervise it",
         description="Start the rollout manager, then every engine pool (each engine pulls the newest weights "
         "when its pool names a weights_url, and is registered with the manager), then the trainer command. "
         "Runs until the trainer exits or Ctrl-C, adding or removing engines after each reported step when "
         "autoscale is enabled; then stops every process it started. Everything binds 127.0.0.1.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=EXAMPLES,
     )
-    up.add_argument("--config", required=True, help="YAML file with a launch: section (see examples/launch/)")
-    up.add_argument(
-        "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. launch.work_dir=out"
-    )
-    up.set_defaults(handler=_up)
+    add_config_arguments(up, "YAML file with a launch: section (see examples/launch/)", "launch.work_dir=out")
 
     add_show_config(
         sub,

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import os
 
-from rollflow.cli_util import add_command_group
+from rollflow.cli_util import (
+    add_command,
+    add_command_group,
+    add_config_arguments,
+    add_listen_arguments,
+    add_secret_argument,
+)
 
 EXAMPLES = """examples:
   rollflow manager serve --port 30100
@@ -24,29 +29,33 @@ then, from anywhere on the machine:
   curl localhost:30100/generate -d '{"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 16}}'
 """
 
+_TOKEN_ENV = "ROLLFLOW_MANAGER_TOKEN"
+
 
 def register(commands: argparse._SubParsersAction) -> None:
     sub = add_command_group(
         commands, "manager", "run the rollout manager between a trainer and rollout engines", EXAMPLES
     )
-    serve = sub.add_parser(
+    serve = add_command(
+        sub,
         "serve",
+        _serve,
         help="serve the manager's HTTP API",
         description="Serve the rollout manager. Engines register with POST /workers (or are listed under "
         "`engines:` in the config); trainers submit batches and read micro-batches; SGLang clients may "
         "call POST /generate as on one engine. Binds 127.0.0.1 unless --host says otherwise.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=EXAMPLES,
     )
-    serve.add_argument("--config", help="YAML config (see examples/manager/); defaults work without one")
-    serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port (default 30100)")
-    serve.add_argument(
+    add_config_arguments(
+        serve, "YAML config (see examples/manager/); defaults work without one", required=False
+    )
+    add_listen_arguments(serve, 30100, in_config=True)
+    add_secret_argument(
+        serve,
         "--token",
-        default=os.environ.get("ROLLFLOW_MANAGER_TOKEN"),
-        help="bearer token for the admin and trainer routes: workers, batches, step reports, reading "
-        "or closing sessions "
-        "(default: $ROLLFLOW_MANAGER_TOKEN)",
+        _TOKEN_ENV,
+        "bearer token for the admin and trainer routes: workers, batches, step reports, reading "
+        "or closing sessions",
     )
     serve.add_argument(
         "--journal",
@@ -62,26 +71,20 @@ def register(commands: argparse._SubParsersAction) -> None:
         "token streams in N - 1 stream processes, so the per-token work uses more cores",
     )
     serve.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format")
-    serve.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
-    serve.set_defaults(handler=_serve)
 
-    relay = sub.add_parser(
+    relay = add_command(
+        sub,
         "relay",
+        _relay,
         help="read the token streams of this node's engines for a manager on another node",
         description="Serve a relay: a manager dials it and opens on it the streams of the engines "
         "registered with `relay: HOST:PORT`; it reads them on this node and sends the manager their "
         "tokens merged, once every --flush-ms. Binds 127.0.0.1 unless --host says otherwise; a "
         "manager must greet it with --token (set one before opening it to other machines).",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=EXAMPLES,
     )
-    relay.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    relay.add_argument("--port", type=int, default=30200, help="port (default 30200; 0 picks a free one)")
-    relay.add_argument(
-        "--token",
-        default=os.environ.get("ROLLFLOW_MANAGER_TOKEN"),
-        help="the manager's token, which it greets the relay with (default: $ROLLFLOW_MANAGER_TOKEN)",
-    )
+    add_listen_arguments(relay, 30200)
+    add_secret_argument(relay, "--token", _TOKEN_ENV, "the manager's token, which it greets the relay with")
     relay.add_argument(
         "--flush-ms",
         type=float,
@@ -92,7 +95,6 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--connect-timeout-s", type=float, default=5.0, help="how long a connection to an engine may take"
     )
     relay.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format")
-    relay.set_defaults(handler=_relay)
 
 
 def _serve(args: argparse.Namespace, started_at: float) -> None:

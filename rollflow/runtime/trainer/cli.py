@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from rollflow.cli_util import add_command, add_config_arguments, add_resume_argument
+
 EXAMPLES = """examples:
   rollflow train --config examples/train/grpo_tiny.yaml
   rollflow train --config examples/train/grpo_tiny.yaml algorithm=ppo steps=20 output_dir=outputs/ppo
@@ -17,28 +19,23 @@ the manager and its engines must be running first (README, section Trainer).
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    train = commands.add_parser(
+    train = add_command(
+        commands,
         "train",
+        _train,
         help="train a policy with GRPO or PPO on rollouts from the manager",
         description="Train with GRPO or PPO on micro-batches streamed from a rollout manager; after each "
         "step the new weights go to every engine through the manager. Writes metrics.csv, TensorBoard "
         "logs, weights/v{N}/ and checkpoints/step_{N}/ under output_dir.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=EXAMPLES,
     )
-    train.add_argument("--config", required=True, help="YAML config (see examples/train/)")
-    train.add_argument(
-        "--resume",
-        choices=("auto", "never"),
-        default="auto",
-        help="auto: continue from the latest checkpoint in output_dir if there is one; never: start from "
-        "`model`, deleting output_dir's earlier checkpoints, weights, metrics.csv and tensorboard/ "
-        "(default auto)",
+    add_config_arguments(train, "YAML config (see examples/train/)", "algorithm=ppo steps=20")
+    add_resume_argument(
+        train,
+        "continue from the latest checkpoint in output_dir if there is one",
+        "start from `model`, deleting output_dir's earlier checkpoints, weights, metrics.csv and "
+        "tensorboard/ (default auto)",
     )
-    train.add_argument(
-        "overrides", nargs="*", metavar="key=value", help="dotted config overrides, after the options"
-    )
-    train.set_defaults(handler=_train)
 
 
 def _train(args: argparse.Namespace, started_at: float) -> None:

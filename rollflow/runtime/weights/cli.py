@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rollflow.cli_util import add_command_group
+from rollflow.cli_util import add_command, add_command_group, add_listen_arguments
 from rollflow.runtime.http import limits
 from rollflow.runtime.weights.token import TOKEN_ENV, publish_token
 
@@ -25,17 +25,18 @@ EXAMPLES = """examples:
 def register(commands: argparse._SubParsersAction) -> None:
     sub = add_command_group(commands, "weights", "serve, publish and pull versioned model weights", EXAMPLES)
 
-    serve = sub.add_parser(
+    serve = add_command(
+        sub,
         "serve",
+        _serve,
         help="serve a weight store folder over HTTP",
         description="Serve the versions in --dir to pullers (creating the folder if needed). Publishing "
         f"over HTTP needs the bearer token in ${TOKEN_ENV}; without it the server takes no publishes "
         "unless started with --insecure-open-publish.",
-        epilog="example: rollflow weights serve --dir outputs/weights --port 8650",
+        examples="rollflow weights serve --dir outputs/weights --port 8650",
     )
     serve.add_argument("--dir", required=True, help="weight store folder")
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8650, help="port (0 picks a free one; default: 8650)")
+    add_listen_arguments(serve, 8650)
     serve.add_argument(
         "--keep-versions", type=int, default=4, help="newest versions kept for deltas (default: 4)"
     )
@@ -59,14 +60,15 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--mooncake-host",
         help="address engines reach this server's Mooncake engine at (default: --host; set it when --host is 0.0.0.0)",
     )
-    serve.set_defaults(handler=_serve)
 
-    publish = sub.add_parser(
+    publish = add_command(
+        sub,
         "publish",
+        _publish,
         help="upload a version to a weight server",
         description="Upload the tensors of a .safetensors file, or of every .safetensors file in a "
         "checkpoint folder (with its config.json and generation_config.json), as --version.",
-        epilog="example: rollflow weights publish --url http://127.0.0.1:8650 --version 3 --from ckpt/",
+        examples="rollflow weights publish --url http://127.0.0.1:8650 --version 3 --from ckpt/",
     )
     publish.add_argument("--url", required=True, help="weight server URL")
     publish.add_argument(
@@ -75,23 +77,25 @@ def register(commands: argparse._SubParsersAction) -> None:
     publish.add_argument(
         "--from", dest="source", required=True, help=".safetensors file or checkpoint folder"
     )
-    publish.set_defaults(handler=_publish)
 
-    versions = sub.add_parser(
+    versions = add_command(
+        sub,
         "versions",
+        _versions,
         help="list the versions a weight server holds",
-        epilog="example: rollflow weights versions --url http://127.0.0.1:8650",
+        examples="rollflow weights versions --url http://127.0.0.1:8650",
     )
     versions.add_argument("--url", required=True, help="weight server URL")
-    versions.set_defaults(handler=_versions)
 
-    pull = sub.add_parser(
+    pull = add_command(
+        sub,
         "pull",
+        _pull,
         help="pull a version into a checkpoint folder",
         description="Fetch, verify and decode a version; writes model.safetensors, the published text "
         "files and rollflow_weights.json to --out. An interrupted pull resumes from the chunks kept "
         "in --cache-dir.",
-        epilog="example: rollflow weights pull --url http://127.0.0.1:8650 --out outputs/engine0 --codec zstd",
+        examples="rollflow weights pull --url http://127.0.0.1:8650 --out outputs/engine0 --codec zstd",
     )
     pull.add_argument("--url", required=True, help="weight server URL")
     pull.add_argument("--out", required=True, help="output folder")
@@ -110,7 +114,6 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="how the chunks travel: http, or mooncake from a server started with --mooncake (http, "
         "saying why, where Mooncake cannot be used); default: http",
     )
-    pull.set_defaults(handler=_pull)
 
 
 def _serve(args: argparse.Namespace, started_at: float) -> None:

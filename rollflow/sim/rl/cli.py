@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rollflow.cli_util import add_command_group, add_config_arguments, add_show_config
+from rollflow.cli_util import add_command, add_command_group, add_config_arguments, add_show_config
 
 EXAMPLES = """examples:
   rollflow rl-sim run --config examples/rl/rlinf_dynamic.yaml --output-dir out/rl
@@ -25,36 +25,36 @@ def register(commands: argparse._SubParsersAction) -> argparse._SubParsersAction
         EXAMPLES,
     )
 
-    run = rl_commands.add_parser(
+    run = add_command(
+        rl_commands,
         "run",
+        _run,
         help="simulate the steps a YAML config describes",
         description="Simulate RL training steps. Config keys can be overridden as dotted key=value pairs; "
         "summary.json, gantt.png and chrome_trace.json go to --output-dir or output.dir.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=EXAMPLES,
     )
     _common(run)
-    run.set_defaults(handler=_run)
 
-    compare = rl_commands.add_parser(
+    compare = add_command(
+        rl_commands,
         "compare",
+        _compare,
         help="run every policy of the config's `compare` list on its workload; print, plot and save the table",
         description="Run each variant under `compare:` (a name plus dotted overrides) on the config's "
         "workload and write compare.json (per policy: step_time_s, throughput_tokens_per_s, "
         "gpu_utilization, cost_usd_per_mtok, regenerated_tokens), compare.png, and each variant's "
         "outputs under DIR/<name>/.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=EXAMPLES,
     )
     _common(compare)
-    compare.set_defaults(handler=_compare)
 
     add_show_config(rl_commands, "print a config with every default filled in, as YAML", _load)
     return rl_commands
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser, "examples/rl/", "output.dir", "num_gpus=64 steps=2")
+    add_config_arguments(parser, "YAML config file (see examples/rl/)", "num_gpus=64 steps=2", "output.dir")
     parser.add_argument(
         "--no-plots",
         action="store_true",

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+from rollflow.cli_util import add_command, profiling_progress
+
 
 def add_profile_engine(profile_commands: argparse._SubParsersAction) -> None:
     """Add `engine` to `rollflow profile`."""
-    engine = profile_commands.add_parser(
+    engine = add_command(
+        profile_commands,
         "engine",
+        _engine,
         help="measure a running engine's iteration time from its streams; write tables rollflow sim reads",
         description="Send controlled request mixes to a running engine (concurrent decodes at each --batch-sizes "
         "size after each --decode-prompt-lengths prompt; single prompts at each --prompt-lengths length), read "
@@ -19,9 +23,8 @@ def add_profile_engine(profile_commands: argparse._SubParsersAction) -> None:
         "(execution.request_overhead_ms), the wake-up of an engine that idled (execution.idle_wakeup_ms) and "
         "what admitting a request beside running decodes adds to that iteration (execution.admission_ms). "
         "Interrupted runs resume from OUT/profile_progress.jsonl; delete it to profile the engine anew.",
-        epilog="example: rollflow profile engine --url http://127.0.0.1:30000 --kind builtin "
+        examples="rollflow profile engine --url http://127.0.0.1:30000 --kind builtin "
         "--model-config models/tiny/config.json --out outputs/profile/engine",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     engine.add_argument("--url", required=True, help="the engine's base URL")
     engine.add_argument("--kind", default="builtin", choices=["builtin", "sglang", "vllm"], help="engine API")
@@ -58,7 +61,6 @@ def add_profile_engine(profile_commands: argparse._SubParsersAction) -> None:
         "after), printed as rl-sim's scheduling.release_s and resume_s; needs an engine that can release "
         "(built-in, SGLang, vLLM with sleep mode)",
     )
-    engine.set_defaults(handler=_engine)
 
 
 def _int_list(flag: str, value: str) -> tuple[int, ...]:
@@ -77,9 +79,6 @@ def _engine(args: argparse.Namespace, started_at: float) -> None:
     import asyncio
     import statistics
     from pathlib import Path
-
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from rollflow.errors import UserError
     from rollflow.perf.profile.hf_config import load_model_config
@@ -108,22 +107,14 @@ def _engine(args: argparse.Namespace, started_at: float) -> None:
         repeats=args.repeats,
     )
     out = Path(args.out)
-    console = Console(stderr=True)
-    console.print(
+    heading = (
         f"profiling the {args.kind} engine at {probe.url}: {len(probe.batch_sizes)} decode batches "
         f"x {len(probe.decode_prompt_lengths)} KV lengths x {args.decode_tokens} tokens, "
         f"{len(probe.prompt_lengths)} prompt lengths; {args.repeats} rounds"
     )
-    with Progress(
-        TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
-    ) as progress:
-        task = progress.add_task("profiling", total=None)
+    with profiling_progress(heading) as on_step:
         try:
-            times = asyncio.run(
-                measure_engine(
-                    probe, out, on_step=lambda done, total: progress.update(task, completed=done, total=total)
-                )
-            )
+            times = asyncio.run(measure_engine(probe, out, on_step=on_step))
         except EngineError as exc:
             raise UserError(f"engine at {probe.url}: {exc}") from None
     write_engine_tables(out, model, times, args.block_size)
