@@ -10,11 +10,9 @@ import functools
 import os
 from pathlib import Path
 
-import yaml
-
 from rollflow.runtime.launch import servers
-from rollflow.runtime.launch.process import free_port, rollflow_command
-from rollflow.runtime.launch.process import rollflow_command as rollflow  # tests say rollflow(ARGS)
+from rollflow.runtime.launch.process import free_port, rollflow_command  # noqa: F401 - the tests take free_port from here
+from rollflow.runtime.launch.process import rollflow_command as rollflow  # noqa: F401 - tests say rollflow(ARGS)
 from rollflow.runtime.launch.servers import (
     ENV,
     ServerProcess,
@@ -75,14 +73,9 @@ def start_engine(
 
 
 def start_manager(tmp_path: Path, config: dict, token: str | None = None) -> Process:
+    extra_args = ("--log-format", "json", *(("--token", token) if token else ()))
     config = with_test_processes(config)
-    port = free_port()
-    config_path = tmp_path / f"manager-{port}.yaml"
-    config_path.write_text(yaml.safe_dump(config))
-    args = ["manager", "serve", "--config", str(config_path), "--port", str(port), "--log-format", "json"]
-    if token:
-        args += ["--token", token]
-    return Process(rollflow(*args), port, tmp_path / f"manager-{port}.log")
+    return servers.start_manager(config, tmp_path, extra_args=extra_args, process=Process)
 
 
 def descendants(pid: int) -> set[int]:
