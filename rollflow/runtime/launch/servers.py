@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from rollflow.runtime.launch.process import free_port, rollflow_command
+from rollflow.runtime.launch.process import free_port, rollflow_command, wait_or_kill
 
 T = TypeVar("T")
 
@@ -150,10 +150,7 @@ class ServerProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGCONT)
             self.proc.terminate()
-            try:
-                self.proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                self.kill()
+            wait_or_kill(self.proc, grace_s)
         self._log.close()
 
 
