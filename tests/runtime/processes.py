@@ -9,12 +9,13 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
+from typing import Any
 
 from rollflow.runtime.launch import servers
 from rollflow.runtime.launch.process import free_port, rollflow_command  # noqa: F401 - the tests take free_port from here
 from rollflow.runtime.launch.process import rollflow_command as rollflow  # noqa: F401 - tests say rollflow(ARGS)
 from rollflow.runtime.launch.servers import (
-    ENV,
+    ENV,  # noqa: F401 - the tests take it from here
     ServerProcess,
     http,  # noqa: F401 - the tests take it from here
 )
@@ -36,25 +37,17 @@ def with_test_processes(config: dict) -> dict:
 class Process(ServerProcess):
     """A server process on 127.0.0.1 (servers.py's), run in the repository, or forked."""
 
-    def __init__(
-        self,
-        argv: list[str],
-        port: int,
-        log_path: Path,
-        ready_path: str = "/health",
-        wait: bool = True,
-        forked: bool = False,
-    ) -> None:
-        """`forked`: `argv` is a `rollflow(...)` command line, run forked from the forkserver that
-        imported an engine's modules once (engine_fork.py) rather than exec'd."""
+    def __init__(self, *args: Any, forked: bool = False, **options: Any) -> None:
+        """ServerProcess's arguments; `forked`: its argv is a `rollflow(...)` command line, run forked
+        from the forkserver that imported an engine's modules once (engine_fork.py) rather than exec'd."""
         self._forked = forked
-        super().__init__(argv, port, log_path, ready_path, wait)
+        super().__init__(*args, **options)
 
     def _spawn(self, argv: list[str]):
         if not self._forked:
             return super()._spawn(argv)
         assert argv[: len(ROLLFLOW)] == ROLLFLOW, argv
-        return ForkedProcess(argv[len(ROLLFLOW) :], self.log_path, REPO, ENV)
+        return ForkedProcess(argv[len(ROLLFLOW) :], self.log_path, self.cwd, dict(self.env))
 
 
 def start_engine(
