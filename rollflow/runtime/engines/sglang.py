@@ -7,6 +7,7 @@ client takes the last `completion_tokens - seen` ids and logprobs of each event 
 
 from __future__ import annotations
 
+import operator
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 
 FINISH_TYPES = frozenset({"stop", "length", "abort"})
 _FLOAT, _INT = frozenset({float}), frozenset({int})
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 LOAD_ROUTES = (("/v1/loads", parse_sglang_loads), ("/get_load", parse_sglang_get_load))  # newest first
 LOAD_TIMEOUT_S = 2.0
 
@@ -346,8 +348,8 @@ def parse_sglang_event(
         )
     new_entries = logprob_entries[len(logprob_entries) - num_new :]
     try:
-        logprobs = [entry[0] for entry in new_entries]
-        token_ids = [entry[1] for entry in new_entries]
+        logprobs = list(map(_FIRST, new_entries))  # in C: no bytecode per token
+        token_ids = list(map(_SECOND, new_entries))
         # as engines send them, floats and ints: checked by type in C, no conversion call per token
         if not (_FLOAT.issuperset(map(type, logprobs)) and _INT.issuperset(map(type, token_ids))):
             logprobs = list(map(float, logprobs))
