@@ -1,5 +1,5 @@
 """The load and the processes the router benchmarks share (manager_overhead.py, stream_relay.py,
-vllm_router.py): canned engines, sglang-router and the manager started on 127.0.0.1, a load
+vllm_router.py): canned engines and sglang-router started on 127.0.0.1 (the manager is servers.py's), a load
 generator whose failed requests fail the run, the options that size its load, and each process's
 CPU time."""
 
@@ -17,7 +17,6 @@ import orjson
 
 from benchmarks._peer_routers import SGLANG_ROUTER
 from rollflow.runtime.launch.process import free_port
-from rollflow.runtime.launch.process import rollflow_command as rollflow
 from rollflow.runtime.launch.servers import ServerProcess
 
 REPO = Path(__file__).resolve().parents[1]
@@ -153,21 +152,6 @@ def median(values: list[float]) -> float:
 
 def p99(values: list[float]) -> float:
     return sorted(values)[int(0.99 * (len(values) - 1))] if values else float("nan")
-
-
-def manager_argv(engine_urls: list[str], tmp: Path, port: int, **config) -> list[str]:
-    import yaml
-
-    path = tmp / "manager.yaml"
-    path.write_text(
-        yaml.safe_dump({"engines": [{"url": u, "capacity": 1024} for u in engine_urls], **config})
-    )
-    return rollflow("manager", "serve", "--config", str(path), "--port", str(port))
-
-
-def start_manager(engine_urls: list[str], tmp: Path, **config) -> ServerProcess:
-    port = free_port()
-    return ServerProcess(manager_argv(engine_urls, tmp, port, **config), port, tmp / "manager.log")
 
 
 def tree_cpu_seconds(pid: int) -> float:

@@ -32,7 +32,6 @@ receiving fewer or more tokens than it asked for, or a sample not finished whole
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -45,8 +44,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.results import Results, add_results_dir, fill_inputs, results_dir  # noqa: E402
 from rollflow.runtime.launch.process import free_port  # noqa: E402
-from rollflow.runtime.launch.process import rollflow_command as rollflow  # noqa: E402
-from rollflow.runtime.launch.servers import ServerProcess, http  # noqa: E402
+from rollflow.runtime.launch.servers import ServerProcess, http, manager_config, start_manager  # noqa: E402
 from rollflow.runtime.manager.client import ManagerClient  # noqa: E402
 
 MAX_COST = 0.10
@@ -64,14 +62,11 @@ def _start_engines(tmp: Path, token_delay_ms: float) -> list[ServerProcess]:
     return engines
 
 
-def _start_manager(tmp: Path, engines: list[ServerProcess], journal: Path | None, port: int) -> ServerProcess:
-    config: dict = {"engines": [{"url": e.url, "capacity": 1024} for e in engines]}
-    if journal is not None:
-        config["journal"] = str(journal)
-    path = tmp / f"manager-{port}.yaml"
-    path.write_text(json.dumps(config))
-    args = rollflow("manager", "serve", "--config", str(path), "--port", str(port))
-    return ServerProcess(args, port, tmp / f"manager-{port}-{time.monotonic_ns()}.log")
+def _start_manager(
+    tmp: Path, engines: list[ServerProcess], journal: Path | None, port: int, name: str = "manager"
+) -> ServerProcess:
+    config = manager_config([e.url for e in engines], **({"journal": str(journal)} if journal else {}))
+    return start_manager(config, tmp, port, name)
 
 
 def _drain(client: ManagerClient, prompts: list[list[int]], n: int, tokens: int) -> int:
@@ -136,7 +131,7 @@ def restart(tmp: Path, engines: list[ServerProcess], samples: int, tokens: int) 
     manager.kill()
     manager.stop()
     started = time.perf_counter()
-    manager = _start_manager(tmp, engines, journal, port)
+    manager = _start_manager(tmp, engines, journal, port, "manager-restarted")
     answering = time.perf_counter() - started
     try:
         while _tokens(manager) == 0:

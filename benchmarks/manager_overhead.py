@@ -91,18 +91,23 @@ from benchmarks._router_load import (  # noqa: E402
     cpu_seconds,
     in_turn,
     load,
-    manager_argv,
     median,
     p99,
     sglang_router_argv,
     start_canned_engine,
-    start_manager,
     start_sglang_router,
     warm_up,
 )
 from benchmarks.results import Results, add_results_dir, fill_inputs, results_dir  # noqa: E402
 from rollflow.runtime.launch.process import free_port, rollflow_command  # noqa: E402
-from rollflow.runtime.launch.servers import ENV, ServerProcess, start_engine  # noqa: E402
+from rollflow.runtime.launch.servers import (  # noqa: E402
+    ENV,
+    ServerProcess,
+    manager_command,
+    manager_config,
+    start_engine,
+    start_manager,
+)
 
 ROUND_KEYS = (
     "p50_ms",
@@ -195,8 +200,8 @@ def overhead(args: argparse.Namespace, tmp: Path, results: Results) -> None:
     ]
     batched_urls = [e.url for e in batched]
     batched_pids = [e.proc.pid for e in batched]
-    manager = start_manager(urls, tmp, router="round_robin")
-    batched_manager = start_manager(batched_urls, tmp / "batched", router="round_robin")
+    manager = start_manager(manager_config(urls, router="round_robin"), tmp)
+    batched_manager = start_manager(manager_config(batched_urls, router="round_robin"), tmp / "batched")
     routers_started = [manager, batched_manager]
     rounds: list[dict[str, dict]] = []
     try:
@@ -377,7 +382,7 @@ def instructions(args: argparse.Namespace, tmp: Path, results: Results) -> None:
     urls = [e.url for e in engines]
     polls_off = {"router": "round_robin", "health_interval_s": 3600, "load_poll_interval_s": 3600}
     routers = {
-        "rollflow manager": lambda port: manager_argv(urls, tmp, port, **polls_off),
+        "rollflow manager": lambda port: manager_command(manager_config(urls, **polls_off), tmp, port),
         "sglang-router": lambda port: sglang_router_argv(args.sglang_router_python, urls, port),
     }
     counts = {}
@@ -437,7 +442,7 @@ def preemption(args: argparse.Namespace, tmp: Path, results: Results) -> None:
     if not model.exists():
         subprocess.run(rollflow_command("engine", "init-model", str(model)), env=ENV, check=True)
     engines = [start_engine(model, tmp, name=f"preempt{i}") for i in range(2)]
-    manager = start_manager([e.url for e in engines], tmp, router="least_outstanding")
+    manager = start_manager(manager_config([e.url for e in engines], router="least_outstanding"), tmp)
     tokens = args.preempt_tokens
     try:
         client = ManagerClient(manager.url)

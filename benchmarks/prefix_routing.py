@@ -61,7 +61,14 @@ from rollflow.perf.profile.hf_config import load_model_config, model_shape_secti
 from rollflow.runtime.engines.profiler.trace_replay import printed_overrides  # noqa: E402
 from rollflow.runtime.launch.process import free_port  # noqa: E402
 from rollflow.runtime.launch.process import rollflow_command as rollflow  # noqa: E402
-from rollflow.runtime.launch.servers import ENV, ServerProcess, http, start_engine  # noqa: E402
+from rollflow.runtime.launch.servers import (  # noqa: E402
+    ENV,
+    ServerProcess,
+    http,
+    manager_config,
+    start_engine,
+    start_manager,
+)
 
 MODEL_ARGS = ("--layers", "4", "--heads", "4")
 SYSTEM_TOKENS, OWN_TOKENS, NEW_TOKENS = 256, 768, 16
@@ -186,14 +193,8 @@ async def _burst(url: str, prompts: list[list[int]], group_size: int) -> tuple[l
 
 
 def _start_manager(router: str, engines: list[ServerProcess], tmp: Path) -> ServerProcess:
-    import yaml
-
-    port = free_port()
-    path = tmp / f"manager-{router}.yaml"
-    entries = [{"url": e.url, "engine_type": "builtin", "capacity": CAPACITY} for e in engines]
-    path.write_text(yaml.safe_dump({"router": router, "engines": entries}))
-    argv = rollflow("manager", "serve", "--config", str(path), "--port", str(port))
-    return ServerProcess(argv, port, tmp / f"manager-{router}.log")
+    config = manager_config([e.url for e in engines], CAPACITY, "builtin", router=router)
+    return start_manager(config, tmp, name=f"manager-{router}")
 
 
 def _start_sglang_router(interpreter: Path, engines: list[ServerProcess], tmp: Path) -> ServerProcess:

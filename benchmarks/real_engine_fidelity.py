@@ -31,7 +31,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +45,7 @@ from rollflow.runtime.engines.profiler.trace_replay import (
     write_trace,
 )
 from rollflow.runtime.launch.process import free_port, rollflow_command
+from rollflow.runtime.launch.servers import ServerProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import Results, add_results_dir, add_shared_dir, results_dir
@@ -88,7 +88,8 @@ def vllm_version() -> str:
     ).stdout.strip()
 
 
-def start_vllm(model: Path, work: Path) -> tuple[subprocess.Popen, str]:
+def start_vllm(model: Path, work: Path) -> ServerProcess:
+    """vLLM's OpenAI server of `model` on a free port, in `work`, once it answers /health."""
     python = VLLM_VENV / "bin" / "python"
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -97,21 +98,10 @@ def start_vllm(model: Path, work: Path) -> tuple[subprocess.Popen, str]:
         "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
         "--max-num-seqs", str(MAX_NUM_SEQS), "--max-num-batched-tokens", str(MAX_BATCHED_TOKENS),
     ]  # fmt: skip
-    log = (work / "vllm.log").open("w")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=work)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"vLLM exited; see {work / 'vllm.log'}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as response:
-                if response.status == 200:
-                    return proc, url
-        except OSError:
-            time.sleep(2)
-    proc.kill()
-    raise SystemExit("vLLM did not become healthy in 600 s")
+    try:
+        return ServerProcess(cmd, port, work / "vllm.log", cwd=work, env=env, ready_timeout_s=600)
+    except RuntimeError as exc:
+        raise SystemExit(f"vLLM did not start: {exc}") from None
 
 
 def simulate(
@@ -287,12 +277,11 @@ def main() -> None:
     for name in (args.models or ("tiny" if args.quick else ",".join(MODELS))).split(","):
         model = work / name / "model"
         rollflow("engine", "init-model", str(model), *MODELS[name])
-        server, url = start_vllm(model, work / name)
+        server = start_vllm(model, work / name)
         try:
-            compare(results, name, url, model, work / name, args)
+            compare(results, name, server.url, model, work / name, args)
         finally:
-            server.terminate()
-            server.wait(30)
+            server.stop(grace_s=30)
     sys.exit(results.finish())
 
 

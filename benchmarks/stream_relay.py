@@ -53,12 +53,12 @@ from benchmarks._router_load import (  # noqa: E402
     load,
     median,
     start_canned_engine,
-    start_manager,
     start_sglang_router,
     tree_cpu_seconds,
     warm_up,
 )
 from benchmarks.results import Results, add_results_dir, fill_inputs, results_dir  # noqa: E402
+from rollflow.runtime.launch.servers import manager_config, start_manager  # noqa: E402
 from rollflow.runtime.manager.client import ManagerClient  # noqa: E402
 
 SLICES = 4  # turns each path takes per round
@@ -150,9 +150,8 @@ def run(args: argparse.Namespace, tmp: Path, results: Results) -> None:
             routers = {"sglang-router": start_sglang_router(args.sglang_router_python, urls, folder)}
             for name, count in MANAGERS.items():
                 (folder / str(count)).mkdir()
-                routers[name] = start_manager(
-                    urls, folder / str(count), router="round_robin", processes=count
-                )
+                config = manager_config(urls, router="round_robin", processes=count)
+                routers[name] = start_manager(config, folder / str(count))
             started += [*engines, *routers.values()]
             paths: dict[str, tuple[str, int | None]] = {"direct (one engine)": (urls[0], None)}
             paths |= {name: (router.url, router.proc.pid) for name, router in routers.items()}

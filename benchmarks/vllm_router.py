@@ -73,8 +73,7 @@ from benchmarks._router_load import (  # noqa: E402
 )
 from benchmarks.results import Results, add_results_dir, fill_inputs, results_dir  # noqa: E402
 from rollflow.runtime.launch.process import free_port  # noqa: E402
-from rollflow.runtime.launch.process import rollflow_command as rollflow  # noqa: E402
-from rollflow.runtime.launch.servers import ServerProcess  # noqa: E402
+from rollflow.runtime.launch.servers import ServerProcess, manager_config, start_manager  # noqa: E402
 
 DIRECT, MANAGER, PEER = "direct (one engine)", "rollflow manager", "vllm-router"
 PATHS = (DIRECT, MANAGER, PEER)  # the order the tables list them in
@@ -190,23 +189,12 @@ async def _round(
     }
 
 
-def _start_manager(engine_urls: list[str], tmp: Path) -> ServerProcess:
-    import yaml
-
-    config = tmp / "manager.yaml"
-    engines = [{"url": url, "engine_type": "vllm", "capacity": 1024} for url in engine_urls]
-    config.write_text(yaml.safe_dump({"engines": engines, "router": "round_robin"}))
-    port = free_port()
-    argv = rollflow("manager", "serve", "--config", str(config), "--port", str(port))
-    return ServerProcess(argv, port, tmp / "manager.log")
-
-
 def run(args: argparse.Namespace, interpreter: Path, tmp: Path, results: Results) -> None:
     engines = [start_canned_engine(tmp, f"canned{i}", tokens_per_event=1) for i in range(2)]
     processes = list(engines)
     try:
         urls = [engine.url for engine in engines]
-        manager = _start_manager(urls, tmp)
+        manager = start_manager(manager_config(urls, engine_type="vllm", router="round_robin"), tmp)
         processes.append(manager)
         port = free_port()
         argv = VLLM_ROUTER.argv(interpreter, urls, port, free_port(), "--policy", "round_robin")

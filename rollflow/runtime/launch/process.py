@@ -38,6 +38,16 @@ def rollflow_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "rollflow.cli", *args]
 
 
+def wait_or_kill(proc: subprocess.Popen, grace_s: float) -> int:
+    """`proc`'s exit code once it is gone: it has `grace_s` to exit on its own (after it was told to
+    stop: a Stop message, SIGTERM), then gets SIGKILL, so a stuck process cannot hang its parent."""
+    try:
+        return proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
 def _die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
@@ -77,8 +87,4 @@ class ChildProcess:
         if self.proc.poll() is not None:
             return
         self.proc.terminate()
-        try:
-            self.proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        wait_or_kill(self.proc, grace_s)

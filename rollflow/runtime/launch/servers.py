@@ -13,11 +13,13 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rollflow.runtime.launch.process import free_port, rollflow_command
+import yaml
+
+from rollflow.runtime.launch.process import free_port, rollflow_command, wait_or_kill
 
 T = TypeVar("T")
 
@@ -74,23 +76,42 @@ def workers(manager: Any) -> dict[str, dict]:
 
 
 class ServerProcess:
-    """A server process on 127.0.0.1; `url` is where it listens, ready once `ready_path` answers 200."""
+    """A server process on 127.0.0.1; `url` is where it listens, ready once `ready_path` answers 200.
+
+    It runs in `cwd` (the checkout unless told) with `env` (ENV unless told: a peer such as vLLM
+    needs its own); `wait` waits up to `ready_timeout_s` for it to answer, and stops it when it
+    does not, so a failed start leaves no process behind."""
 
     def __init__(
-        self, argv: list[str], port: int, log_path: Path, ready_path: str = "/health", wait: bool = True
+        self,
+        argv: list[str],
+        port: int,
+        log_path: Path,
+        ready_path: str = "/health",
+        wait: bool = True,
+        *,
+        cwd: Path = REPO,
+        env: Mapping[str, str] = ENV,
+        ready_timeout_s: float = 180.0,
     ) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = log_path
+        self.cwd = cwd
+        self.env = env
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = self._spawn(argv)
         self.ready_path = ready_path
         if wait:
-            self.wait_ready()
+            try:
+                self.wait_ready(ready_timeout_s)
+            except RuntimeError:
+                self.stop()
+                raise
 
     def _spawn(self, argv: list[str]) -> Any:
         """The process running `argv` (a Popen, or what behaves as one)."""
-        return subprocess.Popen(argv, cwd=REPO, env=ENV, stdout=self._log, stderr=self._log)
+        return subprocess.Popen(argv, cwd=self.cwd, env=self.env, stdout=self._log, stderr=self._log)
 
     def wait_ready(self, timeout: float = 180.0) -> None:
         path = self.ready_path
@@ -124,14 +145,12 @@ class ServerProcess:
         """SIGCONT: a paused process carries on where it stopped."""
         self.proc.send_signal(signal.SIGCONT)
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM (after SIGCONT, should it be paused), then SIGKILL after `grace_s`."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGCONT)
             self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+            wait_or_kill(self.proc, grace_s)
         self._log.close()
 
 
@@ -157,3 +176,37 @@ def start_engine(
     port = free_port()
     argv = engine_command(model_dir, port, weight_version, extra_args)
     return process(argv, port, log_dir / f"{name}-{port}.log", wait=wait)
+
+
+def manager_config(
+    engine_urls: list[str], capacity: int = 1024, engine_type: str | None = None, **config
+) -> dict:
+    """A manager config over `engine_urls`, each taking `capacity` requests at once (and of
+    `engine_type`, when given), plus `config`'s other keys (router, journal, ...)."""
+    engine = {"capacity": capacity} | ({"engine_type": engine_type} if engine_type else {})
+    return {"engines": [{"url": url, **engine} for url in engine_urls], **config}
+
+
+def manager_command(
+    config: dict, folder: Path, port: int, name: str = "manager", extra_args: tuple[str, ...] = ()
+) -> list[str]:
+    """`rollflow manager serve` of `config` (written to `folder/<name>-<port>.yaml`) on 127.0.0.1:`port`."""
+    path = folder / f"{name}-{port}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return rollflow_command("manager", "serve", "--config", str(path), "--port", str(port), *extra_args)
+
+
+def start_manager(
+    config: dict,
+    folder: Path,
+    port: int | None = None,
+    name: str = "manager",
+    wait: bool = True,
+    extra_args: tuple[str, ...] = (),
+    process: Callable[..., ServerProcess] = ServerProcess,
+) -> ServerProcess:
+    """A manager of `config` on `port` (a free one unless given: a restarted manager takes its old
+    one), its config and log `folder/<name>-<port>.yaml|.log`; `process` starts it (the tests' own)."""
+    port = port or free_port()
+    argv = manager_command(config, folder, port, name, extra_args)
+    return process(argv, port, folder / f"{name}-{port}.log", wait=wait)

@@ -7,7 +7,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from rollflow.runtime.launch.process import rollflow_command
+from rollflow.runtime.launch.process import rollflow_command, wait_or_kill
 from tests.factories import REPO
 
 STARTUP_TIMEOUT_S = 180.0
@@ -56,8 +56,4 @@ class EngineProcess:
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            wait_or_kill(self.proc, 10)

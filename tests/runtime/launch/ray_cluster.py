@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from rollflow.runtime.launch.process import wait_or_kill
 from tests.runtime.processes import descendants, free_port
 
 # Ray reads these when it is imported: with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 it keeps 127.0.0.1
@@ -59,11 +60,7 @@ class RayHead:
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            wait_or_kill(self.proc, 60)
         self._log.close()
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 

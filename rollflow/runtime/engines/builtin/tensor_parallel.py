@@ -38,6 +38,7 @@ import torch.distributed as dist
 
 from rollflow.errors import UserError
 from rollflow.runtime.engines.builtin.worker import EngineFault
+from rollflow.runtime.launch.process import wait_or_kill
 from rollflow.runtime.weights.errors import WeightTransferError
 from rollflow.runtime.weights.slices import ROW_PARALLEL, VOCAB_PARALLEL, check_divisible, shard_tensor
 
@@ -267,11 +268,7 @@ class RankGroup:
             with contextlib.suppress(RuntimeError):  # a rank that died since: nothing to stop
                 self.send(Stop())
         for proc in self._ranks:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            wait_or_kill(proc, 10)
         dist.destroy_process_group()
 
     def _collective(self, run: Any) -> None:
