@@ -4,15 +4,17 @@
 The leader listens on 127.0.0.1 with a key made for the run, starts each worker with the port and
 the key in its environment, and `accept_workers` waits for every worker to connect back
 (`connect_to_leader`, which sends the worker's number first). Messages then go both ways as
-pickled objects (`send`, `receive`).
+pickled objects (`send`, `receive`). Once told to stop, the workers are waited for
+(`wait_for_workers`).
 """
 
 from __future__ import annotations
 
 import pickle
+import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from multiprocessing.connection import Client, Connection, Listener
 from subprocess import Popen
 from typing import Any
@@ -70,3 +72,14 @@ def accept_workers(
     if failure:
         raise RuntimeError(f"{leader}: a {member} could not connect: {failure[0]}")
     return connections
+
+
+def wait_for_workers(processes: Iterable[Popen], timeout_s: float) -> None:
+    """Once the workers were told to stop: wait for each to exit, killing one still running after
+    `timeout_s` (a worker stuck in a collective or a load never reads its stop)."""
+    for process in processes:
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

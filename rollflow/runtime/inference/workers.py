@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rollflow.runtime.worker_pipe import accept_workers, connect_to_leader, receive, send
+from rollflow.runtime.worker_pipe import accept_workers, connect_to_leader, receive, send, wait_for_workers
 
 if TYPE_CHECKING:
     from rollflow.policy.placement import ClusterConfig
@@ -170,12 +170,7 @@ class InferencePool:
             if worker.connection is not None and worker.process.poll() is None:
                 with contextlib.suppress(OSError):
                     send(worker.connection, Stop())
-        for worker in self.workers:
-            try:
-                worker.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                worker.process.kill()
-                worker.process.wait()
+        wait_for_workers((worker.process for worker in self.workers), timeout_s=30)
         self.listener.close()
 
     def _read(

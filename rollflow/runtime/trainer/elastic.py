@@ -69,7 +69,7 @@ import torch
 from torch import distributed as dist
 
 from rollflow.runtime.trainer.distributed import Share, output_tokens
-from rollflow.runtime.worker_pipe import accept_workers, connect_to_leader, receive, send
+from rollflow.runtime.worker_pipe import accept_workers, connect_to_leader, receive, send, wait_for_workers
 
 if TYPE_CHECKING:
     from rollflow.policy.placement import ClusterConfig
@@ -346,12 +346,7 @@ class ElasticActor:
             if not member.lost:
                 with contextlib.suppress(RankLost):
                     self._send(rank, Stop())
-        for member in self.ranks.values():
-            try:
-                member.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                member.process.kill()
-                member.process.wait()
+        wait_for_workers((member.process for member in self.ranks.values()), timeout_s=30)
         self.listener.close()
         if dist.is_initialized():
             dist.destroy_process_group()
