@@ -12,37 +12,24 @@ rollflow/runtime/engines/chunked.py, rollflow/runtime/engines/trim.py), which gi
 
 from setuptools import Extension, setup
 
+# No fused multiply-adds: Python rounds every operation, and the C twins must agree exactly.
+EXACT = ("-ffp-contract=off",)
+# The capsule through which `_loop` times batches with `_timing`'s lookups.
+TIMING_API = ("rollflow/perf/_timing_api.h",)
+
+
+def extension(module: str, flags: tuple[str, ...] = (), depends: tuple[str, ...] = ()) -> Extension:
+    """The optional extension `module`, built from the C file at its path."""
+    source = module.replace(".", "/") + ".c"
+    return Extension(module, [source], extra_compile_args=["-O2", *flags], depends=[*depends], optional=True)
+
+
 setup(
     ext_modules=[
-        Extension(
-            "rollflow.perf._timing",
-            ["rollflow/perf/_timing.c"],
-            # No fused multiply-adds: Python rounds every operation, and the two must agree exactly.
-            extra_compile_args=["-O2", "-ffp-contract=off"],
-            depends=["rollflow/perf/_timing_api.h"],
-            optional=True,
-        ),
-        Extension(
-            "rollflow.sim._trace", ["rollflow/sim/_trace.c"], extra_compile_args=["-O2"], optional=True
-        ),
-        Extension(
-            "rollflow.sim._loop",
-            ["rollflow/sim/_loop.c"],
-            extra_compile_args=["-O2", "-ffp-contract=off"],
-            depends=["rollflow/perf/_timing_api.h"],
-            optional=True,
-        ),
-        Extension(
-            "rollflow.runtime.engines._chunked",
-            ["rollflow/runtime/engines/_chunked.c"],
-            extra_compile_args=["-O2"],
-            optional=True,
-        ),
-        Extension(
-            "rollflow.runtime.engines._trim",
-            ["rollflow/runtime/engines/_trim.c"],
-            extra_compile_args=["-O2"],
-            optional=True,
-        ),
+        extension("rollflow.perf._timing", EXACT, TIMING_API),
+        extension("rollflow.sim._trace"),
+        extension("rollflow.sim._loop", EXACT, TIMING_API),
+        extension("rollflow.runtime.engines._chunked"),
+        extension("rollflow.runtime.engines._trim"),
     ]
 )

@@ -1,9 +1,11 @@
-"""The load and the processes the router benchmarks share (manager_overhead.py, stream_relay.py):
-canned engines, sglang-router and the manager started on 127.0.0.1, a load generator whose failed
-requests fail the run, and each process's CPU time."""
+"""The load and the processes the router benchmarks share (manager_overhead.py, stream_relay.py,
+vllm_router.py): canned engines, sglang-router and the manager started on 127.0.0.1, a load
+generator whose failed requests fail the run, the options that size its load, and each process's
+CPU time."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import statistics
 import sys
@@ -13,13 +15,32 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from benchmarks import _sglang_router
+from benchmarks._peer_routers import SGLANG_ROUTER
 from rollflow.runtime.launch.process import free_port
 from rollflow.runtime.launch.process import rollflow_command as rollflow
 from rollflow.runtime.launch.servers import ServerProcess
 
 REPO = Path(__file__).resolve().parents[1]
 JSON = {"Content-Type": "application/json"}  # sglang-router refuses a body without it (415)
+
+
+LOAD_OPTIONS = {
+    "rounds": "rounds over every path, each round another path first",
+    "requests": "sequential requests per path for latency, 4x this for throughput",
+    "concurrency": "requests in flight for throughput",
+    "stream_requests": "long streamed requests per path and round",
+    "stream_concurrency": "long streams in flight",
+    "stream_tokens": "tokens each long stream asks for",
+}
+"""The inputs that size a router benchmark's load: rounds, short requests one at a time (latency)
+and `concurrency` at a time (throughput), then long streams."""
+
+
+def add_load_options(parser: argparse.ArgumentParser, full: dict[str, int]) -> None:
+    """`LOAD_OPTIONS` as options, each defaulting to None so that `results.fill_inputs` can tell an
+    option given from one left out; the help names the value of a full run, `full`."""
+    for key, help in LOAD_OPTIONS.items():
+        parser.add_argument(f"--{key.replace('_', '-')}", type=int, help=f"{help} ({full[key]})")
 
 
 def start_canned_engine(
@@ -33,7 +54,7 @@ def start_canned_engine(
 
 def sglang_router_argv(interpreter: Path, worker_urls: list[str], port: int) -> list[str]:
     options = ("--policy", "round_robin", "--disable-health-check")
-    return _sglang_router.router_argv(interpreter, worker_urls, port, free_port(), *options)
+    return SGLANG_ROUTER.argv(interpreter, worker_urls, port, free_port(), *options)
 
 
 def start_sglang_router(interpreter: Path, worker_urls: list[str], log_dir: Path) -> ServerProcess:

@@ -43,7 +43,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.results import Results, add_results_dir, results_dir  # noqa: E402
+from benchmarks.results import Results, add_results_dir, fill_inputs, results_dir  # noqa: E402
 from rollflow.runtime.launch.process import free_port  # noqa: E402
 from rollflow.runtime.launch.process import rollflow_command as rollflow  # noqa: E402
 from rollflow.runtime.launch.servers import ServerProcess, http  # noqa: E402
@@ -189,9 +189,7 @@ def main() -> None:
         parser.add_argument(f"--{key.replace('_', '-')}", type=int, help=f"{help or ''} ({value})".strip())
     add_results_dir(parser)
     args = parser.parse_args()
-    for key, value in (QUICK if args.quick else FULL).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    fill_inputs(args, FULL, QUICK)
     results = Results("manager_journal", results_dir(args))
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)

@@ -7,7 +7,7 @@ directly and against sglang-router.
         [--results-dir benchmarks/results]
     python benchmarks/manager_overhead.py --instructions 1000   # under valgrind: a count load cannot blur
 
-The peer is sglang-router at the version `benchmarks/_sglang_router.py` pins, installed by this
+The peer is sglang-router at the version `benchmarks/_peer_routers.py` pins, installed by this
 benchmark into `.venv-sglang-router/` on first use (it needs PyPI then; without the peer the run
 fails).
 
@@ -84,9 +84,10 @@ import aiohttp
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks import _sglang_router  # noqa: E402
+from benchmarks._peer_routers import SGLANG_ROUTER  # noqa: E402
 from benchmarks._router_load import (  # noqa: E402
     Client,
+    add_load_options,
     cpu_seconds,
     in_turn,
     load,
@@ -99,7 +100,7 @@ from benchmarks._router_load import (  # noqa: E402
     start_sglang_router,
     warm_up,
 )
-from benchmarks.results import Results, add_results_dir, results_dir  # noqa: E402
+from benchmarks.results import Results, add_results_dir, fill_inputs, results_dir  # noqa: E402
 from rollflow.runtime.launch.process import free_port, rollflow_command  # noqa: E402
 from rollflow.runtime.launch.servers import ENV, ServerProcess, start_engine  # noqa: E402
 
@@ -423,8 +424,8 @@ def _callgrind_total(path: Path) -> int:
 
 def _peer(results: Results) -> Path:
     """The pinned peer's interpreter (installed on first use), its version recorded in `results`."""
-    interpreter = _sglang_router.python()
-    results.peers["sglang-router"] = _sglang_router.version(interpreter)
+    interpreter = SGLANG_ROUTER.python()
+    results.peers["sglang-router"] = SGLANG_ROUTER.installed_version(interpreter)
     return interpreter
 
 
@@ -508,19 +509,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--requests",
-        type=int,
-        help=f"sequential requests for latency (4x this for throughput; {FULL['requests']})",
-    )
-    parser.add_argument(
-        "--rounds",
-        type=int,
-        help=f"rounds over every path, the routers in alternating order ({FULL['rounds']})",
-    )
-    parser.add_argument(
-        "--concurrency", type=int, help=f"requests in flight for throughput ({FULL['concurrency']})"
-    )
+    add_load_options(parser, FULL)
     parser.add_argument("--backend", choices=("canned", "builtin"), default="canned")
     parser.add_argument("--tokens", type=int, default=8, help="tokens each request asks for")
     parser.add_argument(
@@ -531,17 +520,6 @@ def main() -> None:
         type=int,
         default=8,
         help="streamed events the second pair of canned engines writes at a time",
-    )
-    parser.add_argument(
-        "--stream-requests",
-        type=int,
-        help=f"long streamed requests per path and round ({FULL['stream_requests']})",
-    )
-    parser.add_argument(
-        "--stream-concurrency", type=int, help=f"long streams in flight ({FULL['stream_concurrency']})"
-    )
-    parser.add_argument(
-        "--stream-tokens", type=int, help=f"tokens each long stream asks for ({FULL['stream_tokens']})"
     )
     parser.add_argument(
         "--client-stream",
@@ -559,9 +537,7 @@ def main() -> None:
     )
     add_results_dir(parser)
     args = parser.parse_args()
-    for key, value in (QUICK if args.quick else FULL).items():
-        if getattr(args, key, None) is None:
-            setattr(args, key, value)
+    fill_inputs(args, FULL, QUICK)
     if (
         args.tokens < 1
         or args.stream_tokens < 1

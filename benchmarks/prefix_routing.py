@@ -15,7 +15,7 @@ with all but its last token cached, TTFT of each), and profiles engine 0 with `r
 engine --kind builtin`. Then the burst goes through `rollflow manager` with `round_robin`, `lor`
 and `prefix_affinity` (engine capacity 64, the engines' own batch limit, so the manager forwards
 every sample at once as sgl-router does), and through sglang-router with `--policy cache_aware` (the
-peer, pinned and installed into `.venv-sglang-router/` by `benchmarks/_sglang_router.py`), all in
+peer, pinned and installed into `.venv-sglang-router/` by `benchmarks/_peer_routers.py`), all in
 front of the same engines; every configuration gets a system
 prompt of its own and the engines' caches are flushed between them. Per front it prints the prefix
 hit rate and the prompt tokens the engines' prefills computed (both from the engines' own
@@ -55,7 +55,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks import _sglang_router  # noqa: E402
+from benchmarks._peer_routers import SGLANG_ROUTER  # noqa: E402
 from benchmarks.results import Results, add_results_dir, results_dir  # noqa: E402
 from rollflow.perf.profile.hf_config import load_model_config, model_shape_section  # noqa: E402
 from rollflow.runtime.engines.profiler.trace_replay import printed_overrides  # noqa: E402
@@ -199,7 +199,7 @@ def _start_manager(router: str, engines: list[ServerProcess], tmp: Path) -> Serv
 def _start_sglang_router(interpreter: Path, engines: list[ServerProcess], tmp: Path) -> ServerProcess:
     port = free_port()
     urls = [e.url for e in engines]
-    argv = _sglang_router.router_argv(interpreter, urls, port, free_port(), "--policy", "cache_aware")
+    argv = SGLANG_ROUTER.argv(interpreter, urls, port, free_port(), "--policy", "cache_aware")
     process = ServerProcess(argv, port, tmp / "sglang-router.log", wait=False)
     deadline = time.monotonic() + 120
     while True:  # the router registers its workers in the background once it listens
@@ -392,8 +392,8 @@ def main() -> None:
     # the same prompts in --quick: on shorter ones prefill is too small a share of TTFT to show
     args.system_tokens, args.own_tokens = SYSTEM_TOKENS, OWN_TOKENS
     record = Results("prefix_routing", results_dir(args))
-    interpreter = _sglang_router.python()
-    record.peers["sglang-router"] = _sglang_router.version(interpreter)
+    interpreter = SGLANG_ROUTER.python()
+    record.peers["sglang-router"] = SGLANG_ROUTER.installed_version(interpreter)
     results: dict = {"live": {}, "simulated": {}}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)

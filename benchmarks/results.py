@@ -72,6 +72,14 @@ def add_results_dir(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def fill_inputs(args: argparse.Namespace, full: dict[str, Any], quick: dict[str, Any]) -> None:
+    """Set each of a run's inputs the command line left out (None, or no such option) from `quick`
+    under `--quick`, else from `full`: an option given on the command line wins over both."""
+    for key, value in (quick if args.quick else full).items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+
+
 def add_shared_dir(parser: argparse.ArgumentParser) -> None:
     """`--shared DIR`, for a benchmark that reads what lies beside the repository: Vidur's public
     data (data/vidur) and tools/attention_table.py."""

@@ -6,7 +6,7 @@
 Model-free engines (`benchmarks/canned_engine.py`, each in its own process) stream one token per
 server-sent event, in two modes: each event its own write, and `--events-per-write` events to a
 write (as a busy engine's events reach its socket together). In front of each mode's pair of
-engines run sglang-router (round robin, the version `_sglang_router.py` pins), the rollflow
+engines run sglang-router (round robin, the version `_peer_routers.py` pins), the rollflow
 manager as one process, and the manager with `processes: 2` (the manager and one stream process,
 which reads the engines' streams and sends their tokens back merged every `stream_flush_ms`).
 
@@ -45,7 +45,7 @@ import aiohttp
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks import _sglang_router  # noqa: E402
+from benchmarks._peer_routers import SGLANG_ROUTER  # noqa: E402
 from benchmarks._router_load import (  # noqa: E402
     Client,
     cpu_seconds,
@@ -58,7 +58,7 @@ from benchmarks._router_load import (  # noqa: E402
     tree_cpu_seconds,
     warm_up,
 )
-from benchmarks.results import Results, add_results_dir, results_dir  # noqa: E402
+from benchmarks.results import Results, add_results_dir, fill_inputs, results_dir  # noqa: E402
 from rollflow.runtime.manager.client import ManagerClient  # noqa: E402
 
 SLICES = 4  # turns each path takes per round
@@ -280,12 +280,10 @@ def main() -> None:
     args = parser.parse_args()
     quick = {"rounds": 2, "requests": 128, "tokens": 128, "batch_prompts": 32}
     full = {"rounds": 3, "requests": 384, "tokens": 256, "batch_prompts": 96}
-    for key, value in (quick if args.quick else full).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    args.sglang_router_python = _sglang_router.python()
+    fill_inputs(args, full, quick)
+    args.sglang_router_python = SGLANG_ROUTER.python()
     results = Results("stream_relay", results_dir(args))
-    results.peers["sglang-router"] = _sglang_router.version(args.sglang_router_python)
+    results.peers["sglang-router"] = SGLANG_ROUTER.installed_version(args.sglang_router_python)
     results.figures["settings"] = {
         key: getattr(args, key)
         for key in (

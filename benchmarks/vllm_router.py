@@ -5,7 +5,7 @@ same engines and load.
         [--tokens 64] [--stream-requests 256] [--stream-concurrency 32] [--stream-tokens 256]
         [--results-dir benchmarks/results]
 
-The peer is vllm-router at the version `benchmarks/_vllm_router.py` pins (a Rust router in a
+The peer is vllm-router at the version `benchmarks/_peer_routers.py` pins (a Rust router in a
 wheel), installed by this benchmark into `.venv-vllm-router/` on first use (it needs PyPI then;
 without the peer the run fails).
 
@@ -58,11 +58,12 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks import _vllm_router  # noqa: E402
+from benchmarks._peer_routers import VLLM_ROUTER  # noqa: E402
 from benchmarks._router_load import (  # noqa: E402
     Client as SGLangClient,
 )
 from benchmarks._router_load import (  # noqa: E402
+    add_load_options,
     in_turn,
     load,
     median,
@@ -70,7 +71,7 @@ from benchmarks._router_load import (  # noqa: E402
     start_canned_engine,
     tree_cpu_seconds,
 )
-from benchmarks.results import Results, add_results_dir, results_dir  # noqa: E402
+from benchmarks.results import Results, add_results_dir, fill_inputs, results_dir  # noqa: E402
 from rollflow.runtime.launch.process import free_port  # noqa: E402
 from rollflow.runtime.launch.process import rollflow_command as rollflow  # noqa: E402
 from rollflow.runtime.launch.servers import ServerProcess  # noqa: E402
@@ -208,7 +209,7 @@ def run(args: argparse.Namespace, interpreter: Path, tmp: Path, results: Results
         manager = _start_manager(urls, tmp)
         processes.append(manager)
         port = free_port()
-        argv = _vllm_router.router_argv(interpreter, urls, port, free_port(), "--policy", "round_robin")
+        argv = VLLM_ROUTER.argv(interpreter, urls, port, free_port(), "--policy", "round_robin")
         peer = ServerProcess(argv, port, tmp / "vllm-router.log")
         processes.append(peer)
         paths = {
@@ -335,27 +336,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rounds", type=int, help=f"rounds over every path ({FULL['rounds']})")
-    parser.add_argument(
-        "--requests",
-        type=int,
-        help=f"sequential requests per path for latency (4x this for throughput; {FULL['requests']})",
-    )
-    parser.add_argument(
-        "--concurrency", type=int, help=f"requests in flight for throughput ({FULL['concurrency']})"
-    )
+    add_load_options(parser, FULL)
     parser.add_argument("--tokens", type=int, default=64, help="tokens each JSON-answered request asks for")
-    parser.add_argument(
-        "--stream-requests",
-        type=int,
-        help=f"streamed requests per path and round ({FULL['stream_requests']})",
-    )
-    parser.add_argument(
-        "--stream-concurrency", type=int, help=f"streams in flight ({FULL['stream_concurrency']})"
-    )
-    parser.add_argument(
-        "--stream-tokens", type=int, help=f"tokens each streamed request asks for ({FULL['stream_tokens']})"
-    )
     parser.add_argument(
         "--cpu-ratio-goal",
         type=float,
@@ -370,9 +352,7 @@ def main() -> None:
     )
     add_results_dir(parser)
     args = parser.parse_args()
-    for key, value in (QUICK if args.quick else FULL).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    fill_inputs(args, FULL, QUICK)
     numbers = (
         args.rounds,
         args.requests,
@@ -387,8 +367,8 @@ def main() -> None:
             f"at least 1, --stream-requests at least {THROUGHPUT_SLICES}"
         )
     results = Results("vllm_router", results_dir(args))
-    interpreter = _vllm_router.python()
-    results.peers["vllm-router"] = _vllm_router.version(interpreter)
+    interpreter = VLLM_ROUTER.python()
+    results.peers["vllm-router"] = VLLM_ROUTER.installed_version(interpreter)
     with tempfile.TemporaryDirectory() as tmp:
         run(args, interpreter, Path(tmp), results)
     sys.exit(results.finish())

@@ -160,24 +160,31 @@ def mismatched(state: dict[str, torch.Tensor], decoded: dict[str, torch.Tensor],
     return wrong
 
 
-def start_server(store_dir: Path, chunk_mb: float) -> tuple[subprocess.Popen, str]:
-    """`rollflow weights serve --mooncake tcp` on a free port, once it listens; (process, url)."""
-    log = store_dir.parent / "serve.log"
-    argv = [sys.executable, "-m", "rollflow.cli", "weights", "serve", "--dir", str(store_dir)]
-    argv += ["--port", "0", "--chunk-mb", str(chunk_mb), "--mooncake", "tcp"]
+def start_rollflow(args: list[str], log: Path, timeout_s: float, what: str) -> tuple[subprocess.Popen, str]:
+    """`rollflow ARGS --port 0` once it prints where it listens (`... on http://HOST:PORT`), its
+    output in `log`; (process, url). Exits naming `what` when it dies or stays silent `timeout_s`."""
+    argv = [sys.executable, "-m", "rollflow.cli", *args, "--port", "0"]
     with open(log, "w") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and process.poll() is None:
         text = log.read_text()
         if " on http://" in text:
-            if "mooncake unavailable" in text:
-                process.kill()
-                sys.exit(f"the weight server cannot serve Mooncake: {text}")
             return process, "http://" + text.split(" on http://")[1].split()[0]
         time.sleep(0.1)
     process.kill()
-    sys.exit(f"the weight server did not start: {log.read_text()}")
+    sys.exit(f"{what} did not start: {log.read_text()[-2000:]}")
+
+
+def start_server(store_dir: Path, chunk_mb: float) -> tuple[subprocess.Popen, str]:
+    """`rollflow weights serve --mooncake tcp` on a free port, once it listens; (process, url)."""
+    log = store_dir.parent / "serve.log"
+    args = ["weights", "serve", "--dir", str(store_dir), "--chunk-mb", str(chunk_mb), "--mooncake", "tcp"]
+    process, url = start_rollflow(args, log, 120, "the weight server")
+    if "mooncake unavailable" in log.read_text():
+        process.kill()
+        sys.exit(f"the weight server cannot serve Mooncake: {log.read_text()}")
+    return process, url
 
 
 async def pull_over(
@@ -314,18 +321,9 @@ def engine_out_of_pool(model: Path, url: str, workdir: Path, args: argparse.Name
 
 def start_engine(model: Path, ranks: int, log: Path) -> tuple[subprocess.Popen, str]:
     """`rollflow engine serve --tensor-parallel RANKS` on a free port, once it serves; (process, url)."""
-    argv = [sys.executable, "-m", "rollflow.cli", "engine", "serve", "--model", str(model), "--port", "0"]
-    argv += ["--threads", "1", "--dtype", "bfloat16", "--tensor-parallel", str(ranks), "--max-body-mb", "1"]
-    with open(log, "w") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and process.poll() is None:
-        text = log.read_text()
-        if "serving on http://" in text:
-            return process, "http://" + text.split("serving on http://")[1].split()[0]
-        time.sleep(0.2)
-    process.kill()
-    sys.exit(f"the {ranks}-rank engine did not start: {log.read_text()[-2000:]}")
+    args = ["engine", "serve", "--model", str(model), "--threads", "1", "--dtype", "bfloat16"]
+    args += ["--tensor-parallel", str(ranks), "--max-body-mb", "1"]
+    return start_rollflow(args, log, 600, f"the {ranks}-rank engine")
 
 
 def post_json(url: str, body: dict) -> tuple[int, dict]:

@@ -6,6 +6,9 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
 
 def run_jobs(
     function: Callable[[dict], dict], jobs: list[dict[str, Any]], backend: str, workers: int
@@ -20,6 +23,33 @@ def run_jobs(
         futures = [pool.submit(function, job) for job in jobs]
         for future in as_completed(futures):
             yield future.result()
+
+
+def run_with_progress(
+    function: Callable[[dict], dict],
+    jobs: list[dict[str, Any]],
+    backend: str,
+    workers: int,
+    console: Console,
+    noun: str,
+    done: int = 0,
+) -> Iterator[dict]:
+    """`run_jobs` under a "searching <done>/<total> <noun>" bar on a terminal console; `done`: the
+    results the search already has (from a cache), counted in the total."""
+    with Progress(
+        TextColumn("searching"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn(noun),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    ) as progress:
+        task = progress.add_task("searching", total=done + len(jobs), completed=done)
+        for row in run_jobs(function, jobs, backend, workers):
+            yield row
+            progress.advance(task)
 
 
 def _ray(function: Callable[[dict], dict], jobs: list[dict[str, Any]]) -> Iterator[dict]:

@@ -12,12 +12,11 @@ from typing import Any
 
 import yaml
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from rollflow.config import ConfigError, validate_config
 from rollflow.console_table import print_table
-from rollflow.plan.backends import run_jobs
+from rollflow.plan.backends import run_with_progress
 from rollflow.plan.pareto import plot_front
 from rollflow.plan.rl_config import RLSearchConfig
 from rollflow.plan.rl_export import live_cluster_section
@@ -100,21 +99,7 @@ def run_rl_search(config: RLSearchConfig, console: Console | None = None) -> lis
         jobs.append(
             {"index": index, "plan": plan, "config": raw, "budget_usd_per_hour": config.budget.usd_per_hour}
         )
-    rows: list[dict] = []
-    with Progress(
-        TextColumn("searching"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("plans"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-        disable=not console.is_terminal,
-    ) as progress:
-        task = progress.add_task("searching", total=len(jobs))
-        for row in run_jobs(evaluate_plan, jobs, config.backend, config.workers):
-            rows.append(row)
-            progress.advance(task)
+    rows = list(run_with_progress(evaluate_plan, jobs, config.backend, config.workers, console, "plans"))
     rows.sort(key=lambda r: r["index"])
     _write(out, rows, config, jobs, console)
     console.print(f"searched {len(rows)} plans in {time.perf_counter() - started:.1f} s")

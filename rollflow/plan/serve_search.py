@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rollflow.config import ConfigError, validate_config
-from rollflow.plan.backends import run_jobs
+from rollflow.plan.backends import run_with_progress
 from rollflow.plan.evaluate import search_configuration
 from rollflow.plan.serve_config import ServeSearchConfig
 from rollflow.plan.serve_report import write_results
@@ -67,21 +66,11 @@ def run_search(config: ServeSearchConfig, resume: str = "auto", console: Console
     console.print(
         f"{total} configurations: {len(rows)} from cache, {len(jobs)} to search on {config.backend}"
     )
-    with Progress(
-        TextColumn("searching"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("configurations"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-        disable=not console.is_terminal,
-    ) as progress:
-        task = progress.add_task("searching", total=total, completed=len(rows))
-        for row in run_jobs(search_configuration, jobs, config.backend, config.workers):
-            (cache / f"{row['key']}.json").write_text(json.dumps(row))
-            rows[row["key"]] = row
-            progress.advance(task)
+    for row in run_with_progress(
+        search_configuration, jobs, config.backend, config.workers, console, "configurations", len(rows)
+    ):
+        (cache / f"{row['key']}.json").write_text(json.dumps(row))
+        rows[row["key"]] = row
     ordered = [rows[config_key(k, config.simulation, slos, bisection)] for k in expand(config.space)]
     searched = {job["key"] for job in jobs}
     simulations = sum(r["simulations"] for r in ordered if r["key"] in searched)

@@ -26,35 +26,35 @@ static const TimingAPI *timing;
 
 /* -- growable arrays ------------------------------------------------------------------------- */
 
+/* `items`, a PyMem array of `item_size`-byte items, reallocated to hold `capacity` of them (which
+ * `*capacity_out` then reads); NULL with MemoryError set if there is no memory (`items` kept). Every
+ * growable array below grows through it, doubling (from an initial size when empty). */
+static void *resize_array(void *items, size_t item_size, Py_ssize_t capacity, Py_ssize_t *capacity_out) {
+    void *resized = PyMem_Realloc(items, item_size * (size_t)capacity);
+    if (resized == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    *capacity_out = capacity;
+    return resized;
+}
+
 typedef struct {
     int *items;
     Py_ssize_t size, capacity;
 } IntVec;
 
-static int intvec_push(IntVec *v, int value) {
-    if (v->size == v->capacity) {
-        Py_ssize_t capacity = v->capacity ? 2 * v->capacity : 16;
-        int *items = PyMem_Realloc(v->items, sizeof(int) * capacity);
-        if (items == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        v->items = items;
-        v->capacity = capacity;
-    }
-    v->items[v->size++] = value;
+static int intvec_reserve(IntVec *v, Py_ssize_t capacity) {
+    if (capacity <= v->capacity) return 0;
+    int *items = resize_array(v->items, sizeof(int), capacity, &v->capacity);
+    if (items == NULL) return -1;
+    v->items = items;
     return 0;
 }
 
-static int intvec_reserve(IntVec *v, Py_ssize_t capacity) {
-    if (capacity <= v->capacity) return 0;
-    int *items = PyMem_Realloc(v->items, sizeof(int) * capacity);
-    if (items == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    v->items = items;
-    v->capacity = capacity;
+static int intvec_push(IntVec *v, int value) {
+    if (v->size == v->capacity && intvec_reserve(v, v->capacity ? 2 * v->capacity : 16) < 0) return -1;
+    v->items[v->size++] = value;
     return 0;
 }
 
@@ -66,13 +66,9 @@ typedef struct {
 static int longvec_push(LongVec *v, long long value) {
     if (v->size == v->capacity) {
         Py_ssize_t capacity = v->capacity ? 2 * v->capacity : 16;
-        long long *items = PyMem_Realloc(v->items, sizeof(long long) * capacity);
-        if (items == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
+        long long *items = resize_array(v->items, sizeof(long long), capacity, &v->capacity);
+        if (items == NULL) return -1;
         v->items = items;
-        v->capacity = capacity;
     }
     v->items[v->size++] = value;
     return 0;
@@ -186,13 +182,9 @@ static double py_float_floordiv(double vx, double wx) {
     static int NAME##_push(TYPE **items, Py_ssize_t *size, Py_ssize_t *capacity, TYPE item) {     \
         if (*size == *capacity) {                                                                  \
             Py_ssize_t grown = *capacity ? 2 * *capacity : (INITIAL);                              \
-            TYPE *heap = PyMem_Realloc(*items, sizeof(TYPE) * grown);                              \
-            if (heap == NULL) {                                                                    \
-                PyErr_NoMemory();                                                                  \
-                return -1;                                                                         \
-            }                                                                                      \
+            TYPE *heap = resize_array(*items, sizeof(TYPE), grown, capacity);                      \
+            if (heap == NULL) return -1;                                                           \
             *items = heap;                                                                         \
-            *capacity = grown;                                                                     \
         }                                                                                          \
         TYPE *heap = *items;                                                                       \
         Py_ssize_t i = (*size)++;                                                                  \
@@ -692,14 +684,9 @@ static int first_iteration_longer(PieceVec *pieces, double extra) {
     Piece first = pieces->items[0];
     if (first.count > 1) { /* (1, s + extra), (count - 1, s), rest: one more piece */
         if (pieces->size == pieces->capacity) {
-            Py_ssize_t capacity = 2 * pieces->capacity;
-            Piece *items = PyMem_Realloc(pieces->items, sizeof(Piece) * capacity);
-            if (items == NULL) {
-                PyErr_NoMemory();
-                return -1;
-            }
+            Piece *items = resize_array(pieces->items, sizeof(Piece), 2 * pieces->capacity, &pieces->capacity);
+            if (items == NULL) return -1;
             pieces->items = items;
-            pieces->capacity = capacity;
         }
         memmove(pieces->items + 1, pieces->items, sizeof(Piece) * pieces->size);
         pieces->size += 1;
@@ -1540,10 +1527,9 @@ static PyObject *cluster_add_replica(Cluster *self, PyObject *args) {
     Loop *loop = &self->loop;
     if (loop->num_replicas == self->replicas_capacity) {
         Py_ssize_t capacity = self->replicas_capacity ? 2 * self->replicas_capacity : 16;
-        Replica *replicas = PyMem_Realloc(loop->replicas, sizeof(Replica) * capacity);
-        if (replicas == NULL) return PyErr_NoMemory();
+        Replica *replicas = resize_array(loop->replicas, sizeof(Replica), capacity, &self->replicas_capacity);
+        if (replicas == NULL) return NULL;
         loop->replicas = replicas;
-        self->replicas_capacity = capacity;
     }
     Replica *rep = &loop->replicas[loop->num_replicas];
     memset(rep, 0, sizeof(Replica));

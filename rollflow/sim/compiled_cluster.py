@@ -35,9 +35,10 @@ from rollflow.policy.routing import (
 )
 from rollflow.policy.view import ClusterView, InstanceKind, InstanceView, RouteRequest, id_only_view
 from rollflow.sim import compiled
-from rollflow.sim.build import GroupPlan, check_servable
+from rollflow.sim.build import GroupPlan
 from rollflow.sim.config import SimConfig
 from rollflow.sim.events import EventQueue
+from rollflow.sim.membership import ReplicaMembership
 from rollflow.sim.replica import Replica
 from rollflow.sim.request import SimRequest
 from rollflow.sim.simulator import OnComplete, OnStopped
@@ -74,7 +75,7 @@ def covers(config: SimConfig, groups: list[GroupPlan], router: Router) -> bool:
     )
 
 
-class CompiledCluster:
+class CompiledCluster(ReplicaMembership):
     """A serving cluster on the compiled loop; starts empty (instances are added by the caller)."""
 
     def __init__(
@@ -165,26 +166,8 @@ class CompiledCluster:
             target = self.router.pick(route, view)
         request.replica_id = core.submit(request, -1 if target is None else target, self._load, remote_only)
 
-    def check_servable(self, requests: list[SimRequest]) -> None:
-        for replica in {r.predictor: r for r in self.replicas}.values():
-            check_servable(requests, replica.scheduler, self.config)
-
     def add_instance(self, group: GroupPlan | None = None, kind: InstanceKind = "local") -> int:
-        group = group or self.groups[0]
-        execution = self.config.execution
-        replica = Replica(
-            len(self.replicas),
-            group.new_scheduler(),
-            group.predictor,
-            self.config.simulator.fast_forward,
-            kind=kind,
-            started_at=self.now,
-            idle_wakeup_s=execution.idle_wakeup_ms * 1e-3,
-            idle_wakeup_ramp_s=execution.idle_wakeup_ramp_ms * 1e-3,
-            admission_s=execution.admission_ms * 1e-3,
-        )
-        self.replicas.append(replica)
-        self._accepting = None
+        replica = self._add_replica(group or self.groups[0], kind)
         return self.core.add_replica(
             compiled.replica_spec(replica), replica.stats.batches, replica.stats.kv_samples
         )
@@ -197,14 +180,8 @@ class CompiledCluster:
         """Per instance, the requests on it, running or queued (as its view counts them)."""
         return self.core.num_outstanding()
 
-    def accepting_ids(self) -> list[int]:
-        if self._accepting is None:
-            self._accepting = [r.id for r in self.replicas if r.accepting]
-        return self._accepting
-
     def stop_accepting(self, instance_id: int) -> None:
-        self.replicas[instance_id].accepting = False
-        self._accepting = None
+        super().stop_accepting(instance_id)
         self.core.stop_accepting(instance_id)
 
     def retire_instance(self, instance_id: int, on_stopped: OnStopped) -> None:
@@ -219,11 +196,7 @@ class CompiledCluster:
 
     def close(self) -> None:
         """Every instance still up is let go now; every request and replica is written back."""
-        for replica in self.replicas:
-            if replica.retired_at is None:
-                replica.accepting = False
-                replica.retired_at = self.now
-        self._accepting = None
+        super().close()
         self.core.write_back()
         for replica in self.replicas:
             compiled.write_back(replica, self.core.totals(replica.id))

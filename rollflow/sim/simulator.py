@@ -26,9 +26,10 @@ from heapq import heappop, heappush
 from rollflow.policy.routing import Router, make_router
 from rollflow.policy.view import ClusterView, InstanceKind, InstanceView, RouteRequest, id_only_view
 from rollflow.sim import compiled
-from rollflow.sim.build import GroupPlan, build_groups, check_servable
+from rollflow.sim.build import GroupPlan, build_groups
 from rollflow.sim.config import SimConfig
 from rollflow.sim.events import NO_EVENTS, Event, EventQueue, Phase
+from rollflow.sim.membership import ReplicaMembership
 from rollflow.sim.replica import Replica
 from rollflow.sim.request import IterationBatch, SimRequest
 
@@ -50,7 +51,7 @@ class SimResult:
     compiled_loop: bool = False  # the C loop ran it (rollflow.sim.compiled), not the Python one
 
 
-class ServingSimulator:
+class ServingSimulator(ReplicaMembership):
     """Deterministic for a given config and request list.
 
     `groups` are prebuilt replica groups (`build_groups`), to share operator grids between
@@ -187,11 +188,6 @@ class ServingSimulator:
         self.now = max(self.now, request.arrived_at)
         self.events.push_all(self._route(request, target))
 
-    def check_servable(self, requests: Sequence[SimRequest]) -> None:
-        """Refuse requests that no replica could ever finish (each replica group checked once)."""
-        for replica in {r.predictor: r for r in self.replicas}.values():
-            check_servable(requests, replica.scheduler, self.config)
-
     def snapshot(self, request: SimRequest | None = None) -> ClusterView:
         """The instances taking work, as a policy sees them now; frozen (later events change nothing).
 
@@ -216,20 +212,8 @@ class ServingSimulator:
     def add_instance(self, group: GroupPlan | None = None, kind: InstanceKind = "local") -> int:
         """A new replica of `group` (the first group by default), empty, taking work from now."""
         group = group or self.groups[0]
-        replica = Replica(
-            len(self.replicas),
-            group.new_scheduler(),
-            group.predictor,
-            self.config.simulator.fast_forward,
-            kind=kind,
-            started_at=self.now,
-            idle_wakeup_s=self.config.execution.idle_wakeup_ms * 1e-3,
-            idle_wakeup_ramp_s=self.config.execution.idle_wakeup_ramp_ms * 1e-3,
-            admission_s=self.config.execution.admission_ms * 1e-3,
-        )
-        self.replicas.append(replica)
+        replica = self._add_replica(group, kind)
         self.peak_flops_by_replica.append(group.peak_flops)
-        self._accepting = None
         if self.cluster_queue:
             events: list[Event] = []
             self._dispatch_queued(events)
@@ -246,17 +230,6 @@ class ServingSimulator:
             self._id_only_views = (ids, views)
         return self._id_only_views[1]
 
-    def accepting_ids(self) -> list[int]:
-        """Instances that take new work (cached: routing asks once per request)."""
-        if self._accepting is None:
-            self._accepting = [r.id for r in self.replicas if r.accepting]
-        return self._accepting
-
-    def stop_accepting(self, instance_id: int) -> None:
-        """The instance keeps its requests but is no longer routed new ones (a preemption notice)."""
-        self.replicas[instance_id].accepting = False
-        self._accepting = None
-
     def retire_instance(self, instance_id: int, on_stopped: OnStopped) -> None:
         """Stop an instance at its next iteration boundary (a decode run is cut there, as an arrival
         would cut it); its scheduler then releases its unfinished requests, with their KV blocks,
@@ -269,14 +242,6 @@ class ServingSimulator:
         if replica.num_running_batches == 0:
             self._stop(replica, events)
         self.events.push_all(events)
-
-    def close(self) -> None:
-        """Every instance still up is let go now (the caller is done with the cluster)."""
-        for replica in self.replicas:
-            if replica.retired_at is None:
-                replica.accepting = False
-                replica.retired_at = self.now
-        self._accepting = None
 
     # -- handlers ---------------------------------------------------------------------------
     def _reaches_replica(self, index: int) -> float:

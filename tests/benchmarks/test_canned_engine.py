@@ -5,6 +5,8 @@ vLLM client and to a client of vLLM's token-in/token-out generate."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import aiohttp
 import orjson
@@ -12,6 +14,7 @@ import pytest
 from aiohttp import web
 
 from benchmarks.canned_engine import build_app
+from rollflow.runtime.engines.base import EngineClient, GenerateChunk
 from rollflow.runtime.engines.sglang import SGLangClient
 from rollflow.runtime.engines.vllm import VLLMClient
 from rollflow.runtime.wire.base import SamplingParams
@@ -20,28 +23,37 @@ from tests.runtime.processes import free_port
 TOKENS = 7
 
 
-async def _serve_and_read(
-    tokens_per_event: int, incremental: bool, events_per_write: int = 1
-) -> tuple[list, list[bytes]]:
-    """(the chunks SGLangClient parsed, the raw events) of one streamed request of TOKENS tokens."""
-    app = build_app(tokens_per_event, incremental, events_per_write=events_per_write)
+@contextlib.asynccontextmanager
+async def _served(app: web.Application) -> AsyncIterator[str]:
+    """`app` on a free port of 127.0.0.1: its URL, until the block ends."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
-    url = f"http://127.0.0.1:{port}"
     try:
-        client = SGLangClient(url)
-        try:
-            chunks = [c async for c in client.generate("r1", [1, 2], SamplingParams(max_new_tokens=TOKENS))]
-        finally:
-            await client.close()
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def _parsed(client: EngineClient) -> list[GenerateChunk]:
+    """The chunks `client` parsed of one request of TOKENS tokens; the client is closed after."""
+    try:
+        return [c async for c in client.generate("r1", [1, 2], SamplingParams(max_new_tokens=TOKENS))]
+    finally:
+        await client.close()
+
+
+async def _serve_and_read(
+    tokens_per_event: int, incremental: bool, events_per_write: int = 1
+) -> tuple[list, list[bytes]]:
+    """(the chunks SGLangClient parsed, the raw events) of one streamed request of TOKENS tokens."""
+    async with _served(build_app(tokens_per_event, incremental, events_per_write=events_per_write)) as url:
+        chunks = await _parsed(SGLangClient(url))
         async with aiohttp.ClientSession() as session:
             body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": TOKENS}, "stream": True}
             async with session.post(url + "/generate", json=body) as response:
                 raw = await response.read()
-    finally:
-        await runner.cleanup()
     return chunks, [e for e in raw.split(b"\n\n") if e]
 
 
@@ -76,25 +88,14 @@ def test_stream_reads_as_sglang(
 async def _serve_as_vllm(tokens_per_event: int) -> tuple[list, dict, list[bytes]]:
     """(the chunks VLLMClient parsed, a JSON /inference/v1/generate answer, the events of a streamed
     one) of TOKENS tokens each."""
-    runner = web.AppRunner(build_app(tokens_per_event), access_log=None)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        client = VLLMClient(url)
-        try:
-            chunks = [c async for c in client.generate("r1", [1, 2], SamplingParams(max_new_tokens=TOKENS))]
-        finally:
-            await client.close()
+    async with _served(build_app(tokens_per_event)) as url:
+        chunks = await _parsed(VLLMClient(url))
         async with aiohttp.ClientSession() as session:
             body = {"token_ids": [1, 2], "sampling_params": {"max_tokens": TOKENS, "logprobs": 0}}
             async with session.post(url + "/inference/v1/generate", json=body) as response:
                 answer = await response.json()
             async with session.post(url + "/inference/v1/generate", json=body | {"stream": True}) as response:
                 raw = await response.read()
-    finally:
-        await runner.cleanup()
     return chunks, answer, [e for e in raw.split(b"\n\n") if e]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import shlex
@@ -11,7 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.results import REPO, Results, exit_status, git_commit, goal_met, repo_relative
+from benchmarks.results import (
+    REPO,
+    Results,
+    exit_status,
+    fill_inputs,
+    git_commit,
+    goal_met,
+    repo_relative,
+)
 
 KEYS = ["name", "command", "commit", "machine", "peers", "figures", "goals"]
 
@@ -121,3 +130,15 @@ def test_dirty_tree_is_marked_and_results_do_not_count(tmp_path: Path) -> None:
     (repo / "a.py").write_text("x = 2\n")
     assert git_commit(repo, results_dir) == head + "+dirty"
     assert git_commit(tmp_path / "nowhere", results_dir).startswith("unknown")
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_inputs_left_out_come_from_the_run_size_and_given_ones_win(quick: bool) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int)
+    parser.add_argument("--requests", type=int)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(["--requests", "7", *(["--quick"] if quick else [])])
+    full = {"rounds": 5, "requests": 400, "samples": 8}  # samples: an input with no option
+    fill_inputs(args, full, full | {"rounds": 2, "samples": 4})
+    assert (args.rounds, args.requests, args.samples) == ((2, 7, 4) if quick else (5, 7, 8))

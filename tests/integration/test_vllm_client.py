@@ -9,7 +9,16 @@ import pytest
 from rollflow.runtime.engines.base import EngineClient
 from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.engines.vllm import VLLMClient
-from tests.runtime.engines.helpers import PROMPT, collect, greedy, reference_greedy, run
+from tests.runtime.engines.helpers import (
+    PROMPT,
+    aborted_after,
+    collect,
+    continued_from_a_prefix,
+    greedy,
+    paused_mid_stream,
+    reference_greedy,
+    run,
+)
 
 
 def _client(vllm_server) -> VLLMClient:
@@ -35,17 +44,16 @@ def test_streams_token_ids_and_logprobs_equal_to_transformers_greedy(vllm_server
 
 
 def test_greedy_continuation_from_prompt_plus_prefix_equals_the_uninterrupted_output(vllm_server):
+    cut = 17
+
     async def go():
         client = _client(vllm_server)
         try:
-            full = await collect(client, "full", PROMPT, greedy(40))
-            cut = 17
-            rest = await collect(client, "rest", PROMPT + full.token_ids[:cut], greedy(40 - cut))
-            return full, cut, rest
+            return await continued_from_a_prefix(client, cut, 40)
         finally:
             await client.close()
 
-    full, cut, rest = run(go())
+    full, rest = run(go())
     assert full.token_ids[:cut] + rest.token_ids == full.token_ids
     assert rest.logprobs == pytest.approx(full.logprobs[cut:], abs=1e-3)
 
@@ -54,11 +62,7 @@ def test_abort_closes_the_stream_and_the_server_drops_the_request(vllm_server):
     async def go():
         client = _client(vllm_server)
         try:
-            chunks = []
-            async for chunk in client.generate("long", PROMPT, greedy(1900)):
-                chunks.append(chunk)
-                if len(chunks) == 5:
-                    await client.abort("long")
+            chunks = await aborted_after(client, 5)
             # the engine is free again: a new request runs to the end
             after = await collect(client, "after", PROMPT, greedy(4))
             return chunks, after
@@ -89,21 +93,13 @@ def test_pause_keeps_streams_and_resume_finishes_them_unchanged(vllm_server):
     async def go():
         client = _client(vllm_server)
         try:
-            stream = client.generate("frozen", PROMPT, greedy(20))
-            first = await anext(stream)
-            await client.pause()
-            pending = asyncio.ensure_future(_drain(stream))
-            await asyncio.sleep(1.0)
-            held = pending.done()
-            await client.resume()
-            return first, await pending, held
+            return await paused_mid_stream(client, 20, hold_s=1.0)
         finally:
             await client.close()
 
-    first, rest, held = run(go())
-    assert not held
-    tokens = first.token_ids + [t for c in rest for t in c.token_ids]
-    assert tokens == reference_greedy(vllm_server.model_dir, PROMPT, 20)[0]
+    streamed, ended_while_paused = run(go())
+    assert not ended_while_paused
+    assert streamed.token_ids == reference_greedy(vllm_server.model_dir, PROMPT, 20)[0]
 
 
 def test_reload_weights_from_disk_changes_outputs_and_the_version(vllm_server, tmp_path):
@@ -127,10 +123,6 @@ def test_reload_weights_from_disk_changes_outputs_and_the_version(vllm_server, t
     assert changed.token_ids == reference_greedy(other, PROMPT, 16)[0]
     assert restored.token_ids == reference_greedy(vllm_server.model_dir, PROMPT, 16)[0]
     assert (version, last_version) == (1, 2)
-
-
-async def _drain(stream):
-    return [chunk async for chunk in stream]
 
 
 def test_the_load_report_reads_vllms_metrics_while_a_request_runs(vllm_server):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -17,13 +18,21 @@ from tests.runtime.processes import free_port, http
 pytestmark = pytest.mark.process  # runs the CLI as a subprocess (left out of `make test-fast`)
 
 
+def _profile_args(engine: EngineProcess, model: Path, out: Path, *grid: str) -> list[str]:
+    """`rollflow profile engine`'s arguments for the built-in `engine` serving `model`, its tables
+    written to `out`, measuring what `grid` names (batch sizes, prompt lengths, rounds...)."""
+    args = ["profile", "engine", "--url", engine.url, "--kind", "builtin", "--model-config", str(model)]
+    return [*args, "--out", str(out), *grid]
+
+
 def test_engine_profile_writes_tables_whose_simulation_gives_the_measured_times(tiny, tmp_path):
     engine = EngineProcess(tiny)
     try:
         proc = run_rollflow(
-            "profile", "engine", "--url", engine.url, "--kind", "builtin", "--model-config", str(tiny),
-            "--out", str(tmp_path / "tables"), "--batch-sizes", "1,4", "--prompt-lengths", "16,128",
-            "--decode-prompt-lengths", "16,96", "--decode-tokens", "8", "--repeats", "2",
+            *_profile_args(
+                engine, tiny, tmp_path / "tables", "--batch-sizes", "1,4", "--prompt-lengths", "16,128",
+                "--decode-prompt-lengths", "16,96", "--decode-tokens", "8", "--repeats", "2",
+            )
         )  # fmt: skip
     finally:
         engine.stop()
@@ -84,9 +93,10 @@ def test_memory_moves_are_timed_for_rl_sim_and_the_engine_serves_again(tiny, tmp
     engine = EngineProcess(tiny)
     try:
         proc = run_rollflow(
-            "profile", "engine", "--url", engine.url, "--kind", "builtin", "--model-config", str(tiny),
-            "--out", str(tmp_path / "tables"), "--batch-sizes", "1", "--prompt-lengths", "16",
-            "--decode-prompt-lengths", "16", "--decode-tokens", "4", "--repeats", "2", "--memory-moves",
+            *_profile_args(
+                engine, tiny, tmp_path / "tables", "--batch-sizes", "1", "--prompt-lengths", "16",
+                "--decode-prompt-lengths", "16", "--decode-tokens", "4", "--repeats", "2", "--memory-moves",
+            )
         )  # fmt: skip
         status, answer = http(
             "POST",
@@ -128,11 +138,10 @@ def test_an_interrupted_engine_profile_resumes_keeping_what_it_measured(tiny, tm
         with (tmp_path / PROGRESS_FILE).open("a") as handle:
             handle.write('{"point": ["prefill", 0, 128], "st')
 
-        args = [
-            "profile", "engine", "--url", engine.url, "--kind", "builtin", "--model-config", str(tiny),
-            "--out", str(tmp_path), "--batch-sizes", "1,4", "--prompt-lengths", "16,128",
+        args = _profile_args(
+            engine, tiny, tmp_path, "--batch-sizes", "1,4", "--prompt-lengths", "16,128",
             "--decode-prompt-lengths", "16", "--decode-tokens", "8", "--repeats", "2",
-        ]  # fmt: skip
+        )  # fmt: skip
         proc = run_rollflow(*args)
         assert proc.returncode == 0, proc.stderr
         assert "measured 11 of 14 request mixes" in proc.stdout

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -59,19 +60,13 @@ class Process(ServerProcess):
         return ForkedProcess(argv[len(ROLLFLOW) :], self.log_path, REPO, ENV)
 
 
-def start_engine(
-    model_dir: Path,
-    tmp_path: Path,
-    weight_version: int = 0,
-    name: str = "engine",
-    wait: bool = True,
-    extra_args: tuple[str, ...] = (),
-    forked: bool = True,
-) -> Process:
-    """`forked`: from the forkserver that imported an engine's modules (engine_fork.py), so the engine
-    is up in a fraction of a second; False: exec'd, as a user starts it (what benchmarks measure)."""
+def start_engine(model_dir: Path, tmp_path: Path, *args: Any, forked: bool = True, **kwargs: Any) -> Process:
+    """servers.start_engine's engine (its other arguments, after `model_dir` and the log folder) as a
+    test's `Process`. `forked`: from the forkserver that imported an engine's modules
+    (engine_fork.py), so the engine is up in a fraction of a second; False: exec'd, as a user starts
+    it (what benchmarks measure)."""
     process = functools.partial(Process, forked=forked)
-    return servers.start_engine(model_dir, tmp_path, weight_version, name, wait, extra_args, process)
+    return servers.start_engine(model_dir, tmp_path, *args, process=process, **kwargs)
 
 
 def start_manager(tmp_path: Path, config: dict, token: str | None = None) -> Process:

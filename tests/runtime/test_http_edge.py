@@ -103,6 +103,19 @@ def test_the_weight_server_refuses_versions_it_cannot_list_and_bad_uploads(tmp_p
         proc.wait()
 
 
+def test_an_upload_above_the_weight_servers_limit_is_a_413_naming_its_option(tmp_path):
+    proc, url = _weight_server(tmp_path, "--max-upload-gb", "0.000001", token="t0k")  # 1073 bytes
+    try:
+        status, body = http("PUT", url + "/v1/versions/1", b"x" * 2000, token="t0k")
+        assert status == 413, body
+        assert body["error"]["message"] == (
+            "the upload is 2000 bytes or more, above this server's limit of 1073 bytes (--max-upload-gb)"
+        )
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_prompt_token_outside_the_vocabulary_is_a_400_through_the_manager(servers, stream):
     """The engine refuses the request's own input; the manager answers with that 400 and the

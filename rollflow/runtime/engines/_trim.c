@@ -111,12 +111,11 @@ static Py_ssize_t scalar_end(Text t, Py_ssize_t i) {
     }
 }
 
-/* The end of a list of scalars at t.s[i] == '[' (checked), or -1. */
-static Py_ssize_t scalar_list_end(Text t, Py_ssize_t i) {
-    i = ws(t, i + 1);
-    if (i < t.n && t.s[i] == ']') return i + 1;
+/* From the element at i to the end of its list, each element's end found by `element_end` and
+ * followed by a comma or the closing bracket: the list's end, or -1. */
+static Py_ssize_t list_rest(Text t, Py_ssize_t i, Py_ssize_t (*element_end)(Text, Py_ssize_t)) {
     for (;;) {
-        i = scalar_end(t, i);
+        i = element_end(t, i);
         if (i < 0) return -1;
         i = ws(t, i);
         if (i >= t.n) return -1;
@@ -124,6 +123,13 @@ static Py_ssize_t scalar_list_end(Text t, Py_ssize_t i) {
         if (t.s[i] != ',') return -1;
         i = ws(t, i + 1);
     }
+}
+
+/* The end of a list of scalars at t.s[i] == '[' (checked), or -1. */
+static Py_ssize_t scalar_list_end(Text t, Py_ssize_t i) {
+    i = ws(t, i + 1);
+    if (i < t.n && t.s[i] == ']') return i + 1;
+    return list_rest(t, i, scalar_end);
 }
 
 /* The end of any value at i, unchecked but for its brackets and strings, or -1. */
@@ -186,15 +192,7 @@ static Py_ssize_t trim_list(Text t, Py_ssize_t i, Py_ssize_t drop, int numbers, 
     cut->stop = j;
     /* the rest of the list, as it is */
     if (j < t.n && t.s[j] == ']') return -1; /* a comma before the end: not JSON */
-    for (;;) {
-        j = value_end(t, j);
-        if (j < 0) return -1;
-        j = ws(t, j);
-        if (j >= t.n) return -1;
-        if (t.s[j] == ']') return j + 1;
-        if (t.s[j] != ',') return -1;
-        j = ws(t, j + 1);
-    }
+    return list_rest(t, j, value_end);
 }
 
 static int key_is(Text t, Py_ssize_t start, Py_ssize_t end, const char *key) {

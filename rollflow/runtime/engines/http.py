@@ -6,12 +6,17 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import AsyncIterator
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import aiohttp
 import orjson
 
-from rollflow.runtime.engines.base import EngineError, EngineRejectedError, EngineResponseError
+from rollflow.runtime.engines.base import (
+    EngineError,
+    EngineRejectedError,
+    EngineResponseError,
+    NotSupportedError,
+)
 from rollflow.runtime.engines.pool import ConnectionPool
 
 CONNECT_TIMEOUT_S = 10.0
@@ -23,6 +28,9 @@ ENGINE_ERRORS = (EngineError, aiohttp.ClientError, OSError, ValueError)
 
 class HttpEngine:
     """Base of the clients: owns (or borrows) one aiohttp session and reports errors by type."""
+
+    server_name: ClassVar[str] = "an HTTP engine"
+    """What the engine is, in the words of the errors it causes ("an SGLang server")."""
 
     def __init__(
         self,
@@ -62,6 +70,18 @@ class HttpEngine:
         if self._owns_session and self._session is not None:
             await self._session.close()
             self._session = None
+
+    async def health(self) -> bool:
+        return await self.status("/health") == 200
+
+    async def update_weights_from_server(
+        self, url: str, version: int, codec: str | None = None, transport: str | None = None
+    ) -> None:
+        """Only the built-in engine pulls from a rollflow weight server; others load from a disk."""
+        raise NotSupportedError(
+            f"{self.url} is {self.server_name}, which cannot pull from a rollflow weight server; "
+            "update it with a model_path on a shared disk"
+        )
 
     async def get_json(self, path: str, timeout_s: float = 10.0) -> Any:
         return await self._request("GET", path, None, timeout_s)

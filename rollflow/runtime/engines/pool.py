@@ -101,6 +101,8 @@ class _Connection(asyncio.BufferedProtocol):
         self._unread = 0
         self._paused = False
         self._waiter: asyncio.Future | None = None
+        self._deadline = 0.0  # when a wait for bytes times out (`_wait`)
+        self._timer: asyncio.TimerHandle | None = None  # the one that looks at the deadline
         self._error: BaseException | None = None
         self.lost = False
         self._reset()
@@ -127,6 +129,9 @@ class _Connection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._state == _UNTIL_CLOSE:
             self._state = _DONE
         elif self._state != _DONE and self._error is None:
@@ -279,17 +284,26 @@ class _Connection(asyncio.BufferedProtocol):
     # ------------------------------------------------------------ the caller's side
 
     async def _wait(self, timeout_s: float | None) -> None:
+        """Wait for the next bytes, at most `timeout_s`. A long stream waits once per read: rather
+        than a timer made and cancelled per wait, the wait moves the connection's deadline and one
+        timer, armed when none is, looks at it when it fires (and sets itself again for a deadline
+        that moved meanwhile)."""
         waiter = self._waiter = self._loop.create_future()
-        timer = self._loop.call_later(timeout_s, self._time_out, waiter) if timeout_s is not None else None
-        try:
-            await waiter
-        finally:
-            if timer is not None:
-                timer.cancel()
+        if timeout_s is not None:
+            self._deadline = self._loop.time() + timeout_s
+            if self._timer is None:
+                self._timer = self._loop.call_at(self._deadline, self._time_out)
+        await waiter
 
-    def _time_out(self, waiter: asyncio.Future) -> None:
-        if not waiter.done():
-            waiter.set_exception(TimeoutError(f"no bytes from the engine for {self._pool.read_timeout_s}s"))
+    def _time_out(self) -> None:
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return  # nobody waits: the next wait arms the timer again
+        if self._loop.time() < self._deadline:
+            self._timer = self._loop.call_at(self._deadline, self._time_out)
+            return
+        waiter.set_exception(TimeoutError(f"no bytes from the engine for {self._pool.read_timeout_s}s"))
 
     async def head(self) -> Response:
         while self._head is None:

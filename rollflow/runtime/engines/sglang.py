@@ -7,6 +7,7 @@ client takes the last `completion_tokens - seen` ids and logprobs of each event 
 
 from __future__ import annotations
 
+import operator
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,6 @@ from rollflow.runtime.engines.base import (
     EngineRejectedError,
     EngineResponseError,
     GenerateChunk,
-    NotSupportedError,
     RequestFailedError,
 )
 from rollflow.runtime.engines.http import (
@@ -42,12 +42,15 @@ if TYPE_CHECKING:
 
 FINISH_TYPES = frozenset({"stop", "length", "abort"})
 _FLOAT, _INT = frozenset({float}), frozenset({int})
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 LOAD_ROUTES = (("/v1/loads", parse_sglang_loads), ("/get_load", parse_sglang_get_load))  # newest first
 LOAD_TIMEOUT_S = 2.0
 
 
 class SGLangClient(HttpEngine):
     """An SGLang server (or the built-in engine) at `url`."""
+
+    server_name = "an SGLang server"
 
     def __init__(
         self,
@@ -120,9 +123,6 @@ class SGLangClient(HttpEngine):
                 raise EngineResponseError(f"{self.url}{path}: {exc}") from None
         return None
 
-    async def health(self) -> bool:
-        return await self.status("/health") == 200
-
     async def weight_version(self) -> int | None:
         try:
             info = await self.get_json("/get_weight_version")
@@ -139,14 +139,6 @@ class SGLangClient(HttpEngine):
             "/update_weights_from_disk", {"model_path": path, "weight_version": str(version)}, timeout_s=600
         )
         _check_success(answer, self.url, "update_weights_from_disk")
-
-    async def update_weights_from_server(
-        self, url: str, version: int, codec: str | None = None, transport: str | None = None
-    ) -> None:
-        raise NotSupportedError(
-            f"{self.url} is an SGLang server, which cannot pull from a rollflow weight server; "
-            "update it with a model_path on a shared disk"
-        )
 
     async def pause(self) -> None:
         await self.post_json("/pause_generation", {"mode": "in_place"})
@@ -356,8 +348,8 @@ def parse_sglang_event(
         )
     new_entries = logprob_entries[len(logprob_entries) - num_new :]
     try:
-        logprobs = [entry[0] for entry in new_entries]
-        token_ids = [entry[1] for entry in new_entries]
+        logprobs = list(map(_FIRST, new_entries))  # in C: no bytecode per token
+        token_ids = list(map(_SECOND, new_entries))
         # as engines send them, floats and ints: checked by type in C, no conversion call per token
         if not (_FLOAT.issuperset(map(type, logprobs)) and _INT.issuperset(map(type, token_ids))):
             logprobs = list(map(float, logprobs))

@@ -12,6 +12,8 @@ front of both lists, in one pass over the bytes, and the reader parses only the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 WHITESPACE = b" \t\n\r"
 ESCAPES = b'"\\/bfnrt'
 HEX = b"0123456789abcdefABCDEF"
@@ -120,12 +122,11 @@ def _scalar_end(t: bytes, i: int) -> int:
     return _number_end(t, i)
 
 
-def _scalar_list_end(t: bytes, i: int) -> int:
-    i = _ws(t, i + 1)
-    if i < len(t) and t[i] == ord("]"):
-        return i + 1
+def _list_rest(t: bytes, i: int, element_end: Callable[[bytes, int], int]) -> int:
+    """From the element at i to the end of its list, each element's end found by `element_end` and
+    followed by a comma or the closing bracket: the list's end, or -1."""
     while True:
-        i = _scalar_end(t, i)
+        i = element_end(t, i)
         if i < 0:
             return -1
         i = _ws(t, i)
@@ -136,6 +137,13 @@ def _scalar_list_end(t: bytes, i: int) -> int:
         if t[i] != ord(","):
             return -1
         i = _ws(t, i + 1)
+
+
+def _scalar_list_end(t: bytes, i: int) -> int:
+    i = _ws(t, i + 1)
+    if i < len(t) and t[i] == ord("]"):
+        return i + 1
+    return _list_rest(t, i, _scalar_end)
 
 
 def _value_end(t: bytes, i: int) -> int:
@@ -196,18 +204,7 @@ def _trim_list(t: bytes, i: int, drop: int, numbers: bool, cuts: dict, name: str
     cuts[name] = (start, j)
     if j < len(t) and t[j] == ord("]"):
         return -1  # a comma before the end: not JSON
-    while True:  # the rest of the list, as it is
-        j = _value_end(t, j)
-        if j < 0:
-            return -1
-        j = _ws(t, j)
-        if j >= len(t):
-            return -1
-        if t[j] == ord("]"):
-            return j + 1
-        if t[j] != ord(","):
-            return -1
-        j = _ws(t, j + 1)
+    return _list_rest(t, j, _value_end)  # the rest of the list, as it is
 
 
 def _walk_object(t: bytes, i: int, drop: int, top: bool, cuts: dict, seen: set[str]) -> int:

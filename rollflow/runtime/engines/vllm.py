@@ -44,6 +44,8 @@ DEV_MODE_HINT = "start vLLM with VLLM_SERVER_DEV_MODE=1 to enable it"
 class VLLMClient(HttpEngine):
     """A vLLM OpenAI-compatible server at `url`; `model` defaults to the first one it serves."""
 
+    server_name = "a vLLM server"
+
     def __init__(
         self,
         url: str,
@@ -130,9 +132,6 @@ class VLLMClient(HttpEngine):
             self._aborted.add(rid)
             resp.close()
 
-    async def health(self) -> bool:
-        return await self.status("/health") == 200
-
     async def load(self) -> EngineLoad | None:
         """The running/waiting/KV gauges of vLLM's Prometheus `/metrics`; None when it serves none."""
         try:
@@ -163,14 +162,6 @@ class VLLMClient(HttpEngine):
         # Cached prefixes hold keys and values of the old weights.
         await self._dev_post("/reset_prefix_cache", None, "resetting the prefix cache")
         await self._dev_post("/update_weight_version", {"new_version": str(version)}, "weight versions")
-
-    async def update_weights_from_server(
-        self, url: str, version: int, codec: str | None = None, transport: str | None = None
-    ) -> None:
-        raise NotSupportedError(
-            f"{self.url} is a vLLM server, which cannot pull from a rollflow weight server; "
-            "update it with a model_path on a shared disk"
-        )
 
     async def pause(self) -> None:
         await self._dev_post("/pause?mode=keep", None, "pausing")

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from rollflow.runtime.http.errors import http_error
+from rollflow.runtime.http.errors import http_error, too_large
 from rollflow.runtime.http.json_object import BodyError, parse_json_object
 from rollflow.runtime.http.parse_process import parse_in_child
 from rollflow.runtime.http.serve import body_limits, close_slow
@@ -35,19 +35,19 @@ async def read_body(request: web.Request, limit: int, narrow: Narrow | None = No
     `PEEK_BYTES` are here, not once all of it is."""
     declared = request.content_length
     if declared is not None and declared > limit:
-        raise _too_large(declared, limit)
+        raise too_large("the body", declared, limit)
     content = request.content
     if content.is_eof():  # the whole body came with the head (most requests): nothing to wait for
         raw = content.read_nowait()
         if len(raw) > limit:
-            raise _too_large(len(raw), limit)
+            raise too_large("the body", len(raw), limit)
         _check_narrow(narrow, raw, max(len(raw), declared or 0))
         return raw
     chunks, size = [], 0
     async for chunk in iter_body(request):
         size += len(chunk)
         if size > limit:
-            raise _too_large(size, limit)
+            raise too_large("the body", size, limit)
         chunks.append(chunk)
         if narrow is not None and size >= PEEK_BYTES:
             head = b"".join(chunks)
@@ -130,12 +130,3 @@ def _parse_or_400(raw: bytes) -> dict[str, Any]:
         return parse_json_object(raw)
     except BodyError as exc:
         raise http_error(web.HTTPBadRequest, str(exc)) from None
-
-
-def _too_large(size: int, limit: int) -> web.HTTPException:
-    return http_error(
-        web.HTTPRequestEntityTooLarge,
-        f"the body is {size} bytes or more, above this server's limit of {limit} bytes",
-        max_size=limit,
-        actual_size=size,
-    )

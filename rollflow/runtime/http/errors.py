@@ -17,6 +17,17 @@ def http_error(cls: type[web.HTTPException], message: str, **kwargs) -> web.HTTP
     return cls(text=error_body(message), content_type="application/json", **kwargs)
 
 
+def too_large(what: str, size: int, limit: int, hint: str = "") -> web.HTTPException:
+    """A 413 (raise it): `what` ("the body", "the upload") is `size` bytes or more, above this server's
+    `limit`; `hint` names the option that sets the limit. Carries aiohttp's `max_size`/`actual_size`."""
+    return http_error(
+        web.HTTPRequestEntityTooLarge,
+        f"{what} is {size} bytes or more, above this server's limit of {limit} bytes{hint}",
+        max_size=limit,
+        actual_size=size,
+    )
+
+
 class BadRequest(web.HTTPBadRequest):
     """A 400 carrying `message` in the shared error body: raise it where input is wrong, at any depth
     of a handler, and aiohttp answers it (no middleware needed); str() is the message."""

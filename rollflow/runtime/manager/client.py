@@ -56,6 +56,12 @@ RETRY_PAUSE_S = (0.1, 2.0)
 """First and longest pause between tries to reach a manager that went away (doubling in between)."""
 
 
+def _given(**fields: Any) -> dict[str, Any]:
+    """The optional fields of a request body that the caller set (None leaves one out, so the
+    manager applies its own default)."""
+    return {name: value for name, value in fields.items() if value is not None}
+
+
 class ManagerClient:
     def __init__(
         self, url: str, token: str | None = None, timeout_s: float = 3600.0, reconnect_s: float = 120.0
@@ -245,8 +251,7 @@ class ManagerClient:
         """Register an engine; `api_key` is the engine's own key, sent by the manager on every call;
         `relay`: HOST:PORT of the `rollflow manager relay` on its node, which reads its streams."""
         body = {"url": url, "kind": kind, "engine_type": engine_type, "capacity": capacity}
-        optional = {"api_key": api_key, "relay": relay}
-        return self.request("POST", "/workers", body | {k: v for k, v in optional.items() if v is not None})
+        return self.request("POST", "/workers", body | _given(api_key=api_key, relay=relay))
 
     def remove_worker(self, engine_id: int) -> dict:
         return self.request("DELETE", f"/workers/{engine_id}")
@@ -271,15 +276,9 @@ class ManagerClient:
     ) -> dict:
         """Have one engine load a checkpoint folder, or pull `weight_version` from the weight server
         at `weights_url`; it rejoins the pool only on `weight_version`."""
-        body: dict[str, Any] = {"weight_version": weight_version}
-        if model_path is not None:
-            body["model_path"] = model_path
-        if weights_url is not None:
-            body["weights_url"] = weights_url
-        if codec is not None:
-            body["codec"] = codec
-        if transport is not None:
-            body["transport"] = transport
+        body = {"weight_version": weight_version} | _given(
+            model_path=model_path, weights_url=weights_url, codec=codec, transport=transport
+        )
         # repeated across a manager restart, the engine loads the same version again: no harm done
         return self.request("POST", f"/workers/{engine_id}/update_weights", body, idempotent=True)
 
@@ -298,16 +297,9 @@ class ManagerClient:
         transport: str | None = None,
     ) -> dict:
         """Wake a released engine; with a source it loads that (or the newest) version, then rejoins."""
-        body = {
-            key: value
-            for key, value in (
-                ("model_path", model_path),
-                ("weights_url", weights_url),
-                ("weight_version", weight_version),
-                ("transport", transport),
-            )
-            if value is not None
-        }
+        body = _given(
+            model_path=model_path, weights_url=weights_url, weight_version=weight_version, transport=transport
+        )
         return self.request("POST", f"/workers/{engine_id}/resume", body)
 
     def weight_versions(self) -> dict[int, int | None]:

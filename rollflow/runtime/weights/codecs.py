@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rollflow.runtime.weights.errors import CodecError
+from rollflow.runtime.weights.errors import CodecError, WeightIntegrityError
 from rollflow.runtime.weights.tensors import flat_bytes, tensor_from_bytes
 
 QUANTIZABLE = (torch.bfloat16, torch.float16, torch.float32)
@@ -66,6 +66,35 @@ class CodecSpec:
 
     def without_delta(self) -> CodecSpec:
         return CodecSpec(int8=self.int8, zstd=self.zstd)
+
+
+def encode_whole(tensor: torch.Tensor, int8: bool) -> tuple[str, bytes | np.ndarray]:
+    """A tensor's record without a base, and its encoding: int8 codes when `int8` asks for them and
+    the tensor quantizes, else its raw bytes (sharing the tensor's memory)."""
+    quantized = quantize_int8(tensor) if int8 and can_quantize(tensor) else None
+    return ("int8", quantized) if quantized is not None else ("raw", flat_bytes(tensor))
+
+
+def decode_record(
+    encoding: str,
+    record: memoryview,
+    dtype: torch.dtype,
+    shape: tuple[int, ...],
+    base: torch.Tensor | None,
+    changed_blocks: tuple[tuple[int, int], ...] = (),
+    block_bytes: int = 0,
+) -> torch.Tensor:
+    """A tensor from its record: "raw" bytes, "int8" codes, or against `base` (the contiguous CPU
+    tensor of this dtype and shape the record was encoded against) "same" or "xor" blocks."""
+    if encoding == "raw":
+        return tensor_from_bytes(record, dtype, shape)
+    if encoding == "int8":
+        return dequantize_int8(record, dtype, shape)
+    if base is None:
+        raise WeightIntegrityError(f"a {encoding} record needs the base weights, which are not held")
+    if encoding == "same":
+        return base.clone()
+    return apply_xor_delta(base, record, changed_blocks, block_bytes)
 
 
 def can_quantize(tensor: torch.Tensor) -> bool:

@@ -14,14 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rollflow.runtime.weights.codecs import (
-    CodecSpec,
-    apply_xor_delta,
-    can_quantize,
-    dequantize_int8,
-    quantize_int8,
-    xor_delta,
-)
+from rollflow.runtime.weights.codecs import CodecSpec, decode_record, encode_whole, xor_delta
 from rollflow.runtime.weights.errors import WeightIntegrityError
 from rollflow.runtime.weights.io import ChunkEntry, Manifest, TensorEntry
 from rollflow.runtime.weights.tensors import (
@@ -29,9 +22,7 @@ from rollflow.runtime.weights.tensors import (
     checksum,
     dtype_from_name,
     dtype_name,
-    flat_bytes,
     new_digest,
-    tensor_from_bytes,
 )
 
 
@@ -81,15 +72,9 @@ def encode_payload(
             )
             entries.append(TensorEntry(**entry, encoding=encoding, nbytes=delta.data.size, **extra))
             continue
-        quantized = quantize_int8(tensor) if codec.int8 and can_quantize(tensor) else None
-        if quantized is not None:
-            writer.write(quantized)
-            entries.append(TensorEntry(**entry, encoding="int8", nbytes=len(quantized)))
-        else:
-            writer.write(flat_bytes(tensor))
-            entries.append(
-                TensorEntry(**entry, encoding="raw", nbytes=tensor.numel() * tensor.element_size())
-            )
+        encoding, record = encode_whole(tensor, codec.int8)
+        writer.write(record)
+        entries.append(TensorEntry(**entry, encoding=encoding, nbytes=len(record)))
     chunks, digest = writer.close()
     return EncodedPayload(tuple(entries), tuple(chunks), digest)
 
@@ -122,17 +107,17 @@ def decode_payload(
 
 def _decode_tensor(entry: TensorEntry, record: memoryview, base: StateDict | None) -> torch.Tensor:
     dtype = dtype_from_name(entry.dtype)
-    if entry.encoding == "raw":
-        return tensor_from_bytes(record, dtype, entry.shape)
-    if entry.encoding == "int8":
-        return dequantize_int8(record, dtype, entry.shape)
-    base_tensor = base.get(entry.name) if base is not None else None
-    if base_tensor is None or base_tensor.dtype != dtype or tuple(base_tensor.shape) != entry.shape:
-        raise WeightIntegrityError(f"the base weights lack {entry.name} as {entry.dtype}{list(entry.shape)}")
-    base_tensor = base_tensor.detach().to("cpu").contiguous()
-    if entry.encoding == "same":
-        return base_tensor.clone()
-    return apply_xor_delta(base_tensor, record, entry.changed_blocks, entry.block_bytes)
+    base_tensor = None
+    if entry.encoding in ("same", "xor"):
+        base_tensor = base.get(entry.name) if base is not None else None
+        if base_tensor is None or base_tensor.dtype != dtype or tuple(base_tensor.shape) != entry.shape:
+            raise WeightIntegrityError(
+                f"the base weights lack {entry.name} as {entry.dtype}{list(entry.shape)}"
+            )
+        base_tensor = base_tensor.detach().to("cpu").contiguous()
+    return decode_record(
+        entry.encoding, record, dtype, entry.shape, base_tensor, entry.changed_blocks, entry.block_bytes
+    )
 
 
 def _decoded_chunks(manifest: Manifest, read_wire: Callable[[ChunkEntry], bytes]) -> Iterator[bytes]:

@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollflow.runtime.http.auth import require_bearer
 from rollflow.runtime.http.body import iter_body
-from rollflow.runtime.http.errors import errors_as_json, http_error
+from rollflow.runtime.http.errors import errors_as_json, http_error, too_large
 from rollflow.runtime.http.limits import UPLOAD_LIMITS, BodyLimits
 from rollflow.runtime.http.listen import bind
 from rollflow.runtime.http.serve import GuardedRunner
@@ -217,15 +217,12 @@ class WeightServer:
 
     async def _publish_sharded(self, request: web.Request) -> web.Response:
         self._check_token(request)
-        try:
-            version = int(request.match_info["version"])
-        except ValueError:
-            raise http_error(web.HTTPBadRequest, "version must be an integer") from None
+        version = _path_version(request)
         body = bytearray()
         async for block in iter_body(request, 1 << 20):
             body += block
             if len(body) > MAX_SHARDED_MANIFEST_BYTES:
-                raise _too_large(len(body), MAX_SHARDED_MANIFEST_BYTES)
+                raise too_large("the sharded manifest", len(body), MAX_SHARDED_MANIFEST_BYTES)
         manifest = ShardedManifest.from_json(bytes(body))
         if manifest.version != version:
             raise http_error(
@@ -237,21 +234,18 @@ class WeightServer:
 
     async def _publish(self, request: web.Request) -> web.Response:
         self._check_token(request)
-        try:
-            version = int(request.match_info["version"])
-        except ValueError:
-            raise http_error(web.HTTPBadRequest, "version must be an integer") from None
+        version = _path_version(request)
         if not 0 <= version <= MAX_VERSION:
             raise http_error(web.HTTPBadRequest, f"version {version} is outside 0..{MAX_VERSION}")
         with tempfile.NamedTemporaryFile(dir=self.store.root / "tmp", suffix=".safetensors") as upload:
             declared = request.content_length
             if declared is not None and declared > self.max_upload_bytes:
-                raise _too_large(declared, self.max_upload_bytes)
+                raise too_large("the upload", declared, self.max_upload_bytes, " (--max-upload-gb)")
             size = 0
             async for block in iter_body(request, 1 << 20):
                 size += len(block)
                 if size > self.max_upload_bytes:
-                    raise _too_large(size, self.max_upload_bytes)
+                    raise too_large("the upload", size, self.max_upload_bytes, " (--max-upload-gb)")
                 upload.write(block)
             upload.flush()
             manifest = await asyncio.to_thread(_publish_file, self.store, version, Path(upload.name))
@@ -270,13 +264,12 @@ class WeightServer:
         require_bearer(request, self.token, "publishing")
 
 
-def _too_large(size: int, limit: int) -> web.HTTPException:
-    return http_error(
-        web.HTTPRequestEntityTooLarge,
-        f"the upload is {size} bytes or more, above this server's limit of {limit} bytes (--max-upload-gb)",
-        max_size=limit,
-        actual_size=size,
-    )
+def _path_version(request: web.Request) -> int:
+    """The version a publish's path names (a 400 unless it is an integer)."""
+    try:
+        return int(request.match_info["version"])
+    except ValueError:
+        raise http_error(web.HTTPBadRequest, "version must be an integer") from None
 
 
 def _publish_file(store: WeightStore, version: int, path: Path):

@@ -35,14 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from rollflow.runtime.weights.codecs import (
-    CodecSpec,
-    apply_xor_delta,
-    can_quantize,
-    dequantize_int8,
-    quantize_int8,
-    xor_delta,
-)
+from rollflow.runtime.weights.codecs import CodecSpec, decode_record, encode_whole, xor_delta
 from rollflow.runtime.weights.errors import WeightIntegrityError, WeightsError
 from rollflow.runtime.weights.mooncake import Engine
 from rollflow.runtime.weights.tensors import (
@@ -50,7 +43,6 @@ from rollflow.runtime.weights.tensors import (
     dtype_from_name,
     dtype_name,
     flat_bytes,
-    tensor_from_bytes,
 )
 
 log = logging.getLogger(__name__)
@@ -319,11 +311,8 @@ class ShardExporter:
             self._registered.clear()
 
     def _encode_full(self, part: torch.Tensor) -> tuple[str, bytes, tuple]:
-        if self.codec.int8 and part.dim() >= 2 and can_quantize(part):
-            quantized = quantize_int8(part)
-            if quantized is not None:
-                return "int8", quantized, ()
-        return "raw", flat_bytes(part).tobytes(), ()
+        encoding, record = encode_whole(part, self.codec.int8)
+        return encoding, bytes(record), ()
 
     def _encode_delta(self, part: torch.Tensor, held: torch.Tensor) -> tuple[str, bytes, tuple]:
         delta = xor_delta(part, held, DELTA_BLOCK_BYTES)
@@ -399,7 +388,15 @@ def read_sharded(
             raw = decompressor.decompress(data, max_output_size=record.raw_nbytes) if decompressor else data
             block_shape = (block.rows[1] - block.rows[0], *shape[1:])
             held = _base_rows(base, plan.name, block.rows) if delta else None
-            decoded = _decode(record, raw, dtype, block_shape, held)
+            decoded = decode_record(
+                record.encoding,
+                memoryview(raw),
+                dtype,
+                block_shape,
+                held,
+                record.changed_blocks,
+                DELTA_BLOCK_BYTES,
+            )
             if record.encoding != "int8" and checksum(flat_bytes(decoded)) != block.digest:
                 error = BaseMismatchError if delta else WeightIntegrityError
                 raise error(f"rows {list(block.rows)} of {plan.name} decode to other bytes than the rank's")
@@ -485,20 +482,6 @@ class _RankRead:
             if status < 0:
                 raise OSError(f"mooncake read from trainer rank {self.rank} at {self.session} failed")
         self.wire = {key: buffer[at : at + n].tobytes() for key, (at, n) in placed.items()}
-
-
-def _decode(
-    record: Record, raw: bytes, dtype: torch.dtype, shape: tuple[int, ...], held: torch.Tensor | None
-) -> torch.Tensor:
-    if record.encoding == "raw":
-        return tensor_from_bytes(raw, dtype, shape)
-    if record.encoding == "int8":
-        return dequantize_int8(memoryview(raw), dtype, shape)
-    if held is None:
-        raise WeightIntegrityError(f"a {record.encoding} block needs the base rows, which are not held")
-    if record.encoding == "same":
-        return held.clone()
-    return apply_xor_delta(held, memoryview(raw), record.changed_blocks, DELTA_BLOCK_BYTES)
 
 
 def _holds(base: Mapping[str, tuple[torch.Tensor, int]] | None, name: str, rows: Rows) -> bool:

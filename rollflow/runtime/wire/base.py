@@ -79,15 +79,34 @@ ALWAYS_SENT = frozenset(("max_new_tokens", "temperature", "top_p", "top_k", "ign
 _SAMPLING_FIELDS = tuple((field.name, field.default) for field in fields(SamplingParams))
 
 
-def engine_sampling(sampling: SamplingParams, engine: Literal["sglang", "vllm"]) -> dict[str, Any]:
+Engine = Literal["sglang", "vllm"]
+_COLUMNS: dict[Engine, int] = {"sglang": 0, "vllm": 1}  # each engine's column of SAMPLING_NAMES
+
+
+def engine_sampling(sampling: SamplingParams, engine: Engine) -> dict[str, Any]:
     """`sampling` under `engine`'s field names (SGLang's `sampling_params`, vLLM's completion fields)."""
-    column = 0 if engine == "sglang" else 1
+    column = _COLUMNS[engine]
     params: dict[str, Any] = {}
     for name, default in _SAMPLING_FIELDS:
         value = getattr(sampling, name)
         if name in ALWAYS_SENT or value != default:
             params[SAMPLING_NAMES[name][column]] = list(value) if isinstance(value, tuple) else value
     return params
+
+
+def edge_sampling(body: Any, engine: Engine, **given: Any) -> SamplingParams:
+    """The other way: the SamplingParams that an edge body spelled as `engine`'s request type (its
+    attributes under `engine`'s field names) asks for. A lone stop string is a list of one, empty
+    stop strings are dropped, a null list is empty and top_k 0 keeps every token (-1), as both
+    engines read them; `given` sets the fields the edge decides itself (a default of its own)."""
+    column = _COLUMNS[engine]
+    values = {name: getattr(body, names[column]) for name, names in SAMPLING_NAMES.items()}
+    stop = values["stop"]
+    values["stop"] = tuple(s for s in ((stop,) if isinstance(stop, str) else stop or ()) if s)
+    values["stop_token_ids"] = tuple(values["stop_token_ids"] or ())
+    if values["top_k"] == 0:
+        values["top_k"] = -1
+    return SamplingParams(**(values | given))
 
 
 def _integral(value: Any) -> Any:

@@ -19,7 +19,15 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from rollflow.runtime.wire.base import MAX_SEED, MAX_TOKEN_ID, MIN_SEED, Body, Int, SamplingParams
+from rollflow.runtime.wire.base import (
+    MAX_SEED,
+    MAX_TOKEN_ID,
+    MIN_SEED,
+    Body,
+    Int,
+    SamplingParams,
+    edge_sampling,
+)
 
 MAX_STOP_STRINGS = 64
 
@@ -160,24 +168,7 @@ class SamplingParamsBody(Body):
         return self
 
     def to_params(self) -> SamplingParams:
-        return SamplingParams(
-            max_new_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k if self.top_k > 0 else -1,
-            ignore_eos=self.ignore_eos,
-            stop_token_ids=tuple(self.stop_token_ids or ()),
-            seed=self.sampling_seed,
-            stop=(self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ()),
-            min_new_tokens=self.min_new_tokens,
-            frequency_penalty=self.frequency_penalty,
-            presence_penalty=self.presence_penalty,
-            repetition_penalty=self.repetition_penalty,
-            min_p=self.min_p,
-            skip_special_tokens=self.skip_special_tokens,
-            spaces_between_special_tokens=self.spaces_between_special_tokens,
-            no_stop_trim=self.no_stop_trim,
-        )
+        return edge_sampling(self, "sglang")
 
 
 class GenerateBody(Body):

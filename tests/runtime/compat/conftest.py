@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.runtime.conftest import ProcessFactory
-from tests.runtime.processes import Process
+from tests.runtime.processes import Process, http
 
 
 @dataclass
@@ -29,3 +29,16 @@ def cluster(tmp_path_factory, tiny_model):
     manager = factory.manager()
     yield Cluster(manager, engines)
     factory.stop_all()
+
+
+@pytest.fixture(scope="module")
+def operator_registered(cluster: Cluster):
+    """The manager with the engines registered by its operator, for client families that are given
+    the servers' addresses and never register engines themselves; unregistered at the module's end."""
+    for url in cluster.engine_urls:
+        assert (
+            http("POST", cluster.manager.url + "/workers", {"url": url, "engine_type": "builtin"})[0] == 201
+        )
+    yield cluster.manager
+    for worker in http("GET", cluster.manager.url + "/workers")[1]["workers"]:
+        assert http("DELETE", f"{cluster.manager.url}/workers/{worker['id']}")[0] == 200

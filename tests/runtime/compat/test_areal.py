@@ -38,15 +38,9 @@ def areal_body(input_ids: list[int], max_new_tokens: int, image_data=None, **par
 
 
 @pytest.fixture(scope="module")
-def manager(cluster):
+def manager(operator_registered):
     """AReaL does not register engines; the manager's operator does (here from its config's way)."""
-    for url in cluster.engine_urls:
-        assert (
-            http("POST", cluster.manager.url + "/workers", {"url": url, "engine_type": "builtin"})[0] == 201
-        )
-    yield cluster.manager
-    for worker in http("GET", cluster.manager.url + "/workers")[1]["workers"]:
-        assert http("DELETE", f"{cluster.manager.url}/workers/{worker['id']}")[0] == 200
+    return operator_registered
 
 
 def test_the_health_check_areal_waits_on_answers(manager):

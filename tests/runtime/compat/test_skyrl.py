@@ -28,14 +28,9 @@ def skyrl_sampling_params(max_new_tokens: int, **params) -> dict:
 
 
 @pytest.fixture(scope="module")
-def manager(cluster):
-    for url in cluster.engine_urls:
-        assert (
-            http("POST", cluster.manager.url + "/workers", {"url": url, "engine_type": "builtin"})[0] == 201
-        )
-    yield cluster.manager
-    for worker in http("GET", cluster.manager.url + "/workers")[1]["workers"]:
-        assert http("DELETE", f"{cluster.manager.url}/workers/{worker['id']}")[0] == 200
+def manager(operator_registered):
+    """SkyRL does not register engines; the manager's operator does."""
+    return operator_registered
 
 
 def test_a_batched_generate_answers_a_list_in_prompt_order(manager):

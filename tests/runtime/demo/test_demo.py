@@ -4,14 +4,13 @@ trainer on 127.0.0.1; the spot engine is SIGKILLed mid-rollout and a new one joi
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from rollflow.runtime.launch.process import rollflow_command
-from tests.runtime.processes import ENV, REPO
+from tests.runtime.demo.helpers import demo
+from tests.runtime.processes import REPO
 
 EXAMPLE = REPO / "examples" / "demo" / "preemption.yaml"
 
@@ -32,20 +31,9 @@ def _short_config(tmp_path: Path, model: Path, **demo) -> Path:
     return path
 
 
-def _demo(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        rollflow_command("demo", *args),
-        cwd=REPO,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def test_demo_trains_through_a_preemption_with_nothing_regenerated(tmp_path, tiny_model):
     out = tmp_path / "out"
-    done = _demo("run", "--config", str(_short_config(tmp_path, tiny_model)), "--output-dir", str(out))
+    done = demo("run", "--config", str(_short_config(tmp_path, tiny_model)), "--output-dir", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 3
@@ -75,7 +63,7 @@ def test_demo_trains_through_a_preemption_with_nothing_regenerated(tmp_path, tin
     ],
 )
 def test_config_errors_name_the_key(tmp_path, tiny_model, override, message):
-    done = _demo("show", "--config", str(_short_config(tmp_path, tiny_model)), override, timeout=60)
+    done = demo("show", "--config", str(_short_config(tmp_path, tiny_model)), override, timeout=60)
     if message is None:
         assert done.returncode == 0, done.stderr
     else:

@@ -11,51 +11,21 @@ at 3e-6 three steps move weights by several times the tolerance and the runs agr
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
-import yaml
 from safetensors.torch import load_file
 
-from rollflow.runtime.launch.process import rollflow_command
-from tests.runtime.processes import ENV, REPO
+from tests.runtime.demo.helpers import demo, dynamic_config
 
-EXAMPLE = REPO / "examples" / "demo" / "dynamic.yaml"
 NUM_MINIBATCHES = 4
 LR = 3e-6
 TOLERANCE = 1e-5
 
 
-def _config(tmp_path: Path, model: Path, auto_scheduler: bool) -> Path:
-    raw = yaml.safe_load(EXAMPLE.read_text())
-    raw["cluster"]["auto_scheduler"] = auto_scheduler
-    raw["launch"]["weights"]["publish"] = str(model)
-    raw["launch"]["startup_timeout_s"] = 120
-    raw["launch"]["engines"][0]["model"] = str(model)
-    raw["train"].update(model=str(model), steps=3, lr=LR)
-    path = tmp_path / f"dynamic-{auto_scheduler}.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
-
-
 def _run(tmp_path: Path, model: Path, auto_scheduler: bool) -> tuple[dict, Path]:
     out = tmp_path / ("dynamic" if auto_scheduler else "static")
-    config = _config(tmp_path, model, auto_scheduler)
-    done = subprocess.run(
-        rollflow_command(
-            "demo",
-            "run",
-            "--config",
-            str(config),
-            "--output-dir",
-            str(out),
-        ),
-        cwd=REPO,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
+    config = dynamic_config(tmp_path, model, auto_scheduler, lr=LR)
+    done = demo("run", "--config", str(config), "--output-dir", str(out), timeout=400)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads((out / "summary.json").read_text()), out
 

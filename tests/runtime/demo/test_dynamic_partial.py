@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
 from pathlib import Path
 
-from rollflow.runtime.launch.process import rollflow_command
-from tests.runtime.demo.test_dynamic_demo import _config
-from tests.runtime.processes import ENV, REPO
+from tests.runtime.demo.helpers import demo, dynamic_config
+from tests.runtime.demo.test_dynamic_demo import LR
 
 PROMPTS_PER_STEP = 8
 N_SAMPLES = 2
@@ -26,27 +24,20 @@ def _carried(out: Path, step: int) -> list[dict]:
 
 
 def test_carried_samples_survive_engines_moving_to_the_actor_and_back(tmp_path, tiny_model):
-    config = _config(tmp_path, tiny_model, auto_scheduler=True)
+    config = dynamic_config(tmp_path, tiny_model, auto_scheduler=True, lr=LR)
     out = tmp_path / "out"
-    done = subprocess.run(
-        rollflow_command(
-            "demo",
-            "run",
-            "--config",
-            str(config),
-            "--output-dir",
-            str(out),
-            f"train.steps={STEPS}",
-            f"train.prompts_per_step={PROMPTS_PER_STEP}",
-            "train.partial_rollout=4",
-            "train.max_staleness=1",
-            "train.checkpoint_every=1",
-            "train.max_new_tokens=64",
-        ),
-        cwd=REPO,
-        env=ENV,
-        capture_output=True,
-        text=True,
+    done = demo(
+        "run",
+        "--config",
+        str(config),
+        "--output-dir",
+        str(out),
+        f"train.steps={STEPS}",
+        f"train.prompts_per_step={PROMPTS_PER_STEP}",
+        "train.partial_rollout=4",
+        "train.max_staleness=1",
+        "train.checkpoint_every=1",
+        "train.max_new_tokens=64",
         timeout=900,  # two steps take about 2 minutes; a loaded machine takes several times that
     )
     assert done.returncode == 0, done.stderr[-4000:]

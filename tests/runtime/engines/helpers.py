@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +44,46 @@ async def collect(
             assert len(chunk.token_ids) == len(chunk.logprobs)
             chunks.append(chunk)
     return Collected(chunks)
+
+
+async def drain(stream: AsyncIterator[GenerateChunk]) -> list[GenerateChunk]:
+    return [chunk async for chunk in stream]
+
+
+async def continued_from_a_prefix(
+    client: EngineClient, cut: int, max_new_tokens: int
+) -> tuple[Collected, Collected]:
+    """(a greedy run of PROMPT, the run of PROMPT + its first `cut` tokens for the rest): what a request
+    resumed from its tokens sends, which must go on as if uninterrupted."""
+    full = await collect(client, "full", PROMPT, greedy(max_new_tokens))
+    rest = await collect(client, "rest", PROMPT + full.token_ids[:cut], greedy(max_new_tokens - cut))
+    return full, rest
+
+
+async def aborted_after(client: EngineClient, num_chunks: int) -> list[GenerateChunk]:
+    """The chunks of a long greedy request of PROMPT, aborted once `num_chunks` chunks have come."""
+    chunks = []
+    async for chunk in client.generate("long", PROMPT, greedy(1900)):
+        chunks.append(chunk)
+        if len(chunks) == num_chunks:
+            await client.abort("long")
+    return chunks
+
+
+async def paused_mid_stream(
+    client: EngineClient, max_new_tokens: int, hold_s: float
+) -> tuple[Collected, bool]:
+    """A greedy stream of PROMPT, paused in place after its first chunk for `hold_s` and resumed: (all
+    it streamed, whether it ended while paused). Paused, nothing arrives but what the client may
+    already hold in flight."""
+    stream = client.generate("frozen", PROMPT, greedy(max_new_tokens))
+    first = await anext(stream)
+    await client.pause()
+    pending = asyncio.ensure_future(drain(stream))
+    await asyncio.sleep(hold_s)
+    ended_while_paused = pending.done()
+    await client.resume()
+    return Collected([first, *await pending]), ended_while_paused
 
 
 def run(coro):

@@ -10,7 +10,15 @@ import pytest
 
 from rollflow.runtime.engines.sglang import BuiltinEngineClient
 from rollflow.runtime.wire.base import SamplingParams
-from tests.runtime.engines.helpers import PROMPT, collect, greedy, reference_greedy, run
+from tests.runtime.engines.helpers import (
+    PROMPT,
+    aborted_after,
+    collect,
+    continued_from_a_prefix,
+    greedy,
+    reference_greedy,
+    run,
+)
 
 
 def test_greedy_output_and_logprobs_equal_transformers_without_a_kv_cache(engine, tiny_model):
@@ -45,17 +53,16 @@ def test_greedy_output_and_logprobs_equal_transformers_without_a_kv_cache(engine
 
 
 def test_greedy_continuation_from_prompt_plus_prefix_equals_the_uninterrupted_output(engine):
+    cut = 13
+
     async def go():
         client = BuiltinEngineClient(engine.url)
         try:
-            full = await collect(client, "full", PROMPT, greedy(40))
-            cut = 13
-            rest = await collect(client, "rest", PROMPT + full.token_ids[:cut], greedy(40 - cut))
-            return full, cut, rest
+            return await continued_from_a_prefix(client, cut, 40)
         finally:
             await client.close()
 
-    full, cut, rest = run(go())
+    full, rest = run(go())
     assert full.token_ids[:cut] + rest.token_ids == full.token_ids
     assert rest.logprobs == pytest.approx(full.logprobs[cut:], abs=1e-4)
 
@@ -122,12 +129,7 @@ def test_abort_ends_a_long_stream_promptly_with_abort(engine):
     async def go():
         client = BuiltinEngineClient(engine.url)
         try:
-            chunks = []
-            async for chunk in client.generate("long", PROMPT, greedy(1900)):
-                chunks.append(chunk)
-                if len(chunks) == 5:
-                    await client.abort("long")
-            return chunks
+            return await aborted_after(client, 5)
         finally:
             await client.close()
 

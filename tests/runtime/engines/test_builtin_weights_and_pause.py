@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,7 +9,15 @@ import pytest
 
 from rollflow.runtime.engines.base import EngineRejectedError
 from rollflow.runtime.engines.sglang import BuiltinEngineClient
-from tests.runtime.engines.helpers import PROMPT, collect, greedy, reference_greedy, run
+from tests.runtime.engines.helpers import (
+    PROMPT,
+    collect,
+    drain,
+    greedy,
+    paused_mid_stream,
+    reference_greedy,
+    run,
+)
 from tests.runtime.engines.processes import EngineProcess
 
 
@@ -116,23 +123,13 @@ def test_pause_in_place_freezes_streams_and_resume_finishes_them_unchanged(own_e
         client = BuiltinEngineClient(own_engine.url)
         try:
             await client.update_weights_from_disk(str(tiny_model), 20)
-            stream = client.generate("frozen", PROMPT, greedy(20))
-            first = await anext(stream)
-            await client.pause()
-            # paused: nothing arrives (the client may already hold a token or two in flight)
-            pending = asyncio.ensure_future(_drain(stream))
-            await asyncio.sleep(0.5)
-            held = pending.done()
-            await client.resume()
-            rest = await pending
-            return first, rest, held
+            return await paused_mid_stream(client, 20, hold_s=0.5)
         finally:
             await client.close()
 
-    first, rest, held = run(go())
-    assert not held
-    tokens = first.token_ids + [t for c in rest for t in c.token_ids]
-    assert tokens == reference_greedy(tiny_model, PROMPT, 20)[0]
+    streamed, ended_while_paused = run(go())
+    assert not ended_while_paused
+    assert streamed.token_ids == reference_greedy(tiny_model, PROMPT, 20)[0]
 
 
 def test_pause_with_abort_ends_running_requests(own_engine):
@@ -142,7 +139,7 @@ def test_pause_with_abort_ends_running_requests(own_engine):
             stream = client.generate("doomed", PROMPT, greedy(1500))
             first = await anext(stream)
             await client.post_json("/pause_generation", {"mode": "abort"})
-            rest = await _drain(stream)
+            rest = await drain(stream)
             await client.resume()
             after = await collect(client, "after", PROMPT, greedy(3))
             return [first, *rest], after
@@ -152,7 +149,3 @@ def test_pause_with_abort_ends_running_requests(own_engine):
     chunks, after = run(go())
     assert chunks[-1].finish_reason == "abort"
     assert len(after.token_ids) == 3
-
-
-async def _drain(stream):
-    return [chunk async for chunk in stream]

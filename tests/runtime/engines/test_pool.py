@@ -69,6 +69,12 @@ async def until(condition: Callable[[], object], timeout_s: float = 10.0) -> Non
         await asyncio.sleep(0.005)
 
 
+async def _get_answered_with(pieces: list[bytes], **pool_options) -> None:
+    """One GET through a new pool to a server that answers it by writing `pieces`."""
+    async with raw_server(lambda n: pieces) as seen:
+        await ConnectionPool(seen["url"], **pool_options).request("GET", "/x")
+
+
 CHUNKED = [
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
     b"6\r\ndata: \r\n",
@@ -199,19 +205,33 @@ def test_a_request_cancelled_before_its_answer_closes_the_connection():
 
 
 def test_garbage_and_silence_are_errors():
-    async def garbage():
-        async with raw_server(lambda n: [b"SSH-2.0-OpenSSH\r\n\r\n"]) as seen:
-            await ConnectionPool(seen["url"]).request("GET", "/x")
-
     with pytest.raises(ProtocolError, match="status line"):
-        run(garbage())
-
-    async def silent():
-        async with raw_server(lambda n: [b""] * 100) as seen:
-            await ConnectionPool(seen["url"], read_timeout_s=0.2).request("GET", "/x")
-
+        run(_get_answered_with([b"SSH-2.0-OpenSSH\r\n\r\n"]))
     with pytest.raises(TimeoutError):
-        run(silent())
+        run(_get_answered_with([b""] * 100, read_timeout_s=0.2))
+
+
+def test_the_read_timeout_counts_from_the_last_bytes_of_a_body():
+    """A body whose pieces keep coming, each well within `read_timeout_s`, is read whole however long
+    it takes in all; one whose bytes stop mid-way ends in TimeoutError (one timer per connection
+    looks at a deadline each wait moves, rather than a timer per wait)."""
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    pieces = [b"1\r\n%d\r\n" % (i % 10) for i in range(60)]  # 60 pieces 10 ms apart: 0.6 s
+
+    async def slow_but_steady():
+        async with raw_server(lambda n: [head, *pieces, b"0\r\n\r\n"]) as seen:
+            response = await ConnectionPool(seen["url"], read_timeout_s=0.2).request("GET", "/x")
+            return await response.read()
+
+    assert run(slow_but_steady()) == b"".join(b"%d" % (i % 10) for i in range(60))
+
+    async def stalled():
+        async with raw_server(lambda n: [head, *pieces[:3], *[b""] * 100]) as seen:
+            response = await ConnectionPool(seen["url"], read_timeout_s=0.2).request("GET", "/x")
+            await response.read()
+
+    with pytest.raises(TimeoutError, match="no bytes from the engine"):
+        run(stalled())
 
 
 def test_heads_alike_but_for_their_length_are_each_framed_by_their_own():
@@ -237,12 +257,8 @@ def test_heads_alike_but_for_their_length_are_each_framed_by_their_own():
 
 
 def test_a_length_that_is_no_number_is_a_protocol_error():
-    async def go():
-        async with raw_server(lambda n: [b"HTTP/1.1 200 OK\r\nContent-Length: 5x\r\n\r\nhello"]) as seen:
-            await ConnectionPool(seen["url"]).request("GET", "/x")
-
     with pytest.raises(ProtocolError, match="bad HTTP response"):
-        run(go())
+        run(_get_answered_with([b"HTTP/1.1 200 OK\r\nContent-Length: 5x\r\n\r\nhello"]))
 
 
 def test_many_chunks_in_one_write_are_read_as_the_same_body():

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from rollflow.runtime.manager.edge.vllm_api import VllmSamplingParams
+from rollflow.runtime.manager.edge.vllm_api import DEFAULT_MAX_TOKENS, VllmSamplingParams
 from rollflow.runtime.wire.base import MAX_SEED, MIN_SEED, SAMPLING_NAMES, SamplingParams, engine_sampling
 from rollflow.runtime.wire.sglang import SamplingParamsBody
 
@@ -63,3 +63,15 @@ def test_fields_at_rollflow_defaults_are_left_out_and_a_zero_seed_is_not():
     }
     assert engine_sampling(SamplingParams(max_new_tokens=4, seed=0), "sglang")["sampling_seed"] == 0
     assert engine_sampling(SamplingParams(max_new_tokens=4, seed=0), "vllm")["seed"] == 0
+
+
+@pytest.mark.parametrize("engine", COLUMNS)
+def test_each_edge_reads_a_lone_stop_string_null_lists_and_top_k_zero_alike(engine):
+    names = {name: row[COLUMNS[engine]] for name, row in SAMPLING_NAMES.items()}
+    body = {names["max_new_tokens"]: 9, names["stop"]: "a", names["stop_token_ids"]: None, names["top_k"]: 0}
+    assert EDGE_BODIES[engine](**body).to_params() == SamplingParams(max_new_tokens=9, stop=("a",))
+
+
+def test_the_vllm_edge_drops_empty_stop_strings_and_fills_in_vllms_max_tokens():
+    params = VllmSamplingParams(stop=["", "b"]).to_params()
+    assert params == SamplingParams(max_new_tokens=DEFAULT_MAX_TOKENS, stop=("b",))

@@ -22,6 +22,14 @@ def _run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     )
 
 
+def _no_cluster_line(address: str, source: str, instead: str) -> str:
+    """The one line a run ends with when nothing answers at the Ray `address` its `source` set."""
+    return (
+        f"rollflow: no Ray cluster answers at {address} ({source}: {address}): connection refused; "
+        f"start one there with `ray start --head --port={address.split(':')[1]}`, or {instead}"
+    )
+
+
 def test_search_on_ray_without_a_cluster_says_how_to_start_one(tmp_path):
     address = f"127.0.0.1:{free_port()}"  # nothing listens there
     result = _run(
@@ -29,10 +37,8 @@ def test_search_on_ray_without_a_cluster_says_how_to_start_one(tmp_path):
         "--backend", "ray", env={"RAY_ADDRESS": address},
     )  # fmt: skip
     assert result.returncode == 2, result.stderr
-    assert result.stderr.strip().splitlines()[-1] == (
-        f"rollflow: no Ray cluster answers at {address} (RAY_ADDRESS: {address}): connection refused; "
-        f"start one there with `ray start --head --port={address.split(':')[1]}`, "
-        "or drop --backend ray to search on this machine"
+    assert result.stderr.strip().splitlines()[-1] == _no_cluster_line(
+        address, "RAY_ADDRESS", "drop --backend ray to search on this machine"
     )
     assert "Traceback" not in result.stderr and "GCS" not in result.stderr
 
@@ -45,10 +51,8 @@ def test_launch_on_ray_without_a_cluster_names_the_config_key(tmp_path, tiny_mod
         env={},
     )  # fmt: skip
     assert result.returncode == 2, result.stderr
-    assert result.stderr.strip().splitlines()[-1] == (
-        f"rollflow: no Ray cluster answers at {address} (launch.ray.address: {address}): connection refused; "
-        f"start one there with `ray start --head --port={address.split(':')[1]}`, "
-        "or set launch.backend=local to run on this machine"
+    assert result.stderr.strip().splitlines()[-1] == _no_cluster_line(
+        address, "launch.ray.address", "set launch.backend=local to run on this machine"
     )
     assert "Traceback" not in result.stderr and not (tmp_path / "manager.log").exists()
 

@@ -6,15 +6,22 @@ import asyncio
 import contextvars
 import json
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import aiohttp
 from aiohttp import web
 
 from rollflow.runtime.launch.servers import metric, wait_until, workers  # noqa: F401 - the tests take them from here
+from rollflow.runtime.manager.config import ManagerConfig
+from rollflow.runtime.manager.core.batches import Batch
+from rollflow.runtime.manager.core.service import RolloutManager
 from tests.runtime.processes import Process, descendants, free_port, http, rollflow, with_test_processes
 
 _SEEN = contextvars.ContextVar("seen")
+
+T = TypeVar("T")
 
 
 def manager_on_journal(tmp_path: Path, config: dict, port: int, wait: bool = True) -> Process:
@@ -57,6 +64,38 @@ def assert_spans_tile_the_output(sample: dict) -> None:
         assert span["end"] > span["start"]
         position = span["end"]
     assert position == len(sample["output_ids"]) == len(sample["output_logprobs"])
+
+
+def assert_finished_as_undisturbed(samples: list[dict], engine, max_new_tokens: int) -> None:
+    """Every sample finished with what `engine` generates for its prompt uninterrupted, its spans
+    tiling the output: whatever happened on the way (kills, moves, restarts) lost and repeated nothing."""
+    for sample in samples:
+        assert sample["state"] == "finished", sample
+        assert sample["output_ids"] == greedy_reference(engine, sample["prompt_ids"], max_new_tokens)
+        assert_spans_tile_the_output(sample)
+
+
+def run_manager(
+    scenario: Callable[[RolloutManager], Awaitable[T]], config: ManagerConfig | None = None, **options: Any
+) -> T:
+    """`scenario(manager)` on a RolloutManager in this process (`config`, and its constructor's
+    `options` such as a router), started before and closed after."""
+
+    async def main() -> T:
+        manager = RolloutManager(config or ManagerConfig(), **options)
+        await manager.start()
+        try:
+            return await scenario(manager)
+        finally:
+            await manager.close()
+
+    return asyncio.run(main())
+
+
+async def finished(batch: Batch) -> None:
+    """Returns once every sample of an in-process manager's `batch` has ended."""
+    while not batch.done:
+        await batch.changed()
 
 
 def drain(batch, timeout_s: float = 240.0) -> list[dict]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import urllib.request
@@ -10,10 +9,8 @@ import urllib.request
 import pytest
 
 from rollflow.runtime.manager.client import ManagerClient, ManagerError
-from rollflow.runtime.manager.config import ManagerConfig
-from rollflow.runtime.manager.core.service import RolloutManager
 from rollflow.runtime.wire.base import SamplingParams
-from tests.runtime.manager.helpers import greedy_reference, metric, workers
+from tests.runtime.manager.helpers import finished, greedy_reference, metric, run_manager, workers
 from tests.runtime.processes import http
 
 
@@ -244,20 +241,14 @@ def test_a_failing_router_is_overruled_and_counted_not_fatal(fleet):
         def pick(self, request, view):
             raise IndexError("policy bug")
 
-    async def run() -> tuple[list, float]:
-        manager = RolloutManager(ManagerConfig(), router=BrokenRouter())
-        await manager.start()
-        try:
-            for engine in engines:
-                await manager.fleet.add_engine(engine.url)
-            batch = manager.submit_batch([[6, 6]] * 3, 1, SamplingParams(max_new_tokens=2, temperature=0))
-            while not batch.done:
-                await batch.changed()
-            return batch.samples, manager.metrics.router_errors._value.get()
-        finally:
-            await manager.close()
+    async def run(manager) -> tuple[list, float]:
+        for engine in engines:
+            await manager.fleet.add_engine(engine.url)
+        batch = manager.submit_batch([[6, 6]] * 3, 1, SamplingParams(max_new_tokens=2, temperature=0))
+        await finished(batch)
+        return batch.samples, manager.metrics.router_errors._value.get()
 
-    samples, errors = asyncio.run(run())
+    samples, errors = run_manager(run, router=BrokenRouter())
     assert [s.state.name for s in samples] == ["FINISHED"] * 3
     assert errors == 3
 

@@ -11,49 +11,30 @@ from rollflow.runtime.engines.load import EngineLoad
 from rollflow.runtime.manager.config import EngineEntry, ManagerConfig
 from rollflow.runtime.manager.core.registry import EngineRecord, Registry
 from rollflow.runtime.manager.core.samples import Sample
-from rollflow.runtime.manager.core.service import RolloutManager
 from rollflow.runtime.manager.core.view import instance_view, route_inputs
 from rollflow.runtime.wire.base import SamplingParams
 from rollflow.sim.request import SimRequest
 from rollflow.sim.simulator import ServingSimulator
 from rollflow.sim.workload import build_requests
 from tests.factories import make_config
+from tests.runtime.manager.helpers import finished, run_manager
 from tests.runtime.processes import start_engine
 
 
-def _run_manager(config: ManagerConfig, scenario):
-    async def main():
-        manager = RolloutManager(config)
-        await manager.start()
-        try:
-            return await scenario(manager)
-        finally:
-            await manager.close()
+def test_lor_spreads_a_burst_over_three_engines_before_any_load_report(processes):
+    engines = [processes.engine() for _ in range(3)]
+    config = ManagerConfig(
+        router="lor",
+        load_poll_interval_s=60,  # no report arrives during the burst: the manager's own counts spread it
+        engines=[EngineEntry(url=e.url, engine_type="builtin", capacity=4) for e in engines],
+    )
 
-    return asyncio.run(main())
+    async def burst(manager):
+        batch = manager.submit_batch([[1, 2, 3]] * 9, 1, SamplingParams(max_new_tokens=4, temperature=0))
+        await finished(batch)
+        return [sample.spans[0].engine_id for sample in batch.samples]
 
-
-def test_lor_spreads_a_burst_over_three_engines_before_any_load_report(tmp_path, tiny_model):
-    engines = [start_engine(tiny_model, tmp_path, name=f"e{i}", wait=False) for i in range(3)]
-    try:
-        for engine in engines:
-            engine.wait_ready()
-        config = ManagerConfig(
-            router="lor",
-            load_poll_interval_s=60,  # no report arrives during the burst: the manager's own counts spread it
-            engines=[EngineEntry(url=e.url, engine_type="builtin", capacity=4) for e in engines],
-        )
-
-        async def burst(manager):
-            batch = manager.submit_batch([[1, 2, 3]] * 9, 1, SamplingParams(max_new_tokens=4, temperature=0))
-            while not batch.done:
-                await batch.changed()
-            return [sample.spans[0].engine_id for sample in batch.samples]
-
-        picks = _run_manager(config, burst)
-    finally:
-        for engine in engines:
-            engine.stop()
+    picks = run_manager(burst, config)
     simulated = make_config(
         "cluster.replicas=3",
         "cluster.router=lor",
@@ -94,7 +75,7 @@ def test_the_view_counts_what_the_engine_queues_itself(tmp_path, tiny_model):
             manager.forget_batch(batch.batch_id, deleted="test over")
             return seen
 
-        report, view = _run_manager(config, three_long_samples)
+        report, view = run_manager(three_long_samples, config)
     finally:
         engine.stop()
     assert (report.num_running, report.num_queued) == (1, 2)

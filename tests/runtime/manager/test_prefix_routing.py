@@ -3,14 +3,12 @@ engine that caches its prompt, and the built-in engines' prefix caches compute l
 
 from __future__ import annotations
 
-import asyncio
-
 from rollflow.runtime.manager.config import EngineEntry, ManagerConfig
 from rollflow.runtime.manager.core.prefixes import BLOCK_TOKENS, PrefixRecord, prefix_key
-from rollflow.runtime.manager.core.service import RolloutManager
 from rollflow.runtime.wire.base import SamplingParams
 from rollflow.token_blocks import block_hashes
-from tests.runtime.processes import http, start_engine
+from tests.runtime.manager.helpers import finished, run_manager
+from tests.runtime.processes import http
 
 
 def _prefill_tokens(engines) -> int:
@@ -20,40 +18,27 @@ def _prefill_tokens(engines) -> int:
 def _run_batch(engines, router: str, prompts: list[list[int]]) -> list[list[int]]:
     """Engine ids of each group's samples."""
 
-    async def main():
-        config = ManagerConfig(
-            router=router,
-            engines=[EngineEntry(url=e.url, engine_type="builtin", capacity=8) for e in engines],
-        )
-        manager = RolloutManager(config)
-        await manager.start()
-        try:
-            batch = manager.submit_batch(prompts, 4, SamplingParams(max_new_tokens=4, temperature=0))
-            while not batch.done:
-                await batch.changed()
-            assert all(sample.state.name == "FINISHED" for sample in batch.samples)
-            return [[sample.spans[0].engine_id for sample in group] for group in batch.groups]
-        finally:
-            await manager.close()
+    async def placed(manager):
+        batch = manager.submit_batch(prompts, 4, SamplingParams(max_new_tokens=4, temperature=0))
+        await finished(batch)
+        assert all(sample.state.name == "FINISHED" for sample in batch.samples)
+        return [[sample.spans[0].engine_id for sample in group] for group in batch.groups]
 
-    return asyncio.run(main())
+    config = ManagerConfig(
+        router=router, engines=[EngineEntry(url=e.url, engine_type="builtin", capacity=8) for e in engines]
+    )
+    return run_manager(placed, config)
 
 
-def test_prefix_affinity_keeps_groups_on_one_engine_and_halves_the_prefill(tmp_path, tiny_model):
-    engines = [start_engine(tiny_model, tmp_path, name=f"e{i}", wait=False) for i in range(3)]
-    try:
-        for engine in engines:
-            engine.wait_ready()
-        computed = {}
-        placements = {}
-        for offset, router in ((0, "round_robin"), (100, "prefix_affinity")):
-            prompts = [[offset + 40 * g + i for i in range(40)] for g in range(3)]  # 40 tokens each
-            before = _prefill_tokens(engines)
-            placements[router] = _run_batch(engines, router, prompts)
-            computed[router] = _prefill_tokens(engines) - before
-    finally:
-        for engine in engines:
-            engine.stop()
+def test_prefix_affinity_keeps_groups_on_one_engine_and_halves_the_prefill(processes):
+    engines = [processes.engine() for _ in range(3)]
+    computed = {}
+    placements = {}
+    for offset, router in ((0, "round_robin"), (100, "prefix_affinity")):
+        prompts = [[offset + 40 * g + i for i in range(40)] for g in range(3)]  # 40 tokens each
+        before = _prefill_tokens(engines)
+        placements[router] = _run_batch(engines, router, prompts)
+        computed[router] = _prefill_tokens(engines) - before
     # round robin spreads every group's 4 samples over the 3 engines
     assert all(len(set(group)) > 1 for group in placements["round_robin"])
     # prefix affinity: each group on one engine, the three groups on three engines

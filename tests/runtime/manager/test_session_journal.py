@@ -39,6 +39,13 @@ def _config(tmp_path: Path, engine_url: str) -> dict:
     }
 
 
+def _journaled_manager(tmp_path: Path, engine_url: str) -> tuple[dict, Process, ManagerClient]:
+    """(its config, a manager journaling to `tmp_path`, a client that waits out its restarts)."""
+    config = _config(tmp_path, engine_url)
+    manager = start_manager(tmp_path, config)
+    return config, manager, ManagerClient(manager.url, reconnect_s=120)
+
+
 def _turns(client: ManagerClient, session_id: str, turns: range) -> list[list[int]]:
     return [
         client.send_turn(session_id, PROMPT if turn == 0 else ENV_TOKENS[turn], **SAMPLING)["output_ids"]
@@ -54,9 +61,7 @@ def _kill_and_restart(tmp_path: Path, manager: Process, config: dict) -> Process
 
 def test_sessions_come_back_with_their_context_and_go_on_as_if_undisturbed(processes, tmp_path):
     engine = processes.engine()
-    config = _config(tmp_path, engine.url)
-    manager = start_manager(tmp_path, config)
-    client = ManagerClient(manager.url, reconnect_s=120)
+    config, manager, client = _journaled_manager(tmp_path, engine.url)
     undisturbed = client.open_session()
     reference = _turns(client, undisturbed, range(3))
     reference_record = client.session(undisturbed)
@@ -98,9 +103,7 @@ def test_a_turn_cut_off_by_the_kill_finishes_from_its_journaled_tokens_and_is_an
 ):
     engine = processes.engine()
     proxy = CountingProxy(engine.url)
-    config = _config(tmp_path, proxy.url)
-    manager = start_manager(tmp_path, config)
-    client = ManagerClient(manager.url, reconnect_s=120)
+    config, manager, client = _journaled_manager(tmp_path, proxy.url)
     try:
         session_id = client.open_session()
         (first,) = _turns(client, session_id, range(1))
@@ -167,9 +170,7 @@ def test_a_turn_cut_off_by_the_kill_finishes_from_its_journaled_tokens_and_is_an
 
 def test_a_turn_running_when_the_manager_is_stopped_resumes_after_its_restart(processes, tmp_path):
     engine = processes.engine()
-    config = _config(tmp_path, engine.url)
-    manager = start_manager(tmp_path, config)
-    client = ManagerClient(manager.url, reconnect_s=120)
+    config, manager, client = _journaled_manager(tmp_path, engine.url)
     try:
         session_id = client.open_session()
         (first,) = _turns(client, session_id, range(1))
@@ -197,9 +198,7 @@ def test_a_turn_running_when_the_manager_is_stopped_resumes_after_its_restart(pr
 
 def test_a_caller_gone_mid_turn_still_cancels_it_and_a_restart_does_not_bring_it_back(processes, tmp_path):
     engine = processes.engine()
-    config = _config(tmp_path, engine.url)
-    manager = start_manager(tmp_path, config)
-    client = ManagerClient(manager.url, reconnect_s=120)
+    config, manager, client = _journaled_manager(tmp_path, engine.url)
     try:
         session_id = client.open_session()
         _turns(client, session_id, range(1))

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from rollflow.policy.routing import make_router
 from rollflow.runtime.manager.config import ManagerConfig
-from rollflow.runtime.manager.core.service import RolloutManager
 from rollflow.runtime.wire.base import SamplingParams
 from rollflow.sim.simulator import ServingSimulator
 from rollflow.sim.workload import build_requests
 from tests.factories import make_config
-from tests.runtime.processes import REPO, start_engine
+from tests.runtime.manager.helpers import finished, run_manager
+from tests.runtime.processes import REPO
 
 
-def test_the_same_router_object_routes_a_simulated_and_a_live_cluster(tmp_path, tiny_model):
+def test_the_same_router_object_routes_a_simulated_and_a_live_cluster(processes):
     router = make_router("round_robin")
     config = make_config(
         "cluster.replicas=3",
@@ -23,26 +21,16 @@ def test_the_same_router_object_routes_a_simulated_and_a_live_cluster(tmp_path, 
         "workload.kind=synthetic",
     )
     ServingSimulator(config, build_requests(config.workload, config.seed), router=router).run()
-    engines = [start_engine(tiny_model, tmp_path, name=f"e{i}") for i in range(3)]
-    try:
+    engines = [processes.engine() for _ in range(3)]
 
-        async def live() -> list[int]:
-            manager = RolloutManager(ManagerConfig(), router=router)
-            await manager.start()
-            try:
-                for engine in engines:
-                    await manager.fleet.add_engine(engine.url)
-                batch = manager.submit_batch([[1, 2]] * 6, 1, SamplingParams(max_new_tokens=2, temperature=0))
-                while not batch.done:
-                    await batch.changed()
-                return [sample.spans[0].engine_id for sample in batch.samples]
-            finally:
-                await manager.close()
-
-        picks = asyncio.run(live())
-    finally:
+    async def live(manager) -> list[int]:
         for engine in engines:
-            engine.stop()
+            await manager.fleet.add_engine(engine.url)
+        batch = manager.submit_batch([[1, 2]] * 6, 1, SamplingParams(max_new_tokens=2, temperature=0))
+        await finished(batch)
+        return [sample.spans[0].engine_id for sample in batch.samples]
+
+    picks = run_manager(live, router=router)
     # The simulator routed 7 requests, so the shared cursor continues at 7 % 3 == 1.
     assert picks == [1, 2, 0, 1, 2, 0]
 
@@ -61,7 +49,7 @@ class RecordingRouter:
         return choice
 
 
-def test_one_learned_policy_file_routes_the_simulator_and_the_live_manager(tmp_path, tiny_model):
+def test_one_learned_policy_file_routes_the_simulator_and_the_live_manager(processes):
     policy = str(REPO / "examples/router/homogeneous.policy.npz")
     config = make_config(
         "cluster.replicas=4",
@@ -75,32 +63,18 @@ def test_one_learned_policy_file_routes_the_simulator_and_the_live_manager(tmp_p
     simulated.run()
     assert len({choice for _, _, choice in simulated.router.decisions}) >= 2
 
-    engines = [start_engine(tiny_model, tmp_path, name=f"e{i}", wait=False) for i in range(4)]
-    try:
-        for engine in engines:
-            engine.wait_ready()
+    engines = [processes.engine() for _ in range(4)]
 
-        async def live() -> RecordingRouter:
-            manager = RolloutManager(ManagerConfig(router="learned", router_path=policy))
-            manager.dispatcher.router = RecordingRouter(manager.dispatcher.router)
-            await manager.start()
-            try:
-                for engine in engines:
-                    await manager.fleet.add_engine(engine.url)
-                batch = manager.submit_batch(
-                    [[3, 4, 5]] * 12, 1, SamplingParams(max_new_tokens=3, temperature=0)
-                )
-                while not batch.done:
-                    await batch.changed()
-                assert all(sample.state.name == "FINISHED" for sample in batch.samples)
-                return manager.dispatcher.router
-            finally:
-                await manager.close()
-
-        recorded = asyncio.run(live())
-    finally:
+    async def live(manager) -> RecordingRouter:
+        manager.dispatcher.router = RecordingRouter(manager.dispatcher.router)  # before any request
         for engine in engines:
-            engine.stop()
+            await manager.fleet.add_engine(engine.url)
+        batch = manager.submit_batch([[3, 4, 5]] * 12, 1, SamplingParams(max_new_tokens=3, temperature=0))
+        await finished(batch)
+        assert all(sample.state.name == "FINISHED" for sample in batch.samples)
+        return manager.dispatcher.router
+
+    recorded = run_manager(live, ManagerConfig(router="learned", router_path=policy))
     fresh = make_router("learned", path=policy)
     assert len(recorded.decisions) == 12
     assert [fresh.pick(request, view) for request, view, _ in recorded.decisions] == [

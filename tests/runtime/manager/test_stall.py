@@ -17,6 +17,7 @@ from rollflow.runtime.manager.core.samples import Sample, SampleState
 from rollflow.runtime.manager.core.service import RolloutManager
 from rollflow.runtime.manager.core.stall import StallSweep
 from rollflow.runtime.wire.base import SamplingParams
+from tests.runtime.manager.helpers import run_manager
 
 WINDOW_S = 0.4
 
@@ -134,20 +135,15 @@ def test_an_engine_that_queues_many_streams_while_it_produces_for_one_is_not_hun
     last waits about seven windows in the engine's queue with no token, and none of them is taken
     for hung or resumed, because the engine produces for someone throughout."""
 
-    async def go():
-        manager = RolloutManager(ManagerConfig(engines=[], stall_timeout_s=WINDOW_S))
-        await manager.start()
-        try:
-            client = QueueingEngine("http://127.0.0.1:9", max_running=1, token_interval_s=0.02)
-            engine = _register(manager, client, capacity=6)
-            params = SamplingParams(max_new_tokens=30, temperature=0)  # 0.6 s a sample
-            samples = [manager.submit_sample([1, 2, 3 + i], params) for i in range(6)]
-            await _finish(manager, samples)
-            return engine, samples, client
-        finally:
-            await manager.close()
+    async def go(manager):
+        client = QueueingEngine("http://127.0.0.1:9", max_running=1, token_interval_s=0.02)
+        engine = _register(manager, client, capacity=6)
+        params = SamplingParams(max_new_tokens=30, temperature=0)  # 0.6 s a sample
+        samples = [manager.submit_sample([1, 2, 3 + i], params) for i in range(6)]
+        await _finish(manager, samples)
+        return engine, samples, client
 
-    engine, samples, client = asyncio.run(go())
+    engine, samples, client = run_manager(go, ManagerConfig(engines=[], stall_timeout_s=WINDOW_S))
     assert engine.state == "healthy"
     assert all(s.state == SampleState.FINISHED and len(s.output_ids) == 30 for s in samples)
     assert [s.attempts for s in samples] == [1] * 6  # no queue wait cost a resume
@@ -160,25 +156,20 @@ def test_an_engine_that_produces_for_no_one_while_it_has_streams_is_hung_and_its
     whole window of silence, and not before, it leaves the pool and all four samples resume on a
     second engine from the tokens they had."""
 
-    async def go():
-        manager = RolloutManager(ManagerConfig(engines=[], stall_timeout_s=WINDOW_S))
-        await manager.start()
-        try:
-            hanging = QueueingEngine("http://127.0.0.1:9", max_running=1, token_interval_s=0.02)
-            stuck = _register(manager, hanging, capacity=4)
-            params = SamplingParams(max_new_tokens=40, temperature=0)
-            samples = [manager.submit_sample([1, 2, 3 + i], params) for i in range(4)]
-            while len(samples[0].output_ids) < 5:
-                await manager.wait_for_update(samples[0])
-            hanging.hang()
-            healthy = QueueingEngine("http://127.0.0.1:10", max_running=4, token_interval_s=0.001)
-            _register(manager, healthy, capacity=4)
-            await _finish(manager, samples)
-            return stuck, samples, hanging, healthy
-        finally:
-            await manager.close()
+    async def go(manager):
+        hanging = QueueingEngine("http://127.0.0.1:9", max_running=1, token_interval_s=0.02)
+        stuck = _register(manager, hanging, capacity=4)
+        params = SamplingParams(max_new_tokens=40, temperature=0)
+        samples = [manager.submit_sample([1, 2, 3 + i], params) for i in range(4)]
+        while len(samples[0].output_ids) < 5:
+            await manager.wait_for_update(samples[0])
+        hanging.hang()
+        healthy = QueueingEngine("http://127.0.0.1:10", max_running=4, token_interval_s=0.001)
+        _register(manager, healthy, capacity=4)
+        await _finish(manager, samples)
+        return stuck, samples, hanging, healthy
 
-    stuck, samples, hanging, healthy = asyncio.run(go())
+    stuck, samples, hanging, healthy = run_manager(go, ManagerConfig(engines=[], stall_timeout_s=WINDOW_S))
     assert stuck.state == "failed"
     assert healthy.first_request_at - hanging.last_token_at >= WINDOW_S  # moved only after a window
     assert all(s.state == SampleState.FINISHED and len(s.output_ids) == 40 for s in samples)

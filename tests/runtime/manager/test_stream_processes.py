@@ -10,7 +10,7 @@ import urllib.request
 
 from rollflow.runtime.manager.client import ManagerClient
 from tests.runtime.manager.helpers import (
-    assert_spans_tile_the_output,
+    assert_finished_as_undisturbed,
     drain,
     greedy_reference,
     metric,
@@ -46,10 +46,7 @@ def test_samples_read_by_stream_processes_equal_one_engines_greedy_output(proces
     batch = ManagerClient(manager.url).submit(PROMPTS, n=2, max_new_tokens=48, temperature=0, ignore_eos=True)
     samples = drain(batch)
     assert len(samples) == len(PROMPTS) * 2
-    for sample in samples:
-        assert sample["state"] == "finished", sample
-        assert sample["output_ids"] == greedy_reference(engines[0], sample["prompt_ids"], 48)
-        assert_spans_tile_the_output(sample)
+    assert_finished_as_undisturbed(samples, engines[0], 48)
     # a client's stream: events as the stream processes send them, the last one holding every token
     events = _streamed_generate(manager, PROMPTS[0], 40)
     assert events[-1]["output_ids"] == greedy_reference(engines[1], PROMPTS[0], 40)
@@ -69,10 +66,7 @@ def test_a_stream_process_killed_mid_batch_loses_no_sample(processes):
     )
     os.kill(child, signal.SIGKILL)
     samples = drain(batch)
-    for sample in samples:
-        assert sample["state"] == "finished", sample
-        assert sample["output_ids"] == greedy_reference(engines[0], sample["prompt_ids"], 160)
-        assert_spans_tile_the_output(sample)
+    assert_finished_as_undisturbed(samples, engines[0], 160)
     assert metric(manager, 'rollflow_resumed_samples_total{reason="stream_process_lost"}') >= 1
     # the engines were not at fault: both still serve, and a new stream process took the old one's place
     assert all(w["state"] == "healthy" for w in workers(manager).values())
@@ -95,9 +89,6 @@ def test_an_engine_killed_mid_batch_resumes_its_samples_with_nothing_regenerated
     )
     engines[0].kill()
     samples = drain(batch)
-    for sample in samples:
-        assert sample["state"] == "finished", sample
-        assert sample["output_ids"] == greedy_reference(engines[1], sample["prompt_ids"], 160)
-        assert_spans_tile_the_output(sample)
+    assert_finished_as_undisturbed(samples, engines[1], 160)
     assert metric(manager, "rollflow_resumed_samples_total") >= 1
     assert metric(manager, "rollflow_regenerated_tokens_total") == 0

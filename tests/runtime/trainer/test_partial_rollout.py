@@ -20,6 +20,30 @@ N_SAMPLES = 4
 MAX_STALENESS = 1
 
 
+def _waves(processes, tiny_model, output, manager_options: dict | None = None, **train) -> tuple[list, dict]:
+    """(two engines, the config of a run through a manager over them): two samples at a time per
+    engine, so a step's samples run in waves and its tail is cut off; this file's group sizes."""
+    engines = [processes.engine() for _ in range(2)]
+    manager = processes.manager(
+        engines=[{"url": e.url, "capacity": 2} for e in engines], **(manager_options or {})
+    )
+    config = base_config(
+        manager,
+        tiny_model,
+        output,
+        prompts_per_step=PROMPTS_PER_STEP,
+        n_samples=N_SAMPLES,
+        max_new_tokens=24,
+        max_staleness=MAX_STALENESS,
+        **train,
+    )
+    return engines, config
+
+
+def _trained(output) -> list[dict]:
+    return [json.loads(line) for line in (output / "trained_samples.jsonl").read_text().splitlines()]
+
+
 def _checkpoint_state(output, step: int) -> dict:
     return json.loads((output / "checkpoints" / f"step_{step}" / "state.json").read_text())
 
@@ -31,22 +55,14 @@ def _checkpoint_carried(output, step: int) -> list[list[dict]]:
 def test_partial_rollout_carries_samples_across_steps_and_an_engine_killed_between_steps(
     processes, tiny_model, tmp_path
 ):
-    engines = [processes.engine() for _ in range(2)]
-    # two samples at a time per engine: the step's 48 samples run in waves, so its tail is cut off
-    manager = processes.manager(
-        engines=[{"url": e.url, "capacity": 2} for e in engines], health_interval_s=0.5
-    )
     output = tmp_path / "run"
-    config = base_config(
-        manager,
+    engines, config = _waves(  # the step's 48 samples run in waves
+        processes,
         tiny_model,
         output,
+        {"health_interval_s": 0.5},
         steps=3,
-        prompts_per_step=PROMPTS_PER_STEP,
-        n_samples=N_SAMPLES,
-        max_new_tokens=24,
         partial_rollout=8,
-        max_staleness=MAX_STALENESS,
         prompts="tests.runtime.trainer.partial_plugin:prompts_killing_an_engine",
     )
     env = {PIDS_ENV: json.dumps({e.url: e.proc.pid for e in engines}), RUN_ENV: str(output)}
@@ -62,7 +78,7 @@ def test_partial_rollout_carries_samples_across_steps_and_an_engine_killed_betwe
         assert sum(len(g) for g in groups) == int(steps[step - 1]["samples_carried"])
         assert all(len(g) == N_SAMPLES for g in groups)  # carried whole
 
-    trained = [json.loads(line) for line in (output / "trained_samples.jsonl").read_text().splitlines()]
+    trained = _trained(output)
     ids = [record["sample_id"] for record in trained]
     assert len(ids) == len(set(ids)) == 3 * PROMPTS_PER_STEP * N_SAMPLES  # none trained twice
     # none lost: each sample carried out of a step is trained later or still carried at the run's end
@@ -107,25 +123,13 @@ def test_partial_rollout_carries_samples_across_steps_and_an_engine_killed_betwe
 def test_partial_rollout_off_policy_starts_the_next_rollout_as_this_one_ends_and_a_resume_goes_on_with_the_carried(
     processes, tiny_model, tmp_path
 ):
-    engines = [processes.engine() for _ in range(2)]
-    manager = processes.manager(engines=[{"url": e.url, "capacity": 2} for e in engines])
     output = tmp_path / "run"
-    config = base_config(
-        manager,
-        tiny_model,
-        output,
-        prompts_per_step=PROMPTS_PER_STEP,
-        n_samples=N_SAMPLES,
-        max_new_tokens=24,
-        partial_rollout=4,
-        off_policy=True,
-        max_staleness=MAX_STALENESS,
-    )
+    _, config = _waves(processes, tiny_model, output, partial_rollout=4, off_policy=True)
     train(config, tmp_path, "--resume", "never")
     steps = rows(output)
     assert [int(r["samples"]) for r in steps] == [PROMPTS_PER_STEP * N_SAMPLES] * 2
     assert all(int(r["samples_carried"]) > 0 for r in steps)
-    trained = [json.loads(line) for line in (output / "trained_samples.jsonl").read_text().splitlines()]
+    trained = _trained(output)
     assert len({r["sample_id"] for r in trained}) == len(trained)
     for record in trained:
         assert all(0 <= (record["step"] - 1) - s["weight_version"] <= MAX_STALENESS for s in record["spans"])
@@ -143,7 +147,7 @@ def test_partial_rollout_off_policy_starts_the_next_rollout_as_this_one_ends_and
     # --resume auto goes on with the groups the last step carried (in its checkpoint): none is lost
     left = {s["sample_id"] for g in _checkpoint_carried(output, 2) for s in g}
     train({**config, "steps": 3}, tmp_path, "--resume", "auto")
-    trained = [json.loads(line) for line in (output / "trained_samples.jsonl").read_text().splitlines()]
+    trained = _trained(output)
     in_step_3 = {r["sample_id"] for r in trained if r["step"] == 3}
     carried_on = {s["sample_id"] for g in _checkpoint_carried(output, 3) for s in g}
     assert left <= in_step_3 | carried_on and left & in_step_3
@@ -173,22 +177,10 @@ def test_partial_rollout_auto_asks_the_simulators_policy_with_the_groups_trained
     """`partial_rollout: auto` live: each step's extra groups are what the shared policy (the one
     `rollflow rl-sim` asks) chooses from the lengths of the groups trained in the steps before, and
     after `--resume auto` too: the lengths travel in the checkpoint (step 3 runs in a resumed run)."""
-    engines = [processes.engine() for _ in range(2)]
-    manager = processes.manager(engines=[{"url": e.url, "capacity": 2} for e in engines])
     output = tmp_path / "run"
-    config = base_config(
-        manager,
-        tiny_model,
-        output,
-        steps=2,
-        prompts_per_step=PROMPTS_PER_STEP,
-        n_samples=N_SAMPLES,
-        max_new_tokens=24,
-        partial_rollout="auto",
-        max_staleness=MAX_STALENESS,
-    )
+    _, config = _waves(processes, tiny_model, output, steps=2, partial_rollout="auto")
     train(config, tmp_path, "--resume", "never")
-    trained = [json.loads(line) for line in (output / "trained_samples.jsonl").read_text().splitlines()]
+    trained = _trained(output)
     sampler = Oversampler("auto", PROMPTS_PER_STEP)
     steps = rows(output)
     assert [int(r["step"]) for r in steps] == [1, 2] and steps[0]["extra_groups"] == "0"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rollflow.runtime.weights import CodecError, CodecSpec, WeightIntegrityError, WeightStore
-from rollflow.runtime.weights.codecs import UNIT_ROUNDOFF
+from rollflow.runtime.weights.codecs import UNIT_ROUNDOFF, decode_record
 from rollflow.runtime.weights.payload import chunk_file, decode_payload
 from tests.runtime.weights.factories import assert_same_state, tiny_llama, train_step
 
@@ -113,6 +113,12 @@ def test_delta_needs_the_right_base(tmp_path):
     without_norm = {name: tensor for name, tensor in first.items() if name != "model.norm.weight"}
     with pytest.raises(WeightIntegrityError, match=r"lack model\.norm\.weight"):
         _decode(store, manifest, without_norm)
+
+
+@pytest.mark.parametrize("encoding", ["same", "xor"])
+def test_a_delta_record_without_its_base_is_an_integrity_error(encoding):
+    with pytest.raises(WeightIntegrityError, match="needs the base weights"):
+        decode_record(encoding, memoryview(b""), torch.float32, (2,), None)
 
 
 @pytest.mark.parametrize(

@@ -145,6 +145,8 @@ def test_a_weight_server_keeps_only_the_manifest_and_a_puller_reads_the_version_
             export(exporters, version, state, spec).to_json() for version, state in ((1, first), (2, second))
         ]
         assert http("PUT", url + "/v1/sharded/1", bodies[0].encode())[0] == 401
+        status, answer = http("PUT", url + "/v1/sharded/two", bodies[0].encode(), token="secret")
+        assert status == 400 and "version must be an integer" in answer["error"]["message"]
         status, answer = http("PUT", url + "/v1/sharded/2", bodies[0].encode(), token="secret")
         assert status == 400 and "of version 1, not 2" in answer["error"]["message"]
         status, answer = http("PUT", url + "/v1/sharded/1", b'{"version": 1}', token="secret")

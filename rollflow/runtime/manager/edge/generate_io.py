@@ -4,6 +4,7 @@ limits on a prompt and its sampling parameters, and SGLang's answer of one sampl
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Any
 
 from rollflow.runtime.http.answer import dumps
@@ -96,8 +97,13 @@ class StreamEvents:
             tokens = output_ids[start:]
             comma = b"," if start else b""
             self._ids += comma + dumps(tokens)[1:-1]
-            if body.return_logprob:
-                entries = _entries(sample, tokenizer, body.return_text_in_logprobs, start)
+            if body.return_logprob and not body.return_text_in_logprobs:
+                # the (logprob, token, null) entries zipped in C, not a list built per token
+                logprobs = sample.output_logprobs[start:]
+                entries = list(zip(logprobs, tokens, repeat(None, len(tokens)), strict=True))
+                self._entries += comma + dumps(entries)[1:-1]
+            elif body.return_logprob:
+                entries = _entries(sample, tokenizer, True, start)
                 self._entries += comma + dumps(entries)[1:-1]
             self._count = len(output_ids)
         meta = dumps(_meta(sample, rid))

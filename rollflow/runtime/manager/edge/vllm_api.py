@@ -42,7 +42,7 @@ from rollflow.runtime.manager.core.batches import sample_sampling
 from rollflow.runtime.manager.core.samples import Sample, SampleState
 from rollflow.runtime.manager.edge.shared import MANAGER_KEY, TOKENIZER_KEY, body_limit
 from rollflow.runtime.openai.serve import Tokenizer
-from rollflow.runtime.wire.base import MAX_SEED, MIN_SEED, SamplingParams
+from rollflow.runtime.wire.base import MAX_SEED, MIN_SEED, SamplingParams, edge_sampling
 from rollflow.runtime.wire.openai import ChatBody, OpenAIError, StreamOptions, parse_body
 from rollflow.runtime.wire.sglang import MAX_TOKEN_ID, Int
 
@@ -92,25 +92,7 @@ class VllmSamplingParams(_Body):
             raise OpenAIError(
                 400, "prompt_logprobs is not served by the manager", "sampling_params.prompt_logprobs"
             )
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        return SamplingParams(
-            max_new_tokens=self.max_tokens or DEFAULT_MAX_TOKENS,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k if self.top_k != 0 else -1,
-            ignore_eos=self.ignore_eos,
-            stop_token_ids=tuple(self.stop_token_ids or ()),
-            seed=self.seed,
-            stop=tuple(s for s in stop if s),
-            min_new_tokens=self.min_tokens,
-            frequency_penalty=self.frequency_penalty,
-            presence_penalty=self.presence_penalty,
-            repetition_penalty=self.repetition_penalty,
-            min_p=self.min_p,
-            skip_special_tokens=self.skip_special_tokens,
-            spaces_between_special_tokens=self.spaces_between_special_tokens,
-            no_stop_trim=self.include_stop_str_in_output,
-        )
+        return edge_sampling(self, "vllm", max_new_tokens=self.max_tokens or DEFAULT_MAX_TOKENS)
 
 
 class GenerateBody(_Body):

@@ -1,0 +1,32 @@
+"""`rollflow demo` run by the demo tests as a user runs it, in the repository."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from rollflow.runtime.launch.process import rollflow_command
+from tests.runtime.processes import ENV, REPO
+
+
+def demo(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`rollflow demo ARGS`, its output captured; `timeout` bounds a run that hangs."""
+    return subprocess.run(
+        rollflow_command("demo", *args), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def dynamic_config(tmp_path: Path, model: Path, auto_scheduler: bool, lr: float) -> Path:
+    """examples/demo/dynamic.yaml on the test's tiny model for three steps at learning rate `lr`, the
+    auto scheduler on or off (the same run, static)."""
+    raw = yaml.safe_load((REPO / "examples" / "demo" / "dynamic.yaml").read_text())
+    raw["cluster"]["auto_scheduler"] = auto_scheduler
+    raw["launch"]["weights"]["publish"] = str(model)
+    raw["launch"]["startup_timeout_s"] = 120
+    raw["launch"]["engines"][0]["model"] = str(model)
+    raw["train"].update(model=str(model), steps=3, lr=lr)
+    path = tmp_path / f"dynamic-{auto_scheduler}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
