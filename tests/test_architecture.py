@@ -34,6 +34,21 @@ def test_benchmarks_never_import_tests():
     assert not found, f"benchmarks importing tests: {found}"
 
 
+MAX_CLASS_LINES = 400  # a class longer than this does several jobs: split it into parts that own their state
+
+
+def test_no_class_is_over_400_lines():
+    found = []
+    for path in sorted((REPO / "rollflow").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES:
+                lines = node.end_lineno - node.lineno + 1
+                found.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not found, (
+        f"classes over {MAX_CLASS_LINES} lines (split each into parts that own their state): {found}"
+    )
+
+
 def write(root: Path, files: dict[str, str]) -> None:
     for name, text in files.items():
         path = root / name

@@ -19,7 +19,8 @@ from typing import Any
 
 from rollflow.runtime.dynamic.executor import DynamicExecutor, StepInputs
 from rollflow.runtime.manager.client import BatchHandle
-from rollflow.runtime.trainer.loop import StepTotals, Trainer
+from rollflow.runtime.trainer.learner import StepTotals
+from rollflow.runtime.trainer.loop import Trainer
 from rollflow.runtime.trainer.partial import PartialStep
 
 SEED_STRIDE = 1_000_003  # step seeds of runs with neighbouring `seed`s do not meet for a million steps
@@ -83,24 +84,12 @@ class DynamicTrainer(Trainer):
         if minibatches_done < self.num_minibatches:
             self.executor.before_minibatch(minibatches_done)
 
-    def timed_micro_batches(self, batch: BatchHandle) -> Iterator[list[list[dict]]]:
-        """Micro-batches of `micro_batch_groups` groups in submission order, each wait timed as `rollout`
-        (through the inference workers first, when the placement has them). Under partial rollout, the
+    def micro_batches(self, batch: BatchHandle | PartialStep) -> Iterator[list[list[dict]]]:
+        """Micro-batches of `micro_batch_groups` groups in submission order. Under partial rollout, the
         first groups to finish, as `Trainer` takes them: the step trains those and carries the rest."""
         if isinstance(batch, PartialStep):
-            yield from super().timed_micro_batches(batch)
-            return
-        micro_batches = in_submission_order(batch, self.config.micro_batch_groups)
-        if self.inference is not None:  # rollout -> inference -> actor
-            micro_batches = self.inference.stream(
-                micro_batches, self.tokenizer.pad_token_id, self.old_policy()
-            )
-        while True:
-            with self.timer.phase("rollout", num_gpus=self.num_ranks(), label="waiting for micro-batch"):
-                groups = next(micro_batches, None)
-            if groups is None:
-                return
-            yield groups
+            return super().micro_batches(batch)
+        return in_submission_order(batch, self.config.micro_batch_groups)
 
 
 def in_submission_order(batch: BatchHandle, size: int) -> Iterator[list[list[dict]]]:

@@ -68,12 +68,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import distributed as dist
 
+from rollflow.runtime.launch.process import wait_or_kill
 from rollflow.runtime.trainer.distributed import Share, output_tokens
 from rollflow.runtime.worker_pipe import accept_workers, connect_to_leader, receive, send
 
 if TYPE_CHECKING:
     from rollflow.policy.placement import ClusterConfig
-    from rollflow.runtime.trainer.loop import MicroBatchRecord, StepTotals, Trainer
+    from rollflow.runtime.trainer.learner import Learner, MicroBatchRecord, StepTotals
+    from rollflow.runtime.trainer.loop import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -155,12 +157,12 @@ def spec_from_cluster(
 
 
 def start_elastic(trainer: Trainer, cluster: ClusterConfig | ElasticSpec) -> ElasticActor:
-    """Start the actor's other ranks and make `trainer` their leader (sets `trainer.actor`).
+    """Start the actor's other ranks and make `trainer` their leader (sets `trainer.learner.actor`).
 
     `cluster`: usually `trainer.config.cluster`; an ElasticSpec places the ranks by hand."""
     spec = cluster if isinstance(cluster, ElasticSpec) else spec_from_cluster(cluster)
     actor = ElasticActor.start(trainer, spec)
-    trainer.actor = actor
+    trainer.learner.actor = actor
     return actor
 
 
@@ -316,7 +318,7 @@ class ElasticActor:
         busy = [rank for rank in range(1, self.active_ranks) if shares[rank].groups]
         for rank in busy:
             self._send(rank, shares[rank])
-        totals.add(self.trainer.backward(shares[0].groups, shares[0].loss_scale))
+        totals.add(self.trainer.learner.backward(shares[0].groups, shares[0].loss_scale))
         for rank in busy:
             record: MicroBatchRecord = self._receive(rank, timeout=self.trainer.config.distributed_timeout_s)
             totals.add(record)
@@ -329,7 +331,7 @@ class ElasticActor:
             return
         for rank in range(1, self.active_ranks):
             self._send(rank, OptimizerStep(self.active_ranks))
-        sum_gradients(self.trainer.parameters, self.groups[self.active_ranks])
+        sum_gradients(self.trainer.learner.parameters, self.groups[self.active_ranks])
 
     def end_step(self) -> list[int]:
         """Return to the base size; the step's per-mini-batch sizes (also kept in `sizes_by_step`)."""
@@ -346,11 +348,7 @@ class ElasticActor:
                 with contextlib.suppress(RankLost):
                     self._send(rank, Stop())
         for member in self.ranks.values():
-            try:
-                member.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                member.process.kill()
-                member.process.wait()
+            wait_or_kill(member.process, 30)
         self.listener.close()
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -358,8 +356,8 @@ class ElasticActor:
     def _grow(self, target: int) -> str:
         """Bring ranks active_ranks..target-1 in, one by one; what went wrong ('' when nothing)."""
         state = Join(
-            [p.detach().cpu() for p in self.trainer.parameters],
-            _to_cpu(self.trainer.optimizer.state_dict()),
+            [p.detach().cpu() for p in self.trainer.learner.parameters],
+            _to_cpu(self.trainer.learner.optimizer.state_dict()),
         )
         before = self.active_ranks
         for rank in range(before, target):
@@ -433,7 +431,7 @@ def _to_cpu(value: Any) -> Any:
     return value
 
 
-def _serve(trainer: Trainer, connection: Connection, rank: int, groups: dict[int, Any]) -> None:
+def _serve(learner: Learner, connection: Connection, rank: int, groups: dict[int, Any]) -> None:
     """A rank other than 0: carry out rank 0's messages until told to stop (or rank 0 is gone)."""
     while True:
         try:
@@ -444,16 +442,16 @@ def _serve(trainer: Trainer, connection: Connection, rank: int, groups: dict[int
         if isinstance(message, Stop):
             return
         if isinstance(message, Share):
-            send(connection, trainer.backward(message.groups, message.loss_scale))
+            send(connection, learner.backward(message.groups, message.loss_scale))
         elif isinstance(message, OptimizerStep):
-            sum_gradients(trainer.parameters, groups[message.size])
-            trainer.optimizer_step()
+            sum_gradients(learner.parameters, groups[message.size])
+            learner.optimizer_step()
         elif isinstance(message, Join):
             with torch.no_grad():
-                for param, value in zip(trainer.parameters, message.parameters, strict=True):
+                for param, value in zip(learner.parameters, message.parameters, strict=True):
                     param.copy_(value)
-            trainer.optimizer.load_state_dict(message.optimizer)
-            trainer.optimizer.zero_grad(set_to_none=True)
+            learner.optimizer.load_state_dict(message.optimizer)
+            learner.optimizer.zero_grad(set_to_none=True)
             send(connection, Joined(rank))
         else:
             raise RuntimeError(f"rank {rank}: unexpected message {message!r}")
@@ -461,9 +459,11 @@ def _serve(trainer: Trainer, connection: Connection, rank: int, groups: dict[int
 
 def main() -> None:
     """A rank other than 0, started by `ElasticActor.start` with its place in the environment."""
+    from transformers import AutoTokenizer
+
     from rollflow.runtime.logs import setup_logging
     from rollflow.runtime.trainer.config import TrainConfig
-    from rollflow.runtime.trainer.loop import Trainer
+    from rollflow.runtime.trainer.learner import Learner
 
     setup_logging("text")
     env = {key[len(ENV_PREFIX) :]: value for key, value in os.environ.items() if key.startswith(ENV_PREFIX)}
@@ -472,13 +472,14 @@ def main() -> None:
     config = TrainConfig.model_validate({**json.loads(env["CONFIG"]), "device": env["DEVICE"]})
     if torch.device(config.device).type == "cuda":
         torch.cuda.set_device(torch.device(config.device))
-    trainer = Trainer(config, resume=False)
+    # only the models and optimizer: rank 0 alone talks to the manager and pushes weights
+    learner = Learner(config, AutoTokenizer.from_pretrained(config.model), parallel=None, checkpoint=None)
     connection = connect_to_leader(int(env["CONTROL_PORT"]), bytes.fromhex(env["AUTHKEY"]), rank)
     timeout = timedelta(seconds=config.distributed_timeout_s)
     store = dist.TCPStore("127.0.0.1", int(env["STORE_PORT"]), world, is_master=False, timeout=timeout)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     try:
-        _serve(trainer, connection, rank, prefix_groups(world))
+        _serve(learner, connection, rank, prefix_groups(world))
     finally:
         dist.destroy_process_group()
 

@@ -14,12 +14,11 @@ ratio uses the engines' recorded log-probs token by token. Partial rollout (`par
 partial.py): each step over-samples N groups, trains the first `prompts_per_step` to finish and carries
 the rest, aborted with their tokens, into the next step.
 
-Under torchrun, rank 0 runs this loop and every other rank only `_obey`s it: a backward of its share
-of each micro-batch, an optimizer step when told (distributed.py); with `parallelism: fsdp` also its
-part in gathering a weight version and in writing a checkpoint's shards (sharded.py). With an
-elastic actor (elastic.py, `trainer.actor`) this process is its rank 0, and each mini-batch trains
-on the ranks active for it; `minibatch_end_hooks` run between mini-batches, where a live executor
-resizes the actor.
+What is trained, and on how many ranks, is the `Learner`'s (learner.py): under torchrun, rank 0 runs
+this loop and every other rank only `obey`s its learner; with an elastic actor (elastic.py,
+`trainer.learner.actor`) this process is its rank 0, and each mini-batch trains on the ranks active
+for it; `minibatch_end_hooks` run between mini-batches, where a live executor resizes the actor.
+Pushing each version to the engines is `WeightPush`'s (weight_push.py).
 """
 
 from __future__ import annotations
@@ -32,76 +31,27 @@ import os
 import random
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
-from rollflow.errors import UserError
 from rollflow.phases import PhaseSpan, PhaseTimer, write_chrome_trace
 from rollflow.policy.oversample import Oversampler
 from rollflow.runtime.manager.client import BatchHandle, ManagerClient, ManagerError, ManagerUnreachable
 from rollflow.runtime.trainer import checkpoints
-from rollflow.runtime.trainer.algorithm import LossSettings, MicroBatchStats, backward_micro_batch
 from rollflow.runtime.trainer.config import TrainConfig
-from rollflow.runtime.trainer.distributed import (
-    Command,
-    DataParallel,
-    SaveShards,
-    Share,
-    idle_rollout,
-    split_micro_batch,
-)
+from rollflow.runtime.trainer.distributed import DataParallel
 from rollflow.runtime.trainer.episodes import EpisodeBatch
+from rollflow.runtime.trainer.learner import Learner, StepTotals
 from rollflow.runtime.trainer.metrics import MetricsWriter, StepMetrics
-from rollflow.runtime.trainer.models import Critic, load_policy, load_reference
 from rollflow.runtime.trainer.partial import CarryBook, PartialStep, carried_tokens
-from rollflow.runtime.trainer.rollouts import filter_stale, model_output, to_tensors
-from rollflow.runtime.trainer.shard_export import ExportShards, start_rank_shards
-from rollflow.runtime.trainer.sharded import full_state_dict, is_sharded, load_shards, save_shards
+from rollflow.runtime.trainer.rollouts import filter_stale
 from rollflow.runtime.trainer.tasks import load_callable
-from rollflow.runtime.weights.checkpoint import publish_checkpoint, published_versions
-from rollflow.runtime.weights.token import publish_token
+from rollflow.runtime.trainer.weight_push import WeightPush
 
 if TYPE_CHECKING:
     from rollflow.runtime.inference.workers import InferencePool, OldPolicy
-    from rollflow.runtime.trainer.elastic import ElasticActor
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class MicroBatchRecord:
-    """What one rank's backward of (its share of) a micro-batch adds to the step's totals."""
-
-    rewards: list[float]
-    stats: MicroBatchStats | None  # None: the rank had no samples
-    tokens: int
-    resumed: int
-
-
-@dataclass
-class StepTotals:
-    """What the micro-batches of one step add up to."""
-
-    rewards: list[float] = field(default_factory=list)
-    stats: list[tuple[MicroBatchStats, int]] = field(default_factory=list)  # (stats, output tokens)
-    rejected: int = 0
-    resumed: int = 0
-    tokens: int = 0
-    last_arrival: float | None = None  # the timer's clock when the last micro-batch arrived
-
-    def add(self, record: MicroBatchRecord) -> None:
-        self.rewards += record.rewards
-        if record.stats is not None:
-            self.stats.append((record.stats, record.tokens))
-        self.tokens += record.tokens
-        self.resumed += record.resumed
-
-    def token_mean(self, name: str) -> float:
-        total = sum(tokens for _, tokens in self.stats)
-        return sum(getattr(s, name) * tokens for s, tokens in self.stats) / max(total, 1)
 
 
 class Trainer:
@@ -115,15 +65,12 @@ class Trainer:
         self.config = config
         self.output_dir = Path(config.output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        self.reward_fn = load_callable(config.reward, "reward")
         self.prompts_fn = load_callable(config.prompts, "prompts")
         self.environment_fn = load_callable(config.environment, "environment") if config.environment else None
         token = config.manager_token or os.environ.get("ROLLFLOW_MANAGER_TOKEN")
         self.client = ManagerClient(config.manager_url, token=token, reconnect_s=config.manager_reconnect_s)
-        torch.manual_seed(config.seed)
 
         self.parallel = parallel
-        self.actor: ElasticActor | None = None  # set by elastic.start_elastic: this process leads it
         self.inference: InferencePool | None = None  # set by inference.workers.start_inference
         # each called as hook(step being trained, optimizer steps done in it) between mini-batches
         self.minibatch_end_hooks: list[Callable[[int, int], None]] = []
@@ -136,31 +83,10 @@ class Trainer:
         checkpoint = checkpoints.latest_checkpoint(self.output_dir) if resume else None
         if parallel is not None:  # every rank resumes from the checkpoint rank 0 picked
             checkpoint = parallel.broadcast(checkpoint)
-        self.sharded = parallel is not None and parallel.sharded  # fsdp under torchrun
-        if checkpoint is not None:
-            _check_checkpoint_kind(checkpoint, self.sharded)
-        start_from = checkpoint or Path(config.model)
-        self.tokenizer = AutoTokenizer.from_pretrained(start_from)
-        self.device = parallel.device if parallel is not None else torch.device(config.device)
-        # a sharded checkpoint holds no whole policy: start from `model`'s, then read the shards into it
-        self.policy = load_policy(config.model if self.sharded else start_from).to(self.device)
-        self.policy.train()
-        # with an inference placement, inference workers give the reference log-probs (start_inference)
-        places_inference = config.cluster is not None and "inference" in config.cluster.component_placement
-        self.reference = None if places_inference else load_reference(config.model).to(self.device)
-        self.critic = None
-        if config.algorithm == "ppo":
-            self.critic = Critic(config.model).to(self.device)
-        if self.sharded:  # before the optimizer is made: sharding replaces the parameters
-            self.policy = parallel.wrap(self.policy)
-            self.critic = parallel.wrap(self.critic) if self.critic is not None else None
-            # the frozen reference too: a model too big for one device is as big when frozen
-            self.reference = parallel.wrap(self.reference) if self.reference is not None else None
-        parameters = list(self.policy.parameters())
-        if self.critic is not None:
-            parameters += list(self.critic.parameters())
-        self.parameters = parameters
-        self.optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=0.0)
+        self.tokenizer = AutoTokenizer.from_pretrained(checkpoint or Path(config.model))
+        # the models and optimizer, their checkpointed state restored (elastic.start_elastic sets its actor)
+        self.learner = Learner(config, self.tokenizer, parallel, checkpoint)
+        self.weights = WeightPush(config, self.client, self.output_dir, self.learner)
         self.step = 0
         self.rng = random.Random(config.seed)
         self.carry = CarryBook() if config.partial_rollout else None
@@ -173,38 +99,11 @@ class Trainer:
         self.tokens_by_staleness: Counter[int] = Counter()
         if checkpoint is not None:
             self._restore(checkpoint)
-        # the modules that run forward/backward: DDP wrappers under torchrun (saving uses the bare ones)
-        self.train_policy, self.train_critic = self.policy, self.critic
-        if parallel is not None and not self.sharded:
-            self.train_policy = parallel.wrap(self.policy)
-            self.train_critic = parallel.wrap(self.critic) if self.critic is not None else None
-        self.settings = LossSettings(
-            config.algorithm,
-            config.clip,
-            config.kl_coef,
-            config.temperature,
-            config.gamma,
-            config.gae_lambda,
-            config.value_coef,
-        )
-        # fsdp with mooncake: each rank exports its own shard of every version (collective: every rank)
-        self.shards = start_rank_shards(config, parallel, self.policy)
 
     def _restore(self, checkpoint: Path) -> None:
+        """The trainer's own state (the learner restored its own): steps done, prompt order, carried groups."""
         state = checkpoints.read_state(checkpoint)
         self.step = state["step"]
-        has_critic = state.get("critic", (checkpoint / "critic.pt").is_file())
-        if has_critic != (self.critic is not None):
-            raise UserError(
-                f"{checkpoint} was written by a {'ppo' if has_critic else 'grpo'} run; resume it with that "
-                "algorithm, or start over with --resume never"
-            )
-        if self.sharded:
-            load_shards(checkpoint, self.policy, self.critic, self.optimizer)
-        else:
-            self.optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", map_location=self.device))
-            if self.critic is not None:
-                self.critic.load_state_dict(torch.load(checkpoint / "critic.pt", map_location=self.device))
         self.rng.setstate(_tuple_state(state["rng"]))
         if self.carry is not None:
             self.carry.groups = state.get("carried", [])
@@ -215,10 +114,10 @@ class Trainer:
     def run(self, on_step: Callable[[StepMetrics], None] = lambda m: None) -> None:
         """Train until `config.steps` steps are done in total (across resumes)."""
         if self.parallel is not None and not self.parallel.is_leader:
-            while self._obey():
+            while self.learner.obey():
                 pass
             return
-        self._sync_engines()
+        self.weights.sync(self.step)
         metrics = MetricsWriter(self.output_dir)
         pending = None
         try:
@@ -234,12 +133,10 @@ class Trainer:
                     pending = self._submit(self.step)
                 metrics.write(result)
                 on_step(result)
-            if self.parallel is not None:
-                self.parallel.tell_all(Command.STOP)
+            self.learner.stop_ranks()
             self._write_summary()
         finally:
-            if self.actor is not None:
-                self.actor.close()
+            self.learner.close()
             if self.inference is not None:
                 self.inference.close()
             metrics.close()
@@ -250,13 +147,6 @@ class Trainer:
                 if left is not None:
                     with contextlib.suppress(OSError, ManagerError, ManagerUnreachable):
                         left.cancel()
-
-    def num_ranks(self) -> int:
-        """Ranks training the current mini-batch: the GPUs a phase is timed on (this trainer's phases,
-        and DynamicTrainer's rollout wait)."""
-        if self.actor is not None:
-            return self.actor.active_ranks
-        return self.parallel.world_size if self.parallel is not None else 1
 
     def _submit(self, train_version: int) -> BatchHandle | EpisodeBatch | PartialStep:
         """The rollout of the step that version `train_version` of the policy will train on."""
@@ -336,8 +226,10 @@ class Trainer:
         self._carried_out = []
         totals = self.train_on(batch)
         self.step += 1
-        with self.timer.phase("sync", num_gpus=self.num_ranks(), label=f"update weights v{self.step}"):
-            self._push_weights()
+        with self.timer.phase(
+            "sync", num_gpus=self.learner.num_ranks(), label=f"update weights v{self.step}"
+        ):
+            self.weights.push(self.step)
         step_time = self.timer.clock() - started
         seconds = self.timer.totals_since(started)
         wait_s = seconds.get("rollout", 0.0)
@@ -387,27 +279,26 @@ class Trainer:
             if not groups:
                 continue
             self._note_trained(groups)
-            with self.timer.phase("training", num_gpus=self.num_ranks(), label="micro-batch"):
-                self._train_micro_batch(groups, totals, scale=1.0 / per_mini_batch)
+            with self.timer.phase("training", num_gpus=self.learner.num_ranks(), label="micro-batch"):
+                self.learner.train_micro_batch(groups, totals, scale=1.0 / per_mini_batch)
                 pending_micro_batches += 1
                 if pending_micro_batches == per_mini_batch:
-                    self.optimizer_step()
+                    self.learner.optimizer_step()
                     pending_micro_batches = 0
             if pending_micro_batches == 0:
                 minibatches_done += 1
                 for hook in self.minibatch_end_hooks:
                     hook(self.step + 1, minibatches_done)
         if pending_micro_batches:
-            with self.timer.phase("training", num_gpus=self.num_ranks(), label="optimizer step"):
-                self.optimizer_step()
+            with self.timer.phase("training", num_gpus=self.learner.num_ranks(), label="optimizer step"):
+                self.learner.optimizer_step()
             for hook in self.minibatch_end_hooks:
                 hook(self.step + 1, minibatches_done + 1)
-        if self.actor is not None:
-            self.actor.end_step()
+        self.learner.end_step()
         return totals
 
-    def timed_micro_batches(self, batch: BatchHandle) -> Iterator[list[list[dict]]]:
-        """The batch's micro-batches, timing the wait for each as the trainer's `rollout` phase.
+    def micro_batches(self, batch: BatchHandle) -> Iterator[list[list[dict]]]:
+        """The batch's groups, in the micro-batches the step trains on.
 
         Each holds exactly `micro_batch_groups` groups (the step's last may hold fewer), however many
         have finished when the trainer asks: otherwise a trainer that fell behind would take every
@@ -416,20 +307,27 @@ class Trainer:
         DynamicTrainer overrides it to take the groups in submission order.
         """
         size = self.config.micro_batch_groups
-        iterator = batch.micro_batches(min_groups=size, max_groups=size)
-        if self.inference is not None:  # rollout -> inference -> actor
-            iterator = self.inference.stream(iterator, self.tokenizer.pad_token_id, self.old_policy())
+        return batch.micro_batches(min_groups=size, max_groups=size)
+
+    def timed_micro_batches(self, batch: BatchHandle) -> Iterator[list[list[dict]]]:
+        """`micro_batches`, through the inference workers when the placement has them (rollout ->
+        inference -> actor), timing the wait for each as the trainer's `rollout` phase."""
+        iterator = self.micro_batches(batch)
+        if self.inference is not None:
+            iterator = self.inference.stream(iterator, self.tokenizer.pad_token_id, self._old_policy())
         while True:
-            with self.timer.phase("rollout", num_gpus=self.num_ranks(), label="waiting for micro-batch"):
+            with self.timer.phase(
+                "rollout", num_gpus=self.learner.num_ranks(), label="waiting for micro-batch"
+            ):
                 groups = next(iterator, None)
             if groups is None:
                 return
             yield groups
 
-    def old_policy(self) -> OldPolicy | None:
+    def _old_policy(self) -> OldPolicy | None:
         """PPO with inference workers: the version this step's samples come from, for its recomputed
         log-probs (on-policy, the trainer's current one; its folder was written by the last push).
-        Handed to `InferencePool.stream` by `timed_micro_batches` and DynamicTrainer's override."""
+        Handed to `InferencePool.stream` by `timed_micro_batches`."""
         if self.config.algorithm != "ppo":
             return None
         from rollflow.runtime.inference.workers import OldPolicy
@@ -487,190 +385,12 @@ class Trainer:
             }
         (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
-    def _train_micro_batch(self, groups: list[list[dict]], totals: StepTotals, scale: float) -> None:
-        if self.actor is not None:
-            self.actor.train_micro_batch(groups, totals, scale)
-            return
-        if self.parallel is None:
-            totals.add(self.backward(groups, scale))
-            return
-        share = self.parallel.send(split_micro_batch(groups, scale, self.parallel.world_size))
-        for record in self.parallel.gather(self.backward(share.groups, share.loss_scale)):
-            totals.add(record)
-
-    def _obey(self) -> bool:
-        """A rank other than 0: carry out rank 0's next message; False once told to stop."""
-        message = self.parallel.receive()
-        if message is Command.STOP:
-            return False
-        if message is Command.OPTIMIZER_STEP:
-            self.optimizer_step()
-        elif message is Command.GATHER_WEIGHTS:
-            full_state_dict(self.policy)  # the whole policy lands on rank 0 only
-        elif isinstance(message, ExportShards):
-            self.parallel.gather(self.shards.export(self.policy, message.version))
-        elif isinstance(message, SaveShards):
-            save_shards(message.folder, self.policy, self.critic, self.optimizer)
-        else:
-            assert isinstance(message, Share)
-            self.parallel.gather(self.backward(message.groups, message.loss_scale))
-        return True
-
-    def backward(self, groups: list[list[dict]], scale: float) -> MicroBatchRecord:
-        """This rank's backward of (its share of) a micro-batch, its loss scaled by `scale`; gradients
-        accumulate until `optimizer_step`. Called by the trainer itself and by elastic.py: on rank 0 by
-        `ElasticActor.train_micro_batch`, on every other rank by its `_serve` loop."""
-        samples = [s for group in groups for s in group]
-        rewards = [float(self.reward_fn(s["prompt_ids"], model_output(s), self.tokenizer)) for s in samples]
-        if samples:
-            rollout = to_tensors(groups, self.tokenizer.pad_token_id).to(self.device)
-        else:  # an empty share under torchrun: join the gradient all-reduce with nothing
-            rollout = idle_rollout(self.tokenizer.pad_token_id, self.device)
-        stats = backward_micro_batch(
-            self.train_policy,
-            self.reference,
-            self.train_critic,
-            rollout,
-            torch.tensor(rewards or [0.0], device=self.device),
-            self.settings,
-            scale,
-        )
-        tokens = sum(len(model_output(s)) for s in samples)
-        resumed = sum(s["resumes"] > 0 for s in samples)
-        return MicroBatchRecord(rewards, stats if samples else None, tokens, resumed)
-
-    def optimizer_step(self) -> None:
-        """Sum the ranks' gradients (torchrun's or the elastic actor's), clip and step the optimizer.
-        Called by the trainer at each mini-batch end, and by elastic.py on every other active rank."""
-        if self.parallel is not None and self.parallel.is_leader:
-            self.parallel.tell_all(Command.OPTIMIZER_STEP)
-        if self.actor is not None:
-            self.actor.sum_gradients()
-        torch.nn.utils.clip_grad_norm_(self.parameters, self.config.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def _sync_engines(self) -> None:
-        """Bring engines that are not on the trainer's version (a resumed run, a reused fleet) onto it.
-
-        Otherwise their samples would carry another version and be rejected as stale.
-        """
-        folder = checkpoints.weights_folder(self.output_dir, self.step)
-        if self.shards is not None:
-            if any(w["weight_version"] != self.step for w in self.client.live_workers()):
-                self.shards.publish(self.policy, self.step)
-            self._update_engines(folder, skip_up_to_date=True)
-            return
-        if not folder.is_dir():
-            self._write_weights(folder)
-        url = self.config.weights_url
-        if url is not None and self.step not in published_versions(url):
-            self._publish(folder)
-        self._update_engines(folder, skip_up_to_date=True)
-
-    def _push_weights(self) -> None:
-        folder = checkpoints.weights_folder(self.output_dir, self.step)
-        if self.shards is not None:  # the ranks lend their shards: nothing is gathered or written
-            self.shards.publish(self.policy, self.step)
-        else:
-            self._write_weights(folder)
-            if self.config.weights_url is not None:
-                self._publish(folder)
-        self._update_engines(folder, skip_up_to_date=False)
-        checkpoints.prune_weights(self.output_dir, self.config.keep_weight_versions)
-
-    def _write_weights(self, folder: Path) -> Path:
-        """The policy as a `save_pretrained` folder engines load (fsdp: gathered from every rank first)."""
-        if not self.sharded:
-            return checkpoints.save_pretrained(self.policy, self.tokenizer, folder)
-        self.parallel.tell_all(Command.GATHER_WEIGHTS)
-        state = full_state_dict(self.policy)
-        return checkpoints.save_pretrained(self.policy, self.tokenizer, folder, state_dict=state)
-
-    def _publish(self, folder: Path) -> None:
-        """Put the trainer's version on the weight server, where engines pull it."""
-        publish_checkpoint(self.config.weights_url, self.step, folder, publish_token())
-
-    def _update_engines(self, folder: Path, skip_up_to_date: bool) -> None:
-        workers = self.client.live_workers()
-        if not workers:
-            raise UserError(f"no healthy engine is registered with the manager at {self.config.manager_url}")
-        if skip_up_to_date:  # already on it
-            workers = [worker for worker in workers if worker["weight_version"] != self.step]
-        if self._update_each(workers, folder):
-            # a manager restarted from its journal mid-push registers its engines again under new ids:
-            # those the old ids missed are found (by their version) and updated once more
-            missed = [
-                worker for worker in self.client.live_workers() if worker["weight_version"] != self.step
-            ]
-            self._update_each(missed, folder)
-
-    def _update_each(self, workers: list[dict], folder: Path) -> bool:
-        """Update each engine; True when the manager knew one of their ids no longer."""
-        unknown = False
-        for worker in workers:
-            try:
-                self._update_engine(worker["id"], folder)
-            except ManagerError as exc:
-                # An engine that fails to load is retired by the manager; the others carry on.
-                log.warning("engine %s did not take version %d: %s", worker["id"], self.step, exc)
-                unknown |= exc.status == 404
-        return unknown
-
-    def _update_engine(self, engine_id: int, folder: Path) -> None:
-        """Have the engine pull the version from the weight server, or load it from `folder`."""
-        if self.config.weights_url is not None:
-            try:
-                self.client.update_weights(
-                    engine_id,
-                    weight_version=self.step,
-                    weights_url=self.config.weights_url,
-                    codec=self.config.weights_codec,
-                    transport=self.config.weights_transport,
-                )
-                return
-            except ManagerError as exc:
-                if exc.status != 409:
-                    raise
-                # 409: this engine cannot pull (vLLM, SGLang); it loads the same version from disk
-                if not folder.is_dir():  # fsdp with mooncake writes the folder only for such engines
-                    self._write_weights(folder)
-        self.client.update_weights(engine_id, weight_version=self.step, model_path=str(folder.resolve()))
-
     def _save_checkpoint(self) -> None:
         state: dict[str, Any] = {"rng": _list_state(self.rng.getstate())}
         if self.carry is not None:  # a resumed run trains them: none is lost across a restart
             state["carried"] = self._carried_out
             state["group_lengths"] = list(self.oversampler.snapshot().group_lengths)
-        if self.sharded:
-            state["critic"] = self.critic is not None
-            checkpoints.save_sharded_checkpoint(
-                self.output_dir, self.step, self.tokenizer, state, self._write_shards
-            )
-            return
-        checkpoints.save_checkpoint(
-            self.output_dir, self.step, self.policy, self.tokenizer, self.optimizer, self.critic, state
-        )
-
-    def _write_shards(self, folder: Path) -> None:
-        """fsdp: every rank writes its shards of the model and optimizer state into `folder`."""
-        self.parallel.tell_all(SaveShards(folder))
-        save_shards(folder, self.policy, self.critic, self.optimizer)
-
-
-def _check_checkpoint_kind(checkpoint: Path, sharded: bool) -> None:
-    """A sharded (fsdp) checkpoint resumes only under fsdp, a whole one (one process, ddp) only without it."""
-    if is_sharded(checkpoint) == sharded:
-        return
-    if sharded:
-        raise UserError(
-            f"{checkpoint} holds a whole model (written by one process or parallelism: ddp); resume it "
-            "that way, or start over with --resume never"
-        )
-    raise UserError(
-        f"{checkpoint} holds FSDP shards (parallelism: fsdp); resume it under torchrun with "
-        "parallelism: fsdp, or start over with --resume never"
-    )
+        self.learner.save_checkpoint(self.output_dir, self.step, state)
 
 
 def _list_state(state: tuple) -> list:

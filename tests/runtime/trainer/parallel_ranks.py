@@ -3,7 +3,7 @@
 (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) set by the test.
 
 Each rank builds the real Trainer on the real process group; rank 0 drives it as in a training step
-(`_train_micro_batch`, `optimizer_step`) and the others obey as under `rollflow train`. Every rank
+(its learner's `train_micro_batch`, `optimizer_step`) and the others `obey` as under `rollflow train`. Every rank
 saves its gradients after each micro-batch and its parameters after the optimizer step; rank 0 also
 saves the step totals its metrics would be computed from. Then a fresh Trainer trains one whole
 step's rollouts (`train_on`, several micro-batches and optimizer steps) as they arrive from a
@@ -24,7 +24,8 @@ import torch
 
 from rollflow.runtime.trainer.config import TrainConfig
 from rollflow.runtime.trainer.distributed import Command, init_from_env
-from rollflow.runtime.trainer.loop import StepTotals, Trainer
+from rollflow.runtime.trainer.learner import StepTotals
+from rollflow.runtime.trainer.loop import Trainer
 
 SCALE = 0.5  # as with two micro-batches per mini-batch
 
@@ -109,7 +110,7 @@ def whole(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def gradients(trainer: Trainer) -> dict[str, torch.Tensor]:
-    modules = {"policy": trainer.policy, "critic": trainer.critic}
+    modules = {"policy": trainer.learner.policy, "critic": trainer.learner.critic}
     return {
         f"{name}.{key}": whole(param.grad)
         for name, module in modules.items()
@@ -120,7 +121,7 @@ def gradients(trainer: Trainer) -> dict[str, torch.Tensor]:
 
 
 def parameters(trainer: Trainer) -> dict[str, torch.Tensor]:
-    modules = {"policy": trainer.policy, "critic": trainer.critic}
+    modules = {"policy": trainer.learner.policy, "critic": trainer.learner.critic}
     return {
         f"{name}.{key}": whole(param)
         for name, module in modules.items()
@@ -132,8 +133,8 @@ def parameters(trainer: Trainer) -> dict[str, torch.Tensor]:
 def optimizer_moments(trainer: Trainer) -> dict[str, torch.Tensor]:
     """Adam's moments of every parameter, in the optimizer's order."""
     return {
-        f"{i}.{moment}": whole(trainer.optimizer.state[param][moment])
-        for i, param in enumerate(trainer.parameters)
+        f"{i}.{moment}": whole(trainer.learner.optimizer.state[param][moment])
+        for i, param in enumerate(trainer.learner.parameters)
         for moment in ("exp_avg", "exp_avg_sq")
     }
 
@@ -156,22 +157,22 @@ def run(trainer: Trainer, out: Path, rank: int) -> None:
     for name, groups in CASES.items():
         totals = StepTotals()
         if leader:
-            trainer._train_micro_batch(groups, totals, SCALE)
+            trainer.learner.train_micro_batch(groups, totals, SCALE)
         else:
-            assert trainer._obey()
+            assert trainer.learner.obey()
         torch.save(
             {"grads": gradients(trainer), "totals": totals_summary(totals)}, out / f"{name}.rank{rank}.pt"
         )
-        trainer.optimizer.zero_grad(set_to_none=True)
+        trainer.learner.optimizer.zero_grad(set_to_none=True)
     for groups in CASES.values():
         if leader:
-            trainer._train_micro_batch(groups, StepTotals(), SCALE)
+            trainer.learner.train_micro_batch(groups, StepTotals(), SCALE)
         else:
-            assert trainer._obey()
+            assert trainer.learner.obey()
     if leader:
-        trainer.optimizer_step()
+        trainer.learner.optimizer_step()
     else:
-        assert trainer._obey()
+        assert trainer.learner.obey()
     torch.save(parameters(trainer), out / f"stepped.rank{rank}.pt")
 
 
@@ -183,7 +184,7 @@ def run_step(trainer: Trainer, out: Path, rank: int, all_ready: bool) -> None:
             trainer.parallel.tell_all(Command.STOP)
         torch.save({"totals": totals_summary(totals)}, out / f"step_totals.rank{rank}.pt")
     else:
-        while trainer._obey():
+        while trainer.learner.obey():
             pass
     torch.save(parameters(trainer), out / f"step_weights.rank{rank}.pt")
 
@@ -196,8 +197,8 @@ def save_and_resume(trainer: Trainer, config: TrainConfig, out: Path, rank: int)
         trainer._save_checkpoint()
         trainer.parallel.tell_all(Command.STOP)
     else:
-        assert trainer._obey()  # its shards of the checkpoint
-        assert not trainer._obey()  # stop
+        assert trainer.learner.obey()  # its shards of the checkpoint
+        assert not trainer.learner.obey()  # stop
     resumed = Trainer(config, resume=True, parallel=trainer.parallel)
     assert resumed.step == 1
     state = {"parameters": parameters(resumed), "optimizer": optimizer_moments(resumed)}

@@ -115,7 +115,7 @@ def test_inference_workers_give_the_reference_log_probs_the_trainer_would_comput
     config = elastic_run.config(str(tiny_model), tmp_path, "grpo")
     config = config.model_validate({**config.model_dump(), "cluster": {"component_placement": placement}})
     trainer = Trainer(config, resume=False)
-    assert trainer.reference is None  # the trainer holds no reference model of its own
+    assert trainer.learner.reference is None  # the trainer holds no reference model of its own
     pool = start_inference(trainer, config.cluster)
     try:
         elastic_run.train(trainer)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rollflow.errors import UserError
-from rollflow.runtime.trainer.loop import _check_checkpoint_kind
+from rollflow.runtime.trainer.learner import _check_checkpoint_kind
 from rollflow.runtime.trainer.sharded import SHARDS_DIR, is_sharded
 
 
