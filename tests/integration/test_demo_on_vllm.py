@@ -9,12 +9,12 @@ import yaml
 
 from rollflow.runtime.engines.tiny_model import write_tiny_model
 from tests.integration.conftest import vllm_python
-from tests.runtime.demo.test_demo import _demo, _short_config
+from tests.runtime.demo.helpers import demo, preemption_config
 
 
 def test_demo_trains_on_a_launched_vllm_engine_through_a_preemption(tmp_path):
     python = vllm_python()  # fails, saying why, when the tier's venv is missing (skips when left out)
-    path = _short_config(tmp_path, write_tiny_model(tmp_path / "tiny"))
+    path = preemption_config(tmp_path, write_tiny_model(tmp_path / "tiny"))
     raw = yaml.safe_load(path.read_text())
     raw["launch"]["startup_timeout_s"] = 600
     raw["launch"]["engines"][0].update(
@@ -25,7 +25,7 @@ def test_demo_trains_on_a_launched_vllm_engine_through_a_preemption(tmp_path):
     )
     path.write_text(yaml.safe_dump(raw))
     out = tmp_path / "out"
-    done = _demo("run", "--config", str(path), "--output-dir", str(out), timeout=900)
+    done = demo("run", "--config", str(path), "--output-dir", str(out), timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["samples"] == 3 * 4 * 4

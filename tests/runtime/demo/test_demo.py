@@ -4,36 +4,15 @@ trainer on 127.0.0.1; the spot engine is SIGKILLed mid-rollout and a new one joi
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.runtime.demo.helpers import demo
-from tests.runtime.processes import REPO
-
-EXAMPLE = REPO / "examples" / "demo" / "preemption.yaml"
-
-
-def _short_config(tmp_path: Path, model: Path, **demo) -> Path:
-    """The shipped example on a test-sized step: one local and one spot engine, three steps."""
-    raw = yaml.safe_load(EXAMPLE.read_text())
-    raw["launch"]["weights"]["publish"] = str(model)
-    raw["launch"]["startup_timeout_s"] = 120
-    raw["launch"]["engines"][0].update(count=1, model=str(model))
-    raw["launch"]["engines"][1]["tokenizer"] = str(model)
-    raw["train"].update(
-        model=str(model), steps=3, prompts_per_step=4, n_samples=4, micro_batch_groups=2, max_new_tokens=32
-    )
-    raw["demo"] = {"preemption": {"step": 2, "after_tokens": 8}, **demo}
-    path = tmp_path / "demo.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
+from tests.runtime.demo.helpers import demo, preemption_config
 
 
 def test_demo_trains_through_a_preemption_with_nothing_regenerated(tmp_path, tiny_model):
     out = tmp_path / "out"
-    done = demo("run", "--config", str(_short_config(tmp_path, tiny_model)), "--output-dir", str(out))
+    done = demo("run", "--config", str(preemption_config(tmp_path, tiny_model)), "--output-dir", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 3
@@ -63,7 +42,7 @@ def test_demo_trains_through_a_preemption_with_nothing_regenerated(tmp_path, tin
     ],
 )
 def test_config_errors_name_the_key(tmp_path, tiny_model, override, message):
-    done = demo("show", "--config", str(_short_config(tmp_path, tiny_model)), override, timeout=60)
+    done = demo("show", "--config", str(preemption_config(tmp_path, tiny_model)), override, timeout=60)
     if message is None:
         assert done.returncode == 0, done.stderr
     else:
