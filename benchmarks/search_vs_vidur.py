@@ -1,7 +1,7 @@
 """Vidur's config explorer against `rollflow sim search` on one small space, side by side.
 
     .venv/bin/python benchmarks/search_vs_vidur.py
-    .venv/bin/python benchmarks/search_vs_vidur.py --quick    # vLLM only, 300 requests per simulation
+    .venv/bin/python benchmarks/search_vs_vidur.py --quick    # Sarathi/512 only, 300 requests per simulation, speed goal 10x
 
 Vidur runs at a pinned commit from its own checkout and virtual environment, both set up by the
 benchmark (benchmarks/vidur_peer.py). The space is Vidur's search format: Llama-2-7B on 2 A100s
@@ -73,6 +73,10 @@ WARMUP_REQUESTS = 50
 # docs/guides/capacity-planning.md's goals
 MAX_QPS_DIFF_PCT = 5.0
 MIN_SPEEDUP = 20.0
+# --quick's search (300 requests, one scheduler) is mostly each side's start-up, which rollflow's
+# 20x is not about: a smaller goal of its own, named as the quick one, so that a quick run still
+# fails on a real slow-down without claiming the full search's figure.
+QUICK_MIN_SPEEDUP = 10.0
 # Words the explorer (at the pinned commit) writes into its run commands that the benchmark drops:
 # `nice -n 1` (rollflow's side is not niced) and a flag `vidur.main` no longer accepts, with its
 # value (every run would fail with "unrecognized arguments"; no effect on a trace-length workload).
@@ -464,7 +468,14 @@ def main() -> None:
     )
     same = best(theirs) is not None and best(theirs) == best(ours)
     results.goal("same best configuration by QPS per dollar (1: same)", int(same), "==", 1)
-    results.goal("search wall time, Vidur / rollflow", vidur_wall / wall, ">=", MIN_SPEEDUP, headline=True)
+    if args.quick:
+        results.goal(
+            "search wall time, Vidur / rollflow, quick search", vidur_wall / wall, ">=", QUICK_MIN_SPEEDUP
+        )
+    else:
+        results.goal(
+            "search wall time, Vidur / rollflow", vidur_wall / wall, ">=", MIN_SPEEDUP, headline=True
+        )
     results.goal("predictor files Vidur's timed search trained (warm-up missed them)", trained, "==", 0)
     probe_table(results, workdir, trace, args)
     sys.exit(results.finish())
