@@ -238,7 +238,7 @@ class Trainer:
         self.client.report_step(step_time, wait_s, rollout_s=rollout_s)
         self._phase_spans += [(self.step, span) for span in self.timer.spans if span.start >= started]
         if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps:
-            self._save_checkpoint()
+            self.save_checkpoint()
         return StepMetrics(
             step=self.step,
             weight_version=self.step,
@@ -385,7 +385,10 @@ class Trainer:
             }
         (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
-    def _save_checkpoint(self) -> None:
+    def save_checkpoint(self) -> None:
+        """Writes this step's checkpoint (the learner's weights and optimizer, this loop's sampling
+        state and carried groups) to the output folder; a step writes one every `checkpoint_every`
+        steps, and a caller that drives `train_on` itself writes one with this."""
         state: dict[str, Any] = {"rng": _list_state(self.rng.getstate())}
         if self.carry is not None:  # a resumed run trains them: none is lost across a restart
             state["carried"] = self._carried_out

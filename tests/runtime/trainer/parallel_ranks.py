@@ -194,7 +194,7 @@ def save_and_resume(trainer: Trainer, config: TrainConfig, out: Path, rank: int)
     written = {"parameters": parameters(trainer), "optimizer": optimizer_moments(trainer)}
     if trainer.parallel.is_leader:
         trainer.step = 1
-        trainer._save_checkpoint()
+        trainer.save_checkpoint()
         trainer.parallel.tell_all(Command.STOP)
     else:
         assert trainer.learner.obey()  # its shards of the checkpoint
