@@ -11,9 +11,15 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollflow.runtime.launch.process import free_port
 from rollflow.runtime.launch.process import rollflow_command as rollflow
-from rollflow.runtime.launch.servers import ENV, REPO, ServerProcess
+from rollflow.runtime.launch.servers import (
+    ENV,
+    REPO,
+    ServerProcess,
+    manager_config,
+    start_engine,
+    start_manager,
+)
 
 
 class StageFailed(Exception):
@@ -129,18 +135,13 @@ class Fleet:
         self.manager: ServerProcess | None = None
         try:
             for i in range(2):
-                args = ["engine", "serve", "--model", str(model), "--port", str(port := free_port())]
-                args += ["--device", settings.device, "--dtype", settings.engine_dtype]
-                args += ["--max-running-requests", str(settings.max_running), "--seed", str(i)]
-                self.engines.append(ServerProcess(rollflow(*args), port, work / f"engine{i}.log", wait=False))
+                args = ("--device", settings.device, "--dtype", settings.engine_dtype)
+                args += ("--max-running-requests", str(settings.max_running), "--seed", str(i))
+                self.engines.append(start_engine(model, work, name=f"engine{i}", wait=False, extra_args=args))
             for engine in self.engines:
                 engine.wait_ready(timeout=budget.left())
-            config = work / "manager.yaml"  # JSON is YAML
-            engines = [{"url": engine.url, "capacity": 1024} for engine in self.engines]
-            config.write_text(json.dumps({"router": "round_robin", "engines": engines}))
-            port = free_port()
-            argv = rollflow("manager", "serve", "--config", str(config), "--port", str(port))
-            self.manager = ServerProcess(argv, port, work / "manager.log", wait=False)
+            config = manager_config([engine.url for engine in self.engines], router="round_robin")
+            self.manager = start_manager(config, work, wait=False)
             self.manager.wait_ready(timeout=budget.left())
         except RuntimeError as exc:
             self.stop()
