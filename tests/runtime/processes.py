@@ -59,10 +59,21 @@ def start_engine(model_dir: Path, tmp_path: Path, *args: Any, forked: bool = Tru
     return servers.start_engine(model_dir, tmp_path, *args, process=process, **kwargs)
 
 
-def start_manager(tmp_path: Path, config: dict, token: str | None = None) -> Process:
-    extra_args = ("--log-format", "json", *(("--token", token) if token else ()))
+def start_manager(
+    tmp_path: Path,
+    config: dict,
+    token: str | None = None,
+    *,
+    port: int | None = None,
+    name: str = "manager",
+    wait: bool = True,
+    extra_args: tuple[str, ...] = (),
+) -> Process:
+    """servers.start_manager's manager as a test's `Process`, logging JSON, with `token` if given and
+    the test's manager processes (ROLLFLOW_TEST_MANAGER_PROCESSES)."""
+    extra_args = ("--log-format", "json", *(("--token", token) if token else ()), *extra_args)
     config = with_test_processes(config)
-    return servers.start_manager(config, tmp_path, extra_args=extra_args, process=Process)
+    return servers.start_manager(config, tmp_path, port, name, wait, extra_args, process=Process)
 
 
 def descendants(pid: int) -> set[int]:

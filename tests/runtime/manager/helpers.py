@@ -17,7 +17,13 @@ from rollflow.runtime.launch.servers import metric, wait_until, workers  # noqa:
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.core.batches import Batch
 from rollflow.runtime.manager.core.service import RolloutManager
-from tests.runtime.processes import Process, descendants, free_port, http, rollflow, with_test_processes
+from tests.runtime.processes import (
+    Process,
+    descendants,
+    free_port,
+    http,
+    start_manager,
+)
 
 _SEEN = contextvars.ContextVar("seen")
 
@@ -27,14 +33,12 @@ T = TypeVar("T")
 def manager_on_journal(tmp_path: Path, config: dict, port: int, wait: bool = True) -> Process:
     """The manager as a user (re)starts it on its journal: its config file, the journal given on the
     command line; on `port`, so that its clients find it again after a restart."""
-    journal = config["journal"]
-    config_path = tmp_path / "manager.yaml"
-    config = with_test_processes({k: v for k, v in config.items() if k != "journal"})
-    config_path.write_text(json.dumps(config))
-    args = ["manager", "serve", "--config", str(config_path), "--port", str(port), "--log-format", "json"]
-    args += ["--journal", journal]
-    log_path = tmp_path / f"manager-{port}-{len(list(tmp_path.glob('manager-*.log')))}.log"
-    return Process(rollflow(*args), port, log_path, wait=wait)
+    life = len(list(tmp_path.glob("manager-*.log")))  # each start its own log, a restart's included
+    served = {k: v for k, v in config.items() if k != "journal"}
+    extra_args = ("--journal", config["journal"])
+    return start_manager(
+        tmp_path, served, port=port, name=f"manager-{life}", wait=wait, extra_args=extra_args
+    )
 
 
 def stream_processes(manager) -> list[int]:

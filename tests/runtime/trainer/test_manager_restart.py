@@ -99,7 +99,7 @@ def test_train_steps_complete_across_a_manager_killed_mid_rollout_and_mid_push(
         assert states["finished"] < PROMPTS_PER_STEP * N_SAMPLES, states
         manager.kill()
         manager.stop()
-        manager = manager_on_journal(tmp_path, config, port)
+        manager = restarted = manager_on_journal(tmp_path, config, port)
         # step 1's weight push: killed again while an engine's update is on its way, which never lands
         wait_until(proxies[0].arrived.is_set, timeout=600, what="step 1's weight push")
         manager.kill()
@@ -124,7 +124,7 @@ def test_train_steps_complete_across_a_manager_killed_mid_rollout_and_mid_push(
         proxies[0].released.set()
         for proxy in proxies:
             proxy.stop()
-    restored = (tmp_path / f"manager-{port}-1.log").read_text()
+    restored = restarted.log_path.read_text()
     assert f"restored from journal {journal} (restart 1): 1 batches" in restored
     # one batch per step, over both managers' lives: the trainer never submitted step 1 again
     ended = [json.loads(line) for line in request_log.read_text().splitlines()]
