@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
-import os
 import select
 import socket
 import subprocess
@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.results import Results, add_results_dir, results_dir
 from rollflow.runtime.launch.process import free_port, rollflow_command
+from rollflow.runtime.launch.servers import ENV, ServerProcess, manager_command, start_engine, start_manager
 
 TOKEN, API_KEY, WEIGHTS_TOKEN = "manager-token", "engine-key", "weights-token"
 LIMITS = {"read_timeout_s": 5, "body_timeout_s": 20, "min_body_bytes_per_s": 1000}
@@ -63,7 +64,7 @@ SCALE = {"slow_per_path": 25, "large_per_kind": 3}
 QUICK_SCALE = {"slow_per_path": 5, "large_per_kind": 1}
 WORDS = {1: "one", 2: "two", 3: "three"}
 HEALTH_LIMIT_S = 1.0
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+ENGINE_ENV = ENV | {"ROLLFLOW_ENGINE_API_KEY": API_KEY}
 
 
 def raw_request(url: str, method: str, path: str, body: bytes = b"", headers: dict[str, bytes] | None = None):
@@ -88,20 +89,19 @@ def get_json(url: str, token: str | None = None):
         return json.loads(response.read())
 
 
-def start(argv: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
-    out = open(log, "wb")  # noqa: SIM115 - lives as long as the process
-    return subprocess.Popen(rollflow_command(*argv), env=env or ENV, stdout=out, stderr=out)
+def start_keyed_engine(model: str, work: Path, name: str, extra_args: tuple[str, ...] = ()) -> ServerProcess:
+    """A built-in engine of `model` that wants ENGINE_ENV's API key, its log `work/<name>-<port>.log`;
+    not waited for, so that several start together (`wait_all_ready`)."""
+    process = functools.partial(ServerProcess, env=ENGINE_ENV)
+    return start_engine(
+        Path(model).resolve(), work, name=name, wait=False, extra_args=extra_args, process=process
+    )
 
 
-def wait_up(url: str, timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(url, timeout=2).read()
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise SystemExit(f"{url} did not come up")
+def wait_all_ready(processes: list[ServerProcess]) -> None:
+    """Returns once every process answers its health check; RuntimeError naming the one that did not."""
+    for process in processes:
+        process.wait_ready()
 
 
 def upload(files_metadata: str) -> bytes:
@@ -435,41 +435,21 @@ def queue_waits(model: str, work: Path) -> dict:
 
     processes = []
     try:
-        engines = []
-        for index in range(2):
-            port = free_port()
-            argv = ["engine", "serve", "--model", model, "--port", str(port)]
-            argv += ["--max-running-requests", str(QUEUE["max_running_requests"])]
-            env = ENV | {"ROLLFLOW_ENGINE_API_KEY": API_KEY}
-            processes.append(start(argv, work / f"queue-engine{index}.log", env))
-            engines.append(f"http://127.0.0.1:{port}")
-        port = free_port()
-        config = work / "queue-manager.yaml"
-        config.write_text(
-            json.dumps(
-                {
-                    "engines": [
-                        {
-                            "url": e,
-                            "engine_type": "builtin",
-                            "api_key": API_KEY,
-                            "capacity": QUEUE["capacity"],
-                        }
-                        for e in engines
-                    ],
-                    "stall_timeout_s": QUEUE["stall_timeout_s"],
-                }
-            )
-        )
+        limit = ("--max-running-requests", str(QUEUE["max_running_requests"]))
+        processes += [start_keyed_engine(model, work, f"queue-engine{i}", limit) for i in range(2)]
+        engines = [process.url for process in processes]
+        config = {
+            "engines": [
+                {"url": e, "engine_type": "builtin", "api_key": API_KEY, "capacity": QUEUE["capacity"]}
+                for e in engines
+            ],
+            "stall_timeout_s": QUEUE["stall_timeout_s"],
+        }
         processes.append(
-            start(
-                ["manager", "serve", "--config", str(config), "--port", str(port), "--token", TOKEN],
-                work / "queue-manager.log",
-            )
+            start_manager(config, work, name="queue-manager", wait=False, extra_args=("--token", TOKEN))
         )
-        manager = f"http://127.0.0.1:{port}"
-        for url in [*[e + "/health" for e in engines], manager + "/health"]:
-            wait_up(url)
+        manager = processes[-1].url
+        wait_all_ready(processes)
         prompts = [[11 + i % 40, 3, 60 + i % 50] for i in range(QUEUE["samples"])]
         client = ManagerClient(manager, token=TOKEN)  # the manager's own token, whatever the environment says
         batch = client.submit(prompts, max_new_tokens=QUEUE["tokens"], ignore_eos=True)
@@ -491,8 +471,7 @@ def queue_waits(model: str, work: Path) -> dict:
         }
     finally:
         for process in processes:
-            process.kill()
-            process.wait()
+            process.stop()
 
 
 def second_manager(model: str, work: Path) -> dict:
@@ -502,28 +481,17 @@ def second_manager(model: str, work: Path) -> dict:
 
     processes = []
     try:
-        port = free_port()
-        env = ENV | {"ROLLFLOW_ENGINE_API_KEY": API_KEY}
-        processes.append(
-            start(["engine", "serve", "--model", model, "--port", str(port)], work / "lock-engine.log", env)
-        )
-        engine = f"http://127.0.0.1:{port}"
-        config = work / "lock-manager.yaml"
-        config.write_text(
-            json.dumps({"engines": [{"url": engine, "engine_type": "builtin", "api_key": API_KEY}]})
-        )
-        journal = work / "manager.journal"
-        first_port, second_port = free_port(), free_port()
-        argv = ["manager", "serve", "--config", str(config), "--journal", str(journal), "--token", TOKEN]
-        processes.append(start([*argv, "--port", str(first_port)], work / "lock-first.log"))
-        first = f"http://127.0.0.1:{first_port}"
-        for url in (engine + "/health", first + "/health"):
-            wait_up(url)
-        client = ManagerClient(first, token=TOKEN)
+        engine = start_keyed_engine(model, work, "lock-engine")
+        processes.append(engine)
+        config = {"engines": [{"url": engine.url, "engine_type": "builtin", "api_key": API_KEY}]}
+        flags = ("--journal", str(work / "manager.journal"), "--token", TOKEN)
+        processes.append(start_manager(config, work, name="lock-first", wait=False, extra_args=flags))
+        wait_all_ready(processes)
+        client = ManagerClient(processes[-1].url, token=TOKEN)
         batch = client.submit([[11, 12, 13]] * 8, max_new_tokens=32, ignore_eos=True)
         began = time.monotonic()
         second = subprocess.run(
-            rollflow_command(*argv, "--port", str(second_port)),
+            manager_command(config, work, free_port(), name="lock-second", extra_args=flags),
             env=ENV,
             capture_output=True,
             text=True,
@@ -543,8 +511,7 @@ def second_manager(model: str, work: Path) -> dict:
         }
     finally:
         for process in processes:
-            process.kill()
-            process.wait()
+            process.stop()
 
 
 def main() -> None:
@@ -565,43 +532,27 @@ def main() -> None:
         )
     processes = []
     try:
-        engines = []
-        for index in range(2):
-            port = free_port()
-            argv = ["engine", "serve", "--model", model, "--port", str(port), *LIMIT_FLAGS]
-            processes.append(
-                start(argv, work / f"engine{index}.log", ENV | {"ROLLFLOW_ENGINE_API_KEY": API_KEY})
-            )
-            engines.append(f"http://127.0.0.1:{port}")
+        processes += [start_keyed_engine(model, work, f"engine{i}", tuple(LIMIT_FLAGS)) for i in range(2)]
+        engines = [process.url for process in processes]
         wport = free_port()
+        weights_argv = rollflow_command(
+            "weights", "serve", "--dir", str(work / "store"), "--port", str(wport)
+        )
+        weights_env = ENV | {"ROLLFLOW_WEIGHTS_TOKEN": WEIGHTS_TOKEN}
         processes.append(
-            start(
-                ["weights", "serve", "--dir", str(work / "store"), "--port", str(wport), *LIMIT_FLAGS],
-                work / "weights.log",
-                ENV | {"ROLLFLOW_WEIGHTS_TOKEN": WEIGHTS_TOKEN},
+            ServerProcess(
+                [*weights_argv, *LIMIT_FLAGS], wport, work / "weights.log", wait=False, env=weights_env
             )
         )
-        weights = f"http://127.0.0.1:{wport}"
-        mport = free_port()
-        config = work / "manager.yaml"
-        config.write_text(
-            json.dumps(
-                {
-                    "engines": [{"url": e, "engine_type": "builtin", "api_key": API_KEY} for e in engines],
-                    "stall_timeout_s": 5,
-                    **LIMITS,
-                }
-            )
-        )
-        processes.append(
-            start(
-                ["manager", "serve", "--config", str(config), "--port", str(mport), "--token", TOKEN],
-                work / "manager.log",
-            )
-        )
-        manager = f"http://127.0.0.1:{mport}"
-        for url in [*[e + "/health" for e in engines], weights + "/health", manager + "/health"]:
-            wait_up(url)
+        weights = processes[-1].url
+        config = {
+            "engines": [{"url": e, "engine_type": "builtin", "api_key": API_KEY} for e in engines],
+            "stall_timeout_s": 5,
+            **LIMITS,
+        }
+        processes.append(start_manager(config, work, wait=False, extra_args=("--token", TOKEN)))
+        manager = processes[-1].url
+        wait_all_ready(processes)
 
         stop = threading.Event()
         background = {"ok": 0, "failed": 0}
@@ -703,8 +654,7 @@ def main() -> None:
             thread.join(60)
     finally:
         for process in processes:
-            process.kill()
-            process.wait()
+            process.stop()
 
     queue = queue_waits(model, work)
     lock = second_manager(model, work)
