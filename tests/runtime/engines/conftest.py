@@ -1,4 +1,5 @@
-"""A tiny model made once per run (for every worker) and one shared built-in engine serving it."""
+"""A tiny model made once per run (for every worker), one shared built-in engine serving it, and a
+weight server of a test's own for the engines to pull from."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from rollflow.runtime.weights import WeightStore
 from tests.once import made_once
 from tests.runtime.engines.processes import EngineProcess
+from tests.runtime.launch.helpers import BackgroundWeightServer
 
 
 @pytest.fixture(scope="session")
@@ -26,3 +29,13 @@ def engine(tiny_model: Path) -> Iterator[EngineProcess]:
     process = EngineProcess(tiny_model)
     yield process
     process.stop()
+
+
+@pytest.fixture
+def weight_server(tmp_path: Path) -> Iterator[tuple[WeightStore, BackgroundWeightServer]]:
+    """An empty weight store and its server on a free port; 16 KiB chunks, so that each of the tiny
+    model's payloads (a tensor-parallel rank's slices included) spans several."""
+    store = WeightStore(tmp_path / "store", chunk_bytes=16 * 1024)
+    server = BackgroundWeightServer(store)
+    yield store, server
+    server.close()

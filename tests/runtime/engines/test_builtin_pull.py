@@ -3,7 +3,6 @@ it holds, verified before anything is loaded; a pull that fails leaves its weigh
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,23 +10,14 @@ import pytest
 from rollflow.runtime.engines.base import NotSupportedError
 from rollflow.runtime.engines.sglang import BuiltinEngineClient, SGLangClient
 from rollflow.runtime.engines.vllm import VLLMClient
-from rollflow.runtime.weights import LoadedWeights, WeightStore, save_weights
+from rollflow.runtime.weights import LoadedWeights, save_weights
 from rollflow.runtime.weights.checkpoint import read_checkpoint
 from tests.runtime.engines.helpers import PROMPT, collect, greedy, reference_greedy, run
 from tests.runtime.engines.processes import EngineProcess
-from tests.runtime.launch.helpers import BackgroundWeightServer
 from tests.runtime.processes import free_port, http
 
 # tensors a "training step" changes; the rest of the model stays bit-identical
 CHANGED = ("model.layers.0.mlp.down_proj.weight", "model.layers.1.self_attn.o_proj.weight")
-
-
-@pytest.fixture
-def weight_server(tmp_path) -> Iterator[tuple[WeightStore, BackgroundWeightServer]]:
-    store = WeightStore(tmp_path / "store", chunk_bytes=64 * 1024)
-    server = BackgroundWeightServer(store)
-    yield store, server
-    server.close()
 
 
 def _pull(engine: EngineProcess, url: str, version: int, **extra) -> tuple[int, dict]:

@@ -8,10 +8,8 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from safetensors.torch import save_file
 
 from rollflow.runtime.manager.client import ManagerClient, ManagerError
@@ -20,7 +18,6 @@ from rollflow.runtime.weights.checkpoint import read_checkpoint
 from rollflow.runtime.weights.slices import shard_state
 from tests.runtime.engines.helpers import PROMPT
 from tests.runtime.engines.processes import EngineProcess
-from tests.runtime.launch.helpers import BackgroundWeightServer
 from tests.runtime.manager.helpers import workers
 from tests.runtime.processes import http
 from tests.runtime.weights.factories import start_server_process
@@ -29,14 +26,6 @@ from tests.runtime.weights.proxy import ChunkProxy
 PROMPTS = [PROMPT, [5, 9, 300, 41], [250, 3, 3, 3, 60, 61, 62, 99, 100, 7, 8]]
 # tensors a "training step" changes: one split by rows, one by columns, one replicated
 CHANGED = ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.down_proj.weight", "lm_head.weight")
-
-
-@pytest.fixture
-def weight_server(tmp_path) -> Iterator[tuple[WeightStore, BackgroundWeightServer]]:
-    store = WeightStore(tmp_path / "store", chunk_bytes=16 * 1024)
-    server = BackgroundWeightServer(store)
-    yield store, server
-    server.close()
 
 
 def _greedy(url: str) -> list[list[int]]:
