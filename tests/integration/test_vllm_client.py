@@ -12,8 +12,8 @@ from rollflow.runtime.engines.vllm import VLLMClient
 from tests.runtime.engines.helpers import (
     PROMPT,
     aborted_after,
+    assert_continues_as_uninterrupted,
     collect,
-    continued_from_a_prefix,
     greedy,
     paused_mid_stream,
     reference_greedy,
@@ -44,18 +44,7 @@ def test_streams_token_ids_and_logprobs_equal_to_transformers_greedy(vllm_server
 
 
 def test_greedy_continuation_from_prompt_plus_prefix_equals_the_uninterrupted_output(vllm_server):
-    cut = 17
-
-    async def go():
-        client = _client(vllm_server)
-        try:
-            return await continued_from_a_prefix(client, cut, 40)
-        finally:
-            await client.close()
-
-    full, rest = run(go())
-    assert full.token_ids[:cut] + rest.token_ids == full.token_ids
-    assert rest.logprobs == pytest.approx(full.logprobs[cut:], abs=1e-3)
+    assert_continues_as_uninterrupted(lambda: _client(vllm_server), cut=17, tolerance=1e-3)
 
 
 def test_abort_closes_the_stream_and_the_server_drops_the_request(vllm_server):

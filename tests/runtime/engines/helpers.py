@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from rollflow.runtime.engines.base import EngineClient, GenerateChunk
 from rollflow.runtime.wire.base import SamplingParams
@@ -50,14 +52,25 @@ async def drain(stream: AsyncIterator[GenerateChunk]) -> list[GenerateChunk]:
     return [chunk async for chunk in stream]
 
 
-async def continued_from_a_prefix(
-    client: EngineClient, cut: int, max_new_tokens: int
-) -> tuple[Collected, Collected]:
-    """(a greedy run of PROMPT, the run of PROMPT + its first `cut` tokens for the rest): what a request
-    resumed from its tokens sends, which must go on as if uninterrupted."""
-    full = await collect(client, "full", PROMPT, greedy(max_new_tokens))
-    rest = await collect(client, "rest", PROMPT + full.token_ids[:cut], greedy(max_new_tokens - cut))
-    return full, rest
+def assert_continues_as_uninterrupted(
+    make_client: Callable[[], EngineClient], cut: int, tolerance: float, max_new_tokens: int = 40
+) -> None:
+    """A greedy run of PROMPT, then PROMPT + its first `cut` tokens asking for the rest (what a request
+    resumed from its tokens sends), on a client `make_client` makes: the rest must go on as if
+    uninterrupted, the same tokens and their logprobs within `tolerance` (the engine's numerics)."""
+
+    async def go() -> tuple[Collected, Collected]:
+        client = make_client()
+        try:
+            full = await collect(client, "full", PROMPT, greedy(max_new_tokens))
+            rest = await collect(client, "rest", PROMPT + full.token_ids[:cut], greedy(max_new_tokens - cut))
+            return full, rest
+        finally:
+            await client.close()
+
+    full, rest = run(go())
+    assert full.token_ids[:cut] + rest.token_ids == full.token_ids
+    assert rest.logprobs == pytest.approx(full.logprobs[cut:], abs=tolerance)
 
 
 async def aborted_after(client: EngineClient, num_chunks: int) -> list[GenerateChunk]:

@@ -13,8 +13,8 @@ from rollflow.runtime.wire.base import SamplingParams
 from tests.runtime.engines.helpers import (
     PROMPT,
     aborted_after,
+    assert_continues_as_uninterrupted,
     collect,
-    continued_from_a_prefix,
     greedy,
     reference_greedy,
     run,
@@ -53,18 +53,7 @@ def test_greedy_output_and_logprobs_equal_transformers_without_a_kv_cache(engine
 
 
 def test_greedy_continuation_from_prompt_plus_prefix_equals_the_uninterrupted_output(engine):
-    cut = 13
-
-    async def go():
-        client = BuiltinEngineClient(engine.url)
-        try:
-            return await continued_from_a_prefix(client, cut, 40)
-        finally:
-            await client.close()
-
-    full, rest = run(go())
-    assert full.token_ids[:cut] + rest.token_ids == full.token_ids
-    assert rest.logprobs == pytest.approx(full.logprobs[cut:], abs=1e-4)
+    assert_continues_as_uninterrupted(lambda: BuiltinEngineClient(engine.url), cut=13, tolerance=1e-4)
 
 
 def test_many_concurrent_requests_each_get_their_solo_output(engine):
