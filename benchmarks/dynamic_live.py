@@ -30,7 +30,6 @@ goal is missed.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import subprocess
 import sys
@@ -39,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.results import Results, add_results_dir, results_dir
+from benchmarks.results import Results, benchmark_parser, results_dir
 from rollflow.config import validate_config
 from rollflow.perf.profile.hf_config import load_model_config, model_shape_section
 from rollflow.runtime.demo.config import load_demo_config
@@ -164,14 +163,11 @@ def simulated(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = benchmark_parser(__doc__)
     parser.add_argument(
         "--steps", type=int, help=f"training steps per run ({FULL['steps']}; --quick: {QUICK['steps']})"
     )
     parser.add_argument("--output-dir", type=Path, default=Path("outputs/bench/dynamic_live"))
-    add_results_dir(parser)
     args = parser.parse_args()
     workload = (QUICK if args.quick else FULL) | ({"steps": args.steps} if args.steps else {})
     if workload["steps"] <= WARMUP_STEPS:

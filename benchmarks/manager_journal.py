@@ -42,7 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.results import Results, add_results_dir, fill_inputs, results_dir  # noqa: E402
+from benchmarks.results import Results, benchmark_parser, fill_inputs, results_dir  # noqa: E402
 from rollflow.runtime.launch.process import free_port  # noqa: E402
 from rollflow.runtime.launch.servers import ServerProcess, http, manager_config, start_manager  # noqa: E402
 from rollflow.runtime.manager.client import ManagerClient  # noqa: E402
@@ -176,13 +176,10 @@ QUICK = FULL | {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = benchmark_parser(__doc__)
     for key, value in FULL.items():
         help = "runs of each, alternating; medians shown" if key == "repeats" else None
         parser.add_argument(f"--{key.replace('_', '-')}", type=int, help=f"{help or ''} ({value})".strip())
-    add_results_dir(parser)
     args = parser.parse_args()
     fill_inputs(args, FULL, QUICK)
     results = Results("manager_journal", results_dir(args))

@@ -98,7 +98,7 @@ from benchmarks._router_load import (  # noqa: E402
     start_sglang_router,
     warm_up,
 )
-from benchmarks.results import Results, add_results_dir, fill_inputs, results_dir  # noqa: E402
+from benchmarks.results import Results, benchmark_parser, fill_inputs, results_dir  # noqa: E402
 from rollflow.runtime.launch.process import free_port, rollflow_command  # noqa: E402
 from rollflow.runtime.launch.servers import (  # noqa: E402
     ENV,
@@ -511,9 +511,7 @@ QUICK = FULL | {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = benchmark_parser(__doc__)
     add_load_options(parser, FULL)
     parser.add_argument("--backend", choices=("canned", "builtin"), default="canned")
     parser.add_argument("--tokens", type=int, default=8, help="tokens each request asks for")
@@ -540,7 +538,6 @@ def main() -> None:
         help="instead of timing: count each router's instructions per request over N requests "
         "under valgrind's callgrind (canned engines; needs valgrind)",
     )
-    add_results_dir(parser)
     args = parser.parse_args()
     fill_inputs(args, FULL, QUICK)
     if (

@@ -10,7 +10,6 @@ the kernel reports (`wait4`'s ru_maxrss), so the figure is the whole process's, 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -20,17 +19,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import Results, add_results_dir, results_dir
+from results import Results, benchmark_parser, results_dir
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_PEAK_MIB = 1024.0
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_results_dir(parser)
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--requests", type=int, default=None, help="default 100,000 (--quick: 20,000)")
     args = parser.parse_args()
     requests = args.requests or (20_000 if args.quick else 100_000)

@@ -20,7 +20,6 @@ checks the installed version and says what to install when it differs).
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -36,7 +35,7 @@ from rollflow.learn.policy_net import MlpPolicy
 from rollflow.learn.ppo import PPO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import Results, add_results_dir, package_version, results_dir
+from results import Results, benchmark_parser, package_version, results_dir
 
 SB3_VERSION = "2.9.2"
 MIN_RETURN_VS_SB3_PCT = -10.0
@@ -142,10 +141,7 @@ def compare(results: Results, task: str, steps: int, seeds: list[int]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_results_dir(parser)
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--task", choices=sorted(TASKS), action="append", help="default: both")
     parser.add_argument(
         "--steps", type=int, help="steps per run (default per task: 30k CartPole, 12k routing)"

@@ -56,7 +56,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks._peer_routers import SGLANG_ROUTER  # noqa: E402
-from benchmarks.results import Results, add_results_dir, results_dir  # noqa: E402
+from benchmarks.results import Results, benchmark_parser, results_dir  # noqa: E402
 from rollflow.perf.profile.hf_config import load_model_config, model_shape_section  # noqa: E402
 from rollflow.runtime.engines.profiler.trace_replay import printed_overrides  # noqa: E402
 from rollflow.runtime.launch.process import free_port  # noqa: E402
@@ -379,14 +379,11 @@ def _print(results: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--groups", type=int, help="prompts in the burst (6; --quick: 3)")
     parser.add_argument("--group-size", type=int, help="samples per prompt (8; --quick: 4)")
     parser.add_argument("--engines", type=int, default=3)
     parser.add_argument("--output-dir", type=Path, default=REPO / "outputs" / "bench" / "prefix_routing")
-    add_results_dir(parser)
     args = parser.parse_args()
     args.groups = args.groups or (3 if args.quick else 6)
     args.group_size = args.group_size or (4 if args.quick else 8)

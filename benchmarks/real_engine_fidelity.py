@@ -48,7 +48,7 @@ from rollflow.runtime.launch.process import free_port, rollflow_command
 from rollflow.runtime.launch.servers import ServerProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import Results, add_results_dir, add_shared_dir, results_dir
+from results import Results, add_shared_dir, benchmark_parser, results_dir
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_VENV = REPO / ".venv-vllm"
@@ -239,10 +239,7 @@ def compare(results: Results, name: str, url: str, model: Path, work: Path, args
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_results_dir(parser)
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--url", help="a running vLLM server (default: start one per model)")
     parser.add_argument("--model", help="model folder served at --url (default: the models of --models)")
     parser.add_argument(

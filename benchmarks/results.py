@@ -72,6 +72,14 @@ def add_results_dir(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def benchmark_parser(doc: str) -> argparse.ArgumentParser:
+    """A benchmark's command line: its module docstring `doc` as the help, laid out as written (it
+    says what is measured against what), and the options every benchmark takes (add_results_dir)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_results_dir(parser)
+    return parser
+
+
 def fill_inputs(args: argparse.Namespace, full: dict[str, Any], quick: dict[str, Any]) -> None:
     """Set each of a run's inputs the command line left out (None, or no such option) from `quick`
     under `--quick`, else from `full`: an option given on the command line wins over both."""

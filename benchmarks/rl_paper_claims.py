@@ -31,7 +31,6 @@ Every row is a `rollflow rl-sim` config (examples/rl/*.yaml plus dotted override
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import statistics
 import sys
@@ -47,7 +46,7 @@ from rollflow.sim.simulator import ServingSimulator
 from rollflow.sim.workload import build_requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import Results, add_results_dir, results_dir
+from results import Results, benchmark_parser, results_dir
 
 REPO = Path(__file__).resolve().parents[1]
 RLINF = REPO / "examples/rl/rlinf_dynamic.yaml"
@@ -379,10 +378,7 @@ def speed(results: Results, quick: bool, repeats: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_results_dir(parser)
+    parser = benchmark_parser(__doc__)
     parser.add_argument(
         "--repeats", type=int, default=None, help="speed rounds per side (default 3; --quick: 1)"
     )

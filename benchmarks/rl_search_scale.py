@@ -13,7 +13,6 @@ runs: the figure is rollflow's own. --quick: the 256-GPU plans only, 256 prompts
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.results import REPO, Results, add_results_dir, results_dir
+from benchmarks.results import REPO, Results, benchmark_parser, results_dir
 from rollflow.plan.pareto import pareto_front
 from rollflow.runtime.launch.process import rollflow_command
 
@@ -34,10 +33,7 @@ QUICK_OVERRIDES = ("space.num_gpus=[256]", "simulation.workload.num_prompts=256"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_results_dir(parser)
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--workers", type=int, default=2, help="processes simulating plans at once")
     args = parser.parse_args()
     results = Results("rl_search_scale", results_dir(args))

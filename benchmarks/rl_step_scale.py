@@ -13,7 +13,6 @@ wall times is recorded. --quick: 128 and 256 GPUs.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -24,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.results import REPO, Results, add_results_dir, results_dir
+from benchmarks.results import REPO, Results, benchmark_parser, results_dir
 
 CONFIG = REPO / "examples" / "rl" / "rlinf_dynamic.yaml"
 PROMPTS_PER_GPU = 8
@@ -67,10 +66,7 @@ def run_step(num_gpus: int, out: Path, pure_python: bool = False) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_results_dir(parser)
+    parser = benchmark_parser(__doc__)
     args = parser.parse_args()
     planned, large = (128, 256) if args.quick else (1024, 4096)
     results = Results("rl_step_scale", results_dir(args))

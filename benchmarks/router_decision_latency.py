@@ -13,7 +13,6 @@ the shipped policy). A wall-clock figure: a loaded core misses it.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from rollflow.policy.routing import make_router
 from rollflow.policy.view import ClusterView, InstanceView, RouteRequest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import Results, add_results_dir, results_dir
+from results import Results, benchmark_parser, results_dir
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_MEDIAN_US = 50.0
@@ -67,10 +66,7 @@ def time_round(router, cases) -> list[int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_results_dir(parser)
+    parser = benchmark_parser(__doc__)
     parser.add_argument(
         "policy",
         nargs="?",

@@ -14,7 +14,6 @@ rollflow's own.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -25,7 +24,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import Results, add_results_dir, add_shared_dir, results_dir
+from results import Results, add_shared_dir, benchmark_parser, results_dir
 
 REPO = Path(__file__).resolve().parents[1]
 MIN_CONFIGURATIONS = 100
@@ -71,10 +70,7 @@ def space_config(output_dir: Path, workers: int, num_requests: int, trace: Path)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_results_dir(parser)
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument(
         "--num-requests", type=int, default=None, help="requests per simulation (default 1000; --quick: 100)"

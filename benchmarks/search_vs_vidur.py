@@ -55,7 +55,7 @@ import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import Results, add_results_dir, add_shared_dir, results_dir
+from results import Results, add_shared_dir, benchmark_parser, results_dir
 from vidur_compare import MODEL, QUICK_TRAINING, cached_predictors, prepare_workdir
 from vidur_peer import Vidur, add_vidur_options, ensure_vidur, venv_versions
 
@@ -374,10 +374,7 @@ def best(table: dict[str, tuple[float | None, float]]) -> str | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_results_dir(parser)
+    parser = benchmark_parser(__doc__)
     add_vidur_options(parser)
     parser.add_argument(
         "--num-requests",

@@ -57,7 +57,7 @@ from benchmarks._router_load import (  # noqa: E402
     tree_cpu_seconds,
     warm_up,
 )
-from benchmarks.results import Results, add_results_dir, fill_inputs, results_dir  # noqa: E402
+from benchmarks.results import Results, benchmark_parser, fill_inputs, results_dir  # noqa: E402
 from rollflow.runtime.launch.servers import manager_config, start_manager  # noqa: E402
 from rollflow.runtime.manager.client import ManagerClient  # noqa: E402
 
@@ -261,9 +261,7 @@ def _sizing(one_cpu_us: float, many_cpu_us: float, share: float) -> dict[str, fl
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--rounds", type=int, help="repeats of every phase (default 3; 2 with --quick)")
     parser.add_argument("--requests", type=int, help="streamed requests per path and round (default 384)")
     parser.add_argument("--concurrency", type=int, default=64, help="streamed requests in flight")
@@ -275,7 +273,6 @@ def main() -> None:
     parser.add_argument(
         "--stream-flush-ms", type=float, help="the 2-process manager's stream_flush_ms (default: its default)"
     )
-    add_results_dir(parser)
     args = parser.parse_args()
     quick = {"rounds": 2, "requests": 128, "tokens": 128, "batch_prompts": 32}
     full = {"rounds": 3, "requests": 384, "tokens": 256, "batch_prompts": 96}

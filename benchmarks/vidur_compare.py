@@ -29,7 +29,6 @@ fills that cache first. No Vidur code is copied: it runs from the checkout.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import os
@@ -43,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import Results, add_results_dir, add_shared_dir, results_dir
+from results import Results, add_shared_dir, benchmark_parser, results_dir
 from vidur_peer import Vidur, add_vidur_options, ensure_vidur, venv_versions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -304,10 +303,7 @@ def speed(results: Results, case: Case, runs: dict[str, Run]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_results_dir(parser)
+    parser = benchmark_parser(__doc__)
     add_vidur_options(parser)
     parser.add_argument(
         "--repeats",

@@ -71,7 +71,7 @@ from benchmarks._router_load import (  # noqa: E402
     start_canned_engine,
     tree_cpu_seconds,
 )
-from benchmarks.results import Results, add_results_dir, fill_inputs, results_dir  # noqa: E402
+from benchmarks.results import Results, benchmark_parser, fill_inputs, results_dir  # noqa: E402
 from rollflow.runtime.launch.process import free_port  # noqa: E402
 from rollflow.runtime.launch.servers import ServerProcess, manager_config, start_manager  # noqa: E402
 
@@ -321,9 +321,7 @@ QUICK = FULL | {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = benchmark_parser(__doc__)
     add_load_options(parser, FULL)
     parser.add_argument("--tokens", type=int, default=64, help="tokens each JSON-answered request asks for")
     parser.add_argument(
@@ -338,7 +336,6 @@ def main() -> None:
         default=STREAM_CPU_RATIO_GOAL,
         help="the manager's router CPU per streamed token over vllm-router's, at most",
     )
-    add_results_dir(parser)
     args = parser.parse_args()
     fill_inputs(args, FULL, QUICK)
     numbers = (

@@ -50,7 +50,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.results import Results, add_results_dir, package_version, results_dir
+from benchmarks.results import Results, benchmark_parser, package_version, results_dir
 from rollflow.runtime.engines.tiny_model import write_tiny_model
 from rollflow.runtime.launch.process import free_port, rollflow_command
 from rollflow.runtime.launch.servers import ServerProcess, http
@@ -322,9 +322,7 @@ def start_engine(model: Path, ranks: int, log: Path) -> ServerProcess:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--intermediate", type=int, default=2816)
     parser.add_argument("--layers", type=int, help="decoder layers (22, about 350M parameters; --quick: 2)")
@@ -334,7 +332,6 @@ def main() -> None:
     parser.add_argument("--block-kb", type=int, default=64, help="delta block size")
     parser.add_argument("--zstd-level", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    add_results_dir(parser)
     args = parser.parse_args()
     args.layers = args.layers or (2 if args.quick else 22)
     args.vocab = args.vocab or (8000 if args.quick else 32000)
