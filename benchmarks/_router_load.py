@@ -5,7 +5,6 @@ CPU time."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import sys
@@ -33,13 +32,6 @@ LOAD_OPTIONS = {
 }
 """The inputs that size a router benchmark's load: rounds, short requests one at a time (latency)
 and `concurrency` at a time (throughput), then long streams."""
-
-
-def add_load_options(parser: argparse.ArgumentParser, full: dict[str, int]) -> None:
-    """`LOAD_OPTIONS` as options, each defaulting to None so that `results.fill_inputs` can tell an
-    option given from one left out; the help names the value of a full run, `full`."""
-    for key, help in LOAD_OPTIONS.items():
-        parser.add_argument(f"--{key.replace('_', '-')}", type=int, help=f"{help} ({full[key]})")
 
 
 def start_canned_engine(

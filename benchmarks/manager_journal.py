@@ -42,7 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.results import Results, benchmark_parser, fill_inputs, results_dir  # noqa: E402
+from benchmarks.results import Results, add_inputs, benchmark_parser, fill_inputs, results_dir  # noqa: E402
 from rollflow.runtime.launch.process import free_port  # noqa: E402
 from rollflow.runtime.launch.servers import ServerProcess, http, manager_config, start_manager  # noqa: E402
 from rollflow.runtime.manager.client import ManagerClient  # noqa: E402
@@ -173,13 +173,21 @@ QUICK = FULL | {
     "restart_tokens": 800,
 }
 """Inputs of a run and of a `--quick` one; an option given on the command line wins over both."""
+INPUTS = {
+    "batches": "batches submitted at once for throughput",
+    "prompts": "prompts per throughput batch",
+    "n": "samples per prompt",
+    "tokens": "tokens each sample asks for",
+    "latency_batches": "one-sample batches, one at a time, for latency",
+    "repeats": "runs of each, alternating; medians shown",
+    "restart_samples": "samples of the batch the killed manager resumes",
+    "restart_tokens": "tokens each of them asks for",
+}
 
 
 def main() -> None:
     parser = benchmark_parser(__doc__)
-    for key, value in FULL.items():
-        help = "runs of each, alternating; medians shown" if key == "repeats" else None
-        parser.add_argument(f"--{key.replace('_', '-')}", type=int, help=f"{help or ''} ({value})".strip())
+    add_inputs(parser, FULL, INPUTS)
     args = parser.parse_args()
     fill_inputs(args, FULL, QUICK)
     results = Results("manager_journal", results_dir(args))

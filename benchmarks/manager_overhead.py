@@ -86,8 +86,8 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks._peer_routers import SGLANG_ROUTER  # noqa: E402
 from benchmarks._router_load import (  # noqa: E402
+    LOAD_OPTIONS,
     Client,
-    add_load_options,
     cpu_seconds,
     in_turn,
     load,
@@ -98,7 +98,7 @@ from benchmarks._router_load import (  # noqa: E402
     start_sglang_router,
     warm_up,
 )
-from benchmarks.results import Results, benchmark_parser, fill_inputs, results_dir  # noqa: E402
+from benchmarks.results import Results, add_inputs, benchmark_parser, fill_inputs, results_dir  # noqa: E402
 from rollflow.runtime.launch.process import free_port, rollflow_command  # noqa: E402
 from rollflow.runtime.launch.servers import (  # noqa: E402
     ENV,
@@ -512,7 +512,7 @@ QUICK = FULL | {
 
 def main() -> None:
     parser = benchmark_parser(__doc__)
-    add_load_options(parser, FULL)
+    add_inputs(parser, FULL, LOAD_OPTIONS)
     parser.add_argument("--backend", choices=("canned", "builtin"), default="canned")
     parser.add_argument("--tokens", type=int, default=8, help="tokens each request asks for")
     parser.add_argument(

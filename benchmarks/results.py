@@ -80,6 +80,14 @@ def benchmark_parser(doc: str) -> argparse.ArgumentParser:
     return parser
 
 
+def add_inputs(parser: argparse.ArgumentParser, full: dict[str, int], helps: dict[str, str]) -> None:
+    """Each of a run's inputs `helps` names as an integer option (`rounds` -> `--rounds`), with its
+    help and the value of a full run (`full`); each defaults to None, so that `fill_inputs` can tell
+    an option given from one left out."""
+    for key, help in helps.items():
+        parser.add_argument(f"--{key.replace('_', '-')}", type=int, help=f"{help} ({full[key]})")
+
+
 def fill_inputs(args: argparse.Namespace, full: dict[str, Any], quick: dict[str, Any]) -> None:
     """Set each of a run's inputs the command line left out (None, or no such option) from `quick`
     under `--quick`, else from `full`: an option given on the command line wins over both."""

@@ -60,10 +60,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks._peer_routers import VLLM_ROUTER  # noqa: E402
 from benchmarks._router_load import (  # noqa: E402
-    Client as SGLangClient,
-)
-from benchmarks._router_load import (  # noqa: E402
-    add_load_options,
+    LOAD_OPTIONS,
     in_turn,
     load,
     median,
@@ -71,7 +68,10 @@ from benchmarks._router_load import (  # noqa: E402
     start_canned_engine,
     tree_cpu_seconds,
 )
-from benchmarks.results import Results, benchmark_parser, fill_inputs, results_dir  # noqa: E402
+from benchmarks._router_load import (  # noqa: E402
+    Client as SGLangClient,
+)
+from benchmarks.results import Results, add_inputs, benchmark_parser, fill_inputs, results_dir  # noqa: E402
 from rollflow.runtime.launch.process import free_port  # noqa: E402
 from rollflow.runtime.launch.servers import ServerProcess, manager_config, start_manager  # noqa: E402
 
@@ -322,7 +322,7 @@ QUICK = FULL | {
 
 def main() -> None:
     parser = benchmark_parser(__doc__)
-    add_load_options(parser, FULL)
+    add_inputs(parser, FULL, LOAD_OPTIONS)
     parser.add_argument("--tokens", type=int, default=64, help="tokens each JSON-answered request asks for")
     parser.add_argument(
         "--cpu-ratio-goal",
