@@ -3,35 +3,24 @@ on its way out, so the journal's last batched writes reach the disk and a restar
 
 from __future__ import annotations
 
-import json
 import signal
 
 from rollflow.runtime.manager.client import ManagerClient
-from tests.runtime.manager.helpers import greedy_reference, wait_until
-from tests.runtime.processes import Process, free_port, rollflow
+from tests.runtime.manager.helpers import greedy_reference, manager_on_journal, wait_until
+from tests.runtime.processes import free_port
 
 
 def test_sigterm_closes_the_manager_and_its_journal_keeps_the_last_writes(processes, tmp_path):
     engine = processes.engine()
-    journal = tmp_path / "manager.journal"
-    config_path = tmp_path / "manager.yaml"
-    config_path.write_text(
-        json.dumps(
-            {
-                "engines": [{"url": engine.url, "engine_type": "builtin"}],
-                # nothing commits on its own for a minute: only the close at SIGTERM writes the tokens
-                "journal_flush_interval_ms": 60_000,
-                "journal_max_unflushed_tokens": 100_000,
-            }
-        )
-    )
-
-    def start(log_name: str) -> Process:
-        args = ["manager", "serve", "--config", str(config_path), "--journal", str(journal)]
-        return Process(rollflow(*args, "--port", str(port)), port, tmp_path / log_name)
-
+    config = {
+        "engines": [{"url": engine.url, "engine_type": "builtin"}],
+        "journal": str(tmp_path / "manager.journal"),
+        # nothing commits on its own for a minute: only the close at SIGTERM writes the tokens
+        "journal_flush_interval_ms": 60_000,
+        "journal_max_unflushed_tokens": 100_000,
+    }
     port = free_port()
-    manager = start("first.log")
+    manager = manager_on_journal(tmp_path, config, port)
     try:
         batch = ManagerClient(manager.url).submit([[4, 5, 6]], n=1, max_new_tokens=8, temperature=0)
         wait_until(lambda: batch.status()["states"]["finished"] == 1, what="the sample to finish")
@@ -41,7 +30,7 @@ def test_sigterm_closes_the_manager_and_its_journal_keeps_the_last_writes(proces
     finally:
         manager.stop()
 
-    manager = start("second.log")
+    manager = manager_on_journal(tmp_path, config, port)
     try:
         (group,) = next(batch.micro_batches())
         (sample,) = group
