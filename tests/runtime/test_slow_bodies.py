@@ -10,7 +10,7 @@ import threading
 import time
 from urllib.parse import urlsplit
 
-from tests.runtime.processes import Process, free_port, http, rollflow
+from tests.runtime.processes import http
 from tests.runtime.test_auth import _weight_server
 
 READ_TIMEOUT_S = 2.0
@@ -71,10 +71,7 @@ def _close_times(
 def _servers(processes, tmp_path, limits: dict):
     """A manager (lean /generate and aiohttp's routes), a built-in engine and a weight server, all
     under `limits`; (targets, weight server process)."""
-    port = free_port()
-    argv = ["engine", "serve", "--model", str(processes.model), "--port", str(port), *_flags(limits)]
-    engine = Process(rollflow(*argv), port, tmp_path / "engine.log")
-    processes.started.append(engine)
+    engine = processes.engine(extra_args=tuple(_flags(limits)))
     manager = processes.manager(**limits)
     weights, weights_url = _weight_server(tmp_path, *_flags(limits), token="t0k")
     targets = [

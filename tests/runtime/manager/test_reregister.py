@@ -3,13 +3,13 @@ engine restarted on the same port registers again under its url."""
 
 from __future__ import annotations
 
+from rollflow.runtime.launch.servers import engine_command
 from tests.runtime.manager.helpers import wait_until
-from tests.runtime.processes import Process, http, rollflow
+from tests.runtime.processes import Process, http
 
 
 def _engine_on(port: int, model, tmp_path, name: str) -> Process:
-    args = ["engine", "serve", "--model", str(model), "--host", "127.0.0.1", "--port", str(port)]
-    return Process(rollflow(*args), port, tmp_path / f"{name}.log")
+    return Process(engine_command(model, port), port, tmp_path / f"{name}.log")
 
 
 def _records(manager) -> list[dict]:
