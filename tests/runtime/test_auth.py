@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from rollflow.runtime.launch.process import rollflow_command
-from tests.runtime.processes import ENV, REPO, Process, free_port, http, rollflow
+from tests.runtime.processes import ENV, REPO, free_port, http
 
 TOKEN = "manager-secret"
 API_KEY = "engine-secret"
@@ -80,21 +80,8 @@ def assert_refused(url: str, routes, good: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def engine(module_processes, tmp_path_factory):
-    port = free_port()
-    args = [
-        "engine",
-        "serve",
-        "--model",
-        str(module_processes.model),
-        "--port",
-        str(port),
-        "--api-key",
-        API_KEY,
-    ]
-    process = Process(rollflow(*args), port, tmp_path_factory.mktemp("engine") / "engine.log")
-    module_processes.started.append(process)
-    return process
+def engine(module_processes):
+    return module_processes.engine(extra_args=("--api-key", API_KEY))
 
 
 def test_the_engine_takes_its_api_key_on_every_route_but_health(engine):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 from urllib.parse import urlsplit
 
-from tests.runtime.processes import Process, free_port, http, rollflow
+from tests.runtime.processes import http
 from tests.runtime.test_auth import _weight_server
 
 TIMEOUT_S = "2"
@@ -42,20 +42,8 @@ def _assert_all_closed(sockets: list[socket.socket]) -> None:
             sock.close()
 
 
-def test_the_manager_and_the_engine_close_half_open_connections(processes, tmp_path):
-    port = free_port()
-    args = [
-        "engine",
-        "serve",
-        "--model",
-        str(processes.model),
-        "--port",
-        str(port),
-        "--read-timeout-s",
-        TIMEOUT_S,
-    ]
-    engine = Process(rollflow(*args), port, tmp_path / "engine.log")
-    processes.started.append(engine)
+def test_the_manager_and_the_engine_close_half_open_connections(processes):
+    engine = processes.engine(extra_args=("--read-timeout-s", TIMEOUT_S))
     manager = processes.manager(read_timeout_s=float(TIMEOUT_S))
     for server in (manager, engine):
         sockets = _half_open(server.url, "POST", "/generate")
