@@ -192,16 +192,8 @@ class EngineFleet:
         self, entry: EngineEntry, url: str, client: EngineClient, version: int | None
     ) -> EngineRecord:
         """`entry` in the registry under its normalised `url`, called through `client`."""
-        return self.registry.add(
-            url=url,
-            kind=entry.kind,
-            engine_type=entry.engine_type,
-            capacity=entry.capacity,
-            client=client,
-            weight_version=version,
-            api_key=entry.api_key,
-            relay=entry.relay,
-        )
+        fields = entry.model_dump() | {"url": url}  # an EngineRecord's registration fields are EngineEntry's
+        return self.registry.add(**fields, client=client, weight_version=version)
 
     async def remove_engine(self, engine_id: int) -> EngineRecord:
         """Deregister and forget: the engine's running samples resume elsewhere with their tokens,

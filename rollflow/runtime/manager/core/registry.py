@@ -49,14 +49,7 @@ class EngineRecord:
     def entry(self) -> EngineEntry:
         """How the engine registered: what registering it again takes (its breaker's half-open
         check, or a manager restarted from its journal)."""
-        return EngineEntry(
-            url=self.url,
-            kind=self.kind,
-            engine_type=self.engine_type,
-            capacity=self.capacity,
-            api_key=self.api_key,
-            relay=self.relay,
-        )
+        return EngineEntry(**{name: getattr(self, name) for name in EngineEntry.model_fields})
 
     def dispatched(self, sample_id: str, input_tokens: int, remaining_tokens: int) -> None:
         """A sample was sent here: it holds a place and counts as queued until its first token."""
