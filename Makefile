@@ -101,13 +101,15 @@ test-docs: $(STAMP)
 # Every benchmark behind a figure in the docs, one at a time (benchmarks/suite.py): each writes
 # benchmarks/results/<name>.json, its output goes to outputs/bench/<name>.log, and the run fails when any
 # benchmark missed a goal, overran its time limit or wrote no results file. About an hour on 2 cores;
-# then `.venv/bin/python -m benchmarks.render --write` puts the new figures into the docs.
-bench: $(STAMP)
+# then `.venv/bin/python -m benchmarks.render --write` puts the new figures into the docs. Both venvs are
+# installed first: real_engine_fidelity measures a real vLLM server from .venv-vllm (with ROLLFLOW_SKIP_VLLM=1
+# it is not installed, and that benchmark fails saying so); the peer routers and Vidur install themselves.
+bench: venvs
 	$(BIN)/python -m benchmarks.suite
 
 # The same on smaller inputs, in under 10 minutes (the suite fails past that): results under
 # benchmarks/results/quick/, not committed, to check that every benchmark still runs end to end.
-bench-quick: $(STAMP)
+bench-quick: venvs
 	$(BIN)/python -m benchmarks.suite --quick
 
 # The documentation site (mkdocs.yml), into site/; --strict: a broken link or any warning fails.

@@ -135,6 +135,10 @@ async def speed_check(url: str) -> float:
         gaps, _ = await decode_gaps(client, MAX_NUM_SEQS, 16, 32, salt=next(REPLAY_SALTS))
     finally:
         await client.close()
+    if not gaps:  # every stream came in one piece: no token gap was timed
+        raise RuntimeError(
+            f"speed check on {url}: no stream arrived token by token, so no iteration was timed"
+        )
     return float(np.median(gaps)) * 1e3
 
 

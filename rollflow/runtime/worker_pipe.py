@@ -4,7 +4,7 @@
 The leader listens on 127.0.0.1 with a key made for the run, starts each worker with the port and
 the key in its environment, and `accept_workers` waits for every worker to connect back
 (`connect_to_leader`, which sends the worker's number first). Messages then go both ways as
-pickled objects (`send`, `receive`).
+pickled objects (`send`, `receive`); `Stop`, the leader's last message, ends a worker's loop.
 """
 
 from __future__ import annotations
@@ -13,9 +13,17 @@ import pickle
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection, Listener
 from subprocess import Popen
 from typing import Any
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The run is over: the worker leaves its command loop and exits. One message for every leader
+    and its workers, whether it travels on this pipe or, for tensor parallelism's ranks, in a
+    torch.distributed broadcast."""
 
 
 def send(connection: Connection, message: Any) -> None:

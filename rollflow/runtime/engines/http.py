@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import AsyncIterator
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, TypedDict
 
 import aiohttp
 import orjson
@@ -24,6 +24,15 @@ CONNECT_TIMEOUT_S = 10.0
 
 ENGINE_ERRORS = (EngineError, aiohttp.ClientError, OSError, ValueError)
 """What a call to an engine raises when the engine (not the request) is at fault."""
+
+
+class ClientOptions(TypedDict, total=False):
+    """How a client reaches its engine, beside the url: `HttpEngine`'s options, which every client
+    takes (`**options: Unpack[ClientOptions]`) and hands to it."""
+
+    session: aiohttp.ClientSession | None
+    read_timeout_s: float | None
+    api_key: str | None
 
 
 class HttpEngine:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import aiohttp
 import orjson
@@ -22,6 +22,7 @@ from rollflow.runtime.engines.base import (
     RequestFailedError,
 )
 from rollflow.runtime.engines.http import (
+    ClientOptions,
     HttpEngine,
     SseBlock,
     SseLines,
@@ -52,14 +53,8 @@ class SGLangClient(HttpEngine):
 
     server_name = "an SGLang server"
 
-    def __init__(
-        self,
-        url: str,
-        session: aiohttp.ClientSession | None = None,
-        read_timeout_s: float | None = None,
-        api_key: str | None = None,
-    ) -> None:
-        super().__init__(url, session, read_timeout_s, api_key)
+    def __init__(self, url: str, **options: Unpack[ClientOptions]) -> None:
+        super().__init__(url, **options)
         self._missing_load_routes: set[str] = set()  # load routes this server answered 4xx to
         # the last sampling params sent and SGLang's form of them: requests alike share one object
         self._last_sampling: tuple[SamplingParams, dict[str, Any]] | None = None

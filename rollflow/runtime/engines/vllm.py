@@ -14,7 +14,7 @@ with `--enable-sleep-mode`); without it those calls raise NotSupportedError sayi
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Unpack
 
 import aiohttp
 
@@ -27,6 +27,7 @@ from rollflow.runtime.engines.base import (
     RequestFailedError,
 )
 from rollflow.runtime.engines.http import (
+    ClientOptions,
     HttpEngine,
     failure_text,
     iter_sse_json,
@@ -46,15 +47,8 @@ class VLLMClient(HttpEngine):
 
     server_name = "a vLLM server"
 
-    def __init__(
-        self,
-        url: str,
-        session: aiohttp.ClientSession | None = None,
-        read_timeout_s: float | None = None,
-        model: str | None = None,
-        api_key: str | None = None,
-    ) -> None:
-        super().__init__(url, session, read_timeout_s, api_key)
+    def __init__(self, url: str, model: str | None = None, **options: Unpack[ClientOptions]) -> None:
+        super().__init__(url, **options)
         self._model = model
         # rid -> open response, so abort() can close it; rids whose stream was closed by abort()
         self._open: dict[str, aiohttp.ClientResponse] = {}

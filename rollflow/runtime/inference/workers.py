@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rollflow.runtime.launch.process import wait_or_kill
-from rollflow.runtime.worker_pipe import accept_workers, connect_to_leader, receive, send
+from rollflow.runtime.worker_pipe import Stop, accept_workers, connect_to_leader, receive, send
 
 if TYPE_CHECKING:
     from rollflow.policy.placement import ClusterConfig
@@ -78,11 +78,6 @@ class Release:
 @dataclass(frozen=True)
 class Released:
     seconds: float
-
-
-@dataclass(frozen=True)
-class Stop:
-    """The run is over."""
 
 
 @dataclass

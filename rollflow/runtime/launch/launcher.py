@@ -35,6 +35,7 @@ from rollflow.runtime.launch.engine_commands import EngineCommand, engine_comman
 from rollflow.runtime.launch.process import LaunchError
 from rollflow.runtime.launch.slots import LocalSlot, Slot, wait_answering
 from rollflow.runtime.manager.client import ManagerClient, ManagerError
+from rollflow.runtime.manager.token import TOKEN_ENV as MANAGER_TOKEN_ENV
 from rollflow.runtime.weights.checkpoint import publish_checkpoint
 from rollflow.runtime.weights.token import TOKEN_ENV as WEIGHTS_TOKEN_ENV
 
@@ -161,7 +162,7 @@ class Launcher:
         if self.weights_token is not None:
             env[WEIGHTS_TOKEN_ENV] = self.weights_token  # the trainer publishes each version
         if self.config.manager.token:
-            env["ROLLFLOW_MANAGER_TOKEN"] = self.config.manager.token
+            env[MANAGER_TOKEN_ENV] = self.config.manager.token
         self.trainer = self._slot("trainer", trainer.placement)
         self.trainer.start(trainer.command, str(self.work_dir / "trainer.log"), env, rollflow=False, files={})
         return self.trainer
@@ -291,7 +292,7 @@ class Launcher:
         config_path = str(self.work_dir / "manager.yaml")
         config_text = yaml.safe_dump(config.model_dump(mode="json", exclude={"token"}))
         argv = ["manager", "serve", "--config", config_path, "--host", host, "--port", str(port)]
-        env = {"ROLLFLOW_MANAGER_TOKEN": config.token} if config.token else {}
+        env = {MANAGER_TOKEN_ENV: config.token} if config.token else {}
         log_path = str(self.work_dir / "manager.log")
         self.manager_slot.start(argv, log_path, env, rollflow=True, files={config_path: config_text})
         url = f"http://{host}:{port}"

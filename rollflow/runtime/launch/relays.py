@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from rollflow.runtime.launch.ray_slots import RaySlot
 from rollflow.runtime.launch.slots import wait_answering
+from rollflow.runtime.manager.token import TOKEN_ENV as MANAGER_TOKEN_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class NodeRelays:
             port = slot.free_port()
             argv = ["manager", "relay", "--host", slot.host, "--port", str(port)]
             argv += ["--flush-ms", f"{self._flush_ms:g}", "--log-format", "json"]
-            env = {"ROLLFLOW_MANAGER_TOKEN": self._token} if self._token else {}
+            env = {MANAGER_TOKEN_ENV: self._token} if self._token else {}
             slot.start(argv, f"{self._work_dir}/{name}.log", env, rollflow=True, files={})
             wait_answering(
                 slot, lambda: _listening(slot.host, port), f"{slot.host}:{port}", self._start_timeout_s

@@ -11,6 +11,7 @@ from rollflow.cli_util import (
     add_listen_arguments,
     add_secret_argument,
 )
+from rollflow.runtime.manager.token import TOKEN_ENV
 
 EXAMPLES = """examples:
   rollflow manager serve --port 30100
@@ -28,8 +29,6 @@ then, from anywhere on the machine:
   curl -X POST localhost:30100/workers -H 'Authorization: Bearer T' -d '{"url": "http://127.0.0.1:30000", "kind": "spot"}'
   curl localhost:30100/generate -d '{"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 16}}'
 """
-
-_TOKEN_ENV = "ROLLFLOW_MANAGER_TOKEN"
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -53,7 +52,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_secret_argument(
         serve,
         "--token",
-        _TOKEN_ENV,
+        TOKEN_ENV,
         "bearer token for the admin and trainer routes: workers, batches, step reports, reading "
         "or closing sessions",
     )
@@ -84,7 +83,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         examples=EXAMPLES,
     )
     add_listen_arguments(relay, 30200)
-    add_secret_argument(relay, "--token", _TOKEN_ENV, "the manager's token, which it greets the relay with")
+    add_secret_argument(relay, "--token", TOKEN_ENV, "the manager's token, which it greets the relay with")
     relay.add_argument(
         "--flush-ms",
         type=float,

@@ -70,7 +70,7 @@ from torch import distributed as dist
 
 from rollflow.runtime.launch.process import wait_or_kill
 from rollflow.runtime.trainer.distributed import Share, output_tokens
-from rollflow.runtime.worker_pipe import accept_workers, connect_to_leader, receive, send
+from rollflow.runtime.worker_pipe import Stop, accept_workers, connect_to_leader, receive, send
 
 if TYPE_CHECKING:
     from rollflow.policy.placement import ClusterConfig
@@ -107,11 +107,6 @@ class OptimizerStep:
     """Sum gradients over ranks 0..size-1, then take the optimizer step."""
 
     size: int
-
-
-@dataclass(frozen=True)
-class Stop:
-    """The run is over: leave the loop and the process group."""
 
 
 @dataclass(frozen=True)

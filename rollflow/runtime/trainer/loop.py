@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from rollflow.phases import PhaseSpan, PhaseTimer, write_chrome_trace
 from rollflow.policy.oversample import Oversampler
 from rollflow.runtime.manager.client import BatchHandle, ManagerClient, ManagerError, ManagerUnreachable
+from rollflow.runtime.manager.token import TOKEN_ENV as MANAGER_TOKEN_ENV
 from rollflow.runtime.trainer import checkpoints
 from rollflow.runtime.trainer.config import TrainConfig
 from rollflow.runtime.trainer.distributed import DataParallel
@@ -67,7 +68,7 @@ class Trainer:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.prompts_fn = load_callable(config.prompts, "prompts")
         self.environment_fn = load_callable(config.environment, "environment") if config.environment else None
-        token = config.manager_token or os.environ.get("ROLLFLOW_MANAGER_TOKEN")
+        token = config.manager_token or os.environ.get(MANAGER_TOKEN_ENV)
         self.client = ManagerClient(config.manager_url, token=token, reconnect_s=config.manager_reconnect_s)
 
         self.parallel = parallel

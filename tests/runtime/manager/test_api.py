@@ -9,6 +9,7 @@ import urllib.request
 import pytest
 
 from rollflow.runtime.manager.client import ManagerClient, ManagerError
+from rollflow.runtime.manager.config import EngineEntry
 from rollflow.runtime.wire.base import SamplingParams
 from tests.runtime.manager.helpers import finished, greedy_reference, metric, run_manager, workers
 from tests.runtime.processes import http
@@ -243,7 +244,7 @@ def test_a_failing_router_is_overruled_and_counted_not_fatal(fleet):
 
     async def run(manager) -> tuple[list, float]:
         for engine in engines:
-            await manager.fleet.add_engine(engine.url)
+            await manager.fleet.add_engine(EngineEntry(url=engine.url))
         batch = manager.submit_batch([[6, 6]] * 3, 1, SamplingParams(max_new_tokens=2, temperature=0))
         await finished(batch)
         return batch.samples, manager.metrics.router_errors._value.get()

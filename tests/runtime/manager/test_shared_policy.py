@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rollflow.policy.routing import make_router
-from rollflow.runtime.manager.config import ManagerConfig
+from rollflow.runtime.manager.config import EngineEntry, ManagerConfig
 from rollflow.runtime.wire.base import SamplingParams
 from rollflow.sim.simulator import ServingSimulator
 from rollflow.sim.workload import build_requests
@@ -25,7 +25,7 @@ def test_the_same_router_object_routes_a_simulated_and_a_live_cluster(processes)
 
     async def live(manager) -> list[int]:
         for engine in engines:
-            await manager.fleet.add_engine(engine.url)
+            await manager.fleet.add_engine(EngineEntry(url=engine.url))
         batch = manager.submit_batch([[1, 2]] * 6, 1, SamplingParams(max_new_tokens=2, temperature=0))
         await finished(batch)
         return [sample.spans[0].engine_id for sample in batch.samples]
@@ -68,7 +68,7 @@ def test_one_learned_policy_file_routes_the_simulator_and_the_live_manager(proce
     async def live(manager) -> RecordingRouter:
         manager.dispatcher.router = RecordingRouter(manager.dispatcher.router)  # before any request
         for engine in engines:
-            await manager.fleet.add_engine(engine.url)
+            await manager.fleet.add_engine(EngineEntry(url=engine.url))
         batch = manager.submit_batch([[3, 4, 5]] * 12, 1, SamplingParams(max_new_tokens=3, temperature=0))
         await finished(batch)
         assert all(sample.state.name == "FINISHED" for sample in batch.samples)

@@ -41,6 +41,7 @@ from rollflow.runtime.engines.builtin.worker import EngineFault
 from rollflow.runtime.launch.process import wait_or_kill
 from rollflow.runtime.weights.errors import WeightTransferError
 from rollflow.runtime.weights.slices import ROW_PARALLEL, VOCAB_PARALLEL, check_divisible, shard_tensor
+from rollflow.runtime.worker_pipe import Stop
 
 logger = logging.getLogger(__name__)
 
@@ -82,11 +83,6 @@ class Stage:
 class Commit:
     """Report whether the staged slices are ready, and the bytes a pull of them read (all-gather);
     copy them in if every rank's are."""
-
-
-@dataclass(frozen=True)
-class Stop:
-    """Leave the command loop and exit."""
 
 
 Command = Forward | Pull | Stage | Commit | Stop

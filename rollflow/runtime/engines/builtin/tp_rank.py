@@ -28,7 +28,6 @@ from rollflow.runtime.engines.builtin.tensor_parallel import (
     Forward,
     Pull,
     Stage,
-    Stop,
     init_group,
     rank_device,
     shard_model,
@@ -37,6 +36,7 @@ from rollflow.runtime.engines.builtin.weights import WeightChecker
 from rollflow.runtime.weights.checkpoint import read_saved_weights
 from rollflow.runtime.weights.puller import LoadedWeights, PullResult, WeightPuller
 from rollflow.runtime.weights.slices import shard_state
+from rollflow.runtime.worker_pipe import Stop
 
 logger = logging.getLogger(__name__)
 

@@ -47,6 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rollflow.errors import UserError
 from rollflow.perf.profile.hf_config import ProfiledModel
 from rollflow.perf.profile.operators import ATTENTION_OPS, MLP_OPS
 from rollflow.perf.profile.progress import ProgressLog
@@ -162,9 +163,7 @@ async def measure_engine(
     decode_s, decode_kv, prefill_s = {}, {}, {}
     for batch, prompt in decode_mixes:
         rounds = [progress["decode", r, batch, prompt] for r in range(probe.repeats)]
-        best = least_disturbed([measured["gaps"] for measured in rounds])
-        [kvs] = [measured["kvs"] for measured in rounds if measured["gaps"] is best]
-        decode_s[batch, prompt], decode_kv[batch, prompt] = best, statistics.fmean(kvs)
+        decode_s[batch, prompt], decode_kv[batch, prompt] = best_decode_round(rounds, batch, prompt)
     for length in probe.prompt_lengths:
         prefill_s[length] = least_disturbed([[progress["prefill", r, length]] for r in range(probe.repeats)])
     shortest = min(probe.prompt_lengths)
@@ -294,10 +293,31 @@ def least_disturbed(rounds: list[list[float]]) -> list[float]:
     return min(rounds, key=statistics.median)
 
 
+def best_decode_round(rounds: list[dict], batch: int, prompt: int) -> tuple[list[float], float]:
+    """The least disturbed of a decode mix's rounds ({gaps, kvs} each): its gaps and their mean KV
+    length. A round that timed no gap (every stream arrived in one chunk, see `_steady_gaps`) is left
+    out; a UserError when no round timed one, rather than a decode that costs nothing."""
+    measured = [round_ for round_ in rounds if round_["gaps"]]
+    if not measured:
+        raise UserError(
+            f"decode batch {batch}, prompt {prompt}: every round's streams arrived whole, in one chunk "
+            "each, so no iteration could be timed; profile again with more --decode-tokens or --repeats, "
+            "or on a less loaded machine"
+        )
+    best = least_disturbed([round_["gaps"] for round_ in measured])
+    [kvs] = [round_["kvs"] for round_ in measured if round_["gaps"] is best]
+    return best, statistics.fmean(kvs)
+
+
 def _steady_gaps(streams: list[list[float]], prompt: int) -> tuple[list[float], list[int]]:
     """Gaps between consecutive tokens while every stream of the batch was decoding, and the KV
     length of each gap's iteration: the one after a stream's k-th token holds the prompt and k - 1
-    generated tokens (the simulator's count of a decode's processed tokens)."""
+    generated tokens (the simulator's count of a decode's processed tokens).
+
+    When no gap lies in that window (streams delivered several tokens per chunk), each stream's mean
+    gap after its first chunk stands in: the time from it to the last token over the tokens that came
+    later, one iteration each. A stream that came in one chunk timed no iteration and gives none, so
+    a round whose every stream did gives no gaps at all (a mean of 0 would read as a free decode)."""
     window_start = max(times[1] for times in streams)  # every request has its first token
     window_end = min(times[-1] for times in streams)  # no request has finished
     gaps, kvs = [], []
@@ -306,9 +326,12 @@ def _steady_gaps(streams: list[list[float]], prompt: int) -> tuple[list[float], 
             if earlier >= window_start and later <= window_end and later > earlier:
                 gaps.append(later - earlier)
                 kvs.append(prompt + k)
-    if not gaps:  # streams delivered several tokens per chunk: fall back to each stream's mean
-        gaps = [(times[-1] - times[1]) / max(1, len(times) - 2) for times in streams]
-        kvs = [prompt + (len(times) - 2) // 2 for times in streams]
+    if not gaps:
+        for times in streams:
+            later = sum(1 for arrival in times[2:] if arrival > times[1])  # tokens after the first chunk
+            if later:
+                gaps.append((times[-1] - times[1]) / later)
+                kvs.append(prompt + (len(times) - 2) // 2)
     return gaps, kvs
 
 

@@ -18,7 +18,6 @@ import aiohttp
 
 from rollflow.errors import UserError
 from rollflow.policy.offload import OffloadBalancer
-from rollflow.policy.view import InstanceKind
 from rollflow.runtime.engines.base import EngineClient, NotSupportedError
 from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.engines.http import ENGINE_ERRORS, failure_text
@@ -108,30 +107,22 @@ class EngineFleet:
         assert self._session is not None, "the manager is not started"
         return self._session
 
-    async def add_engine(
-        self,
-        url: str,
-        kind: InstanceKind = "local",
-        engine_type: str = "sglang",
-        capacity: int = 64,
-        api_key: str | None = None,
-        relay: str | None = None,
-    ) -> EngineRecord:
+    async def add_engine(self, entry: EngineEntry) -> EngineRecord:
         """Health-check an engine, read its weight version, and put it in the pool at once.
 
         The url is normalised (one engine, one record); a failed engine's url may register again
         (a restarted engine rejoins), replacing the failed record.
         """
         try:
-            url = normalise_url(url)
+            url = normalise_url(entry.url)
         except ValueError as exc:
-            raise EngineUnavailable(f"bad engine url {url!r}: {exc}") from None
+            raise EngineUnavailable(f"bad engine url {entry.url!r}: {exc}") from None
         existing = self.registry.by_url(url)
         if existing is not None and existing.state != "failed":
             raise EngineAlreadyRegistered(
                 f"an engine with url {url} is already registered (id {existing.engine_id}, {existing.state})"
             )
-        client = make_client(engine_type, url, self.http, api_key=api_key)
+        client = make_client(entry.engine_type, url, self.http, api_key=entry.api_key)
         try:
             healthy = await asyncio.wait_for(client.health(), self.config.connect_timeout_s)
             version = await asyncio.wait_for(client.weight_version(), self.config.connect_timeout_s)
@@ -141,8 +132,8 @@ class EngineFleet:
             raise EngineUnavailable(f"engine at {url} is not healthy")
         if existing is not None:
             self.registry.forget(existing.engine_id)
-        engine = self._record(url, kind, engine_type, capacity, api_key, client, version, relay)
-        log.info("engine %d joined: %s kind=%s version=%s", engine.engine_id, url, kind, version)
+        engine = self._record(entry, url, client, version)
+        log.info("engine %d joined: %s kind=%s version=%s", engine.engine_id, url, entry.kind, version)
         self._listener.engine_recorded(engine)
         if OffloadBalancer.offload_targets([engine]):
             self._listener.remote_engine_joined()
@@ -169,9 +160,7 @@ class EngineFleet:
         waited = False
         while True:
             try:
-                await self.add_engine(
-                    entry.url, entry.kind, entry.engine_type, entry.capacity, entry.api_key, entry.relay
-                )
+                await self.add_engine(entry)
                 return
             except EngineAlreadyRegistered:
                 raise
@@ -189,45 +178,22 @@ class EngineFleet:
                     waited = True
                 await asyncio.sleep(min(ENGINE_STARTUP_POLL_S, max(0.0, deadline - loop.time())))
 
-    def add_failed_engine(
-        self,
-        url: str,
-        kind: InstanceKind,
-        engine_type: str,
-        capacity: int,
-        api_key: str | None,
-        relay: str | None = None,
-    ) -> EngineRecord:
-        """An engine known from before a restart that does not answer yet: set aside in the circuit
-        breaker, whose half-open checks register it again once it answers."""
-        client = make_client(engine_type, url, self.http, api_key=api_key)
-        engine = self._record(url, kind, engine_type, capacity, api_key, client, None, relay)
+    def add_failed_engine(self, entry: EngineEntry) -> EngineRecord:
+        """An engine known from before a restart (its url normalised then) that does not answer yet:
+        set aside in the circuit breaker, whose half-open checks register it again once it answers."""
+        client = make_client(entry.engine_type, entry.url, self.http, api_key=entry.api_key)
+        engine = self._record(entry, entry.url, client, None)
         engine.state = "failed"
         self._open_breaker(engine)
         self._listener.engine_recorded(engine)
         return engine
 
     def _record(
-        self,
-        url: str,
-        kind: InstanceKind,
-        engine_type: str,
-        capacity: int,
-        api_key: str | None,
-        client: EngineClient,
-        version: int | None,
-        relay: str | None,
+        self, entry: EngineEntry, url: str, client: EngineClient, version: int | None
     ) -> EngineRecord:
-        return self.registry.add(
-            url=url,
-            kind=kind,
-            engine_type=engine_type,
-            capacity=capacity,
-            client=client,
-            weight_version=version,
-            api_key=api_key,
-            relay=relay,
-        )
+        """`entry` in the registry under its normalised `url`, called through `client`."""
+        fields = entry.model_dump() | {"url": url}  # an EngineRecord's registration fields are EngineEntry's
+        return self.registry.add(**fields, client=client, weight_version=version)
 
     async def remove_engine(self, engine_id: int) -> EngineRecord:
         """Deregister and forget: the engine's running samples resume elsewhere with their tokens,
@@ -327,14 +293,7 @@ class EngineFleet:
         """Try a failed engine whose pause is over: healthy, it registers again under its url (a new
         id, its weight version read afresh, as a restarted engine would); else it waits longer."""
         try:
-            rejoined = await self.add_engine(
-                engine.url,
-                kind=engine.kind,
-                engine_type=engine.engine_type,
-                capacity=engine.capacity,
-                api_key=engine.api_key,
-                relay=engine.relay,
-            )
+            rejoined = await self.add_engine(engine.entry())
         except EngineAlreadyRegistered:  # registered again by hand meanwhile
             self.registry.forget(engine.engine_id)
         except EngineUnavailable as exc:

@@ -8,6 +8,7 @@ from typing import Literal
 from rollflow.policy.view import InstanceKind
 from rollflow.runtime.engines.base import EngineClient
 from rollflow.runtime.engines.load import EngineLoad
+from rollflow.runtime.manager.config import EngineEntry
 from rollflow.runtime.manager.core.prefixes import PrefixRecord
 
 EngineState = Literal["healthy", "updating", "failed", "removed", "releasing", "released", "resuming"]
@@ -44,6 +45,11 @@ class EngineRecord:
     # sums kept as `running` and `unstarted` change (the view reads them for every routed sample):
     queued_tokens: int = 0  # of `unstarted`'s values
     running_tokens: int = 0  # of `running`'s values for samples not in `unstarted`
+
+    def entry(self) -> EngineEntry:
+        """How the engine registered: what registering it again takes (its breaker's half-open
+        check, or a manager restarted from its journal)."""
+        return EngineEntry(**{name: getattr(self, name) for name in EngineEntry.model_fields})
 
     def dispatched(self, sample_id: str, input_tokens: int, remaining_tokens: int) -> None:
         """A sample was sent here: it holds a place and counts as queued until its first token."""

@@ -25,6 +25,7 @@ import time
 from typing import TYPE_CHECKING
 
 from rollflow.runtime.engines.clients import make_client
+from rollflow.runtime.manager.config import EngineEntry
 from rollflow.runtime.manager.core.batches import Batch, sample_sampling
 from rollflow.runtime.manager.core.fleet import EngineUnavailable, normalise_url
 from rollflow.runtime.manager.core.samples import Sample, SampleState, Span
@@ -59,13 +60,9 @@ def batch_submission(
 
 
 def engine_record(engine: EngineRecord) -> dict:
-    return {
-        "url": engine.url,
-        "kind": engine.kind,
-        "engine_type": engine.engine_type,
-        "capacity": engine.capacity,
-        "api_key": engine.api_key,
-        "relay": engine.relay,
+    """The journal's record of an engine: its registration (read back by `rejoin_engines`), its id and
+    weight version."""
+    return engine.entry().model_dump() | {
         "weight_version": engine.weight_version,
         "engine_id": engine.engine_id,
     }
@@ -284,18 +281,12 @@ async def rejoin_engines(manager: RolloutManager, snapshot: Snapshot) -> None:
     for record in snapshot.engines:
         if record["url"] in configured or manager.registry.by_url(record["url"]) is not None:
             continue
-        args = (
-            record["url"],
-            record["kind"],
-            record["engine_type"],
-            record["capacity"],
-            record["api_key"],
-            record.get("relay"),  # journals written before relays have none
-        )
+        # journals written before relays have none: the entry's default
+        entry = EngineEntry(**{field: record[field] for field in EngineEntry.model_fields if field in record})
         try:
-            await manager.fleet.add_engine(*args)
+            await manager.fleet.add_engine(entry)
         except EngineUnavailable as exc:
             log.warning(
                 "engine %s did not come back (%s); the health checker tries it again", record["url"], exc
             )
-            manager.fleet.add_failed_engine(*args)
+            manager.fleet.add_failed_engine(entry)

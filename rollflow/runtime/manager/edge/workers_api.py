@@ -18,6 +18,7 @@ from collections import deque
 from aiohttp import web
 
 from rollflow.runtime.http.errors import BadRequest
+from rollflow.runtime.manager.config import EngineEntry
 from rollflow.runtime.manager.core.fleet import EngineUnavailable, normalise_url
 from rollflow.runtime.manager.core.registry import EngineRecord
 from rollflow.runtime.manager.edge.protocol import WorkerBody
@@ -42,7 +43,7 @@ async def _register(request: web.Request, body: WorkerBody) -> EngineRecord:
     manager = request.app[MANAGER_KEY]
     try:
         return await manager.fleet.add_engine(
-            body.url, body.kind, body.engine_type, body.capacity, body.api_key, body.relay
+            EngineEntry(**body.model_dump(include=set(EngineEntry.model_fields)))
         )
     except EngineUnavailable as exc:
         raise BadRequest(str(exc)) from None
