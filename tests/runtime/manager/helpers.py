@@ -30,6 +30,22 @@ _SEEN = contextvars.ContextVar("seen")
 T = TypeVar("T")
 
 
+def journaled_config(
+    engine_urls: list[str], folder: Path, max_unflushed_tokens: int = 100_000, **config: Any
+) -> dict:
+    """A manager config over built-in engines, journaling to `folder/manager.journal`, whose journal
+    commits nothing on its own for a minute: only `max_unflushed_tokens` unflushed tokens, and what
+    the test makes it commit (a stream line, a caller's answer, the close at SIGTERM), write to disk;
+    plus `config`'s other keys."""
+    return {
+        "engines": [{"url": url, "engine_type": "builtin"} for url in engine_urls],
+        "journal": str(folder / "manager.journal"),
+        "journal_flush_interval_ms": 60_000,
+        "journal_max_unflushed_tokens": max_unflushed_tokens,
+        **config,
+    }
+
+
 def manager_on_journal(tmp_path: Path, config: dict, port: int, wait: bool = True) -> Process:
     """The manager as a user (re)starts it on its journal: its config file, the journal given on the
     command line; on `port`, so that its clients find it again after a restart."""

@@ -15,6 +15,7 @@ from tests.runtime.manager.helpers import (
     CountingProxy,
     assert_finished_as_undisturbed,
     greedy_reference,
+    journaled_config,
     manager_on_journal,
     metric,
     settled,
@@ -163,13 +164,8 @@ def test_engines_deletions_and_a_torn_journal_survive_a_restart(processes, tmp_p
 
 def test_a_hand_out_not_yet_journaled_is_taken_from_the_client_and_not_handed_out_twice(processes, tmp_path):
     engine = processes.engine()
-    config = {
-        "engines": [{"url": engine.url, "engine_type": "builtin"}],
-        "journal": str(tmp_path / "manager.journal"),
-        # nothing commits on its own: only what a stream line or a hand-out without `received` waits for
-        "journal_flush_interval_ms": 60_000,
-        "journal_max_unflushed_tokens": 100_000,
-    }
+    # nothing commits on its own: only what a stream line or a hand-out without `received` waits for
+    config = journaled_config([engine.url], tmp_path)
     manager = start_manager(tmp_path, config)
     client = ManagerClient(manager.url, reconnect_s=120)
     kept = client.submit([[4, 5, 6], [7, 8, 9]], n=2, max_new_tokens=6, temperature=0, ignore_eos=True)

@@ -13,6 +13,7 @@ from rollflow.runtime.manager.client import ManagerClient, ManagerError, Manager
 from tests.runtime.manager.helpers import (
     CountingProxy,
     greedy_reference,
+    journaled_config,
     manager_on_journal,
     metric,
     settled,
@@ -28,20 +29,10 @@ LONG_TURN = 240  # long enough to be cut off mid-way however fast the engine
 MAX_UNFLUSHED = 24
 
 
-def _config(tmp_path: Path, engine_url: str) -> dict:
-    return {
-        "engines": [{"url": engine_url, "engine_type": "builtin"}],
-        "journal": str(tmp_path / "manager.journal"),
-        # nothing commits on its own: only the token bound, and what a session's caller is answered
-        "journal_flush_interval_ms": 60_000,
-        "journal_max_unflushed_tokens": MAX_UNFLUSHED,
-        "health_interval_s": 0.5,
-    }
-
-
 def _journaled_manager(tmp_path: Path, engine_url: str) -> tuple[dict, Process, ManagerClient]:
     """(its config, a manager journaling to `tmp_path`, a client that waits out its restarts)."""
-    config = _config(tmp_path, engine_url)
+    # nothing commits on its own: only the token bound, and what a session's caller is answered
+    config = journaled_config([engine_url], tmp_path, MAX_UNFLUSHED, health_interval_s=0.5)
     manager = start_manager(tmp_path, config)
     return config, manager, ManagerClient(manager.url, reconnect_s=120)
 

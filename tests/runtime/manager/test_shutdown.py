@@ -6,19 +6,14 @@ from __future__ import annotations
 import signal
 
 from rollflow.runtime.manager.client import ManagerClient
-from tests.runtime.manager.helpers import greedy_reference, manager_on_journal, wait_until
+from tests.runtime.manager.helpers import greedy_reference, journaled_config, manager_on_journal, wait_until
 from tests.runtime.processes import free_port
 
 
 def test_sigterm_closes_the_manager_and_its_journal_keeps_the_last_writes(processes, tmp_path):
     engine = processes.engine()
-    config = {
-        "engines": [{"url": engine.url, "engine_type": "builtin"}],
-        "journal": str(tmp_path / "manager.journal"),
-        # nothing commits on its own for a minute: only the close at SIGTERM writes the tokens
-        "journal_flush_interval_ms": 60_000,
-        "journal_max_unflushed_tokens": 100_000,
-    }
+    # nothing commits on its own for a minute: only the close at SIGTERM writes the tokens
+    config = journaled_config([engine.url], tmp_path)
     port = free_port()
     manager = manager_on_journal(tmp_path, config, port)
     try:
