@@ -7,15 +7,14 @@ import sys
 
 import pytest
 
-from rollflow.runtime.launch.process import rollflow_command
+from rollflow.runtime.launch.servers import run_rollflow
 from tests.factories import CONV_TRACE, REPO, VIDUR_DATA
 
 pytestmark = pytest.mark.process  # runs the CLI as a subprocess (left out of `make test-fast`)
 
 
 def _rollflow(*args, cwd=REPO):
-    env = {**os.environ, "COLUMNS": "120"}
-    return subprocess.run(rollflow_command(*args), cwd=cwd, env=env, capture_output=True, text=True)
+    return run_rollflow(*args, env={**os.environ, "COLUMNS": "120"}, cwd=cwd)
 
 
 def test_sim_serve_on_the_demo_config_writes_every_output(tmp_path):

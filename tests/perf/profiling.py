@@ -9,7 +9,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from rollflow.runtime.launch.process import rollflow_command
+from rollflow.runtime.launch import servers
 from tests.factories import REPO
 
 # `rollflow engine init-model`'s tiny Llama, as the simulator's model_shape
@@ -24,8 +24,7 @@ TINY_SHAPE = {
 
 
 def run_rollflow(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
-    return subprocess.run(rollflow_command(*args), cwd=REPO, env=env, capture_output=True, text=True)
+    return servers.run_rollflow(*args, env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)})
 
 
 def read_rows(path: Path) -> list[dict]:

@@ -8,7 +8,12 @@ import subprocess
 
 import pytest
 
-from tests.runtime.processes import ENV, REPO, free_port, rollflow
+from rollflow.runtime.launch.servers import run_rollflow
+from tests.runtime.processes import free_port
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return run_rollflow(*args, timeout=120)  # a server that started regardless would never end
 
 
 @pytest.fixture
@@ -18,10 +23,6 @@ def taken_port():
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         yield sock.getsockname()[1]
-
-
-def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(rollflow(*args), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120)
 
 
 def _assert_one_line(result: subprocess.CompletedProcess, port: int, option: str) -> None:

@@ -29,6 +29,17 @@ REPO = Path(__file__).resolve().parents[3]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
 
 
+def run_rollflow(
+    *args: str, env: Mapping[str, str] = ENV, timeout: float | None = None, cwd: Path = REPO
+) -> subprocess.CompletedProcess:
+    """`rollflow ARGS` run to its end as a user runs it (in `cwd`, the checkout unless told, with
+    `env`), its output captured as text: a command that ends (an input error, `engine init-model`,
+    `sim serve`) rather than a server, which ServerProcess starts."""
+    return subprocess.run(
+        rollflow_command(*args), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
 def http(method: str, url: str, body=None, token: str | None = None, timeout: float = 60.0):
     """(status, parsed JSON or text) without raising on 4xx/5xx."""
     data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 
-from rollflow.runtime.launch.process import rollflow_command
-from tests.factories import REPO
+from rollflow.runtime.launch.servers import run_rollflow
 
 
 def _rollflow(*args):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(rollflow_command(*args), cwd=REPO, env=env, capture_output=True, text=True)
+    return run_rollflow(*args, env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
 def test_init_model_writes_a_model_and_tokenizer_that_transformers_loads(tmp_path):

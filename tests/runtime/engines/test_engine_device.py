@@ -6,19 +6,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 
 import pytest
 
-from rollflow.runtime.launch.process import rollflow_command
-from tests.factories import REPO
+from rollflow.runtime.launch.servers import run_rollflow
 from tests.runtime.engines.helpers import PROMPT, collect, greedy, run
 from tests.runtime.engines.processes import EngineProcess
 
 
 def _rollflow(*args):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(rollflow_command(*args), cwd=REPO, env=env, capture_output=True, text=True)
+    return run_rollflow(*args, env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
 def test_init_model_writes_the_llama_shape_and_dtype_asked_for(tmp_path):

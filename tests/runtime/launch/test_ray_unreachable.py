@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from rollflow.runtime.launch.servers import run_rollflow
 from tests.runtime.launch.ray_cluster import RAY_ENV
 from tests.runtime.processes import ENV, REPO, free_port, rollflow
 
@@ -17,9 +18,7 @@ pytest.importorskip("ray")
 
 def _run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     # the timeout only guards against the old behaviour's hang
-    return subprocess.run(
-        rollflow(*args), cwd=REPO, env={**ENV, **RAY_ENV, **env}, capture_output=True, text=True, timeout=120
-    )
+    return run_rollflow(*args, env={**ENV, **RAY_ENV, **env}, timeout=120)
 
 
 def _no_cluster_line(address: str, source: str, instead: str) -> str:

@@ -7,9 +7,10 @@ import json
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
+from rollflow.runtime.launch.servers import run_rollflow
 from tests.perf.profiling import TINY_SHAPE
 from tests.runtime.manager.helpers import wait_until
-from tests.runtime.processes import ENV, REPO, http, rollflow
+from tests.runtime.processes import ENV, REPO, http
 
 REQUESTS = [([3, 4, 5] * k, 4 + 3 * k) for k in range(1, 7)]  # (prompt, max_new_tokens)
 
@@ -24,9 +25,7 @@ def generate(manager, prompt: list[int], max_new_tokens: int) -> dict:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        rollflow(*args), cwd=REPO, env={**ENV, "PYTHONPATH": str(REPO)}, capture_output=True, text=True
-    )
+    return run_rollflow(*args, env={**ENV, "PYTHONPATH": str(REPO)})
 
 
 def test_the_log_records_every_sample_and_replays_on_the_engines_profile(processes, tmp_path):

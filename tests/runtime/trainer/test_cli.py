@@ -3,14 +3,15 @@
 import subprocess
 
 from rollflow.config import load_config
+from rollflow.runtime.launch.servers import run_rollflow
 from rollflow.runtime.trainer.config import TrainConfig
-from tests.runtime.processes import ENV, REPO, free_port, rollflow
+from tests.runtime.processes import REPO, free_port
 
 EXAMPLE = REPO / "examples" / "train" / "grpo_tiny.yaml"
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(rollflow("train", *args), cwd=REPO, env=ENV, capture_output=True, text=True)
+    return run_rollflow("train", *args)
 
 
 def test_the_example_config_is_valid():

@@ -3,11 +3,10 @@
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
-from tests.factories import REPO
+from rollflow.runtime.launch.servers import run_rollflow
 
 pytestmark = pytest.mark.process  # runs the CLI as a subprocess (left out of `make test-fast`)
 
@@ -20,10 +19,7 @@ SHORT = [
 
 
 def _rollflow(*args):
-    env = {**os.environ, "COLUMNS": "160"}
-    return subprocess.run(
-        [sys.executable, "-m", "rollflow.cli", *args], cwd=REPO, env=env, capture_output=True, text=True
-    )
+    return run_rollflow(*args, env={**os.environ, "COLUMNS": "160"})
 
 
 def rl_sim(command: str, example: str, output_dir, *args: str) -> subprocess.CompletedProcess:
