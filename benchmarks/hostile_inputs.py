@@ -54,7 +54,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.results import Results, add_results_dir, results_dir
 from rollflow.runtime.launch.process import free_port, rollflow_command
-from rollflow.runtime.launch.servers import ENV, ServerProcess, manager_command, start_engine, start_manager
+from rollflow.runtime.launch.servers import (
+    ENV,
+    ServerProcess,
+    manager_command,
+    run_rollflow,
+    start_engine,
+    start_manager,
+)
 
 TOKEN, API_KEY, WEIGHTS_TOKEN = "manager-token", "engine-key", "weights-token"
 LIMITS = {"read_timeout_s": 5, "body_timeout_s": 20, "min_body_bytes_per_s": 1000}
@@ -524,12 +531,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="hostile-"))
     model = args.model or str(work / "model")
     if args.model is None:
-        subprocess.run(
-            rollflow_command("engine", "init-model", model),
-            env=ENV,
-            check=True,
-            capture_output=True,
-        )
+        run_rollflow("engine", "init-model", model).check_returncode()
     processes = []
     try:
         processes += [start_keyed_engine(model, work, f"engine{i}", tuple(LIMIT_FLAGS)) for i in range(2)]

@@ -44,8 +44,8 @@ from rollflow.runtime.engines.profiler.trace_replay import (
     simulation_config,
     write_trace,
 )
-from rollflow.runtime.launch.process import free_port, rollflow_command
-from rollflow.runtime.launch.servers import ServerProcess
+from rollflow.runtime.launch.process import free_port
+from rollflow.runtime.launch.servers import ServerProcess, run_rollflow
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import Results, add_shared_dir, benchmark_parser, results_dir
@@ -65,8 +65,7 @@ MODELS = {"tiny": [], "100m": ["--layers", "16", "--heads", "12"]}
 
 
 def rollflow(*args: str) -> str:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(rollflow_command(*args), cwd=REPO, env=env, capture_output=True, text=True)
+    proc = run_rollflow(*args, env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)})
     if proc.returncode:
         raise SystemExit(f"rollflow {' '.join(args[:2])} failed:\n{proc.stderr[-2000:]}")
     return proc.stdout

@@ -11,12 +11,10 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollflow.runtime.launch.process import rollflow_command as rollflow
 from rollflow.runtime.launch.servers import (
-    ENV,
-    REPO,
     ServerProcess,
     manager_config,
+    run_rollflow,
     start_engine,
     start_manager,
 )
@@ -106,9 +104,7 @@ class Budget:
     def rollflow(self, *args: str) -> str:
         """`rollflow ARGS` in a subprocess, killed at the deadline; its stdout."""
         try:
-            proc = subprocess.run(
-                rollflow(*args), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=self.left()
-            )
+            proc = run_rollflow(*args, timeout=self.left())
         except subprocess.TimeoutExpired:
             raise StageFailed(
                 f"`rollflow {' '.join(args[:2])}` ran past the {self.seconds:.0f} s budget"

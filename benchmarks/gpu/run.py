@@ -38,8 +38,9 @@ import rollflow  # noqa: F401 - the installed one (make bench-gpu's wheel), befo
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # for benchmarks/ and tests/
 
 from benchmarks.gpu import engine_vs_sim, manager_tokens, ops_vs_vidur, trainer_step
-from benchmarks.gpu.common import REPO, Budget, Fleet, StageFailed, device_figures, num_parameters, settings
+from benchmarks.gpu.common import Budget, Fleet, StageFailed, device_figures, num_parameters, settings
 from benchmarks.results import DEFAULT_DIR, QUICK_DIR, Results
+from rollflow.runtime.launch.servers import REPO
 
 # Seconds each stage may take: 460 in all, which leaves the run's start and the results inside 8 minutes.
 BUDGETS = {"profile ops": 100, "engine vs sim": 190, "manager": 50, "trainer step": 120}
