@@ -3,13 +3,11 @@ comes up ends the manager with one line naming it and the timeout key."""
 
 from __future__ import annotations
 
-import subprocess
-
 import yaml
 
-from rollflow.runtime.launch.process import rollflow_command
+from rollflow.runtime.launch.servers import run_rollflow
 from tests.runtime.manager.helpers import workers
-from tests.runtime.processes import ENV, REPO, free_port, start_engine
+from tests.runtime.processes import free_port, start_engine
 
 
 def test_the_manager_waits_for_configured_engines_that_are_still_loading(processes, tmp_path):
@@ -26,20 +24,8 @@ def test_an_engine_that_never_comes_up_is_a_one_line_error(tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
     config = tmp_path / "manager.yaml"
     config.write_text(yaml.safe_dump({"engine_startup_timeout_s": 1.5, "engines": [{"url": url}]}))
-    result = subprocess.run(
-        rollflow_command(
-            "manager",
-            "serve",
-            "--config",
-            str(config),
-            "--port",
-            str(free_port()),
-        ),
-        cwd=REPO,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = run_rollflow(
+        "manager", "serve", "--config", str(config), "--port", str(free_port()), timeout=120
     )
     assert result.returncode != 0
     assert url in result.stderr and "engine_startup_timeout_s" in result.stderr, result.stderr
