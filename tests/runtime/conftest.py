@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from rollflow.runtime.launch.process import rollflow_command
+from rollflow.runtime.launch.servers import run_rollflow
 from tests.once import made_once
 from tests.runtime import processes as processes_module
-from tests.runtime.processes import ENV, REPO, Process, start_engine, start_manager
+from tests.runtime.processes import Process, start_engine, start_manager
 
 
 @pytest.fixture(params=[1, 2], ids=["1-process", "2-processes"])
@@ -27,13 +26,7 @@ def tiny_model(tmp_path_factory):
     """A random tiny causal LM with an in-process trained tokenizer, written by the CLI once per run."""
 
     def init_model(folder: Path) -> None:
-        subprocess.run(
-            rollflow_command("engine", "init-model", str(folder)),
-            cwd=REPO,
-            env=ENV,
-            check=True,
-            capture_output=True,
-        )
+        run_rollflow("engine", "init-model", str(folder)).check_returncode()
 
     return made_once(tmp_path_factory, "tiny-model", init_model)
 

@@ -7,15 +7,13 @@ from pathlib import Path
 
 import yaml
 
-from rollflow.runtime.launch.process import rollflow_command
-from tests.runtime.processes import ENV, REPO
+from rollflow.runtime.launch.servers import run_rollflow
+from tests.runtime.processes import REPO
 
 
 def demo(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """`rollflow demo ARGS`, its output captured; `timeout` bounds a run that hangs."""
-    return subprocess.run(
-        rollflow_command("demo", *args), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout
-    )
+    return run_rollflow("demo", *args, timeout=timeout)
 
 
 def dynamic_config(tmp_path: Path, model: Path, auto_scheduler: bool, lr: float) -> Path:

@@ -10,14 +10,13 @@ import signal
 import subprocess
 import time
 
+from rollflow.runtime.launch.servers import run_rollflow
 from tests.runtime.processes import ENV, REPO, http, rollflow
 
 
 def _help_examples() -> list[list[str]]:
     """The command lines under `examples:` of `rollflow launch --help`, comments dropped."""
-    text = subprocess.run(
-        rollflow("launch", "--help"), cwd=REPO, env=ENV, capture_output=True, text=True
-    ).stdout
+    text = run_rollflow("launch", "--help").stdout
     lines = text.split("examples:\n", 1)[1].splitlines()
     return [shlex.split(line, comments=True) for line in lines if line.strip().startswith("rollflow ")]
 
@@ -40,8 +39,8 @@ def test_the_first_example_of_launch_help_runs_as_written(tmp_path):
         "launch",
         "up",
     ]
-    made = subprocess.run(rollflow(*init_model[1:]), cwd=tmp_path, env=ENV, capture_output=True, timeout=300)
-    assert made.returncode == 0, made.stderr.decode()
+    made = run_rollflow(*init_model[1:], cwd=tmp_path, timeout=300)
+    assert made.returncode == 0, made.stderr
     log_path = tmp_path / "launcher.out"
     with open(log_path, "wb") as log:
         # the one change: the example's manager port 30100 may be taken on a machine running tests

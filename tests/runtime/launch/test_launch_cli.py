@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rollflow.runtime.launch.servers import run_rollflow
 from tests.runtime.processes import ENV, REPO, http, rollflow
 
 TRAINER = textwrap.dedent(
@@ -63,10 +64,8 @@ def test_launch_up_runs_the_trainer_against_the_manager_then_stops_everything(tm
     script.write_text(TRAINER)
     out = tmp_path / "trainer.json"
     config = _write_config(tmp_path, tiny_model, trainer={"command": [sys.executable, str(script), str(out)]})
-    done = subprocess.run(
-        rollflow("launch", "up", "--config", config), cwd=REPO, env=ENV, capture_output=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    done = run_rollflow("launch", "up", "--config", config, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
     result = yaml.safe_load(out.read_text())
     assert result["samples"] == 4 and len(result["urls"]) == 2
     assert _all_gone(result["urls"], timeout_s=1.0)
@@ -108,15 +107,9 @@ def test_launcher_killed_with_sigkill_leaves_no_process_behind(tmp_path, tiny_mo
 )
 def test_config_errors_are_one_line_with_the_key(tmp_path, tiny_model, override, message):
     config = _write_config(tmp_path, tiny_model, autoscale={"enabled": True})
-    done = subprocess.run(
-        rollflow("launch", "up", "--config", config, override),
-        cwd=REPO,
-        env=ENV,
-        capture_output=True,
-        timeout=60,
-    )
+    done = run_rollflow("launch", "up", "--config", config, override, timeout=60)
     assert done.returncode == 2
-    assert message in done.stderr.decode()
+    assert message in done.stderr
 
 
 def test_a_pool_pulling_weights_must_name_its_tokenizer(tmp_path, tiny_model):
@@ -124,21 +117,13 @@ def test_a_pool_pulling_weights_must_name_its_tokenizer(tmp_path, tiny_model):
     raw = yaml.safe_load(Path(config).read_text())
     raw["launch"]["engines"] = [{"kind": "spot", "weights_url": "http://127.0.0.1:1"}]
     Path(config).write_text(yaml.safe_dump(raw))
-    done = subprocess.run(
-        rollflow("launch", "show", "--config", config), cwd=REPO, env=ENV, capture_output=True, timeout=60
-    )
+    done = run_rollflow("launch", "show", "--config", config, timeout=60)
     assert done.returncode == 2
-    assert "launch.engines[0]: " in done.stderr.decode() and "tokenizer" in done.stderr.decode()
+    assert "launch.engines[0]: " in done.stderr and "tokenizer" in done.stderr
 
 
 @pytest.mark.parametrize("name", ["local", "ray"])
 def test_the_shipped_examples_are_valid_launch_configs(name):
-    done = subprocess.run(
-        rollflow("launch", "show", "--config", f"examples/launch/{name}.yaml"),
-        cwd=REPO,
-        env=ENV,
-        capture_output=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr.decode()
+    done = run_rollflow("launch", "show", "--config", f"examples/launch/{name}.yaml", timeout=60)
+    assert done.returncode == 0, done.stderr
     assert yaml.safe_load(done.stdout)["backend"] == name

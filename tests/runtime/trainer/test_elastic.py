@@ -11,7 +11,8 @@ import pytest
 import torch
 import yaml
 
-from tests.runtime.processes import ENV, REPO, rollflow
+from rollflow.runtime.launch.servers import run_rollflow
+from tests.runtime.processes import ENV, REPO
 from tests.runtime.trainer import elastic_run
 from tests.runtime.trainer.parallel_ranks import initial_parameters, parameters
 from tests.runtime.trainer.test_distributed import assert_close
@@ -91,13 +92,7 @@ def test_a_cluster_whose_actor_does_not_divide_the_mini_batch_is_one_line(tiny_m
     placement = {"actor": "0-2", "rollout": "3"}
     config = {"model": str(tiny_model), "n_samples": 4, "cluster": {"component_placement": placement}}
     (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
-    result = subprocess.run(
-        rollflow("train", "--config", str(tmp_path / "train.yaml")),
-        cwd=REPO,
-        env=ENV,
-        capture_output=True,
-        text=True,
-    )
+    result = run_rollflow("train", "--config", str(tmp_path / "train.yaml"))
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     assert "cluster.component_placement.actor: rule 'actor data-parallel size divides the mini-batch'" in line

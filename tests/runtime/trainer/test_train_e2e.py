@@ -6,19 +6,14 @@ import subprocess
 
 import yaml
 
-from tests.runtime.processes import ENV, REPO, http, rollflow
+from rollflow.runtime.launch.servers import run_rollflow
+from tests.runtime.processes import ENV, http
 
 
 def train(config: dict, tmp_path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     path = tmp_path / "train.yaml"
     path.write_text(yaml.safe_dump(config))
-    result = subprocess.run(
-        rollflow("train", "--config", str(path), *args),
-        cwd=REPO,
-        env=ENV | (env or {}),
-        capture_output=True,
-        text=True,
-    )
+    result = run_rollflow("train", "--config", str(path), *args, env=ENV | (env or {}))
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 

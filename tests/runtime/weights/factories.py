@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from rollflow.runtime.launch.process import rollflow_command
+from rollflow.runtime.launch.servers import run_rollflow
 from rollflow.runtime.weights import WeightPuller, WeightServer, WeightStore, WeightTransferError
 from tests.factories import REPO
 
@@ -81,7 +83,7 @@ async def serving(store: WeightStore, **kwargs) -> AsyncIterator[WeightServer]:
 
 
 def rollflow(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run(rollflow_command(*args), cwd=cwd, capture_output=True, text=True)
+    return run_rollflow(*args, env=os.environ, cwd=cwd)
 
 
 def start_server_process(
