@@ -276,10 +276,12 @@ class SseLines:
         return events
 
     def ends(self, block: SseBlock) -> tuple[bytes, bytes, bool] | None:
-        """The block's first and last events and whether `data: [DONE]` follows the last, found
-        without splitting or reading the lines between (a caller that uses them has no need to:
-        they are older states of what the last one holds); None when the block holds fewer than
-        two events or its ends are not events as servers write them (then `lines` reads it)."""
+        """The block's first and last events (the same one when it holds one) and whether
+        `data: [DONE]` follows the last, found without splitting or reading the lines between (a
+        caller that uses them has no need to: they are older states of what the last one holds);
+        None when its ends are not events as servers write them (then `lines` reads it). A block
+        of one event is read at its ends too: it is most reads of a stream whose reader keeps up,
+        and `lines` would hand its whole output to the JSON parser again for every token."""
         head, body, end = block
         first = head + body[: body.find(b"\n")]
         if not first.startswith(b"data: {"):
@@ -288,7 +290,7 @@ class SseLines:
         while True:
             start = body.rfind(b"\n", 0, end - 1) + 1
             if start == 0:
-                return None  # back at the first line: it is the only event
+                return first, first, done  # back at the first line: it is the only event
             line = body[start:end].rstrip(b"\r\n")
             if line.startswith(b"data: {"):
                 return first, line, done

@@ -110,3 +110,15 @@ def test_an_error_event_is_reported_not_skipped():
     error = b'data: {"error": "out of memory"}\n\n'
     with pytest.raises(Exception, match="out of memory"):
         EventReducer(URL).feed(b"".join(cumulative(3)) + error)
+
+
+@pytest.mark.parametrize("done", [False, True])
+def test_a_read_of_one_event_is_read_at_its_ends(done):
+    """The common read of a reader that keeps up: one event (perhaps with the stream's end). Its
+    ends are that event, so the reducer parses only its tokens not seen yet, not the whole output."""
+    from rollflow.runtime.engines.http import SseLines
+
+    only = event([1, 2, 3], 3)
+    lines = SseLines(URL)
+    block = lines.feed(only + (b"data: [DONE]\n\n" if done else b""))
+    assert lines.ends(block) == (only.rstrip(b"\n"), only.rstrip(b"\n"), done)
