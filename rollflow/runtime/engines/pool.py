@@ -49,20 +49,15 @@ class Response:
         self.status = status
 
     async def read_chunk(self) -> bytes:
-        """The body bytes that came since the last call; b"" once the body is complete (the
+        """The body bytes that came since the last call, joined; b"" once the body is complete (the
         connection is back in the pool then)."""
-        pieces = await self.read_pieces()
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
-
-    async def read_pieces(self) -> list[bytes]:
-        """`read_chunk`'s bytes as the pieces they came in, not joined (a caller that reads each
-        piece on its own copies none of them again); [] once the body is complete."""
         if self._conn is None:
-            return []
+            return b""
         pieces = await self._conn.read_pieces()
         if not pieces:
             self.release()
-        return pieces
+            return b""
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     async def read(self) -> bytes:
         parts = []

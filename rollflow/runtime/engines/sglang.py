@@ -81,13 +81,15 @@ class SGLangClient(HttpEngine):
                     raise status_error("POST", self.url + "/generate", response.status, text)
                 events = EventReducer(self.url + "/generate")
                 while not events.done:
-                    pieces = await response.read_pieces()  # each read on its own: none is copied again
-                    for chunk in events.feed_all(pieces) if pieces else events.end():
+                    # one read's bytes, joined: a copy costs less than parsing the newest event of
+                    # each of its pieces (a stream read once per flush holds a piece per engine write)
+                    data = await response.read_chunk()
+                    for chunk in events.feed(data) if data else events.end():
                         finished = chunk.finish_reason is not None
                         yield chunk
                         if finished:
                             return
-                    if not pieces:
+                    if not data:
                         break
             finally:
                 if finished:
@@ -216,12 +218,6 @@ class EventReducer:
     def feed(self, data: bytes) -> list[GenerateChunk]:
         """The chunks of tokens that one read's `data` adds, up to a finish."""
         return self._reduce(self._sse.feed(data))
-
-    def feed_all(self, pieces: list[bytes]) -> list[GenerateChunk]:
-        """`feed` of one read of the body that came in pieces, joined first: a copy of its bytes
-        costs far less than parsing the newest event of every piece, which is what feeding them
-        one by one would do (a stream read once per flush holds a piece per engine write)."""
-        return self.feed(pieces[0] if len(pieces) == 1 else b"".join(pieces))
 
     def end(self) -> list[GenerateChunk]:
         """The body ended: what its last line without a newline adds."""

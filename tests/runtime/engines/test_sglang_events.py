@@ -76,12 +76,13 @@ def test_a_weight_version_change_within_a_read_keeps_each_token_s_version():
 @pytest.mark.parametrize("shape", [cumulative, incremental])
 def test_a_read_in_pieces_gives_one_chunk_per_weight_version(shape):
     """A read's body comes in pieces (the rest of a chunk an earlier read cut off, then the whole
-    chunks after it): its tokens still reach the reader as one chunk per version, as one piece's."""
+    chunks after it), joined by `Response.read_chunk`: its tokens still reach the reader as one
+    chunk per version."""
     events = shape(9, version=3)[:6] + shape(9, version=4)[6:]
     reducer = EventReducer(URL)
-    first = reducer.feed_all([events[0][:10]])
+    first = reducer.feed(events[0][:10])
     pieces = [events[0][10:], b"".join(events[1:4]), events[4][:7], events[4][7:] + b"".join(events[5:])]
-    chunks = first + reducer.feed_all(pieces)
+    chunks = first + reducer.feed(b"".join(pieces))
     assert [(c.weight_version, c.token_ids) for c in chunks] == [(3, [1, 2, 3, 4, 5, 6]), (4, [7, 8, 9])]
 
 
