@@ -20,6 +20,7 @@ import numpy as np
 from benchmarks.gpu.common import Budget, Fleet, Settings, StageFailed
 from benchmarks.results import Results
 from rollflow.perf.profile.hf_config import load_model_config, model_shape_section
+from rollflow.runtime.deadline import within
 from rollflow.runtime.engines.profiler.trace_replay import (
     METRICS,
     load_trace,
@@ -94,7 +95,7 @@ def run(
     for load in settings.loads:
         requests = [(a * native_qps / (load * capacity_qps), p, d) for a, p, d in base]
         measured_rows = asyncio.run(
-            asyncio.wait_for(replay("builtin", url, requests, salt=next(REPLAY_SALTS)), budget.left())
+            within(replay("builtin", url, requests, salt=next(REPLAY_SALTS)), budget.left())
         )
         measured = {m: np.array([r[m] for r in measured_rows]) for m in METRICS}
         load_dir = work / f"load{load}"

@@ -19,6 +19,7 @@ import orjson
 
 from benchmarks.gpu.common import Budget, Fleet, Settings
 from benchmarks.results import Results
+from rollflow.runtime.deadline import within
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # Judged on a GPU only: the manager passes on at least this share of what the engines give directly,
@@ -96,7 +97,7 @@ async def measure(fleet: Fleet, settings: Settings, budget: Budget) -> dict[str,
 
 def run(settings: Settings, fleet: Fleet, budget: Budget, results: Results) -> None:
     fleet.alive()
-    totals = asyncio.run(asyncio.wait_for(measure(fleet, settings, budget), budget.left()))
+    totals = asyncio.run(within(measure(fleet, settings, budget), budget.left()))
     direct, managed = totals["direct"], totals["manager"]
     direct_rate, managed_rate = direct["tokens"] / direct["s"], managed["tokens"] / managed["s"]
     cpu_us_per_token = 1e6 * managed["cpu_s"] / max(managed["tokens"], 1)

@@ -448,16 +448,16 @@ class ConnectionPool:
         return b"\r\n".join(lines)
 
     async def _connect(self) -> _Connection:
-        _, conn = await asyncio.wait_for(
-            self.loop.create_connection(
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for returns a result that came in the
+        # turn its caller was cancelled, and a moved attempt would wait on its engine after all
+        async with asyncio.timeout(self.connect_timeout_s):
+            _, conn = await self.loop.create_connection(
                 lambda: _Connection(self),
                 self._host,
                 self._port,
                 ssl=self._ssl,
                 server_hostname=self._host if self._ssl is not None else None,
-            ),
-            self.connect_timeout_s,
-        )
+            )
         return conn
 
     def put(self, conn: _Connection) -> None:

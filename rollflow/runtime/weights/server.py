@@ -37,6 +37,7 @@ import safetensors.torch
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from rollflow.runtime.deadline import within
 from rollflow.runtime.http.auth import require_bearer
 from rollflow.runtime.http.body import iter_body
 from rollflow.runtime.http.errors import errors_as_json, http_error, too_large
@@ -169,7 +170,7 @@ class WeightServer:
             self._new_version.clear()
             # a publish through this server wakes us at once; one from another process is polled
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._new_version.wait(), min(remaining, _POLL_S))
+                await within(self._new_version.wait(), min(remaining, _POLL_S))
             held = self._held()
         return web.json_response({"versions": list(held.versions), "latest": held.latest})
 

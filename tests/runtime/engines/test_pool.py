@@ -204,6 +204,35 @@ def test_a_request_cancelled_before_its_answer_closes_the_connection():
     assert run(go())["peer_closed"] == 1
 
 
+def test_a_request_cancelled_in_the_turn_its_connection_opens_is_cancelled():
+    """A move cancels an attempt whenever it comes, also in the loop turn its connection to the
+    engine opens (asyncio.wait_for of Python 3.11 returned the connection then, and the cancelled
+    attempt went on waiting for an engine that may never answer)."""
+
+    async def go():
+        async with raw_server(lambda n: [b""] * 100) as seen:  # never answers
+            loop = asyncio.get_running_loop()
+            pool = ConnectionPool(seen["url"])
+            connect = loop.create_connection
+
+            async def connect_then_cancel(*args, **kwargs):
+                opened = await connect(*args, **kwargs)
+                task.cancel()  # the move, as the connection completes
+                return opened
+
+            loop.create_connection = connect_then_cancel
+            try:
+                task = asyncio.ensure_future(pool.request("POST", "/generate", b"{}"))
+                done, _ = await asyncio.wait([task], timeout=10.0)
+            finally:
+                del loop.create_connection
+            assert done and task.cancelled(), "the cancelled request still waits for its answer"
+            await until(lambda: seen["peer_closed"])  # and the engine sees its client go
+            return seen
+
+    assert run(go())["peer_closed"] == 1
+
+
 def test_garbage_and_silence_are_errors():
     with pytest.raises(ProtocolError, match="status line"):
         run(_get_answered_with([b"SSH-2.0-OpenSSH\r\n\r\n"]))

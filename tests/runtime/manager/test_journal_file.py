@@ -10,6 +10,7 @@ import sqlite3
 import pytest
 
 from rollflow.config import ConfigError, load_config
+from rollflow.runtime.deadline import within
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.core.samples import Sample
 from rollflow.runtime.manager.durability import journal_writer
@@ -165,7 +166,7 @@ def test_tokens_past_the_bound_are_written_at_once_not_at_the_interval(tmp_path)
         # to wait (unless the writer, a thread of its own, committed the first round by then)
         answers = _stream(journal, _sample(0), 12)
         early = journal.num_commits > 0
-        await asyncio.wait_for(journal.room(), 30)  # an hour-long interval would hang here
+        await within(journal.room(), 30)  # an hour-long interval would hang here
         full, left, commits = journal.full, journal.unflushed_tokens, journal.num_commits
         await journal.close()
         return answers, early, full, left, commits
@@ -388,15 +389,15 @@ def test_writes_that_fail_are_held_in_order_and_written_once_they_can_leaving_no
         conn.execute(f"PRAGMA max_page_count = {pages}")  # the disk is full
         journal.set_state("big", "x" * 20_000)  # a row of several pages: the file must grow
         answers = _stream(journal, sample, 10)
-        await asyncio.wait_for(until(lambda: journal.error is not None), 30)
+        await within(until(lambda: journal.error is not None), 30)
         assert journal.error == f"journal {path} cannot write (database or disk is full)"
-        await asyncio.wait_for(journal.room(), 30)  # past the bound, and not waiting
-        await asyncio.wait_for(journal.durable(), 30)
+        await within(journal.room(), 30)  # past the bound, and not waiting
+        await within(journal.durable(), 30)
         assert answers[0] is False and not journal.full
         _stream(journal, sample, 5)  # noted while failing, held with the rest
-        await asyncio.wait_for(until(lambda: len(said) >= 2), 30)  # tried again, failing still
+        await within(until(lambda: len(said) >= 2), 30)  # tried again, failing still
         conn.execute("PRAGMA max_page_count = 1000000")  # space back
-        await asyncio.wait_for(until(lambda: journal.error is None), 30)
+        await within(until(lambda: journal.error is None), 30)
         await journal.durable()
         await journal.close()
         return said

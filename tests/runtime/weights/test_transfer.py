@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 import safetensors.torch
 
+from rollflow.runtime.deadline import within
 from rollflow.runtime.weights import (
     LoadedWeights,
     WeightIntegrityError,
@@ -105,7 +106,7 @@ def test_publishing_over_http_needs_the_token_and_wakes_waiting_engines(tmp_path
                 await asyncio.sleep(0.2)
                 assert not waiting.done()
                 await trainer.publish(2, tiny_llama(2), files={"config.json": "{}"})
-                held = await asyncio.wait_for(waiting, 5)
+                held = await within(waiting, 5)
                 return held, await engine.pull()
 
     held, result = asyncio.run(scenario())

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Coroutine
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rollflow.runtime.deadline import within
 from rollflow.runtime.engines.base import EngineRejectedError, GenerateChunk, RequestFailedError
 from rollflow.runtime.engines.http import ENGINE_ERRORS
 from rollflow.runtime.manager.durability.stops import SpanningStop
@@ -206,6 +207,6 @@ async def abort_quietly(engine: EngineRecord, rid: str, timeout_s: float) -> Non
     has dropped it anyway."""
     if engine.state in ("healthy", "updating", "releasing"):
         try:
-            await asyncio.wait_for(engine.client.abort(rid), timeout_s)
+            await within(engine.client.abort(rid), timeout_s)
         except (*ENGINE_ERRORS, TimeoutError) as exc:
             log.debug("abort of %s on engine %d failed: %s", rid, engine.engine_id, exc)

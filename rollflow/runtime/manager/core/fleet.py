@@ -18,6 +18,7 @@ import aiohttp
 
 from rollflow.errors import UserError
 from rollflow.policy.offload import OffloadBalancer
+from rollflow.runtime.deadline import within
 from rollflow.runtime.engines.base import EngineClient, NotSupportedError
 from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.engines.http import ENGINE_ERRORS, failure_text
@@ -124,8 +125,8 @@ class EngineFleet:
             )
         client = make_client(entry.engine_type, url, self.http, api_key=entry.api_key)
         try:
-            healthy = await asyncio.wait_for(client.health(), self.config.connect_timeout_s)
-            version = await asyncio.wait_for(client.weight_version(), self.config.connect_timeout_s)
+            healthy = await within(client.health(), self.config.connect_timeout_s)
+            version = await within(client.weight_version(), self.config.connect_timeout_s)
         except (*ENGINE_ERRORS, TimeoutError) as exc:
             raise EngineUnavailable(f"engine at {url} is unreachable: {failure_text(exc)}") from None
         if not healthy:
@@ -322,7 +323,7 @@ class EngineFleet:
             engines = self.registry.live()
             checked_at = loop.time()
             results = await asyncio.gather(
-                *(asyncio.wait_for(e.client.health(), interval) for e in engines), return_exceptions=True
+                *(within(e.client.health(), interval) for e in engines), return_exceptions=True
             )
             # a check that timed out while the manager's own loop was blocked (a big body parsed, a
             # starved CPU) says nothing about the engine: its answer may be waiting unread

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from rollflow.errors import UserError
+from rollflow.runtime.deadline import within
 from rollflow.runtime.engines.base import EngineRejectedError, NotSupportedError
 from rollflow.runtime.engines.http import ENGINE_ERRORS
 from rollflow.runtime.manager.core.fleet import EngineUnavailable
@@ -99,7 +100,7 @@ async def release_engine(manager: RolloutManager, engine_id: int) -> MemoryMove:
     moved = await manager.drain_engine(engine, RELEASE_REASON)
     drained = loop.time()
     try:
-        await asyncio.wait_for(engine.client.release_memory_occupation(), manager.config.stall_timeout_s)
+        await within(engine.client.release_memory_occupation(), manager.config.stall_timeout_s)
     except (NotSupportedError, EngineRejectedError) as exc:
         engine.state = "healthy"
         manager.dispatcher.wake()
@@ -136,10 +137,8 @@ async def resume_engine(
     target = await _target_version(manager, weights)
     engine.state = "resuming"
     try:
-        await asyncio.wait_for(engine.client.resume_memory_occupation(), manager.config.stall_timeout_s)
-        engine.weight_version = await asyncio.wait_for(
-            engine.client.weight_version(), manager.config.connect_timeout_s
-        )
+        await within(engine.client.resume_memory_occupation(), manager.config.stall_timeout_s)
+        engine.weight_version = await within(engine.client.weight_version(), manager.config.connect_timeout_s)
     except (*ENGINE_ERRORS, TimeoutError) as exc:
         manager.fleet.retire(engine, "resume_failed")
         raise EngineUnavailable(f"engine {engine_id} failed to wake: {exc or type(exc).__name__}") from None

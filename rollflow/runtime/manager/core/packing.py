@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
+from rollflow.runtime.deadline import within
 from rollflow.runtime.manager.core.samples import Sample, SampleState
 
 
@@ -66,7 +67,7 @@ class GroupPacker:
             if remaining is not None and remaining <= 0:
                 return []
             try:
-                await asyncio.wait_for(self._changed.wait(), remaining)
+                await within(self._changed.wait(), remaining)
             except TimeoutError:
                 return []
         return self._take(max_groups)

@@ -31,7 +31,6 @@ batch is formed.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -39,6 +38,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 from rollflow.policy.view import ClusterView, InstanceView, RouteRequest, id_only_view
+from rollflow.runtime.deadline import within
 from rollflow.runtime.engines.base import EngineError
 from rollflow.runtime.manager.core.prefixes import BLOCK_TOKENS, prefix_key, session_key
 from rollflow.token_blocks import block_hashes
@@ -55,7 +55,7 @@ async def refresh_load(engine: EngineRecord, timeout_s: float) -> None:
     own counts until the next one (the health check decides whether the engine is gone)."""
     asked = engine.own_counts()
     try:
-        report = await asyncio.wait_for(engine.client.load(), timeout_s)
+        report = await within(engine.client.load(), timeout_s)
     except (EngineError, aiohttp.ClientError, OSError, TimeoutError) as exc:
         log.debug("engine %d gave no load report: %s", engine.engine_id, exc)
         report = None

@@ -24,6 +24,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from rollflow.runtime.deadline import within
 from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.manager.config import EngineEntry
 from rollflow.runtime.manager.core.batches import Batch, sample_sampling
@@ -265,7 +266,7 @@ async def _abort_left_running(manager: RolloutManager, snapshot: Snapshot) -> No
             return  # an engine removed since: not the manager's to call any more
         client = make_client(entry["engine_type"], url, manager.http, api_key=entry.get("api_key"))
         try:
-            await asyncio.wait_for(client.abort(attempt["rid"]), manager.config.connect_timeout_s)
+            await within(client.abort(attempt["rid"]), manager.config.connect_timeout_s)
             log.info("aborted %s on %s, left running by the last manager", attempt["rid"], url)
         except Exception as exc:  # an engine that is down has nothing running either
             log.info("could not abort %s on %s: %s", attempt["rid"], url, exc)

@@ -23,6 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
+from rollflow.runtime.deadline import within
 from rollflow.runtime.engines.base import EngineError
 from rollflow.runtime.engines.http import ENGINE_ERRORS, HttpEngine
 from rollflow.runtime.http.body import read_json_object
@@ -146,7 +147,7 @@ async def _record_versions(manager: RolloutManager, engines: list[EngineRecord])
 
     async def read(engine: EngineRecord) -> int | None:
         try:
-            version = await asyncio.wait_for(engine.client.weight_version(), manager.config.connect_timeout_s)
+            version = await within(engine.client.weight_version(), manager.config.connect_timeout_s)
         except (*ENGINE_ERRORS, TimeoutError) as exc:
             log.warning(
                 "engine %d loaded weights but its version could not be read: %s", engine.engine_id, exc

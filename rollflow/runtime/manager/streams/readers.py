@@ -25,6 +25,7 @@ import sys
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+from rollflow.runtime.deadline import within
 from rollflow.runtime.engines.base import EngineError, EngineRejectedError, GenerateChunk, RequestFailedError
 from rollflow.runtime.manager.streams import wire
 from rollflow.runtime.wire.base import SamplingParams
@@ -158,7 +159,7 @@ class _Relay(_Channel):
         retry_s = 0.0
         while not self.pool.closing:
             try:
-                await asyncio.wait_for(
+                await within(
                     asyncio.get_running_loop().create_connection(lambda: self, host.strip("[]"), int(port)),
                     self.pool.config.connect_timeout_s,
                 )
@@ -227,7 +228,7 @@ class StreamReaders:
             if process.popen is None:
                 continue
             try:
-                await asyncio.wait_for(asyncio.to_thread(process.popen.wait), 5.0)
+                await within(asyncio.to_thread(process.popen.wait), 5.0)
             except TimeoutError:
                 process.popen.kill()
                 await asyncio.to_thread(process.popen.wait)

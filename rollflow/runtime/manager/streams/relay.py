@@ -19,6 +19,7 @@ import asyncio
 import hmac
 import logging
 
+from rollflow.runtime.deadline import within
 from rollflow.runtime.manager.streams import wire
 from rollflow.runtime.manager.streams.process import StreamSession, http_session
 
@@ -40,7 +41,7 @@ async def serve_relay(
             try:
                 messages: list = []
                 while not messages:
-                    data = await asyncio.wait_for(reader.read(1 << 16), GREETING_TIMEOUT_S)
+                    data = await within(reader.read(1 << 16), GREETING_TIMEOUT_S)
                     if not data:
                         return
                     messages = frames.feed(data)
