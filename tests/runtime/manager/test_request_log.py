@@ -34,10 +34,11 @@ def test_the_log_records_every_sample_and_replays_on_the_engines_profile(process
     manager = processes.manager(
         request_log=str(log_path), engines=[{"url": engine.url, "engine_type": "builtin"}]
     )
+    # rounds enough that one is timed on a loaded machine (which can deliver a round's streams whole)
     profile = run_cli(
         "profile", "engine", "--url", engine.url, "--kind", "builtin", "--model-config", str(processes.model),
         "--out", str(tmp_path / "tables"), "--batch-sizes", "1,4", "--prompt-lengths", "8,32",
-        "--decode-tokens", "8", "--repeats", "1",
+        "--decode-tokens", "16", "--repeats", "3",
     )  # fmt: skip
     assert profile.returncode == 0, profile.stderr
 
