@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from rollflow.cli_util import (
     add_command,
@@ -69,7 +71,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="OS processes to run as (config key `processes`, default 1): N > 1 reads the engines' "
         "token streams in N - 1 stream processes, so the per-token work uses more cores",
     )
-    serve.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format")
+    _add_log_format(serve)
 
     relay = add_command(
         sub,
@@ -93,19 +95,18 @@ def register(commands: argparse._SubParsersAction) -> None:
     relay.add_argument(
         "--connect-timeout-s", type=float, default=5.0, help="how long a connection to an engine may take"
     )
-    relay.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format")
+    _add_log_format(relay)
+
+
+def _add_log_format(parser: argparse.ArgumentParser) -> None:
+    """`--log-format`, one option for the manager and its relays, so their logs read alike."""
+    parser.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format")
 
 
 def _serve(args: argparse.Namespace, started_at: float) -> None:
-    import asyncio
-
-    import uvloop
-
     from rollflow.config import load_config
-    from rollflow.runtime.logs import setup_logging
     from rollflow.runtime.manager.config import ManagerConfig
     from rollflow.runtime.manager.edge.server import serve
-    from rollflow.runtime.signals import stop_on_sigterm, until_sigterm
 
     overrides = list(args.overrides)
     for key in ("host", "port", "journal", "processes"):
@@ -115,32 +116,38 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
     config = load_config(ManagerConfig, args.config, overrides)
     if args.token:
         config = config.model_copy(update={"token": args.token})
-    setup_logging(args.log_format)
-    # libuv's loop: the manager is one process on the request path of every sample, and uvloop's
-    # transports and callbacks cost it less per request than asyncio's own. SIGTERM is taken by
-    # the loop (a KeyboardInterrupt raised inside a uvloop transport's callback would be swallowed):
     # the manager closes on its way out, so the journal and the request log are flushed
-    stop_on_sigterm()  # until the loop takes the signal over
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        if runner.run(until_sigterm(serve(config))):
-            raise KeyboardInterrupt  # the CLI's way out of a stop: "rollflow: interrupted", exit 130
+    _run_until_sigterm(args.log_format, lambda: serve(config))
 
 
 def _relay(args: argparse.Namespace, started_at: float) -> None:
+    from rollflow.errors import UserError
+    from rollflow.runtime.manager.streams.relay import serve_relay
+
+    if not 0 < args.flush_ms <= 1000:
+        raise UserError(f"--flush-ms must be in (0, 1000], not {args.flush_ms:g}")
+    _run_until_sigterm(
+        args.log_format,
+        lambda: serve_relay(args.host, args.port, args.token, args.flush_ms / 1000.0, args.connect_timeout_s),
+    )
+
+
+def _run_until_sigterm(log_format: str, main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Log in `log_format`, then run `main()` on libuv's loop until it returns or SIGTERM stops it.
+
+    libuv's loop: the manager and the relay are on the request path of every sample, and uvloop's
+    transports and callbacks cost them less per request than asyncio's own. SIGTERM is taken by
+    the loop (a KeyboardInterrupt raised inside a uvloop transport's callback would be swallowed),
+    so every `finally` of `main()` runs."""
     import asyncio
 
     import uvloop
 
-    from rollflow.errors import UserError
     from rollflow.runtime.logs import setup_logging
-    from rollflow.runtime.manager.streams.relay import serve_relay
     from rollflow.runtime.signals import stop_on_sigterm, until_sigterm
 
-    if not 0 < args.flush_ms <= 1000:
-        raise UserError(f"--flush-ms must be in (0, 1000], not {args.flush_ms:g}")
-    setup_logging(args.log_format)
-    stop_on_sigterm()
-    relay = serve_relay(args.host, args.port, args.token, args.flush_ms / 1000.0, args.connect_timeout_s)
+    setup_logging(log_format)
+    stop_on_sigterm()  # until the loop takes the signal over
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        if runner.run(until_sigterm(relay)):
-            raise KeyboardInterrupt
+        if runner.run(until_sigterm(main())):
+            raise KeyboardInterrupt  # the CLI's way out of a stop: "rollflow: interrupted", exit 130

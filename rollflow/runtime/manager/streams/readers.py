@@ -51,11 +51,12 @@ _ERRORS: dict[str, type[Exception]] = {
 
 class _Channel(asyncio.Protocol):
     """A connection to something that reads streams for the manager (a stream process or a
-    relay), and the streams open on it."""
+    relay), and the streams open on it; `name` is how logs and errors call it, and `pool` the
+    readers it serves."""
 
-    name = "stream reader"
-
-    def __init__(self) -> None:
+    def __init__(self, name: str, pool: StreamReaders) -> None:
+        self.name = name
+        self.pool = pool
         self.streams: dict[str, asyncio.Queue] = {}
         self.transport: asyncio.Transport | None = None
         self._frames = wire.FrameReader()
@@ -102,10 +103,8 @@ class _Process(_Channel):
     """A stream process: an OS process this manager started, on the other end of a socket pair."""
 
     def __init__(self, index: int, pool: StreamReaders) -> None:
-        super().__init__()
+        super().__init__(f"stream process {index}", pool)
         self.index = index
-        self.name = f"stream process {index}"
-        self.pool = pool
         self.popen: subprocess.Popen | None = None
 
     @property
@@ -141,10 +140,8 @@ class _Relay(_Channel):
     """A relay on an engine's node (`rollflow manager relay`), reached over TCP at `address`."""
 
     def __init__(self, address: str, pool: StreamReaders) -> None:
-        super().__init__()
+        super().__init__(f"relay {address}", pool)
         self.address = address
-        self.name = f"relay {address}"
-        self.pool = pool
         self._dialling: asyncio.Task | None = None
 
     def dial(self, after_s: float = 0.0) -> None:
