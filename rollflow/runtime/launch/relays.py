@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rollflow.runtime.launch.ray_slots import RaySlot
 from rollflow.runtime.launch.slots import wait_answering
@@ -25,23 +25,16 @@ class NodeRelay:
     address: str  # HOST:PORT, as an engine registers it
 
 
+@dataclass(eq=False)
 class NodeRelays:
-    """The relays of a Ray launch, one per node that runs engines."""
+    """The relays of a Ray launch, one per node that runs engines: how each starts, and those started."""
 
-    def __init__(
-        self,
-        work_dir: str,
-        token: str | None,
-        flush_ms: float,
-        start_timeout_s: float,
-        actor_start_timeout_s: float,
-    ) -> None:
-        self._work_dir = work_dir
-        self._token = token
-        self._flush_ms = flush_ms
-        self._start_timeout_s = start_timeout_s
-        self._actor_start_timeout_s = actor_start_timeout_s
-        self.by_node: dict[str, NodeRelay] = {}
+    work_dir: str
+    token: str | None = field(repr=False)  # the manager's secret, passed to each relay
+    flush_ms: float
+    start_timeout_s: float
+    actor_start_timeout_s: float
+    by_node: dict[str, NodeRelay] = field(default_factory=dict, init=False)
 
     def address_for(self, engine_slot: RaySlot) -> str:
         """The relay of the engine's node (started now if the node has none yet)."""
@@ -61,15 +54,15 @@ class NodeRelays:
         name = f"relay{len(self.by_node)}"
         # no CPU reserved: a relay spends a fraction of a core on what the node's engines stream
         options = {"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
-        slot = RaySlot(name, options, self._actor_start_timeout_s)
+        slot = RaySlot(name, options, self.actor_start_timeout_s)
         try:
             port = slot.free_port()
             argv = ["manager", "relay", "--host", slot.host, "--port", str(port)]
-            argv += ["--flush-ms", f"{self._flush_ms:g}", "--log-format", "json"]
-            env = {MANAGER_TOKEN_ENV: self._token} if self._token else {}
-            slot.start(argv, f"{self._work_dir}/{name}.log", env, rollflow=True, files={})
+            argv += ["--flush-ms", f"{self.flush_ms:g}", "--log-format", "json"]
+            env = {MANAGER_TOKEN_ENV: self.token} if self.token else {}
+            slot.start(argv, f"{self.work_dir}/{name}.log", env, rollflow=True, files={})
             wait_answering(
-                slot, lambda: _listening(slot.host, port), f"{slot.host}:{port}", self._start_timeout_s
+                slot, lambda: _listening(slot.host, port), f"{slot.host}:{port}", self.start_timeout_s
             )
         except BaseException:
             slot.stop()

@@ -16,6 +16,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from typing import Any
 
 from rollflow.runtime.manager.client import ManagerClient, ManagerError, ManagerUnreachable
@@ -52,31 +53,49 @@ def episode_sample(record: dict, num_prompt: int) -> dict:
     }
 
 
+@dataclass(frozen=True)
+class EpisodeRunner:
+    """How each episode of a step runs: on `client`'s sessions, `environment` answering each turn, at
+    most `max_turns` turns sampled with `sampling_params`."""
+
+    client: ManagerClient
+    environment: Environment
+    tokenizer: Any
+    max_turns: int
+    sampling_params: dict[str, Any]
+    allow_off_policy: bool = False
+
+    def run(self, prompt: list[int], cancelled: threading.Event) -> dict:
+        """One episode from `prompt`, as a trainer sample; once `cancelled`, it ends after its running turn."""
+        try:
+            session_id = self.client.open_session(allow_off_policy=self.allow_off_policy)
+        except (ManagerError, ManagerUnreachable) as exc:
+            return _failed(prompt, f"could not open a session: {exc}")
+        turns: list[list[int]] = []
+        try:
+            input_ids: list[int] | None = prompt
+            while input_ids is not None and len(turns) < self.max_turns and not cancelled.is_set():
+                answer = self.client.send_turn(session_id, input_ids, **self.sampling_params)
+                turns.append(answer["output_ids"])
+                input_ids = self.environment(prompt, turns, self.tokenizer)
+            record = self.client.close_session(session_id)
+        except (ManagerError, ManagerUnreachable) as exc:
+            return _failed(prompt, f"session {session_id} failed after {len(turns)} turns: {exc}")
+        if not turns:
+            return _failed(prompt, "cancelled before its first turn")
+        return episode_sample(record, len(prompt))
+
+
 class EpisodeBatch:
     """One step's episodes, `n` per prompt, run on threads; groups are handed out as they finish,
     like a manager batch's (`BatchHandle.micro_batches`)."""
 
-    def __init__(
-        self,
-        client: ManagerClient,
-        prompts: list[list[int]],
-        n: int,
-        environment: Environment,
-        tokenizer: Any,
-        max_turns: int,
-        sampling_params: dict[str, Any],
-        allow_off_policy: bool = False,
-    ) -> None:
-        self.client = client
-        self.environment = environment
-        self.tokenizer = tokenizer
-        self.max_turns = max_turns
-        self.sampling_params = sampling_params
-        self.allow_off_policy = allow_off_policy
+    def __init__(self, runner: EpisodeRunner, prompts: list[list[int]], n: int) -> None:
         self._cancelled = threading.Event()
         self._pool = ThreadPoolExecutor(min(MAX_PARALLEL_EPISODES, len(prompts) * n), "episode")
         self._groups: list[list[Future]] = [
-            [self._pool.submit(self._episode, list(prompt)) for _ in range(n)] for prompt in prompts
+            [self._pool.submit(runner.run, list(prompt), self._cancelled) for _ in range(n)]
+            for prompt in prompts
         ]
 
     def micro_batches(
@@ -99,25 +118,6 @@ class EpisodeBatch:
         """Stop: episodes end after their running turn and close their sessions."""
         self._cancelled.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-    def _episode(self, prompt: list[int]) -> dict:
-        try:
-            session_id = self.client.open_session(allow_off_policy=self.allow_off_policy)
-        except (ManagerError, ManagerUnreachable) as exc:
-            return _failed(prompt, f"could not open a session: {exc}")
-        turns: list[list[int]] = []
-        try:
-            input_ids: list[int] | None = prompt
-            while input_ids is not None and len(turns) < self.max_turns and not self._cancelled.is_set():
-                answer = self.client.send_turn(session_id, input_ids, **self.sampling_params)
-                turns.append(answer["output_ids"])
-                input_ids = self.environment(prompt, turns, self.tokenizer)
-            record = self.client.close_session(session_id)
-        except (ManagerError, ManagerUnreachable) as exc:
-            return _failed(prompt, f"session {session_id} failed after {len(turns)} turns: {exc}")
-        if not turns:
-            return _failed(prompt, "cancelled before its first turn")
-        return episode_sample(record, len(prompt))
 
 
 def _failed(prompt: list[int], error: str) -> dict:

@@ -41,7 +41,7 @@ from rollflow.runtime.manager.token import TOKEN_ENV as MANAGER_TOKEN_ENV
 from rollflow.runtime.trainer import checkpoints
 from rollflow.runtime.trainer.config import TrainConfig
 from rollflow.runtime.trainer.distributed import DataParallel
-from rollflow.runtime.trainer.episodes import EpisodeBatch
+from rollflow.runtime.trainer.episodes import EpisodeBatch, EpisodeRunner
 from rollflow.runtime.trainer.learner import Learner, StepTotals
 from rollflow.runtime.trainer.metrics import MetricsWriter, StepMetrics
 from rollflow.runtime.trainer.partial import CarryBook, PartialStep, carried_tokens
@@ -157,16 +157,15 @@ class Trainer:
             return self._submit_partial(train_version)
         prompts = self.prompts_fn(self.tokenizer, self.config.prompts_per_step, self.rng)
         if self.environment_fn is not None:
-            return EpisodeBatch(
+            runner = EpisodeRunner(
                 self.client,
-                prompts,
-                self.config.n_samples,
                 self.environment_fn,
                 self.tokenizer,
                 self.config.max_turns,
                 self.sampling_params(),
                 allow_off_policy=self.config.off_policy,
             )
+            return EpisodeBatch(runner, prompts, self.config.n_samples)
         return self.client.submit(
             prompts,
             n=self.config.n_samples,

@@ -31,6 +31,7 @@ import json
 import logging
 import tempfile
 import time
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 
 import safetensors.torch
@@ -85,36 +86,27 @@ class ManifestQuery(BaseModel):
     """The rank whose slices (rollflow.runtime.weights.slices) the payload holds."""
 
 
+@dataclass(eq=False)
 class WeightServer:
-    """Serves one store over HTTP; `await start()`, then pullers use `url`, then `await stop()`."""
+    """Serves one store over HTTP; `await start()`, then pullers use `url`, then `await stop()`.
 
-    def __init__(
-        self,
-        store: WeightStore,
-        *,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        token: str | None = None,
-        open_publish: bool = False,
-        max_upload_bytes: int = MAX_UPLOAD_BYTES,
-        body_limits: BodyLimits = UPLOAD_LIMITS,
-        mooncake: PayloadExporter | str | None = None,
-    ) -> None:
-        """`port=0` picks a free port. Publishing needs `Authorization: Bearer <token>`; a server
-        without a token refuses publishes, unless `open_publish` lets anyone who can reach `host`
-        publish (what `--insecure-open-publish` asks for). `body_limits`: how slowly an upload may
-        come before its connection is closed (rollflow.runtime.http.limits). `mooncake`: the exporter
-        that lets pullers read chunks over Mooncake, or why there is none (a 409 tells them)."""
-        self.store = store
-        self.host = host
-        self.port = port
-        self.token = token
-        self.open_publish = open_publish
-        self.max_upload_bytes = max_upload_bytes
-        self.body_limits = body_limits
-        self.mooncake = mooncake
-        self._runner: web.AppRunner | None = None
-        self._new_version = asyncio.Event()
+    `port=0` picks a free port. Publishing needs `Authorization: Bearer <token>`; a server without a
+    token refuses publishes, unless `open_publish` lets anyone who can reach `host` publish (what
+    `--insecure-open-publish` asks for). `body_limits`: how slowly an upload may come before its
+    connection is closed (rollflow.runtime.http.limits). `mooncake`: the exporter that lets pullers
+    read chunks over Mooncake, or why there is none (a 409 tells them)."""
+
+    store: WeightStore
+    _: KW_ONLY
+    host: str = "127.0.0.1"
+    port: int = 0
+    token: str | None = field(default=None, repr=False)
+    open_publish: bool = False
+    max_upload_bytes: int = MAX_UPLOAD_BYTES
+    body_limits: BodyLimits = UPLOAD_LIMITS
+    mooncake: PayloadExporter | str | None = None
+    _runner: web.AppRunner | None = field(default=None, init=False, repr=False)
+    _new_version: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
 
     @property
     def url(self) -> str:

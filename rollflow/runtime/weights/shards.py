@@ -30,7 +30,7 @@ import math
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 import numpy as np
 import torch
@@ -190,28 +190,22 @@ class ShardedManifest:
         return manifest
 
 
+@dataclass(eq=False)
 class ShardExporter:
     """A trainer rank's side: each version's rows encoded into memory registered with Mooncake."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        rank: int,
-        codec: CodecSpec,
-        *,
-        keep_versions: int = KEEP_VERSIONS,
-        block_bytes: int = BLOCK_BYTES,
-        zstd_level: int = 3,
-    ) -> None:
-        self.engine = engine
-        self.rank = rank
-        self.codec = codec
-        self.keep_versions = keep_versions
-        self.block_bytes = block_bytes
-        self.zstd_level = zstd_level
-        self._registered: dict[int, np.ndarray] = {}  # version -> its buffer, oldest first
-        self._base: tuple[int, dict[str, torch.Tensor]] | None = None  # the last version's rows
-        self._lock = threading.Lock()
+    engine: Engine
+    rank: int
+    codec: CodecSpec
+    _: KW_ONLY
+    keep_versions: int = KEEP_VERSIONS
+    block_bytes: int = BLOCK_BYTES
+    zstd_level: int = 3
+    # version -> its buffer, oldest first
+    _registered: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False)
+    # the last version's rows
+    _base: tuple[int, dict[str, torch.Tensor]] | None = field(default=None, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def export(
         self, version: int, rows: Mapping[str, tuple[torch.Tensor, int, tuple[int, ...]]]
