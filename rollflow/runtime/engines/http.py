@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import AsyncIterator
-from typing import Any, ClassVar, NamedTuple, TypedDict
+from typing import Any, ClassVar, TypedDict
 
 import aiohttp
 import orjson
@@ -221,25 +221,46 @@ def sse_line_json(raw_line: bytes, url: str) -> Any:
     return data if data is None or data is SSE_DONE else sse_json(data, url)
 
 
-class SseBlock(NamedTuple):
-    """Whole SSE lines: `head` (the start of a line an earlier piece of the body began) and then
-    `body[:cut]`, kept apart: a block read only at its ends is never copied whole (its bytes are an
-    engine's whole output, again and again, when events repeat it)."""
+class SseBlock:
+    """Whole SSE lines: `parts` (the start of a line an earlier read began, then the pieces of this
+    read before its last) and then `body[:cut]`, the last piece up to its last newline, kept apart:
+    a block read only at its ends is never copied whole (its bytes are an engine's whole output,
+    again and again, when events repeat it, and a stream read once per flush holds many pieces)."""
 
-    head: bytes
-    body: bytes
-    cut: int
+    __slots__ = ("body", "cut", "parts")
+
+    def __init__(self, parts: list[bytes], body: bytes, cut: int) -> None:
+        self.parts = parts
+        self.body = body
+        self.cut = cut
 
     def __bool__(self) -> bool:
-        return self.cut > 0 or bool(self.head)
+        return self.cut > 0 or bool(self.parts)
 
     def whole(self) -> bytes:
-        return self.head + self.body[: self.cut]
+        return b"".join([*self.parts, self.body[: self.cut]]) if self.parts else self.body[: self.cut]
+
+    def joined(self) -> SseBlock:
+        whole = self.whole()
+        return SseBlock([], whole, len(whole))
+
+    def first_line(self) -> bytes:
+        whole = self.whole()
+        return whole[: whole.find(b"\n")]
+
+    def startswith(self, prefix: bytes) -> bool:
+        """Whether the block starts with `prefix`, read from its first parts only."""
+        seen = b""
+        for part in (*self.parts, self.body):
+            seen += part[: len(prefix) - len(seen)]
+            if len(seen) == len(prefix):
+                break
+        return seen == prefix
 
 
 class SseLines:
     """Splits a body that arrives in arbitrary pieces into blocks of whole SSE lines, read either
-    line by line (`lines`) or from both ends only (`ends`): a caller that needs only the newest of
+    line by line (`lines`) or from its end only (`newest`): a caller that needs only the newest of
     many events then splits, copies and parses none of the others."""
 
     def __init__(self, url: str) -> None:
@@ -247,20 +268,26 @@ class SseLines:
         self._rest = b""
         self.done = False  # `data: [DONE]` was seen
 
-    def feed(self, data: bytes) -> SseBlock:
-        """The whole lines that `data` completes (with what earlier pieces left)."""
-        cut = data.rfind(b"\n") + 1
+    def feed(self, pieces: list[bytes]) -> SseBlock:
+        """The whole lines that one read's `pieces` (the body's bytes in order) complete, with what
+        earlier reads left."""
+        last = pieces[-1]
+        cut = last.rfind(b"\n") + 1
+        if cut == 0 and len(pieces) > 1:  # the read's whole lines end in an earlier piece
+            last = b"".join(pieces)
+            pieces = [last]
+            cut = last.rfind(b"\n") + 1
         if cut == 0:
-            self._rest += data
-            return SseBlock(b"", b"", 0)
-        block = SseBlock(self._rest, data, cut)
-        self._rest = data[cut:]
-        return block
+            self._rest += last
+            return SseBlock([], b"", 0)
+        parts = [self._rest, *pieces[:-1]] if self._rest else pieces[:-1]
+        self._rest = last[cut:]
+        return SseBlock(parts, last, cut)
 
     def end(self) -> SseBlock:
         """The body ended: a last line without its newline still counts."""
         rest, self._rest = self._rest, b""
-        return SseBlock(b"", rest + b"\n", len(rest) + 1) if rest else SseBlock(b"", b"", 0)
+        return SseBlock([], rest + b"\n", len(rest) + 1) if rest else SseBlock([], b"", 0)
 
     def lines(self, block: SseBlock) -> list[bytes | memoryview]:
         """The data of the block's events, in order, up to `data: [DONE]` (which sets `done`)."""
@@ -275,28 +302,29 @@ class SseLines:
                 events.append(data)
         return events
 
-    def ends(self, block: SseBlock) -> tuple[bytes, bytes, bool] | None:
-        """The block's first and last events (the same one when it holds one) and whether
-        `data: [DONE]` follows the last, found without splitting or reading the lines between (a
-        caller that uses them has no need to: they are older states of what the last one holds);
-        None when its ends are not events as servers write them (then `lines` reads it). A block
-        of one event is read at its ends too: it is most reads of a stream whose reader keeps up,
-        and `lines` would hand its whole output to the JSON parser again for every token."""
-        head, body, end = block
-        first = head + body[: body.find(b"\n")]
-        if not first.startswith(b"data: {"):
+    def newest(self, block: SseBlock) -> tuple[memoryview, bool] | None:
+        """The block's last event (its line, not copied) and whether `data: [DONE]` follows it,
+        found without splitting or reading the lines before it (a caller that uses it has no need
+        to: they are older states of what the last one holds); None when the block's ends are not
+        events as servers write them (then `lines` reads it). A block of one event is read so too:
+        it is most reads of a stream whose reader keeps up, and `lines` would hand its whole output
+        to the JSON parser again for every token."""
+        if not block.startswith(b"data: {"):
             return None
+        body, end = block.body, block.cut
         done = False
         while True:
             start = body.rfind(b"\n", 0, end - 1) + 1
-            if start == 0:
-                return first, first, done  # back at the first line: it is the only event
-            line = body[start:end].rstrip(b"\r\n")
-            if line.startswith(b"data: {"):
-                return first, line, done
-            if line == b"data: [DONE]" and not done:
+            if start == 0 and block.parts:  # the line began in an earlier piece
+                return self.newest(block.joined())
+            stop = end
+            while stop > start and body[stop - 1] in b"\r\n":
+                stop -= 1
+            if body.startswith(b"data: {", start):
+                return memoryview(body)[start:stop], done
+            if stop - start == len(b"data: [DONE]") and body.startswith(b"data: [DONE]", start) and not done:
                 done = True
-            elif line:
+            elif stop > start:
                 return None
             end = start
 

@@ -48,15 +48,20 @@ class Response:
         self._conn: _Connection | None = conn
         self.status = status
 
-    async def read_chunk(self) -> bytes:
-        """The body bytes that came since the last call, joined; b"" once the body is complete (the
-        connection is back in the pool then)."""
+    async def read_pieces(self) -> list[bytes]:
+        """The body bytes that came since the last call, in the pieces they were read in (a caller
+        that needs only the newest bytes of a long stream copies none of the others); [] once the
+        body is complete (the connection is back in the pool then)."""
         if self._conn is None:
-            return b""
+            return []
         pieces = await self._conn.read_pieces()
         if not pieces:
             self.release()
-            return b""
+        return pieces
+
+    async def read_chunk(self) -> bytes:
+        """The body bytes that came since the last call, joined; b"" once the body is complete."""
+        pieces = await self.read_pieces()
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     async def read(self) -> bytes:

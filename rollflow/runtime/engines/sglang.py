@@ -81,15 +81,15 @@ class SGLangClient(HttpEngine):
                     raise status_error("POST", self.url + "/generate", response.status, text)
                 events = EventReducer(self.url + "/generate")
                 while not events.done:
-                    # one read's bytes, joined: a copy costs less than parsing the newest event of
-                    # each of its pieces (a stream read once per flush holds a piece per engine write)
-                    data = await response.read_chunk()
-                    for chunk in events.feed(data) if data else events.end():
+                    # a read's pieces as they came: a stream read once per flush holds one per
+                    # engine write, and only the newest event of the last is parsed (none copied)
+                    pieces = await response.read_pieces()
+                    for chunk in events.feed(pieces) if pieces else events.end():
                         finished = chunk.finish_reason is not None
                         yield chunk
                         if finished:
                             return
-                    if not data:
+                    if not pieces:
                         break
             finally:
                 if finished:
@@ -215,28 +215,29 @@ class EventReducer:
         """The stream's `data: [DONE]` was read."""
         return self._sse.done
 
-    def feed(self, data: bytes) -> list[GenerateChunk]:
-        """The chunks of tokens that one read's `data` adds, up to a finish."""
-        return self._reduce(self._sse.feed(data))
+    def feed(self, pieces: list[bytes]) -> list[GenerateChunk]:
+        """The chunks of tokens that one read's `pieces` (its body bytes, in order) add, up to a
+        finish."""
+        return self._reduce(self._sse.feed(pieces))
 
     def end(self) -> list[GenerateChunk]:
         """The body ended: what its last line without a newline adds."""
         return self._reduce(self._sse.end())
 
     def _reduce(self, block: SseBlock) -> list[GenerateChunk]:
-        ends = self._sse.ends(block) if block else None
-        if ends is not None:
-            first, last, done = ends
+        found = self._sse.newest(block) if block else None
+        if found is not None:
+            last, done = found
             newest, dropped = self._newest(last)
-            if _holds_whole_output(newest, dropped) and self._keeps_version(newest, first):
+            if _holds_whole_output(newest, dropped) and self._keeps_version(newest, block):
                 self._sse.done = done
                 return self._chunks([newest], dropped)
         return self._chunks([sse_json(data, self._url) for data in self._sse.lines(block)])
 
-    def _newest(self, line: bytes) -> tuple[dict[str, Any], int]:
+    def _newest(self, line: memoryview) -> tuple[dict[str, Any], int]:
         """A read's newest event (a `data: {...}` line), without the tokens seen already when it
         repeats them (trim.py says why), and how many were cut from the front of its lists."""
-        data = memoryview(line)[len(b"data: ") :]
+        data = line[len(b"data: ") :]
         trimmed = trim_event(data, self._num_seen)
         if trimmed is not None:
             try:
@@ -261,10 +262,10 @@ class EventReducer:
                 break
         return _by_version(chunks)
 
-    def _keeps_version(self, newest: dict[str, Any], first_line: bytes) -> bool:
+    def _keeps_version(self, newest: dict[str, Any], block: SseBlock) -> bool:
         """Whether the read's newest event has the weight version the stream had before the read
         (on a stream's first read, the version of its first event)."""
-        before = self._version if self._started else _version_of(sse_line_json(first_line, self._url))
+        before = self._version if self._started else _version_of(sse_line_json(block.first_line(), self._url))
         return _version_of(newest) == before
 
 

@@ -3,6 +3,8 @@ gives the tokens and logprobs that parsing every event would, whichever way the 
 
 from __future__ import annotations
 
+import random
+
 import orjson
 import pytest
 
@@ -54,7 +56,7 @@ def test_reads_of_many_events_give_what_each_event_gives(shape, per_read):
     body = b"".join(events)
     step = sum(len(e) for e in events[:per_read])
     for start in range(0, len(body), step):
-        chunks += reducer.feed(body[start : start + step])
+        chunks += reducer.feed([body[start : start + step]])
     expected = one_by_one(events[:-1])
     assert tokens(chunks) == (
         [t for ids, _, _ in expected for t in ids],
@@ -68,7 +70,7 @@ def test_reads_of_many_events_give_what_each_event_gives(shape, per_read):
 def test_a_weight_version_change_within_a_read_keeps_each_token_s_version():
     events = cumulative(6, version=3)[:3] + cumulative(6, version=4)[3:]
     reducer = EventReducer(URL)
-    chunks = reducer.feed(events[0]) + reducer.feed(b"".join(events[1:]))
+    chunks = reducer.feed([events[0]]) + reducer.feed([b"".join(events[1:])])
     by_version = [(c.weight_version, c.token_ids) for c in chunks]
     assert by_version == [(3, [1]), (3, [2, 3]), (4, [4, 5, 6])]
 
@@ -76,26 +78,69 @@ def test_a_weight_version_change_within_a_read_keeps_each_token_s_version():
 @pytest.mark.parametrize("shape", [cumulative, incremental])
 def test_a_read_in_pieces_gives_one_chunk_per_weight_version(shape):
     """A read's body comes in pieces (the rest of a chunk an earlier read cut off, then the whole
-    chunks after it), joined by `Response.read_chunk`: its tokens still reach the reader as one
-    chunk per version."""
+    chunks after it, one per engine write): its tokens still reach the reader as one chunk per
+    version."""
     events = shape(9, version=3)[:6] + shape(9, version=4)[6:]
     reducer = EventReducer(URL)
-    first = reducer.feed(events[0][:10])
+    first = reducer.feed([events[0][:10]])
     pieces = [events[0][10:], b"".join(events[1:4]), events[4][:7], events[4][7:] + b"".join(events[5:])]
-    chunks = first + reducer.feed(b"".join(pieces))
+    chunks = first + reducer.feed(pieces)
     assert [(c.weight_version, c.token_ids) for c in chunks] == [(3, [1, 2, 3, 4, 5, 6]), (4, [7, 8, 9])]
+
+
+@pytest.mark.parametrize("shape", [cumulative, incremental])
+@pytest.mark.parametrize("seed", range(20))
+def test_reads_cut_into_pieces_anywhere_give_what_each_event_gives(shape, seed):
+    """Reads of several pieces each, cut at random bytes (a piece may end mid-line, hold no newline,
+    or be one byte), with a weight version change and the stream's end among them."""
+    rng = random.Random(seed)
+    events = [
+        *shape(30, version=3)[:17],
+        *shape(30, version=4)[17:-1],
+        shape(30, version=4, finish="length")[-1],
+    ]
+    body = b"".join(events) + b"data: [DONE]\n\n"
+    cuts = sorted(rng.sample(range(1, len(body)), 40))
+    pieces = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
+    reducer = EventReducer(URL)
+    chunks = []
+    while pieces:
+        take = rng.randint(1, 6)
+        read, pieces = pieces[:take], pieces[take:]
+        chunks += reducer.feed(read)
+    expected = one_by_one(events)
+    assert tokens(chunks) == (
+        [t for ids, _, _ in expected for t in ids],
+        [lp for _, lps, _ in expected for lp in lps],
+    )
+    assert [v for c in chunks for v in [c.weight_version] * len(c.token_ids)] == [
+        v for ids, _, v in expected for _ in ids
+    ]
+    assert chunks[-1].finish_reason == "length" and reducer.done
+
+
+def test_a_read_of_many_pieces_parses_only_the_newest_event():
+    """A stream read once per flush: a read of several engine writes gives one chunk, the newest
+    event's, whatever the pieces before it hold."""
+    events = cumulative(24)
+    reducer = EventReducer(URL)
+    reducer.feed([events[0]])
+    writes = [b"".join(events[i : i + 8]) for i in range(1, 24, 8)]
+    writes[1] = b"data: {not JSON: no older event is parsed}\n\n" + writes[1]
+    chunks = reducer.feed(writes)
+    assert len(chunks) == 1 and chunks[0].token_ids == list(range(2, 25))
 
 
 def test_a_version_change_on_the_first_read_is_seen_too():
     events = cumulative(4, version=1)[:2] + cumulative(4, version=2)[2:]
-    chunks = EventReducer(URL).feed(b"".join(events))
+    chunks = EventReducer(URL).feed([b"".join(events)])
     assert [(c.weight_version, c.token_ids) for c in chunks] == [(1, [1, 2]), (2, [3, 4])]
 
 
 def test_lines_split_across_reads_and_a_last_line_without_newline():
     body = b"".join(cumulative(5)) + b"data: [DONE]"
     reducer = EventReducer(URL)
-    chunks = [c for start in range(0, len(body), 17) for c in reducer.feed(body[start : start + 17])]
+    chunks = [c for start in range(0, len(body), 17) for c in reducer.feed([body[start : start + 17]])]
     assert not reducer.done
     chunks += reducer.end()
     assert tokens(chunks)[0] == [1, 2, 3, 4, 5] and reducer.done
@@ -104,13 +149,13 @@ def test_lines_split_across_reads_and_a_last_line_without_newline():
 def test_a_line_that_is_not_sse_at_the_end_of_a_read_is_an_error():
     reducer = EventReducer(URL)
     with pytest.raises(EngineResponseError, match="not an SSE data line"):
-        reducer.feed(b"".join(cumulative(2)) + b"<html>oops</html>\n")
+        reducer.feed([b"".join(cumulative(2)) + b"<html>oops</html>\n"])
 
 
 def test_an_error_event_is_reported_not_skipped():
     error = b'data: {"error": "out of memory"}\n\n'
     with pytest.raises(Exception, match="out of memory"):
-        EventReducer(URL).feed(b"".join(cumulative(3)) + error)
+        EventReducer(URL).feed([b"".join(cumulative(3)) + error])
 
 
 @pytest.mark.parametrize("done", [False, True])
@@ -121,5 +166,6 @@ def test_a_read_of_one_event_is_read_at_its_ends(done):
 
     only = event([1, 2, 3], 3)
     lines = SseLines(URL)
-    block = lines.feed(only + (b"data: [DONE]\n\n" if done else b""))
-    assert lines.ends(block) == (only.rstrip(b"\n"), only.rstrip(b"\n"), done)
+    block = lines.feed([only + (b"data: [DONE]\n\n" if done else b"")])
+    newest, done_seen = lines.newest(block)
+    assert (bytes(newest), done_seen) == (only.rstrip(b"\n"), done)
