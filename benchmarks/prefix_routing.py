@@ -487,20 +487,12 @@ def _judge(results: dict, record: Results) -> None:
     )
     ours = live.get("manager prefix_affinity", {})
     base = live.get("manager round_robin", {})
-    record.goal(
-        "prompt tokens computed, prefix_affinity / round_robin",
-        _ratio(ours.get("prefill_tokens"), base.get("prefill_tokens")),
-        "<=",
-        0.5,
-        headline=True,
-    )
-    record.goal(
-        "TTFT p50, prefix_affinity / round_robin",
-        _ratio(ours.get("ttft_p50_ms"), base.get("ttft_p50_ms")),
-        "<",
-        1.0,
-        headline=True,
-    )
+    for claim, key, op, bound in (
+        ("prompt tokens computed", "prefill_tokens", "<=", 0.5),
+        ("TTFT p50", "ttft_p50_ms", "<", 1.0),
+    ):
+        ratio = _ratio(ours.get(key), base.get(key))
+        record.goal(f"{claim}, prefix_affinity / round_robin", ratio, op, bound, headline=True)
     peer = live.get(PEER, {})
     record.figures["prefix_affinity_over_cache_aware"] = {
         key: _ratio(ours.get(key), peer.get(key))

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
 import itertools
 import json
 import os
@@ -41,8 +40,7 @@ from rollflow.runtime.engines.profiler.trace_replay import (
     load_trace,
     printed_overrides,
     replay,
-    simulation_config,
-    write_trace,
+    simulate,
 )
 from rollflow.runtime.launch.process import free_port
 from rollflow.runtime.launch.servers import ServerProcess, run_rollflow
@@ -101,25 +99,6 @@ def start_vllm(model: Path, work: Path) -> ServerProcess:
         return ServerProcess(cmd, port, work / "vllm.log", cwd=work, env=env, ready_timeout_s=600)
     except RuntimeError as exc:
         raise SystemExit(f"vLLM did not start: {exc}") from None
-
-
-def simulate(
-    tables: Path,
-    model_shape: dict,
-    requests: list[tuple[float, int, int]],
-    overhead_ms: float,
-    overrides: dict[str, float],
-    work: Path,
-) -> dict:
-    trace = write_trace(requests, work / "trace.csv")
-    config = simulation_config(
-        tables, model_shape, trace, overhead_ms, MAX_NUM_SEQS, MAX_BATCHED_TOKENS, **overrides
-    )
-    (work / "sim.yaml").write_text(json.dumps(config))
-    rollflow("sim", "serve", "--config", str(work / "sim.yaml"), "--output-dir", str(work / "sim"))
-    with (work / "sim" / "requests.csv").open(newline="") as handle:
-        rows = list(csv.DictReader(handle))
-    return {m: np.array([float(r[m]) for r in rows]) for m in METRICS}
 
 
 async def speed_check(url: str) -> float:
@@ -200,14 +179,18 @@ def compare(results: Results, name: str, url: str, model: Path, work: Path, args
             speed_ms.append(asyncio.run(speed_check(url)))
         load_dir = work / f"load{load}"
         load_dir.mkdir()
-        sim = simulate(
+        sim_rows = simulate(
+            rollflow,
+            load_dir,
+            requests,
             work / "tables",
             model_shape_section(load_model_config(model)),
-            requests,
             round_trip_ms,
+            MAX_NUM_SEQS,
+            MAX_BATCHED_TOKENS,
             overrides,
-            load_dir,
         )
+        sim = {m: np.array([r[m] for r in sim_rows]) for m in METRICS}
         for metric in METRICS:
             cells: list = [f"{name}, {load:.0%} of capacity", metric]
             for q in (50, 90):

@@ -284,34 +284,23 @@ def settled_rows(by_mode: dict[str, list[RLBoostRow]]) -> list[list[str]]:
         return [condition, stated, f"{RLBOOST_PAPER_SPEEDUP}, {RLBOOST_PAPER_COST}",
                 span([r.speedup for r in rs], ".2f") + "x", *gains]  # fmt: skip
 
+    def assumed(condition: str, rs: list[RLBoostRow], busy_only: bool = False) -> list[str]:
+        """A row of partial rollout with off-policy under a condition the paper does not state."""
+        return row(f"partial + off-policy, {condition}", "no: assumed", rs, busy_only)
+
     every = [r for rs in by_mode.values() for r in rs]
     both = by_mode["partial rollout +16, off-policy 1"]
     rows = [row(mode, "yes (unmodified algorithm)" if not settings else "no: rollflow's addition", by_mode[mode])
             for mode, settings in RLBOOST_MODES.items()]  # fmt: skip
-    for lifetime in sorted({r.lifetime for r in every}):
-        rows.append(
-            row(
-                f"partial + off-policy, mean life {lifetime} s",
-                "no: assumed",
-                [r for r in both if r.lifetime == lifetime],
-            )
-        )
-    for spot in sorted({r.spot for r in every}):
-        rows.append(
-            row(
-                f"partial + off-policy, 8 reserved + {spot} preemptible",
-                "no: assumed",
-                [r for r in both if r.spot == spot],
-            )
-        )
-    rows.append(
-        row(
-            "partial + off-policy, preemptible GPUs billed only while rolling out",
-            "no: assumed",
-            both,
-            busy_only=True,
-        )
-    )
+    rows += [
+        assumed(f"mean life {t} s", [r for r in both if r.lifetime == t])
+        for t in sorted({r.lifetime for r in every})
+    ]
+    rows += [
+        assumed(f"8 reserved + {n} preemptible", [r for r in both if r.spot == n])
+        for n in sorted({r.spot for r in every})
+    ]
+    rows.append(assumed("preemptible GPUs billed only while rolling out", both, busy_only=True))
     return rows
 
 

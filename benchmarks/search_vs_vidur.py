@@ -55,8 +55,8 @@ import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import Results, add_shared_dir, benchmark_parser, results_dir
-from vidur_compare import MODEL, QUICK_TRAINING, cached_predictors, prepare_workdir
+from results import Results, benchmark_parser, results_dir
+from vidur_compare import MODEL, QUICK_TRAINING, add_folder_options, cached_predictors, prepare_workdir
 from vidur_peer import Vidur, add_vidur_options, ensure_vidur, venv_versions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -383,8 +383,7 @@ def main() -> None:
         help="requests per simulation, both sides (default 1000; --quick: 300)",
     )
     parser.add_argument("--workers", type=int, default=2, help="configurations searched at once (both sides)")
-    add_shared_dir(parser)
-    parser.add_argument("--workdir", type=Path, default=REPO / "outputs" / "bench" / "vidur")
+    add_folder_options(parser)
     parser.add_argument(
         "--seeds",
         default="",
@@ -399,10 +398,7 @@ def main() -> None:
     results.peers["vidur"] = vidur.commit
     results.figures["vidur_packages"] = venv_versions(vidur)
     results.figures["num_requests"] = args.num_requests
-    workdir = args.workdir.resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    shared = args.shared.resolve()
-    prepare_workdir(workdir, shared)
+    workdir, shared = prepare_workdir(args)
     trace = shared / "data" / "vidur" / "processed_traces" / "splitwise_conv.csv"
     seeds = [int(s) for s in args.seeds.split(",") if s]
 

@@ -29,6 +29,7 @@ fills that cache first. No Vidur code is copied: it runs from the checkout.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import os
@@ -157,8 +158,18 @@ def measure(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> tuple[
     return wall, usage.ru_maxrss / 1024
 
 
-def prepare_workdir(workdir: Path, shared: Path) -> None:
-    """data/profiling/... as Vidur's default paths expect, with a generated attention table."""
+def add_folder_options(parser: argparse.ArgumentParser) -> None:
+    """`--shared` (Vidur's public data, the attention table tool) and `--workdir` (what Vidur reads and
+    writes): the Vidur benchmarks' one working folder, whose trained predictors each run reuses."""
+    add_shared_dir(parser)
+    parser.add_argument("--workdir", type=Path, default=REPO / "outputs" / "bench" / "vidur")
+
+
+def prepare_workdir(args: argparse.Namespace) -> tuple[Path, Path]:
+    """(--workdir, --shared), resolved; --workdir made, holding data/profiling/... as Vidur's default
+    paths expect, with a generated attention table."""
+    workdir, shared = args.workdir.resolve(), args.shared.resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
     data, tool = shared / "data" / "vidur", shared / "tools" / "attention_table.py"
     if not (data / "profiling" / "compute" / "a100" / MODEL / "mlp.csv").is_file() or not tool.is_file():
         sys.exit(f"{shared}: no data/vidur (Vidur's public data) and tools/attention_table.py there; "
@@ -178,6 +189,7 @@ def prepare_workdir(workdir: Path, shared: Path) -> None:
              "--kv-heads", "32", "--device", "a100", "--tp", "1,2,4", str(attention)],
             check=True,
         )  # fmt: skip
+    return workdir, shared
 
 
 def trace_for(case: Case, workdir: Path, shared: Path) -> Path:
@@ -311,8 +323,7 @@ def main() -> None:
         default=None,
         help="speed rounds, each side's best kept (default 3; --quick: 1)",
     )
-    add_shared_dir(parser)
-    parser.add_argument("--workdir", type=Path, default=REPO / "outputs" / "bench" / "vidur")
+    add_folder_options(parser)
     parser.add_argument(
         "--cold", action="store_true", help="also time Vidur's cold start (random-forest training), once"
     )
@@ -329,10 +340,7 @@ def main() -> None:
     # it and saves time on the fidelity traces and the number of speed rounds instead.
     fidelity_cases = QUICK_FIDELITY_CASES if args.quick else FIDELITY_CASES
     repeats = args.repeats or (1 if args.quick else 3)
-    shared = args.shared.resolve()
-    workdir = args.workdir.resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    prepare_workdir(workdir, shared)
+    workdir, shared = prepare_workdir(args)
 
     warm_case = Case("predictor warm-up", "sarathi", 1, WARMUP_ROWS, 1.0)
     before = cached_predictors(workdir)

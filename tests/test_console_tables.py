@@ -67,6 +67,13 @@ def _on_terminal(args: list[str], out_dir: Path, columns: int) -> str:
     return ESCAPES.sub("", b"".join(chunks).decode().replace("\r", ""))  # what the user reads
 
 
+def _compared(args: list[str], out_dir: Path, where: str, columns: int) -> tuple[str, dict]:
+    """What the compare printed, piped or (any other `where`) on a terminal `columns` wide, and the
+    compare.json it wrote: the figures the printed table must show."""
+    text = _piped(args, out_dir) if where == "piped" else _on_terminal(args, out_dir, columns)
+    return text, json.loads((out_dir / "compare.json").read_text())
+
+
 def _cells(text: str, name: str) -> list[str]:
     """The cells of row `name` in plain columns, folded or not: the words after the name on each of
     its lines under a dashed rule (a row has as many words as the rule has dashes groups)."""
@@ -99,9 +106,7 @@ def _router_figures(row: dict) -> list[str]:
 
 @pytest.mark.parametrize("where", ["piped", "terminal of 60 columns"])
 def test_rl_compare_prints_every_figure(tmp_path, where):
-    out = tmp_path / "compare"
-    text = _piped(RL_COMPARE, out) if where == "piped" else _on_terminal(RL_COMPARE, out, 60)
-    results = json.loads((out / "compare.json").read_text())
+    text, results = _compared(RL_COMPARE, tmp_path / "compare", where, 60)
     for name, row in results.items():
         cells = _cells(text, name)
         assert len(cells) == 8 and cells[:5] == _rl_figures(row), text  # and three "vs first" columns
@@ -114,9 +119,7 @@ def test_rl_compare_prints_every_figure(tmp_path, where):
 
 @pytest.mark.parametrize("where", ["piped", "terminal of 50 columns"])
 def test_router_compare_prints_every_figure(tmp_path, where):
-    out = tmp_path / "compare"
-    text = _piped(ROUTER_COMPARE, out) if where == "piped" else _on_terminal(ROUTER_COMPARE, out, 50)
-    results = json.loads((out / "compare.json").read_text())
+    text, results = _compared(ROUTER_COMPARE, tmp_path / "compare", where, 50)
     for name, row in results.items():
         assert _cells(text, name) == _router_figures(row), text
     if where != "piped":

@@ -10,9 +10,7 @@ would not model), and the simulation gets the profile's round trip, idle wake-up
 from __future__ import annotations
 
 import asyncio
-import csv
 import itertools
-import json
 from pathlib import Path
 
 import numpy as np
@@ -26,8 +24,7 @@ from rollflow.runtime.engines.profiler.trace_replay import (
     load_trace,
     printed_overrides,
     replay,
-    simulation_config,
-    write_trace,
+    simulate,
 )
 
 TRACE = Path("processed_traces/splitwise_conv.csv")
@@ -52,24 +49,6 @@ def profile(
     if line is None:
         raise StageFailed(f"`rollflow profile engine` printed no decode batch {batch}:\n{out[-1000:]}")
     return round_trip_ms, float(line.split()[5]) * 1e-3, overrides
-
-
-def simulate(tables: Path, model: Path, requests, round_trip_ms, overrides, settings, work, budget) -> dict:
-    trace = write_trace(requests, work / "trace.csv")
-    config = simulation_config(
-        tables,
-        model_shape_section(load_model_config(model)),
-        trace,
-        round_trip_ms,
-        settings.max_running,
-        settings.max_prompt,
-        **overrides,
-    )
-    (work / "sim.yaml").write_text(json.dumps(config))
-    budget.rollflow("sim", "serve", "--config", str(work / "sim.yaml"), "--output-dir", str(work / "sim"))
-    with (work / "sim" / "requests.csv").open(newline="") as handle:
-        rows = list(csv.DictReader(handle))
-    return {m: np.array([float(r[m]) for r in rows]) for m in METRICS}
 
 
 def run(
@@ -100,9 +79,18 @@ def run(
         measured = {m: np.array([r[m] for r in measured_rows]) for m in METRICS}
         load_dir = work / f"load{load}"
         load_dir.mkdir()
-        simulated = simulate(
-            work / "tables", model, requests, round_trip_ms, overrides, settings, load_dir, budget
+        simulated_rows = simulate(
+            budget.rollflow,
+            load_dir,
+            requests,
+            work / "tables",
+            model_shape_section(load_model_config(model)),
+            round_trip_ms,
+            settings.max_running,
+            settings.max_prompt,
+            overrides,
         )
+        simulated = {m: np.array([r[m] for r in simulated_rows]) for m in METRICS}
         per_load[f"{load:g}"] = figures = {}
         for metric in METRICS:
             for q in (50, 90):

@@ -13,7 +13,6 @@ round trip).
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 
 import numpy as np
@@ -24,11 +23,10 @@ from rollflow.runtime.engines.profiler.trace_replay import (
     load_trace,
     printed_overrides,
     replay,
-    simulation_config,
-    write_trace,
+    simulate,
 )
 from tests.factories import CONV_TRACE
-from tests.perf.profiling import read_rows, run_rollflow
+from tests.perf.profiling import run_rollflow
 
 # vLLM's CPU defaults for its OpenAI server, which the tier's server runs with
 MAX_NUM_SEQS, MAX_BATCHED_TOKENS = 128, 2048
@@ -65,7 +63,18 @@ def test_a_replay_on_real_vllm_and_its_simulation_on_the_servers_profile_agree(v
         asyncio.run(replay("vllm", vllm_server.url, requests, salt=salt + r * NUM_REQUESTS))
         for r in range(REPLAYS)
     ]
-    sim = _simulate(tables, vllm_server.model_dir, requests, round_trip_ms, overrides, tmp_path)
+    # the server's scheduler settings: chunked prefill at max_num_batched_tokens, batch cap at max_num_seqs
+    sim = simulate(
+        _rollflow,
+        tmp_path,
+        requests,
+        tables,
+        model_shape_section(load_model_config(vllm_server.model_dir)),
+        round_trip_ms,
+        MAX_NUM_SEQS,
+        MAX_BATCHED_TOKENS,
+        overrides,
+    )
     for metric in ("tpot", "e2e"):
         # the least disturbed replay, as the profile keeps each mix's least disturbed round: other
         # processes on the machine only ever add time
@@ -77,17 +86,7 @@ def test_a_replay_on_real_vllm_and_its_simulation_on_the_servers_profile_agree(v
         assert 1 / TOLERANCE <= ratio <= TOLERANCE, summary
 
 
-def _simulate(tables, model_dir, requests, round_trip_ms, overrides, work_dir) -> list[dict]:
-    """`rollflow sim serve` of the requests on the profiled tables, with the server's scheduler
-    settings (chunked prefill at max_num_batched_tokens, batch cap at max_num_seqs)."""
-    trace = write_trace(requests, work_dir / "trace.csv")
-    model_shape = model_shape_section(load_model_config(model_dir))
-    config = simulation_config(
-        tables, model_shape, trace, round_trip_ms, MAX_NUM_SEQS, MAX_BATCHED_TOKENS, **overrides
-    )
-    (work_dir / "sim.yaml").write_text(json.dumps(config))
-    proc = run_rollflow(
-        "sim", "serve", "--config", str(work_dir / "sim.yaml"), "--output-dir", str(work_dir / "sim")
-    )
+def _rollflow(*args: str) -> None:
+    """`rollflow ARGS`, failing the test with its stderr when it fails."""
+    proc = run_rollflow(*args)
     assert proc.returncode == 0, proc.stderr
-    return read_rows(work_dir / "sim" / "requests.csv")

@@ -12,12 +12,12 @@ from rollflow.runtime.dynamic.snapshot import EngineSlot, LiveLayout
 from rollflow.runtime.manager.client import ManagerClient
 from rollflow.sim.rl.config import SchedulingConfig
 from rollflow.sim.rl.runner import make_resource_scheduler
-from tests.runtime.manager.helpers import metric, workers
+from tests.runtime.manager.helpers import metric, prompts, workers
 from tests.runtime.processes import http
 
 NUM_MINIBATCHES = 4
 MINIBATCH = 4
-PROMPTS = [[5 + i, 40 + 3 * i, 7, 90 + i] for i in range(NUM_MINIBATCHES * MINIBATCH)]
+PROMPTS = prompts(NUM_MINIBATCHES * MINIBATCH)
 
 
 def test_executor_applies_the_policy_live_and_the_simulator_policy_agrees(processes):

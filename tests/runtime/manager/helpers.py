@@ -62,6 +62,25 @@ def stream_processes(manager) -> list[int]:
     return sorted(descendants(manager.proc.pid) - {manager.proc.pid})
 
 
+def prompts(count: int) -> list[list[int]]:
+    """`count` distinct four-token prompts, all within the tiny model's vocabulary: a batch of
+    different samples whose greedy outputs `greedy_reference` can check one by one."""
+    return [[5 + i, 40 + 3 * i, 7, 90 + i] for i in range(count)]
+
+
+def wait_streaming(manager, engine, min_tokens: int = 8) -> None:
+    """Wait until `engine` runs samples for `manager` and has streamed `min_tokens`: the moment a test
+    kills or releases it mid-stream, so that its samples must finish elsewhere from their tokens."""
+    wait_until(
+        lambda: (
+            (w := workers(manager).get(engine.url))
+            and w["running"] > 0
+            and w["tokens_generated"] >= min_tokens
+        ),
+        what=f"{engine.url} to stream tokens",
+    )
+
+
 def greedy_reference(engine, prompt: list[int], max_new_tokens: int) -> list[int]:
     """What one engine generates for `prompt` uninterrupted, at temperature 0."""
     status, body = http(

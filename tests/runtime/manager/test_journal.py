@@ -18,13 +18,14 @@ from tests.runtime.manager.helpers import (
     journaled_config,
     manager_on_journal,
     metric,
+    prompts,
     settled,
     wait_until,
     workers,
 )
 from tests.runtime.processes import Process, http, start_manager
 
-PROMPTS = [[5 + i, 40 + 3 * i, 7, 90 + i] for i in range(4)]
+PROMPTS = prompts(4)
 STREAMED_PROMPTS = [[60 + i, 9, 4 * i] for i in range(2)]
 MAX_NEW_TOKENS = 96
 MAX_UNFLUSHED = 24

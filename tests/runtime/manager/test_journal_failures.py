@@ -19,13 +19,14 @@ from tests.runtime.manager.helpers import (
     drain,
     manager_on_journal,
     metric,
+    prompts,
     settled,
     wait_until,
     workers,
 )
 from tests.runtime.processes import free_port, http, start_manager
 
-PROMPTS = [[5 + i, 40 + 3 * i, 7, 90 + i] for i in range(4)]
+PROMPTS = prompts(4)
 MAX_NEW_TOKENS = 48
 
 

@@ -14,11 +14,11 @@ from rollflow.runtime.manager.client import ManagerClient, ManagerError
 from rollflow.runtime.weights import WeightStore
 from rollflow.runtime.weights.checkpoint import read_checkpoint
 from tests.runtime.launch.helpers import BackgroundWeightServer, launch_config
-from tests.runtime.manager.helpers import assert_spans_tile_the_output, drain, wait_until, workers
+from tests.runtime.manager.helpers import assert_spans_tile_the_output, drain, prompts, wait_until, workers
 from tests.runtime.processes import http
 from tests.runtime.weights.proxy import ChunkProxy
 
-PROMPTS = [[5 + i, 40 + 3 * i, 7, 90 + i] for i in range(4)]
+PROMPTS = prompts(4)
 MAX_NEW_TOKENS = 120
 
 

@@ -14,13 +14,14 @@ from tests.runtime.manager.helpers import (
     assert_finished_as_undisturbed,
     drain,
     metric,
+    prompts,
     stream_processes,
     wait_until,
     workers,
 )
 from tests.runtime.processes import Process, free_port, http, rollflow
 
-PROMPTS = [[5 + i, 40 + 3 * i, 7, 90 + i] for i in range(6)]
+PROMPTS = prompts(6)
 TOKEN = "relay-test-token"
 
 

@@ -19,12 +19,13 @@ from tests.runtime.manager.helpers import (
     assert_finished_as_undisturbed,
     greedy_reference,
     metric,
-    wait_until,
+    prompts,
+    wait_streaming,
     workers,
 )
 from tests.runtime.processes import http
 
-PROMPTS = [[5 + i, 40 + 3 * i, 7, 90 + i] for i in range(6)]
+PROMPTS = prompts(6)
 MAX_NEW_TOKENS = 120
 
 
@@ -35,17 +36,6 @@ def _collect(batch) -> tuple[threading.Thread, list[dict]]:
     )
     reader.start()
     return reader, samples
-
-
-def _busy(manager, engine, min_tokens: int = 8) -> None:
-    wait_until(
-        lambda: (
-            (w := workers(manager).get(engine.url))
-            and w["running"] > 0
-            and w["tokens_generated"] >= min_tokens
-        ),
-        what=f"{engine.url} to stream tokens",
-    )
 
 
 def _engine_id(manager, engine) -> int:
@@ -68,7 +58,7 @@ def test_released_engine_moves_its_samples_frees_memory_and_serves_again(process
     client = ManagerClient(manager.url)
     batch = client.submit(PROMPTS, n=1, max_new_tokens=MAX_NEW_TOKENS, temperature=0, ignore_eos=True)
     reader, samples = _collect(batch)
-    _busy(manager, released)
+    wait_streaming(manager, released)
 
     answer = client.release_worker(_engine_id(manager, released))
     assert answer["state"] == "released" and answer["move"]["samples_moved"] > 0, answer
@@ -140,7 +130,7 @@ def test_engine_killed_while_releasing_loses_nothing_and_the_log_says_so(process
     client = ManagerClient(manager.url)
     batch = client.submit(PROMPTS, n=1, max_new_tokens=MAX_NEW_TOKENS, temperature=0, ignore_eos=True)
     reader, samples = _collect(batch)
-    _busy(manager, proxy)
+    wait_streaming(manager, proxy)
     with pytest.raises(ManagerError, match="failed while releasing") as refused:
         client.release_worker(_engine_id(manager, proxy))
     assert refused.value.status == 502
@@ -202,7 +192,7 @@ def test_seeded_sampled_samples_moved_by_a_release_draw_what_they_would_have(pro
     sampling = {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 1.0, "ignore_eos": True, "sampling_seed": 7}
     batch = client.submit(PROMPTS, n=2, **sampling)
     reader, samples = _collect(batch)
-    _busy(manager, released)
+    wait_streaming(manager, released)
     client.release_worker(_engine_id(manager, released))
     reader.join(timeout=300)
     assert len(samples) == 2 * len(PROMPTS)

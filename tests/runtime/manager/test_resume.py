@@ -12,24 +12,18 @@ from tests.runtime.manager.helpers import (
     assert_finished_as_undisturbed,
     greedy_reference,
     metric,
-    wait_until,
+    prompts,
+    wait_streaming,
     workers,
 )
 
-PROMPTS = [[5 + i, 40 + 3 * i, 7, 90 + i] for i in range(8)]
+PROMPTS = prompts(8)
 MAX_NEW_TOKENS = 200
 
 
 def _kill_when_busy(engine, manager, min_tokens: int = 8) -> None:
     """kill -9 the engine once it is streaming samples and has sent some tokens."""
-    wait_until(
-        lambda: (
-            (w := workers(manager).get(engine.url))
-            and w["running"] > 0
-            and w["tokens_generated"] >= min_tokens
-        ),
-        what=f"{engine.url} to stream tokens",
-    )
+    wait_streaming(manager, engine, min_tokens)
     engine.kill()
 
 

@@ -14,12 +14,13 @@ from tests.runtime.manager.helpers import (
     drain,
     greedy_reference,
     metric,
+    prompts,
     stream_processes,
     wait_until,
     workers,
 )
 
-PROMPTS = [[5 + i, 40 + 3 * i, 7, 90 + i] for i in range(6)]
+PROMPTS = prompts(6)
 
 
 def _streamed_generate(manager, prompt: list[int], max_new_tokens: int) -> list[dict]:

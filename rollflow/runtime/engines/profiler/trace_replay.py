@@ -1,6 +1,7 @@
 """Replay a Vidur-format trace against a running engine with real arrival times, and read each
 request's latencies from its stream: the real side of a simulated-against-real comparison
-(`benchmarks/real_engine_fidelity.py`, the vLLM tier's test).
+(`benchmarks/real_engine_fidelity.py`, `benchmarks/gpu/engine_vs_sim.py`, the vLLM tier's test),
+and `simulate`, its simulated side, so that every comparison simulates the replay the same way.
 
 Latencies are measured as `rollflow sim serve` writes them to requests.csv: TTFT from sending to
 the first token, TPOT (last token - first token) / output tokens, E2E from sending to the last token.
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rollflow.runtime.engines.profiler.measure import _prompt
@@ -119,3 +122,28 @@ def simulation_config(
         "workload": {"kind": "trace", "file": str(trace)},
         "output": {"plots": False, "chrome_trace": False, "progress": False},
     }
+
+
+def simulate(
+    rollflow: Callable[..., object],
+    work: Path,
+    requests: list[tuple[float, int, int]],
+    tables: Path,
+    model_shape: dict,
+    round_trip_ms: float,
+    max_num_seqs: int,
+    max_batched_tokens: int,
+    overrides: dict[str, float],
+) -> list[dict[str, float]]:
+    """`rollflow sim serve` of the replayed `requests` on the profiled `tables`, as
+    `simulation_config` sets it up (trace, config and output under `work`); each request's latencies
+    in METRICS, as `replay` gives the real ones. `rollflow(*args)` runs the CLI and fails when it
+    does: a benchmark and a test each have their own way to run it and to fail."""
+    trace = write_trace(requests, work / "trace.csv")
+    config = simulation_config(
+        tables, model_shape, trace, round_trip_ms, max_num_seqs, max_batched_tokens, **overrides
+    )
+    (work / "sim.yaml").write_text(json.dumps(config))
+    rollflow("sim", "serve", "--config", str(work / "sim.yaml"), "--output-dir", str(work / "sim"))
+    with (work / "sim" / "requests.csv").open(newline="") as handle:
+        return [{m: float(row[m]) for m in METRICS} for row in csv.DictReader(handle)]
