@@ -245,8 +245,16 @@ class SseBlock:
         return SseBlock([], whole, len(whole))
 
     def first_line(self) -> bytes:
-        whole = self.whole()
-        return whole[: whole.find(b"\n")]
+        """The block's first line, joined from the parts it spans only (a stream's first read, once
+        per flush, can hold tens of engine writes)."""
+        line = []
+        for part in (*self.parts, self.body[: self.cut]):
+            end = part.find(b"\n")
+            if end >= 0:
+                line.append(part[:end])
+                break
+            line.append(part)
+        return b"".join(line)
 
     def startswith(self, prefix: bytes) -> bool:
         """Whether the block starts with `prefix`, read from its first parts only."""

@@ -131,9 +131,12 @@ def test_a_read_of_many_pieces_parses_only_the_newest_event():
     assert len(chunks) == 1 and chunks[0].token_ids == list(range(2, 25))
 
 
-def test_a_version_change_on_the_first_read_is_seen_too():
+@pytest.mark.parametrize("cuts", [(), (5,), (5, 40, 41), (300,)])
+def test_a_version_change_on_the_first_read_is_seen_too(cuts):
+    """Also when the read's first event spans its pieces."""
     events = cumulative(4, version=1)[:2] + cumulative(4, version=2)[2:]
-    chunks = EventReducer(URL).feed([b"".join(events)])
+    body = b"".join(events)
+    chunks = EventReducer(URL).feed([body[a:b] for a, b in zip((0, *cuts), (*cuts, len(body)), strict=True)])
     assert [(c.weight_version, c.token_ids) for c in chunks] == [(1, [1, 2]), (2, [3, 4])]
 
 
