@@ -38,7 +38,6 @@ GET    /get_model_info, /get_server_info, /v1/models, /health_generate; POST /fl
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -48,6 +47,7 @@ from aiohttp import web
 from rollflow.runtime.http.auth import require_bearer
 from rollflow.runtime.http.errors import BadRequest, error_body, http_error
 from rollflow.runtime.http.listen import bind
+from rollflow.runtime.long_lived import freeze_startup_objects
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.core import memory
 from rollflow.runtime.manager.core.fleet import EngineUnavailable, WeightUpdateNotSupported
@@ -442,11 +442,7 @@ async def serve(config: ManagerConfig, ready: asyncio.Event | None = None) -> No
     await runner.setup()
     await web.SockSite(runner, sock).start()
     log.info("rollflow manager listening on http://%s:%d", config.host, config.port)
-    # what startup built (modules, the app, the engines' clients) lives as long as the manager:
-    # out of the collector's sight, the collections that requests' garbage triggers stay small
-    # (they took about 5% of the manager's py-spy samples under benchmarks/manager_overhead.py, 1% after)
-    gc.collect()
-    gc.freeze()
+    freeze_startup_objects()
     if ready is not None:
         ready.set()
     try:
