@@ -22,8 +22,9 @@ REPO = Path(__file__).resolve().parents[2]
 PAGES = pages(REPO)
 RUNNABLE = [page for page in PAGES if page.blocks]
 SKIPPED = [(page, reason, block) for page in PAGES for reason, block in page.skipped]
-# a bound for hangs, not a speed check: a page of several sections can take minutes on a busy 2-core machine
-PAGE_TIMEOUT_S = 900
+# a bound for hangs, not a speed check: a page of several sections can take minutes on a busy 2-core
+# machine (the trainer guide: 4.5 minutes alone, over 15 beside the rest of `make test` on 2 cores)
+PAGE_TIMEOUT_S = 1500
 
 
 def digest(path: Path) -> str:
@@ -34,6 +35,9 @@ def environment(copy: Path) -> dict[str, str]:
     """The caller's environment, importing the copy's rollflow, offline, with no venv activated."""
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME")}
     env.update(PYTHONPATH=str(copy), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    # pages run beside each other and the other tiers: torch's thread pools would spin against each
+    # other on the machine's few cores (a value the caller set wins)
+    env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
 

@@ -108,13 +108,19 @@ class PartialStep:
         self._unsent = min(to_resume, MAX_PARALLEL_RESUMES)
         self._resumes_left = to_resume  # carried samples whose resume has not returned (or been skipped)
         self._all_sent = threading.Event()
+        # carried groups alone can fill the quota, and end the rollout, before the fresh batch exists:
+        # its end then waits for the batch, to abort it too (every fresh group is carried, unstarted)
+        self._fresh_submitted = threading.Event()
         if not self._unsent:
             self._all_sent.set()
         self._running = 0  # producers (one per carried group, one for the fresh batch) not yet ended
         for group in carried:
             self._start(self._finish_group, group)
         self._all_sent.wait()
-        self.fresh = submit_fresh()
+        try:
+            self.fresh = submit_fresh()
+        finally:
+            self._fresh_submitted.set()  # or failed: this constructor raises, and no one waits on the step
         self.num_samples = (len(carried) + self.fresh.num_groups) * n
         self._start(self._feed_fresh)
 
@@ -260,6 +266,7 @@ class PartialStep:
                 return
             self._ending.set()
             rids = list(self._running_rids)
+        self._fresh_submitted.wait()
         taken = set(self._received_fresh)  # a group taken meanwhile is finished: its abort is a no-op
         self.fresh.abort_groups([g for g in range(self.fresh.num_groups) if g not in taken], self.n)
         for rid in rids:

@@ -8,6 +8,7 @@ is killed, and the sample is finished on the other engine from its tokens.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -210,3 +211,32 @@ def test_partial_rollout_auto_asks_the_simulators_policy_with_the_groups_trained
     step_3 = rows(output)[-1]
     assert step_3["step"] == "3" and int(step_3["extra_groups"]) == resumed.plan().num_extra
     assert int(step_3["samples_carried"]) == int(step_3["extra_groups"]) * N_SAMPLES
+
+
+def test_carried_groups_that_fill_the_quota_before_the_fresh_batch_exists_carry_it_whole(processes):
+    """Groups a step carried whole (surplus groups that finished) arrive as soon as the step starts:
+    when they fill its quota before the fresh batch is submitted, the rollout's end waits for that
+    batch and aborts it, and every fresh group is carried into the next step."""
+    from rollflow.runtime.manager.client import ManagerClient
+    from rollflow.runtime.trainer.partial import PartialStep
+
+    engine = processes.engine()
+    client = ManagerClient(processes.manager(engines=[{"url": engine.url}]).url)
+    sampling = {"max_new_tokens": 8, "temperature": 0.0}
+
+    def finished(group_index: int) -> dict:
+        return {"state": "finished", "finish_reason": "length", "group_index": group_index,
+                "output_ids": [7, 8], "output_logprobs": [-0.1, -0.2], "spans": []}  # fmt: skip
+
+    def submit_fresh():
+        time.sleep(0.5)  # the carried groups arrive meanwhile: they need no resume
+        return client.submit([[3, 4, 5], [6, 7, 8]], n=2, **sampling)
+
+    ended: list[list[list[dict]]] = []
+    carried = [[finished(0), finished(0)], [finished(1), finished(1)]]
+    step = PartialStep(client, carried, submit_fresh, 2, sampling, quota=2, on_end=ended.append)
+    trained = [group for groups in step.micro_batches(min_groups=1) for group in groups]
+    assert trained == carried
+    [leftover] = ended
+    assert sorted(group[0]["group_index"] for group in leftover) == [0, 1]  # the fresh batch, whole
+    assert all(sample["state"] == "finished" for group in leftover for sample in group)
