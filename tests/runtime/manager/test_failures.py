@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import time
 
 import pytest
 from aiohttp import web
 
+from rollflow.runtime.launch import servers
 from rollflow.runtime.manager.client import ManagerClient
+from rollflow.runtime.manager.token import TOKEN_ENV
 from tests.runtime.manager.helpers import (
     EngineProxy,
     assert_finished_as_undisturbed,
@@ -18,7 +21,7 @@ from tests.runtime.manager.helpers import (
     wait_until,
     workers,
 )
-from tests.runtime.processes import http
+from tests.runtime.processes import Process, http
 
 PROMPTS = [[11 + i, 3, 60 + i] for i in range(4)]
 
@@ -126,6 +129,20 @@ def test_an_engine_that_joins_mid_batch_is_used_at_once(processes):
     samples = drain(batch)
     assert all(s["state"] == "finished" for s in samples)
     assert any(span["engine_url"] == joiner.url for s in samples for span in s["spans"])
+
+
+def test_the_token_in_the_environment_guards_the_admin_routes_as_the_flag_does(processes, tmp_path):
+    """`rollflow manager serve` with no `--token` reads `$ROLLFLOW_MANAGER_TOKEN`, as the launcher
+    hands it over (a token in a flag would show in `ps`)."""
+    engine = processes.engine()
+    env = {**servers.ENV, TOKEN_ENV: "from-env"}
+    manager = servers.start_manager({}, tmp_path, process=functools.partial(Process, env=env))
+    processes.started.append(manager)
+    assert "from-env" not in " ".join(manager.proc.args)
+    status, _ = http("POST", manager.url + "/workers", {"url": engine.url})
+    assert status == 401
+    status, _ = http("POST", manager.url + "/workers", {"url": engine.url}, token="from-env")
+    assert status == 201 and workers(manager)[engine.url]["state"] == "healthy"
 
 
 def test_registration_with_a_wrong_token_is_refused_and_changes_nothing(processes):
