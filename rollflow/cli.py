@@ -18,7 +18,8 @@ import time
 from rollflow import __version__
 from rollflow.cli_util import HelpFormatter
 
-# command -> (module with its `register`, one-line help shown by `rollflow --help`)
+# command -> (module with its `register`, one-line help shown by `rollflow --help`); the help is
+# the one its module's `register` gives the command, written here too so `--help` imports no group
 COMMAND_GROUPS: dict[str, tuple[str, str]] = {
     "sim": ("rollflow.sim.cli", "simulate an LLM inference cluster"),
     "rl-sim": (
@@ -33,7 +34,7 @@ COMMAND_GROUPS: dict[str, tuple[str, str]] = {
         "rollflow.learn.cli",
         "learn a request router with PPO in the simulator, and compare it with the heuristics",
     ),
-    "engine": ("rollflow.runtime.engines.cli", "make a tiny model; serve it with the built-in CPU engine"),
+    "engine": ("rollflow.runtime.engines.cli", "make a tiny model; serve it with the built-in engine"),
     "manager": (
         "rollflow.runtime.manager.cli",
         "run the rollout manager between a trainer and rollout engines",
@@ -41,7 +42,10 @@ COMMAND_GROUPS: dict[str, tuple[str, str]] = {
     "weights": ("rollflow.runtime.weights.cli", "serve, publish and pull versioned model weights"),
     "train": ("rollflow.runtime.trainer.cli", "train a policy with GRPO or PPO on rollouts from the manager"),
     "launch": ("rollflow.runtime.launch.cli", "start the manager, engines and trainer of a config"),
-    "demo": ("rollflow.runtime.demo.cli", "RL training that survives a spot preemption, end to end"),
+    "demo": (
+        "rollflow.runtime.demo.cli",
+        "RL training end to end: through a spot preemption, or with devices moving between components",
+    ),
 }
 
 # commands that join a group another module registers: group -> "module:function" of each, called
