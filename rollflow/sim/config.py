@@ -355,22 +355,27 @@ class TraceLengths(Section):
     """Multiplies every output length drawn from the file."""
 
 
-class UniformLengths(Section):
-    kind: Literal["uniform"] = "uniform"
+class SplitTotalLengths(Section):
+    """Lengths drawn as a total (prompt + output) from `min_tokens` up to the workload's `max_tokens`,
+    then split into prompt and output by `prefill_to_decode_ratio`: what the uniform and Zipf
+    generators share (Vidur's), which differ only in how the total is drawn. `kind` comes first
+    in every dump; each generator narrows it to its own name."""
+
+    kind: str
     min_tokens: int = Field(1024, ge=2)
     """Smallest total (prompt + output) length."""
     prefill_to_decode_ratio: float = Field(20.0, gt=0.0)
     """Prompt tokens per output token of each request."""
 
 
-class ZipfLengths(Section):
+class UniformLengths(SplitTotalLengths):
+    kind: Literal["uniform"] = "uniform"
+
+
+class ZipfLengths(SplitTotalLengths):
     kind: Literal["zipf"] = "zipf"
-    min_tokens: int = Field(1024, ge=2)
-    """Smallest total (prompt + output) length."""
     theta: float = Field(0.6, gt=0.0, lt=1.0)
     """Skew: larger theta puts more mass on short requests."""
-    prefill_to_decode_ratio: float = Field(20.0, gt=0.0)
-    """Prompt tokens per output token of each request."""
 
 
 class FixedLengths(Section):
