@@ -1,10 +1,12 @@
 """The `rollflow` command.
 
-Each command group lives beside the code it drives (`rollflow/sim/cli.py`, ...) and adds
-itself to the parser through a `register(commands)` function. Only the group a command line
-names is imported (`COMMAND_GROUPS` holds every group's one-line help for `rollflow --help`),
-and handlers import heavy modules themselves, so `rollflow --help` and `rollflow sim ...`
-never load torch, whatever the other groups import.
+Each command group's name and one-line help are `COMMAND_GROUPS`'s, the only place they are
+written: `build_parser` makes the group's parser from them and hands it to `register(group)` in
+the module that lives beside the code the group drives (`rollflow/sim/cli.py`, ...), which adds
+its sub-commands and examples (or, for a group that is one command such as `rollflow train`, its
+options). Only the group a command line names is imported, and handlers import heavy modules
+themselves, so `rollflow --help` and `rollflow sim ...` never load torch, whatever the other
+groups import.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ import time
 from rollflow import __version__
 from rollflow.cli_util import HelpFormatter
 
-# command -> (module with its `register`, one-line help shown by `rollflow --help`); the help is
-# the one its module's `register` gives the command, written here too so `--help` imports no group
+# command -> (module with its `register`, the one-line help `rollflow --help` lists), here rather
+# than in the module so that `rollflow --help` imports no group
 COMMAND_GROUPS: dict[str, tuple[str, str]] = {
     "sim": ("rollflow.sim.cli", "simulate an LLM inference cluster"),
     "rl-sim": (
@@ -83,13 +85,14 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     named = _named_command(argv)
     for name, (module, help) in COMMAND_GROUPS.items():
-        if name == named:
-            subcommands = importlib.import_module(module).register(commands)
-            for entry in GROUP_COMMANDS.get(name, ()):
-                extension, function = entry.split(":")
-                getattr(importlib.import_module(extension), function)(subcommands)
-        else:
+        if name != named:
             commands.add_parser(name, help=help, add_help=False)
+            continue
+        group = commands.add_parser(name, help=help, formatter_class=HelpFormatter)
+        subcommands = importlib.import_module(module).register(group)
+        for entry in GROUP_COMMANDS.get(name, ()):
+            extension, function = entry.split(":")
+            getattr(importlib.import_module(extension), function)(subcommands)
     return parser
 
 

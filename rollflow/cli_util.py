@@ -33,10 +33,11 @@ def print_yaml(config: BaseModel) -> None:
     print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), end="")
 
 
-def add_command_group(commands: argparse._SubParsersAction, name: str, help: str, examples: str):
-    """A top-level command whose sub-commands the caller adds; `--help` ends with its examples."""
-    group = commands.add_parser(name, help=help, epilog=examples, formatter_class=HelpFormatter)
-    return group.add_subparsers(dest=f"{name}_command", required=True, metavar="SUBCOMMAND")
+def add_subcommands(group: argparse.ArgumentParser, examples: str) -> argparse._SubParsersAction:
+    """Make `group` (a top-level command rollflow/cli.py made, with its name and one-line help) a group
+    of sub-commands, which the caller adds to what this returns; `--help` ends with its `examples`."""
+    group.epilog = examples
+    return group.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
 
 
 def add_command(
@@ -48,16 +49,28 @@ def add_command(
     examples: str | None = None,
     **defaults: object,
 ) -> argparse.ArgumentParser:
-    """The command `name`, which runs `handler`; the caller adds its options. `--help` shows
-    `description` and ends with `examples`: the group's block, or one command line. `defaults`
-    are set on the parsed arguments beside the handler (`fast_exit=True`, see rollflow/cli.py)."""
+    """The command `name`, which runs `handler`; the caller adds its options (see `set_command`)."""
+    parser = commands.add_parser(name, help=help, formatter_class=HelpFormatter)
+    set_command(parser, handler, description, examples, **defaults)
+    return parser
+
+
+def set_command(
+    parser: argparse.ArgumentParser,
+    handler: Handler,
+    description: str | None = None,
+    examples: str | None = None,
+    **defaults: object,
+) -> None:
+    """Make `parser` (a sub-command, or a top-level command of its own such as `rollflow train`) run
+    `handler`. `--help` shows `description` and ends with `examples`: the group's block, or one command
+    line. `defaults` are set on the parsed arguments beside the handler (`fast_exit=True`, see
+    rollflow/cli.py)."""
     if examples is not None and "\n" not in examples:
         examples = f"example:\n  {examples}"
-    parser = commands.add_parser(
-        name, help=help, description=description, epilog=examples, formatter_class=HelpFormatter
-    )
+    parser.description = description
+    parser.epilog = examples
     parser.set_defaults(handler=handler, **defaults)
-    return parser
 
 
 def add_config_arguments(
@@ -68,12 +81,23 @@ def add_config_arguments(
     required: bool = True,
 ) -> None:
     """`--config FILE` and the dotted `key=value` overrides laid over it; with `output_key`, also
-    `--output-dir DIR`, which overrides that key of the config."""
+    `--output-dir DIR`, which overrides that key of the config (`config_overrides` adds it)."""
     parser.add_argument("--config", required=required, help=config_help)
     if output_key is not None:
         parser.add_argument("--output-dir", help=f"output folder (overrides {output_key})")
+        parser.set_defaults(output_key=output_key)
     example = f", e.g. {overrides_example}" if overrides_example else ""
     parser.add_argument("overrides", nargs="*", metavar="key=value", help=f"dotted overrides{example}")
+
+
+def config_overrides(args: argparse.Namespace) -> list[str]:
+    """The dotted overrides of a command `add_config_arguments` set up, ending with `--output-dir DIR`
+    as the key it overrides (so it wins over the same key given as an override)."""
+    overrides = list(args.overrides)
+    output_key = getattr(args, "output_key", None)
+    if output_key is not None and args.output_dir:
+        overrides.append(f"{output_key}={args.output_dir}")
+    return overrides
 
 
 def add_resume_argument(parser: argparse.ArgumentParser, auto: str, never: str) -> None:

@@ -86,6 +86,21 @@ def test_help_and_sim_never_import_torch_and_plot_only_when_asked(tmp_path):
     assert (tmp_path / "b" / "plots" / "latency_cdf.png").exists()
 
 
+def test_help_imports_no_command_group():
+    """`rollflow --help` lists every group from rollflow/cli.py's table, importing none of their modules."""
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "rollflow.cli", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    names = {
+        line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")
+    }
+    assert {name for name in names if name.startswith("rollflow")} == {"rollflow", "rollflow.cli_util"}
+
+
 def test_sim_from_vidur_without_plots_imports_no_plotting_yaml_or_rich(tmp_path):
     """Vidur's flags, its ./data/profiling layout and a 50-request trace, as a user runs it."""
     compute = tmp_path / "data" / "profiling" / "compute" / "a100" / "meta-llama" / "Llama-2-7b-hf"

@@ -6,10 +6,11 @@ import argparse
 
 from rollflow.cli_util import (
     add_command,
-    add_command_group,
     add_config_arguments,
     add_resume_argument,
     add_show_config,
+    add_subcommands,
+    config_overrides,
 )
 
 EXAMPLES = """examples:
@@ -21,13 +22,8 @@ EXAMPLES = """examples:
 """
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    sub = add_command_group(
-        commands,
-        "router",
-        "learn a request router with PPO in the simulator, and compare it with the heuristics",
-        EXAMPLES,
-    )
+def register(group: argparse.ArgumentParser) -> None:
+    sub = add_subcommands(group, EXAMPLES)
 
     train = add_command(
         sub,
@@ -74,10 +70,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _load(args: argparse.Namespace):
-    overrides = list(args.overrides)
-    if args.output_dir:
-        overrides.append(f"output_dir={args.output_dir}")
-    return _load_config(args.config, overrides)
+    return _load_config(args.config, config_overrides(args))
 
 
 def _load_config(path: str | None, overrides: list[str]):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from rollflow.cli_util import add_command, add_config_arguments, add_resume_argument
+from rollflow.cli_util import add_command, add_config_arguments, add_resume_argument, config_overrides
 
 
 def add_serve_search(commands: argparse._SubParsersAction) -> None:
@@ -62,9 +62,7 @@ def _add_search_arguments(search: argparse.ArgumentParser) -> None:
 
 def _overrides(args: argparse.Namespace) -> list[str]:
     """A search's dotted overrides, with --output-dir and --backend as the keys they stand for."""
-    overrides = list(args.overrides)
-    if args.output_dir:
-        overrides.append(f"output_dir={args.output_dir}")
+    overrides = config_overrides(args)
     if args.backend:
         overrides.append(f"backend={args.backend}")
     return overrides

@@ -7,9 +7,10 @@ import os
 
 from rollflow.cli_util import (
     add_command,
-    add_command_group,
     add_config_arguments,
     add_show_config,
+    add_subcommands,
+    config_overrides,
     print_yaml,
 )
 
@@ -29,9 +30,9 @@ EXAMPLES = """examples:
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
-def register(commands: argparse._SubParsersAction) -> argparse._SubParsersAction:
-    """Add `rollflow sim`; returns its subcommands (plan/ adds `search` to them, see rollflow/cli.py)."""
-    sim_commands = add_command_group(commands, "sim", "simulate an LLM inference cluster", EXAMPLES)
+def register(group: argparse.ArgumentParser) -> argparse._SubParsersAction:
+    """Add `rollflow sim`'s subcommands; returns them (plan/ adds `search` to them, see rollflow/cli.py)."""
+    sim_commands = add_subcommands(group, EXAMPLES)
 
     serve = add_command(
         sim_commands,
@@ -89,23 +90,20 @@ def _add_no_plots(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _load_sim_config(
-    path: str | None, overrides: list[str], output_dir: str | None = None, no_plots: bool = False
-):
+def _load_sim_config(path: str | None, overrides: list[str]):
     from rollflow.config import load_config
     from rollflow.sim.config import SimConfig
 
-    if output_dir:
-        overrides = [*overrides, f"output.dir={output_dir}"]
-    if no_plots:
-        overrides = [*overrides, "output.plots=false"]
     return load_config(SimConfig, path, overrides)
 
 
 def _serve(args: argparse.Namespace, started_at: float) -> None:
     from rollflow.sim.runner import run_simulation
 
-    config = _load_sim_config(args.config, args.overrides, args.output_dir, args.no_plots)
+    overrides = config_overrides(args)
+    if args.no_plots:
+        overrides.append("output.plots=false")
+    config = _load_sim_config(args.config, overrides)
     run_simulation(config, started_at=started_at)
 
 
@@ -128,7 +126,7 @@ def _from_vidur(args: argparse.Namespace, started_at: float) -> None:
 def _replay(args: argparse.Namespace, started_at: float) -> None:
     from rollflow.sim.replay import format_report, replay_manager_log, write_report
 
-    config = _load_sim_config(args.config, args.overrides, args.output_dir)
+    config = _load_sim_config(args.config, config_overrides(args))
     report = replay_manager_log(config, args.from_manager_log)
     print(format_report(report))
     print(f"wrote {write_report(config.output.dir, report)}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from rollflow.cli_util import add_command, add_command_group, profiling_progress
+from rollflow.cli_util import add_command, add_subcommands, profiling_progress
 
 EXAMPLES = """examples:
   rollflow engine init-model models/tiny && rollflow profile ops --model-config models/tiny/config.json --device cpu --out outputs/profile/tiny --grid small
@@ -14,15 +14,10 @@ EXAMPLES = """examples:
 """
 
 
-def register(commands: argparse._SubParsersAction) -> argparse._SubParsersAction:
-    """Add `rollflow profile`; returns its subcommands (`engine` is the engine profiler's, see
+def register(group: argparse.ArgumentParser) -> argparse._SubParsersAction:
+    """Add `rollflow profile`'s subcommands; returns them (`engine` is the engine profiler's, see
     rollflow/cli.py)."""
-    profile_commands = add_command_group(
-        commands,
-        "profile",
-        "measure a model's operators, or a running engine; write Vidur-format tables",
-        EXAMPLES,
-    )
+    profile_commands = add_subcommands(group, EXAMPLES)
     ops = add_command(
         profile_commands,
         "ops",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rollflow.cli_util import add_command, add_command_group, add_config_arguments, add_show_config
+from rollflow.cli_util import add_command, add_config_arguments, add_show_config, add_subcommands
 
 EXAMPLES = """examples:
   rollflow demo run --config examples/demo/preemption.yaml --output-dir outputs/demo
@@ -16,13 +16,8 @@ EXAMPLES = """examples:
 CONFIG_HELP = "YAML with launch:, train: and demo: sections"
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    sub = add_command_group(
-        commands,
-        "demo",
-        "RL training end to end: through a spot preemption, or with devices moving between components",
-        EXAMPLES,
-    )
+def register(group: argparse.ArgumentParser) -> None:
+    sub = add_subcommands(group, EXAMPLES)
     run = add_command(
         sub,
         "run",

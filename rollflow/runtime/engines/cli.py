@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rollflow.cli_util import add_command, add_command_group, add_listen_arguments, add_secret_argument
+from rollflow.cli_util import add_command, add_listen_arguments, add_secret_argument, add_subcommands
 from rollflow.runtime.engines.builtin import DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_PREFIX_CACHE_TOKENS
 from rollflow.runtime.engines.tiny_model import DTYPES, TinyModelSpec, write_tiny_model
 from rollflow.runtime.http import limits
@@ -22,10 +22,8 @@ EXAMPLES = """examples:
 API_KEY_ENV = "ROLLFLOW_ENGINE_API_KEY"
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    engine_commands = add_command_group(
-        commands, "engine", "make a tiny model; serve it with the built-in engine", EXAMPLES
-    )
+def register(group: argparse.ArgumentParser) -> None:
+    engine_commands = add_subcommands(group, EXAMPLES)
 
     init = add_command(
         engine_commands,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rollflow.cli_util import add_command, add_command_group, add_config_arguments, add_show_config
+from rollflow.cli_util import add_command, add_config_arguments, add_show_config, add_subcommands
 
 EXAMPLES = """examples:
   rollflow engine init-model models/tiny   # the model examples/launch/local.yaml serves
@@ -14,10 +14,8 @@ EXAMPLES = """examples:
 """
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    sub = add_command_group(
-        commands, "launch", "start the manager, engines and trainer of a config", EXAMPLES
-    )
+def register(group: argparse.ArgumentParser) -> None:
+    sub = add_subcommands(group, EXAMPLES)
     up = add_command(
         sub,
         "up",

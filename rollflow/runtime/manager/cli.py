@@ -8,10 +8,10 @@ from typing import Any
 
 from rollflow.cli_util import (
     add_command,
-    add_command_group,
     add_config_arguments,
     add_listen_arguments,
     add_secret_argument,
+    add_subcommands,
 )
 from rollflow.runtime.manager.token import TOKEN_ENV
 
@@ -33,10 +33,8 @@ then, from anywhere on the machine:
 """
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    sub = add_command_group(
-        commands, "manager", "run the rollout manager between a trainer and rollout engines", EXAMPLES
-    )
+def register(group: argparse.ArgumentParser) -> None:
+    sub = add_subcommands(group, EXAMPLES)
     serve = add_command(
         sub,
         "serve",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rollflow.cli_util import add_command, add_config_arguments, add_resume_argument
+from rollflow.cli_util import add_config_arguments, add_resume_argument, set_command
 
 EXAMPLES = """examples:
   rollflow train --config examples/train/grpo_tiny.yaml
@@ -18,12 +18,11 @@ the manager and its engines must be running first (README, section Trainer).
 """
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    train = add_command(
-        commands,
-        "train",
+def register(train: argparse.ArgumentParser) -> None:
+    """`rollflow train` is one command, not a group of them."""
+    set_command(
+        train,
         _train,
-        help="train a policy with GRPO or PPO on rollouts from the manager",
         description="Train with GRPO or PPO on micro-batches streamed from a rollout manager; after each "
         "step the new weights go to every engine through the manager. Writes metrics.csv, TensorBoard "
         "logs, weights/v{N}/ and checkpoints/step_{N}/ under output_dir.",

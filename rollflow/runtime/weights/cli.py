@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rollflow.cli_util import add_command, add_command_group, add_listen_arguments
+from rollflow.cli_util import add_command, add_listen_arguments, add_subcommands
 from rollflow.runtime.http import limits
 from rollflow.runtime.weights.token import TOKEN_ENV, publish_token
 
@@ -22,8 +22,8 @@ EXAMPLES = """examples:
 """
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    sub = add_command_group(commands, "weights", "serve, publish and pull versioned model weights", EXAMPLES)
+def register(group: argparse.ArgumentParser) -> None:
+    sub = add_subcommands(group, EXAMPLES)
 
     serve = add_command(
         sub,

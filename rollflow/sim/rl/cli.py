@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from rollflow.cli_util import add_command, add_command_group, add_config_arguments, add_show_config
+from rollflow.cli_util import (
+    add_command,
+    add_config_arguments,
+    add_show_config,
+    add_subcommands,
+    config_overrides,
+)
 
 EXAMPLES = """examples:
   rollflow rl-sim run --config examples/rl/rlinf_dynamic.yaml --output-dir out/rl
@@ -16,14 +22,9 @@ EXAMPLES = """examples:
 """
 
 
-def register(commands: argparse._SubParsersAction) -> argparse._SubParsersAction:
-    """Add `rollflow rl-sim`; returns its subcommands (plan/ adds `search` to them, see rollflow/cli.py)."""
-    rl_commands = add_command_group(
-        commands,
-        "rl-sim",
-        "simulate RL training steps (rollout, inference, training, weight sync) on a GPU cluster",
-        EXAMPLES,
-    )
+def register(group: argparse.ArgumentParser) -> argparse._SubParsersAction:
+    """Add `rollflow rl-sim`'s subcommands; returns them (plan/ adds `search` to them, see rollflow/cli.py)."""
+    rl_commands = add_subcommands(group, EXAMPLES)
 
     run = add_command(
         rl_commands,
@@ -62,26 +63,25 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _load(path: str | None, overrides: list[str], output_dir: str | None = None):
+def _load(path: str | None, overrides: list[str]):
     from rollflow.config import load_config
     from rollflow.sim.rl.config import RLSimConfig
 
-    if output_dir:
-        overrides = [*overrides, f"output.dir={output_dir}"]
     return load_config(RLSimConfig, path, overrides)
 
 
 def _run(args: argparse.Namespace, started_at: float) -> None:
     from rollflow.sim.rl.runner import run_rl
 
-    run_rl(_load(args.config, _with_plots(args), args.output_dir))
+    run_rl(_load(args.config, _with_plots(args, config_overrides(args))))
 
 
 def _compare(args: argparse.Namespace, started_at: float) -> None:
     from rollflow.sim.rl.compare import run_compare
 
-    run_compare(args.config, _with_plots(args), args.output_dir, plots=not args.no_plots)
+    # --output-dir goes to run_compare, which gives each variant a folder of its own inside it
+    run_compare(args.config, _with_plots(args, args.overrides), args.output_dir, plots=not args.no_plots)
 
 
-def _with_plots(args: argparse.Namespace) -> list[str]:
-    return [*args.overrides, "output.gantt=false"] if args.no_plots else args.overrides
+def _with_plots(args: argparse.Namespace, overrides: list[str]) -> list[str]:
+    return [*overrides, "output.gantt=false"] if args.no_plots else overrides
