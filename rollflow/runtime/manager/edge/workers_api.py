@@ -61,17 +61,6 @@ async def add_worker(request: web.Request) -> web.Response:
     return web.json_response(answer, status=201)
 
 
-@routes.post("/add_worker")
-async def add_worker_by_query(request: web.Request) -> web.Response:
-    """`POST /add_worker?url=...` (verl, launchers written for sgl-router or vllm-router); other
-    WorkerBody fields may come as query parameters too. Answered as both routers answer it."""
-    query = dict(request.query)
-    if "capacity" in query:
-        query["capacity"] = _int(query["capacity"], "capacity")
-    engine = await _register(request, validate(WorkerBody, query))
-    return web.Response(text=f"Successfully added worker: {engine.url}")
-
-
 @routes.get("/workers")
 async def list_workers(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
@@ -84,6 +73,17 @@ async def list_workers(request: web.Request) -> web.Response:
     workers = [worker_json(engine) for engine in engines]
     stats = {"regular_count": len(workers), "prefill_count": 0, "decode_count": 0}
     return web.json_response({"workers": workers, "total": len(workers), "stats": stats})
+
+
+@routes.post("/add_worker")
+async def add_worker_by_query(request: web.Request) -> web.Response:
+    """`POST /add_worker?url=...` (verl, launchers written for sgl-router or vllm-router); other
+    WorkerBody fields may come as query parameters too. Answered as both routers answer it."""
+    query = dict(request.query)
+    if "capacity" in query:
+        query["capacity"] = _int(query["capacity"], "capacity")
+    engine = await _register(request, validate(WorkerBody, query))
+    return web.Response(text=f"Successfully added worker: {engine.url}")
 
 
 @routes.get("/list_workers")
