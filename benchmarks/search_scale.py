@@ -24,11 +24,14 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import Results, add_shared_dir, benchmark_parser, results_dir
+from results import Results, add_inputs, add_shared_dir, benchmark_parser, fill_inputs, results_dir
 
 REPO = Path(__file__).resolve().parents[1]
 MIN_CONFIGURATIONS = 100
 MAX_WALL_S = 600.0
+FULL = {"num_requests": 1000}
+QUICK = {"num_requests": 100}
+"""Inputs of a run and of a `--quick` one; an option given on the command line wins over both."""
 
 
 def space_config(output_dir: Path, workers: int, num_requests: int, trace: Path) -> dict:
@@ -72,13 +75,11 @@ def space_config(output_dir: Path, workers: int, num_requests: int, trace: Path)
 def main() -> None:
     parser = benchmark_parser(__doc__)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument(
-        "--num-requests", type=int, default=None, help="requests per simulation (default 1000; --quick: 100)"
-    )
+    add_inputs(parser, FULL, {"num_requests": "requests per simulation"})
     parser.add_argument("--output-dir", default=str(REPO / "outputs/bench/search_scale"))
     add_shared_dir(parser)
     args = parser.parse_args()
-    num_requests = args.num_requests or (100 if args.quick else 1000)
+    fill_inputs(args, FULL, QUICK)
     results = Results("search_scale", results_dir(args))
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -86,7 +87,7 @@ def main() -> None:
     trace = args.shared / "data" / "vidur" / "processed_traces" / "splitwise_conv.csv"
     if not trace.is_file():
         sys.exit(f"{trace} not found: give --shared the folder holding data/vidur (Vidur's public data)")
-    config.write_text(yaml.safe_dump(space_config(out, args.workers, num_requests, trace.resolve())))
+    config.write_text(yaml.safe_dump(space_config(out, args.workers, args.num_requests, trace.resolve())))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     started = time.perf_counter()
     proc = subprocess.run(
@@ -105,7 +106,7 @@ def main() -> None:
     simulations = sum(r["simulations"] for r in rows)
     results.figures.update(
         {"configurations": len(rows), "searched": len(searched), "simulations": simulations, "wall_s": wall,
-         "workers": args.workers, "num_requests": num_requests}
+         "workers": args.workers, "num_requests": args.num_requests}
     )  # fmt: skip
     knobs = ("device", "tensor_parallel", "replicas", "scheduler", "chunk_size", "batch_size_cap")
     results.table(

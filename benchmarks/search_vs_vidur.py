@@ -55,7 +55,7 @@ import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import Results, benchmark_parser, results_dir
+from results import Results, add_inputs, benchmark_parser, fill_inputs, results_dir
 from vidur_compare import MODEL, QUICK_TRAINING, add_folder_options, cached_predictors, prepare_workdir
 from vidur_peer import Vidur, add_vidur_options, ensure_vidur, venv_versions
 
@@ -64,6 +64,9 @@ NUM_GPUS = 2
 LAYOUTS = [(1, 2), (2, 1)]  # (tensor parallel, replicas) on NUM_GPUS GPUs, as Vidur's explorer derives them
 SCHEDULERS = [("vllm", None), ("sarathi", 512), ("sarathi", 1024)]
 QUICK_SCHEDULERS = [("sarathi", 512)]
+FULL = {"num_requests": 1000}
+QUICK = {"num_requests": 300}
+"""Inputs of a run and of a `--quick` one; an option given on the command line wins over both."""
 BATCH_SIZE_CAP = 128
 SLO_S = 5.0
 START_QPS = 2.0
@@ -376,12 +379,7 @@ def best(table: dict[str, tuple[float | None, float]]) -> str | None:
 def main() -> None:
     parser = benchmark_parser(__doc__)
     add_vidur_options(parser)
-    parser.add_argument(
-        "--num-requests",
-        type=int,
-        default=None,
-        help="requests per simulation, both sides (default 1000; --quick: 300)",
-    )
+    add_inputs(parser, FULL, {"num_requests": "requests per simulation, both sides"})
     parser.add_argument("--workers", type=int, default=2, help="configurations searched at once (both sides)")
     add_folder_options(parser)
     parser.add_argument(
@@ -391,7 +389,7 @@ def main() -> None:
         "seeds, for each configuration's range of max QPS under sampling noise (default: none)",
     )
     args = parser.parse_args()
-    args.num_requests = args.num_requests or (300 if args.quick else 1000)
+    fill_inputs(args, FULL, QUICK)
     args.schedulers = QUICK_SCHEDULERS if args.quick else SCHEDULERS
     results = Results("search_vs_vidur", results_dir(args))
     vidur = ensure_vidur(args.vidur_src)

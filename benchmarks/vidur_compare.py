@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import Results, add_shared_dir, benchmark_parser, results_dir
+from results import Results, add_inputs, add_shared_dir, benchmark_parser, fill_inputs, results_dir
 from vidur_peer import Vidur, add_vidur_options, ensure_vidur, venv_versions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -134,6 +134,9 @@ QUICK_FIDELITY_CASES = [
     Case("sarathi, 4 replicas", "sarathi", 4, 800, 0.3),
 ]
 WARMUP_ROWS = 100
+FULL = {"repeats": 3}
+QUICK = {"repeats": 1}
+"""Inputs of a run and of a `--quick` one; an option given on the command line wins over both."""
 
 
 @dataclass
@@ -317,17 +320,13 @@ def speed(results: Results, case: Case, runs: dict[str, Run]) -> None:
 def main() -> None:
     parser = benchmark_parser(__doc__)
     add_vidur_options(parser)
-    parser.add_argument(
-        "--repeats",
-        type=int,
-        default=None,
-        help="speed rounds, each side's best kept (default 3; --quick: 1)",
-    )
+    add_inputs(parser, FULL, {"repeats": "speed rounds, each side's best kept"})
     add_folder_options(parser)
     parser.add_argument(
         "--cold", action="store_true", help="also time Vidur's cold start (random-forest training), once"
     )
     args = parser.parse_args()
+    fill_inputs(args, FULL, QUICK)
     results = Results("vidur_compare", results_dir(args))
     vidur = ensure_vidur(args.vidur_src)
     results.peers["vidur"] = vidur.commit
@@ -339,7 +338,6 @@ def main() -> None:
     # The speed goals hold on the whole trace (a shorter one is mostly start-up), so --quick keeps
     # it and saves time on the fidelity traces and the number of speed rounds instead.
     fidelity_cases = QUICK_FIDELITY_CASES if args.quick else FIDELITY_CASES
-    repeats = args.repeats or (1 if args.quick else 3)
     workdir, shared = prepare_workdir(args)
 
     warm_case = Case("predictor warm-up", "sarathi", 1, WARMUP_ROWS, 1.0)
@@ -373,13 +371,13 @@ def main() -> None:
     fidelity(results, rows)
 
     trace = trace_for(SPEED_CASE, workdir, shared)
-    print(f"speed: {SPEED_CASE.name}, {repeats} round(s) ...", flush=True)
+    print(f"speed: {SPEED_CASE.name}, {args.repeats} round(s) ...", flush=True)
     warm_grid = Case(
         "grid cache warm-up", SPEED_CASE.scheduler, SPEED_CASE.replicas, WARMUP_ROWS, SPEED_CASE.time_scale
     )
     run_rollflow(warm_grid, workdir, trace_for(warm_grid, workdir, shared), "warmup")
     rounds: dict[str, list[Run]] = {"Vidur": [], "rollflow": [], "rollflow, with plots": []}
-    for k in range(repeats):  # in turns, so a change in the machine's load touches every side
+    for k in range(args.repeats):  # in turns, so a change in the machine's load touches every side
         rounds["Vidur"].append(timed_vidur(SPEED_CASE, trace, f"speed{k}"))
         rounds["rollflow"].append(run_rollflow(SPEED_CASE, workdir, trace, f"speed{k}"))
         rounds["rollflow, with plots"].append(
@@ -388,7 +386,7 @@ def main() -> None:
     for runs in rounds.values():
         unequal += any(r.summary["num_requests"] != rounds["Vidur"][0].summary["num_requests"] for r in runs)
     speed(results, SPEED_CASE, {name: best(runs) for name, runs in rounds.items()})
-    results.figures["speed_rounds"] = repeats
+    results.figures["speed_rounds"] = args.repeats
     results.goal(
         "timed Vidur runs that trained a predictor (warm-up missed them)", trained_in_timed_runs, "==", 0
     )

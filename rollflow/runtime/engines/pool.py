@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import ssl as ssl_module
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from rollflow.runtime.engines.chunked import whole_chunks
@@ -27,10 +28,8 @@ from rollflow.runtime.http.head import header_value, split_content_length
 MAX_HEAD_BYTES = 64 * 1024
 MAX_IDLE = 256  # idle connections kept per engine; more are closed
 PAUSE_AT = 1 << 20  # unread body bytes at which the connection stops reading the socket
-DRAIN_S = 5.0
-READ_BYTES = (
-    256 * 1024
-)  # the most one read of a socket takes (as uvloop's own reads)  # a released response whose end has not come by then is closed instead
+DRAIN_S = 5.0  # a released response whose end has not come by then is closed instead
+READ_BYTES = 256 * 1024  # the most one read of a socket takes (as uvloop's own reads)
 
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLOSE, _DONE = range(8)
 
@@ -58,6 +57,27 @@ class Response:
         if not pieces:
             self.release()
         return pieces
+
+    def take_pieces(self) -> list[bytes] | None:
+        """`read_pieces` without waiting: None when no bytes came since the last call and the body
+        has not ended. Raises what the read would (the connection's error, its read timeout)."""
+        if self._conn is None:
+            return []
+        pieces = self._conn.take_pieces()
+        if pieces == []:
+            self.release()
+        return pieces
+
+    def on_bytes(self, listener: Callable[[], None]) -> None:
+        """Call `listener` (with no arguments) whenever bytes, the body's end or an error come and
+        no `read_pieces` waits for them, from the protocol's callback; it then `take_pieces`, in
+        that callback or later, until that gives None (nothing more yet) or [] (the end: the last
+        bytes and the end may come in one read, and the listener is told once). A reader of many streams that collects each one's bytes once in a
+        while reads them this way with no task per stream: a task's wake-up per read was much of a
+        stream's CPU. The read timeout holds as it does for `read_pieces`: no bytes for
+        `read_timeout_s` is an error the listener is told of."""
+        if self._conn is not None:
+            self._conn.listen(listener)
 
     async def read_chunk(self) -> bytes:
         """The body bytes that came since the last call, joined; b"" once the body is complete."""
@@ -115,6 +135,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._draining = False
         self.in_use = False  # a request is on the connection (idle ones take no bytes)
         self.received = 0  # bytes of the current response so far
+        self._listener: Callable[[], None] | None = None  # `Response.on_bytes`
 
     # ------------------------------------------------------------ the protocol
 
@@ -280,6 +301,10 @@ class _Connection(asyncio.BufferedProtocol):
             self._waiter = None
             if not waiter.done():
                 waiter.set_result(None)
+        elif self._listener is not None:
+            if self._pool.read_timeout_s is not None:
+                self._deadline = self._loop.time() + self._pool.read_timeout_s
+            self._listener()
 
     # ------------------------------------------------------------ the caller's side
 
@@ -295,15 +320,33 @@ class _Connection(asyncio.BufferedProtocol):
                 self._timer = self._loop.call_at(self._deadline, self._time_out)
         await waiter
 
+    def listen(self, listener: Callable[[], None]) -> None:
+        """`Response.on_bytes`: `listener` is told of what comes from now on (and at once, of what
+        came already)."""
+        self._listener = listener
+        timeout_s = self._pool.read_timeout_s
+        if timeout_s is not None:
+            self._deadline = self._loop.time() + timeout_s
+            if self._timer is None:
+                self._timer = self._loop.call_at(self._deadline, self._time_out)
+        if self._body or self._error is not None or self._state == _DONE or self.lost:
+            listener()
+
     def _time_out(self) -> None:
         self._timer = None
         waiter = self._waiter
-        if waiter is None or waiter.done():
+        listening = waiter is None and self._listener is not None and self._state != _DONE
+        if not listening and (waiter is None or waiter.done()):
             return  # nobody waits: the next wait arms the timer again
         if self._loop.time() < self._deadline:
             self._timer = self._loop.call_at(self._deadline, self._time_out)
             return
-        waiter.set_exception(TimeoutError(f"no bytes from the engine for {self._pool.read_timeout_s}s"))
+        error = TimeoutError(f"no bytes from the engine for {self._pool.read_timeout_s}s")
+        if listening:
+            self._error = error
+            self._listener()
+        else:
+            waiter.set_exception(error)
 
     async def head(self) -> Response:
         while self._head is None:
@@ -315,21 +358,26 @@ class _Connection(asyncio.BufferedProtocol):
         return Response(self, self._head)
 
     async def read_pieces(self) -> list[bytes]:
-        while True:
-            if self._body:
-                pieces, self._body = self._body, []
-                self._unread = 0
-                if self._paused and not self.lost:
-                    self._paused = False
-                    self.transport.resume_reading()
-                return pieces
-            if self._error is not None:
-                raise self._error
-            if self._state == _DONE:
-                return []
+        while (pieces := self.take_pieces()) is None:
             await self._wait(self._pool.read_timeout_s)
+        return pieces
+
+    def take_pieces(self) -> list[bytes] | None:
+        if self._body:
+            pieces, self._body = self._body, []
+            self._unread = 0
+            if self._paused and not self.lost:
+                self._paused = False
+                self.transport.resume_reading()
+            return pieces
+        if self._error is not None:
+            raise self._error
+        if self._state == _DONE:
+            return []
+        return None
 
     def release(self) -> None:
+        self._listener = None
         if self._error is not None or self.lost or not self._keep_alive:
             self.close()
         elif self._state == _DONE:
@@ -363,6 +411,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     def close(self) -> None:
         self._draining = False
+        self._listener = None
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
         self._pool.forget(self)

@@ -8,7 +8,7 @@ client takes the last `completion_tokens - seen` ids and logprobs of each event 
 from __future__ import annotations
 
 import operator
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Unpack
 
 import aiohttp
@@ -34,7 +34,7 @@ from rollflow.runtime.engines.http import (
     status_error,
 )
 from rollflow.runtime.engines.load import EngineLoad, parse_sglang_get_load, parse_sglang_loads
-from rollflow.runtime.engines.pool import ProtocolError
+from rollflow.runtime.engines.pool import ProtocolError, Response
 from rollflow.runtime.engines.trim import trim_event
 from rollflow.runtime.wire.base import SamplingParams, engine_sampling
 
@@ -62,6 +62,19 @@ class SGLangClient(HttpEngine):
     async def generate(
         self, rid: str, input_ids: list[int], sampling: SamplingParams
     ) -> AsyncIterator[GenerateChunk]:
+        stream = await self.open_stream(rid, input_ids, sampling)
+        try:
+            while not stream.over:
+                for chunk in stream.chunks(await stream.read_pieces()):
+                    yield chunk
+            stream.check_finished()
+        finally:
+            stream.close()
+
+    async def open_stream(self, rid: str, input_ids: list[int], sampling: SamplingParams) -> GenerateStream:
+        """`generate`'s request, sent, and its answer's head read: the stream, for a caller that
+        reads it without a task (`GenerateStream.on_bytes`), or awaits it as `generate` does.
+        Raises as `generate` does for a refused request or a broken connection."""
         last = self._last_sampling
         if last is None or last[0] is not sampling:
             last = self._last_sampling = (sampling, sglang_sampling_params(sampling))
@@ -72,33 +85,18 @@ class SGLangClient(HttpEngine):
             "stream": True,
             "return_logprob": True,
         }
-        finished = False
+        url = self.url + "/generate"
         try:
             response = await self.pool.request("POST", "/generate", orjson.dumps(body), self.headers)
-            try:
-                if response.status >= 300:
+            if response.status >= 300:
+                try:
                     text = (await response.read()).decode(errors="replace")
-                    raise status_error("POST", self.url + "/generate", response.status, text)
-                events = EventReducer(self.url + "/generate")
-                while not events.done:
-                    # a read's pieces as they came: a stream read once per flush holds one per
-                    # engine write, and only the newest event of the last is parsed (none copied)
-                    pieces = await response.read_pieces()
-                    for chunk in events.feed(pieces) if pieces else events.end():
-                        finished = chunk.finish_reason is not None
-                        yield chunk
-                        if finished:
-                            return
-                    if not pieces:
-                        break
-            finally:
-                if finished:
-                    response.release()  # the rest is `data: [DONE]`: read it, and reuse the connection
-                else:
-                    response.close()  # the server aborts a request whose client went away
+                finally:
+                    response.close()
+                raise status_error("POST", url, response.status, text)
         except (TimeoutError, OSError, ProtocolError) as exc:
-            raise EngineError(f"stream of {rid!r} from {self.url} broke off: {failure_text(exc)}") from exc
-        raise EngineResponseError(f"stream of {rid!r} from {self.url} ended without a finish_reason")
+            raise _broke_off(rid, self.url, exc) from exc
+        return GenerateStream(rid, self.url, response)
 
     async def abort(self, rid: str) -> None:
         await self.post_json("/abort_request", {"rid": rid})
@@ -189,6 +187,73 @@ class BuiltinEngineClient(SGLangClient):
 def sglang_sampling_params(sampling: SamplingParams) -> dict[str, Any]:
     """SGLang's `sampling_params` for `sampling` (fields at their defaults are left out)."""
     return engine_sampling(sampling, "sglang")
+
+
+class GenerateStream:
+    """One `/generate` stream once its head is in: its reads reduced to chunks of tokens.
+
+    `chunks` turns a read's pieces into the chunks they add, up to the one that finishes; the
+    stream is `over` after it, or once the body ended (or sent `data: [DONE]`) without one, which
+    `check_finished` raises as the engine's fault. `close` gives the connection
+    back when the stream finished (its rest, `data: [DONE]`, is read and dropped) or closes it
+    (the engine aborts a request whose client went away)."""
+
+    def __init__(self, rid: str, url: str, response: Response) -> None:
+        self.rid = rid
+        self._url = url
+        self._response = response
+        self._events = EventReducer(url + "/generate")
+        self.finished = False
+        self._ended = False
+
+    @property
+    def over(self) -> bool:
+        return self.finished or self._ended
+
+    async def read_pieces(self) -> list[bytes]:
+        """The next read's pieces, waiting for them ([] at the body's end)."""
+        try:
+            return await self._response.read_pieces()
+        except (TimeoutError, OSError, ProtocolError) as exc:
+            raise _broke_off(self.rid, self._url, exc) from exc
+
+    def take_pieces(self) -> list[bytes] | None:
+        """`read_pieces` without waiting: None when nothing came since the last call."""
+        try:
+            return self._response.take_pieces()
+        except (TimeoutError, OSError, ProtocolError) as exc:
+            raise _broke_off(self.rid, self._url, exc) from exc
+
+    def on_bytes(self, listener: Callable[[], None]) -> None:
+        """Call `listener` whenever there is something to take (pool.Response.on_bytes)."""
+        self._response.on_bytes(listener)
+
+    def chunks(self, pieces: list[bytes]) -> list[GenerateChunk]:
+        """The chunks one read's `pieces` add ([]: the body's end), up to the finishing one."""
+        chunks = self._events.feed(pieces) if pieces else self._events.end()
+        for index, chunk in enumerate(chunks):
+            if chunk.finish_reason is not None:
+                self.finished = True
+                return chunks[: index + 1]
+        self._ended = not pieces or self._events.done
+        return chunks
+
+    def check_finished(self) -> None:
+        """Raise for a stream that is over without a finish (the engine's fault)."""
+        if not self.finished:
+            raise EngineResponseError(
+                f"stream of {self.rid!r} from {self._url} ended without a finish_reason"
+            )
+
+    def close(self) -> None:
+        if self.finished:
+            self._response.release()
+        else:
+            self._response.close()
+
+
+def _broke_off(rid: str, url: str, exc: BaseException) -> EngineError:
+    return EngineError(f"stream of {rid!r} from {url} broke off: {failure_text(exc)}")
 
 
 class EventReducer:

@@ -255,22 +255,25 @@ def test_every_sampling_field_reaches_sglang_and_vllm_under_their_names():
                     await client.close()
 
     run(main())
-    assert sent["/generate"]["sampling_params"] == {
-        "max_new_tokens": 9,
+    alike = {  # the fields both name the same
         "temperature": 1.0,
         "top_p": 1.0,
         "top_k": -1,
         "ignore_eos": False,
         "stop": ["END"],
         "stop_token_ids": [7],
-        "sampling_seed": 3,
-        "min_new_tokens": 2,
         "frequency_penalty": 0.5,
         "presence_penalty": 0.25,
         "repetition_penalty": 1.5,
         "min_p": 0.1,
         "skip_special_tokens": False,
         "spaces_between_special_tokens": False,
+    }
+    assert sent["/generate"]["sampling_params"] == {
+        **alike,
+        "max_new_tokens": 9,
+        "sampling_seed": 3,
+        "min_new_tokens": 2,
         "no_stop_trim": True,
     }
     assert sent["/v1/completions"] == {
@@ -281,21 +284,10 @@ def test_every_sampling_field_reaches_sglang_and_vllm_under_their_names():
         "logprobs": 0,
         "return_token_ids": True,
         "stream_options": {"include_usage": True},
+        **alike,
         "max_tokens": 9,
-        "temperature": 1.0,
-        "top_p": 1.0,
-        "top_k": -1,
-        "ignore_eos": False,
-        "stop": ["END"],
-        "stop_token_ids": [7],
         "seed": 3,
         "min_tokens": 2,
-        "frequency_penalty": 0.5,
-        "presence_penalty": 0.25,
-        "repetition_penalty": 1.5,
-        "min_p": 0.1,
-        "skip_special_tokens": False,
-        "spaces_between_special_tokens": False,
         "include_stop_str_in_output": True,
     }
 

@@ -101,6 +101,66 @@ def test_a_chunked_body_split_anywhere_is_read_whole_and_the_connection_is_reuse
     assert seen["connections"] == 1 and seen["requests"] == 3
 
 
+async def _listened_body(response) -> tuple[bytes, int]:
+    """A body read as a reader of many streams reads it: no task waits on it; the listener takes
+    what came. Returns the body and how many times the listener was called."""
+    loop = asyncio.get_running_loop()
+    taken: list[bytes] = []
+    ended = loop.create_future()
+    calls = 0
+
+    def listener() -> None:
+        nonlocal calls
+        calls += 1
+        while not ended.done():  # until nothing more has come (None), or the end ([])
+            try:
+                pieces = response.take_pieces()
+            except Exception as exc:
+                ended.set_exception(exc)
+                return
+            if pieces is None:
+                return
+            if pieces == []:
+                ended.set_result(None)
+            taken.extend(pieces)
+
+    response.on_bytes(listener)
+    await ended
+    return b"".join(taken), calls
+
+
+def test_a_body_read_by_a_listener_is_read_whole_and_the_connection_is_reused():
+    async def go():
+        async with raw_server(lambda n: CHUNKED) as seen:
+            pool = ConnectionPool(seen["url"])
+            bodies = []
+            for _ in range(3):
+                response = await pool.request("POST", "/generate", b"{}")
+                bodies.append(await _listened_body(response))
+            pool.close()
+            return bodies, seen
+
+    bodies, seen = run(go())
+    assert [body for body, _ in bodies] == [b"data: {}\n\ndata: [DONE]\n\n"] * 3
+    assert all(calls >= 2 for _, calls in bodies)  # told of each read as it came, then of the end
+    assert seen["connections"] == 1 and seen["requests"] == 3
+
+
+def test_a_listener_is_told_of_a_stalled_body_by_the_read_timeout():
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    pieces = [b"1\r\n%d\r\n" % (i % 10) for i in range(30)]  # 30 pieces 10 ms apart, each in time
+
+    async def go(answer: list[bytes]):
+        async with raw_server(lambda n: answer) as seen:
+            response = await ConnectionPool(seen["url"], read_timeout_s=0.2).request("GET", "/x")
+            return await _listened_body(response)
+
+    body, _ = run(go([head, *pieces, b"0\r\n\r\n"]))
+    assert body == b"".join(b"%d" % (i % 10) for i in range(30))
+    with pytest.raises(TimeoutError, match="no bytes from the engine"):
+        run(go([head, *pieces[:3], *[b""] * 100]))
+
+
 def test_content_length_and_read_until_close_bodies():
     fixed = [b"HTTP/1.1 400 Bad Request\r\nContent-Length: 11\r\n\r\nbad", b" request"]
     until_close = [b"HTTP/1.0 200 OK\r\n\r\nall of it"]

@@ -84,6 +84,7 @@ __all__ = ["MANAGER_KEY", "TOKENIZER_KEY", "create_app", "serve"]
 
 log = logging.getLogger("rollflow.manager")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+routes = web.RouteTableDef()
 
 
 @web.middleware
@@ -138,6 +139,7 @@ def _consumed_batch(request: web.Request):
     return _batch(request)
 
 
+@routes.post("/batches")
 async def submit_batch(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
     body = await parse_body(request, BatchBody)
@@ -157,6 +159,7 @@ async def submit_batch(request: web.Request) -> web.Response:
     return web.json_response(batch.status(), status=201)
 
 
+@routes.get("/batches/{batch_id}")
 async def batch_status(request: web.Request) -> web.Response:
     _, batch = _batch(request)
     return web.json_response(batch.status())
@@ -169,6 +172,7 @@ def _micro_batch_payload(manager: RolloutManager, batch, groups) -> dict:
     return {"groups": [[sample.to_json() for sample in group] for group in groups], "exhausted": exhausted}
 
 
+@routes.post("/batches/{batch_id}/next")
 async def next_micro_batch(request: web.Request) -> web.Response:
     manager, batch = _consumed_batch(request)
     body = await parse_body(request, NextMicroBatchBody)
@@ -198,6 +202,7 @@ async def next_micro_batch(request: web.Request) -> web.Response:
     return web.json_response(_micro_batch_payload(manager, batch, groups))
 
 
+@routes.post("/batches/{batch_id}/flush")
 async def flush_batch(request: web.Request) -> web.Response:
     manager, batch = _batch(request)
     groups = batch.packer.flush()
@@ -205,6 +210,7 @@ async def flush_batch(request: web.Request) -> web.Response:
     return web.json_response(_micro_batch_payload(manager, batch, groups))
 
 
+@routes.get("/batches/{batch_id}/samples")
 async def stream_samples(request: web.Request) -> web.StreamResponse:
     _, batch = _consumed_batch(request)
     manager = request.app[MANAGER_KEY]
@@ -254,6 +260,7 @@ def _stream_cursor(request: web.Request, num_samples: int) -> int:
     return after
 
 
+@routes.delete("/batches/{batch_id}")
 async def delete_batch(request: web.Request) -> web.Response:
     manager, batch = _batch(request)
     manager.forget_batch(
@@ -262,6 +269,7 @@ async def delete_batch(request: web.Request) -> web.Response:
     return web.json_response({"deleted": batch.batch_id})
 
 
+@routes.post("/step_report")
 async def step_report(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
     body = await parse_body(request, StepReportBody)
@@ -271,6 +279,7 @@ async def step_report(request: web.Request) -> web.Response:
     return web.json_response({"budget_s": budget})
 
 
+@routes.get("/step_report")
 async def last_step_report(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
     offload = manager.offload
@@ -280,6 +289,7 @@ async def last_step_report(request: web.Request) -> web.Response:
 # ------------------------------------------------------------------------------ workers
 
 
+@routes.post("/workers/{engine_id}/update_weights")
 async def update_worker_weights(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
     engine_id = workers_api.engine_id(request)
@@ -302,6 +312,7 @@ async def update_worker_weights(request: web.Request) -> web.Response:
     return web.json_response(engine.to_json())
 
 
+@routes.post("/workers/{engine_id}/release")
 async def release_worker(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
     engine_id = workers_api.engine_id(request)
@@ -316,6 +327,7 @@ async def release_worker(request: web.Request) -> web.Response:
     return web.json_response(manager.registry.get(engine_id).to_json() | {"move": move.to_json()})
 
 
+@routes.post("/workers/{engine_id}/resume")
 async def resume_worker(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
     engine_id = workers_api.engine_id(request)
@@ -341,11 +353,13 @@ def _weight_source(body: ResumeWorkerBody) -> memory.WeightSource | None:
     )
 
 
+@routes.post("/release_memory_occupation")
 async def release_all(request: web.Request) -> web.Response:
     results = await memory.release_all(request.app[MANAGER_KEY])
     return _fan_out_answer(results)
 
 
+@routes.post("/resume_memory_occupation")
 async def resume_all(request: web.Request) -> web.Response:
     results = await memory.resume_all(request.app[MANAGER_KEY])
     return _fan_out_answer(results)
@@ -362,15 +376,18 @@ def _fan_out_answer(results: list) -> web.Response:
     )
 
 
+@routes.get("/weight_versions")
 async def weight_versions(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
     return web.json_response({str(e.engine_id): e.weight_version for e in manager.registry.live()})
 
 
+@routes.get("/metrics")
 async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=request.app[MANAGER_KEY].metrics.render(), content_type="text/plain")
 
 
+@routes.get("/health")
 async def health(request: web.Request) -> web.Response:
     """200 while the manager can do all it is asked; 503 naming the journal's error while it cannot
     write (the manager serves on: running samples finish, new batches and sessions wait for it)."""
@@ -408,25 +425,11 @@ def create_app(manager: RolloutManager) -> web.Application:
     sessions_api.setup(app)
     app.add_routes(
         [
-            web.post("/batches", submit_batch),
-            web.get("/batches/{batch_id}", batch_status),
-            web.post("/batches/{batch_id}/next", next_micro_batch),
-            web.post("/batches/{batch_id}/flush", flush_batch),
-            web.get("/batches/{batch_id}/samples", stream_samples),
-            web.delete("/batches/{batch_id}", delete_batch),
-            web.post("/step_report", step_report),
-            web.get("/step_report", last_step_report),
-            web.post("/workers/{engine_id}/update_weights", update_worker_weights),
-            web.post("/workers/{engine_id}/release", release_worker),
-            web.post("/workers/{engine_id}/resume", resume_worker),
-            web.post("/release_memory_occupation", release_all),
-            web.post("/resume_memory_occupation", resume_all),
-            web.get("/weight_versions", weight_versions),
-            web.get("/metrics", metrics),
-            web.get("/health", health),
+            *routes,
             *openai_routes(manager),
-            *vllm_api.routes(),
-            *vllm_control.routes(),
+            *vllm_api.routes,
+            *vllm_control.routes,
+            *vllm_control.not_served_routes(),
             *passthrough_routes(manager),
         ]
     )

@@ -63,6 +63,7 @@ from rollflow.runtime.manager.edge.shared import (
 )
 
 SESSIONS_KEY = web.AppKey("sessions", SessionStore)
+routes = web.RouteTableDef()
 
 
 def _store(request: web.Request) -> SessionStore:
@@ -87,6 +88,7 @@ def _errors(exc: Exception) -> web.HTTPException:
     return http_error(web.HTTPBadGateway, str(exc))
 
 
+@routes.post("/v1/sessions")
 async def open_session(request: web.Request) -> web.Response:
     body = await parse_body(request, OpenSessionBody)
     journal_writable(request.app[MANAGER_KEY])
@@ -104,6 +106,7 @@ async def open_session(request: web.Request) -> web.Response:
     return web.json_response(answer, status=201 if created else 200)
 
 
+@routes.post("/v1/sessions/{session_id}/turns")
 async def send_turn(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
     store = _store(request)
@@ -154,6 +157,7 @@ def turn_payload(session_id: str, turn: Turn, return_logprob: bool) -> dict:
     }
 
 
+@routes.get("/v1/sessions/{session_id}")
 async def get_session(request: web.Request) -> web.Response:
     try:
         session = _store(request).get(request.match_info["session_id"])
@@ -162,6 +166,7 @@ async def get_session(request: web.Request) -> web.Response:
     return web.json_response(session.to_json())
 
 
+@routes.delete("/v1/sessions/{session_id}")
 async def close_session(request: web.Request) -> web.Response:
     try:
         session = await _store(request).close(request.match_info["session_id"])
@@ -177,21 +182,13 @@ def setup(app: web.Application) -> None:
         app[SESSIONS_KEY].stop()
 
     app.on_shutdown.append(stopping)
-    app.add_routes(
-        [
-            web.post("/v1/sessions", open_session),
-            web.post("/v1/sessions/{session_id}/turns", send_turn),
-            web.get("/v1/sessions/{session_id}", get_session),
-            web.delete("/v1/sessions/{session_id}", close_session),
-            web.post("/open_session", open_sglang_session),
-            web.post("/close_session", close_sglang_session),
-        ]
-    )
+    app.add_routes(routes)
 
 
 # ------------------------------------------------------------------ SGLang's shapes of the same
 
 
+@routes.post("/open_session")
 async def open_sglang_session(request: web.Request) -> web.Response:
     """SGLang's `/open_session`: answers the session id as a JSON string."""
     body = await parse_body(request, OpenSGLangSessionBody)
@@ -203,6 +200,7 @@ async def open_sglang_session(request: web.Request) -> web.Response:
     return web.json_response(session.session_id)
 
 
+@routes.post("/close_session")
 async def close_sglang_session(request: web.Request) -> web.Response:
     """SGLang's `/close_session`: an empty 200."""
     body = await parse_body(request, CloseSGLangSessionBody)

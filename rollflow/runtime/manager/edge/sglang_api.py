@@ -56,6 +56,7 @@ RIDS_KEY = web.AppKey("rids", dict)
 TEMPLATES_MAX = 256  # body shapes the lean path remembers
 MAX_RID_CHARS = 256  # GenerateBody.rid's max_length
 _INT = frozenset({int})
+routes = web.RouteTableDef()
 
 
 _PROMPT_START = re.compile(rb'"input_ids"\s*:\s*\[\s*([\[\d-])')
@@ -162,6 +163,7 @@ async def _finished(manager: RolloutManager, sample: Sample) -> None:
         await manager.wait_for_update(sample)
 
 
+@routes.post("/generate")
 async def generate(request: web.Request) -> web.StreamResponse:
     manager = request.app[MANAGER_KEY]
     config = manager.config
@@ -330,6 +332,7 @@ async def _stream(request: web.Request, manager: RolloutManager, req: PromptRequ
     return await close_sse(response)
 
 
+@routes.post("/abort_request")
 async def abort_request(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
     body = await parse_body(request, AbortBody)
@@ -370,6 +373,7 @@ def _worker_loads(manager: RolloutManager) -> list[dict]:
     ]
 
 
+@routes.get("/v1/loads")
 async def loads(request: web.Request) -> web.Response:
     """sgl-router's aggregate of its workers' loads, from what the manager holds on each; samples
     waiting in the manager's own queue are `num_waiting_reqs` at the top."""
@@ -388,6 +392,7 @@ async def loads(request: web.Request) -> web.Response:
     )
 
 
+@routes.get("/get_load")
 async def get_load(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
     return web.json_response(
@@ -398,16 +403,7 @@ async def get_load(request: web.Request) -> web.Response:
     )
 
 
-def routes() -> list[web.RouteDef]:
-    return [
-        web.post("/generate", generate),
-        web.post("/abort_request", abort_request),
-        web.get("/v1/loads", loads),
-        web.get("/get_load", get_load),
-    ]
-
-
 def setup(app: web.Application) -> None:
     app[RIDS_KEY] = {}
     app[TEMPLATES_KEY] = BodyTemplates()
-    app.add_routes(routes())
+    app.add_routes(routes)

@@ -50,6 +50,7 @@ SESSION_HEADER = "X-Session-ID"
 DEFAULT_MAX_TOKENS = 16
 """vLLM's `SamplingParams.max_tokens` default, for a body that leaves it out."""
 MAX_CHOICES = 64  # `n` per request: more samples of one prompt belong in a batch (/batches)
+routes = web.RouteTableDef()
 
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 
@@ -182,6 +183,7 @@ class _Updates:
         self.event.clear()
 
 
+@routes.post("/inference/v1/generate")
 @answers_errors
 async def generate(request: web.Request) -> web.StreamResponse:
     manager = request.app[MANAGER_KEY]
@@ -335,6 +337,7 @@ def _choice(
     return {"index": index, "token_ids": list(ids), "finish_reason": finish_reason, "logprobs": logprobs}
 
 
+@routes.post("/finish_session")
 @answers_errors
 async def finish_session(request: web.Request) -> web.Response:
     """vllm-router's `/finish_session`: the session's requests are done; its engine is forgotten."""
@@ -356,6 +359,7 @@ def _tokenizer(request: web.Request) -> Any:
     return tokenizer
 
 
+@routes.post("/tokenize")
 @answers_errors
 async def tokenize(request: web.Request) -> web.Response:
     body = await _parse(request, TokenizeBody)
@@ -370,6 +374,7 @@ async def tokenize(request: web.Request) -> web.Response:
     )
 
 
+@routes.post("/detokenize")
 @answers_errors
 async def detokenize(request: web.Request) -> web.Response:
     body = await _parse(request, DetokenizeBody)
@@ -410,12 +415,3 @@ async def render_chat(
             "priority": 0,
         }
     )
-
-
-def routes() -> list[web.RouteDef]:
-    return [
-        web.post("/inference/v1/generate", generate),
-        web.post("/finish_session", finish_session),
-        web.post("/tokenize", tokenize),
-        web.post("/detokenize", detokenize),
-    ]

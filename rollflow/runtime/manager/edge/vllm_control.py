@@ -42,6 +42,7 @@ PAUSE_REASON = "paused"  # the `reason` label of the samples a pause moves
 SLEEP_LEVELS = ("1", "2")
 MEMORY_TAGS = frozenset({"weights", "kv_cache"})
 BOOLEANS = {"true": True, "false": False, "1": True, "0": False}
+routes = web.RouteTableDef()
 
 WEIGHT_TRANSFER = (
     "is not served by the rollflow manager: it does not join a trainer's weight-transfer group (NCCL "
@@ -80,6 +81,7 @@ def _flag(request: web.Request, name: str) -> bool:
     return BOOLEANS[raw]
 
 
+@routes.post("/pause")
 @answers_errors
 async def pause(request: web.Request) -> web.Response:
     """vLLM's `/pause`, for every engine: nothing is routed until `/resume`; keep (SkyRL's) and abort
@@ -104,11 +106,13 @@ async def pause(request: web.Request) -> web.Response:
     return web.json_response({"status": "paused", "mode": mode, "samples_moved": moved})
 
 
+@routes.post("/resume")
 async def resume(request: web.Request) -> web.Response:
     request.app[MANAGER_KEY].dispatcher.resume()
     return web.json_response({"status": "resumed"})
 
 
+@routes.get("/is_paused")
 async def is_paused(request: web.Request) -> web.Response:
     return web.json_response({"is_paused": request.app[MANAGER_KEY].dispatcher.paused})
 
@@ -121,6 +125,7 @@ def _tags(request: web.Request) -> list[str]:
     return tags
 
 
+@routes.post("/sleep")
 @answers_errors
 async def sleep(request: web.Request) -> web.Response:
     """vLLM's `/sleep`, for every engine: each is drained (its samples wait with their tokens) and
@@ -132,6 +137,7 @@ async def sleep(request: web.Request) -> web.Response:
     return _moves_answer("sleep", await memory.release_all(request.app[MANAGER_KEY]))
 
 
+@routes.post("/wake_up")
 @answers_errors
 async def wake_up(request: web.Request) -> web.Response:
     """vLLM's `/wake_up`, for every released engine: it takes its memory again and rejoins on the
@@ -149,6 +155,7 @@ def _moves_answer(what: str, results: list[memory.MemoryMove | str]) -> web.Resp
     return web.json_response({"status": "ok", "moves": [move.to_json() for move in results]})
 
 
+@routes.post("/reset_prefix_cache")
 @answers_errors
 async def reset_prefix_cache(request: web.Request) -> web.Response:
     """vLLM's `/reset_prefix_cache` (SkyRL's body `{"reset_running_requests"}`), for every engine:
@@ -176,6 +183,7 @@ async def _reset_prefix_caches(manager: RolloutManager, reset_running_requests: 
     return combined_answer("reset_prefix_cache", answers)
 
 
+@routes.post("/update_weights")
 @answers_errors
 async def update_weights(request: web.Request) -> web.Response:
     """prime-rl's `/update_weights {"weight_dir"}`: every healthy engine loads the checkpoint folder
@@ -222,14 +230,6 @@ def _not_served(message: str):
     return route
 
 
-def routes() -> list[web.RouteDef]:
-    return [
-        web.post("/pause", pause),
-        web.post("/resume", resume),
-        web.get("/is_paused", is_paused),
-        web.post("/sleep", sleep),
-        web.post("/wake_up", wake_up),
-        web.post("/reset_prefix_cache", reset_prefix_cache),
-        web.post("/update_weights", update_weights),
-        *(web.route(method, path, _not_served(message)) for (method, path), message in NOT_SERVED.items()),
-    ]
+def not_served_routes() -> list[web.RouteDef]:
+    """vLLM's routes the manager knows but cannot serve: each answers 501 saying why (`NOT_SERVED`)."""
+    return [web.route(method, path, _not_served(message)) for (method, path), message in NOT_SERVED.items()]

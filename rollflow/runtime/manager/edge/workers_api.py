@@ -28,6 +28,7 @@ REMOVED_KEY = web.AppKey("removed_workers", deque)
 """The last engines removed by hand, for `GET /workers?include_removed=true`."""
 MAX_REMOVED_SHOWN = 256
 TRUE = ("1", "true", "yes")
+routes = web.RouteTableDef()
 
 
 def worker_json(engine: EngineRecord) -> dict:
@@ -49,6 +50,7 @@ async def _register(request: web.Request, body: WorkerBody) -> EngineRecord:
         raise BadRequest(str(exc)) from None
 
 
+@routes.post("/workers")
 async def add_worker(request: web.Request) -> web.Response:
     engine = await _register(request, await parse_body(request, WorkerBody))
     answer = worker_json(engine) | {
@@ -59,16 +61,7 @@ async def add_worker(request: web.Request) -> web.Response:
     return web.json_response(answer, status=201)
 
 
-async def add_worker_by_query(request: web.Request) -> web.Response:
-    """`POST /add_worker?url=...` (verl, launchers written for sgl-router or vllm-router); other
-    WorkerBody fields may come as query parameters too. Answered as both routers answer it."""
-    query = dict(request.query)
-    if "capacity" in query:
-        query["capacity"] = _int(query["capacity"], "capacity")
-    engine = await _register(request, validate(WorkerBody, query))
-    return web.Response(text=f"Successfully added worker: {engine.url}")
-
-
+@routes.get("/workers")
 async def list_workers(request: web.Request) -> web.Response:
     manager = request.app[MANAGER_KEY]
     flag = {
@@ -82,6 +75,18 @@ async def list_workers(request: web.Request) -> web.Response:
     return web.json_response({"workers": workers, "total": len(workers), "stats": stats})
 
 
+@routes.post("/add_worker")
+async def add_worker_by_query(request: web.Request) -> web.Response:
+    """`POST /add_worker?url=...` (verl, launchers written for sgl-router or vllm-router); other
+    WorkerBody fields may come as query parameters too. Answered as both routers answer it."""
+    query = dict(request.query)
+    if "capacity" in query:
+        query["capacity"] = _int(query["capacity"], "capacity")
+    engine = await _register(request, validate(WorkerBody, query))
+    return web.Response(text=f"Successfully added worker: {engine.url}")
+
+
+@routes.get("/list_workers")
 async def list_worker_urls(request: web.Request) -> web.Response:
     return web.json_response({"urls": [engine.url for engine in request.app[MANAGER_KEY].registry.live()]})
 
@@ -95,10 +100,12 @@ async def _remove(request: web.Request, engine_id: int) -> web.Response:
     return web.json_response(worker_json(engine))
 
 
+@routes.delete("/workers/{engine_id}")
 async def delete_worker(request: web.Request) -> web.Response:
     return await _remove(request, engine_id(request))
 
 
+@routes.post("/remove_worker")
 async def remove_worker_by_query(request: web.Request) -> web.Response:
     url = request.query.get("url")
     if not url:
@@ -137,13 +144,4 @@ def is_admin(path: str, method: str) -> bool:
 
 def setup(app: web.Application) -> None:
     app[REMOVED_KEY] = deque(maxlen=MAX_REMOVED_SHOWN)
-    app.add_routes(
-        [
-            web.post("/workers", add_worker),
-            web.get("/workers", list_workers),
-            web.delete("/workers/{engine_id}", delete_worker),
-            web.post("/add_worker", add_worker_by_query),
-            web.post("/remove_worker", remove_worker_by_query),
-            web.get("/list_workers", list_worker_urls),
-        ]
-    )
+    app.add_routes(routes)

@@ -7,11 +7,15 @@ sends back what arrived every `flush_ms`, merged: one chunk per request (its tok
 message) and one message for every request that had news. The manager then pays per message and
 per chunk, not per event, and the parsing runs on another core.
 
-Each stream is read once per flush (what the engine sent since then, in one go), and its new tokens
-wait in the process until the next flush: a token reaches the manager at most two `flush_ms` after
-the engine sent it. What the process may take with it when it dies (kill -9): the tokens the
-engines sent in its last two `flush_ms`, which the manager never saw. They are generated again
-when their samples resume; no sample loses a token it was told of.
+Each stream is read once per flush: its connection keeps what the engine sent meanwhile, and the
+flush parses it in one go (only the newest of a read's cumulative events, engines.sglang says why).
+An SGLang stream (SGLang, the built-in engine) is read so with no task of its own: its connection
+tells the session that bytes came, and the flush takes them; a task's wake-up per stream and flush
+was a large share of the process's CPU per token. Other engines' streams are read by a task that
+waits for the next flush between reads. Either way a token reaches the manager at most two
+`flush_ms` after the engine sent it. What the process may take with it when it dies (kill -9): the
+tokens the engines sent in its last two `flush_ms`, which the manager never saw. They are generated
+again when their samples resume; no sample loses a token it was told of.
 
 Started by the manager (`readers.py`) as `python -m rollflow.runtime.manager.streams.process
 --fd N`, with its end of a socket pair; it exits when the manager's end closes.
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import socket
 
@@ -29,6 +34,7 @@ import aiohttp
 from rollflow.runtime.engines.base import EngineClient, EngineRejectedError, GenerateChunk, RequestFailedError
 from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.engines.http import ENGINE_ERRORS
+from rollflow.runtime.engines.sglang import GenerateStream, SGLangClient
 from rollflow.runtime.long_lived import freeze_startup_objects
 from rollflow.runtime.manager.streams import wire
 from rollflow.runtime.wire.base import SamplingParams
@@ -109,7 +115,9 @@ class StreamSession:
         self._flush_s = flush_s
         self._frames = frames or wire.FrameReader()
         self._clients: dict[tuple[str, str, str | None], EngineClient] = {}
-        self._streams: dict[str, asyncio.Task] = {}
+        self._streams: dict[str, asyncio.Task] = {}  # streams opening, or read by a task
+        self._reading: dict[str, GenerateStream] = {}  # streams read in the flush, no task
+        self._ready: set[str] = set()  # those of `_reading` with something to take
         self._pending: dict[str, _Pending] = {}
         self._outbox: list[tuple] = []  # items ready to go, in order, ahead of `_pending`'s
         self._flush_handle: asyncio.TimerHandle | None = None
@@ -126,16 +134,17 @@ class StreamSession:
                         _, rid, engine_type, url, api_key, input_ids, fields = message
                         client = self._client(engine_type, url, api_key)
                         sampling = wire.sampling_from(fields)
-                        self._streams[rid] = loop.create_task(self._read(client, rid, input_ids, sampling))
+                        read = self._open if isinstance(client, SGLangClient) else self._read
+                        self._streams[rid] = loop.create_task(read(client, rid, input_ids, sampling))
                     elif message[0] == wire.CLOSE:
-                        task = self._streams.pop(message[1], None)
-                        if task is not None:
-                            task.cancel()
+                        self._close(message[1])
                 data = await self._reader.read(1 << 16)
                 if not data:
                     break
                 messages = self._frames.feed(data)
         finally:  # the manager is gone: nothing is read for it any more
+            for stream in self._reading.values():
+                stream.close()
             for task in self._streams.values():
                 task.cancel()
             await asyncio.gather(*self._streams.values(), return_exceptions=True)
@@ -150,9 +159,57 @@ class StreamSession:
             client = self._clients[key] = make_client(engine_type, url, self._http, api_key=api_key)
         return client
 
+    async def _open(
+        self, client: SGLangClient, rid: str, input_ids: list[int], sampling: SamplingParams
+    ) -> None:
+        """Open an SGLang stream and hand it to the flush, which reads it from then on."""
+        try:
+            stream = await client.open_stream(rid, input_ids, sampling)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._fail(rid, *_failure(rid, exc))
+            return
+        finally:
+            self._streams.pop(rid, None)
+        self._reading[rid] = stream
+        stream.on_bytes(functools.partial(self._bytes_came, rid))
+
+    def _bytes_came(self, rid: str) -> None:
+        self._ready.add(rid)
+        self._schedule()
+
+    def _take(self, rid: str, stream: GenerateStream) -> None:
+        """What came on a stream since the last flush, parsed into its pending chunk."""
+        try:
+            while not stream.over:
+                pieces = stream.take_pieces()
+                if pieces is None:
+                    return
+                for chunk in stream.chunks(pieces):
+                    self._add(rid, chunk)
+            del self._reading[rid]
+            stream.close()
+            stream.check_finished()
+        except Exception as exc:
+            self._reading.pop(rid, None)
+            stream.close()
+            self._fail(rid, *_failure(rid, exc))
+
+    def _close(self, rid: str) -> None:
+        """The manager closed a stream: it reads no more of it (the engine sees its client go)."""
+        stream = self._reading.pop(rid, None)
+        if stream is not None:
+            stream.close()
+            self._pending.pop(rid, None)
+        task = self._streams.pop(rid, None)
+        if task is not None:
+            task.cancel()
+
     async def _read(
         self, client: EngineClient, rid: str, input_ids: list[int], sampling: SamplingParams
     ) -> None:
+        """Read another engine's stream with a task, once per flush."""
         stream = client.generate(rid, input_ids, sampling)
         try:
             async for chunk in stream:
@@ -161,18 +218,11 @@ class StreamSession:
                     return
                 await self._next_flush()  # what the engine sends meanwhile is read in one go
             self._fail(rid, wire.ENDED, "the engine closed the stream without a finish_reason")
-        except EngineRejectedError as exc:
-            self._fail(rid, wire.REJECTED, str(exc))
-        except RequestFailedError as exc:
-            self._fail(rid, wire.REQUEST_FAILED, str(exc))
-        except ENGINE_ERRORS as exc:
-            self._fail(rid, wire.ENGINE, str(exc))
         except asyncio.CancelledError:
             self._pending.pop(rid, None)  # the manager closed it: it reads no more of it
             raise
-        except Exception as exc:  # a fault of this process's code: the manager must hear of it
-            log.exception("reading %s failed unexpectedly", rid)
-            self._fail(rid, wire.INTERNAL, repr(exc))
+        except Exception as exc:
+            self._fail(rid, *_failure(rid, exc))
         finally:
             self._streams.pop(rid, None)
             await stream.aclose()
@@ -211,6 +261,11 @@ class StreamSession:
             self._flush_handle = asyncio.get_running_loop().call_later(self._flush_s, self._flush)
 
     def _flush(self) -> None:
+        ready, self._ready = self._ready, set()
+        for rid in ready:  # (what they add goes out now: the handle still set arms no other flush)
+            stream = self._reading.get(rid)
+            if stream is not None:
+                self._take(rid, stream)
         self._flush_handle = None
         flushed, self._flushed = self._flushed, None
         if flushed is not None:
@@ -221,6 +276,19 @@ class StreamSession:
         self._pending.clear()
         if items:
             self._writer.write(wire.frame(items))
+
+
+def _failure(rid: str, exc: Exception) -> tuple[str, str]:
+    """The kind and words of a stream's failure, as the manager is told of it."""
+    if isinstance(exc, EngineRejectedError):
+        return wire.REJECTED, str(exc)
+    if isinstance(exc, RequestFailedError):
+        return wire.REQUEST_FAILED, str(exc)
+    if isinstance(exc, ENGINE_ERRORS):
+        return wire.ENGINE, str(exc)
+    # a fault of this process's code: the manager must hear of it
+    log.error("reading %s failed unexpectedly", rid, exc_info=exc)
+    return wire.INTERNAL, repr(exc)
 
 
 def http_session(connect_timeout_s: float) -> aiohttp.ClientSession:

@@ -1,0 +1,107 @@
+"""A stream process's session (streams/process.py) as the manager drives it over its socket: the
+streams it opens on an SGLang-style engine on 127.0.0.1 (read with no task per stream) come back
+as merged chunks, and each way a stream can end badly comes back as the failure the manager maps to
+an attempt's outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import orjson
+from aiohttp import web
+
+from rollflow.runtime.deadline import within
+from rollflow.runtime.manager.streams import wire
+from rollflow.runtime.manager.streams.process import StreamSession, http_session
+from rollflow.runtime.wire.base import SamplingParams
+from tests.runtime.engines.helpers import run
+
+TOKENS = [11, 12, 13, 14, 15, 16]
+
+
+def _event(rid: str, upto: int, finished: bool) -> bytes:
+    """SGLang's default event: the whole output so far."""
+    meta = {
+        "id": rid,
+        "completion_tokens": upto,
+        "finish_reason": {"type": "length"} if finished else None,
+        "output_token_logprobs": [[-0.25, token, None] for token in TOKENS[:upto]],
+        "weight_version": 3,
+    }
+    return b"data: " + orjson.dumps({"text": "", "output_ids": TOKENS[:upto], "meta_info": meta}) + b"\n\n"
+
+
+async def _generate(request: web.Request) -> web.StreamResponse:
+    """`rid` says how to answer: `ok` streams every token in three writes and finishes, `bad` is a
+    request the engine refuses, `cut` ends its body after two tokens, without a finish."""
+    rid = (await request.json())["rid"]
+    if rid.startswith("bad"):
+        return web.json_response({"error": {"message": "input_ids too long"}}, status=400)
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    if rid.startswith("cut"):
+        await response.write(_event(rid, 2, False))
+        await response.write_eof()
+        return response
+    for upto in (1, 4):
+        await response.write(_event(rid, upto, False))
+        await asyncio.sleep(0.02)
+    await response.write(_event(rid, len(TOKENS), True) + b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+async def _session_answers(rids: list[str]) -> dict[str, list]:
+    """Open `rids` on a session over a socket pair, as the manager does, and gather what each
+    stream sent back until every one ended."""
+    app = web.Application()
+    app.router.add_post("/generate", _generate)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    ours, theirs = socket.socketpair()
+    sampling = wire.sampling_fields(SamplingParams(max_new_tokens=len(TOKENS)))
+    try:
+        async with http_session(5.0) as http:
+            session_reader, session_writer = await asyncio.open_unix_connection(sock=theirs)
+            session = asyncio.create_task(
+                StreamSession(session_reader, session_writer, http, flush_s=0.01).run()
+            )
+            reader, writer = await asyncio.open_unix_connection(sock=ours)
+            for rid in rids:
+                writer.write(wire.frame([wire.OPEN, rid, "sglang", url, None, [1, 2, 3], sampling]))
+            items: dict[str, list] = {rid: [] for rid in rids}
+            frames = wire.FrameReader()
+            ended: set[str] = set()
+            while len(ended) < len(rids):
+                data = await within(reader.read(1 << 16), 10)
+                assert data, "the session closed"
+                for message in frames.feed(data):
+                    for item in message:
+                        items[item[1]].append(item)
+                        if item[0] == wire.FAILED or item[4] is not None:
+                            ended.add(item[1])
+            writer.close()
+            await session
+    finally:
+        await runner.cleanup()
+    return items
+
+
+def test_streams_come_back_merged_and_each_bad_end_as_its_failure():
+    items = run(_session_answers(["ok-1", "ok-2", "bad-1", "cut-1"]))
+    for rid in ("ok-1", "ok-2"):
+        chunks = [wire.chunk_from(item) for item in items[rid]]
+        assert all(item[0] == wire.CHUNK for item in items[rid])
+        assert [token for chunk in chunks for token in chunk.token_ids] == TOKENS
+        assert [lp for chunk in chunks for lp in chunk.logprobs] == [-0.25] * len(TOKENS)
+        assert chunks[-1].finish_reason == "length" and {chunk.weight_version for chunk in chunks} == {3}
+        assert len(chunks) < len(TOKENS)  # merged: fewer chunks than events' tokens
+    assert [item[:3] for item in items["bad-1"]] == [[wire.FAILED, "bad-1", wire.REJECTED]]
+    assert "input_ids too long" in items["bad-1"][0][3]
+    *tokens, failed = items["cut-1"]
+    assert [t for item in tokens for t in wire.chunk_from(item).token_ids] == TOKENS[:2]
+    assert failed[:3] == [wire.FAILED, "cut-1", wire.ENGINE] and "without a finish_reason" in failed[3]
