@@ -47,7 +47,7 @@ from aiohttp import web
 from rollflow.runtime.http.auth import require_bearer
 from rollflow.runtime.http.errors import BadRequest, error_body, http_error
 from rollflow.runtime.http.listen import bind
-from rollflow.runtime.long_lived import freeze_startup_objects
+from rollflow.runtime.long_lived import settle
 from rollflow.runtime.manager.config import ManagerConfig
 from rollflow.runtime.manager.core import memory
 from rollflow.runtime.manager.core.fleet import EngineUnavailable, WeightUpdateNotSupported
@@ -445,7 +445,7 @@ async def serve(config: ManagerConfig, ready: asyncio.Event | None = None) -> No
     await runner.setup()
     await web.SockSite(runner, sock).start()
     log.info("rollflow manager listening on http://%s:%d", config.host, config.port)
-    freeze_startup_objects()
+    settle()
     if ready is not None:
         ready.set()
     try:

@@ -35,7 +35,7 @@ from rollflow.runtime.engines.base import EngineClient, EngineRejectedError, Gen
 from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.engines.http import ENGINE_ERRORS
 from rollflow.runtime.engines.sglang import GenerateStream, SGLangClient
-from rollflow.runtime.long_lived import freeze_startup_objects
+from rollflow.runtime.long_lived import settle
 from rollflow.runtime.manager.streams import wire
 from rollflow.runtime.wire.base import SamplingParams
 
@@ -302,7 +302,7 @@ def http_session(connect_timeout_s: float) -> aiohttp.ClientSession:
 async def _serve_manager(sock: socket.socket, flush_s: float, connect_timeout_s: float) -> None:
     async with http_session(connect_timeout_s) as http:
         reader, writer = await asyncio.open_unix_connection(sock=sock)
-        freeze_startup_objects()
+        settle()
         await StreamSession(reader, writer, http, flush_s).run()
 
 

@@ -20,7 +20,7 @@ import hmac
 import logging
 
 from rollflow.runtime.deadline import within
-from rollflow.runtime.long_lived import freeze_startup_objects
+from rollflow.runtime.long_lived import settle
 from rollflow.runtime.manager.streams import wire
 from rollflow.runtime.manager.streams.process import StreamSession, http_session
 
@@ -62,7 +62,7 @@ async def serve_relay(
 
         server = await asyncio.start_server(manager_connected, host, port)
         bound = server.sockets[0].getsockname()
-        freeze_startup_objects()
+        settle()
         ready(f"relay serving on {bound[0]}:{bound[1]}")
         async with server:
             await server.serve_forever()
