@@ -137,11 +137,12 @@ class ManagerConfig(StrictModel):
     engines, batches, router, journal and HTTP API, and N - 1 stream processes read the engines'
     token streams (the per-token work: reading, parsing, merging events) on other cores."""
     stream_flush_ms: float = Field(10.0, gt=0, le=1000)
-    """With processes > 1: how often a stream process reads its streams and sends the manager what
-    they produced, merged into one chunk per sample. A token reaches the manager at most twice this
-    long after its engine sent it; a stream process killed takes with it at most twice this long of
-    each of its samples' tokens (generated again when they resume); clients that stream see events
-    at most this often per sample."""
+    """How often the engines' token streams are read and what they produced passed on, merged into
+    one chunk per sample: by the manager itself (processes: 1, SGLang and built-in engines), by its
+    stream processes (processes > 1) or by relays. A token reaches the manager's samples at most
+    twice this long after its engine sent it; a stream process or relay killed takes with it at most
+    twice this long of each of its samples' tokens (generated again when they resume); clients that
+    stream see events at most this often per sample."""
     offload: OffloadSection = OffloadSection()
     """When local engines hand a batch's leftovers to remote ones (the balancer the simulator runs)."""
     engines: list[EngineEntry] = Field(default_factory=list)

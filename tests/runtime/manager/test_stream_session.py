@@ -1,7 +1,8 @@
-"""A stream process's session (streams/process.py) as the manager drives it over its socket: the
-streams it opens on an SGLang-style engine on 127.0.0.1 (read with no task per stream) come back
-as merged chunks, and each way a stream can end badly comes back as the failure the manager maps to
-an attempt's outcome."""
+"""Engine streams read once per flush (streams/reading.py), in a stream process's session driven
+over its socket as the manager drives it, and in this process as a one-process manager reads them:
+the streams opened on an SGLang-style engine on 127.0.0.1 (read with no task per stream) come back
+as merged chunks, and each way a stream can end badly as the failure the manager maps to an
+attempt's outcome."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import asyncio
 import socket
 
 import orjson
+import pytest
 from aiohttp import web
 
 from rollflow.runtime.deadline import within
+from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.manager.streams import wire
 from rollflow.runtime.manager.streams.process import StreamSession, http_session
+from rollflow.runtime.manager.streams.reading import StreamReading
 from rollflow.runtime.wire.base import SamplingParams
 from tests.runtime.engines.helpers import run
 
@@ -52,18 +56,30 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     return response
 
 
-async def _session_answers(rids: list[str]) -> dict[str, list]:
-    """Open `rids` on a session over a socket pair, as the manager does, and gather what each
-    stream sent back until every one ended."""
+async def _engine() -> tuple[web.AppRunner, str]:
     app = web.Application()
     app.router.add_post("/generate", _generate)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+
+
+def _gather(items: dict[str, list], ended: set[str], message: list) -> None:
+    for item in message:
+        items[item[1]].append(list(item))
+        if item[0] == wire.FAILED or item[4] is not None:
+            ended.add(item[1])
+
+
+async def _session_answers(rids: list[str]) -> dict[str, list]:
+    """Open `rids` on a stream process's session over a socket pair, as the manager does, and gather
+    what each stream sent back until every one ended."""
+    runner, url = await _engine()
     ours, theirs = socket.socketpair()
     sampling = wire.sampling_fields(SamplingParams(max_new_tokens=len(TOKENS)))
+    items: dict[str, list] = {rid: [] for rid in rids}
     try:
         async with http_session(5.0) as http:
             session_reader, session_writer = await asyncio.open_unix_connection(sock=theirs)
@@ -73,26 +89,51 @@ async def _session_answers(rids: list[str]) -> dict[str, list]:
             reader, writer = await asyncio.open_unix_connection(sock=ours)
             for rid in rids:
                 writer.write(wire.frame([wire.OPEN, rid, "sglang", url, None, [1, 2, 3], sampling]))
-            items: dict[str, list] = {rid: [] for rid in rids}
             frames = wire.FrameReader()
             ended: set[str] = set()
             while len(ended) < len(rids):
                 data = await within(reader.read(1 << 16), 10)
                 assert data, "the session closed"
                 for message in frames.feed(data):
-                    for item in message:
-                        items[item[1]].append(item)
-                        if item[0] == wire.FAILED or item[4] is not None:
-                            ended.add(item[1])
+                    _gather(items, ended, message)
             writer.close()
             await session
     finally:
         await runner.cleanup()
+        await asyncio.sleep(0.05)  # the engine's handlers of the closed connections end
     return items
 
 
-def test_streams_come_back_merged_and_each_bad_end_as_its_failure():
-    items = run(_session_answers(["ok-1", "ok-2", "bad-1", "cut-1"]))
+async def _reading_answers(rids: list[str]) -> dict[str, list]:
+    """The same streams read in this process, as a one-process manager reads its SGLang engines'."""
+    runner, url = await _engine()
+    items: dict[str, list] = {rid: [] for rid in rids}
+    ended: set[str] = set()
+    try:
+        async with http_session(5.0) as http:
+            client = make_client("sglang", url, http)
+            all_ended = asyncio.get_running_loop().create_future()
+
+            def send(message: list[tuple]) -> None:
+                _gather(items, ended, message)
+                if len(ended) == len(rids) and not all_ended.done():
+                    all_ended.set_result(None)
+
+            reading = StreamReading(send, flush_s=0.01)
+            for rid in rids:
+                reading.open(rid, client, [1, 2, 3], SamplingParams(max_new_tokens=len(TOKENS)))
+            await within(all_ended, 10)
+            await reading.aclose()
+    finally:
+        await runner.cleanup()
+        await asyncio.sleep(0.05)  # the engine's handlers of the closed connections end
+    return items
+
+
+@pytest.mark.parametrize("where", ["stream process", "this process"])
+def test_streams_come_back_merged_and_each_bad_end_as_its_failure(where):
+    answers = _session_answers if where == "stream process" else _reading_answers
+    items = run(answers(["ok-1", "ok-2", "bad-1", "cut-1"]))
     for rid in ("ok-1", "ok-2"):
         chunks = [wire.chunk_from(item) for item in items[rid]]
         assert all(item[0] == wire.CHUNK for item in items[rid])

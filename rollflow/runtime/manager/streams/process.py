@@ -1,21 +1,12 @@
 """A stream process: reads engines' token streams for the manager (`processes: N`, N > 1), and
 the stream session a relay runs for each manager that dials it (relay.py).
 
-Reading a stream is the manager's per-token work: the engine's events are read, parsed and reduced
-into tokens and log-probs. A stream process does that for the streams the manager opens on it, and
-sends back what arrived every `flush_ms`, merged: one chunk per request (its tokens since the last
-message) and one message for every request that had news. The manager then pays per message and
-per chunk, not per event, and the parsing runs on another core.
-
-Each stream is read once per flush: its connection keeps what the engine sent meanwhile, and the
-flush parses it in one go (only the newest of a read's cumulative events, engines.sglang says why).
-An SGLang stream (SGLang, the built-in engine) is read so with no task of its own: its connection
-tells the session that bytes came, and the flush takes them; a task's wake-up per stream and flush
-was a large share of the process's CPU per token. Other engines' streams are read by a task that
-waits for the next flush between reads. Either way a token reaches the manager at most two
-`flush_ms` after the engine sent it. What the process may take with it when it dies (kill -9): the
-tokens the engines sent in its last two `flush_ms`, which the manager never saw. They are generated
-again when their samples resume; no sample loses a token it was told of.
+The manager opens streams on the process by request id; the process reads them (reading.py: once
+per `flush_ms`, their tokens merged) and sends back what arrived, one message a flush for every
+request that had news. The parsing runs on another core, and the manager pays per message and
+chunk, not per event. What the process may take with it when it dies (kill -9): the tokens the
+engines sent in its last two `flush_ms`, which the manager never saw. They are generated again when
+their samples resume; no sample loses a token it was told of.
 
 Started by the manager (`readers.py`) as `python -m rollflow.runtime.manager.streams.process
 --fd N`, with its end of a socket pair; it exits when the manager's end closes.
@@ -25,75 +16,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import logging
 import socket
 
 import aiohttp
 
-from rollflow.runtime.engines.base import EngineClient, EngineRejectedError, GenerateChunk, RequestFailedError
+from rollflow.runtime.engines.base import EngineClient
 from rollflow.runtime.engines.clients import make_client
-from rollflow.runtime.engines.http import ENGINE_ERRORS
-from rollflow.runtime.engines.sglang import GenerateStream, SGLangClient
 from rollflow.runtime.long_lived import settle
 from rollflow.runtime.manager.streams import wire
-from rollflow.runtime.wire.base import SamplingParams
-
-log = logging.getLogger("rollflow.manager.streams")
-
-
-class _Pending:
-    """A request's chunks since its last message, merged."""
-
-    __slots__ = (
-        "cached_tokens",
-        "finish_reason",
-        "logprobs",
-        "message",
-        "status_code",
-        "text",
-        "token_ids",
-        "weight_version",
-    )
-
-    def __init__(self, chunk: GenerateChunk) -> None:
-        self.token_ids = list(chunk.token_ids)
-        self.logprobs = list(chunk.logprobs)
-        (
-            _,
-            _,
-            self.finish_reason,
-            self.weight_version,
-            self.message,
-            self.status_code,
-            self.text,
-            self.cached_tokens,
-        ) = chunk
-
-    def merge(self, chunk: GenerateChunk) -> None:
-        self.token_ids += chunk.token_ids
-        self.logprobs += chunk.logprobs
-        self.finish_reason = chunk.finish_reason
-        self.message = chunk.message
-        self.status_code = chunk.status_code
-        if chunk.text is not None:
-            self.text = chunk.text
-        if chunk.cached_tokens is not None:
-            self.cached_tokens = chunk.cached_tokens
-
-    def item(self, rid: str) -> tuple:
-        return (
-            wire.CHUNK,
-            rid,
-            self.token_ids,
-            self.logprobs,
-            self.finish_reason,
-            self.weight_version,
-            self.message,
-            self.status_code,
-            self.text,
-            self.cached_tokens,
-        )
+from rollflow.runtime.manager.streams.reading import StreamReading
 
 
 class StreamSession:
@@ -112,20 +44,12 @@ class StreamSession:
         self._reader = reader
         self._writer = writer
         self._http = http
-        self._flush_s = flush_s
         self._frames = frames or wire.FrameReader()
         self._clients: dict[tuple[str, str, str | None], EngineClient] = {}
-        self._streams: dict[str, asyncio.Task] = {}  # streams opening, or read by a task
-        self._reading: dict[str, GenerateStream] = {}  # streams read in the flush, no task
-        self._ready: set[str] = set()  # those of `_reading` with something to take
-        self._pending: dict[str, _Pending] = {}
-        self._outbox: list[tuple] = []  # items ready to go, in order, ahead of `_pending`'s
-        self._flush_handle: asyncio.TimerHandle | None = None
-        self._flushed: asyncio.Future | None = None  # resolved by the next flush
+        self._reading = StreamReading(self._send, flush_s)
 
     async def run(self, first: list | None = None) -> None:
         """Serve the manager until its connection closes; `first`: messages already read from it."""
-        loop = asyncio.get_running_loop()
         try:
             messages = first or []
             while True:
@@ -133,24 +57,19 @@ class StreamSession:
                     if message[0] == wire.OPEN:
                         _, rid, engine_type, url, api_key, input_ids, fields = message
                         client = self._client(engine_type, url, api_key)
-                        sampling = wire.sampling_from(fields)
-                        read = self._open if isinstance(client, SGLangClient) else self._read
-                        self._streams[rid] = loop.create_task(read(client, rid, input_ids, sampling))
+                        self._reading.open(rid, client, input_ids, wire.sampling_from(fields))
                     elif message[0] == wire.CLOSE:
-                        self._close(message[1])
+                        self._reading.close(message[1])
                 data = await self._reader.read(1 << 16)
                 if not data:
                     break
                 messages = self._frames.feed(data)
         finally:  # the manager is gone: nothing is read for it any more
-            for stream in self._reading.values():
-                stream.close()
-            for task in self._streams.values():
-                task.cancel()
-            await asyncio.gather(*self._streams.values(), return_exceptions=True)
-            if self._flush_handle is not None:
-                self._flush_handle.cancel()
+            await self._reading.aclose()
             self._writer.close()
+
+    def _send(self, items: list[tuple]) -> None:
+        self._writer.write(wire.frame(items))
 
     def _client(self, engine_type: str, url: str, api_key: str | None) -> EngineClient:
         key = (engine_type, url, api_key)
@@ -158,137 +77,6 @@ class StreamSession:
         if client is None:
             client = self._clients[key] = make_client(engine_type, url, self._http, api_key=api_key)
         return client
-
-    async def _open(
-        self, client: SGLangClient, rid: str, input_ids: list[int], sampling: SamplingParams
-    ) -> None:
-        """Open an SGLang stream and hand it to the flush, which reads it from then on."""
-        try:
-            stream = await client.open_stream(rid, input_ids, sampling)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self._fail(rid, *_failure(rid, exc))
-            return
-        finally:
-            self._streams.pop(rid, None)
-        self._reading[rid] = stream
-        stream.on_bytes(functools.partial(self._bytes_came, rid))
-
-    def _bytes_came(self, rid: str) -> None:
-        self._ready.add(rid)
-        self._schedule()
-
-    def _take(self, rid: str, stream: GenerateStream) -> None:
-        """What came on a stream since the last flush, parsed into its pending chunk."""
-        try:
-            while not stream.over:
-                pieces = stream.take_pieces()
-                if pieces is None:
-                    return
-                for chunk in stream.chunks(pieces):
-                    self._add(rid, chunk)
-            del self._reading[rid]
-            stream.close()
-            stream.check_finished()
-        except Exception as exc:
-            self._reading.pop(rid, None)
-            stream.close()
-            self._fail(rid, *_failure(rid, exc))
-
-    def _close(self, rid: str) -> None:
-        """The manager closed a stream: it reads no more of it (the engine sees its client go)."""
-        stream = self._reading.pop(rid, None)
-        if stream is not None:
-            stream.close()
-            self._pending.pop(rid, None)
-        task = self._streams.pop(rid, None)
-        if task is not None:
-            task.cancel()
-
-    async def _read(
-        self, client: EngineClient, rid: str, input_ids: list[int], sampling: SamplingParams
-    ) -> None:
-        """Read another engine's stream with a task, once per flush."""
-        stream = client.generate(rid, input_ids, sampling)
-        try:
-            async for chunk in stream:
-                self._add(rid, chunk)
-                if chunk.finish_reason is not None:
-                    return
-                await self._next_flush()  # what the engine sends meanwhile is read in one go
-            self._fail(rid, wire.ENDED, "the engine closed the stream without a finish_reason")
-        except asyncio.CancelledError:
-            self._pending.pop(rid, None)  # the manager closed it: it reads no more of it
-            raise
-        except Exception as exc:
-            self._fail(rid, *_failure(rid, exc))
-        finally:
-            self._streams.pop(rid, None)
-            await stream.aclose()
-
-    def _add(self, rid: str, chunk: GenerateChunk) -> None:
-        pending = self._pending.get(rid)
-        if pending is None:
-            self._pending[rid] = _Pending(chunk)
-        elif pending.weight_version != chunk.weight_version:
-            # tokens keep the version that made them: a new version starts a new chunk
-            self._outbox.append(self._pending.pop(rid).item(rid))
-            self._pending[rid] = _Pending(chunk)
-        else:
-            pending.merge(chunk)
-        self._schedule()
-
-    def _fail(self, rid: str, kind: str, message: str) -> None:
-        pending = self._pending.pop(rid, None)
-        if pending is not None:
-            self._outbox.append(pending.item(rid))
-        self._outbox.append((wire.FAILED, rid, kind, message))
-        self._schedule()
-
-    def _next_flush(self) -> asyncio.Future:
-        """Resolved at the next flush. A stream read again only then finds every event the engine
-        sent meanwhile in one read: the events' parsing, the task's wake-up and the chunk's merge
-        are paid once per stream and flush rather than once per event (a process with cores to
-        spare would otherwise read each event as it comes, at several times the CPU per token)."""
-        if self._flushed is None:
-            self._flushed = asyncio.get_running_loop().create_future()
-            self._schedule()
-        return self._flushed
-
-    def _schedule(self) -> None:
-        if self._flush_handle is None:
-            self._flush_handle = asyncio.get_running_loop().call_later(self._flush_s, self._flush)
-
-    def _flush(self) -> None:
-        ready, self._ready = self._ready, set()
-        for rid in ready:  # (what they add goes out now: the handle still set arms no other flush)
-            stream = self._reading.get(rid)
-            if stream is not None:
-                self._take(rid, stream)
-        self._flush_handle = None
-        flushed, self._flushed = self._flushed, None
-        if flushed is not None:
-            flushed.set_result(None)
-        items = self._outbox
-        items.extend(pending.item(rid) for rid, pending in self._pending.items())
-        self._outbox = []
-        self._pending.clear()
-        if items:
-            self._writer.write(wire.frame(items))
-
-
-def _failure(rid: str, exc: Exception) -> tuple[str, str]:
-    """The kind and words of a stream's failure, as the manager is told of it."""
-    if isinstance(exc, EngineRejectedError):
-        return wire.REJECTED, str(exc)
-    if isinstance(exc, RequestFailedError):
-        return wire.REQUEST_FAILED, str(exc)
-    if isinstance(exc, ENGINE_ERRORS):
-        return wire.ENGINE, str(exc)
-    # a fault of this process's code: the manager must hear of it
-    log.error("reading %s failed unexpectedly", rid, exc_info=exc)
-    return wire.INTERNAL, repr(exc)
 
 
 def http_session(connect_timeout_s: float) -> aiohttp.ClientSession:
