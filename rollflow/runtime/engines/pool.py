@@ -164,6 +164,7 @@ class _Connection(asyncio.BufferedProtocol):
         if not self.in_use:
             self.close()  # bytes nobody asked for: the connection cannot be trusted
             return
+        waiting = bool(self._body)
         self.received += len(data)
         try:
             data = self._end_of_chunk(data)
@@ -186,7 +187,10 @@ class _Connection(asyncio.BufferedProtocol):
                 self._body.clear()
                 self._rejoin()
             return
-        if self._unread >= PAUSE_AT and not self._paused:
+        if not self._paused and (self._unread >= PAUSE_AT or (self._listener is not None and waiting)):
+            # a listened stream whose bytes wait for their taker already: what the engine sends
+            # until it takes them stays in the socket, and comes in one read then rather than one
+            # per engine write, each a wake-up of the loop and a pass through this callback
             self._paused = True
             self.transport.pause_reading()
         self._wake()

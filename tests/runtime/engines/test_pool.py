@@ -146,6 +146,34 @@ def test_a_body_read_by_a_listener_is_read_whole_and_the_connection_is_reused():
     assert seen["connections"] == 1 and seen["requests"] == 3
 
 
+def test_a_listened_body_whose_bytes_wait_for_their_taker_is_not_read_meanwhile():
+    """Once bytes wait untaken, what the engine sends stays in the socket until they are taken (one
+    read then, not a loop wake-up and a callback per engine write), and none of it is lost."""
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    pieces = [b"1\r\n%d\r\n" % (i % 10) for i in range(30)]  # 30 pieces 10 ms apart
+
+    async def go():
+        async with raw_server(lambda n: [head, *pieces, b"0\r\n\r\n"]) as seen:
+            response = await ConnectionPool(seen["url"]).request("GET", "/x")
+            calls = 0
+
+            def listener() -> None:
+                nonlocal calls
+                calls += 1
+
+            response.on_bytes(listener)
+            await asyncio.sleep(0.2)  # about 20 pieces sent meanwhile, none taken
+            told_while_waiting = calls
+            body = []
+            while (pieces_taken := await response.read_pieces()) != []:
+                body.extend(pieces_taken)
+            return told_while_waiting, b"".join(body)
+
+    told_while_waiting, body = run(go())
+    assert told_while_waiting <= 3
+    assert body == b"".join(b"%d" % (i % 10) for i in range(30))
+
+
 def test_a_listener_is_told_of_a_stalled_body_by_the_read_timeout():
     head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
     pieces = [b"1\r\n%d\r\n" % (i % 10) for i in range(30)]  # 30 pieces 10 ms apart, each in time
