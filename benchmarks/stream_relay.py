@@ -7,8 +7,9 @@ Model-free engines (`benchmarks/canned_engine.py`, each in its own process) stre
 server-sent event, in two modes: each event its own write, and `--events-per-write` events to a
 write (as a busy engine's events reach its socket together). In front of each mode's pair of
 engines run sglang-router (round robin, the version `_peer_routers.py` pins), the rollflow
-manager as one process, and the manager with `processes: 2` (the manager and one stream process,
-which reads the engines' streams and sends their tokens back merged every `stream_flush_ms`).
+manager as one process (which reads the engines' streams itself, once every `stream_flush_ms`),
+and the manager with `processes: 2` (the manager and one stream process, which reads the engines'
+streams and sends their tokens back merged every `stream_flush_ms`).
 
 Each round sends `--requests` streamed `/generate` requests of `--tokens` tokens at
 `--concurrency` through every path (and straight to one engine, the path with no router), in
@@ -150,7 +151,8 @@ def run(args: argparse.Namespace, tmp: Path, results: Results) -> None:
             routers = {"sglang-router": start_sglang_router(args.sglang_router_python, urls, folder)}
             for name, count in MANAGERS.items():
                 (folder / str(count)).mkdir()
-                config = manager_config(urls, router="round_robin", processes=count)
+                flush = {} if args.stream_flush_ms is None else {"stream_flush_ms": args.stream_flush_ms}
+                config = manager_config(urls, router="round_robin", processes=count, **flush)
                 routers[name] = start_manager(config, folder / str(count))
             started += [*engines, *routers.values()]
             paths: dict[str, tuple[str, int | None]] = {"direct (one engine)": (urls[0], None)}
@@ -271,7 +273,7 @@ def main() -> None:
         "--batch-prompts", type=int, help="prompts of the /batches phase (x4 samples; default 96)"
     )
     parser.add_argument(
-        "--stream-flush-ms", type=float, help="the 2-process manager's stream_flush_ms (default: its default)"
+        "--stream-flush-ms", type=float, help="the managers' stream_flush_ms (default: the manager's default)"
     )
     args = parser.parse_args()
     quick = {"rounds": 2, "requests": 128, "tokens": 128, "batch_prompts": 32}
