@@ -28,6 +28,9 @@ from rollflow.runtime.http.head import header_value, split_content_length
 MAX_HEAD_BYTES = 64 * 1024
 MAX_IDLE = 256  # idle connections kept per engine; more are closed
 PAUSE_AT = 1 << 20  # unread body bytes at which the connection stops reading the socket
+# bytes of a listened response after which it is paused while its bytes wait for their taker: a
+# short answer (the whole of it in one or two reads) is not held back a flush for it
+LISTENED_PAUSE_AFTER = 16 * 1024
 DRAIN_S = 5.0  # a released response whose end has not come by then is closed instead
 READ_BYTES = 256 * 1024  # the most one read of a socket takes (as uvloop's own reads)
 
@@ -187,10 +190,13 @@ class _Connection(asyncio.BufferedProtocol):
                 self._body.clear()
                 self._rejoin()
             return
-        if not self._paused and (self._unread >= PAUSE_AT or (self._listener is not None and waiting)):
-            # a listened stream whose bytes wait for their taker already: what the engine sends
-            # until it takes them stays in the socket, and comes in one read then rather than one
-            # per engine write, each a wake-up of the loop and a pass through this callback
+        if not self._paused and (
+            self._unread >= PAUSE_AT
+            or (self._listener is not None and waiting and self.received > LISTENED_PAUSE_AFTER)
+        ):
+            # a long listened stream whose bytes wait for their taker already: what the engine
+            # sends until it takes them stays in the socket, and comes in one read then rather than
+            # one per engine write, each a wake-up of the loop and a pass through this callback
             self._paused = True
             self.transport.pause_reading()
         self._wake()

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from rollflow.runtime.engines import pool as pool_module
 from rollflow.runtime.engines.pool import _DONE, ConnectionPool, ProtocolError, _Connection
 from tests.runtime.engines.helpers import run
 
@@ -146,11 +147,13 @@ def test_a_body_read_by_a_listener_is_read_whole_and_the_connection_is_reused():
     assert seen["connections"] == 1 and seen["requests"] == 3
 
 
-def test_a_listened_body_whose_bytes_wait_for_their_taker_is_not_read_meanwhile():
-    """Once bytes wait untaken, what the engine sends stays in the socket until they are taken (one
-    read then, not a loop wake-up and a callback per engine write), and none of it is lost."""
+def test_a_long_listened_body_whose_bytes_wait_for_their_taker_is_not_read_meanwhile():
+    """Once a long body's bytes wait untaken, what the engine sends stays in the socket until they
+    are taken (one read then, not a loop wake-up and a callback per engine write), and none of it is
+    lost; the body's first bytes (a short answer, whole) are read as they come."""
     head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-    pieces = [b"1\r\n%d\r\n" % (i % 10) for i in range(30)]  # 30 pieces 10 ms apart
+    data = [bytes([65 + i % 26]) * 2000 for i in range(30)]
+    pieces = [b"%x\r\n%s\r\n" % (len(piece), piece) for piece in data]  # 30 pieces 10 ms apart
 
     async def go():
         async with raw_server(lambda n: [head, *pieces, b"0\r\n\r\n"]) as seen:
@@ -162,7 +165,7 @@ def test_a_listened_body_whose_bytes_wait_for_their_taker_is_not_read_meanwhile(
                 calls += 1
 
             response.on_bytes(listener)
-            await asyncio.sleep(0.2)  # about 20 pieces sent meanwhile, none taken
+            await asyncio.sleep(0.6)  # every piece sent meanwhile, none taken
             told_while_waiting = calls
             body = []
             while (pieces_taken := await response.read_pieces()) != []:
@@ -170,8 +173,8 @@ def test_a_listened_body_whose_bytes_wait_for_their_taker_is_not_read_meanwhile(
             return told_while_waiting, b"".join(body)
 
     told_while_waiting, body = run(go())
-    assert told_while_waiting <= 3
-    assert body == b"".join(b"%d" % (i % 10) for i in range(30))
+    assert told_while_waiting <= pool_module.LISTENED_PAUSE_AFTER // 2000 + 3  # 30 pieces came
+    assert body == b"".join(data)
 
 
 def test_a_listener_is_told_of_a_stalled_body_by_the_read_timeout():
