@@ -75,10 +75,10 @@ class Response:
         """Call `listener` (with no arguments) whenever bytes, the body's end or an error come and
         no `read_pieces` waits for them, from the protocol's callback; it then `take_pieces`, in
         that callback or later, until that gives None (nothing more yet) or [] (the end: the last
-        bytes and the end may come in one read, and the listener is told once). A reader of many streams that collects each one's bytes once in a
-        while reads them this way with no task per stream: a task's wake-up per read was much of a
-        stream's CPU. The read timeout holds as it does for `read_pieces`: no bytes for
-        `read_timeout_s` is an error the listener is told of."""
+        bytes and the end may come in one read, and the listener is told once). A reader of many
+        streams that collects each one's bytes once in a while reads them this way with no task per
+        stream: a task's wake-up per read was much of a stream's CPU. The read timeout holds as it
+        does for `read_pieces`: no bytes for `read_timeout_s` is an error the listener is told of."""
         if self._conn is not None:
             self._conn.listen(listener)
 

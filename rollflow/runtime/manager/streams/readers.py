@@ -1,4 +1,5 @@
-"""Where the manager's engine streams are read: its stream processes and the engines' relays.
+"""Where the manager's engine streams are read: its stream processes, the engines' relays, or the
+manager's own process.
 
 The manager process keeps everything that decides: the engine fleet, the batches, the queue and the
 router, the journal, the HTTP API. With `processes: N` (N > 1) it sees samples and merged chunks,
@@ -6,8 +7,9 @@ not the engines' events: each attempt's stream is opened on the stream process w
 streams, which reads and parses the engine's events and sends their tokens back every
 `stream_flush_ms` (process.py). An engine registered with a `relay` (`rollflow manager
 relay` on the engine's own node) has its streams read there instead, so its tokens cross the network
-once a flush, merged. An attempt reads the chunks as it would read its engine client's (attempt.py
-is the same either way).
+once a flush, merged. With neither, an SGLang engine's streams are read the same way on the
+manager's own loop (reading.py), and a vLLM engine's by its client. An attempt reads the chunks as it
+would read its engine client's (attempt.py is the same either way).
 
 A stream process that dies is started again; a relay that goes away is dialled again every few
 seconds, its engines' streams read here meanwhile. Either way, the attempts it was reading end with
@@ -52,9 +54,9 @@ _ERRORS: dict[str, type[Exception]] = {
 
 
 class _Channel(asyncio.Protocol):
-    """A connection to something that reads streams for the manager (a stream process or a
-    relay), and the streams open on it; `name` is how logs and errors call it, and `pool` the
-    readers it serves."""
+    """Something that reads streams for the manager (a stream process or a relay, over a
+    connection; or the manager's own loop, `_Local`), and the streams open on it; `name` is how logs
+    and errors call it, and `pool` the readers it serves."""
 
     def __init__(self, name: str, pool: StreamReaders) -> None:
         self.name = name
