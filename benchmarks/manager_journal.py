@@ -39,13 +39,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.results import Results, add_inputs, benchmark_parser, fill_inputs, results_dir  # noqa: E402
-from rollflow.runtime.launch.process import free_port  # noqa: E402
-from rollflow.runtime.launch.servers import ServerProcess, http, manager_config, start_manager  # noqa: E402
-from rollflow.runtime.manager.client import ManagerClient  # noqa: E402
+from benchmarks.results import Results, add_inputs, benchmark_parser, fill_inputs, results_dir
+from rollflow.runtime.launch.process import free_port
+from rollflow.runtime.launch.servers import ServerProcess, http, manager_config, start_manager
+from rollflow.runtime.manager.client import ManagerClient
+
+REPO = Path(__file__).resolve().parents[1]
 
 MAX_COST = 0.10
 """The journal's goal: under 10% cost in throughput, added latency and CPU per token."""

@@ -81,11 +81,10 @@ from pathlib import Path
 
 import aiohttp
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._peer_routers import SGLANG_ROUTER  # noqa: E402
-from benchmarks._router_load import (  # noqa: E402
+from benchmarks._peer_routers import SGLANG_ROUTER
+from benchmarks._router_load import (
     LOAD_OPTIONS,
     Client,
     cpu_seconds,
@@ -98,9 +97,9 @@ from benchmarks._router_load import (  # noqa: E402
     start_sglang_router,
     warm_up,
 )
-from benchmarks.results import Results, add_inputs, benchmark_parser, fill_inputs, results_dir  # noqa: E402
-from rollflow.runtime.launch.process import free_port, rollflow_command  # noqa: E402
-from rollflow.runtime.launch.servers import (  # noqa: E402
+from benchmarks.results import Results, add_inputs, benchmark_parser, fill_inputs, results_dir
+from rollflow.runtime.launch.process import free_port, rollflow_command
+from rollflow.runtime.launch.servers import (
     ENV,
     ServerProcess,
     manager_command,

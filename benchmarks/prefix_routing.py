@@ -52,16 +52,15 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._peer_routers import SGLANG_ROUTER  # noqa: E402
-from benchmarks.results import Results, benchmark_parser, results_dir  # noqa: E402
-from rollflow.perf.profile.hf_config import load_model_config, model_shape_section  # noqa: E402
-from rollflow.runtime.engines.profiler.trace_replay import printed_overrides  # noqa: E402
-from rollflow.runtime.launch.process import free_port  # noqa: E402
-from rollflow.runtime.launch.process import rollflow_command as rollflow  # noqa: E402
-from rollflow.runtime.launch.servers import (  # noqa: E402
+from benchmarks._peer_routers import SGLANG_ROUTER
+from benchmarks.results import Results, benchmark_parser, results_dir
+from rollflow.perf.profile.hf_config import load_model_config, model_shape_section
+from rollflow.runtime.engines.profiler.trace_replay import printed_overrides
+from rollflow.runtime.launch.process import free_port
+from rollflow.runtime.launch.process import rollflow_command as rollflow
+from rollflow.runtime.launch.servers import (
     ENV,
     ServerProcess,
     http,
@@ -69,6 +68,8 @@ from rollflow.runtime.launch.servers import (  # noqa: E402
     start_engine,
     start_manager,
 )
+
+REPO = Path(__file__).resolve().parents[1]
 
 MODEL_ARGS = ("--layers", "4", "--heads", "4")
 SYSTEM_TOKENS, OWN_TOKENS, NEW_TOKENS = 256, 768, 16

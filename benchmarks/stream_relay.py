@@ -43,11 +43,10 @@ from pathlib import Path
 
 import aiohttp
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._peer_routers import SGLANG_ROUTER  # noqa: E402
-from benchmarks._router_load import (  # noqa: E402
+from benchmarks._peer_routers import SGLANG_ROUTER
+from benchmarks._router_load import (
     Client,
     cpu_seconds,
     in_turn,
@@ -58,9 +57,9 @@ from benchmarks._router_load import (  # noqa: E402
     tree_cpu_seconds,
     warm_up,
 )
-from benchmarks.results import Results, benchmark_parser, fill_inputs, results_dir  # noqa: E402
-from rollflow.runtime.launch.servers import manager_config, start_manager  # noqa: E402
-from rollflow.runtime.manager.client import ManagerClient  # noqa: E402
+from benchmarks.results import Results, benchmark_parser, fill_inputs, results_dir
+from rollflow.runtime.launch.servers import manager_config, start_manager
+from rollflow.runtime.manager.client import ManagerClient
 
 SLICES = 4  # turns each path takes per round
 MANAGERS = {"rollflow, 1 process": 1, "rollflow, 2 processes": 2}

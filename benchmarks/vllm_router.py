@@ -55,11 +55,10 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._peer_routers import VLLM_ROUTER  # noqa: E402
-from benchmarks._router_load import (  # noqa: E402
+from benchmarks._peer_routers import VLLM_ROUTER
+from benchmarks._router_load import (
     LOAD_OPTIONS,
     in_turn,
     load,
@@ -68,12 +67,12 @@ from benchmarks._router_load import (  # noqa: E402
     start_canned_engine,
     tree_cpu_seconds,
 )
-from benchmarks._router_load import (  # noqa: E402
+from benchmarks._router_load import (
     Client as SGLangClient,
 )
-from benchmarks.results import Results, add_inputs, benchmark_parser, fill_inputs, results_dir  # noqa: E402
-from rollflow.runtime.launch.process import free_port  # noqa: E402
-from rollflow.runtime.launch.servers import ServerProcess, manager_config, start_manager  # noqa: E402
+from benchmarks.results import Results, add_inputs, benchmark_parser, fill_inputs, results_dir
+from rollflow.runtime.launch.process import free_port
+from rollflow.runtime.launch.servers import ServerProcess, manager_config, start_manager
 
 DIRECT, MANAGER, PEER = "direct (one engine)", "rollflow manager", "vllm-router"
 PATHS = (DIRECT, MANAGER, PEER)  # the order the tables list them in

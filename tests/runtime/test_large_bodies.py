@@ -42,7 +42,16 @@ class HealthPoller:
             self.times.append(time.monotonic() - started if status == 200 else float("inf"))
             self._stop.wait(0.02)
 
+    def wait_first_answer(self) -> None:
+        """Block until one poll came back, so that the poller runs before what it is to watch."""
+        while not self.times and self._thread.is_alive():
+            time.sleep(0.01)
+
     def stop(self) -> float:
+        """Stop after one more answer, so that the polls span all of what happened since the first."""
+        answered = len(self.times)
+        while len(self.times) == answered and self._thread.is_alive():
+            time.sleep(0.01)
         self._stop.set()
         self._thread.join()
         return max(self.times)
@@ -73,6 +82,7 @@ def test_health_keeps_answering_while_three_60_mb_bodies_arrive_under_load(proce
             (batch_body(), 400, b"input_ids holds -1"),
         ):
             poller = HealthPoller(manager.url)
+            poller.wait_first_answer()
             answers: list[tuple[int, bytes]] = []
             senders = [threading.Thread(target=_send, args=(manager.url, body, answers)) for _ in range(3)]
             for sender in senders:
@@ -82,7 +92,6 @@ def test_health_keeps_answering_while_three_60_mb_bodies_arrive_under_load(proce
             slowest = poller.stop()
             assert [status for status, _ in answers] == [status_wanted] * 3, answers
             assert all(said in answer for _, answer in answers), answers
-            assert len(poller.times) >= 5, poller.times  # it polled while the bodies came
             assert slowest < HELD_S + 2 * noise, (slowest, noise, sorted(poller.times)[-5:])
     finally:
         stop.set()
