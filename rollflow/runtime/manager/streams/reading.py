@@ -47,18 +47,12 @@ class _Pending:
     )
 
     def __init__(self, chunk: GenerateChunk) -> None:
-        self.token_ids = list(chunk.token_ids)
-        self.logprobs = list(chunk.logprobs)
-        (
-            _,
-            _,
-            self.finish_reason,
-            self.weight_version,
-            self.message,
-            self.status_code,
-            self.text,
-            self.cached_tokens,
-        ) = chunk
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.weight_version = chunk.weight_version
+        self.text: str | None = None
+        self.cached_tokens: int | None = None
+        self.merge(chunk)
 
     def merge(self, chunk: GenerateChunk) -> None:
         self.token_ids += chunk.token_ids
