@@ -12,8 +12,10 @@ groups import.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
 import os
+import signal
 import sys
 import time
 
@@ -133,7 +135,9 @@ def main(argv: list[str] | None = None, exit_when_done: bool = False) -> int:
 
 
 def run() -> None:
-    """The `rollflow` console script."""
+    """The `rollflow` console script. `kill -USR1 PID` prints every thread's stack to its stderr:
+    where a server that stopped answering is stuck, with no debugger on the machine."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     sys.exit(main(exit_when_done=True))
 
 

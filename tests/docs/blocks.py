@@ -190,16 +190,36 @@ def run_page(page: Page, cwd: Path, env: dict[str, str], timeout_s: float, isola
         )
         try:
             returncode = process.wait(timeout=timeout_s)
+            still_running = ""
         except subprocess.TimeoutExpired:
             returncode = -signal.SIGKILL
+            still_running = _say_what_hangs(process.pid)
         left_running = _end_group(process.pid)
         process.wait()
     output = log_path.read_text(errors="replace")
     log_path.unlink()
     script.unlink()
     if returncode == -signal.SIGKILL:
-        output += f"\n(timed out after {timeout_s:g}s)"
+        output += f"\n(timed out after {timeout_s:g}s; still running then:)\n{still_running}"
     return PageRun(returncode, output, left_running)
+
+
+def _say_what_hangs(pgid: int) -> str:
+    """The group's live processes, oldest first, and (in the page's log) the stack of every thread
+    of each rollflow process: the command a hung page waits on, and where the server it waits for
+    is stuck. rollflow prints its stacks on SIGUSR1 (`rollflow.cli`)."""
+    lines = []
+    for pid in sorted(_live_members(pgid)):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        lines.append(f"  {pid} {command.strip()}")
+        if "rollflow" in command and "python" in command:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR1)
+    time.sleep(1.0)  # the stacks go to the log before the group is ended
+    return "\n".join(lines)
 
 
 def _end_group(pgid: int) -> bool:

@@ -14,6 +14,7 @@ from rollflow.errors import UserError
 from rollflow.runtime.engines.builtin import DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_PREFIX_CACHE_TOKENS
 from rollflow.runtime.http.limits import DEFAULT_LIMITS, BodyLimits
 from rollflow.runtime.http.listen import bind
+from rollflow.runtime.signals import run_until_sigterm
 
 if TYPE_CHECKING:
     import torch
@@ -125,7 +126,7 @@ def serve_engine(
         del pulled  # the server holds it, and drops it when the engine releases its memory
         worker.start()
         try:
-            asyncio.run(_serve(server, sock, body_limits))
+            run_until_sigterm(lambda: _serve(server, sock, body_limits))
         finally:
             worker.stop()
             if tp is not None:
