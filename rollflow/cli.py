@@ -1,10 +1,11 @@
 """The `rollflow` command.
 
 Each command group's name and one-line help are `COMMAND_GROUPS`'s, the only place they are
-written: `build_parser` makes the group's parser from them and hands it to `register(group)` in
-the module that lives beside the code the group drives (`rollflow/sim/cli.py`, ...), which adds
-its sub-commands and examples (or, for a group that is one command such as `rollflow train`, its
-options). Only the group a command line names is imported, and handlers import heavy modules
+written: `build_parser` makes the group's parser from them, ending its `--help` with the `EXAMPLES`
+of the module that lives beside the code the group drives (`rollflow/sim/cli.py`, ...), and hands
+it to that module's `register(group)`, which adds its sub-commands (`cli_util.add_command`, whose
+`--help` is the handler's docstring) or, for a group that is one command such as `rollflow train`,
+its options. Only the group a command line names is imported, and handlers import heavy modules
 themselves, so `rollflow --help` and `rollflow sim ...` never load torch, whatever the other
 groups import.
 """
@@ -53,7 +54,7 @@ COMMAND_GROUPS: dict[str, tuple[str, str]] = {
 }
 
 # commands that join a group another module registers: group -> "module:function" of each, called
-# with the group's subcommands (`rollflow sim search` is plan/'s, which builds on sim/; `rollflow
+# with the group's parser (`rollflow sim search` is plan/'s, which builds on sim/; `rollflow
 # profile engine` the engine profiler's, a client of engines, which perf/ sits below)
 GROUP_COMMANDS: dict[str, tuple[str, ...]] = {
     "sim": ("rollflow.plan.cli:add_serve_search",),
@@ -90,11 +91,14 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
         if name != named:
             commands.add_parser(name, help=help, add_help=False)
             continue
-        group = commands.add_parser(name, help=help, formatter_class=HelpFormatter)
-        subcommands = importlib.import_module(module).register(group)
+        group_module = importlib.import_module(module)
+        group = commands.add_parser(
+            name, help=help, epilog=group_module.EXAMPLES, formatter_class=HelpFormatter
+        )
+        group_module.register(group)
         for entry in GROUP_COMMANDS.get(name, ()):
             extension, function = entry.split(":")
-            getattr(importlib.import_module(extension), function)(subcommands)
+            getattr(importlib.import_module(extension), function)(group)
     return parser
 
 

@@ -1,10 +1,14 @@
 """Small pieces every command group's CLI uses: one way to add a command, a config with its
-overrides, a server's address and secret, a progress bar."""
+overrides, a server's address and secret, a progress bar.
+
+A command's `--help` is its handler's docstring (`add_command`), as in click and typer: what a
+command does is written once, beside the code that does it."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -33,44 +37,65 @@ def print_yaml(config: BaseModel) -> None:
     print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), end="")
 
 
-def add_subcommands(group: argparse.ArgumentParser, examples: str) -> argparse._SubParsersAction:
-    """Make `group` (a top-level command rollflow/cli.py made, with its name and one-line help) a group
-    of sub-commands, which the caller adds to what this returns; `--help` ends with its `examples`."""
-    group.epilog = examples
-    return group.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
-
-
 def add_command(
-    commands: argparse._SubParsersAction,
+    group: argparse.ArgumentParser,
     name: str,
     handler: Handler,
-    help: str,
-    description: str | None = None,
     examples: str | None = None,
     **defaults: object,
 ) -> argparse.ArgumentParser:
-    """The command `name`, which runs `handler`; the caller adds its options (see `set_command`)."""
-    parser = commands.add_parser(name, help=help, formatter_class=HelpFormatter)
-    set_command(parser, handler, description, examples, **defaults)
-    return parser
-
-
-def set_command(
-    parser: argparse.ArgumentParser,
-    handler: Handler,
-    description: str | None = None,
-    examples: str | None = None,
-    **defaults: object,
-) -> None:
-    """Make `parser` (a sub-command, or a top-level command of its own such as `rollflow train`) run
-    `handler`. `--help` shows `description` and ends with `examples`: the group's block, or one command
-    line. `defaults` are set on the parsed arguments beside the handler (`fast_exit=True`, see
+    """The sub-command `name` of `group` (a top-level command rollflow/cli.py made), which runs
+    `handler`; the caller adds its options. Its `--help` is the handler's docstring, as click and
+    typer take it: the first paragraph is the one-line help `group --help` lists, the next the
+    description, and a last paragraph `example: COMMAND LINE` ends it (or `examples`, the group's
+    whole block). Each paragraph is folded into one line, which `--help` wraps to the terminal.
+    `defaults` are set on the parsed arguments beside the handler (`fast_exit=True`, see
     rollflow/cli.py)."""
-    if examples is not None and "\n" not in examples:
-        examples = f"example:\n  {examples}"
+    help, *paragraphs = (_folded(text) for text in re.split(r"\n\s*\n", _docstring(handler)))
+    if paragraphs and paragraphs[-1].startswith("example: "):
+        examples = "example:\n  " + paragraphs.pop().removeprefix("example: ")
+    return _add_parser(group, name, handler, help, " ".join(paragraphs) or None, examples, **defaults)
+
+
+def set_command(group: argparse.ArgumentParser, handler: Handler) -> None:
+    """Make `group` (a top-level command of its own, such as `rollflow train`) run `handler`, whose
+    docstring is the description its `--help` shows (its one-line help is rollflow/cli.py's)."""
+    group.description = _folded(_docstring(handler))
+    group.set_defaults(handler=handler)
+
+
+def _add_parser(
+    group: argparse.ArgumentParser,
+    name: str,
+    handler: Handler,
+    help: str,
+    description: str | None,
+    examples: str | None,
+    **defaults: object,
+) -> argparse.ArgumentParser:
+    """`add_command` with its help given: the parser of `group name`, running `handler`. The first
+    command added to a group makes it a group of sub-commands (one must be named)."""
+    commands = next((a for a in group._actions if isinstance(a, argparse._SubParsersAction)), None)
+    if commands is None:
+        commands = group.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
+    parser = commands.add_parser(name, help=help, formatter_class=HelpFormatter)
     parser.description = description
     parser.epilog = examples
     parser.set_defaults(handler=handler, **defaults)
+    return parser
+
+
+def _docstring(handler: Handler) -> str:
+    """The handler's docstring; none is an error here, where any `--help` of its group finds it,
+    rather than a command listed with no help."""
+    if not handler.__doc__:
+        raise TypeError(f"{handler.__qualname__} has no docstring, which is its command's --help")
+    return handler.__doc__.strip()
+
+
+def _folded(text: str) -> str:
+    """A docstring's paragraph as one line: `--help` wraps it to the terminal's width."""
+    return " ".join(text.split())
 
 
 def add_config_arguments(
@@ -109,7 +134,7 @@ def add_resume_argument(parser: argparse.ArgumentParser, auto: str, never: str) 
 
 
 def add_show_config(
-    commands: argparse._SubParsersAction,
+    group: argparse.ArgumentParser,
     help: str,
     load: Callable[[str | None, list[str]], BaseModel],
     config_help: str = "YAML config file (omit for the defaults)",
@@ -120,12 +145,13 @@ def add_show_config(
     """The group's sub-command `name` (`config`; `show` in the groups that run a whole config): the
     config `load(path, overrides)` validates, every default filled in, printed as YAML. `required`:
     the group's config has no defaults to print without a file."""
-    show = add_command(
-        commands,
+    show = _add_parser(
+        group,
         name,
         lambda args, started_at: print_yaml(load(args.config, args.overrides)),
-        help=help,
-        examples=example,
+        help,
+        None,
+        example and f"example:\n  {example}",
     )
     add_config_arguments(show, config_help, required=required)
 

@@ -9,7 +9,7 @@ import argparse
 import pytest
 
 from rollflow.cli import COMMAND_GROUPS, build_parser
-from rollflow.cli_util import config_overrides
+from rollflow.cli_util import add_command, config_overrides
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction | None:
@@ -39,6 +39,28 @@ def test_each_group_is_a_command_or_a_group_of_them_with_examples(group):
         assert inner.required and inner.choices
         for name, command in inner.choices.items():
             assert callable(command.get_default("handler")), f"rollflow {group} {name} runs nothing"
+
+
+def test_a_commands_help_is_its_handlers_docstring():
+    """The first paragraph is the help its group lists, the next the description, and a last
+    `example:` paragraph ends `--help`; each is one line, which argparse wraps."""
+
+    def handler(args: argparse.Namespace, started_at: float) -> None:
+        """the one-line help
+
+        The description, written
+        over two lines.
+
+        example: rollflow group command
+        --flag
+        """
+
+    group = argparse.ArgumentParser(prog="rollflow group")
+    command = add_command(group, "command", handler, fast_exit=True)
+    assert [choice.help for choice in _subcommands(group)._choices_actions] == ["the one-line help"]
+    assert command.description == "The description, written over two lines."
+    assert command.epilog == "example:\n  rollflow group command --flag"
+    assert command.get_default("handler") is handler and command.get_default("fast_exit")
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,6 @@ from rollflow.cli_util import (
     add_config_arguments,
     add_resume_argument,
     add_show_config,
-    add_subcommands,
     config_overrides,
 )
 
@@ -23,43 +22,23 @@ EXAMPLES = """examples:
 
 
 def register(group: argparse.ArgumentParser) -> None:
-    sub = add_subcommands(group, EXAMPLES)
-
-    train = add_command(
-        sub,
-        "train",
-        _train,
-        help="demonstrations -> behaviour cloning -> PPO -> policy.npz",
-        description="Train a router in the serving simulator. Writes checkpoint.pt, metrics.csv, "
-        "tensorboard/ and policy.npz to output_dir (or --output-dir).",
-        examples="rollflow router train --config examples/router/heterogeneous.yaml ppo.total_steps=20000",
-    )
+    train = add_command(group, "train", _train)
     _common(train)
     add_resume_argument(train, "continue from output_dir/checkpoint.pt if present", "start over")
 
-    evaluate = add_command(
-        sub,
-        "evaluate",
-        _evaluate,
-        help="the learned router on the held-out seeds: latency, SLO attainment, decision time",
-        examples="rollflow router evaluate --config examples/router/heterogeneous.yaml",
-    )
+    evaluate = add_command(group, "evaluate", _evaluate)
     _common(evaluate)
     evaluate.add_argument("--policy", help="policy file (default: policy_file, else output_dir/policy.npz)")
 
-    compare = add_command(
-        sub,
-        "compare",
-        _compare,
-        help="every router on the same held-out workloads; prints, plots and writes compare.json",
-        examples="rollflow router compare --config examples/router/homogeneous.yaml "
-        "--policy examples/router/homogeneous.policy.npz --output-dir out/",
-    )
+    compare = add_command(group, "compare", _compare)
     _common(compare)
     compare.add_argument("--policy", help="policy file (default: policy_file, else output_dir/policy.npz)")
 
     add_show_config(
-        sub, "print a config with every default (and the preset) filled in", _load_config, "YAML config file"
+        group,
+        "print a config with every default (and the preset) filled in",
+        _load_config,
+        "YAML config file",
     )
 
 
@@ -81,12 +60,23 @@ def _load_config(path: str | None, overrides: list[str]):
 
 
 def _train(args: argparse.Namespace, started_at: float) -> None:
+    """demonstrations -> behaviour cloning -> PPO -> policy.npz
+
+    Train a router in the serving simulator. Writes checkpoint.pt, metrics.csv, tensorboard/ and
+    policy.npz to output_dir (or --output-dir).
+
+    example: rollflow router train --config examples/router/heterogeneous.yaml ppo.total_steps=20000
+    """
     from rollflow.learn.train import train
 
     train(_load(args), resume=args.resume)
 
 
 def _evaluate(args: argparse.Namespace, started_at: float) -> None:
+    """the learned router on the held-out seeds: latency, SLO attainment, decision time
+
+    example: rollflow router evaluate --config examples/router/heterogeneous.yaml
+    """
     from rich.console import Console
 
     from rollflow.learn.compare import policy_path
@@ -109,6 +99,11 @@ def _evaluate(args: argparse.Namespace, started_at: float) -> None:
 
 
 def _compare(args: argparse.Namespace, started_at: float) -> None:
+    """every router on the same held-out workloads; prints, plots and writes compare.json
+
+    example: rollflow router compare --config examples/router/homogeneous.yaml
+    --policy examples/router/homogeneous.policy.npz --output-dir out/
+    """
     from pathlib import Path
 
     from rich.console import Console

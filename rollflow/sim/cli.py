@@ -5,14 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from rollflow.cli_util import (
-    add_command,
-    add_config_arguments,
-    add_show_config,
-    add_subcommands,
-    config_overrides,
-    print_yaml,
-)
+from rollflow.cli_util import add_command, add_config_arguments, add_show_config, config_overrides, print_yaml
 
 EXAMPLES = """examples:
   rollflow sim serve --config examples/sim/demo.yaml
@@ -30,32 +23,12 @@ EXAMPLES = """examples:
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
-def register(group: argparse.ArgumentParser) -> argparse._SubParsersAction:
-    """Add `rollflow sim`'s subcommands; returns them (plan/ adds `search` to them, see rollflow/cli.py)."""
-    sim_commands = add_subcommands(group, EXAMPLES)
-
-    serve = add_command(
-        sim_commands,
-        "serve",
-        _serve,
-        help="run a serving simulation from a YAML config",
-        description="Run a serving simulation. Config keys can be overridden as dotted key=value pairs; "
-        "outputs (summary.json, requests.csv, chrome_trace.json, plots/) go to --output-dir or output.dir.",
-        fast_exit=True,
-    )
+def register(group: argparse.ArgumentParser) -> None:
+    serve = add_command(group, "serve", _serve, fast_exit=True)
     add_config_arguments(serve, "YAML config file (see examples/sim/)", "cluster.replicas=4", "output.dir")
     _add_no_plots(serve)
 
-    vidur = add_command(
-        sim_commands,
-        "from-vidur",
-        _from_vidur,
-        help="run the simulation a `python -m vidur.main` command line describes",
-        description="Translate Vidur's command-line flags (put them after --) into a rollflow config and run it. "
-        "Profile-table paths keep Vidur's {DEVICE}/{MODEL}/{NETWORK_DEVICE} placeholders and defaults "
-        "(./data/profiling/... under the current directory). Unsupported flags are errors.",
-        fast_exit=True,
-    )
+    vidur = add_command(group, "from-vidur", _from_vidur, fast_exit=True)
     vidur.add_argument(
         "--output-dir", help="output folder (default: --metrics_config_output_dir or simulator_output)"
     )
@@ -65,21 +38,11 @@ def register(group: argparse.ArgumentParser) -> argparse._SubParsersAction:
     )
     vidur.add_argument("vidur_flags", nargs=argparse.REMAINDER, help="Vidur flags, after --")
 
-    replay = add_command(
-        sim_commands,
-        "replay",
-        _replay,
-        help="replay a manager's request log in the simulator; print simulated against recorded latencies",
-        description="Replay the finished samples of a manager's request log (its `request_log:` file) at "
-        "their recorded arrival times on the cluster, scheduler and profile tables of --config (its "
-        "workload is ignored), and print simulated against recorded TTFT, TPOT and E2E at p50 and p90. "
-        "--output-dir (or output.dir) gets replay.json.",
-    )
+    replay = add_command(group, "replay", _replay)
     replay.add_argument("--from-manager-log", required=True, metavar="FILE", help="the manager's request log")
     add_config_arguments(replay, "sim YAML config describing the engines", output_key="output.dir")
 
-    add_show_config(sim_commands, "print a config with every default filled in, as YAML", _load_sim_config)
-    return sim_commands
+    add_show_config(group, "print a config with every default filled in, as YAML", _load_sim_config)
 
 
 def _add_no_plots(parser: argparse.ArgumentParser) -> None:
@@ -98,6 +61,11 @@ def _load_sim_config(path: str | None, overrides: list[str]):
 
 
 def _serve(args: argparse.Namespace, started_at: float) -> None:
+    """run a serving simulation from a YAML config
+
+    Run a serving simulation. Config keys can be overridden as dotted key=value pairs; outputs
+    (summary.json, requests.csv, chrome_trace.json, plots/) go to --output-dir or output.dir.
+    """
     from rollflow.sim.runner import run_simulation
 
     overrides = config_overrides(args)
@@ -108,6 +76,12 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
 
 
 def _from_vidur(args: argparse.Namespace, started_at: float) -> None:
+    """run the simulation a `python -m vidur.main` command line describes
+
+    Translate Vidur's command-line flags (put them after --) into a rollflow config and run it.
+    Profile-table paths keep Vidur's {DEVICE}/{MODEL}/{NETWORK_DEVICE} placeholders and defaults
+    (./data/profiling/... under the current directory). Unsupported flags are errors.
+    """
     from rollflow.sim.vidur_flags import vidur_flags_to_config
 
     flags = args.vidur_flags[1:] if args.vidur_flags[:1] == ["--"] else args.vidur_flags
@@ -124,6 +98,13 @@ def _from_vidur(args: argparse.Namespace, started_at: float) -> None:
 
 
 def _replay(args: argparse.Namespace, started_at: float) -> None:
+    """replay a manager's request log in the simulator; print simulated against recorded latencies
+
+    Replay the finished samples of a manager's request log (its `request_log:` file) at their
+    recorded arrival times on the cluster, scheduler and profile tables of --config (its workload
+    is ignored), and print simulated against recorded TTFT, TPOT and E2E at p50 and p90.
+    --output-dir (or output.dir) gets replay.json.
+    """
     from rollflow.sim.replay import format_report, replay_manager_log, write_report
 
     config = _load_sim_config(args.config, config_overrides(args))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from rollflow.cli_util import add_command, add_subcommands, profiling_progress
+from rollflow.cli_util import add_command, profiling_progress
 
 EXAMPLES = """examples:
   rollflow engine init-model models/tiny && rollflow profile ops --model-config models/tiny/config.json --device cpu --out outputs/profile/tiny --grid small
@@ -14,23 +14,8 @@ EXAMPLES = """examples:
 """
 
 
-def register(group: argparse.ArgumentParser) -> argparse._SubParsersAction:
-    """Add `rollflow profile`'s subcommands; returns them (`engine` is the engine profiler's, see
-    rollflow/cli.py)."""
-    profile_commands = add_subcommands(group, EXAMPLES)
-    ops = add_command(
-        profile_commands,
-        "ops",
-        _ops,
-        help="time one layer's operators over a grid of shapes; write mlp.csv and attention.csv",
-        description="Time the operators of one layer of the model a Hugging Face config.json describes "
-        "(random weights, nothing downloaded) on the present device, each tensor-parallel size as its "
-        "sharded shapes, with warm-up and repeated timing (CUDA events on a GPU). Writes Vidur-format "
-        "mlp.csv and attention.csv that `rollflow sim` reads with execution.kind=tables. Interrupted runs "
-        "resume from OUT/profile_progress.jsonl.",
-        examples="rollflow profile ops --model-config models/tiny/config.json --device cpu "
-        "--out outputs/profile/tiny --grid small",
-    )
+def register(group: argparse.ArgumentParser) -> None:
+    ops = add_command(group, "ops", _ops)
     ops.add_argument("--model-config", required=True, help="a Hugging Face config.json (or its folder)")
     ops.add_argument("--device", required=True, choices=["cpu", "cuda"], help="where to run the operators")
     ops.add_argument("--out", required=True, help="output folder for mlp.csv, attention.csv")
@@ -52,10 +37,20 @@ def register(group: argparse.ArgumentParser) -> argparse._SubParsersAction:
     ops.add_argument("--warmup", type=int, default=3, help="untimed calls before timing (default 3)")
     ops.add_argument("--repeats", type=int, default=10, help="timed calls per point (default 10)")
     ops.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
-    return profile_commands
 
 
 def _ops(args: argparse.Namespace, started_at: float) -> None:
+    """time one layer's operators over a grid of shapes; write mlp.csv and attention.csv
+
+    Time the operators of one layer of the model a Hugging Face config.json describes (random
+    weights, nothing downloaded) on the present device, each tensor-parallel size as its sharded
+    shapes, with warm-up and repeated timing (CUDA events on a GPU). Writes Vidur-format mlp.csv
+    and attention.csv that `rollflow sim` reads with execution.kind=tables. Interrupted runs resume
+    from OUT/profile_progress.jsonl.
+
+    example: rollflow profile ops --model-config models/tiny/config.json --device cpu
+    --out outputs/profile/tiny --grid small
+    """
     from rollflow.errors import UserError
     from rollflow.perf.profile.grid import build_grid
     from rollflow.perf.profile.hf_config import check_tensor_parallel, load_model_config

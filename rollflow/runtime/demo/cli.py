@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rollflow.cli_util import add_command, add_config_arguments, add_show_config, add_subcommands
+from rollflow.cli_util import add_command, add_config_arguments, add_show_config
 
 EXAMPLES = """examples:
   rollflow demo run --config examples/demo/preemption.yaml --output-dir outputs/demo
@@ -17,22 +17,7 @@ CONFIG_HELP = "YAML with launch:, train: and demo: sections"
 
 
 def register(group: argparse.ArgumentParser) -> None:
-    sub = add_subcommands(group, EXAMPLES)
-    run = add_command(
-        sub,
-        "run",
-        _run,
-        help="launch manager, weight server, engines and trainer; preempt a spot engine mid-rollout",
-        description="Start the manager, a weight server and the engine pools of the config's launch section "
-        "(on 127.0.0.1), then train with the config's train section. During the rollout of "
-        "demo.preemption.step one engine of the preempted pool (default: the first spot pool) is killed with "
-        "SIGKILL while it streams half-done samples; the manager resumes them elsewhere from their tokens, and a "
-        "new engine pulls the newest weights and joins. Ends with a summary table, summary.json and "
-        "timeline.png in --output-dir. A config with RLinf's cluster: section (examples/demo/dynamic.yaml) "
-        "runs the dynamic-scheduling demo instead: devices move between actor and rollout within each step "
-        "(summary.json and gantt.png).",
-        examples=EXAMPLES,
-    )
+    run = add_command(group, "run", _run, examples=EXAMPLES)
     add_config_arguments(run, CONFIG_HELP, "train.steps=10")
     run.add_argument(
         "--output-dir",
@@ -42,7 +27,7 @@ def register(group: argparse.ArgumentParser) -> None:
     )
 
     add_show_config(
-        sub,
+        group,
         "print the config with every default filled in",
         _load,
         CONFIG_HELP,
@@ -53,6 +38,17 @@ def register(group: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace, started_at: float) -> None:
+    """launch manager, weight server, engines and trainer; preempt a spot engine mid-rollout
+
+    Start the manager, a weight server and the engine pools of the config's launch section (on
+    127.0.0.1), then train with the config's train section. During the rollout of
+    demo.preemption.step one engine of the preempted pool (default: the first spot pool) is killed
+    with SIGKILL while it streams half-done samples; the manager resumes them elsewhere from their
+    tokens, and a new engine pulls the newest weights and joins. Ends with a summary table,
+    summary.json and timeline.png in --output-dir. A config with RLinf's cluster: section
+    (examples/demo/dynamic.yaml) runs the dynamic-scheduling demo instead: devices move between
+    actor and rollout within each step (summary.json and gantt.png).
+    """
     import signal
     import sys
     from pathlib import Path

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rollflow.cli_util import add_command, add_listen_arguments, add_secret_argument, add_subcommands
+from rollflow.cli_util import add_command, add_listen_arguments, add_secret_argument
 from rollflow.runtime.engines.builtin import DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_PREFIX_CACHE_TOKENS
 from rollflow.runtime.engines.tiny_model import DTYPES, TinyModelSpec, write_tiny_model
 from rollflow.runtime.http import limits
@@ -23,18 +23,7 @@ API_KEY_ENV = "ROLLFLOW_ENGINE_API_KEY"
 
 
 def register(group: argparse.ArgumentParser) -> None:
-    engine_commands = add_subcommands(group, EXAMPLES)
-
-    init = add_command(
-        engine_commands,
-        "init-model",
-        _init_model,
-        help="write a tiny random Llama model and its tokenizer (no download)",
-        description="Write a random causal LM (Llama, head_dim 64; tiny by default, any Llama shape with the "
-        "options) with a byte-level BPE tokenizer trained here, to a folder that transformers, vLLM and "
-        "`rollflow engine serve` load.",
-        examples="rollflow engine init-model models/tiny --layers 2 --heads 2 --vocab 512",
-    )
+    init = add_command(group, "init-model", _init_model)
     init.add_argument("dir", help="output folder (created if missing)")
     init.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
     init.add_argument("--layers", type=int, default=2, help="decoder layers (default 2)")
@@ -58,18 +47,7 @@ def register(group: argparse.ArgumentParser) -> None:
         "0.02, transformers' own, keeps a large model's activations in float16's range)",
     )
 
-    serve = add_command(
-        engine_commands,
-        "serve",
-        _serve,
-        help="serve a model folder with the built-in engine (SGLang's /generate API subset)",
-        description="Serve a model on CPU or a GPU with transformers behind the part of SGLang's HTTP API that the "
-        "rollout manager uses: /generate (streaming, logprobs, batches), /abort_request, /v1/loads, /get_load, "
-        "/health, /health_generate, "
-        "/get_model_info, /get_weight_version, /update_weights_from_disk, /update_weights_from_safetensors, "
-        "/pause_generation, /continue_generation, /v1/loads, /get_load. Prints `serving on http://HOST:PORT` when ready.",
-        examples="rollflow engine serve --model models/tiny --port 30000",
-    )
+    serve = add_command(group, "serve", _serve)
     serve.add_argument("--model", required=True, help="model folder (e.g. from `rollflow engine init-model`)")
     add_listen_arguments(serve, 30000)
     serve.add_argument(
@@ -149,6 +127,14 @@ def _at_least(low: int):
 
 
 def _init_model(args: argparse.Namespace, started_at: float) -> None:
+    """write a tiny random Llama model and its tokenizer (no download)
+
+    Write a random causal LM (Llama, head_dim 64; tiny by default, any Llama shape with the
+    options) with a byte-level BPE tokenizer trained here, to a folder that transformers, vLLM and
+    `rollflow engine serve` load.
+
+    example: rollflow engine init-model models/tiny --layers 2 --heads 2 --vocab 512
+    """
     spec = TinyModelSpec(
         num_layers=args.layers,
         num_heads=args.heads,
@@ -165,6 +151,16 @@ def _init_model(args: argparse.Namespace, started_at: float) -> None:
 
 
 def _serve(args: argparse.Namespace, started_at: float) -> None:
+    """serve a model folder with the built-in engine (SGLang's /generate API subset)
+
+    Serve a model on CPU or a GPU with transformers behind the part of SGLang's HTTP API that the
+    rollout manager uses: /generate (streaming, logprobs, batches), /abort_request, /v1/loads,
+    /get_load, /health, /health_generate, /get_model_info, /get_weight_version,
+    /update_weights_from_disk, /update_weights_from_safetensors, /pause_generation,
+    /continue_generation, /v1/loads, /get_load. Prints `serving on http://HOST:PORT` when ready.
+
+    example: rollflow engine serve --model models/tiny --port 30000
+    """
     import logging
 
     from rollflow.runtime.engines.builtin.launch import serve_engine

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rollflow.cli_util import add_command, add_config_arguments, add_show_config, add_subcommands
+from rollflow.cli_util import add_command, add_config_arguments, add_show_config
 
 EXAMPLES = """examples:
   rollflow engine init-model models/tiny   # the model examples/launch/local.yaml serves
@@ -15,22 +15,11 @@ EXAMPLES = """examples:
 
 
 def register(group: argparse.ArgumentParser) -> None:
-    sub = add_subcommands(group, EXAMPLES)
-    up = add_command(
-        sub,
-        "up",
-        _up,
-        help="start everything in the config's launch section and supervise it",
-        description="Start the rollout manager, then every engine pool (each engine pulls the newest weights "
-        "when its pool names a weights_url, and is registered with the manager), then the trainer command. "
-        "Runs until the trainer exits or Ctrl-C, adding or removing engines after each reported step when "
-        "autoscale is enabled; then stops every process it started. Everything binds 127.0.0.1.",
-        examples=EXAMPLES,
-    )
+    up = add_command(group, "up", _up, examples=EXAMPLES)
     add_config_arguments(up, "YAML file with a launch: section (see examples/launch/)", "launch.work_dir=out")
 
     add_show_config(
-        sub,
+        group,
         "print the launch section with every default filled in",
         _load,
         "YAML file with a launch: section",
@@ -41,6 +30,13 @@ def register(group: argparse.ArgumentParser) -> None:
 
 
 def _up(args: argparse.Namespace, started_at: float) -> None:
+    """start everything in the config's launch section and supervise it
+
+    Start the rollout manager, then every engine pool (each engine pulls the newest weights when
+    its pool names a weights_url, and is registered with the manager), then the trainer command.
+    Runs until the trainer exits or Ctrl-C, adding or removing engines after each reported step
+    when autoscale is enabled; then stops every process it started. Everything binds 127.0.0.1.
+    """
     import sys
 
     from rollflow.runtime.launch.config import load_launch_config

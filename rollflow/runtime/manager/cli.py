@@ -6,13 +6,7 @@ import argparse
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from rollflow.cli_util import (
-    add_command,
-    add_config_arguments,
-    add_listen_arguments,
-    add_secret_argument,
-    add_subcommands,
-)
+from rollflow.cli_util import add_command, add_config_arguments, add_listen_arguments, add_secret_argument
 from rollflow.runtime.manager.token import TOKEN_ENV
 
 EXAMPLES = """examples:
@@ -34,17 +28,7 @@ then, from anywhere on the machine:
 
 
 def register(group: argparse.ArgumentParser) -> None:
-    sub = add_subcommands(group, EXAMPLES)
-    serve = add_command(
-        sub,
-        "serve",
-        _serve,
-        help="serve the manager's HTTP API",
-        description="Serve the rollout manager. Engines register with POST /workers (or are listed under "
-        "`engines:` in the config); trainers submit batches and read micro-batches; SGLang clients may "
-        "call POST /generate as on one engine. Binds 127.0.0.1 unless --host says otherwise.",
-        examples=EXAMPLES,
-    )
+    serve = add_command(group, "serve", _serve, examples=EXAMPLES)
     add_config_arguments(
         serve, "YAML config (see examples/manager/); defaults work without one", required=False
     )
@@ -71,17 +55,7 @@ def register(group: argparse.ArgumentParser) -> None:
     )
     _add_log_format(serve)
 
-    relay = add_command(
-        sub,
-        "relay",
-        _relay,
-        help="read the token streams of this node's engines for a manager on another node",
-        description="Serve a relay: a manager dials it and opens on it the streams of the engines "
-        "registered with `relay: HOST:PORT`; it reads them on this node and sends the manager their "
-        "tokens merged, once every --flush-ms. Binds 127.0.0.1 unless --host says otherwise; a "
-        "manager must greet it with --token (set one before opening it to other machines).",
-        examples=EXAMPLES,
-    )
+    relay = add_command(group, "relay", _relay, examples=EXAMPLES)
     add_listen_arguments(relay, 30200)
     add_secret_argument(relay, "--token", TOKEN_ENV, "the manager's token, which it greets the relay with")
     relay.add_argument(
@@ -102,6 +76,12 @@ def _add_log_format(parser: argparse.ArgumentParser) -> None:
 
 
 def _serve(args: argparse.Namespace, started_at: float) -> None:
+    """serve the manager's HTTP API
+
+    Serve the rollout manager. Engines register with POST /workers (or are listed under `engines:`
+    in the config); trainers submit batches and read micro-batches; SGLang clients may call POST
+    /generate as on one engine. Binds 127.0.0.1 unless --host says otherwise.
+    """
     from rollflow.config import load_config
     from rollflow.runtime.manager.config import ManagerConfig
     from rollflow.runtime.manager.edge.server import serve
@@ -119,6 +99,13 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
 
 
 def _relay(args: argparse.Namespace, started_at: float) -> None:
+    """read the token streams of this node's engines for a manager on another node
+
+    Serve a relay: a manager dials it and opens on it the streams of the engines registered with
+    `relay: HOST:PORT`; it reads them on this node and sends the manager their tokens merged, once
+    every --flush-ms. Binds 127.0.0.1 unless --host says otherwise; a manager must greet it with
+    --token (set one before opening it to other machines).
+    """
     from rollflow.errors import UserError
     from rollflow.runtime.manager.streams.relay import serve_relay
 

@@ -20,14 +20,7 @@ the manager and its engines must be running first (README, section Trainer).
 
 def register(train: argparse.ArgumentParser) -> None:
     """`rollflow train` is one command, not a group of them."""
-    set_command(
-        train,
-        _train,
-        description="Train with GRPO or PPO on micro-batches streamed from a rollout manager; after each "
-        "step the new weights go to every engine through the manager. Writes metrics.csv, TensorBoard "
-        "logs, weights/v{N}/ and checkpoints/step_{N}/ under output_dir.",
-        examples=EXAMPLES,
-    )
+    set_command(train, _train)
     add_config_arguments(train, "YAML config (see examples/train/)", "algorithm=ppo steps=20")
     add_resume_argument(
         train,
@@ -38,6 +31,10 @@ def register(train: argparse.ArgumentParser) -> None:
 
 
 def _train(args: argparse.Namespace, started_at: float) -> None:
+    """Train with GRPO or PPO on micro-batches streamed from a rollout manager; after each step the
+    new weights go to every engine through the manager. Writes metrics.csv, TensorBoard logs,
+    weights/v{N}/ and checkpoints/step_{N}/ under output_dir.
+    """
     import sys
     from pathlib import Path
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rollflow.cli_util import add_command, add_listen_arguments, add_subcommands
+from rollflow.cli_util import add_command, add_listen_arguments
 from rollflow.runtime.http import limits
 from rollflow.runtime.weights.token import TOKEN_ENV, publish_token
 
@@ -23,18 +23,7 @@ EXAMPLES = """examples:
 
 
 def register(group: argparse.ArgumentParser) -> None:
-    sub = add_subcommands(group, EXAMPLES)
-
-    serve = add_command(
-        sub,
-        "serve",
-        _serve,
-        help="serve a weight store folder over HTTP",
-        description="Serve the versions in --dir to pullers (creating the folder if needed). Publishing "
-        f"over HTTP needs the bearer token in ${TOKEN_ENV}; without it the server takes no publishes "
-        "unless started with --insecure-open-publish.",
-        examples="rollflow weights serve --dir outputs/weights --port 8650",
-    )
+    serve = add_command(group, "serve", _serve)
     serve.add_argument("--dir", required=True, help="weight store folder")
     add_listen_arguments(serve, 8650)
     serve.add_argument(
@@ -61,15 +50,7 @@ def register(group: argparse.ArgumentParser) -> None:
         help="address engines reach this server's Mooncake engine at (default: --host; set it when --host is 0.0.0.0)",
     )
 
-    publish = add_command(
-        sub,
-        "publish",
-        _publish,
-        help="upload a version to a weight server",
-        description="Upload the tensors of a .safetensors file, or of every .safetensors file in a "
-        "checkpoint folder (with its config.json and generation_config.json), as --version.",
-        examples="rollflow weights publish --url http://127.0.0.1:8650 --version 3 --from ckpt/",
-    )
+    publish = add_command(group, "publish", _publish)
     publish.add_argument("--url", required=True, help="weight server URL")
     publish.add_argument(
         "--version", type=int, required=True, help="version number (greater than the latest)"
@@ -78,25 +59,10 @@ def register(group: argparse.ArgumentParser) -> None:
         "--from", dest="source", required=True, help=".safetensors file or checkpoint folder"
     )
 
-    versions = add_command(
-        sub,
-        "versions",
-        _versions,
-        help="list the versions a weight server holds",
-        examples="rollflow weights versions --url http://127.0.0.1:8650",
-    )
+    versions = add_command(group, "versions", _versions)
     versions.add_argument("--url", required=True, help="weight server URL")
 
-    pull = add_command(
-        sub,
-        "pull",
-        _pull,
-        help="pull a version into a checkpoint folder",
-        description="Fetch, verify and decode a version; writes model.safetensors, the published text "
-        "files and rollflow_weights.json to --out. An interrupted pull resumes from the chunks kept "
-        "in --cache-dir.",
-        examples="rollflow weights pull --url http://127.0.0.1:8650 --out outputs/engine0 --codec zstd",
-    )
+    pull = add_command(group, "pull", _pull)
     pull.add_argument("--url", required=True, help="weight server URL")
     pull.add_argument("--out", required=True, help="output folder")
     pull.add_argument("--version", type=int, help="version to pull (default: the latest)")
@@ -117,6 +83,14 @@ def register(group: argparse.ArgumentParser) -> None:
 
 
 def _serve(args: argparse.Namespace, started_at: float) -> None:
+    """serve a weight store folder over HTTP
+
+    Serve the versions in --dir to pullers (creating the folder if needed). Publishing over HTTP
+    needs the bearer token in $ROLLFLOW_WEIGHTS_TOKEN; without it the server takes no publishes
+    unless started with --insecure-open-publish.
+
+    example: rollflow weights serve --dir outputs/weights --port 8650
+    """
     import asyncio
 
     from rollflow.runtime.logs import setup_logging
@@ -172,6 +146,13 @@ def _mooncake(args: argparse.Namespace):
 
 
 def _publish(args: argparse.Namespace, started_at: float) -> None:
+    """upload a version to a weight server
+
+    Upload the tensors of a .safetensors file, or of every .safetensors file in a checkpoint folder
+    (with its config.json and generation_config.json), as --version.
+
+    example: rollflow weights publish --url http://127.0.0.1:8650 --version 3 --from ckpt/
+    """
     from rollflow.runtime.weights.checkpoint import publish_checkpoint
 
     manifest = publish_checkpoint(args.url, args.version, args.source, publish_token())
@@ -181,6 +162,10 @@ def _publish(args: argparse.Namespace, started_at: float) -> None:
 
 
 def _versions(args: argparse.Namespace, started_at: float) -> None:
+    """list the versions a weight server holds
+
+    example: rollflow weights versions --url http://127.0.0.1:8650
+    """
     import asyncio
     import tempfile
 
@@ -196,6 +181,14 @@ def _versions(args: argparse.Namespace, started_at: float) -> None:
 
 
 def _pull(args: argparse.Namespace, started_at: float) -> None:
+    """pull a version into a checkpoint folder
+
+    Fetch, verify and decode a version; writes model.safetensors, the published text files and
+    rollflow_weights.json to --out. An interrupted pull resumes from the chunks kept in
+    --cache-dir.
+
+    example: rollflow weights pull --url http://127.0.0.1:8650 --out outputs/engine0 --codec zstd
+    """
     import asyncio
     from pathlib import Path
 

@@ -4,13 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rollflow.cli_util import (
-    add_command,
-    add_config_arguments,
-    add_show_config,
-    add_subcommands,
-    config_overrides,
-)
+from rollflow.cli_util import add_command, add_config_arguments, add_show_config, config_overrides
 
 EXAMPLES = """examples:
   rollflow rl-sim run --config examples/rl/rlinf_dynamic.yaml --output-dir out/rl
@@ -22,36 +16,10 @@ EXAMPLES = """examples:
 """
 
 
-def register(group: argparse.ArgumentParser) -> argparse._SubParsersAction:
-    """Add `rollflow rl-sim`'s subcommands; returns them (plan/ adds `search` to them, see rollflow/cli.py)."""
-    rl_commands = add_subcommands(group, EXAMPLES)
-
-    run = add_command(
-        rl_commands,
-        "run",
-        _run,
-        help="simulate the steps a YAML config describes",
-        description="Simulate RL training steps. Config keys can be overridden as dotted key=value pairs; "
-        "summary.json, gantt.png and chrome_trace.json go to --output-dir or output.dir.",
-        examples=EXAMPLES,
-    )
-    _common(run)
-
-    compare = add_command(
-        rl_commands,
-        "compare",
-        _compare,
-        help="run every policy of the config's `compare` list on its workload; print, plot and save the table",
-        description="Run each variant under `compare:` (a name plus dotted overrides) on the config's "
-        "workload and write compare.json (per policy: step_time_s, throughput_tokens_per_s, "
-        "gpu_utilization, cost_usd_per_mtok, regenerated_tokens), compare.png, and each variant's "
-        "outputs under DIR/<name>/.",
-        examples=EXAMPLES,
-    )
-    _common(compare)
-
-    add_show_config(rl_commands, "print a config with every default filled in, as YAML", _load)
-    return rl_commands
+def register(group: argparse.ArgumentParser) -> None:
+    _common(add_command(group, "run", _run, examples=EXAMPLES))
+    _common(add_command(group, "compare", _compare, examples=EXAMPLES))
+    add_show_config(group, "print a config with every default filled in, as YAML", _load)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -71,12 +39,24 @@ def _load(path: str | None, overrides: list[str]):
 
 
 def _run(args: argparse.Namespace, started_at: float) -> None:
+    """simulate the steps a YAML config describes
+
+    Simulate RL training steps. Config keys can be overridden as dotted key=value pairs;
+    summary.json, gantt.png and chrome_trace.json go to --output-dir or output.dir.
+    """
     from rollflow.sim.rl.runner import run_rl
 
     run_rl(_load(args.config, _with_plots(args, config_overrides(args))))
 
 
 def _compare(args: argparse.Namespace, started_at: float) -> None:
+    """run every policy of the config's `compare` list on its workload; print, plot and save the table
+
+    Run each variant under `compare:` (a name plus dotted overrides) on the config's workload and
+    write compare.json (per policy: step_time_s, throughput_tokens_per_s, gpu_utilization,
+    cost_usd_per_mtok, regenerated_tokens), compare.png, and each variant's outputs under
+    DIR/<name>/.
+    """
     from rollflow.sim.rl.compare import run_compare
 
     # --output-dir goes to run_compare, which gives each variant a folder of its own inside it

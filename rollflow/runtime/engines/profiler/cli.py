@@ -7,25 +7,9 @@ import argparse
 from rollflow.cli_util import add_command, profiling_progress
 
 
-def add_profile_engine(profile_commands: argparse._SubParsersAction) -> None:
+def add_profile_engine(profile: argparse.ArgumentParser) -> None:
     """Add `engine` to `rollflow profile`."""
-    engine = add_command(
-        profile_commands,
-        "engine",
-        _engine,
-        help="measure a running engine's iteration time from its streams; write tables rollflow sim reads",
-        description="Send controlled request mixes to a running engine (concurrent decodes at each --batch-sizes "
-        "size after each --decode-prompt-lengths prompt; single prompts at each --prompt-lengths length), read "
-        "per-iteration times from the token streams, and write mlp.csv/attention.csv in Vidur's format: the "
-        "whole iteration time per layer at each batch's token count (fixed per-iteration overhead included), "
-        "and what a decode batch costs beyond its tokens as decode attention at its batch size and KV length. "
-        "Also measured and printed as simulation overrides: the request round trip "
-        "(execution.request_overhead_ms), the wake-up of an engine that idled (execution.idle_wakeup_ms) and "
-        "what admitting a request beside running decodes adds to that iteration (execution.admission_ms). "
-        "Interrupted runs resume from OUT/profile_progress.jsonl; delete it to profile the engine anew.",
-        examples="rollflow profile engine --url http://127.0.0.1:30000 --kind builtin "
-        "--model-config models/tiny/config.json --out outputs/profile/engine",
-    )
+    engine = add_command(profile, "engine", _engine)
     engine.add_argument("--url", required=True, help="the engine's base URL")
     engine.add_argument("--kind", default="builtin", choices=["builtin", "sglang", "vllm"], help="engine API")
     engine.add_argument("--model-config", required=True, help="config.json of the served model (its shape)")
@@ -76,6 +60,22 @@ def _int_list(flag: str, value: str) -> tuple[int, ...]:
 
 
 def _engine(args: argparse.Namespace, started_at: float) -> None:
+    """measure a running engine's iteration time from its streams; write tables rollflow sim reads
+
+    Send controlled request mixes to a running engine (concurrent decodes at each --batch-sizes
+    size after each --decode-prompt-lengths prompt; single prompts at each --prompt-lengths
+    length), read per-iteration times from the token streams, and write mlp.csv/attention.csv in
+    Vidur's format: the whole iteration time per layer at each batch's token count (fixed
+    per-iteration overhead included), and what a decode batch costs beyond its tokens as decode
+    attention at its batch size and KV length. Also measured and printed as simulation overrides:
+    the request round trip (execution.request_overhead_ms), the wake-up of an engine that idled
+    (execution.idle_wakeup_ms) and what admitting a request beside running decodes adds to that
+    iteration (execution.admission_ms). Interrupted runs resume from OUT/profile_progress.jsonl;
+    delete it to profile the engine anew.
+
+    example: rollflow profile engine --url http://127.0.0.1:30000 --kind builtin
+    --model-config models/tiny/config.json --out outputs/profile/engine
+    """
     import asyncio
     import statistics
     from pathlib import Path
