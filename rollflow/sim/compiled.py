@@ -117,19 +117,26 @@ def replica_spec(replica: Replica) -> SimpleNamespace:
     )
 
 
+# What write_back copies from a replica's totals, by the name both sides use: onto its ReplicaStats,
+# the replica itself and its scheduler.
+_STATS_TOTALS = ("busy_s", "flops", "num_iterations", "decode_tokens", "batches", "kv_samples")
+_REPLICA_TOTALS = ("tokens_per_s", "idle_since")
+_SCHEDULER_TOTALS = (
+    "num_preemptions",
+    "num_allocated_blocks",
+    "num_resident",
+    "waiting_tokens",
+    "resident_remaining_tokens",
+)
+
+
 def write_back(replica: Replica, total: dict) -> None:
-    stats = replica.stats
-    stats.busy_s = total["busy_s"]
-    stats.flops = total["flops"]
-    stats.num_iterations = total["num_iterations"]
-    stats.decode_tokens = total["decode_tokens"]
-    stats.batches = total["batches"]
-    stats.kv_samples = total["kv_samples"]
-    replica.tokens_per_s = total["tokens_per_s"]
-    replica.idle_since = total["idle_since"]
-    scheduler = replica.scheduler
-    scheduler.num_preemptions = total["num_preemptions"]
-    scheduler.num_allocated_blocks = total["num_allocated_blocks"]
-    scheduler.num_resident = total["num_resident"]
-    scheduler.waiting_tokens = total["waiting_tokens"]
-    scheduler.resident_remaining_tokens = total["resident_remaining_tokens"]
+    """Leave `replica` as the Python loop would have: `total` (a replica's totals from _loop.c) names
+    each field as ReplicaStats, Replica and the scheduler do."""
+    for target, names in (
+        (replica.stats, _STATS_TOTALS),
+        (replica, _REPLICA_TOTALS),
+        (replica.scheduler, _SCHEDULER_TOTALS),
+    ):
+        for name in names:
+            setattr(target, name, total[name])

@@ -102,6 +102,19 @@ def test_samples_stream_in_submission_order(fleet):
     ]
 
 
+UNREACHABLE = "http://127.0.0.1:1"
+BAD_WEIGHT_SOURCES = [
+    ({"model_path": "/x", "weights_url": UNREACHABLE}, "give exactly one of model_path and weights_url"),
+    ({}, "exactly one of model_path and weights_url"),
+    ({"weights_url": UNREACHABLE, "codec": "delta+gzip"}, "codec: unknown codec 'delta+gzip'"),
+    ({"model_path": "/x", "codec": "zstd"}, "codec applies to weights_url only"),
+    ({"weights_url": UNREACHABLE, "transport": "nccl"}, "transport: Input should be 'http' or 'mooncake'"),
+    ({"model_path": "/x", "transport": "mooncake"}, "transport applies to weights_url only"),
+]
+"""Weight sources the manager refuses with a 400, and what it says; each is sent to engine 0's
+/update_weights with weight_version 1, so only the source keys differ from one case to the next."""
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "message"),
     [
@@ -142,7 +155,7 @@ def test_samples_stream_in_submission_order(fleet):
         ("/batches", {"prompts": [[1], []], "n": 2}, 400, "prompts[1] is empty"),
         ("/batches", {"prompts": [[1]], "n": 0}, 400, "n: "),
         ("/workers", {"url": "not a url"}, 400, "url"),
-        ("/workers", {"url": "http://127.0.0.1:1"}, 400, "unreachable"),
+        ("/workers", {"url": UNREACHABLE}, 400, "unreachable"),
         ("/batches/nope/next", {}, 404, "unknown batch id 'nope'"),
         (
             "/workers/99/update_weights",
@@ -150,42 +163,10 @@ def test_samples_stream_in_submission_order(fleet):
             404,
             "unknown or failed engine id 99",
         ),
-        (
-            "/workers/0/update_weights",
-            {"model_path": "/x", "weights_url": "http://127.0.0.1:1", "weight_version": 1},
-            400,
-            "give exactly one of model_path and weights_url",
-        ),
-        (
-            "/workers/0/update_weights",
-            {"weight_version": 1},
-            400,
-            "exactly one of model_path and weights_url",
-        ),
-        (
-            "/workers/0/update_weights",
-            {"weights_url": "http://127.0.0.1:1", "codec": "delta+gzip", "weight_version": 1},
-            400,
-            "codec: unknown codec 'delta+gzip'",
-        ),
-        (
-            "/workers/0/update_weights",
-            {"model_path": "/x", "codec": "zstd", "weight_version": 1},
-            400,
-            "codec applies to weights_url only",
-        ),
-        (
-            "/workers/0/update_weights",
-            {"weights_url": "http://127.0.0.1:1", "transport": "nccl", "weight_version": 1},
-            400,
-            "transport: Input should be 'http' or 'mooncake'",
-        ),
-        (
-            "/workers/0/update_weights",
-            {"model_path": "/x", "transport": "mooncake", "weight_version": 1},
-            400,
-            "transport applies to weights_url only",
-        ),
+        *[
+            ("/workers/0/update_weights", {**source, "weight_version": 1}, 400, message)
+            for source, message in BAD_WEIGHT_SOURCES
+        ],
         (
             "/workers/0/resume",
             {"model_path": "/x", "weight_version": 1, "transport": "mooncake"},

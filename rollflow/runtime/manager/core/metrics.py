@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from enum import Enum
+from functools import partial
 from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -22,58 +23,49 @@ class ManagerMetrics:
         (setting them at every dispatch cost more than the routing itself)."""
         self._before_render = before_render
         self.registry = CollectorRegistry()
-        r = self.registry
-        self.queue_depth = Gauge("rollflow_queue_depth", "Samples waiting for an engine", registry=r)
-        self.running_samples = Gauge("rollflow_running_samples", "Samples streaming from engines", registry=r)
-        self.engines = Gauge("rollflow_engines", "Engines in the pool by state", ["state"], registry=r)
-        self.engine_tokens_per_s = Gauge(
-            "rollflow_engine_tokens_per_s", "Recent generation throughput", ["engine_id", "kind"], registry=r
+        # every metric lives in this manager's registry, never prometheus_client's global one
+        gauge = partial(Gauge, registry=self.registry)
+        counter = partial(Counter, registry=self.registry)
+        self.queue_depth = gauge("rollflow_queue_depth", "Samples waiting for an engine")
+        self.running_samples = gauge("rollflow_running_samples", "Samples streaming from engines")
+        self.engines = gauge("rollflow_engines", "Engines in the pool by state", ["state"])
+        self.engine_tokens_per_s = gauge(
+            "rollflow_engine_tokens_per_s", "Recent generation throughput", ["engine_id", "kind"]
         )
-        self.resumed_samples = Counter(
-            "rollflow_resumed_samples_total", "Samples moved to another attempt", ["reason"], registry=r
+        self.resumed_samples = counter(
+            "rollflow_resumed_samples_total", "Samples moved to another attempt", ["reason"]
         )
-        self.regenerated_tokens = Counter(
-            "rollflow_regenerated_tokens_total", "Generated tokens thrown away and made again", registry=r
+        self.regenerated_tokens = counter(
+            "rollflow_regenerated_tokens_total", "Generated tokens thrown away and made again"
         )
-        self.engine_failures = Counter(
-            "rollflow_engine_failures_total", "Engines taken out of the pool", ["reason"], registry=r
+        self.engine_failures = counter(
+            "rollflow_engine_failures_total", "Engines taken out of the pool", ["reason"]
         )
-        self.router_errors = Counter(
-            "rollflow_router_errors_total",
-            "Decisions the router failed, routed by least outstanding",
-            registry=r,
+        self.router_errors = counter(
+            "rollflow_router_errors_total", "Decisions the router failed, routed by least outstanding"
         )
-        self.requests_rejected = Counter(
-            "rollflow_requests_rejected_total", "Requests answered with a 4xx", ["status"], registry=r
+        self.requests_rejected = counter(
+            "rollflow_requests_rejected_total", "Requests answered with a 4xx", ["status"]
         )
-        self.journal_errors = Counter(
-            "rollflow_journal_errors",
-            "Journal writes that failed (each try while a failure lasts)",
-            registry=r,
+        self.journal_errors = counter(
+            "rollflow_journal_errors", "Journal writes that failed (each try while a failure lasts)"
         )
-        self.journal_state = Gauge(
-            "rollflow_journal_state",
-            "0: the journal writes (or there is none); 1: its writes fail",
-            registry=r,
+        self.journal_state = gauge(
+            "rollflow_journal_state", "0: the journal writes (or there is none); 1: its writes fail"
         )
         self.resume_delay = Histogram(
             "rollflow_resume_delay_seconds",
             "From an attempt's end (failure detected, move decided) to the sample's first token elsewhere",
             buckets=RESUME_BUCKETS,
-            registry=r,
+            registry=self.registry,
         )
-        self.stream_processes = Gauge(
-            "rollflow_stream_processes",
-            "Stream processes up (processes: N > 1) reading engines' streams",
-            registry=r,
+        self.stream_processes = gauge(
+            "rollflow_stream_processes", "Stream processes up (processes: N > 1) reading engines' streams"
         )
-        self.relays = Gauge(
-            "rollflow_relays", "Relays connected, reading their nodes' engines' streams", registry=r
-        )
-        self.stream_process_restarts = Counter(
+        self.relays = gauge("rollflow_relays", "Relays connected, reading their nodes' engines' streams")
+        self.stream_process_restarts = counter(
             "rollflow_stream_process_restarts_total",
             "Stream processes (processes: N > 1) that died and were started again",
-            registry=r,
         )
         for reason in (
             "engine_failed",
@@ -90,7 +82,7 @@ class ManagerMetrics:
         # bumped per streamed chunk and per finished sample: plain ints, made metrics when scraped
         self.generated_tokens: defaultdict[int, int] = defaultdict(int)  # by engine id
         self.finished_samples: defaultdict[Enum, int] = defaultdict(int)  # by final state
-        r.register(_HotCounters(self))
+        self.registry.register(_HotCounters(self))
 
     def set_gauges(self, engines: list[EngineRecord], queued: int, readers_up: tuple[int, int]) -> None:
         """Set the state gauges from the engines, the samples queued and the stream processes and

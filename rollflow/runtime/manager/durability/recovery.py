@@ -44,6 +44,10 @@ log = logging.getLogger(__name__)
 RESTART_REASON = "manager_restarted"
 """The resume reason (and `rollflow_resumed_samples_total` label) of samples a restart resumed."""
 
+_SAMPLE_COLUMNS = ("attempts", "resumes", "request_failures", "regenerated_tokens", "finish_reason", "error")
+"""The fields of a journaled sample row (journal_file.SAMPLE_FIELDS) that go back onto its Sample as they
+are, under the same name."""
+
 
 def batch_submission(
     prompts: list[list[int]], n: int, sampling: SamplingParams, allow_off_policy: bool, budget_s: float | None
@@ -244,12 +248,8 @@ def _replay(snapshot: Snapshot, sample: Sample) -> None:
             chunk.engine_id, chunk.engine_url, chunk.weight_version, chunk.token_ids, chunk.logprobs
         )
     sample.journaled = len(sample.output_ids)  # on disk already: not written again
-    sample.attempts = row["attempts"]
-    sample.resumes = row["resumes"]
-    sample.request_failures = row["request_failures"]
-    sample.regenerated_tokens = row["regenerated_tokens"]
-    sample.finish_reason = row["finish_reason"]
-    sample.error = row["error"]
+    for name in _SAMPLE_COLUMNS:
+        setattr(sample, name, row[name])
     state = SampleState[row["state"].upper()]
     sample.state = state if state >= SampleState.FINISHED else SampleState.WAITING
 
