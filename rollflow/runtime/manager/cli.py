@@ -118,21 +118,14 @@ def _relay(args: argparse.Namespace, started_at: float) -> None:
 
 
 def _run_until_sigterm(log_format: str, main: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    """Log in `log_format`, then run `main()` on libuv's loop until it returns or SIGTERM stops it.
-
-    libuv's loop: the manager and the relay are on the request path of every sample, and uvloop's
-    transports and callbacks cost them less per request than asyncio's own. SIGTERM is taken by
-    the loop (a KeyboardInterrupt raised inside a uvloop transport's callback would be swallowed),
-    so every `finally` of `main()` runs."""
-    import asyncio
-
+    """Log in `log_format`, then run `main()` on libuv's loop until it returns or SIGTERM stops it
+    (signals.run_until_sigterm). libuv's loop: the manager and the relay are on the request path of
+    every sample, and uvloop's transports and callbacks cost them less per request than asyncio's
+    own."""
     import uvloop
 
     from rollflow.runtime.logs import setup_logging
-    from rollflow.runtime.signals import stop_on_sigterm, until_sigterm
+    from rollflow.runtime.signals import run_until_sigterm
 
     setup_logging(log_format)
-    stop_on_sigterm()  # until the loop takes the signal over
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        if runner.run(until_sigterm(main())):
-            raise KeyboardInterrupt  # the CLI's way out of a stop: "rollflow: interrupted", exit 130
+    run_until_sigterm(main, uvloop.new_event_loop)

@@ -94,7 +94,7 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
     import asyncio
 
     from rollflow.runtime.logs import setup_logging
-    from rollflow.runtime.signals import stop_on_sigterm
+    from rollflow.runtime.signals import run_until_sigterm
     from rollflow.runtime.weights.server import WeightServer
     from rollflow.runtime.weights.store import WeightStore
 
@@ -125,8 +125,7 @@ def _serve(args: argparse.Namespace, started_at: float) -> None:
         finally:
             await server.stop()
 
-    stop_on_sigterm()
-    asyncio.run(run())
+    run_until_sigterm(run)
 
 
 def _mooncake(args: argparse.Namespace):
