@@ -116,11 +116,13 @@ def test_a_full_disk_is_said_everywhere_and_the_journal_writes_again_losing_noth
         # the running batch goes on and finishes while nothing can be written
         wait_until(lambda: batch.status()["states"].get("finished") == 8, what="the running batch to finish")
         assert _health(manager)[0] == 503
+        assert metric(manager, "rollflow_journal_unflushed_tokens") > 0  # held in memory, said
 
         filler.unlink()  # the space comes back: the journal writes again, what it held included
         wait_until(lambda: _health(manager)[0] == 200, timeout=15, what="/health to say 200 again")
         assert metric(manager, "rollflow_journal_state") == 0
         assert len(list(batch.samples())) == 8  # its lines wait on the journal: all of it is on disk
+        assert metric(manager, "rollflow_journal_unflushed_tokens") == 0
         log = manager.log()
         assert "cannot write (database or disk is full)" in log and "writes again after" in log
         relayed = proxy.relayed

@@ -205,7 +205,12 @@ class RolloutManager:
             await asyncio.wait(tasks)
 
     def _set_gauges(self) -> None:
-        self.metrics.set_gauges(self.registry.all(), len(self.dispatcher), self.streams.readers_up())
+        self.metrics.set_gauges(
+            self.registry.all(),
+            len(self.dispatcher),
+            self.streams.readers_up(),
+            self.journal.unflushed_tokens,
+        )
 
     # ------------------------------------------------------------------ samples
 
