@@ -1,5 +1,6 @@
 """Engine streams read once per flush (streams/reading.py), in a stream process's session driven
-over its socket as the manager drives it, and in this process as a one-process manager reads them:
+over its socket as the manager drives it (in marshal, as a stream process speaks, and in JSON, as a
+relay does), and in this process as a one-process manager reads them:
 the streams opened on an SGLang-style engine on 127.0.0.1 (read with no task per stream) come back
 as merged chunks, and each way a stream can end badly as the failure the manager maps to an
 attempt's outcome."""
@@ -7,6 +8,7 @@ attempt's outcome."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 
 import orjson
@@ -73,7 +75,7 @@ def _gather(items: dict[str, list], ended: set[str], message: list) -> None:
             ended.add(item[1])
 
 
-async def _session_answers(rids: list[str]) -> dict[str, list]:
+async def _session_answers(rids: list[str], codec: wire.Codec) -> dict[str, list]:
     """Open `rids` on a stream process's session over a socket pair, as the manager does, and gather
     what each stream sent back until every one ended."""
     runner, url = await _engine()
@@ -84,12 +86,12 @@ async def _session_answers(rids: list[str]) -> dict[str, list]:
         async with http_session(5.0) as http:
             session_reader, session_writer = await asyncio.open_unix_connection(sock=theirs)
             session = asyncio.create_task(
-                StreamSession(session_reader, session_writer, http, flush_s=0.01).run()
+                StreamSession(session_reader, session_writer, http, flush_s=0.01, codec=codec).run()
             )
             reader, writer = await asyncio.open_unix_connection(sock=ours)
             for rid in rids:
-                writer.write(wire.frame([wire.OPEN, rid, "sglang", url, None, [1, 2, 3], sampling]))
-            frames = wire.FrameReader()
+                writer.write(wire.frame([wire.OPEN, rid, "sglang", url, None, [1, 2, 3], sampling], codec))
+            frames = wire.FrameReader(codec=codec)
             ended: set[str] = set()
             while len(ended) < len(rids):
                 data = await within(reader.read(1 << 16), 10)
@@ -130,9 +132,16 @@ async def _reading_answers(rids: list[str]) -> dict[str, list]:
     return items
 
 
-@pytest.mark.parametrize("where", ["stream process", "this process"])
+READERS = {
+    "stream process": functools.partial(_session_answers, codec=wire.MARSHAL),
+    "relay": functools.partial(_session_answers, codec=wire.JSON),
+    "this process": _reading_answers,
+}
+
+
+@pytest.mark.parametrize("where", READERS)
 def test_streams_come_back_merged_and_each_bad_end_as_its_failure(where):
-    answers = _session_answers if where == "stream process" else _reading_answers
+    answers = READERS[where]
     items = run(answers(["ok-1", "ok-2", "bad-1", "cut-1"]))
     for rid in ("ok-1", "ok-2"):
         chunks = [wire.chunk_from(item) for item in items[rid]]

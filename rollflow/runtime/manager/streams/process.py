@@ -37,14 +37,16 @@ class StreamSession:
         writer: asyncio.StreamWriter,
         http: aiohttp.ClientSession,
         flush_s: float,
+        codec: wire.Codec,
         frames: wire.FrameReader | None = None,
     ) -> None:
-        """`frames`: the reader's framing when the caller has read from it already (a relay's
-        greeting)."""
+        """`codec`: the connection's (wire.py); `frames`: the reader's framing when the caller has
+        read from it already (a relay's greeting)."""
         self._reader = reader
         self._writer = writer
         self._http = http
-        self._frames = frames or wire.FrameReader()
+        self._codec = codec
+        self._frames = frames or wire.FrameReader(codec=codec)
         self._clients: dict[tuple[str, str, str | None], EngineClient] = {}
         self._reading = StreamReading(self._send, flush_s)
 
@@ -69,7 +71,7 @@ class StreamSession:
             self._writer.close()
 
     def _send(self, items: list[tuple]) -> None:
-        self._writer.write(wire.frame(items))
+        self._writer.write(wire.frame(items, self._codec))
 
     def _client(self, engine_type: str, url: str, api_key: str | None) -> EngineClient:
         key = (engine_type, url, api_key)
@@ -91,7 +93,7 @@ async def _serve_manager(sock: socket.socket, flush_s: float, connect_timeout_s:
     async with http_session(connect_timeout_s) as http:
         reader, writer = await asyncio.open_unix_connection(sock=sock)
         settle()
-        await StreamSession(reader, writer, http, flush_s).run()
+        await StreamSession(reader, writer, http, flush_s, wire.MARSHAL).run()
 
 
 def main() -> None:

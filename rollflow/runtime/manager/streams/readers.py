@@ -58,12 +58,14 @@ class _Channel(asyncio.Protocol):
     connection; or the manager's own loop, `_Local`), and the streams open on it; `name` is how logs
     and errors call it, and `pool` the readers it serves."""
 
-    def __init__(self, name: str, pool: StreamReaders) -> None:
+    def __init__(self, name: str, pool: StreamReaders, codec: wire.Codec = wire.JSON) -> None:
         self.name = name
         self.pool = pool
         self.streams: dict[str, asyncio.Queue] = {}
         self.transport: asyncio.Transport | None = None
-        self._frames = wire.FrameReader()
+        self._codec = codec
+        self._frames = wire.FrameReader(codec=codec)
+        self._outgoing: list[bytes] = []  # frames sent in this loop turn, written at its end
 
     @property
     def up(self) -> bool:
@@ -101,10 +103,20 @@ class _Channel(asyncio.Protocol):
         """What to do once the connection is gone."""
 
     def send(self, message: tuple | list) -> bool:
+        """Send `message` at the end of this loop turn, in one write with the others sent in it: the
+        requests a turn opens (a batch's, or many clients' at once) cost the reader one wake-up and
+        one read, not one per request."""
         if not self.up:
             return False
-        self.transport.write(wire.frame(message))
+        if not self._outgoing:
+            asyncio.get_running_loop().call_soon(self._write_outgoing)
+        self._outgoing.append(wire.frame(message, self._codec))
         return True
+
+    def _write_outgoing(self) -> None:
+        frames, self._outgoing = self._outgoing, []
+        if self.up:  # else the streams opened were told of the loss, and resume elsewhere
+            self.transport.write(b"".join(frames))
 
     def open(self, rid: str, engine: EngineRecord, input_ids: list[int], sampling: SamplingParams) -> bool:
         """Have the reader open the engine's stream of `rid`; False when it is gone."""
@@ -142,7 +154,7 @@ class _Process(_Channel):
     """A stream process: an OS process this manager started, on the other end of a socket pair."""
 
     def __init__(self, index: int, pool: StreamReaders) -> None:
-        super().__init__(f"stream process {index}", pool)
+        super().__init__(f"stream process {index}", pool, wire.MARSHAL)
         self.index = index
         self.popen: subprocess.Popen | None = None
 

@@ -57,7 +57,7 @@ async def serve_relay(
                 return
             log.info("relay: manager %s connected", peer)
             frames.max_bytes = wire.MAX_MESSAGE_BYTES
-            await StreamSession(reader, writer, http, flush_s, frames).run(first=rest)
+            await StreamSession(reader, writer, http, flush_s, wire.JSON, frames).run(first=rest)
             log.info("relay: manager %s went away", peer)
 
         server = await asyncio.start_server(manager_connected, host, port)
