@@ -235,11 +235,14 @@ class GenerateStream:
             if chunk.finish_reason is not None:
                 self.finished = True
                 return chunks[: index + 1]
-        self._ended = not pieces or self._events.done
+        self._ended = not pieces or self._events.done or self._events.error is not None
         return chunks
 
     def check_finished(self) -> None:
-        """Raise for a stream that is over without a finish (the engine's fault)."""
+        """Raise for a stream that is over without a finish: the engine's fault, or a failure it
+        reported mid-stream (after the tokens before it were read)."""
+        if self._events.error is not None:
+            raise self._events.error
         if not self.finished:
             raise EngineResponseError(
                 f"stream of {self.rid!r} from {self._url} ended without a finish_reason"
@@ -274,6 +277,8 @@ class EventReducer:
         self._text = ""
         self._version: int | None = None
         self._started = False  # an event was parsed: `_version` is the stream's version so far
+        # why the stream broke off: an event that is not a /generate event (what came before it is kept)
+        self.error: EngineResponseError | None = None
 
     @property
     def done(self) -> bool:
@@ -293,11 +298,25 @@ class EventReducer:
         found = self._sse.newest(block) if block else None
         if found is not None:
             last, done = found
-            newest, dropped = self._newest(last)
-            if _holds_whole_output(newest, dropped) and self._keeps_version(newest, block):
+            try:
+                newest, dropped = self._newest(last)
+            except EngineResponseError:
+                newest = None  # a broken newest event: the read's events are parsed one by one
+            if (
+                newest is not None
+                and _holds_whole_output(newest, dropped)
+                and self._keeps_version(newest, block)
+            ):
                 self._sse.done = done
                 return self._chunks([newest], dropped)
-        return self._chunks([sse_json(data, self._url) for data in self._sse.lines(block)])
+        payloads = []
+        for data in self._sse.lines(block):
+            try:
+                payloads.append(sse_json(data, self._url))
+            except EngineResponseError as exc:
+                self.error = exc  # the events before it hold tokens the engine made: they are kept
+                break
+        return self._chunks(payloads)
 
     def _newest(self, line: memoryview) -> tuple[dict[str, Any], int]:
         """A read's newest event (a `data: {...}` line), without the tokens seen already when it
@@ -316,7 +335,11 @@ class EventReducer:
         self._started = self._started or bool(payloads)
         chunks = []
         for payload in payloads:
-            chunk = parse_sglang_event(payload, self._num_seen, self._text, dropped)
+            try:
+                chunk = parse_sglang_event(payload, self._num_seen, self._text, dropped)
+            except EngineResponseError as exc:
+                self.error = exc  # the engine's word that the request failed, or an event not its own
+                break
             self._num_seen += len(chunk.token_ids)
             if chunk.text is not None:
                 self._text = chunk.text

@@ -4,6 +4,7 @@ gives the tokens and logprobs that parsing every event would, whichever way the 
 from __future__ import annotations
 
 import random
+import re
 
 import orjson
 import pytest
@@ -155,10 +156,21 @@ def test_a_line_that_is_not_sse_at_the_end_of_a_read_is_an_error():
         reducer.feed([b"".join(cumulative(2)) + b"<html>oops</html>\n"])
 
 
-def test_an_error_event_is_reported_not_skipped():
-    error = b'data: {"error": "out of memory"}\n\n'
-    with pytest.raises(Exception, match="out of memory"):
-        EventReducer(URL).feed([b"".join(cumulative(3)) + error])
+@pytest.mark.parametrize(
+    "broken, said",
+    [
+        (b'data: {"error": "out of memory"}\n\n', "out of memory"),  # the engine's word, mid-stream
+        (b"data: {this is not json\n\n", "not JSON|JSON"),  # an engine gone wrong
+    ],
+)
+def test_an_event_that_breaks_the_stream_is_reported_and_the_tokens_before_it_kept(broken, said):
+    """The events before it came in the same read, and their tokens were made: a resumed sample
+    carries on after them rather than generating them again."""
+    reducer = EventReducer(URL)
+    chunks = reducer.feed([b"".join(cumulative(3)) + broken])
+    assert tokens(chunks)[0] == [1, 2, 3]
+    assert isinstance(reducer.error, EngineResponseError)
+    assert re.search(said, str(reducer.error)), reducer.error
 
 
 @pytest.mark.parametrize("done", [False, True])

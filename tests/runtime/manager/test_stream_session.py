@@ -40,7 +40,8 @@ def _event(rid: str, upto: int, finished: bool) -> bytes:
 
 async def _generate(request: web.Request) -> web.StreamResponse:
     """`rid` says how to answer: `ok` streams every token in three writes and finishes, `bad` is a
-    request the engine refuses, `cut` ends its body after two tokens, without a finish."""
+    request the engine refuses, `cut` ends its body after two tokens, without a finish, and `junk`
+    sends two tokens and then garbage."""
     rid = (await request.json())["rid"]
     if rid.startswith("bad"):
         return web.json_response({"error": {"message": "input_ids too long"}}, status=400)
@@ -48,6 +49,10 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     if rid.startswith("cut"):
         await response.write(_event(rid, 2, False))
+        await response.write_eof()
+        return response
+    if rid.startswith("junk"):  # two tokens, then an event that is not JSON, in one write
+        await response.write(_event(rid, 2, False) + b"data: {this is not json\n\n")
         await response.write_eof()
         return response
     for upto in (1, 4):
@@ -142,7 +147,7 @@ READERS = {
 @pytest.mark.parametrize("where", READERS)
 def test_streams_come_back_merged_and_each_bad_end_as_its_failure(where):
     answers = READERS[where]
-    items = run(answers(["ok-1", "ok-2", "bad-1", "cut-1"]))
+    items = run(answers(["ok-1", "ok-2", "bad-1", "cut-1", "junk-1"]))
     for rid in ("ok-1", "ok-2"):
         chunks = [wire.chunk_from(item) for item in items[rid]]
         assert all(item[0] == wire.CHUNK for item in items[rid])
@@ -155,3 +160,6 @@ def test_streams_come_back_merged_and_each_bad_end_as_its_failure(where):
     *tokens, failed = items["cut-1"]
     assert [t for item in tokens for t in wire.chunk_from(item).token_ids] == TOKENS[:2]
     assert failed[:3] == [wire.FAILED, "cut-1", wire.ENGINE] and "without a finish_reason" in failed[3]
+    *tokens, failed = items["junk-1"]  # the tokens before the garbage are kept, then the engine's fault
+    assert [t for item in tokens for t in wire.chunk_from(item).token_ids] == TOKENS[:2]
+    assert failed[:3] == [wire.FAILED, "junk-1", wire.ENGINE]

@@ -88,12 +88,9 @@ class ManagerMetrics:
         self.finished_samples: defaultdict[Enum, int] = defaultdict(int)  # by final state
         self.registry.register(_HotCounters(self))
 
-    def set_gauges(
-        self, engines: list[EngineRecord], queued: int, readers_up: tuple[int, int], unflushed_tokens: int
-    ) -> None:
-        """Set the state gauges from the engines, the samples queued, the stream processes and relays
-        connected and the journal's unflushed tokens; called as /metrics renders them, not at every
-        change."""
+    def set_gauges(self, engines: list[EngineRecord], queued: int, readers_up: tuple[int, int]) -> None:
+        """Set the state gauges from the engines, the samples queued and the stream processes and
+        relays connected; called as /metrics renders them, not at every change."""
         counts = dict.fromkeys(self.engines_by_state, 0)
         for engine in engines:
             counts[engine.state] += 1
@@ -103,7 +100,6 @@ class ManagerMetrics:
         self.running_samples.set(sum(len(engine.running) for engine in engines))
         self.stream_processes.set(readers_up[0])
         self.relays.set(readers_up[1])
-        self.journal_unflushed_tokens.set(unflushed_tokens)
 
     def render(self) -> bytes:
         self._before_render()

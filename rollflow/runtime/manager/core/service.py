@@ -205,12 +205,8 @@ class RolloutManager:
             await asyncio.wait(tasks)
 
     def _set_gauges(self) -> None:
-        self.metrics.set_gauges(
-            self.registry.all(),
-            len(self.dispatcher),
-            self.streams.readers_up(),
-            self.journal.unflushed_tokens,
-        )
+        self.metrics.set_gauges(self.registry.all(), len(self.dispatcher), self.streams.readers_up())
+        self.metrics.journal_unflushed_tokens.set(self.journal.unflushed_tokens)
 
     # ------------------------------------------------------------------ samples
 
