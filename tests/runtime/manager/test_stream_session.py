@@ -1,6 +1,6 @@
 """Engine streams read once per flush (streams/reading.py), in a stream process's session driven
 over its socket as the manager drives it (in marshal, as a stream process speaks, and in JSON, as a
-relay does), and in this process as a one-process manager reads them:
+relay does), sleeping between flushes or not, and in this process as a one-process manager reads them:
 the streams opened on an SGLang-style engine on 127.0.0.1 (read with no task per stream) come back
 as merged chunks, and each way a stream can end badly as the failure the manager maps to an
 attempt's outcome."""
@@ -18,6 +18,7 @@ from aiohttp import web
 from rollflow.runtime.deadline import within
 from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.manager.streams import wire
+from rollflow.runtime.manager.streams.doze import Doze
 from rollflow.runtime.manager.streams.process import StreamSession, http_session
 from rollflow.runtime.manager.streams.reading import StreamReading
 from rollflow.runtime.wire.base import SamplingParams
@@ -80,9 +81,21 @@ def _gather(items: dict[str, list], ended: set[str], message: list) -> None:
             ended.add(item[1])
 
 
-async def _session_answers(rids: list[str], codec: wire.Codec) -> dict[str, list]:
+class _CountedDoze(Doze):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dozed = 0
+
+    def __call__(self, timeout_s: float) -> bool:
+        dozing = super().__call__(timeout_s)
+        self.dozed += dozing
+        return dozing
+
+
+async def _session_answers(rids: list[str], codec: wire.Codec, doze: bool = False) -> dict[str, list]:
     """Open `rids` on a stream process's session over a socket pair, as the manager does, and gather
-    what each stream sent back until every one ended."""
+    what each stream sent back until every one ended; `doze`: sleeping between flushes, as a stream
+    process does."""
     runner, url = await _engine()
     ours, theirs = socket.socketpair()
     sampling = wire.sampling_fields(SamplingParams(max_new_tokens=len(TOKENS)))
@@ -90,8 +103,9 @@ async def _session_answers(rids: list[str], codec: wire.Codec) -> dict[str, list
     try:
         async with http_session(5.0) as http:
             session_reader, session_writer = await asyncio.open_unix_connection(sock=theirs)
+            dozing = _CountedDoze() if doze else None
             session = asyncio.create_task(
-                StreamSession(session_reader, session_writer, http, flush_s=0.01, codec=codec).run()
+                StreamSession(session_reader, session_writer, http, 0.01, codec, doze=dozing).run()
             )
             reader, writer = await asyncio.open_unix_connection(sock=ours)
             for rid in rids:
@@ -105,6 +119,7 @@ async def _session_answers(rids: list[str], codec: wire.Codec) -> dict[str, list
                     _gather(items, ended, message)
             writer.close()
             await session
+            assert dozing is None or dozing.dozed > 0
     finally:
         await runner.cleanup()
         await asyncio.sleep(0.05)  # the engine's handlers of the closed connections end
@@ -139,6 +154,7 @@ async def _reading_answers(rids: list[str]) -> dict[str, list]:
 
 READERS = {
     "stream process": functools.partial(_session_answers, codec=wire.MARSHAL),
+    "stream process, dozing between flushes": functools.partial(_session_answers, codec=wire.MARSHAL, doze=True),
     "relay": functools.partial(_session_answers, codec=wire.JSON),
     "this process": _reading_answers,
 }

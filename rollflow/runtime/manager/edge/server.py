@@ -38,12 +38,12 @@ GET    /get_model_info, /get_server_info, /v1/models, /health_generate; POST /fl
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from rollflow.runtime.http import answer
 from rollflow.runtime.http.auth import require_bearer
 from rollflow.runtime.http.errors import BadRequest, error_body, http_error
 from rollflow.runtime.http.listen import bind
@@ -185,7 +185,7 @@ async def next_micro_batch(request: web.Request) -> web.Response:
     if body.micro_batch is not None and body.micro_batch < handed_out:  # asked again: the same answer
         groups = [batch.groups[index] for index in batch.handouts[body.micro_batch]]
         last = body.micro_batch == handed_out - 1 and batch.packer.exhausted
-        return web.json_response(
+        return answer.json_response(
             {"groups": [[s.to_json() for s in group] for group in groups], "exhausted": last}
         )
     if body.micro_batch is not None and body.micro_batch > handed_out:
@@ -199,7 +199,7 @@ async def next_micro_batch(request: web.Request) -> web.Response:
     except BatchDeleted as exc:
         raise http_error(web.HTTPGone, str(exc)) from None
     await manager.batches.hand_out(batch, groups, client_keeps=body.received is not None)
-    return web.json_response(_micro_batch_payload(manager, batch, groups))
+    return answer.json_response(_micro_batch_payload(manager, batch, groups))
 
 
 @routes.post("/batches/{batch_id}/flush")
@@ -207,7 +207,7 @@ async def flush_batch(request: web.Request) -> web.Response:
     manager, batch = _batch(request)
     groups = batch.packer.flush()
     await manager.batches.hand_out(batch, groups)
-    return web.json_response(_micro_batch_payload(manager, batch, groups))
+    return answer.json_response(_micro_batch_payload(manager, batch, groups))
 
 
 @routes.get("/batches/{batch_id}/samples")
@@ -238,7 +238,7 @@ async def stream_samples(request: web.Request) -> web.StreamResponse:
         if ready:
             await manager.journal.durable()  # a line the client sees is one a restart keeps in its place
         for sample in ready:
-            await response.write(json.dumps(sample.to_json()).encode() + b"\n")
+            await response.write(answer.dumps(sample.to_json()) + b"\n")
         sent += len(ready)
         if sent == len(pending):
             break

@@ -2,9 +2,9 @@
 the stream session a relay runs for each manager that dials it (relay.py).
 
 The manager opens streams on the process by request id; the process reads them (reading.py: once
-per `flush_ms`, their tokens merged) and sends back what arrived, one message a flush for every
-request that had news. The parsing runs on another core, and the manager pays per message and
-chunk, not per event. What the process may take with it when it dies (kill -9): the tokens the
+per `flush_ms`, their tokens merged, sleeping in between: doze.py) and sends back what arrived, one
+message a flush for every request that had news. The parsing runs on another core, and the manager
+pays per message and chunk, not per event. What the process may take with it when it dies (kill -9): the tokens the
 engines sent in its last two `flush_ms`, which the manager never saw. They are generated again when
 their samples resume; no sample loses a token it was told of.
 
@@ -25,6 +25,7 @@ from rollflow.runtime.engines.base import EngineClient
 from rollflow.runtime.engines.clients import make_client
 from rollflow.runtime.long_lived import settle
 from rollflow.runtime.manager.streams import wire
+from rollflow.runtime.manager.streams.doze import Doze
 from rollflow.runtime.manager.streams.reading import StreamReading
 
 
@@ -39,19 +40,25 @@ class StreamSession:
         flush_s: float,
         codec: wire.Codec,
         frames: wire.FrameReader | None = None,
+        doze: Doze | None = None,
     ) -> None:
         """`codec`: the connection's (wire.py); `frames`: the reader's framing when the caller has
-        read from it already (a relay's greeting)."""
+        read from it already (a relay's greeting); `doze`: the process's wait between flushes,
+        which this session's connection then wakes (doze.py)."""
         self._reader = reader
         self._writer = writer
         self._http = http
         self._codec = codec
         self._frames = frames or wire.FrameReader(codec=codec)
         self._clients: dict[tuple[str, str, str | None], EngineClient] = {}
-        self._reading = StreamReading(self._send, flush_s)
+        self._doze = doze
+        self._reading = StreamReading(self._send, flush_s, doze)
 
     async def run(self, first: list | None = None) -> None:
         """Serve the manager until its connection closes; `first`: messages already read from it."""
+        fd = self._writer.get_extra_info("socket").fileno()
+        if self._doze is not None:
+            self._doze.join(fd)
         try:
             messages = first or []
             while True:
@@ -67,6 +74,8 @@ class StreamSession:
                     break
                 messages = self._frames.feed(data)
         finally:  # the manager is gone: nothing is read for it any more
+            if self._doze is not None:
+                self._doze.leave(fd)
             await self._reading.aclose()
             self._writer.close()
 
@@ -93,7 +102,7 @@ async def _serve_manager(sock: socket.socket, flush_s: float, connect_timeout_s:
     async with http_session(connect_timeout_s) as http:
         reader, writer = await asyncio.open_unix_connection(sock=sock)
         settle()
-        await StreamSession(reader, writer, http, flush_s, wire.MARSHAL).run()
+        await StreamSession(reader, writer, http, flush_s, wire.MARSHAL, doze=Doze()).run()
 
 
 def main() -> None:

@@ -13,7 +13,8 @@ An SGLang stream (SGLang, the built-in engine) is read so with no task of its ow
 tells the reading that bytes came, and the flush takes them; a task's wake-up per stream and flush
 was a large share of the CPU per token. Other engines' streams are read by a task that waits for
 the next flush between reads. Either way a token is sent on at most two `flush_s` after the engine
-sent it.
+sent it. A process that does nothing but read streams (a stream process, a relay with one manager)
+sleeps between flushes rather than wake for each engine write (doze.py).
 """
 
 from __future__ import annotations
@@ -84,15 +85,20 @@ class StreamReading:
     """The streams opened on one reader (a stream process's manager, a relay's, or the manager's
     own), each read once per flush; `send` gets every flush's items (`wire.CHUNK`, `wire.FAILED`)."""
 
-    def __init__(self, send: Callable[[list[tuple]], None], flush_s: float) -> None:
+    def __init__(
+        self, send: Callable[[list[tuple]], None], flush_s: float, doze: Callable[[float], bool] | None = None
+    ) -> None:
+        """`doze`: the process's wait between flushes when it does nothing but read streams
+        (doze.py); without one, the loop waits, woken by every engine write."""
         self._send = send
         self._flush_s = flush_s
+        self._doze = doze
         self._streams: dict[str, asyncio.Task] = {}  # streams opening, or read by a task
         self._reading: dict[str, GenerateStream] = {}  # streams read in the flush, no task
         self._ready: set[str] = set()  # those of `_reading` with something to take
         self._pending: dict[str, _Pending] = {}
         self._outbox: list[tuple] = []  # items ready to go, in order, ahead of `_pending`'s
-        self._flush_handle: asyncio.TimerHandle | None = None
+        self._flush_handle: asyncio.Handle | None = None
         self._flushed: asyncio.Future | None = None  # resolved by the next flush
 
     def open(self, rid: str, client: EngineClient, input_ids: list[int], sampling: SamplingParams) -> None:
@@ -230,6 +236,25 @@ class StreamReading:
         self._pending.clear()
         if items:
             self._send(items)
+        if self._doze is not None and self._reading:
+            loop = asyncio.get_running_loop()
+            self._flush_handle = loop.call_soon(self._dozing, loop.time() + self._flush_s)
+
+    def _dozing(self, until: float) -> None:
+        """Sleep until the next flush (or the process's other work comes), then let the loop read
+        what every engine sent meanwhile, and flush it."""
+        loop = asyncio.get_running_loop()
+        if self._doze(until - loop.time()):
+            self._flush_handle = loop.call_soon(self._after_poll)
+        else:  # not dozing now: the next bytes arm the flush, as without a doze
+            self._flush_handle = None
+            if self._ready or self._pending or self._outbox or self._flushed is not None:
+                self._schedule()
+
+    def _after_poll(self) -> None:
+        """Flush once the loop has polled its sockets: a callback scheduled now runs before the
+        loop's next poll (asyncio's and uvloop's loops alike), one scheduled by that one after it."""
+        self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
 
 
 def _failure(rid: str, exc: Exception) -> tuple[str, str]:

@@ -4,7 +4,8 @@ In a cluster, the engines of one node are registered with that node's relay (`re
 beside the engine's url). The manager then opens those engines' streams on the relay, which reads
 them over the node's loopback and sends the manager their tokens merged, once a flush: a node's
 tokens cross the network once, in few large messages, and no single process parses every token of
-the cluster. It speaks what a stream process speaks (wire.py) after a greeting that carries
+the cluster. Serving one manager, it sleeps between flushes as a stream process does (doze.py). It
+speaks what a stream process speaks (wire.py) after a greeting that carries
 the manager's token (the relay's `--token`, by default $ROLLFLOW_MANAGER_TOKEN): a connection with
 another token is closed unheard.
 
@@ -22,6 +23,7 @@ import logging
 from rollflow.runtime.deadline import within
 from rollflow.runtime.long_lived import settle
 from rollflow.runtime.manager.streams import wire
+from rollflow.runtime.manager.streams.doze import Doze
 from rollflow.runtime.manager.streams.process import StreamSession, http_session
 
 log = logging.getLogger("rollflow.manager.relay")
@@ -34,6 +36,7 @@ async def serve_relay(
     host: str, port: int, token: str | None, flush_s: float, connect_timeout_s: float, ready=print
 ) -> None:
     """Serve managers on `host:port` until cancelled; `ready(line)` once listening."""
+    doze = Doze()  # while it serves one manager: with more, their flushes would hold each other's back
     async with http_session(connect_timeout_s) as http:
 
         async def manager_connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -57,10 +60,12 @@ async def serve_relay(
                 return
             log.info("relay: manager %s connected", peer)
             frames.max_bytes = wire.MAX_MESSAGE_BYTES
-            await StreamSession(reader, writer, http, flush_s, wire.JSON, frames).run(first=rest)
+            await StreamSession(reader, writer, http, flush_s, wire.JSON, frames, doze).run(first=rest)
             log.info("relay: manager %s went away", peer)
 
         server = await asyncio.start_server(manager_connected, host, port)
+        for sock in server.sockets:
+            doze.watch(sock.fileno())  # a manager that dials it is not kept waiting by a doze
         bound = server.sockets[0].getsockname()
         settle()
         ready(f"relay serving on {bound[0]}:{bound[1]}")
