@@ -24,6 +24,7 @@ import logging
 import socket
 import subprocess
 import sys
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -61,7 +62,7 @@ class _Channel(asyncio.Protocol):
     def __init__(self, name: str, pool: StreamReaders, codec: wire.Codec = wire.JSON) -> None:
         self.name = name
         self.pool = pool
-        self.streams: dict[str, asyncio.Queue] = {}
+        self.streams: dict[str, _ChannelStream] = {}
         self.transport: asyncio.Transport | None = None
         self._codec = codec
         self._frames = wire.FrameReader(codec=codec)
@@ -88,14 +89,14 @@ class _Channel(asyncio.Protocol):
         """Each item to the stream it is of (one closed meanwhile is dropped)."""
         streams = self.streams
         for item in items:
-            queue = streams.get(item[1])
-            if queue is not None:
-                queue.put_nowait(item)
+            stream = streams.get(item[1])
+            if stream is not None:
+                stream.put(item)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
-        for queue in self.streams.values():
-            queue.put_nowait(_LOST)
+        for stream in self.streams.values():
+            stream.put(_LOST)
         self.streams.clear()
         self.lost()
 
@@ -334,40 +335,72 @@ class StreamReaders:
                 channel = self._local
             else:
                 return None
-        return self._stream(channel, engine, rid, input_ids, sampling)
+        return _ChannelStream(channel, rid, channel.open(rid, engine, input_ids, sampling))
 
-    async def _stream(
-        self,
-        channel: _Channel,
-        engine: EngineRecord,
-        rid: str,
-        input_ids: list[int],
-        sampling: SamplingParams,
-    ) -> AsyncIterator[GenerateChunk]:
-        if not channel.open(rid, engine, input_ids, sampling):  # it went away since `open` chose it
-            raise wire.StreamProcessLost(f"{channel.name} went away before {rid} was opened on it")
-        queue: asyncio.Queue = asyncio.Queue()
-        channel.streams[rid] = queue
-        ended = False
-        try:
-            while True:
-                item = await queue.get()
-                if item is _LOST:
-                    ended = True
-                    raise wire.StreamProcessLost(f"{channel.name} went away while reading {rid}")
-                if item[0] == wire.FAILED:
-                    ended = True
-                    kind, message = item[2], item[3]
-                    if kind == wire.ENDED:
-                        return
-                    raise _ERRORS[kind](message)
-                chunk = wire.chunk_from(item)
-                if chunk.finish_reason is not None:
-                    ended = True
-                    yield chunk
-                    return
-                yield chunk
-        finally:
-            channel.streams.pop(rid, None)
-            if not ended:
-                channel.close_stream(rid)
+
+class _ChannelStream:
+    """One attempt's stream as its channel delivers it: the attempt reads it as it reads an engine
+    client's chunks, and it ends with the error the reader reported. It is on every chunk's path:
+    an asyncio.Queue read through an async generator cost about 1.5 us more per chunk."""
+
+    __slots__ = ("_channel", "_ended", "_items", "_opened", "_rid", "_waiter")
+
+    def __init__(self, channel: _Channel, rid: str, opened: bool) -> None:
+        """`opened`: whether the channel took the stream (False: it went away since it was chosen)."""
+        self._channel = channel
+        self._rid = rid
+        self._opened = opened
+        self._ended = not opened
+        self._items: deque = deque()
+        self._waiter: asyncio.Future | None = None
+        if opened:
+            channel.streams[rid] = self
+
+    def put(self, item: object) -> None:
+        """What the channel delivered of this stream (`_LOST` when the channel went away)."""
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def __aiter__(self) -> _ChannelStream:
+        return self
+
+    async def __anext__(self) -> GenerateChunk:
+        if not self._opened:
+            raise wire.StreamProcessLost(
+                f"{self._channel.name} went away before {self._rid} was opened on it"
+            )
+        items = self._items
+        while not items:
+            if self._ended:
+                raise StopAsyncIteration
+            self._waiter = waiter = asyncio.get_running_loop().create_future()
+            await waiter
+        item = items.popleft()
+        if item is _LOST:
+            self._end()
+            raise wire.StreamProcessLost(f"{self._channel.name} went away while reading {self._rid}")
+        if item[0] == wire.FAILED:
+            self._end()
+            kind, message = item[2], item[3]
+            if kind == wire.ENDED:
+                raise StopAsyncIteration
+            raise _ERRORS[kind](message)
+        chunk = wire.chunk_from(item)
+        if chunk.finish_reason is not None:
+            self._end()
+        return chunk
+
+    def _end(self) -> None:
+        self._ended = True
+        self._channel.streams.pop(self._rid, None)
+
+    async def aclose(self) -> None:
+        """Stop reading: a stream that has not ended is closed on its reader (the engine sees its
+        client go away)."""
+        if not self._ended:
+            self._end()
+            self._channel.close_stream(self._rid)
