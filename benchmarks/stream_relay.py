@@ -1,6 +1,6 @@
 """The manager's per-token cost and how it scales with `processes: N`, against sglang-router.
 
-    python benchmarks/stream_relay.py [--quick] [--rounds 3] [--requests 384] [--concurrency 64]
+    python benchmarks/stream_relay.py [--quick] [--rounds 5] [--requests 512] [--concurrency 64]
         [--tokens 256] [--events-per-write 8] [--batch-prompts 96] [--results-dir benchmarks/results]
 
 Model-free engines (`benchmarks/canned_engine.py`, each in its own process) stream one token per
@@ -9,15 +9,18 @@ write (as a busy engine's events reach its socket together). In front of each mo
 engines run sglang-router (round robin, the version `_peer_routers.py` pins), the rollflow
 manager as one process (which reads the engines' streams itself, once every `stream_flush_ms`),
 and the manager with `processes: 2` (the manager and one stream process, which reads the engines'
-streams and sends their tokens back merged every `stream_flush_ms`).
+streams and sends their tokens back merged every `stream_flush_ms`, sleeping in between).
 
 Each round sends `--requests` streamed `/generate` requests of `--tokens` tokens at
 `--concurrency` through every path (and straight to one engine, the path with no router), in
-slices with the paths taking turns, and measures each path's tokens/s and its router's CPU per
-streamed token: every process of the router, summed (the manager and its stream processes), from
-each process's CPU-time clock. Then the manager's own batch API: a `/batches` batch of
-`--batch-prompts` prompts x 4 samples of `--tokens` tokens through each manager, in turn; the
-manager streams them from the engines, as an RL trainer's rollouts run.
+8 slices with the paths taking turns, each slice whole waves of `--concurrency` requests (a slice
+of one and a half waves ran its second half at half the concurrency, where per-flush costs weigh
+more per token; short slices in turn spread the machine's drift over every path alike). It measures each path's tokens/s and its router's CPU per streamed token: every
+process of the router, summed (the manager and its stream processes), from each process's
+CPU-time clock. Then the manager's own batch API: a `/batches` batch of
+`--batch-prompts` prompts x 4 samples of `--tokens` tokens through each manager, as 4 batches
+with the managers taking turns; the manager streams them from the engines, as an RL trainer's
+rollouts run.
 
 It prints the medians over rounds and the share of the manager's CPU spent in the process every
 sample passes through (with `processes: 2`, the first), which is what bounds how far more stream
@@ -28,8 +31,9 @@ Goals (the run exits non-zero when one is missed, a request fails or comes back 
 sglang-router did not run): the manager's CPU per streamed token at most 1.0x sglang-router's in
 both modes, with the manager as it is best run for the mode (`processes: 1` or `2`, each reported);
 with 2 processes, tokens per CPU-second within 10% of one process's (the stream process adds no
-cost of its own). `--quick` runs 2 rounds of fewer requests (about a minute and a half). Writes
-`stream_relay.json` into `--results-dir` (see benchmarks/results.py).
+cost of its own). Five rounds by default: this machine's speed drifts by a tenth within minutes,
+and with three the medians' ratio swung as much as the goal's margin. `--quick` runs 2 rounds of
+fewer requests (about a minute and a half). Writes `stream_relay.json` into `--results-dir` (see benchmarks/results.py).
 """
 
 from __future__ import annotations
@@ -61,9 +65,10 @@ from benchmarks.results import Results, benchmark_parser, fill_inputs, results_d
 from rollflow.runtime.launch.servers import manager_config, start_manager
 from rollflow.runtime.manager.client import ManagerClient
 
-SLICES = 4  # turns each path takes per round
+SLICES = 8  # turns each path takes per round
 MANAGERS = {"rollflow, 1 process": 1, "rollflow, 2 processes": 2}
 BATCH_N = 4
+BATCH_SLICES = 4  # batches each manager runs per round, in turn
 
 
 def _router_cpu(pid: int | None) -> tuple[float, float]:
@@ -113,25 +118,32 @@ def _figures(tokens: int, seconds: float, first_cpu: float, all_cpu: float, rout
 
 
 def _batches(managers: dict[str, tuple[str, int]], prompts: int, tokens: int, failures: list[str]) -> dict:
-    """A `/batches` batch through each manager in turn: tokens/s and CPU per token."""
-    figures = {}
-    for name, (url, pid) in managers.items():
-        client = ManagerClient(url)
-        first, whole = _router_cpu(pid)
-        started = time.perf_counter()
-        batch = client.submit([[4, 5, i % 50] for i in range(prompts)], n=BATCH_N, max_new_tokens=tokens)
-        samples = [
-            sample for micro_batch in batch.micro_batches() for group in micro_batch for sample in group
-        ]
-        seconds = time.perf_counter() - started
-        first_after, whole_after = _router_cpu(pid)
-        short = [s for s in samples if s["state"] != "finished" or len(s["output_ids"]) != tokens]
-        if len(samples) != prompts * BATCH_N or short:
-            failures.append(f"{name} /batches: {len(samples)} samples, {len(short)} short or not finished")
-        figures[name] = _figures(
-            prompts * BATCH_N * tokens, seconds, first_after - first, whole_after - whole, True
-        )
-    return figures
+    """`prompts` prompts of `/batches` through each manager, as BATCH_SLICES batches with the
+    managers taking turns: tokens/s and CPU per token."""
+    per_batch = prompts // BATCH_SLICES
+    totals = {name: {"s": 0.0, "first": 0.0, "all": 0.0} for name in managers}
+    for turn in range(BATCH_SLICES):
+        for name in in_turn(list(managers), turn):
+            url, pid = managers[name]
+            first, whole = _router_cpu(pid)
+            started = time.perf_counter()
+            batch = ManagerClient(url).submit(
+                [[4, 5, i % 50] for i in range(per_batch)], n=BATCH_N, max_new_tokens=tokens
+            )
+            samples = [
+                sample for micro_batch in batch.micro_batches() for group in micro_batch for sample in group
+            ]
+            totals[name]["s"] += time.perf_counter() - started
+            first_after, whole_after = _router_cpu(pid)
+            totals[name]["first"] += first_after - first
+            totals[name]["all"] += whole_after - whole
+            short = [s for s in samples if s["state"] != "finished" or len(s["output_ids"]) != tokens]
+            if len(samples) != per_batch * BATCH_N or short:
+                failures.append(
+                    f"{name} /batches: {len(samples)} samples, {len(short)} short or not finished"
+                )
+    tokens_each = per_batch * BATCH_SLICES * BATCH_N * tokens
+    return {name: _figures(tokens_each, t["s"], t["first"], t["all"], True) for name, t in totals.items()}
 
 
 def run(args: argparse.Namespace, tmp: Path, results: Results) -> None:
@@ -264,7 +276,11 @@ def _sizing(one_cpu_us: float, many_cpu_us: float, share: float) -> dict[str, fl
 def main() -> None:
     parser = benchmark_parser(__doc__)
     parser.add_argument("--rounds", type=int, help="repeats of every phase (default 3; 2 with --quick)")
-    parser.add_argument("--requests", type=int, help="streamed requests per path and round (default 384)")
+    parser.add_argument(
+        "--requests",
+        type=int,
+        help=f"streamed requests per path and round, a multiple of {SLICES} x --concurrency (default 512)",
+    )
     parser.add_argument("--concurrency", type=int, default=64, help="streamed requests in flight")
     parser.add_argument("--tokens", type=int, help="tokens per request (default 256)")
     parser.add_argument("--events-per-write", type=int, default=8, help="events per write of the second mode")
@@ -275,9 +291,18 @@ def main() -> None:
         "--stream-flush-ms", type=float, help="the managers' stream_flush_ms (default: the manager's default)"
     )
     args = parser.parse_args()
-    quick = {"rounds": 2, "requests": 128, "tokens": 128, "batch_prompts": 32}
-    full = {"rounds": 3, "requests": 384, "tokens": 256, "batch_prompts": 96}
+    quick = {"rounds": 2, "requests": 512, "tokens": 64, "batch_prompts": 32}
+    full = {"rounds": 5, "requests": 512, "tokens": 256, "batch_prompts": 96}
     fill_inputs(args, full, quick)
+    if args.batch_prompts < BATCH_SLICES or args.batch_prompts % BATCH_SLICES:
+        parser.error(
+            f"--batch-prompts must be a positive multiple of {BATCH_SLICES}; got {args.batch_prompts}"
+        )
+    if args.concurrency < 1 or args.requests < 1 or args.requests % (SLICES * args.concurrency):
+        parser.error(
+            f"--requests must be a positive multiple of {SLICES} x --concurrency ({SLICES * args.concurrency}),"
+            f" so that every slice runs whole waves of --concurrency requests; got {args.requests}"
+        )
     args.sglang_router_python = SGLANG_ROUTER.python()
     results = Results("stream_relay", results_dir(args))
     results.peers["sglang-router"] = SGLANG_ROUTER.installed_version(args.sglang_router_python)
