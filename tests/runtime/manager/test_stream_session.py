@@ -154,7 +154,9 @@ async def _reading_answers(rids: list[str]) -> dict[str, list]:
 
 READERS = {
     "stream process": functools.partial(_session_answers, codec=wire.MARSHAL),
-    "stream process, dozing between flushes": functools.partial(_session_answers, codec=wire.MARSHAL, doze=True),
+    "stream process, dozing between flushes": functools.partial(
+        _session_answers, codec=wire.MARSHAL, doze=True
+    ),
     "relay": functools.partial(_session_answers, codec=wire.JSON),
     "this process": _reading_answers,
 }
