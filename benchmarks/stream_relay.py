@@ -32,8 +32,9 @@ sglang-router did not run): the manager's CPU per streamed token at most 1.0x sg
 both modes, with the manager as it is best run for the mode (`processes: 1` or `2`, each reported);
 with 2 processes, tokens per CPU-second within 10% of one process's (the stream process adds no
 cost of its own). Five rounds by default: this machine's speed drifts by a tenth within minutes,
-and with three the medians' ratio swung as much as the goal's margin. `--quick` runs 2 rounds of
-fewer requests (about a minute and a half). Writes `stream_relay.json` into `--results-dir` (see benchmarks/results.py).
+and with three the medians' ratio swung as much as the goal's margin. `--quick` runs 2 rounds and a
+smaller /batches phase (about a minute and a half): the same requests, since the first process's
+share is per request as much as per token (at 128 tokens a request it came out at 0.40-0.43). Writes `stream_relay.json` into `--results-dir` (see benchmarks/results.py).
 """
 
 from __future__ import annotations
@@ -291,7 +292,7 @@ def main() -> None:
         "--stream-flush-ms", type=float, help="the managers' stream_flush_ms (default: the manager's default)"
     )
     args = parser.parse_args()
-    quick = {"rounds": 2, "requests": 512, "tokens": 64, "batch_prompts": 32}
+    quick = {"rounds": 2, "requests": 512, "tokens": 256, "batch_prompts": 32}
     full = {"rounds": 5, "requests": 512, "tokens": 256, "batch_prompts": 96}
     fill_inputs(args, full, quick)
     if args.batch_prompts < BATCH_SLICES or args.batch_prompts % BATCH_SLICES:
