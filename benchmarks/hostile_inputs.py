@@ -416,15 +416,22 @@ QUEUE = {"max_running_requests": 2, "capacity": 64, "stall_timeout_s": 3.0, "sam
 engines' queues within a stall window, and the check's premise fails."""
 
 
-def metric(manager: str, name: str) -> float:
-    """Sum of a Prometheus metric of the manager over its labels."""
+def metric_lines(manager: str, name: str) -> dict[str, float]:
+    """A Prometheus metric of the manager: each of its label sets (as the text writes them, "" for
+    none) and its value."""
     request = urllib.request.Request(manager + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
     text = urllib.request.urlopen(request, timeout=10).read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(name) and line[len(name)] in " {"
-    )
+    values = {}
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name)] in " {":
+            series, value = line.rsplit(" ", 1)
+            values[series[len(name) :]] = float(value)
+    return values
+
+
+def metric(manager: str, name: str) -> float:
+    """Sum of a Prometheus metric of the manager over its labels."""
+    return sum(metric_lines(manager, name).values())
 
 
 def waiting(engine: str) -> int:
@@ -470,10 +477,22 @@ def queue_waits(model: str, work: Path) -> dict:
             time.sleep(0.2)
         waited_past_a_window = any(waiting(e) for e in engines)
         samples = list(batch.samples())
+        retired = metric_lines(manager, "rollflow_engine_failures_total")
+        # a miss here has come only under a loaded test suite: say why each engine left, from the
+        # manager's own words, so that the run that misses it explains itself
+        why = [
+            line
+            for line in processes[-1].log_path.read_text(errors="replace").splitlines()
+            if "left the pool" in line or "failed on" in line or "event loop was blocked" in line
+        ]
+        for line in why:
+            print(f"queue-wait check, manager said: {line}", file=sys.stderr)
         return {
             "waited_past_a_window": waited_past_a_window,
             "samples_finished": sum(s["state"] == "finished" for s in samples),
-            "engines_retired": metric(manager, "rollflow_engine_failures_total"),
+            "engines_retired": sum(retired.values()),
+            "engines_retired_by_reason": {labels: value for labels, value in retired.items() if value},
+            "manager_said": why,
             "samples_resumed": metric(manager, "rollflow_resumed_samples_total"),
         }
     finally:
