@@ -92,10 +92,13 @@ class _CountedDoze(Doze):
         return dozing
 
 
-async def _session_answers(rids: list[str], codec: wire.Codec, doze: bool = False) -> dict[str, list]:
+async def _session_answers(
+    rids: list[str], codec: wire.Codec, doze: bool = False, other_readers: int = 0
+) -> dict[str, list]:
     """Open `rids` on a stream process's session over a socket pair, as the manager does, and gather
     what each stream sent back until every one ended; `doze`: sleeping between flushes, as a stream
-    process does."""
+    process does; `other_readers`: sessions of other managers sharing the doze (a relay's), which
+    keep it from dozing."""
     runner, url = await _engine()
     ours, theirs = socket.socketpair()
     sampling = wire.sampling_fields(SamplingParams(max_new_tokens=len(TOKENS)))
@@ -104,6 +107,9 @@ async def _session_answers(rids: list[str], codec: wire.Codec, doze: bool = Fals
         async with http_session(5.0) as http:
             session_reader, session_writer = await asyncio.open_unix_connection(sock=theirs)
             dozing = _CountedDoze() if doze else None
+            others = [socket.socketpair() for _ in range(other_readers)]
+            for _, other in others:
+                dozing.join(other.fileno())
             session = asyncio.create_task(
                 StreamSession(session_reader, session_writer, http, 0.01, codec, doze=dozing).run()
             )
@@ -119,7 +125,10 @@ async def _session_answers(rids: list[str], codec: wire.Codec, doze: bool = Fals
                     _gather(items, ended, message)
             writer.close()
             await session
-            assert dozing is None or dozing.dozed > 0
+            assert dozing is None or (dozing.dozed > 0) == (not others)
+            for pair in others:
+                for end in pair:
+                    end.close()
     finally:
         await runner.cleanup()
         await asyncio.sleep(0.05)  # the engine's handlers of the closed connections end
@@ -156,6 +165,9 @@ READERS = {
     "stream process": functools.partial(_session_answers, codec=wire.MARSHAL),
     "stream process, dozing between flushes": functools.partial(
         _session_answers, codec=wire.MARSHAL, doze=True
+    ),
+    "relay serving another manager too (no doze)": functools.partial(
+        _session_answers, codec=wire.JSON, doze=True, other_readers=1
     ),
     "relay": functools.partial(_session_answers, codec=wire.JSON),
     "this process": _reading_answers,
