@@ -4,9 +4,9 @@ the stream session a relay runs for each manager that dials it (relay.py).
 The manager opens streams on the process by request id; the process reads them (reading.py: once
 per `flush_ms`, their tokens merged, sleeping in between: doze.py) and sends back what arrived, one
 message a flush for every request that had news. The parsing runs on another core, and the manager
-pays per message and chunk, not per event. What the process may take with it when it dies (kill -9): the tokens the
-engines sent in its last two `flush_ms`, which the manager never saw. They are generated again when
-their samples resume; no sample loses a token it was told of.
+pays per message and chunk, not per event. What the process may take with it when it dies
+(kill -9): the tokens the engines sent in its last two `flush_ms`, which the manager never saw.
+They are generated again when their samples resume; no sample loses a token it was told of.
 
 Started by the manager (`readers.py`) as `python -m rollflow.runtime.manager.streams.process
 --fd N`, with its end of a socket pair; it exits when the manager's end closes.
