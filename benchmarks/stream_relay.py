@@ -15,12 +15,12 @@ Each round sends `--requests` streamed `/generate` requests of `--tokens` tokens
 `--concurrency` through every path (and straight to one engine, the path with no router), in
 8 slices with the paths taking turns, each slice whole waves of `--concurrency` requests (a slice
 of one and a half waves ran its second half at half the concurrency, where per-flush costs weigh
-more per token; short slices in turn spread the machine's drift over every path alike). It measures each path's tokens/s and its router's CPU per streamed token: every
-process of the router, summed (the manager and its stream processes), from each process's
-CPU-time clock. Then the manager's own batch API: a `/batches` batch of
-`--batch-prompts` prompts x 4 samples of `--tokens` tokens through each manager, as 4 batches
-with the managers taking turns; the manager streams them from the engines, as an RL trainer's
-rollouts run.
+more per token; short slices in turn spread the machine's drift over every path alike). It
+measures each path's tokens/s and its router's CPU per streamed token: every process of the
+router, summed (the manager and its stream processes), from each process's CPU-time clock. Then
+the manager's own batch API: `--batch-prompts` prompts x 4 samples of `--tokens` tokens through
+each manager, as 4 `/batches` batches with the managers taking turns; the manager streams them
+from the engines, as an RL trainer's rollouts run.
 
 It prints the medians over rounds and the share of the manager's CPU spent in the process every
 sample passes through (with `processes: 2`, the first), which is what bounds how far more stream
@@ -34,16 +34,19 @@ with 2 processes, tokens per CPU-second within 10% of one process's (the stream 
 cost of its own). Five rounds by default: this machine's speed drifts by a tenth within minutes,
 and with three the medians' ratio swung as much as the goal's margin. `--quick` runs 2 rounds and a
 smaller /batches phase (about a minute and a half): the same requests, since the first process's
-share is per request as much as per token (at 128 tokens a request it came out at 0.40-0.43). Writes `stream_relay.json` into `--results-dir` (see benchmarks/results.py).
+share is per request as much as per token (at 128 tokens a request it came out at 0.40-0.43).
+Writes `stream_relay.json` into `--results-dir` (see benchmarks/results.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -77,13 +80,40 @@ def _router_cpu(pid: int | None) -> tuple[float, float]:
     return (cpu_seconds(pid), tree_cpu_seconds(pid)) if pid else (0.0, 0.0)
 
 
+class _Turns:
+    """Each path's wall seconds and router CPU seconds (its first process, all its processes),
+    summed over the turns it takes."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.totals = {name: {"s": 0.0, "first": 0.0, "all": 0.0} for name in names}
+
+    @contextlib.contextmanager
+    def turn(self, name: str, pid: int | None) -> Iterator[None]:
+        """Count what the body spends as one of `name`'s turns (`pid`: its router's, None for none)."""
+        first, whole = _router_cpu(pid)
+        started = time.perf_counter()
+        yield
+        total = self.totals[name]
+        total["s"] += time.perf_counter() - started
+        first_after, whole_after = _router_cpu(pid)
+        total["first"] += first_after - first
+        total["all"] += whole_after - whole
+
+    def figures(self, tokens: int, routed: dict[str, bool]) -> dict[str, dict]:
+        """Every path's figures, each having carried `tokens` over its turns."""
+        return {
+            name: _figures(tokens, t["s"], t["first"], t["all"], routed[name])
+            for name, t in self.totals.items()
+        }
+
+
 async def _streams(
     client: Client, paths: dict[str, tuple[str, int | None]], requests: int, concurrency: int
 ) -> dict[str, dict]:
     """Tokens/s and router CPU per token of each path (its url and its router's pid), the paths
     taking turns slice by slice."""
     per_slice = requests // SLICES
-    totals = {name: {"s": 0.0, "first": 0.0, "all": 0.0} for name in paths}
+    turns = _Turns(list(paths))
     sessions = {name: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) for name in paths}
     try:
         for name, (url, _) in paths.items():
@@ -91,21 +121,14 @@ async def _streams(
         for turn in range(SLICES):
             for name in in_turn(list(paths), turn):
                 url, pid = paths[name]
-                first, whole = _router_cpu(pid)
-                started = time.perf_counter()
-                await load(client, sessions[name], url, per_slice, concurrency)
-                totals[name]["s"] += time.perf_counter() - started
-                first_after, whole_after = _router_cpu(pid)
-                totals[name]["first"] += first_after - first
-                totals[name]["all"] += whole_after - whole
+                with turns.turn(name, pid):
+                    await load(client, sessions[name], url, per_slice, concurrency)
     finally:
         for session in sessions.values():
             await session.close()
-    tokens = per_slice * SLICES * client.tokens
-    return {
-        name: _figures(tokens, t["s"], t["first"], t["all"], paths[name][1] is not None)
-        for name, t in totals.items()
-    }
+    return turns.figures(
+        per_slice * SLICES * client.tokens, {name: pid is not None for name, (_, pid) in paths.items()}
+    )
 
 
 def _figures(tokens: int, seconds: float, first_cpu: float, all_cpu: float, routed: bool) -> dict:
@@ -122,29 +145,26 @@ def _batches(managers: dict[str, tuple[str, int]], prompts: int, tokens: int, fa
     """`prompts` prompts of `/batches` through each manager, as BATCH_SLICES batches with the
     managers taking turns: tokens/s and CPU per token."""
     per_batch = prompts // BATCH_SLICES
-    totals = {name: {"s": 0.0, "first": 0.0, "all": 0.0} for name in managers}
+    turns = _Turns(list(managers))
     for turn in range(BATCH_SLICES):
         for name in in_turn(list(managers), turn):
             url, pid = managers[name]
-            first, whole = _router_cpu(pid)
-            started = time.perf_counter()
-            batch = ManagerClient(url).submit(
-                [[4, 5, i % 50] for i in range(per_batch)], n=BATCH_N, max_new_tokens=tokens
-            )
-            samples = [
-                sample for micro_batch in batch.micro_batches() for group in micro_batch for sample in group
-            ]
-            totals[name]["s"] += time.perf_counter() - started
-            first_after, whole_after = _router_cpu(pid)
-            totals[name]["first"] += first_after - first
-            totals[name]["all"] += whole_after - whole
+            with turns.turn(name, pid):
+                batch = ManagerClient(url).submit(
+                    [[4, 5, i % 50] for i in range(per_batch)], n=BATCH_N, max_new_tokens=tokens
+                )
+                samples = [
+                    sample
+                    for micro_batch in batch.micro_batches()
+                    for group in micro_batch
+                    for sample in group
+                ]
             short = [s for s in samples if s["state"] != "finished" or len(s["output_ids"]) != tokens]
             if len(samples) != per_batch * BATCH_N or short:
                 failures.append(
                     f"{name} /batches: {len(samples)} samples, {len(short)} short or not finished"
                 )
-    tokens_each = per_batch * BATCH_SLICES * BATCH_N * tokens
-    return {name: _figures(tokens_each, t["s"], t["first"], t["all"], True) for name, t in totals.items()}
+    return turns.figures(per_batch * BATCH_SLICES * BATCH_N * tokens, dict.fromkeys(managers, True))
 
 
 def run(args: argparse.Namespace, tmp: Path, results: Results) -> None:
@@ -276,7 +296,7 @@ def _sizing(one_cpu_us: float, many_cpu_us: float, share: float) -> dict[str, fl
 
 def main() -> None:
     parser = benchmark_parser(__doc__)
-    parser.add_argument("--rounds", type=int, help="repeats of every phase (default 3; 2 with --quick)")
+    parser.add_argument("--rounds", type=int, help="repeats of every phase (default 5; 2 with --quick)")
     parser.add_argument(
         "--requests",
         type=int,
